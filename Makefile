@@ -1,0 +1,36 @@
+# hvd_lars: `make train` runs the main job, `make test` the test suite; both set everything up first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+FLAGFILE ?= flags/fashion_mnist_lars.flags
+
+# Quiet TensorFlow's C++ INFO lines; let Open MPI run as root (containers, CI).
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export OMPI_ALLOW_RUN_AS_ROOT ?= 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+export PYTHONUNBUFFERED ?= 1
+
+.PHONY: setup train test lint format clean
+
+setup:
+	bash install/setup.sh
+
+train: setup
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE)
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -v -rs --durations=15
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format:
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean:
+	rm -rf results/runs .pytest_cache

@@ -1,0 +1,138 @@
+"""Keras 3 callbacks for data-parallel large-batch training.
+
+Order matters: `AverageOverRanks` and `ImagesPerSecond` must precede `ExactEvaluation`, and all of them
+must precede the loggers (TensorBoard, CSVLogger, the progress bar), which then see rank-averaged values.
+"""
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvd_lars import distributed
+
+
+class AverageOverRanks(keras.callbacks.Callback):
+    """Replaces each epoch-end training metric by its mean over ranks.
+
+    Every rank runs the same number of steps on the same per-rank batch, so a rank's epoch mean has the
+    same weight (examples) on every rank and the plain mean over ranks is the example-weighted mean.
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or distributed.size() == 1:
+            return
+        keys = sorted(k for k in logs if not k.startswith(("val_", "test_")))
+        values = distributed.allreduce_sum([float(logs[k]) for k in keys], name="hvd_lars.train_metrics")
+        for k, v in zip(keys, values / distributed.size()):
+            logs[k] = float(v)
+
+
+class ImagesPerSecond(keras.callbacks.Callback):
+    """Adds `images_per_second` (global images per second of training, evaluation excluded)."""
+
+    def __init__(self, global_batch_size, steps_per_epoch):
+        super().__init__()
+        self.global_batch_size = global_batch_size
+        self.steps_per_epoch = steps_per_epoch
+        self._start = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        elapsed = time.perf_counter() - self._start
+        if logs is not None:
+            logs["images_per_second"] = self.global_batch_size * self.steps_per_epoch / elapsed
+            logs["epoch_time_s"] = elapsed
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds `learning_rate`: the rate the optimizer used for its last update of the epoch."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        optimizer = self.model.optimizer
+        schedule = optimizer._learning_rate
+        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            rate = schedule(optimizer.iterations - 1)
+        else:
+            rate = optimizer.learning_rate
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(rate))
+
+
+class ExactEvaluation(keras.callbacks.Callback):
+    """Evaluates every `every_epochs` epochs (and at the last) on each rank's shard; sums exact counts.
+
+    Adds `test_loss` (mean softmax cross-entropy), `test_top1` and `test_top5` (fractions) computed from
+    correct-prediction counts summed over ranks, so every evaluation image counts exactly once.
+
+    Raises:
+        RuntimeError: the ranks together evaluated a number of images other than `num_examples`.
+    """
+
+    def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None):
+        super().__init__()
+        self.dataset = dataset
+        self.num_examples = num_examples
+        self.every_epochs = every_epochs
+        self.last_epoch = last_epoch
+        self._step = None
+
+    def _counts(self):
+        if self._step is None:
+
+            @tf.function(reduce_retracing=True)
+            def step(images, labels):
+                logits = tf.cast(self.model(images, training=False), tf.float32)
+                labels = tf.cast(labels, tf.int32)
+                loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+                top1 = tf.math.in_top_k(labels, logits, 1)
+                top5 = tf.math.in_top_k(labels, logits, min(5, logits.shape[-1]))
+                return tf.stack(
+                    [
+                        tf.reduce_sum(loss),
+                        tf.reduce_sum(tf.cast(top1, tf.float32)),
+                        tf.reduce_sum(tf.cast(top5, tf.float32)),
+                        tf.cast(tf.size(labels), tf.float32),
+                    ]
+                )
+
+            self._step = step
+        total = np.zeros(4, dtype=np.float64)
+        for images, labels in self.dataset:
+            total += self._step(images, labels).numpy()
+        return total
+
+    def on_epoch_end(self, epoch, logs=None):
+        last = self.last_epoch is not None and epoch + 1 == self.last_epoch
+        if not (last or (epoch + 1) % self.every_epochs == 0):
+            return
+        loss, top1, top5, count = distributed.allreduce_sum(self._counts(), name="hvd_lars.eval_counts")
+        if int(count) != self.num_examples:
+            raise RuntimeError(f"evaluated {int(count)} images across ranks, expected {self.num_examples}.")
+        if logs is not None:
+            logs["test_loss"] = loss / count
+            logs["test_top1"] = top1 / count
+            logs["test_top5"] = top5 / count
+
+
+class CheckpointEveryEpoch(keras.callbacks.Callback):
+    """Rank 0 saves `checkpoint` (a `tf.train.Checkpoint` holding model, optimizer and `epoch`) at each
+    epoch end through a `tf.train.CheckpointManager`.
+
+    The manager writes the checkpoint files first and the `checkpoint` index last, by atomic rename, so a
+    job killed while writing still points at its last complete checkpoint.
+    """
+
+    def __init__(self, manager, epoch_variable):
+        super().__init__()
+        self.manager = manager
+        self.epoch_variable = epoch_variable
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_variable.assign(epoch + 1)
+        if distributed.is_chief():
+            self.manager.save(checkpoint_number=epoch + 1)

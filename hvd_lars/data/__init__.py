@@ -1,0 +1,92 @@
+"""Input pipelines, sharded per rank. `DATASETS` maps a `--dataset` name to its builder."""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_lars.data import fashion_mnist
+from hvd_lars.data.sharding import eval_shard_range, train_shard_indices
+
+
+@dataclasses.dataclass(frozen=True)
+class InputPipeline:
+    """The data one rank trains and evaluates on.
+
+    Attributes:
+        train: infinite `tf.data.Dataset` of (images float32 (B, H, W, C), labels int32 (B,)), B the
+            per-rank batch, reshuffled every epoch.
+        eval: finite dataset of this rank's evaluation shard, same element structure, last batch smaller.
+        num_train_examples: training examples in the whole data set (all ranks).
+        num_eval_examples: evaluation examples in the whole data set (all ranks).
+        num_classes: number of labels.
+        input_shape: (H, W, C) of one image.
+    """
+
+    train: tf.data.Dataset
+    eval: tf.data.Dataset
+    num_train_examples: int
+    num_eval_examples: int
+    num_classes: int
+    input_shape: tuple
+
+
+def _in_memory(images, labels, normalize, shard, batch, train, seed):
+    ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
+    if train:
+        # A fresh permutation of this rank's shard each epoch; seeded so runs repeat.
+        ds = ds.shuffle(len(shard), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.batch(batch, drop_remainder=train, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def fashion_mnist_input(
+    per_rank_batch,
+    rank,
+    world_size,
+    seed,
+    data_dir=None,
+    max_train_examples=0,
+    max_eval_examples=0,
+    eval_batch=1000,
+):
+    """Fashion-MNIST from the Debian package: 60,000 training, 10,000 test images (28x28x1, 10 classes).
+
+    `max_train_examples` / `max_eval_examples` > 0 keep only the first that many (smoke tests).
+    Pixels are scaled to [0, 1] and standardised with the training set's mean and std.
+    """
+    x_train, y_train = fashion_mnist.load("train", data_dir)
+    x_test, y_test = fashion_mnist.load("test", data_dir)
+    if max_train_examples:
+        x_train, y_train = x_train[:max_train_examples], y_train[:max_train_examples]
+    if max_eval_examples:
+        x_test, y_test = x_test[:max_eval_examples], y_test[:max_eval_examples]
+
+    def normalize(x):
+        return (tf.cast(x, tf.float32) / 255.0 - fashion_mnist.MEAN) / fashion_mnist.STD
+
+    train_shard = train_shard_indices(len(x_train), rank, world_size)
+    start, stop = eval_shard_range(len(x_test), rank, world_size)
+    return InputPipeline(
+        train=_in_memory(x_train, y_train, normalize, train_shard, per_rank_batch, True, seed + rank),
+        eval=_in_memory(x_test, y_test, normalize, np.arange(start, stop), eval_batch, False, seed),
+        num_train_examples=len(x_train),
+        num_eval_examples=len(x_test),
+        num_classes=fashion_mnist.NUM_CLASSES,
+        input_shape=fashion_mnist.IMAGE_SHAPE,
+    )
+
+
+DATASETS = {"fashion_mnist": fashion_mnist_input}
+
+
+def get_input(name, **kwargs):
+    """Builds the input pipeline `name` (a key of `DATASETS`) with the builder's keyword arguments.
+
+    Raises:
+        ValueError: unknown name, listing the valid ones.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}.")
+    return DATASETS[name](**kwargs)

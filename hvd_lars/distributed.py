@@ -1,0 +1,130 @@
+"""Data-parallel glue between Keras 3 and Horovod's TensorFlow collectives: every Horovod call lives here.
+
+Horovod's own Keras layer (`horovod.tensorflow.keras`) does not support Keras 3 (Horovod issue 4290): its
+DistributedOptimizer hooks methods Keras 3 never calls, so gradients would silently not be averaged.
+This module therefore builds on `horovod.tensorflow` collectives directly. Without Horovod installed, or
+run outside a launcher, everything works as a single process (rank 0 of world size 1).
+"""
+
+import os
+
+import numpy as np
+
+_hvd = None  # horovod.tensorflow once `init()` has run with Horovod available.
+
+# Environment variables that launchers set for every rank; used to refuse a silent single-process run
+# when a multi-rank job was asked for but Horovod is missing.
+_LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+
+
+def init():
+    """Initialises Horovod (once) and returns (rank, world size).
+
+    Raises:
+        RuntimeError: a launcher started several ranks but Horovod cannot be imported.
+    """
+    global _hvd
+    if _hvd is None:
+        try:
+            import horovod.tensorflow as hvd
+        except ImportError as e:
+            launched = [v for v in _LAUNCHER_SIZE_VARIABLES if int(os.environ.get(v, "1") or 1) > 1]
+            if launched:
+                raise RuntimeError(
+                    f"This process was launched as one of several ranks ({launched[0]}="
+                    f"{os.environ[launched[0]]}) but Horovod is not importable: {e}. "
+                    "Run `make setup` (install/setup.sh) to build it."
+                ) from e
+            return 0, 1
+        hvd.init()
+        _hvd = hvd
+    return rank(), size()
+
+
+def rank():
+    """This process's rank in [0, size()); 0 without Horovod."""
+    return _hvd.rank() if _hvd else 0
+
+
+def local_rank():
+    """This process's rank on its node; 0 without Horovod."""
+    return _hvd.local_rank() if _hvd else 0
+
+
+def size():
+    """World size: number of ranks; 1 without Horovod."""
+    return _hvd.size() if _hvd else 1
+
+
+def is_chief():
+    """True on rank 0, the only rank that prints, writes files and checkpoints."""
+    return rank() == 0
+
+
+def average_gradients(grads):
+    """Averages a list of gradient tensors over ranks in one fused allreduce (identity when size 1).
+
+    `None` entries (variables without a gradient) are passed through untouched on every rank.
+    """
+    if size() == 1:
+        return list(grads)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    # One grouped allreduce: Horovod fuses the tensors into few ring-allreduce messages.
+    reduced = _hvd.grouped_allreduce([grads[i] for i in present], op=_hvd.Average)
+    out = list(grads)
+    for i, g in zip(present, reduced):
+        out[i] = g
+    return out
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values."""
+    if size() == 1:
+        return
+    tf_vars = [getattr(v, "value", v) for v in variables]
+    # Same starting point on every rank: model weights, optimizer slots, step counter.
+    _hvd.broadcast_variables(tf_vars, root_rank=root_rank)
+
+
+def allreduce_sum(values, name):
+    """Sums a float64 NumPy array (or list of numbers) over ranks; returns a NumPy array.
+
+    Used for exact counts (correct predictions, examples seen) and for example-weighted metric sums.
+    `name` must be the same on every rank and unique per call site.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    if size() == 1:
+        return array
+    import tensorflow as tf
+
+    # Eager allreduce of host values: Sum, not Average, so weights (example counts) stay exact.
+    return _hvd.allreduce(tf.constant(array), op=_hvd.Sum, name=name).numpy()
+
+
+def barrier():
+    """Blocks until every rank reaches it (used before rank 0 reads files other ranks wrote)."""
+    allreduce_sum([0.0], name="hvd_lars.barrier")
+
+
+def distributed_optimizer(optimizer):
+    """Returns a copy of a Keras 3 optimizer whose `apply` first averages gradients over all ranks.
+
+    The copy is an instance of a subclass of `type(optimizer)` made from `optimizer.get_config()`, so any
+    Keras 3 optimizer (LARS, SGD, ...) works and the update rule is unchanged. With world size 1 the
+    optimizer is returned as it is. Call it before the optimizer is built.
+
+    Raises:
+        ValueError: the optimizer is already built (its slots would be lost).
+    """
+    if size() == 1:
+        return optimizer
+    if optimizer.built:
+        raise ValueError(f"distributed_optimizer needs an unbuilt optimizer; {optimizer.name} is built.")
+    base = type(optimizer)
+
+    class _DistributedOptimizer(base):
+        def apply(self, grads, trainable_variables=None):
+            return super().apply(average_gradients(list(grads)), trainable_variables)
+
+    _DistributedOptimizer.__name__ = f"Distributed{base.__name__}"
+    return _DistributedOptimizer.from_config(optimizer.get_config())

@@ -1,0 +1,79 @@
+"""Command line: `python -m hvd_lars.main --flagfile=flags/<experiment>.flags` (or `hvd-lars-train`).
+
+The only reader of flags: turns them into one `TrainConfig` and calls `hvd_lars.train.run`. Launch it
+once per rank (horovodrun, mpirun, srun) or alone for a single-process run.
+"""
+
+import dataclasses
+import sys
+
+from absl import app, flags, logging
+
+from hvd_lars.config import OPTIMIZERS, TrainConfig
+
+_D = TrainConfig()
+flags.DEFINE_string("dataset", _D.dataset, "Input pipeline: fashion_mnist.")
+flags.DEFINE_string("data_dir", _D.data_dir, "Data folder; empty: the dataset's default location.")
+flags.DEFINE_string("model", _D.model, "Model name (hvd_lars.models.MODELS).")
+flags.DEFINE_enum("optimizer", _D.optimizer, OPTIMIZERS, "lars, or momentum (SGD with coupled L2 decay).")
+flags.DEFINE_integer("global_batch_size", _D.global_batch_size, "Images per update over all ranks.")
+flags.DEFINE_float("epochs", _D.epochs, "Training epochs (whole number).")
+flags.DEFINE_float("warmup_epochs", _D.warmup_epochs, "Linear warmup length in epochs.")
+flags.DEFINE_float(
+    "base_learning_rate",
+    _D.base_learning_rate,
+    "Peak learning rate per 256 images (scaled linearly to the global batch).",
+)
+flags.DEFINE_float("peak_learning_rate", _D.peak_learning_rate, "Peak learning rate (instead of base).")
+flags.DEFINE_float("warmup_start_learning_rate", _D.warmup_start_learning_rate, "Rate at step 0.")
+flags.DEFINE_float("end_learning_rate", _D.end_learning_rate, "Rate at the last step.")
+flags.DEFINE_float("decay_power", _D.decay_power, "Polynomial decay power after warmup.")
+flags.DEFINE_float("momentum", _D.momentum, "Momentum.")
+flags.DEFINE_float("weight_decay", _D.weight_decay, "L2 weight decay (beta).")
+flags.DEFINE_float("eta", _D.eta, "LARS trust coefficient.")
+flags.DEFINE_float("epsilon", _D.epsilon, "LARS epsilon in the trust ratio's denominator.")
+flags.DEFINE_string("workdir", _D.workdir, "Parent folder of the run directory.")
+flags.DEFINE_string("run_name", _D.run_name, "Run directory name; empty: derived from the flags.")
+flags.DEFINE_integer("seed", _D.seed, "Random seed (weights, shuffling).")
+flags.DEFINE_bool("resume", _D.resume, "Resume from the run directory's latest checkpoint.")
+flags.DEFINE_integer(
+    "max_train_examples", _D.max_train_examples, "Use only the first N training images (0: all)."
+)
+flags.DEFINE_integer(
+    "max_eval_examples", _D.max_eval_examples, "Use only the first N evaluation images (0: all)."
+)
+flags.DEFINE_integer(
+    "steps_per_epoch", _D.steps_per_epoch, "Override steps per epoch (0: data size // batch)."
+)
+flags.DEFINE_integer("intra_op_threads", _D.intra_op_threads, "TF intra-op threads (0: cores / local ranks).")
+flags.DEFINE_integer("inter_op_threads", _D.inter_op_threads, "TF inter-op threads (0: TF default).")
+flags.DEFINE_integer("verbose", _D.verbose, "Keras verbosity on rank 0: 0, 1 (progress bar), 2 (per epoch).")
+
+FLAGS = flags.FLAGS
+
+
+def config_from_flags():
+    return TrainConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(TrainConfig)})
+
+
+def _main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    # TensorFlow's checkpoint code logs every save at INFO through absl.
+    logging.set_verbosity(logging.WARNING)
+    from hvd_lars.train import run
+
+    try:
+        run(config_from_flags())
+    except (ValueError, FileNotFoundError) as e:
+        # Bad input: one clear line, exit status 2, no traceback.
+        print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def main():
+    app.run(_main)
+
+
+if __name__ == "__main__":
+    main()

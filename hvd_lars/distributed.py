@@ -81,7 +81,9 @@ def broadcast_variables(variables, root_rank=0):
     """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values."""
     if size() == 1:
         return
-    tf_vars = [getattr(v, "value", v) for v in variables]
+    import keras
+
+    tf_vars = [v.value if isinstance(v, keras.Variable) else v for v in variables]
     # Same starting point on every rank: model weights, optimizer slots, step counter.
     _hvd.broadcast_variables(tf_vars, root_rank=root_rank)
 

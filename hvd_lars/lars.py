@@ -20,7 +20,7 @@ TRUST_RATIO_MODES = ("paper", "decayed_gradient", "update")
 
 # Batch-norm parameters and biases: left out of weight decay and layer adaptation by the MLPerf ResNet-50
 # reference (and the TF model garden LARS recipe). Matched against Keras 3 `variable.path`.
-MLPERF_EXCLUSIONS = (r"(^|/)(gamma|beta|bias)$", r"batch_norm|batchnorm|(^|/)bn")
+MLPERF_EXCLUSIONS = (r"(^|/)(gamma|beta|bias|moving_mean|moving_variance)$|batch_?norm",)
 
 
 def mlperf_exclusions():
@@ -69,8 +69,9 @@ class LARS(keras.optimizers.Optimizer):
     second time, decoupled from the trust ratio).
 
     Args:
-        learning_rate: float, `keras.Variable`, or a `keras.optimizers.schedules.LearningRateSchedule`
-            of the optimizer step (applied updates). The global rate before the trust ratio.
+        learning_rate: float, a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step
+            (applied updates), or a callable of no arguments. The global rate before the trust ratio;
+            a float rate can be changed later (`optimizer.learning_rate = x`, as callbacks do).
         momentum: float in [0, 1). 0.9 in the paper's solver.
         weight_decay: float >= 0, L2 coefficient beta (5e-4 for AlexNet-BN, 1e-4 for ResNet-50).
         eta: float > 0, trust coefficient (0.001 in the paper).
@@ -86,8 +87,7 @@ class LARS(keras.optimizers.Optimizer):
             per-step linear warmup the ratio stays within a few percent of 1 after the first steps, so
             it is off by default; it matters when the rate jumps (step decay, the paper's drop at the
             end of warmup).
-        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ... ;
-            `weight_decay` there is not accepted twice).
+        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ...).
 
     Raises:
         ValueError: negative `eta`, `momentum` outside [0, 1), negative `weight_decay` or `epsilon`,
@@ -109,9 +109,7 @@ class LARS(keras.optimizers.Optimizer):
         name="lars",
         **kwargs,
     ):
-        # The base class's weight_decay would apply a second, decoupled decay.
-        if kwargs.pop("weight_decay", None) is not None:
-            raise ValueError("Pass weight_decay once, as LARS's own argument.")
+        # weight_decay is not passed on: the base class would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         _check_range("momentum", momentum, 0.0, 1.0, "in [0, 1)")
         _check_range("weight_decay", weight_decay, 0.0, None, ">= 0")

@@ -1,0 +1,44 @@
+"""NumPy reference of LARS, written from the update rule in shared/PAPER.md (float64), for the tests."""
+
+import numpy as np
+
+
+def trust_ratio(eta, w_norm, g_norm, beta, epsilon):
+    if w_norm == 0 or g_norm == 0:
+        return 1.0
+    return eta * w_norm / (g_norm + beta * w_norm + epsilon)
+
+
+def lars_step(
+    w,
+    v,
+    g,
+    lr,
+    *,
+    momentum=0.9,
+    beta=0.0,
+    eta=0.001,
+    epsilon=0.0,
+    nesterov=False,
+    adapt=True,
+    mode="paper",
+    velocity_scale=1.0,
+):
+    """One update; returns new (w, v). `beta` is this tensor's weight decay (0 if excluded)."""
+    w, v, g = (np.asarray(a, dtype=np.float64) for a in (w, v, g))
+    v = v * velocity_scale
+    decayed = g + beta * w
+    if mode == "update":
+        u = momentum * v + decayed
+        t = trust_ratio(eta, np.linalg.norm(w), np.linalg.norm(u), 0.0, epsilon) if adapt else 1.0
+        step = lr * t * (momentum * u + decayed if nesterov else u)
+        return w - step, u
+    if not adapt:
+        t = 1.0
+    elif mode == "paper":
+        t = trust_ratio(eta, np.linalg.norm(w), np.linalg.norm(g), beta, epsilon)
+    else:
+        t = trust_ratio(eta, np.linalg.norm(w), np.linalg.norm(decayed), 0.0, epsilon)
+    scaled = lr * t * decayed
+    v = momentum * v + scaled
+    return w - (momentum * v + scaled if nesterov else v), v

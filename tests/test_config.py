@@ -1,0 +1,52 @@
+"""Bad configurations are refused before any work, quoting the values; the step plan's arithmetic."""
+
+import pytest
+
+from hvd_lars.config import TrainConfig, make_plan
+
+
+def _config(**kw):
+    base = dict(peak_learning_rate=20.0, global_batch_size=4096, epochs=12, warmup_epochs=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_plan_for_the_demo():
+    plan = make_plan(_config(), world_size=2, num_train_examples=60000)
+    assert (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps, plan.warmup_steps) == (
+        2048,
+        14,
+        168,
+        14,
+    )
+    assert "global batch 4096 = 2 ranks x per-rank batch 2048" in plan.describe()
+
+
+def test_base_learning_rate_is_per_256_images():
+    plan = make_plan(_config(peak_learning_rate=0.0, base_learning_rate=1.25), 2, 60000)
+    assert plan.peak_learning_rate == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, world, fragments",
+    [
+        (dict(global_batch_size=4095), 2, ["4095", "2 ranks"]),
+        (dict(optimizer="adam"), 1, ["'adam'", "lars, momentum"]),
+        (dict(warmup_epochs=12), 1, ["--warmup_epochs=12", "--epochs=12"]),
+        (dict(base_learning_rate=1.0), 1, ["exactly one"]),
+        (dict(peak_learning_rate=0.0), 1, ["exactly one"]),
+        (dict(momentum=1.0), 1, ["--momentum", "1.0"]),
+        (dict(eta=0.0), 1, ["--eta", "0.0"]),
+        (dict(weight_decay=-1.0), 1, ["--weight_decay", "-1.0"]),
+    ],
+)
+def test_invalid_configs(kwargs, world, fragments):
+    with pytest.raises(ValueError) as info:
+        _config(**kwargs).validate(world)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_global_batch_larger_than_data():
+    with pytest.raises(ValueError, match="4096"):
+        make_plan(_config(), 1, 1000)

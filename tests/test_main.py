@@ -1,0 +1,111 @@
+"""The main program end to end on a subset of Fashion-MNIST: one process, two Horovod ranks, bad input."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
+SUBSET = [
+    "--max_train_examples=4096",
+    "--max_eval_examples=1000",
+    "--global_batch_size=512",
+    "--epochs=2",
+    "--warmup_epochs=0.5",
+    "--peak_learning_rate=4",
+    "--run_name=subset",
+]
+
+
+def _run(cmd, timeout=420):
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_single_process_subset_then_resume(tmp_path):
+    result = _run(MAIN + SUBSET + [f"--workdir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "global batch 512 = 1 ranks x per-rank batch 512" in result.stdout
+    run_dir = tmp_path / "subset"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["global_batch_size"] == 512
+    assert summary["plan"]["steps_per_epoch"] == 8 and summary["plan"]["total_steps"] == 16
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    # 16 LARS steps on 4,096 images already beat chance (0.1) by far.
+    assert 0.5 < summary["final_test_top1"] <= 1.0
+    assert summary["final_test_top5"] >= summary["final_test_top1"]
+    assert summary["images_per_second"] > 0 and summary["wall_time_s"] > 0
+    assert len(summary["git_sha"]) >= 7
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert float(rows[1]["test_top1"]) == pytest.approx(summary["final_test_top1"])
+    assert any(
+        f.startswith("events.out.tfevents") for _, _, fs in os.walk(run_dir / "tensorboard") for f in fs
+    )
+
+    # Killed after epoch 2, asked for 3: resumes from the epoch-2 checkpoint and trains one epoch.
+    result = _run(
+        MAIN
+        + SUBSET[:-3]
+        + [
+            "--epochs=3",
+            "--warmup_epochs=0.5",
+            "--peak_learning_rate=4",
+            "--run_name=subset",
+            f"--workdir={tmp_path}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout and "(epoch 2)" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [e["epoch"] for e in summary["epochs"]] == [3]
+
+
+def test_two_ranks_subset(tmp_path):
+    result = _run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
+        + MAIN[1:]
+        + SUBSET
+        + [f"--workdir={tmp_path}"]
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "global batch 512 = 2 ranks x per-rank batch 256" in result.stdout
+    # Only rank 0 prints progress.
+    assert "[1,0]<stdout>:Epoch 1/2" in result.stdout and "[1,1]<stdout>:Epoch" not in result.stdout
+    summary = json.loads((tmp_path / "subset" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["per_rank_batch_size"] == 256
+    # ExactEvaluation would have raised unless the ranks evaluated 1,000 images together.
+    assert 0.5 < summary["final_test_top1"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "flag, fragments",
+    [
+        ("--model=vgg99", ["'vgg99'", "small_cnn"]),
+        ("--dataset=imagenet9", ["'imagenet9'", "fashion_mnist"]),
+        ("--data_dir=/nonexistent", ["apt-get install dataset-fashion-mnist", "/nonexistent"]),
+        ("--warmup_epochs=20", ["--warmup_epochs=20", "--epochs=12"]),
+    ],
+)
+def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):
+    result = _run(MAIN + [flag, f"--workdir={tmp_path}"], timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_batch_not_divisible_by_ranks_is_refused_on_every_rank(tmp_path):
+    result = _run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
+        + MAIN[1:]
+        + ["--global_batch_size=4095", f"--workdir={tmp_path}"],
+        timeout=180,
+    )
+    assert result.returncode != 0
+    assert "--global_batch_size=4095 does not divide by the world size 2" in result.stdout + result.stderr
+    assert not (tmp_path / "fashion_mnist_lars_b4096").exists()

@@ -5,6 +5,7 @@ You, Zhang, Hsieh, Demmel, Keutzer, "ImageNet Training in Minutes" (ICPP 2018, a
 released in Intel Caffe 1.0.7.
 """
 
+import numbers
 import re
 import warnings
 
@@ -109,12 +110,24 @@ class LARS(keras.optimizers.Optimizer):
         name="lars",
         **kwargs,
     ):
+        shared_rate = learning_rate if isinstance(learning_rate, keras.Variable) else None
+        if shared_rate is not None:
+            learning_rate = float(ops.convert_to_numpy(shared_rate))
+        elif isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool):
+            _check_range("learning_rate", learning_rate, 0.0, None, ">= 0")
+            learning_rate = float(learning_rate)  # the Keras base class accepts Python floats only
         # weight_decay is not passed on: the base class would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if shared_rate is not None:
+            # Use the caller's variable itself (a callback or another optimizer may change it), tracked
+            # in place of the copy the base class made, so it is saved with the optimizer.
+            self._untrack_variable(self._learning_rate)
+            self._learning_rate = shared_rate
+            self._track_variable(shared_rate)
         _check_range("momentum", momentum, 0.0, 1.0, "in [0, 1)")
         _check_range("weight_decay", weight_decay, 0.0, None, ">= 0")
         _check_range("epsilon", epsilon, 0.0, None, ">= 0")
-        if not isinstance(eta, (int, float)) or not eta > 0:
+        if not isinstance(eta, numbers.Real) or isinstance(eta, bool) or not eta > 0:
             raise ValueError(f"eta (trust coefficient) must be a number > 0, got {eta!r}.")
         if trust_ratio_mode not in TRUST_RATIO_MODES:
             raise ValueError(
@@ -133,6 +146,9 @@ class LARS(keras.optimizers.Optimizer):
         self.exclude_from_layer_adaptation_patterns = _compile_patterns(
             "exclude_from_layer_adaptation", exclude_from_layer_adaptation
         )
+        # TensorFlow's fused kernels (one-pass L2 norm, fused momentum update) make the step cost about
+        # what Keras SGD's does; other backends use the portable keras.ops path (same results).
+        self._fused = keras.backend.backend() == "tensorflow"
 
     def build(self, variables):
         """Creates one velocity slot per variable and resolves the exclusions on `variable.path`."""
@@ -145,17 +161,23 @@ class LARS(keras.optimizers.Optimizer):
         # .path, so the choice is made here and looked up by index.
         self._decay_mask = [not _matches(self.exclude_from_weight_decay_patterns, p) for p in paths]
         self._adapt_mask = [not _matches(self.exclude_from_layer_adaptation_patterns, p) for p in paths]
-        for arg, patterns in (
-            ("exclude_from_weight_decay", self.exclude_from_weight_decay_patterns),
-            ("exclude_from_layer_adaptation", self.exclude_from_layer_adaptation_patterns),
-        ):
-            for pattern in patterns:
-                if not any(pattern.search(p) for p in paths):
-                    warnings.warn(
-                        f"LARS {arg} pattern {pattern.pattern!r} matches no variable path "
-                        f"(paths look like {paths[:3]}).",
-                        stacklevel=2,
-                    )
+        unmatched = [
+            f"{arg}={pattern.pattern!r}"
+            for arg, patterns in (
+                ("exclude_from_weight_decay", self.exclude_from_weight_decay_patterns),
+                ("exclude_from_layer_adaptation", self.exclude_from_layer_adaptation_patterns),
+            )
+            for pattern in patterns
+            if not any(pattern.search(p) for p in paths)
+        ]
+        if unmatched:
+            # Once per optimizer (build runs once): a pattern matching nothing is almost always a pattern
+            # written for `variable.name` or for Keras 2 names, which silently disables the exclusion.
+            warnings.warn(
+                f"LARS exclusion pattern(s) {', '.join(unmatched)} match no variable path of the "
+                f"{len(paths)} variables (paths look like {paths[:3]}).",
+                stacklevel=2,
+            )
         if self.momentum_correction:
             self._previous_learning_rate = self.add_variable(
                 shape=(), dtype="float32", initializer="zeros", name="previous_learning_rate"
@@ -167,50 +189,72 @@ class LARS(keras.optimizers.Optimizer):
             self._previous_learning_rate.assign(ops.cast(learning_rate, "float32"))
 
     def update_step(self, gradient, variable, learning_rate):
-        """Applies one LARS update to `variable` (any rank, float32 or float16/bfloat16)."""
+        """Applies one LARS update to `variable` (any rank, float32 or float16/bfloat16).
+
+        The velocity slot holds the negated velocity `-v` (the sign convention of Keras SGD and of
+        TensorFlow's fused momentum kernel), so that the step is `w += slot`.
+        """
         dtype = variable.dtype
         index = self._get_variable_index(variable)
+        slot = self.velocities[index]
         lr = ops.cast(learning_rate, dtype)
         g = ops.cast(gradient, dtype)
-        w = variable
-        v = self.velocities[index]
-        m = ops.cast(self.momentum, dtype)
+        w = ops.convert_to_tensor(variable)
         beta = self.lars_weight_decay if self._decay_mask[index] else 0.0
         adapt = self._adapt_mask[index]
+        decayed = g + ops.cast(beta, dtype) * w if beta else g
 
+        momentum = ops.cast(self.momentum, dtype)
         if self.momentum_correction:
             previous = ops.cast(self._previous_learning_rate, dtype)
             ratio = ops.where(previous > 0, lr / ops.maximum(previous, 1e-30), ops.ones_like(lr))
-            self.assign(v, v * ratio)
+            if self.nesterov and self._fused and self.trust_ratio_mode != "update":
+                self.assign(slot, slot * ratio)  # the fused kernel's look-ahead must use plain m
+            else:
+                momentum = momentum * ratio  # m * (ratio * v): folded, saves a pass over the slot
 
-        decayed = g + beta * w if beta else g
         if self.trust_ratio_mode == "update":
-            u = m * v + decayed
-            trust = self._trust_ratio(w, u, 0.0) if adapt else 1.0
-            self.assign(v, u)
-            step = lr * trust * (m * u + decayed if self.nesterov else u)
-            self.assign_sub(w, step)
+            u = momentum * slot - decayed  # the slot holds -u, in gradient units
+            self.assign(slot, u)
+            step = ops.cast(self.momentum, dtype) * u - decayed if self.nesterov else u
+            trust = self._trust_ratio(self._norm(w), self._norm(u), 0.0) if adapt else 1.0
+            self.assign_add(variable, ops.cast(lr * ops.cast(trust, dtype), dtype) * step)
             return
 
         if not adapt:
-            trust = 1.0
+            scaled_lr = lr
         elif self.trust_ratio_mode == "paper":
-            trust = self._trust_ratio(w, g, beta)
+            scaled_lr = lr * ops.cast(self._trust_ratio(self._norm(w), self._norm(g), beta), dtype)
         else:  # decayed_gradient
-            trust = self._trust_ratio(w, decayed, 0.0)
-        scaled = lr * trust * decayed
-        new_v = m * v + scaled
-        self.assign(v, new_v)
-        self.assign_sub(w, m * new_v + scaled if self.nesterov else new_v)
+            scaled_lr = lr * ops.cast(self._trust_ratio(self._norm(w), self._norm(decayed), 0.0), dtype)
+        if self._fused:
+            _apply_keras_momentum(variable, slot, scaled_lr, decayed, momentum, self.nesterov)
+            return
+        new_slot = momentum * slot - scaled_lr * decayed
+        self.assign(slot, new_slot)
+        self.assign_add(
+            variable,
+            ops.cast(self.momentum, dtype) * new_slot - scaled_lr * decayed if self.nesterov else new_slot,
+        )
 
-    def _trust_ratio(self, w, g, beta):
-        """eta * ||w|| / (||g|| + beta * ||w|| + eps); 1 where ||w|| or ||g|| is zero (scalar tensor)."""
-        w_norm = ops.sqrt(ops.sum(ops.square(w)))
-        g_norm = ops.sqrt(ops.sum(ops.square(g)))
-        denominator = g_norm + beta * w_norm + self.epsilon
-        ok = ops.logical_and(w_norm > 0, g_norm > 0)
-        safe = ops.where(ok, denominator, ops.ones_like(denominator))
-        return ops.where(ok, self.eta * w_norm / safe, ops.ones_like(w_norm))
+    def _norm(self, x):
+        """Frobenius norm of a whole tensor, as a float32 scalar (float32 also for bfloat16 tensors)."""
+        x = ops.cast(x, "float32")
+        if self._fused:
+            import tensorflow as tf
+
+            # l2_loss = sum(x**2) / 2 in one pass, where square-then-sum makes a full-size temporary.
+            return ops.sqrt(2.0 * tf.nn.l2_loss(x))
+        return ops.sqrt(ops.sum(ops.square(x)))
+
+    def _trust_ratio(self, w_norm, d_norm, beta):
+        """eta * ||w|| / (d_norm + beta * ||w|| + eps); 1 where ||w|| or d_norm is zero (float32 scalar)."""
+        denominator = d_norm + beta * w_norm if beta else d_norm
+        if self.epsilon:
+            denominator = denominator + self.epsilon
+        # Where either norm is zero the division may give inf or NaN, but only in the discarded branch.
+        ok = ops.minimum(w_norm, d_norm) > 0
+        return ops.where(ok, self.eta * w_norm / denominator, 1.0)
 
     def get_config(self):
         config = super().get_config()
@@ -243,8 +287,27 @@ class LARS(keras.optimizers.Optimizer):
         return super()._get_current_learning_rate()
 
 
+def _apply_keras_momentum(variable, slot, learning_rate, gradient, momentum, nesterov):
+    """TensorFlow's fused kernel: slot = momentum * slot - lr * grad; variable += slot (Nesterov:
+    variable += momentum * slot - lr * grad), one pass over the four tensors."""
+    import tensorflow as tf
+
+    def handle(v):
+        return (v.value if isinstance(v, keras.Variable) else v).handle
+
+    tf.raw_ops.ResourceApplyKerasMomentum(
+        var=handle(variable),
+        accum=handle(slot),
+        lr=learning_rate,
+        grad=gradient,
+        momentum=momentum,
+        use_locking=False,
+        use_nesterov=nesterov,
+    )
+
+
 def _check_range(name, value, low, high, accepted):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     ok = ok and value >= low and (high is None or value < high)
     if not ok:
         raise ValueError(f"{name} must be a number {accepted}, got {value!r}.")

@@ -1,0 +1,155 @@
+"""Cost of one LARS step relative to one Keras momentum-SGD step on ResNet-50's parameters.
+
+Run from the repository root:
+
+    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python results/benchmark_lars_step.py --repeats 60 --out results/lars_step.md
+
+Both optimizers update their own copy of the same 161 float32 tensors (ResNet-50 v1.5 as built by
+`keras.applications.ResNet50(weights=None)`, with the convolution biases dropped as in the reference
+model: 53 conv kernels, 53 batch-norm gamma/beta pairs, the fc kernel and bias; about 25.5M parameters)
+from the same fixed random gradients, each in one `tf.function` (`optimizer.apply(grads, variables)`).
+The machine is shared, so the steps are timed interleaved (the order alternates every repetition) and the
+figure of merit is the median over repetitions of the per-repetition ratio LARS / SGD.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from hvd_lars import LARS, mlperf_exclusions, provenance  # noqa: E402
+
+
+def resnet50_parameter_shapes():
+    """(path, shape) of ResNet-50's trainable tensors, convolution biases dropped (161 tensors)."""
+    model = keras.applications.ResNet50(weights=None)
+    shapes = []
+    for v in model.trainable_variables:
+        layer = v.path.split("/")[-2]
+        if v.path.endswith("/bias") and "conv" in layer:
+            continue  # the reference ResNet has no conv biases (batch norm follows every conv)
+        shapes.append((v.path, tuple(v.shape)))
+    return shapes
+
+
+def make_step(optimizer, shapes, seed, jit_compile):
+    rng = np.random.default_rng(seed)
+    variables = []
+    for path, shape in shapes:
+        # Same `variable.path` as in the model, so the exclusion regexes match as they would there.
+        scope, name = path.rsplit("/", 1)
+        with keras.name_scope(scope):
+            variables.append(keras.Variable(rng.normal(scale=0.05, size=shape).astype(np.float32), name=name))
+    optimizer.build(variables)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(grads):
+        optimizer.apply(grads, variables)
+        return optimizer.iterations
+
+    return step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=60, help="interleaved timed steps per optimizer")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps per optimizer first")
+    parser.add_argument("--xla", action="store_true", help="also time with jit_compile=True")
+    parser.add_argument("--out", default=None, help="markdown file to write the result to")
+    args = parser.parse_args()
+
+    shapes = resnet50_parameter_shapes()
+    n_params = sum(int(np.prod(s)) for _, s in shapes)
+    rng = np.random.default_rng(0)
+    grads = [tf.constant(rng.normal(scale=1e-3, size=s).astype(np.float32)) for _, s in shapes]
+    print(f"{len(shapes)} tensors, {n_params:,} parameters", flush=True)
+
+    candidates = {
+        "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        "lars": lambda: LARS(0.1, momentum=0.9, weight_decay=1e-4, eta=0.001),
+        "lars_mlperf": lambda: LARS(
+            0.1,
+            momentum=0.9,
+            weight_decay=1e-4,
+            epsilon=1e-5,
+            exclude_from_weight_decay=mlperf_exclusions(),
+            exclude_from_layer_adaptation=mlperf_exclusions(),
+        ),
+        "lars_nesterov": lambda: LARS(0.1, momentum=0.9, weight_decay=1e-4, nesterov=True),
+    }
+    rows = []
+    for jit in (False, True) if args.xla else (False,):
+        steps = {name: make_step(make(), shapes, i, jit) for i, (name, make) in enumerate(candidates.items())}
+        for step in steps.values():
+            for _ in range(args.warmup):
+                step(grads).numpy()
+        times = {name: [] for name in steps}
+        names = list(steps)
+        for r in range(args.repeats):
+            for name in names if r % 2 == 0 else names[::-1]:
+                start = time.perf_counter()
+                steps[name](grads).numpy()
+                times[name].append(time.perf_counter() - start)
+        sgd = times["sgd"]
+        for name in names:
+            ratios = [t / s for t, s in zip(times[name], sgd)]
+            rows.append(
+                (
+                    "XLA" if jit else "graph",
+                    name,
+                    1e3 * statistics.median(times[name]),
+                    statistics.median(ratios),
+                    1e3 * min(times[name]),
+                )
+            )
+            print(
+                f"{rows[-1][0]:5s} {name:14s} median {rows[-1][2]:8.1f} ms  min {rows[-1][4]:8.1f} ms  "
+                f"median ratio to sgd {rows[-1][3]:.3f}",
+                flush=True,
+            )
+        del steps
+
+    if args.out:
+        prov = provenance.record()
+        command = "TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python " + " ".join(
+            [os.path.relpath(os.path.abspath(sys.argv[0]), REPO)] + sys.argv[1:]
+        )
+        lines = [
+            "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",
+            "",
+            f"- command: `{command}`",
+            f"- git SHA: {prov['git_sha']}",
+            f"- date: {prov['date']}",
+            f"- machine: {prov['machine']}",
+            f"- software: Python {prov['python']}, TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
+            f"- tensors: {len(shapes)}, parameters: {n_params:,} (float32)",
+            f"- repetitions: {args.repeats} interleaved steps per optimizer after {args.warmup} warm-up steps",
+            "",
+            "| mode | optimizer | median step (ms) | fastest step (ms) | median ratio to SGD |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [f"| {m} | {n} | {t:.1f} | {b:.1f} | {r:.3f} |" for m, n, t, r, b in rows]
+        lines += [
+            "",
+            "sgd: `keras.optimizers.SGD(0.1, momentum=0.9)`; lars: `LARS(0.1, weight_decay=1e-4)` (paper rule, "
+            "every tensor adapted); lars_mlperf: batch-norm and biases excluded, epsilon 1e-5; lars_nesterov: "
+            "Nesterov momentum. Ratio: per repetition LARS time / SGD time, median over repetitions.",
+            "",
+        ]
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,65 +1,93 @@
-"""Learning-rate policy for large-batch training: linear scaling, gradual warmup, polynomial decay.
+"""Learning-rate schedules for large-batch training: warmup plus polynomial, cosine or step decay.
 
-Sources: Goyal et al., "Accurate, Large Minibatch SGD" (arXiv 1706.02677) for the linear scaling rule and
-gradual warmup; You et al., "ImageNet Training in Minutes" (ICPP 2018) and the MLPerf ResNet-50 LARS
-reference for warmup followed by polynomial (power 2) decay. Every schedule here is a pure function of
-the optimizer step (applied updates, not micro-batches).
+Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step (applied updates,
+counted from 0), built from the pure functions of `hvd_lars.schedule_functions`; its config is exactly its
+constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`. Units are
+steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
+`SCHEDULES` / `make_schedule` select one by name.
+
+Two published conventions for warmup followed by polynomial decay (W warmup steps, T total steps):
+
+- `"mlperf_poly"`, `WarmupPolynomialDecay`: warmup from 0 (or any start rate) to the peak, then
+  `end + (peak - end) * (1 - (t - W) / (T - W)) ** 2`, which starts at the peak.
+- `"paper_poly"`, `PaperPolynomialDecay`: warmup from a start rate (1 in the solver), then
+  `peak * (1 - t / T) ** 2`, counted from step 0.
+
+With the paper's solver (You et al., ICPP 2018, released Intel Caffe AlexNet-BN solver) the rate drops at
+the end of warmup from `peak` to `peak * (1 - W / T) ** 2` (0.81 * peak for 10 warmup epochs of 100);
+the MLPerf ResNet-50 LARS reference decays over the steps after warmup, from the peak to an end rate
+(1e-4). `"cosine"` and `"step"` (Goyal et al.: x0.1 at epochs 30, 60, 80 of 90) decay after warmup.
+
+Gradient accumulation: a schedule counts optimizer updates, never micro-batches. `hvd_lars.LARS` evaluates
+its schedule at `optimizer.iterations` (updates). Keras's own optimizers evaluate a schedule at their
+micro-batch counter when `gradient_accumulation_steps` is set; give those a float rate and the
+`hvd_lars.callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
+
+Momentum correction (`hvd_lars.LARS(momentum_correction=True)`; Goyal et al. section 2.1, eq. 10 and the
+Caffe solver): LARS keeps the rate inside the velocity (`v = m * v + lr_t * update; w -= v`), so after a
+rate change the velocity still carries the old rates; the correction rescales `v` by `lr_t / lr_{t-1}`.
+- Per-step linear warmup does not need it. With a ramp of slope `a` per step and a steady gradient `g`, the
+  uncorrected velocity is `sum_k m^k lr_{t-k} g = g / (1 - m) * (lr_t - a * m / (1 - m))`: the corrected
+  velocity of the rate `m / (1 - m)` steps earlier. The ramp is only delayed by 9 updates at m = 0.9 (the
+  per-step ratio `t / (t - 1)` of a ramp from 0 is 1.11 at step 10 and 1.01 at step 100). That is 2 % of
+  the paper's 390-update warmup (AlexNet-BN at 32K: 10 epochs of 39 updates) and 1-2 % of MLPerf's 468-975
+  (12-25 epochs of 39), hence off by default. It is 9 of the 14 updates of a one-epoch warmup on
+  Fashion-MNIST at batch 4,096: there, warm up longer or turn the correction on.
+- Jumps are where it matters. After the rate falls by a factor r (old / new), the uncorrected velocity
+  moves the weights `m / (1 - m) * (r - 1)` steady new-rate steps further than the corrected one: 81 for
+  Goyal's x0.1 step decay, 2.1 for the paper's 0.81 drop at the end of warmup.
 """
 
+import inspect
+import numbers
+
 import keras
-from keras import ops
 
-# Goyal et al. (2017), section 2.1: lr = 0.1 * global_batch / 256 for ResNet-50 with momentum SGD.
-REFERENCE_BATCH = 256
+from hvd_lars import schedule_functions as sf
 
+# Re-exported: the units helpers belong to the learning-rate policy's public interface.
+from hvd_lars.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: F401
 
-def scaled_learning_rate(base_lr, global_batch, reference_batch=REFERENCE_BATCH):
-    """Linear scaling rule: the peak learning rate for a global batch (Goyal et al. 2017, eq. in 2.1).
-
-    Args:
-        base_lr: float > 0, learning rate per `reference_batch` images.
-        global_batch: int > 0, images per optimizer update summed over all ranks (and micro-batches).
-        reference_batch: int > 0, the batch at which `base_lr` was tuned (256 in the references).
-
-    Returns:
-        float: `base_lr * global_batch / reference_batch`.
-
-    Raises:
-        ValueError: a non-positive argument.
-    """
-    for name, value in (("base_lr", base_lr), ("global_batch", global_batch)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}.")
-    if not reference_batch > 0:
-        raise ValueError(f"reference_batch must be > 0, got {reference_batch!r}.")
-    return float(base_lr) * global_batch / reference_batch
+# Goyal et al. (2017), section 5.1: the rate falls by 10x at epochs 30, 60 and 80 of 90.
+GOYAL_STEP_DECAY_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)
 
 
-def epochs_to_steps(epochs, num_examples, global_batch):
-    """Optimizer steps in `epochs` passes over `num_examples` images at `global_batch` images per step.
+class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup from `warmup_start_learning_rate` (step 0) to `peak_learning_rate` (step W), then the
+    subclass's `_after_warmup(t)`; checks the shared arguments. The config is the constructor arguments."""
 
-    Partial final batches are dropped (every rank runs the same number of steps), so one epoch is
-    `num_examples // global_batch` steps; fractional epochs are rounded to the nearest step.
+    def __init__(self, peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate):
+        if not peak_learning_rate > 0:
+            raise ValueError(f"peak_learning_rate must be > 0, got {peak_learning_rate!r}.")
+        if not (_is_int(total_steps) and total_steps > 0):
+            raise ValueError(f"total_steps must be an int > 0, got {total_steps!r}.")
+        if not (_is_int(warmup_steps) and 0 <= warmup_steps < total_steps):
+            raise ValueError(
+                f"warmup_steps must be an int in [0, total_steps={total_steps}), got {warmup_steps!r}."
+            )
+        _check_non_negative("warmup_start_learning_rate", warmup_start_learning_rate)
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.total_steps = int(total_steps)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_start_learning_rate = float(warmup_start_learning_rate)
 
-    Raises:
-        ValueError: `global_batch` larger than `num_examples`, or a negative count.
-    """
-    if epochs < 0 or num_examples <= 0 or global_batch <= 0:
-        raise ValueError(
-            f"need epochs >= 0, num_examples > 0, global_batch > 0; got {epochs!r}, "
-            f"{num_examples!r}, {global_batch!r}."
+    def __call__(self, step):
+        t = keras.ops.cast(step, "float32")
+        warm = sf.linear_warmup(
+            t, self.warmup_steps, self.warmup_start_learning_rate, self.peak_learning_rate
         )
-    steps_per_epoch = num_examples // global_batch
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"global batch {global_batch} is larger than the data set ({num_examples} examples): "
-            "not one full step per epoch."
-        )
-    return int(round(epochs * steps_per_epoch))
+        return keras.ops.where(t < float(self.warmup_steps), warm, self._after_warmup(t))
+
+    def _after_warmup(self, t):
+        raise NotImplementedError
+
+    def get_config(self):
+        names = list(inspect.signature(type(self)).parameters)
+        return {name: getattr(self, name) for name in names}
 
 
 @keras.saving.register_keras_serializable(package="hvd_lars")
-class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
+class WarmupPolynomialDecay(_WarmupSchedule):
     """Linear warmup to a peak learning rate, then polynomial decay to an end rate (MLPerf convention).
 
     With step `t` (optimizer updates, counted from 0), warmup steps `W`, total steps `T`:
@@ -78,7 +106,7 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         end_learning_rate: float >= 0 (1e-4 in the MLPerf ResNet-50 LARS recipe).
         power: float > 0 (2 in the paper and MLPerf).
 
-    Returns (when called with a step): a float32 scalar tensor.
+    Returns (when called with a step): a float32 tensor shaped like the step.
 
     Raises:
         ValueError: arguments outside the ranges above, quoting them.
@@ -93,44 +121,190 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         end_learning_rate=0.0,
         power=2.0,
     ):
-        if not peak_learning_rate > 0:
-            raise ValueError(f"peak_learning_rate must be > 0, got {peak_learning_rate!r}.")
-        if not (isinstance(total_steps, int) and total_steps > 0):
-            raise ValueError(f"total_steps must be an int > 0, got {total_steps!r}.")
-        if not (isinstance(warmup_steps, int) and 0 <= warmup_steps < total_steps):
-            raise ValueError(
-                f"warmup_steps must be an int in [0, total_steps={total_steps}), got {warmup_steps!r}."
-            )
-        if warmup_start_learning_rate < 0 or end_learning_rate < 0:
-            raise ValueError(
-                "warmup_start_learning_rate and end_learning_rate must be >= 0, got "
-                f"{warmup_start_learning_rate!r} and {end_learning_rate!r}."
-            )
+        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate)
+        _check_non_negative("end_learning_rate", end_learning_rate)
         if not power > 0:
             raise ValueError(f"power must be > 0, got {power!r}.")
-        self.peak_learning_rate = float(peak_learning_rate)
-        self.total_steps = total_steps
-        self.warmup_steps = warmup_steps
-        self.warmup_start_learning_rate = float(warmup_start_learning_rate)
         self.end_learning_rate = float(end_learning_rate)
         self.power = float(power)
 
-    def __call__(self, step):
-        t = ops.cast(step, "float32")
-        peak, start, end = self.peak_learning_rate, self.warmup_start_learning_rate, self.end_learning_rate
-        warmup_steps = float(self.warmup_steps)
-        decay_steps = float(self.total_steps - self.warmup_steps)
-        warm = start + (peak - start) * t / max(warmup_steps, 1.0)
-        progress = ops.clip((t - warmup_steps) / decay_steps, 0.0, 1.0)
-        decayed = end + (peak - end) * ops.power(1.0 - progress, self.power)
-        return ops.where(t < warmup_steps, warm, decayed)
+    def _after_warmup(self, t):
+        return sf.polynomial_decay(
+            t,
+            self.peak_learning_rate,
+            self.end_learning_rate,
+            self.total_steps - self.warmup_steps,
+            self.power,
+            begin_step=self.warmup_steps,
+        )
 
-    def get_config(self):
-        return {
-            "peak_learning_rate": self.peak_learning_rate,
-            "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps,
-            "warmup_start_learning_rate": self.warmup_start_learning_rate,
-            "end_learning_rate": self.end_learning_rate,
-            "power": self.power,
-        }
+
+@keras.saving.register_keras_serializable(package="hvd_lars")
+class PaperPolynomialDecay(WarmupPolynomialDecay):
+    """Linear warmup from a start rate, then polynomial decay counted from step 0 (the paper's solver).
+
+    ```
+    t <  W:      lr = start + (peak - start) * t / W
+    W <= t < T:  lr = end + (peak - end) * (1 - t / T) ** power
+    t >= T:      lr = end
+    ```
+    The rate therefore drops at step W from `peak` to `end + (peak - end) * (1 - W / T) ** power`. This is
+    the released Intel Caffe AlexNet-BN solver of You et al. (ICPP 2018): Caffe's `poly` policy
+    (`end = 0`, power 2) with a linear warmup from `start = 1`. Arguments, returns and errors are those
+    of `WarmupPolynomialDecay`.
+    """
+
+    def _after_warmup(self, t):
+        return sf.polynomial_decay(
+            t, self.peak_learning_rate, self.end_learning_rate, self.total_steps, self.power, begin_step=0
+        )
+
+
+@keras.saving.register_keras_serializable(package="hvd_lars")
+class WarmupCosineDecay(_WarmupSchedule):
+    """Linear warmup, then a half cosine from the peak (step W) to `end_learning_rate` (step T).
+
+    ```
+    t <  W:  lr = start + (peak - start) * t / W
+    t >= W:  lr = end + (peak - end) * (1 + cos(pi * min(1, (t - W) / (T - W)))) / 2
+    ```
+    (Loshchilov and Hutter, SGDR, eq. 5, one cycle.) Arguments as `WarmupPolynomialDecay`, without power.
+    """
+
+    def __init__(
+        self,
+        peak_learning_rate,
+        total_steps,
+        warmup_steps,
+        warmup_start_learning_rate=0.0,
+        end_learning_rate=0.0,
+    ):
+        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate)
+        _check_non_negative("end_learning_rate", end_learning_rate)
+        self.end_learning_rate = float(end_learning_rate)
+
+    def _after_warmup(self, t):
+        return sf.cosine_decay(
+            t,
+            self.peak_learning_rate,
+            self.end_learning_rate,
+            self.total_steps - self.warmup_steps,
+            begin_step=self.warmup_steps,
+        )
+
+
+@keras.saving.register_keras_serializable(package="hvd_lars")
+class WarmupStepDecay(_WarmupSchedule):
+    """Linear warmup, then the peak multiplied by `decay_factor` at each of `boundaries` (Goyal et al.).
+
+    ```
+    t <  W:  lr = start + (peak - start) * t / W
+    t >= W:  lr = peak * decay_factor ** (number of boundaries <= t)
+    ```
+
+    Args:
+        peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate: as in
+            `WarmupPolynomialDecay`.
+        boundaries: increasing ints in [warmup_steps, total_steps], the steps at which the rate falls
+            (Goyal et al.: epochs 30, 60, 80 of 90; see `GOYAL_STEP_DECAY_FRACTIONS`). Empty: the peak is
+            held after warmup.
+        decay_factor: float in (0, 1] (0.1 in Goyal et al.).
+
+    Raises:
+        ValueError: the shared arguments out of range, boundaries not increasing or outside
+            [warmup_steps, total_steps], or a decay factor outside (0, 1].
+    """
+
+    def __init__(
+        self,
+        peak_learning_rate,
+        total_steps,
+        warmup_steps,
+        warmup_start_learning_rate=0.0,
+        boundaries=(),
+        decay_factor=0.1,
+    ):
+        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate)
+        bounds = list(boundaries)
+        ok = all(_is_int(b) for b in bounds) and bounds == sorted(set(bounds))
+        if not (ok and all(self.warmup_steps <= b <= self.total_steps for b in bounds)):
+            raise ValueError(
+                f"boundaries must be strictly increasing ints in [warmup_steps={self.warmup_steps}, "
+                f"total_steps={self.total_steps}], got {boundaries!r}."
+            )
+        if not 0 < decay_factor <= 1:
+            raise ValueError(f"decay_factor must be in (0, 1], got {decay_factor!r}.")
+        self.boundaries = [int(b) for b in bounds]
+        self.decay_factor = float(decay_factor)
+
+    def _after_warmup(self, t):
+        values = [self.peak_learning_rate * self.decay_factor**i for i in range(len(self.boundaries) + 1)]
+        return sf.piecewise_constant(t, self.boundaries, values)
+
+
+# The registry behind `make_schedule` (and the main program's --schedule flag).
+SCHEDULES = {
+    "mlperf_poly": WarmupPolynomialDecay,
+    "paper_poly": PaperPolynomialDecay,
+    "cosine": WarmupCosineDecay,
+    "step": WarmupStepDecay,
+}
+
+
+def make_schedule(
+    name,
+    peak_learning_rate,
+    total_steps,
+    warmup_steps,
+    warmup_start_learning_rate=0.0,
+    end_learning_rate=0.0,
+    power=2.0,
+    boundaries=None,
+    decay_factor=0.1,
+):
+    """The schedule `SCHEDULES[name]` built from the arguments that apply to it (all in steps).
+
+    Arguments a schedule does not take must keep their defaults here (`power` for `"cosine"`;
+    `end_learning_rate` and `power` for `"step"`; `boundaries` and `decay_factor` for all but `"step"`),
+    so a setting is never silently ignored. For `"step"`, `boundaries=None` means Goyal et al.'s epochs
+    30, 60, 80 of 90 scaled to `total_steps`.
+
+    Returns:
+        A `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step.
+
+    Raises:
+        ValueError: an unknown name (listing the valid ones), a non-default argument the schedule does
+            not take, or arguments the schedule rejects.
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; valid names: {sorted(SCHEDULES)}.")
+    cls = SCHEDULES[name]
+    if cls is WarmupStepDecay and boundaries is None:
+        boundaries = [int(round(f * total_steps)) for f in GOYAL_STEP_DECAY_FRACTIONS]
+    arguments = dict(
+        peak_learning_rate=peak_learning_rate,
+        total_steps=total_steps,
+        warmup_steps=warmup_steps,
+        warmup_start_learning_rate=warmup_start_learning_rate,
+        end_learning_rate=end_learning_rate,
+        power=power,
+        boundaries=boundaries,
+        decay_factor=decay_factor,
+    )
+    accepted = inspect.signature(cls).parameters
+    defaults = {k: p.default for k, p in inspect.signature(make_schedule).parameters.items()}
+    for key, value in arguments.items():
+        if key not in accepted and value != defaults[key]:
+            raise ValueError(
+                f"{key}={value!r} does not apply to schedule {name!r}, which takes {list(accepted)}."
+            )
+    return cls(**{k: v for k, v in arguments.items() if k in accepted})
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_non_negative(name, value):
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}.")

@@ -1,6 +1,52 @@
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from hvd_lars.models import MODELS, get_model
+from hvd_lars.models.alexnet import LocalResponseNormalization
+from hvd_lars.models.batch_norm import FusedBatchNormalization
+from hvd_lars.models.cifar_resnet import ZeroPadShortcut, cifar_resnet
+from hvd_lars.models.resnet import resnet
+
+
+def trainable_count(model):
+    return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+
+
+def moving_statistics_count(model):
+    return sum(int(np.prod(v.shape)) for v in model.non_trainable_variables if "moving" in v.path)
+
+
+def conv_params(kernel, c_in, c_out):
+    return kernel * kernel * c_in * c_out
+
+
+def bottleneck_params(c_in, f, projection):
+    # 1x1 c_in->f, 3x3 f->f, 1x1 f->4f (no biases); BN gamma+beta on f, f, 4f channels; projection
+    # 1x1 c_in->4f with its BN.
+    n = conv_params(1, c_in, f) + conv_params(3, f, f) + conv_params(1, f, 4 * f) + 2 * (f + f + 4 * f)
+    return n + (conv_params(1, c_in, 4 * f) + 2 * 4 * f if projection else 0)
+
+
+def basic_params(c_in, f, projection):
+    # 3x3 c_in->f, 3x3 f->f (no biases), two BNs on f channels; projection 1x1 c_in->f with its BN.
+    n = conv_params(3, c_in, f) + conv_params(3, f, f) + 2 * 2 * f
+    return n + (conv_params(1, c_in, f) + 2 * f if projection else 0)
+
+
+def imagenet_resnet_params(blocks, bottleneck, num_classes=1000):
+    # Stem: 7x7 conv 3->64 + BN; stages of widths 64-128-256-512, the first block of each stage has a
+    # projection (bottleneck: always, as channels go to 4f; basic: stages 2-4); fc 2048 (512) -> classes.
+    total = conv_params(7, 3, 64) + 2 * 64
+    c_in = 64
+    for f, n in zip((64, 128, 256, 512), blocks):
+        c_out = 4 * f if bottleneck else f
+        for i in range(n):
+            block = bottleneck_params if bottleneck else basic_params
+            total += block(c_in, f, projection=(i == 0 and c_in != c_out))
+            c_in = c_out
+    return total + c_in * num_classes + num_classes
 
 
 def test_unknown_model_lists_valid_names():
@@ -9,6 +55,15 @@ def test_unknown_model_lists_valid_names():
     assert "'vgg16'" in str(info.value)
     for name in MODELS:
         assert name in str(info.value)
+    assert set(MODELS) >= {
+        "alexnet",
+        "alexnet_bn",
+        "resnet18",
+        "resnet34",
+        "resnet50",
+        "resnet20",
+        "small_cnn",
+    }
 
 
 def test_small_cnn_parameter_count():
@@ -19,3 +74,154 @@ def test_small_cnn_parameter_count():
         16272 + 192 + 200832 + 256 + 1290
     )
     assert model.output.dtype == "float32"
+
+
+def test_resnet50_v15_parameter_count_and_layout():
+    model = get_model("resnet50")
+    # Per stage (bottleneck_params): stem 9,408 + 128; stage 1: 75,008 + 2 * 70,400; stage 2: 379,392 +
+    # 3 * 280,064; stage 3: 1,512,448 + 5 * 1,117,184; stage 4: 6,039,552 + 2 * 4,462,592; fc 2,049,000.
+    # Sum 25,557,032: torchvision's resnet50 and the MLPerf reference (Keras Applications' ResNet50 has
+    # 25,583,592 trainable because its convolutions carry biases).
+    assert imagenet_resnet_params((3, 4, 6, 3), bottleneck=True) == 25_557_032
+    assert trainable_count(model) == 25_557_032
+    # Moving mean + variance: one pair per BN channel, i.e. half the BN gamma+beta count: 53,120.
+    assert moving_statistics_count(model) == 53_120
+    assert model.get_layer("stage4_block3_out").output.shape[1:] == (7, 7, 2048)
+    # v1.5: the down-sampling block strides its 3x3 convolution, not its first 1x1.
+    for stage in (2, 3, 4):
+        assert model.get_layer(f"stage{stage}_block1_conv1").strides == (1, 1)
+        assert model.get_layer(f"stage{stage}_block1_conv2").strides == (2, 2)
+        assert model.get_layer(f"stage{stage}_block1_proj").strides == (2, 2)
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert len(convs) == 53  # 1 stem + 16 blocks * 3 + 4 projections
+    assert not any(layer.use_bias for layer in convs)
+
+
+@pytest.mark.parametrize(
+    "name, blocks, expected",
+    [("resnet18", (2, 2, 2, 2), 11_689_512), ("resnet34", (3, 4, 6, 3), 21_797_672)],
+)
+def test_basic_block_resnet_parameter_counts(name, blocks, expected):
+    # Expected values are torchvision's resnet18 / resnet34 counts (same layout, no conv biases).
+    assert imagenet_resnet_params(blocks, bottleneck=False) == expected
+    assert trainable_count(get_model(name)) == expected
+
+
+@pytest.mark.parametrize("zero_init", [True, False])
+def test_zero_init_residual_sets_last_gamma_of_every_block(zero_init):
+    model = resnet(18, num_classes=10, input_shape=(32, 32, 3), zero_init_residual=zero_init)
+    last = [layer for layer in model.layers if layer.name.endswith("_bn2")]
+    assert len(last) == 8
+    for layer in last:
+        np.testing.assert_array_equal(layer.gamma.numpy(), 0.0 if zero_init else 1.0)
+    np.testing.assert_array_equal(model.get_layer("stage1_block1_bn1").gamma.numpy(), 1.0)
+
+
+def test_alexnet_parameter_counts():
+    # One tower (no grouped convolutions), with biases: conv1 11*11*3*96 + 96 = 34,944; conv2 5*5*96*256 +
+    # 256 = 614,656; conv3 3*3*256*384 + 384 = 885,120; conv4 3*3*384*384 + 384 = 1,327,488;
+    # conv5 3*3*384*256 + 256 = 884,992; fc6 (6*6*256)*4096 + 4096 = 37,752,832; fc7 4096*4096 + 4096 =
+    # 16,781,312; fc8 4096*1000 + 1000 = 4,097,000. Total 62,378,344 (the usual "62.3M" AlexNet figure).
+    expected = 34_944 + 614_656 + 885_120 + 1_327_488 + 884_992 + 37_752_832 + 16_781_312 + 4_097_000
+    assert expected == 62_378_344
+    plain = get_model("alexnet")
+    assert trainable_count(plain) == expected
+    assert moving_statistics_count(plain) == 0
+    assert len([layer for layer in plain.layers if isinstance(layer, LocalResponseNormalization)]) == 2
+    assert plain.get_layer("flatten").output.shape[1:] == (9216,)
+    # AlexNet-BN: BN without scale/shift adds no trainable parameter, only moving mean + variance on the
+    # outputs of pool1, pool2, conv3, conv4: 2 * (96 + 256 + 384 + 384) = 2,240.
+    bn = get_model("alexnet_bn")
+    assert trainable_count(bn) == expected
+    assert moving_statistics_count(bn) == 2_240
+    assert not any(isinstance(layer, LocalResponseNormalization) for layer in bn.layers)
+    # bvlc_alexnet fillers: conv2 bias 0.1, conv3 bias 0, fc6 weights N(0, 0.005^2) (37.7M draws).
+    np.testing.assert_array_equal(bn.get_layer("conv2").bias.numpy(), np.float32(0.1))
+    np.testing.assert_array_equal(bn.get_layer("conv3").bias.numpy(), 0.0)
+    assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
+
+
+def test_resnet20_parameter_count():
+    # Stem 3*3*3*16 + BN 32 = 464. Stage 1: 3 blocks of 2 * 3*3*16*16 + 2 BN (64) = 4,672 -> 14,016.
+    # Stage 2: first block 3*3*16*32 + 3*3*32*32 + 128 = 13,952, two more of 2 * 9,216 + 128 = 18,560
+    # -> 51,072. Stage 3: 3*3*32*64 + 3*3*64*64 + 256 = 55,552, two of 2 * 36,864 + 256 = 73,984
+    # -> 203,520. Option-A shortcuts add nothing; fc 64*10 + 10 = 650. Total 269,722 (0.27M, table 6).
+    model = get_model("resnet20", num_classes=10)
+    assert trainable_count(model) == 464 + 14_016 + 51_072 + 203_520 + 650 == 269_722
+    assert model.get_layer("stage3_block3_out").output.shape[1:] == (8, 8, 64)
+
+
+def test_invalid_shapes_and_depths_raise():
+    with pytest.raises(ValueError, match=r"67x67.*\(64, 64, 3\)"):
+        get_model("alexnet", input_shape=(64, 64, 3))
+    with pytest.raises(ValueError, match="6n \\+ 2.*21"):
+        cifar_resnet(21)
+    with pytest.raises(ValueError, match="101"):
+        resnet(101)
+
+
+@pytest.fixture
+def mixed_bfloat16():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("alexnet", (67, 67, 3)), ("alexnet_bn", (67, 67, 3)), ("resnet18", (64, 64, 3)), ("resnet20", None)],
+)
+def test_logits_are_float32_under_mixed_bfloat16(mixed_bfloat16, name, shape):
+    model = get_model(name, num_classes=5, input_shape=shape)
+    images = tf.random.stateless_uniform((2, *model.input_shape[1:]), seed=(1, 2))
+    logits = model(images, training=True)
+    assert logits.dtype == tf.float32 and logits.shape == (2, 5)
+    assert np.all(np.isfinite(logits.numpy()))
+    assert model.get_layer("conv1").compute_dtype == "bfloat16"
+
+
+def test_local_response_normalization_matches_caffe_formula():
+    x = np.random.default_rng(0).normal(size=(2, 3, 3, 7)).astype(np.float32) * 20
+    y = LocalResponseNormalization()(x).numpy()
+    # Caffe: x_c / (1 + 1e-4 / 5 * sum of x^2 over channels c-2..c+2, clipped at the edges) ** 0.75.
+    sq = np.pad(x**2, [(0, 0), (0, 0), (0, 0), (2, 2)])
+    window = sum(sq[..., i : i + 7] for i in range(5))
+    np.testing.assert_allclose(y, x / (1 + 1e-4 / 5 * window) ** 0.75, rtol=1e-5)
+
+
+def test_fused_batch_norm_matches_reference_and_keras_gradients():
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32))
+    fused = FusedBatchNormalization(momentum=0.9, epsilon=1e-5)
+    plain = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+    gamma, beta = np.linspace(0.5, 2.0, 6).astype(np.float32), np.full(6, 0.3, np.float32)
+    for layer in (fused, plain):
+        layer.build(x.shape)
+        layer.gamma.assign(gamma)
+        layer.beta.assign(beta)
+    weights = tf.constant(rng.normal(size=(4, 3, 5, 6)).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        y_fused = fused(x, training=True)
+        y_plain = plain(x, training=True)
+        loss_fused, loss_plain = tf.reduce_sum(y_fused * weights), tf.reduce_sum(y_plain * weights)
+    xn = x.numpy()
+    mean, var = xn.mean(axis=(0, 1, 2)), xn.var(axis=(0, 1, 2))
+    np.testing.assert_allclose(y_fused, gamma * (xn - mean) / np.sqrt(var + 1e-5) + beta, atol=1e-5)
+    np.testing.assert_allclose(tape.gradient(loss_fused, x), tape.gradient(loss_plain, x), atol=1e-5)
+    np.testing.assert_allclose(
+        tape.gradient(loss_fused, fused.gamma), tape.gradient(loss_plain, plain.gamma), rtol=1e-4
+    )
+    # Moving averages from 0 / 1: 0.1 * batch mean; 0.9 + 0.1 * unbiased variance (n = 60 values).
+    np.testing.assert_allclose(fused.moving_mean.numpy(), 0.1 * mean, rtol=1e-5)
+    np.testing.assert_allclose(fused.moving_variance.numpy(), 0.9 + 0.1 * var * 60 / 59, rtol=1e-5)
+    expected = gamma * (xn - fused.moving_mean.numpy()) / np.sqrt(fused.moving_variance.numpy() + 1e-5) + beta
+    np.testing.assert_allclose(fused(x, training=False), expected, atol=1e-5)
+
+
+def test_zero_pad_shortcut_subsamples_and_appends_zero_channels():
+    x = np.arange(2 * 4 * 4 * 3, dtype=np.float32).reshape(2, 4, 4, 3)
+    y = ZeroPadShortcut(8, 2)(x).numpy()
+    assert y.shape == (2, 2, 2, 8)
+    np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
+    np.testing.assert_array_equal(y[..., 3:], 0.0)

@@ -63,8 +63,9 @@ def polynomial_decay(step, initial_rate, end_rate, decay_steps, power, begin_ste
     Returns:
         float32 tensor shaped like `step`.
     """
-    progress = ops.clip((_steps(step) - float(begin_step)) / float(decay_steps), 0.0, 1.0)
-    return end_rate + (initial_rate - end_rate) * ops.power(1.0 - progress, power)
+    # 1 - p as (steps left) / decay_steps: exact numerator, so no cancellation near the last step.
+    left = ops.clip((float(begin_step + decay_steps) - _steps(step)) / float(decay_steps), 0.0, 1.0)
+    return end_rate + (initial_rate - end_rate) * ops.power(left, power)
 
 
 def cosine_decay(step, initial_rate, end_rate, decay_steps, begin_step=0):

@@ -4,6 +4,8 @@ Order matters: `AverageOverRanks` and `ImagesPerSecond` must precede `ExactEvalu
 must precede the loggers (TensorBoard, CSVLogger, the progress bar), which then see rank-averaged values.
 """
 
+import os
+import signal
 import time
 
 import keras
@@ -30,21 +32,30 @@ class AverageOverRanks(keras.callbacks.Callback):
 
 
 class ImagesPerSecond(keras.callbacks.Callback):
-    """Adds `images_per_second` (global images per second of training, evaluation excluded)."""
+    """Adds `images_per_second` (images of all ranks per second of training, evaluation excluded) and
+    `epoch_time_s` to the epoch logs.
 
-    def __init__(self, global_batch_size, steps_per_epoch):
+    Args:
+        images_per_batch: images one training batch (micro-batch) covers over all ranks.
+    """
+
+    def __init__(self, images_per_batch):
         super().__init__()
-        self.global_batch_size = global_batch_size
-        self.steps_per_epoch = steps_per_epoch
+        self.images_per_batch = images_per_batch
         self._start = None
+        self._batches = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
+        self._batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
 
     def on_epoch_end(self, epoch, logs=None):
         elapsed = time.perf_counter() - self._start
         if logs is not None:
-            logs["images_per_second"] = self.global_batch_size * self.steps_per_epoch / elapsed
+            logs["images_per_second"] = self.images_per_batch * self._batches / elapsed
             logs["epoch_time_s"] = elapsed
 
 
@@ -119,20 +130,51 @@ class ExactEvaluation(keras.callbacks.Callback):
             logs["test_top5"] = top5 / count
 
 
-class CheckpointEveryEpoch(keras.callbacks.Callback):
-    """Rank 0 saves `checkpoint` (a `tf.train.Checkpoint` holding model, optimizer and `epoch`) at each
-    epoch end through a `tf.train.CheckpointManager`.
+class PeriodicCheckpoint(keras.callbacks.Callback):
+    """Rank 0 saves the `tf.train.Checkpoint` of `manager` (model, optimizer with its step counter and
+    slots) every `every_steps` optimizer updates and at each epoch end, numbered by the update count.
 
-    The manager writes the checkpoint files first and the `checkpoint` index last, by atomic rename, so a
-    job killed while writing still points at its last complete checkpoint.
+    Progress is the optimizer's update counter (epoch = step // steps per epoch). The manager writes the
+    checkpoint files first and its `checkpoint` index last, by atomic rename, so a job killed while
+    writing still points at its last complete checkpoint; it keeps the newest `max_to_keep`.
+
+    Args:
+        manager: `tf.train.CheckpointManager`.
+        every_steps: int >= 0; 0 saves at epoch ends only.
+        accumulation_steps: micro-batches per update; saves happen only at update boundaries.
     """
 
-    def __init__(self, manager, epoch_variable):
+    def __init__(self, manager, every_steps, accumulation_steps=1):
         super().__init__()
         self.manager = manager
-        self.epoch_variable = epoch_variable
+        self.every_steps = every_steps
+        self.accumulation_steps = accumulation_steps
+        self._last_saved = None
+
+    def _save(self):
+        step = int(self.model.optimizer.iterations)
+        if step != self._last_saved and distributed.is_chief():
+            self.manager.save(checkpoint_number=step)
+        self._last_saved = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.every_steps and (batch + 1) % self.accumulation_steps == 0:
+            if int(self.model.optimizer.iterations) % self.every_steps == 0:
+                self._save()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epoch_variable.assign(epoch + 1)
-        if distributed.is_chief():
-            self.manager.save(checkpoint_number=epoch + 1)
+        self._save()
+
+
+class KillAtStep(keras.callbacks.Callback):
+    """Fault injection for resume tests: SIGKILLs this process once `step` updates have been applied, as a
+    pre-empted or crashed job dies (no clean-up, no final checkpoint)."""
+
+    def __init__(self, step, accumulation_steps=1):
+        super().__init__()
+        self.step = step
+        self.accumulation_steps = accumulation_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.accumulation_steps == 0 and int(self.model.optimizer.iterations) >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)

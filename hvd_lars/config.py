@@ -9,6 +9,7 @@ import dataclasses
 from hvd_lars.schedules import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate
 
 OPTIMIZERS = ("lars", "momentum")
+PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 @dataclasses.dataclass
@@ -19,7 +20,11 @@ class TrainConfig:
     data_dir: str = ""
     model: str = "small_cnn"
     optimizer: str = "lars"
-    global_batch_size: int = 4096
+    global_batch_size: int = 4096  # images per optimizer update, all ranks and micro-batches together
+    per_rank_batch_size: int = 0  # images per micro-batch on one rank; 0: derived from the global batch
+    accumulation_steps: int = 1  # micro-batches per update (gradients averaged before one update)
+    precision: str = "float32"
+    label_smoothing: float = 0.0
     epochs: float = 10.0
     warmup_epochs: float = 1.0
     base_learning_rate: float = 0.0  # per 256 images (Goyal et al.); used when peak_learning_rate == 0
@@ -35,12 +40,50 @@ class TrainConfig:
     run_name: str = ""
     seed: int = 0
     resume: bool = True
+    eval_every_epochs: int = 1
+    checkpoint_every_steps: int = 0  # 0: only at epoch ends
+    keep_checkpoints: int = 3
     max_train_examples: int = 0
     max_eval_examples: int = 0
     steps_per_epoch: int = 0  # 0: the data set's size // global batch
     intra_op_threads: int = 0  # 0: cores on this node / ranks on this node
     inter_op_threads: int = 0  # 0: TensorFlow's default
     verbose: int = 2  # Keras fit verbosity on rank 0 (0 silent, 1 progress bar, 2 one line per epoch)
+
+    def resolve_batch(self, world_size):
+        """Returns (global batch, per-rank micro-batch): one may be 0 and is derived from the other.
+
+        global batch = per-rank batch x world size x accumulation steps.
+
+        Raises:
+            ValueError: both 0, inconsistent, or a global batch that does not divide by ranks x accumulation.
+        """
+        if self.accumulation_steps < 1:
+            raise ValueError(f"--accumulation_steps must be >= 1, got {self.accumulation_steps}.")
+        if self.global_batch_size < 0 or self.per_rank_batch_size < 0:
+            raise ValueError(
+                f"Batch sizes must be > 0, got --global_batch_size={self.global_batch_size}, "
+                f"--per_rank_batch_size={self.per_rank_batch_size}."
+            )
+        divisor = world_size * self.accumulation_steps
+        if self.per_rank_batch_size and not self.global_batch_size:
+            return self.per_rank_batch_size * divisor, self.per_rank_batch_size
+        if not self.global_batch_size:
+            raise ValueError("Give --global_batch_size or --per_rank_batch_size (both are 0).")
+        if self.global_batch_size % divisor:
+            raise ValueError(
+                f"--global_batch_size={self.global_batch_size} does not divide by the world size "
+                f"{world_size} ranks x {self.accumulation_steps} accumulation steps = {divisor}; use a "
+                f"multiple of {divisor} (e.g. {self.global_batch_size // divisor * divisor or divisor})."
+            )
+        per_rank = self.global_batch_size // divisor
+        if self.per_rank_batch_size and self.per_rank_batch_size != per_rank:
+            raise ValueError(
+                f"--per_rank_batch_size={self.per_rank_batch_size} contradicts --global_batch_size="
+                f"{self.global_batch_size} over {world_size} ranks x {self.accumulation_steps} accumulation "
+                f"steps (which gives {per_rank}); give only one of them."
+            )
+        return self.global_batch_size, per_rank
 
     def validate(self, world_size):
         """Checks the values that need no data, before any heavy work.
@@ -50,13 +93,17 @@ class TrainConfig:
         """
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"--optimizer={self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}.")
-        if self.global_batch_size <= 0:
-            raise ValueError(f"--global_batch_size must be > 0, got {self.global_batch_size}.")
-        if self.global_batch_size % world_size:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
+        self.resolve_batch(world_size)
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}.")
+        if self.eval_every_epochs < 1:
+            raise ValueError(f"--eval_every_epochs must be >= 1, got {self.eval_every_epochs}.")
+        if self.checkpoint_every_steps < 0 or self.keep_checkpoints < 1:
             raise ValueError(
-                f"--global_batch_size={self.global_batch_size} does not divide by the world size "
-                f"{world_size} ranks; use a multiple of {world_size} "
-                f"(e.g. {self.global_batch_size - self.global_batch_size % world_size or world_size})."
+                f"--checkpoint_every_steps must be >= 0 and --keep_checkpoints >= 1, got "
+                f"{self.checkpoint_every_steps} and {self.keep_checkpoints}."
             )
         if not self.epochs > 0:
             raise ValueError(f"--epochs must be > 0, got {self.epochs}.")
@@ -91,6 +138,7 @@ class Plan:
     world_size: int
     global_batch_size: int
     per_rank_batch_size: int
+    accumulation_steps: int
     steps_per_epoch: int
     epochs: int
     total_steps: int
@@ -100,7 +148,8 @@ class Plan:
     def describe(self):
         return (
             f"global batch {self.global_batch_size} = {self.world_size} ranks x per-rank batch "
-            f"{self.per_rank_batch_size} (accumulation 1); {self.steps_per_epoch} steps per epoch x "
+            f"{self.per_rank_batch_size} x accumulation {self.accumulation_steps}; "
+            f"{self.steps_per_epoch} steps per epoch x "
             f"{self.epochs} epochs = {self.total_steps} steps; warmup {self.warmup_steps} steps; "
             f"peak learning rate {self.peak_learning_rate:g}"
         )
@@ -112,24 +161,23 @@ def make_plan(config, world_size, num_train_examples):
     Raises:
         ValueError: the global batch exceeds the training set, or the epochs are not whole.
     """
-    steps_per_epoch = config.steps_per_epoch or epochs_to_steps(
-        1, num_train_examples, config.global_batch_size
-    )
-    if config.global_batch_size > num_train_examples:
+    global_batch, per_rank = config.resolve_batch(world_size)
+    if global_batch > num_train_examples:
         raise ValueError(
-            f"--global_batch_size={config.global_batch_size} exceeds the "
-            f"{num_train_examples} training examples."
+            f"--global_batch_size={global_batch} exceeds the {num_train_examples} training examples."
         )
+    steps_per_epoch = config.steps_per_epoch or epochs_to_steps(1, num_train_examples, global_batch)
     if float(config.epochs) != int(config.epochs):
         raise ValueError(f"--epochs must be a whole number of epochs, got {config.epochs}.")
     epochs = int(config.epochs)
     peak = config.peak_learning_rate or scaled_learning_rate(
-        config.base_learning_rate, config.global_batch_size, REFERENCE_BATCH
+        config.base_learning_rate, global_batch, REFERENCE_BATCH
     )
     return Plan(
         world_size=world_size,
-        global_batch_size=config.global_batch_size,
-        per_rank_batch_size=config.global_batch_size // world_size,
+        global_batch_size=global_batch,
+        per_rank_batch_size=per_rank,
+        accumulation_steps=config.accumulation_steps,
         steps_per_epoch=steps_per_epoch,
         epochs=epochs,
         total_steps=steps_per_epoch * epochs,

@@ -9,14 +9,26 @@ import sys
 
 from absl import app, flags, logging
 
-from hvd_lars.config import OPTIMIZERS, TrainConfig
+from hvd_lars.config import OPTIMIZERS, PRECISIONS, TrainConfig
 
 _D = TrainConfig()
 flags.DEFINE_string("dataset", _D.dataset, "Input pipeline: fashion_mnist.")
 flags.DEFINE_string("data_dir", _D.data_dir, "Data folder; empty: the dataset's default location.")
 flags.DEFINE_string("model", _D.model, "Model name (hvd_lars.models.MODELS).")
 flags.DEFINE_enum("optimizer", _D.optimizer, OPTIMIZERS, "lars, or momentum (SGD with coupled L2 decay).")
-flags.DEFINE_integer("global_batch_size", _D.global_batch_size, "Images per update over all ranks.")
+flags.DEFINE_integer(
+    "global_batch_size",
+    _D.global_batch_size,
+    "Images per update over all ranks and micro-batches (0: derived).",
+)
+flags.DEFINE_integer(
+    "per_rank_batch_size",
+    _D.per_rank_batch_size,
+    "Images per micro-batch on one rank (0: derived from global).",
+)
+flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches per optimizer update.")
+flags.DEFINE_enum("precision", _D.precision, PRECISIONS, "Keras dtype policy.")
+flags.DEFINE_float("label_smoothing", _D.label_smoothing, "Label smoothing of the cross-entropy (0: none).")
 flags.DEFINE_float("epochs", _D.epochs, "Training epochs (whole number).")
 flags.DEFINE_float("warmup_epochs", _D.warmup_epochs, "Linear warmup length in epochs.")
 flags.DEFINE_float(
@@ -36,6 +48,13 @@ flags.DEFINE_string("workdir", _D.workdir, "Parent folder of the run directory."
 flags.DEFINE_string("run_name", _D.run_name, "Run directory name; empty: derived from the flags.")
 flags.DEFINE_integer("seed", _D.seed, "Random seed (weights, shuffling).")
 flags.DEFINE_bool("resume", _D.resume, "Resume from the run directory's latest checkpoint.")
+flags.DEFINE_integer(
+    "eval_every_epochs", _D.eval_every_epochs, "Evaluate every N epochs (and after the last)."
+)
+flags.DEFINE_integer(
+    "checkpoint_every_steps", _D.checkpoint_every_steps, "Checkpoint every N updates (0: epoch ends only)."
+)
+flags.DEFINE_integer("keep_checkpoints", _D.keep_checkpoints, "How many recent checkpoints to keep.")
 flags.DEFINE_integer(
     "max_train_examples", _D.max_train_examples, "Use only the first N training images (0: all)."
 )

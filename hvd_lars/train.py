@@ -11,6 +11,10 @@ import time
 from hvd_lars import distributed
 from hvd_lars.config import make_plan
 
+# Fault injection for the resume tests: the process SIGKILLs itself after this many optimizer updates,
+# as a pre-empted or crashed job would die (no clean-up, no final checkpoint).
+KILL_AT_STEP_ENV = "HVD_LARS_KILL_AT_STEP"
+
 
 def configure_threads(config, world_size):
     """Sizes TensorFlow's thread pools so the ranks on one node do not oversubscribe its cores.
@@ -19,15 +23,10 @@ def configure_threads(config, world_size):
     """
     import tensorflow as tf
 
-    local_ranks = max(
-        1,
-        min(
-            world_size,
-            int(
-                os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("HOROVOD_LOCAL_SIZE", world_size))
-            ),
-        ),
+    local_size = os.environ.get(
+        "OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("HOROVOD_LOCAL_SIZE", world_size)
     )
+    local_ranks = max(1, min(world_size, int(local_size)))
     intra = config.intra_op_threads or max(1, (os.cpu_count() or 1) // local_ranks)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
@@ -50,6 +49,10 @@ def build_optimizer(config, plan):
         end_learning_rate=config.end_learning_rate,
         power=config.decay_power,
     )
+    # Keras's own accumulation averages the micro-batch gradients; the schedule follows applied updates.
+    accumulation = (
+        {"gradient_accumulation_steps": plan.accumulation_steps} if plan.accumulation_steps > 1 else {}
+    )
     if config.optimizer == "lars":
         return LARS(
             schedule,
@@ -57,6 +60,7 @@ def build_optimizer(config, plan):
             weight_decay=config.weight_decay,
             eta=config.eta,
             epsilon=config.epsilon,
+            **accumulation,
         )
     # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:
     # exactly LARS with every tensor left out of layer adaptation (trust ratio 1).
@@ -66,6 +70,36 @@ def build_optimizer(config, plan):
         weight_decay=config.weight_decay,
         exclude_from_layer_adaptation=[""],
         name="momentum_sgd",
+        **accumulation,
+    )
+
+
+def _loss_and_metrics(config, num_classes):
+    import keras
+
+    if config.label_smoothing:
+        # Label smoothing needs one-hot targets; the training data are mapped to one-hot in `run`.
+        return keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=config.label_smoothing
+        ), [
+            keras.metrics.CategoricalAccuracy(name="top1"),
+            keras.metrics.TopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
+        ]
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), [
+        keras.metrics.SparseCategoricalAccuracy(name="top1"),
+        keras.metrics.SparseTopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
+    ]
+
+
+def _input_kwargs(config, per_rank_batch, rank, world_size):
+    return dict(
+        per_rank_batch=per_rank_batch,
+        rank=rank,
+        world_size=world_size,
+        seed=config.seed,
+        data_dir=config.data_dir or None,
+        max_train_examples=config.max_train_examples,
+        max_eval_examples=config.max_eval_examples,
     )
 
 
@@ -89,22 +123,15 @@ def run(config):
     from hvd_lars.models import get_model
 
     keras.utils.set_random_seed(config.seed)
+    keras.mixed_precision.set_global_policy(config.precision)
     chief = distributed.is_chief()
     run_name = (
         config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{config.global_batch_size}"
     )
     run_dir = os.path.join(config.workdir, run_name)
 
-    data = get_input(
-        config.dataset,
-        per_rank_batch=config.global_batch_size // world_size,
-        rank=rank,
-        world_size=world_size,
-        seed=config.seed,
-        data_dir=config.data_dir or None,
-        max_train_examples=config.max_train_examples,
-        max_eval_examples=config.max_eval_examples,
-    )
+    _, per_rank_batch = config.resolve_batch(world_size)
+    data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
     plan = make_plan(config, world_size, data.num_train_examples)
     if chief:
         print(f"[hvd_lars] {plan.describe()}", flush=True)
@@ -113,61 +140,79 @@ def run(config):
 
     model = get_model(config.model, num_classes=data.num_classes, input_shape=data.input_shape)
     optimizer = distributed.distributed_optimizer(build_optimizer(config, plan))
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[
-            keras.metrics.SparseCategoricalAccuracy(name="top1"),
-            keras.metrics.SparseTopKCategoricalAccuracy(k=5, name="top5"),
-        ],
-        # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
-        jit_compile=False,
-    )
+    loss, metrics = _loss_and_metrics(config, data.num_classes)
+    # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     optimizer.build(model.trainable_variables)
 
-    epoch_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_variable)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=3)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(
+        checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.keep_checkpoints
+    )
     if config.resume and chief and manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).expect_partial()
         print(
-            f"[hvd_lars] resumed from {manager.latest_checkpoint} (epoch {int(epoch_variable.numpy())})",
+            f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
             flush=True,
         )
-    # Rank 0's weights, optimizer slots, step counter and epoch become every rank's.
-    distributed.broadcast_variables(model.variables + optimizer.variables + [epoch_variable])
-    initial_epoch = int(epoch_variable.numpy())
+    # Rank 0's weights, optimizer slots and step counter become every rank's.
+    distributed.broadcast_variables(model.variables + optimizer.variables)
+    start_step = int(optimizer.iterations)
+    micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
 
     callbacks = [
         cb.AverageOverRanks(),
-        cb.ImagesPerSecond(plan.global_batch_size, plan.steps_per_epoch),
+        cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
         cb.LearningRateLogger(),
-        cb.ExactEvaluation(data.eval, data.num_eval_examples, every_epochs=1, last_epoch=plan.epochs),
-        cb.CheckpointEveryEpoch(manager, epoch_variable),
+        cb.ExactEvaluation(
+            data.eval, data.num_eval_examples, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
+        ),
+        cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps),
     ]
+    if os.environ.get(KILL_AT_STEP_ENV):
+        callbacks.append(cb.KillAtStep(int(os.environ[KILL_AT_STEP_ENV]), plan.accumulation_steps))
     if chief:
         callbacks += [
-            keras.callbacks.CSVLogger(os.path.join(run_dir, "metrics.csv"), append=initial_epoch > 0),
+            keras.callbacks.CSVLogger(os.path.join(run_dir, "metrics.csv"), append=start_step > 0),
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), update_freq="epoch"),
         ]
+
+    history = []
     start = time.perf_counter()
-    history = model.fit(
-        data.train,
-        epochs=plan.epochs,
-        initial_epoch=initial_epoch,
-        steps_per_epoch=plan.steps_per_epoch,
-        callbacks=callbacks,
-        verbose=config.verbose if chief else 0,
-        shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
-    )
+    # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The
+    # training stream is deterministic for a seed, so skipping the micro-batches already consumed puts
+    # every rank exactly where the interrupted run was.
+    step = start_step
+    while step < plan.total_steps:
+        if step != start_step:
+            # A fresh pipeline object: its seeded shuffle restarts the same stream (iterating the old
+            # object again would draw new shuffle seeds and break the resumed run's data order).
+            data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
+        train = data.train
+        if config.label_smoothing:
+            train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
+        epoch = step // plan.steps_per_epoch
+        done_in_epoch = step - epoch * plan.steps_per_epoch
+        epochs_this_call = plan.epochs if done_in_epoch == 0 else epoch + 1
+        steps_per_epoch = micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps
+        result = model.fit(
+            train.skip(step * plan.accumulation_steps),
+            initial_epoch=epoch,
+            epochs=epochs_this_call,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            verbose=config.verbose if chief else 0,
+            shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
+        )
+        history += [
+            {"epoch": e + 1, **{k: float(v[i]) for k, v in result.history.items()}}
+            for i, e in enumerate(result.epoch)
+        ]
+        step = int(optimizer.iterations)
     wall_time = time.perf_counter() - start
 
-    epochs = [
-        {"epoch": initial_epoch + i + 1, **{k: float(v[i]) for k, v in history.history.items()}}
-        for i in range(len(history.epoch))
-    ]
     # The first epoch includes graph tracing; the steady rate leaves it out when there are others.
-    steady = [e["images_per_second"] for e in epochs[1:]] or [e["images_per_second"] for e in epochs]
+    steady = [e["images_per_second"] for e in history[1:]] or [e["images_per_second"] for e in history]
     summary = {
         "run_name": run_name,
         "config": vars(config),
@@ -175,20 +220,22 @@ def run(config):
         "world_size": world_size,
         "global_batch_size": plan.global_batch_size,
         "per_rank_batch_size": plan.per_rank_batch_size,
+        "accumulation_steps": plan.accumulation_steps,
+        "resumed_from_step": start_step,
         "images_per_second": sum(steady) / len(steady) if steady else None,
         "wall_time_s": wall_time,
-        "final_test_top1": epochs[-1].get("test_top1") if epochs else None,
-        "final_test_top5": epochs[-1].get("test_top5") if epochs else None,
-        "epochs": epochs,
+        "final_test_top1": history[-1].get("test_top1") if history else None,
+        "final_test_top5": history[-1].get("test_top5") if history else None,
+        "epochs": history,
         **provenance.record(),
     }
     if chief:
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+        rate = f"{summary['images_per_second']:.0f}" if steady else "n/a"
         print(
-            f"[hvd_lars] final test top-1 {summary['final_test_top1']}, "
-            f"{summary['images_per_second']:.0f} images/s, wall time {wall_time:.0f} s; "
-            f"summary in {run_dir}/summary.json",
+            f"[hvd_lars] final test top-1 {summary['final_test_top1']}, {rate} images/s, "
+            f"wall time {wall_time:.0f} s; summary in {run_dir}/summary.json",
             flush=True,
         )
     return summary

@@ -60,7 +60,7 @@ def test_single_process_subset_then_resume(tmp_path):
         ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stdout and "(epoch 2)" in result.stdout
+    assert "resumed from" in result.stdout and "(step 16)" in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [e["epoch"] for e in summary["epochs"]] == [3]
 

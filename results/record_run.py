@@ -1,0 +1,41 @@
+"""Writes a Markdown record of one training run from its summary.json (command, SHA, date, machine, table).
+
+Usage: python results/record_run.py results/runs/<run>/summary.json results/<name>.md "<command that ran>"
+"""
+
+import json
+import sys
+
+
+def main(summary_path, out_path, command):
+    s = json.load(open(summary_path))
+    lines = [
+        f"# {s['run_name']}",
+        "",
+        f"- Command: `{command}`",
+        f"- Git SHA: `{s['git_sha']}`; date (UTC): {s['date']}",
+        f"- Machine: {s['machine']}",
+        f"- Software: Python {s['python']}, TensorFlow {s['tensorflow']}, Keras {s['keras']}, "
+        f"Horovod {s['horovod']}",
+        f"- World size {s['world_size']}, global batch {s['global_batch_size']}, per-rank batch "
+        f"{s['per_rank_batch_size']}, {s['plan']['steps_per_epoch']} steps per epoch, "
+        f"{s['plan']['total_steps']} steps, warmup {s['plan']['warmup_steps']} steps, peak learning rate "
+        f"{s['plan']['peak_learning_rate']:g}",
+        f"- **Final test top-1 {s['final_test_top1']:.4f}**, top-5 {s['final_test_top5']:.4f}; "
+        f"{s['images_per_second']:.0f} images/s (mean over epochs after the first); "
+        f"wall time {s['wall_time_s']:.0f} s (training + per-epoch evaluation, after start-up)",
+        "",
+        "| epoch | train loss | train top-1 | test top-1 | test top-5 | learning rate | images/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in s["epochs"]:
+        lines.append(
+            f"| {e['epoch']} | {e['loss']:.4f} | {e['top1']:.4f} | {e.get('test_top1', float('nan')):.4f} | "
+            f"{e.get('test_top5', float('nan')):.4f} | {e['learning_rate']:.4g} | {e['images_per_second']:.0f} |"
+        )
+    with open(out_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,12 +1,21 @@
-"""Input pipelines, sharded per rank. `DATASETS` maps a `--dataset` name to its builder."""
+"""Input pipelines, sharded per rank. `DATASETS` maps a `--dataset` name to its builder.
+
+Every builder takes the common keywords `per_rank_batch, rank, world_size, seed, data_dir,
+max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `manual_dir`,
+`skip_corrupt`, ...), and returns an `InputPipeline`.
+"""
 
 import dataclasses
+import inspect
 
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars.data import fashion_mnist
+from hvd_lars.data import fashion_mnist, pipeline
+from hvd_lars.data.image_folder import image_folder_input
+from hvd_lars.data.imagenet import imagenet_input
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices
+from hvd_lars.data.synthetic import synthetic_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +30,8 @@ class InputPipeline:
         num_eval_examples: evaluation examples in the whole data set (all ranks).
         num_classes: number of labels.
         input_shape: (H, W, C) of one image.
+        skipped_corrupt: int64 `tf.Variable` counting corrupt training files skipped so far, or None
+            when the pipeline does not skip them (then a corrupt file raises an error naming it).
     """
 
     train: tf.data.Dataset
@@ -29,16 +40,17 @@ class InputPipeline:
     num_eval_examples: int
     num_classes: int
     input_shape: tuple
+    skipped_corrupt: object = None
 
 
-def _in_memory(images, labels, normalize, shard, batch, train, seed):
+def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=False):
     ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
     if train:
         # A fresh permutation of this rank's shard each epoch; seeded so runs repeat.
         ds = ds.shuffle(len(shard), seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch, drop_remainder=train, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline.options(deterministic))
 
 
 def fashion_mnist_input(
@@ -50,6 +62,7 @@ def fashion_mnist_input(
     max_train_examples=0,
     max_eval_examples=0,
     eval_batch=1000,
+    deterministic=False,
 ):
     """Fashion-MNIST from the Debian package: 60,000 training, 10,000 test images (28x28x1, 10 classes).
 
@@ -69,8 +82,12 @@ def fashion_mnist_input(
     train_shard = train_shard_indices(len(x_train), rank, world_size)
     start, stop = eval_shard_range(len(x_test), rank, world_size)
     return InputPipeline(
-        train=_in_memory(x_train, y_train, normalize, train_shard, per_rank_batch, True, seed + rank),
-        eval=_in_memory(x_test, y_test, normalize, np.arange(start, stop), eval_batch, False, seed),
+        train=_in_memory(
+            x_train, y_train, normalize, train_shard, per_rank_batch, True, seed + rank, deterministic
+        ),
+        eval=_in_memory(
+            x_test, y_test, normalize, np.arange(start, stop), eval_batch, False, seed, deterministic
+        ),
         num_train_examples=len(x_train),
         num_eval_examples=len(x_test),
         num_classes=fashion_mnist.NUM_CLASSES,
@@ -78,15 +95,31 @@ def fashion_mnist_input(
     )
 
 
-DATASETS = {"fashion_mnist": fashion_mnist_input}
+DATASETS = {
+    "fashion_mnist": fashion_mnist_input,
+    "imagenet2012": imagenet_input,
+    "image_folder": image_folder_input,
+    "synthetic": synthetic_input,
+}
 
 
 def get_input(name, **kwargs):
     """Builds the input pipeline `name` (a key of `DATASETS`) with the builder's keyword arguments.
 
+    Keywords the builder does not take are dropped when unset (None, 0, "", False), so one call can
+    pass every dataset flag; a set value the builder cannot use is an error, not silently ignored.
+
     Raises:
-        ValueError: unknown name, listing the valid ones.
+        ValueError: unknown name (listing the valid ones), or a set keyword the dataset does not take.
     """
     if name not in DATASETS:
         raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}.")
-    return DATASETS[name](**kwargs)
+    accepted = set(inspect.signature(DATASETS[name]).parameters)
+    unused = {k: v for k, v in kwargs.items() if k not in accepted}
+    wrong = {k: v for k, v in unused.items() if v not in (None, 0, "", False)}
+    if wrong:
+        raise ValueError(
+            f"Dataset {name!r} does not take {', '.join(f'{k}={v!r}' for k, v in sorted(wrong.items()))}; "
+            f"it takes {', '.join(sorted(accepted))}."
+        )
+    return DATASETS[name](**{k: v for k, v in kwargs.items() if k in accepted})

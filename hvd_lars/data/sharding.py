@@ -28,3 +28,14 @@ def eval_shard_range(num_examples, rank, world_size):
     """(start, stop) of this rank's contiguous evaluation range; the ranges of all ranks tile [0, n)."""
     check_rank(rank, world_size)
     return (num_examples * rank) // world_size, (num_examples * (rank + 1)) // world_size
+
+
+def train_shard_range(num_examples, rank, world_size):
+    """(start, stop) of this rank's contiguous training range, num_examples // world_size long; the ranges
+    are disjoint and the at most world_size - 1 last examples are left out. For record files whose order
+    is already shuffled (tensorflow-datasets), where a contiguous slice reads fewer files than a stride."""
+    check_rank(rank, world_size)
+    per_rank = num_examples // world_size
+    if per_rank == 0:
+        raise ValueError(f"{num_examples} training examples cannot be shared by {world_size} ranks.")
+    return rank * per_rank, (rank + 1) * per_rank

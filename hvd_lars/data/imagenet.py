@@ -1,0 +1,137 @@
+"""ImageNet-1k (ILSVRC-2012) through tensorflow-datasets' `imagenet2012`, prepared from the user's tars.
+
+ImageNet cannot be downloaded automatically: the user puts `ILSVRC2012_img_train.tar` and
+`ILSVRC2012_img_val.tar` (from image-net.org) in a manual folder; the first run converts them to TFRecord
+shards under `data_dir/imagenet2012/<version>/` (hours on the full set, once) and later runs reuse them.
+Nothing is ever downloaded: the builder only reads `manual_dir`, and GCS lookups stay off. The
+preparation converts ImageNet's CMYK JPEGs and its PNG-as-JPEG to plain RGB JPEGs.
+"""
+
+import os
+
+import tensorflow as tf
+
+from hvd_lars.data import pipeline, preprocessing
+from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
+
+NAME = "imagenet2012"
+MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
+# Encoded images held for shuffling on each rank (~110 KB each); the record files are also read in a
+# freshly shuffled order every epoch. 10,000 as in the TensorFlow ResNet reference.
+SHUFFLE_BUFFER = 10_000
+
+
+def builder(data_dir=None, manual_dir=None, prepare=True):
+    """The `imagenet2012` builder over `data_dir`, prepared from `manual_dir` if not yet prepared.
+
+    Raises:
+        FileNotFoundError: not prepared, and `manual_dir` lacks the two ILSVRC-2012 tars.
+    """
+    import tensorflow_datasets as tfds
+
+    ds_builder = tfds.builder(NAME, data_dir=data_dir or None)
+    if ds_builder.is_prepared() or not prepare:
+        return ds_builder
+    missing = [f for f in MANUAL_FILES if not manual_dir or not os.path.exists(os.path.join(manual_dir, f))]
+    if missing:
+        raise FileNotFoundError(
+            f"ImageNet is not prepared under {ds_builder.data_dir} and --manual_dir={manual_dir!r} lacks "
+            f"{', '.join(missing)}. Download both ILSVRC-2012 tars from https://image-net.org (registration "
+            "needed), put them in one folder and pass --manual_dir=<that folder>; the first run converts "
+            "them (once) and later runs reuse --data_dir."
+        )
+    config = tfds.download.DownloadConfig(
+        manual_dir=manual_dir,
+        # Statistics are only for the catalogue; computing them reads the whole set again.
+        compute_stats=tfds.download.ComputeStatsMode.SKIP,
+    )
+    ds_builder.download_and_prepare(download_config=config)
+    return ds_builder
+
+
+def _source(ds_builder, split, shuffle_files, seed):
+    import tensorflow_datasets as tfds
+
+    read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False, skip_prefetch=True)
+    ds = ds_builder.as_dataset(
+        split=split,
+        shuffle_files=shuffle_files,
+        read_config=read_config,
+        # Keep the JPEG bytes: preprocessing decodes only the crop window.
+        decoders={"image": tfds.decode.SkipDecoding()},
+    )
+    return ds.map(lambda e: (e["file_name"], e["image"], tf.cast(e["label"], tf.int32)))
+
+
+def imagenet_input(
+    per_rank_batch,
+    rank,
+    world_size,
+    seed,
+    data_dir=None,
+    max_train_examples=0,
+    max_eval_examples=0,
+    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
+    manual_dir=None,
+    deterministic=False,
+    skip_corrupt=False,
+    eval_batch=0,
+    input_threads=0,
+    shuffle_buffer=SHUFFLE_BUFFER,
+):
+    """ILSVRC-2012: 1,281,167 training and 50,000 validation images, 1,000 classes, preprocessed.
+
+    Rank r trains on the contiguous slice `train[r * m : (r + 1) * m]`, m = n // world_size (the prepared
+    records are already in a shuffled order), and evaluates `validation[a_r : b_r]`, the ranges tiling
+    the set. `max_*_examples` > 0 keep the first that many records. With several ranks, the data must
+    be prepared before (one single-process run with --manual_dir), or rank 0 prepares while the others
+    wait in a Horovod barrier.
+
+    Returns:
+        `InputPipeline` with images float32 (B, image_size, image_size, 3).
+
+    Raises:
+        FileNotFoundError: not prepared and no tars in `manual_dir`.
+    """
+    from hvd_lars.data import InputPipeline
+
+    check_rank(rank, world_size)
+    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
+    ds_builder = builder(data_dir, manual_dir, prepare=rank == 0)
+    if world_size > 1:
+        from hvd_lars import distributed
+
+        distributed.barrier()  # ranks > 0 wait for rank 0's preparation
+        ds_builder = builder(data_dir, manual_dir, prepare=False)
+    splits = ds_builder.info.splits
+    num_train = min(splits["train"].num_examples, max_train_examples or splits["train"].num_examples)
+    num_eval = min(splits["validation"].num_examples, max_eval_examples or splits["validation"].num_examples)
+    t_start, t_stop = train_shard_range(num_train, rank, world_size)
+    e_start, e_stop = eval_shard_range(num_eval, rank, world_size)
+    train, skipped = pipeline.train_dataset(
+        _source(ds_builder, f"train[{t_start}:{t_stop}]", shuffle_files=True, seed=seed + rank),
+        num_examples=t_stop - t_start,
+        per_rank_batch=per_rank_batch,
+        seed=seed + rank,
+        image_size=image_size,
+        deterministic=deterministic,
+        threads=input_threads,
+        skip_corrupt=skip_corrupt,
+        shuffle_buffer=min(shuffle_buffer, t_stop - t_start),
+    )
+    evaluation = pipeline.eval_dataset(
+        _source(ds_builder, f"validation[{e_start}:{e_stop}]", shuffle_files=False, seed=seed),
+        batch=eval_batch or per_rank_batch,
+        image_size=image_size,
+        deterministic=deterministic,
+        threads=input_threads,
+    )
+    return InputPipeline(
+        train=train,
+        eval=evaluation,
+        num_train_examples=num_train,
+        num_eval_examples=num_eval,
+        num_classes=ds_builder.info.features["label"].num_classes,
+        input_shape=(image_size, image_size, 3),
+        skipped_corrupt=skipped,
+    )

@@ -1,0 +1,120 @@
+"""tf.data pipelines over encoded images: shuffle, decode (naming or skipping corrupt files), batch.
+
+A source is a `tf.data.Dataset` of (name: string, data: string, label: int32) for this rank's shard, where
+`data` is either the encoded bytes or a file path (then `read=tf.io.read_file`). A file that cannot be
+read or decoded stops the pipeline with `tf.errors.InvalidArgumentError` whose message names it, or, in
+training with `skip_corrupt=True`, is left out, logged and counted in `InputPipeline.skipped_corrupt`.
+Evaluation never skips: every evaluation image must be counted exactly once.
+
+Deterministic mode keeps the element order fixed (tests, resume); otherwise elements may leave the
+parallel decode out of order, which is faster. Either way the work runs on a private thread pool of
+`threads` threads, so AUTOTUNE cannot take the cores the training step's own threads use.
+"""
+
+import os
+import sys
+
+import tensorflow as tf
+
+from hvd_lars.data import preprocessing
+
+# Local ranks per node as launchers report them (Open MPI, Horovod's gloo launcher, Slurm).
+_LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def default_threads():
+    """Input threads per rank: the node's cores shared by its local ranks (at least 1)."""
+    local = 1
+    for name in _LOCAL_SIZE_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            local = max(1, int(os.environ[name]))
+            break
+    return max(1, (os.cpu_count() or 1) // local)
+
+
+def options(deterministic, threads=0):
+    """`tf.data.Options`: order fixed or not; a private pool of `threads` (0: `default_threads()`)."""
+    opts = tf.data.Options()
+    opts.deterministic = bool(deterministic)
+    opts.threading.private_threadpool_size = threads or default_threads()
+    # One thread per op: parallelism comes from parallel elements, not from threads inside one decode.
+    opts.threading.max_intra_op_parallelism = 1
+    opts.autotune.enabled = True
+    return opts
+
+
+def _guarded(decode, read, image_size):
+    """(name, data, label, seed) -> (image, label, name, ok): decode errors become ok=False, not failures."""
+
+    def fn(name, data, label, seed):
+        zeros = tf.zeros([image_size, image_size, 3], tf.float32)
+        attempt = tf.data.Dataset.from_tensors(data).map(lambda d: (decode(read(d), seed), True))
+        # ignore_errors drops the one element if reading or decoding it failed; the fallback then answers.
+        attempt = attempt.ignore_errors().concatenate(tf.data.Dataset.from_tensors((zeros, False)))
+        image, ok = attempt.take(1).get_single_element()
+        return image, label, name, ok
+
+    return fn
+
+
+def _fail_on_corrupt(image, label, name, ok):
+    check = tf.debugging.Assert(ok, ["Cannot read or decode image file", name], summarize=1)
+    with tf.control_dependencies([check]):
+        return tf.identity(image), label
+
+
+def train_dataset(
+    source,
+    num_examples,
+    per_rank_batch,
+    seed,
+    image_size,
+    read=tf.identity,
+    deterministic=False,
+    threads=0,
+    skip_corrupt=False,
+    shuffle_buffer=0,
+):
+    """Infinite batches (float32 (B, S, S, 3), int32 (B,)) of training views, reshuffled each epoch.
+
+    Args:
+        source: this rank's shard, `num_examples` elements (see module docstring).
+        seed: int; the shuffle and every image's crop and flip derive from it (stateless per element).
+        shuffle_buffer: elements; 0 shuffles the whole shard (file names are small).
+
+    Returns:
+        (dataset, skipped): `skipped` is an int64 `tf.Variable` counting skipped corrupt files (the same
+        file counts again each epoch it is met), or None unless `skip_corrupt`.
+    """
+    ds = source.shuffle(shuffle_buffer or num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
+    # Element i of the endless stream gets seed (seed, i): a fresh crop every epoch, repeatable runs.
+    ds = ds.enumerate().map(lambda i, e: (*e, tf.stack([tf.cast(seed, tf.int64), i])))
+    decode = lambda data, s: preprocessing.preprocess_train(data, s, image_size)
+    ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
+    skipped = None
+    if skip_corrupt:
+        skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_corrupt_images")
+
+        def count(image, label, name, ok):
+            def note():
+                tf.print("hvd_lars: skipping corrupt image file", name, output_stream=sys.stderr)
+                return skipped.assign_add(1)
+
+            tf.cond(ok, lambda: skipped.read_value(), note)
+            return ok
+
+        ds = ds.filter(count).map(lambda image, label, name, ok: (image, label))
+    else:
+        ds = ds.map(_fail_on_corrupt)
+    ds = ds.batch(per_rank_batch, drop_remainder=True)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads)), skipped
+
+
+def eval_dataset(source, batch, image_size, read=tf.identity, deterministic=True, threads=0):
+    """Finite batches (float32 (B, S, S, 3), int32 (B,)) of evaluation views of every source element,
+    in order, the last batch smaller. A corrupt file raises an error naming it."""
+    ds = source.map(lambda name, data, label: (name, data, label, tf.zeros([2], tf.int64)))
+    decode = lambda data, s: preprocessing.preprocess_eval(data, image_size)
+    ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(_fail_on_corrupt).batch(batch)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads))

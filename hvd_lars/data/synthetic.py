@@ -1,0 +1,74 @@
+"""Synthetic data of any shape, for throughput: one fixed random batch repeated, no decoding.
+
+Measures the training step alone (as tf_cnn_benchmarks' synthetic mode does). By default the epoch has
+ImageNet-1k's sizes, so steps per epoch match a real ImageNet run with the same batch.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_lars.data import pipeline, preprocessing
+from hvd_lars.data.sharding import check_rank, eval_shard_range
+
+IMAGENET_TRAIN_EXAMPLES = 1_281_167  # ILSVRC-2012 training images (Russakovsky et al. 2015)
+IMAGENET_EVAL_EXAMPLES = 50_000  # ILSVRC-2012 validation images
+IMAGENET_CLASSES = 1000
+
+
+def _batch(size, image_size, channels, num_classes, rng):
+    images = rng.standard_normal((size, image_size, image_size, channels), dtype=np.float32)
+    labels = rng.integers(0, num_classes, size=size, dtype=np.int32)
+    return images, labels
+
+
+def synthetic_input(
+    per_rank_batch,
+    rank,
+    world_size,
+    seed,
+    data_dir=None,
+    max_train_examples=0,
+    max_eval_examples=0,
+    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
+    channels=3,
+    num_classes=IMAGENET_CLASSES,
+    num_train_examples=IMAGENET_TRAIN_EXAMPLES,
+    num_eval_examples=IMAGENET_EVAL_EXAMPLES,
+    deterministic=False,
+    eval_batch=0,
+):
+    """Standard-normal float32 images (B, image_size, image_size, channels), uniform int32 labels.
+
+    `max_*_examples` > 0 cap the nominal sizes. Evaluation covers exactly `num_eval_examples` images
+    across ranks (contiguous ranges, as for real data), so `ExactEvaluation`'s count check holds.
+
+    Raises:
+        ValueError: bad rank/world size, or a non-positive size.
+    """
+    from hvd_lars.data import InputPipeline
+
+    check_rank(rank, world_size)
+    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
+    num_train = min(num_train_examples, max_train_examples or num_train_examples)
+    num_eval = min(num_eval_examples, max_eval_examples or num_eval_examples)
+    if min(image_size, channels, num_classes, num_train, num_eval, per_rank_batch) <= 0:
+        raise ValueError(
+            f"synthetic data needs positive sizes, got image_size={image_size}, channels={channels}, "
+            f"num_classes={num_classes}, examples={num_train}/{num_eval}, per_rank_batch={per_rank_batch}."
+        )
+    rng = np.random.default_rng(seed + rank)
+    opts = pipeline.options(deterministic, threads=1)
+    train = tf.data.Dataset.from_tensors(_batch(per_rank_batch, image_size, channels, num_classes, rng))
+    train = train.repeat().with_options(opts)
+    start, stop = eval_shard_range(num_eval, rank, world_size)
+    eval_batch = eval_batch or per_rank_batch
+    one = tf.data.Dataset.from_tensors(_batch(1, image_size, channels, num_classes, rng)).unbatch()
+    evaluation = one.repeat(stop - start).batch(eval_batch).with_options(opts)
+    return InputPipeline(
+        train=train,
+        eval=evaluation,
+        num_train_examples=num_train,
+        num_eval_examples=num_eval,
+        num_classes=num_classes,
+        input_shape=(image_size, image_size, channels),
+    )

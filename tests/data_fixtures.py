@@ -1,0 +1,113 @@
+"""Small real-format image fixtures made from Fashion-MNIST test images (28x28 grey, Debian package).
+
+`make_image_folder` writes `train/<class>/*.JPEG` and `validation/<class>/*.JPEG` with ImageNet's oddities:
+CMYK JPEGs, a greyscale JPEG and a PNG saved as `.JPEG` (and, on request, a truly corrupt file).
+`make_ilsvrc_tars` writes the smallest `ILSVRC2012_img_train.tar` / `ILSVRC2012_img_val.tar` pair that
+tensorflow-datasets' `imagenet2012` builder accepts: per-class tars inside the training tar, validation
+files `ILSVRC2012_val_<8 digits>.JPEG` whose labels are the builder's own list, in sorted name order.
+"""
+
+import io
+import os
+import tarfile
+
+import numpy as np
+from PIL import Image
+
+from hvd_lars.data import fashion_mnist
+
+# Kinds of file written, by position in each class folder; everything else is an RGB JPEG.
+CMYK, GREY, PNG = "cmyk", "grey", "png"
+JPEG_QUALITY = 95
+
+
+def source_images(count, size=None, offset=0):
+    """`count` Fashion-MNIST test images as uint8 (count, S, S, 3) RGB (grey replicated), S = 28 or `size`."""
+    images, _ = fashion_mnist.load("test")
+    images = images[offset : offset + count, :, :, 0]
+    if size:
+        images = np.stack(
+            [np.asarray(Image.fromarray(x).resize((size, size), Image.BILINEAR)) for x in images]
+        )
+    return np.repeat(images[..., None], 3, axis=-1)
+
+
+def encode(image, kind="rgb"):
+    """Encoded bytes of uint8 (H, W, 3) `image`: JPEG in RGB, CMYK or greyscale, or PNG."""
+    out = io.BytesIO()
+    picture = Image.fromarray(image)
+    if kind == PNG:
+        picture.save(out, "PNG")
+    else:
+        mode = {CMYK: "CMYK", GREY: "L"}.get(kind, "RGB")
+        picture.convert(mode).save(out, "JPEG", quality=JPEG_QUALITY)
+    return out.getvalue()
+
+
+def make_image_folder(root, train_counts, eval_counts, odd=None, size=None, corrupt=None):
+    """Writes an image-folder data set; returns {split: [(path, class index, kind, source image)]}.
+
+    Args:
+        train_counts / eval_counts: images per class (class c is folder `n{c:08d}`).
+        odd: {(split, class, position): kind}; default puts two CMYK, one grey and one PNG in train and
+            one of each in validation.
+        size: side of the square images (default 28, Fashion-MNIST's own).
+        corrupt: optional (split, class) that receives one extra file of garbage bytes `broken.JPEG`.
+    """
+    if odd is None:
+        odd = {("train", 0, 0): CMYK, ("train", 1, 0): CMYK, ("train", 2, 0): GREY, ("train", 3, 0): PNG}
+        odd.update({("validation", 0, 0): CMYK, ("validation", 1, 0): GREY, ("validation", 2, 0): PNG})
+    written, offset = {}, 0
+    for split, counts in (("train", train_counts), ("validation", eval_counts)):
+        written[split] = []
+        for c, count in enumerate(counts):
+            folder = os.path.join(root, split, f"n{c:08d}")
+            os.makedirs(folder, exist_ok=True)
+            for k, image in enumerate(source_images(count, size, offset)):
+                kind = odd.get((split, c, k), "rgb")
+                path = os.path.join(folder, f"n{c:08d}_{k}.JPEG")
+                with open(path, "wb") as f:
+                    f.write(encode(image, kind))
+                written[split].append((path, c, kind, image))
+            offset += count
+            if corrupt == (split, c):
+                path = os.path.join(folder, "broken.JPEG")
+                with open(path, "wb") as f:
+                    f.write(b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
+                written[split].append((path, c, "corrupt", None))
+    return written
+
+
+def _add(tar, name, data):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, png_name=None):
+    """Writes the two ILSVRC-2012 tars; returns (train file names by synset, validation file names).
+
+    `cmyk_name` / `png_name`: extra training files (e.g. the builder's listed `n01739381_1309.JPEG`)
+    written as CMYK JPEG / as PNG into their synset's tar, which the builder converts to RGB JPEG.
+    """
+    os.makedirs(manual_dir, exist_ok=True)
+    images = iter(source_images(len(synsets) * (per_class + 2) + num_val))
+    train = {}
+    with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_train.tar"), "w") as outer:
+        for synset in synsets:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as inner:
+                names = [f"{synset}_{k}.JPEG" for k in range(per_class)]
+                for name in names:
+                    _add(inner, name, encode(next(images)))
+                for extra, kind in ((cmyk_name, CMYK), (png_name, PNG)):
+                    if extra and extra.startswith(synset + "_"):
+                        _add(inner, extra, encode(next(images), kind))
+                        names.append(extra)
+            _add(outer, f"{synset}.tar", buffer.getvalue())
+            train[synset] = names
+    val_names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, num_val + 1)]
+    with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_val.tar"), "w") as tar:
+        for name in val_names:
+            _add(tar, name, encode(next(images)))
+    return train, val_names

@@ -1,0 +1,112 @@
+"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation, odd encodings."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from data_fixtures import CMYK, GREY, PNG, encode, source_images
+
+from hvd_lars.data import preprocessing as pp
+
+
+def _seed(i):
+    return tf.constant([7, i], tf.int64)
+
+
+def _gradient_image(height, width):
+    # Distinct values everywhere (not symmetric), so a crop or a flip shows in the pixels.
+    y, x = np.mgrid[:height, :width]
+    return np.stack([(x * 255) // (width - 1), (y * 255) // (height - 1), (x + y) % 256], -1).astype(np.uint8)
+
+
+def test_reference_constants():
+    np.testing.assert_allclose(pp.MEAN_RGB, [123.675, 116.28, 103.53])
+    np.testing.assert_allclose(pp.STDDEV_RGB, [58.395, 57.12, 57.375])
+    assert pp.eval_resize_size(224) == 256 and pp.eval_resize_size(227) == 259
+    assert pp.CROP_AREA_RANGE == (0.08, 1.0) and pp.CROP_ASPECT_RATIO_RANGE == (0.75, 4 / 3)
+
+
+def test_normalize_hand_values():
+    pixels = tf.constant([[123.675, 116.28, 103.53], [255, 255, 255], [0, 0, 0]])
+    want = [[0, 0, 0], [131.325 / 58.395, 138.72 / 57.12, 151.47 / 57.375], [-2.117904, -2.035714, -1.804444]]
+    np.testing.assert_allclose(pp.normalize(pixels).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_random_crop_windows_stay_in_range_and_repeat():
+    height, width = 300, 400
+    windows = np.array([pp.random_crop_window([height, width], _seed(i)).numpy() for i in range(200)])
+    y, x, h, w = windows.T
+    assert (y >= 0).all() and (x >= 0).all() and (y + h <= height).all() and (x + w <= width).all()
+    area = h * w / (height * width)
+    assert area.min() >= 0.08 - 0.01 and area.max() <= 1.0
+    assert (w / h).min() >= 0.75 - 0.02 and (w / h).max() <= 4 / 3 + 0.02
+    assert len({tuple(v) for v in windows}) > 190  # 200 seeds, (almost) all different windows
+    np.testing.assert_array_equal(pp.random_crop_window([height, width], _seed(3)).numpy(), windows[3])
+    # The whole range is used: small crops and crops of nearly the whole image both occur.
+    assert (area < 0.15).sum() > 10 and (area > 0.8).sum() > 5
+
+
+def test_random_crop_falls_back_to_the_centre_crop():
+    # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area.
+    window = pp.random_crop_window([1000, 10], _seed(0)).numpy()
+    # Side int(10 * 224/256) = 8, centred: y = (1000 - 8 + 1) // 2, x = (10 - 8 + 1) // 2.
+    np.testing.assert_array_equal(window, [496, 1, 8, 8])
+
+
+@pytest.mark.parametrize("kind", ["rgb", PNG, CMYK])
+def test_decode_and_random_crop_equals_decode_then_slice(kind):
+    data = tf.constant(encode(_gradient_image(120, 160), kind))
+    for i in range(5):
+        y, x, h, w = pp.random_crop_window([120, 160], _seed(i)).numpy()
+        crop = pp.decode_and_random_crop(data, _seed(i)).numpy()
+        whole = pp.decode_rgb(data).numpy()
+        assert crop.shape == (h, w, 3)
+        difference = np.abs(crop.astype(np.int32) - whole[y : y + h, x : x + w])
+        if kind == PNG:
+            assert difference.max() == 0
+        else:
+            # libjpeg upsamples chroma differently at the crop's edge: a level or two on edge pixels only.
+            assert difference.max() <= 3 and difference.mean() < 0.05
+
+
+def test_eval_centre_crop_is_exact_on_a_lossless_image():
+    image = np.random.default_rng(0).integers(0, 256, size=(256, 512, 3), dtype=np.uint8)
+    out = pp.preprocess_eval(tf.constant(encode(image, PNG)), 224).numpy()
+    # Short side already 256: no resampling; the 224 crop starts at ((256-224)//2, (512-224)//2).
+    want = (image[16:240, 144:368].astype(np.float32) - pp.MEAN_RGB) / pp.STDDEV_RGB
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size, short_side, resized", [(224, 256, (256, 341)), (227, 259, (259, 345))])
+def test_eval_resize_keeps_aspect(size, short_side, resized):
+    image = tf.zeros([300, 400, 3], tf.uint8)
+    assert tuple(pp.resize_short_side(image, short_side).shape[:2]) == resized
+    data = tf.constant(encode(_gradient_image(300, 400)))
+    assert pp.preprocess_eval(data, size).shape == (size, size, 3)
+
+
+def test_train_view_shape_range_and_flip_rate():
+    data = tf.constant(encode(_gradient_image(64, 64), PNG))
+    flipped = 0
+    for i in range(100):
+        out = pp.preprocess_train(data, _seed(i), 32).numpy()
+        assert out.shape == (32, 32, 3) and out.dtype == np.float32
+        assert out.min() >= -2.12 and out.max() <= 2.65  # normalised 0..255
+        red = out[..., 0].mean(axis=0)  # red grows with x in the source: the flip reverses it
+        flipped += red[0] > red[-1]
+    assert 30 <= flipped <= 70
+    again = pp.preprocess_train(data, _seed(5), 32).numpy()
+    np.testing.assert_array_equal(again, pp.preprocess_train(data, _seed(5), 32).numpy())
+
+
+@pytest.mark.parametrize("kind", [CMYK, GREY, PNG])
+def test_odd_encodings_decode_to_the_source_rgb(kind):
+    image = source_images(1)[0]
+    decoded = pp.decode_rgb(tf.constant(encode(image, kind))).numpy()
+    assert decoded.shape == (28, 28, 3)
+    error = np.abs(decoded.astype(np.int32) - image).mean()
+    assert error == 0 if kind == PNG else error < 3.0  # JPEG at quality 95
+
+
+def test_corrupt_bytes_raise():
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        pp.decode_rgb(tf.constant(b"not an image at all"))

@@ -31,10 +31,12 @@ class TrainConfig:
     peak_learning_rate: float = 0.0
     warmup_start_learning_rate: float = 0.0
     end_learning_rate: float = 0.0
+    schedule: str = "mlperf_poly"  # a key of hvd_lars.schedules.SCHEDULES
     decay_power: float = 2.0
     momentum: float = 0.9
     weight_decay: float = 5e-4
     eta: float = 0.001
+    exclude_bn_and_bias: bool = False  # MLPerf: batch norm and biases get plain momentum, no decay
     epsilon: float = 0.0
     workdir: str = "results/runs"
     run_name: str = ""
@@ -96,6 +98,10 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
         self.resolve_batch(world_size)
+        from hvd_lars.schedules import SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule={self.schedule!r}; valid: {', '.join(sorted(SCHEDULES))}.")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}.")
         if self.eval_every_epochs < 1:

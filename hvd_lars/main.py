@@ -39,10 +39,21 @@ flags.DEFINE_float(
 flags.DEFINE_float("peak_learning_rate", _D.peak_learning_rate, "Peak learning rate (instead of base).")
 flags.DEFINE_float("warmup_start_learning_rate", _D.warmup_start_learning_rate, "Rate at step 0.")
 flags.DEFINE_float("end_learning_rate", _D.end_learning_rate, "Rate at the last step.")
+flags.DEFINE_string(
+    "schedule",
+    _D.schedule,
+    "Learning-rate policy: mlperf_poly (warmup from 0, poly decay after warmup), paper_poly (the paper's "
+    "solver: poly decay counted from step 0), cosine, step (Goyal et al.).",
+)
 flags.DEFINE_float("decay_power", _D.decay_power, "Polynomial decay power after warmup.")
 flags.DEFINE_float("momentum", _D.momentum, "Momentum.")
 flags.DEFINE_float("weight_decay", _D.weight_decay, "L2 weight decay (beta).")
 flags.DEFINE_float("eta", _D.eta, "LARS trust coefficient.")
+flags.DEFINE_bool(
+    "exclude_bn_and_bias",
+    _D.exclude_bn_and_bias,
+    "Leave batch-norm parameters and biases out of LARS adaptation and weight decay (MLPerf recipe).",
+)
 flags.DEFINE_float("epsilon", _D.epsilon, "LARS epsilon in the trust ratio's denominator.")
 flags.DEFINE_string("workdir", _D.workdir, "Parent folder of the run directory.")
 flags.DEFINE_string("run_name", _D.run_name, "Run directory name; empty: derived from the flags.")

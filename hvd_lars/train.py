@@ -37,11 +37,12 @@ def configure_threads(config, world_size):
 
 
 def build_optimizer(config, plan):
-    """LARS or momentum SGD on the warmup + polynomial-decay schedule of `plan`."""
-    from hvd_lars.lars import LARS
-    from hvd_lars.schedules import WarmupPolynomialDecay
+    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`."""
+    from hvd_lars.lars import LARS, mlperf_exclusions
+    from hvd_lars.schedules import make_schedule
 
-    schedule = WarmupPolynomialDecay(
+    schedule = make_schedule(
+        config.schedule,
         peak_learning_rate=plan.peak_learning_rate,
         total_steps=plan.total_steps,
         warmup_steps=plan.warmup_steps,
@@ -54,12 +55,15 @@ def build_optimizer(config, plan):
         {"gradient_accumulation_steps": plan.accumulation_steps} if plan.accumulation_steps > 1 else {}
     )
     if config.optimizer == "lars":
+        excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
         return LARS(
             schedule,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
             eta=config.eta,
             epsilon=config.epsilon,
+            exclude_from_weight_decay=excluded,
+            exclude_from_layer_adaptation=excluded,
             **accumulation,
         )
     # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:

@@ -1,0 +1,75 @@
+"""Every flagfile parses into a valid configuration; smoke.flags runs end to end."""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from conftest import REPO
+
+from hvd_lars import main
+from hvd_lars.config import make_plan
+from hvd_lars.data import DATASETS
+from hvd_lars.models import MODELS
+
+FLAGFILES = sorted(glob.glob(os.path.join(REPO, "flags", "*.flags")))
+# Training-set sizes the plans are checked against (ImageNet-1k: 1,281,167 images).
+TRAIN_EXAMPLES = {"imagenet2012": 1281167, "fashion_mnist": 60000, "synthetic": 1281167}
+
+
+def _parse(path):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["hvd_lars", f"--flagfile={path}"])
+    return main.config_from_flags()
+
+
+def test_the_paper_flagfiles_exist():
+    names = {os.path.basename(p) for p in FLAGFILES}
+    assert {
+        "alexnet_bn_bs32k.flags", "alexnet_bn_bs512.flags", "alexnet_bs8k.flags", "resnet50_bs32k_lars.flags",
+        "resnet50_bs8k_momentum.flags", "fashion_mnist_lars.flags", "smoke.flags",
+    } <= names  # fmt: skip
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_flagfile_parses_and_plans(path):
+    text = open(path).read()
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    # The header states the command, the hardware and the expected outcome.
+    for word in ("Command:", "Hardware:", "Expected:"):
+        assert any(word in line for line in header), f"{path} header lacks {word!r}"
+    config = _parse(path)
+    assert config.model in MODELS and config.dataset in DATASETS
+    config.validate(world_size=1)
+    plan = make_plan(config, 1, TRAIN_EXAMPLES[config.dataset])
+    assert 0 <= plan.warmup_steps < plan.total_steps
+    if config.dataset == "imagenet2012":
+        # The paper's global batches, and 90 or 100 epochs.
+        assert plan.global_batch_size in (512, 8192, 32768) and plan.epochs in (90, 100)
+        assert plan.steps_per_epoch == 1281167 // plan.global_batch_size
+
+
+def test_paper_32k_numbers():
+    config = _parse(os.path.join(REPO, "flags", "alexnet_bn_bs32k.flags"))
+    plan = make_plan(config, 2048, 1281167)
+    assert (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps) == (16, 39, 3900)
+    assert plan.peak_learning_rate == 32 and config.schedule == "paper_poly"
+    config = _parse(os.path.join(REPO, "flags", "resnet50_bs8k_momentum.flags"))
+    assert make_plan(config, 256, 1281167).peak_learning_rate == pytest.approx(3.2)  # 0.1 x 8192 / 256
+
+
+def test_smoke_flags_run_end_to_end(tmp_path):
+    cmd = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/smoke.flags", f"--workdir={tmp_path}"]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(
+        r"global batch 32 = 1 ranks x per-rank batch 32 x accumulation 1; 3 steps per epoch", result.stdout
+    )
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["plan"]["total_steps"] == 6 and len(summary["epochs"]) == 2
+    checkpoints = sorted(f for f in os.listdir(tmp_path / "smoke" / "checkpoints") if f.endswith(".index"))
+    assert checkpoints == ["ckpt-2.index", "ckpt-3.index", "ckpt-4.index", "ckpt-6.index"][-3:]

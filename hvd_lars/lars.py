@@ -49,50 +49,69 @@ class LARS(keras.optimizers.Optimizer):
     w     = w - v               (nesterov: w = w - m * v - lr_t * trust * (g + beta * w))
     ```
 
-    `||.||` is the Frobenius (L2) norm of the whole tensor and `||g||` is the norm of the raw gradient
-    before weight decay is added. This is equation (6)-(7) of You et al. (arXiv 1708.03888) in the form of
-    the released Intel Caffe solver and of the TF/MLPerf `LARSOptimizer`; the learning rate sits inside
-    the velocity (Caffe-style momentum), so the velocity is in units of the weights.
+    `||.||` is the Frobenius (L2) norm of the whole tensor (any rank, scalars included) and `||g||` is the
+    norm of the raw gradient before weight decay is added. This is equations (6)-(7) of You, Gitman,
+    Ginsburg (arXiv 1708.03888) in the form of the solver released with You et al., ICPP 2018 (Intel Caffe
+    1.0.7; `shared/PAPER.md`) and of the TF/MLPerf ResNet-50 `LARSOptimizer`. The learning rate sits inside
+    the velocity (Caffe-style momentum), so `v` is in units of the weights; the slot stores `-v`, the sign
+    convention of Keras SGD and of TensorFlow's fused momentum kernel. Units: `lr_t`, `eta`, `beta`, `m`
+    are dimensionless; `eps` is in units of a gradient norm; `trust` is dimensionless (for `eta` 0.001 it is
+    typically 1e-4 to 1e-2, which is why LARS peak rates are 10-30 where SGD's are 0.1-3).
 
-    Conventions, with `trust_ratio_mode`:
-      * `"paper"` (default): as above.
+    Where the published implementations differ, `trust_ratio_mode` chooses (the paper's rule by default):
+      * `"paper"`: as above (Caffe 1.0.7, TF/MLPerf `LARSOptimizer`).
       * `"decayed_gradient"`: `trust = eta * ||w|| / (||g + beta * w|| + eps)`, the norm of the decayed
-        gradient (NVIDIA apex `LARC`, several PyTorch ports).
-      * `"update"`: the velocity is accumulated without trust ratio (`u = m * v + (g + beta * w)`) and
-        the step is `lr_t * eta * ||w|| / (||u|| + eps) * u` (trust ratio on the final update, as
-        LAMB-style code does; here `v` is kept in gradient units).
+        gradient (NVIDIA apex `LARC`, several PyTorch ports); the update is otherwise as above.
+      * `"update"`: trust ratio on the final update, as LAMB-style code does with SGD momentum:
+        `u = m * u + (g + beta * w)` (gradient units) and `w = w - lr_t * eta * ||w|| / (||u|| + eps) * u`
+        (Nesterov: `... * (m * u + g + beta * w)`); 1 instead of the ratio where `||w||` or `||u||` is 0.
 
-    Excluded tensors: a tensor whose `variable.path` matches a regex of `exclude_from_weight_decay` gets
-    `beta = 0`; one that matches `exclude_from_layer_adaptation` gets `trust = 1` (plain momentum SGD).
-    A tensor with a zero gradient still decays (`v = m * v + lr_t * beta * w` with trust 1): weight
-    decay is part of the objective, as in the Caffe solver, which decays every parameter each step.
+    Excluded tensors: a tensor whose `variable.path` matches a regex (`re.search`) of
+    `exclude_from_weight_decay` gets `beta = 0`; one that matches `exclude_from_layer_adaptation` gets
+    `trust = 1` (plain momentum SGD at `lr_t`). `mlperf_exclusions()` gives the MLPerf choice (batch-norm
+    parameters and biases out of both). One warning is issued at `build` if a pattern matches no variable.
+
+    Zero gradient: in `"paper"` mode a tensor whose gradient is exactly zero still decays, with trust 1
+    (`v = m * v + lr_t * beta * w`), as the released solver and the TF/MLPerf code do (they regularise every
+    parameter each step; trust 1 is their fall-back when a norm is zero). It is kept because the reference
+    numbers come from those codes; the step is small (`lr_t * beta`, e.g. 20 * 5e-4 = 1% of `w`). In the
+    other modes the denominator is `||beta * w||` > 0, so the trust ratio is `eta / beta` there.
+    Zero weights (zero-initialised tensors) get trust 1 and move by the plain momentum step.
+
     Weight decay is applied here only; it is never handed to the Keras base class (which would decay a
-    second time, decoupled from the trust ratio).
+    second time, decoupled from the trust ratio). The step counter `iterations` counts applied updates:
+    with `gradient_accumulation_steps=k` it advances once per `k` calls of `apply`, and schedules are
+    evaluated at it (Keras itself would evaluate them at the micro-batch count).
 
     Args:
-        learning_rate: float, a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step
-            (applied updates), or a callable of no arguments. The global rate before the trust ratio;
-            a float rate can be changed later (`optimizer.learning_rate = x`, as callbacks do).
+        learning_rate: float >= 0 (an int is accepted), a `keras.Variable` (used itself, so whoever holds
+            it can change the rate), a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer
+            step (applied updates), or a callable of no arguments. The global rate before the trust
+            ratio. A float rate can be changed later (`optimizer.learning_rate = x`, as callbacks do).
         momentum: float in [0, 1). 0.9 in the paper's solver.
         weight_decay: float >= 0, L2 coefficient beta (5e-4 for AlexNet-BN, 1e-4 for ResNet-50).
         eta: float > 0, trust coefficient (0.001 in the paper).
         epsilon: float >= 0 added to the trust ratio's denominator (0 in the paper; 1e-5 in some MLPerf
             submissions).
-        nesterov: bool, Nesterov momentum.
-        exclude_from_weight_decay: list of regexes (`re.search` on `variable.path`), or None.
-        exclude_from_layer_adaptation: list of regexes, or None. None means no exclusions (the paper:
-            every tensor is adapted); see `mlperf_exclusions()` for the MLPerf choice.
-        trust_ratio_mode: one of `TRUST_RATIO_MODES`.
+        nesterov: bool, Nesterov momentum (not in the paper; the TF/MLPerf code offers it).
+        exclude_from_weight_decay: list of regexes (`re.search` on `variable.path`), a single regex, or
+            None (no exclusions).
+        exclude_from_layer_adaptation: as above. None means every tensor is adapted (the paper); see
+            `mlperf_exclusions()` for the MLPerf choice.
+        trust_ratio_mode: one of `TRUST_RATIO_MODES`; "paper" by default.
         momentum_correction: bool. When True, the velocity is rescaled by `lr_t / lr_{t-1}` before each
             update, as the Caffe solver does during warmup (Goyal et al. 2017, section 2.1). With a
             per-step linear warmup the ratio stays within a few percent of 1 after the first steps, so
             it is off by default; it matters when the rate jumps (step decay, the paper's drop at the
             end of warmup).
-        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ...).
+        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema,
+            gradient_accumulation_steps, ...).
 
     Raises:
-        ValueError: negative `eta`, `momentum` outside [0, 1), negative `weight_decay` or `epsilon`,
-            an unknown `trust_ratio_mode`, or an exclusion pattern that is not a valid regex.
+        ValueError: a negative float `learning_rate`, `eta` <= 0, `momentum` outside [0, 1),
+            negative `weight_decay` or `epsilon`, a non-number for any of them, an unknown
+            `trust_ratio_mode`, or an exclusion pattern that is not a valid regex; the message quotes the
+            value received.
     """
 
     def __init__(
@@ -112,7 +131,7 @@ class LARS(keras.optimizers.Optimizer):
     ):
         shared_rate = learning_rate if isinstance(learning_rate, keras.Variable) else None
         if shared_rate is not None:
-            learning_rate = float(ops.convert_to_numpy(shared_rate))
+            learning_rate = float(shared_rate.numpy())
         elif isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool):
             _check_range("learning_rate", learning_rate, 0.0, None, ">= 0")
             learning_rate = float(learning_rate)  # the Keras base class accepts Python floats only

@@ -43,7 +43,7 @@ class InputPipeline:
     skipped_corrupt: object = None
 
 
-def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=False):
+def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=True):
     ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
     if train:
         # A fresh permutation of this rank's shard each epoch; seeded so runs repeat.
@@ -62,7 +62,7 @@ def fashion_mnist_input(
     max_train_examples=0,
     max_eval_examples=0,
     eval_batch=1000,
-    deterministic=False,
+    deterministic=True,
 ):
     """Fashion-MNIST from the Debian package: 60,000 training, 10,000 test images (28x28x1, 10 classes).
 

@@ -68,7 +68,7 @@ def image_folder_input(
     max_train_examples=0,
     max_eval_examples=0,
     image_size=preprocessing.DEFAULT_IMAGE_SIZE,
-    deterministic=False,
+    deterministic=True,
     skip_corrupt=False,
     eval_batch=0,
     input_threads=0,

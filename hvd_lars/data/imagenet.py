@@ -73,7 +73,7 @@ def imagenet_input(
     max_eval_examples=0,
     image_size=preprocessing.DEFAULT_IMAGE_SIZE,
     manual_dir=None,
-    deterministic=False,
+    deterministic=True,
     skip_corrupt=False,
     eval_batch=0,
     input_threads=0,

@@ -6,8 +6,9 @@ read or decoded stops the pipeline with `tf.errors.InvalidArgumentError` whose m
 training with `skip_corrupt=True`, is left out, logged and counted in `InputPipeline.skipped_corrupt`.
 Evaluation never skips: every evaluation image must be counted exactly once.
 
-Deterministic mode keeps the element order fixed (tests, resume); otherwise elements may leave the
-parallel decode out of order, which is faster. Either way the work runs on a private thread pool of
+Deterministic mode (the default) keeps the element order fixed, so a fresh pipeline with the same seed
+gives the same stream (tests, exact mid-epoch resume by skipping batches); otherwise elements may leave
+the parallel decode out of order, so one slow file does not hold up the rest. Either way the work runs on a private thread pool of
 `threads` threads, so AUTOTUNE cannot take the cores the training step's own threads use.
 """
 
@@ -70,7 +71,7 @@ def train_dataset(
     seed,
     image_size,
     read=tf.identity,
-    deterministic=False,
+    deterministic=True,
     threads=0,
     skip_corrupt=False,
     shuffle_buffer=0,

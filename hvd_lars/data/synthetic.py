@@ -34,7 +34,7 @@ def synthetic_input(
     num_classes=IMAGENET_CLASSES,
     num_train_examples=IMAGENET_TRAIN_EXAMPLES,
     num_eval_examples=IMAGENET_EVAL_EXAMPLES,
-    deterministic=False,
+    deterministic=True,
     eval_batch=0,
 ):
     """Standard-normal float32 images (B, image_size, image_size, channels), uniform int32 labels.

@@ -8,8 +8,8 @@ Evaluation never skips: every evaluation image must be counted exactly once.
 
 Deterministic mode (the default) keeps the element order fixed, so a fresh pipeline with the same seed
 gives the same stream (tests, exact mid-epoch resume by skipping batches); otherwise elements may leave
-the parallel decode out of order, so one slow file does not hold up the rest. Either way the work runs on a private thread pool of
-`threads` threads, so AUTOTUNE cannot take the cores the training step's own threads use.
+the parallel decode out of order, so one slow file does not hold up the rest. Either way the work runs
+on a private pool of `threads` threads, so AUTOTUNE cannot take the cores the training step uses.
 """
 
 import os

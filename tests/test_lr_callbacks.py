@@ -1,0 +1,190 @@
+"""LearningRateWarmup and LearningRateLogger in real `model.fit` runs: the rate of every update equals the
+schedule's, as with the schedule inside the optimizer; gradient accumulation counts updates; a run
+restored from a checkpoint in the middle of warmup continues the curve exactly."""
+
+import csv
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_lars import LARS
+from hvd_lars.callbacks import LearningRateLogger, LearningRateWarmup
+from hvd_lars.schedules import PaperPolynomialDecay, WarmupPolynomialDecay
+
+BATCH = 8
+STEPS_PER_EPOCH = 3
+EPOCHS = 4
+# 12 updates; warmup 5 from 0.02 to 0.2, then the paper's decay from step 0 (a drop at step 5).
+SCHEDULE = PaperPolynomialDecay(0.2, EPOCHS * STEPS_PER_EPOCH, 5, warmup_start_learning_rate=0.02)
+
+
+def _lr(schedule, step):
+    return float(keras.ops.convert_to_numpy(schedule(step)))
+
+
+def _data(n=BATCH * STEPS_PER_EPOCH):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 3)).astype("float32")
+    y = (x @ np.array([[1.0, -2.0], [0.5, 0.0], [-1.0, 3.0]]) + 0.1 * rng.normal(size=(n, 2))).astype(
+        "float32"
+    )
+    return x, y
+
+
+def _model(optimizer, seed=0, **compile_kwargs):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.normal(size=(3, 2)).astype("float32"), np.zeros(2, "float32")])
+    model.compile(optimizer=optimizer, loss="mse", **compile_kwargs)
+    return model
+
+
+def _fit(model, callbacks, epochs=EPOCHS, initial_epoch=0, batch_size=BATCH):
+    x, y = _data()
+    return model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+
+
+class _RecordRates(keras.callbacks.Callback):
+    """Per batch: the update counter before the batch and the float rate the batch's update used (a float
+    rate only changes at batch begin, so after the batch it still holds the rate that was applied)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.rates = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps.append(int(self.model.optimizer.iterations.numpy()))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.rates.append(float(self.model.optimizer.learning_rate.numpy()))
+
+
+OPTIMIZERS = {
+    "sgd": lambda rate: keras.optimizers.SGD(rate, momentum=0.9),
+    "lars": lambda rate: LARS(rate, momentum=0.9, weight_decay=1e-3, eta=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_callback_gives_the_schedule_rate_at_every_step(name, tmp_path):
+    make = OPTIMIZERS[name]
+    inside = _model(make(SCHEDULE))
+    history_inside = _fit(inside, [LearningRateLogger()])
+
+    outside = _model(make(0.0))
+    record = _RecordRates()
+    csv_path = tmp_path / "metrics.csv"
+    callbacks = [
+        LearningRateWarmup(SCHEDULE),
+        record,
+        LearningRateLogger(),
+        keras.callbacks.CSVLogger(csv_path),
+    ]
+    history_outside = _fit(outside, callbacks)
+
+    steps = list(range(EPOCHS * STEPS_PER_EPOCH))
+    assert record.steps == steps
+    assert record.rates == [_lr(SCHEDULE, t) for t in steps]
+    # Hand values: start, last warmup step, first decay step (the paper's drop), last step.
+    assert record.rates[0] == pytest.approx(0.02)
+    assert record.rates[4] == pytest.approx(0.02 + 0.18 * 4 / 5)
+    assert record.rates[5] == pytest.approx(0.2 * (1 - 5 / 12) ** 2)
+    assert record.rates[11] == pytest.approx(0.2 / 144)
+    # The same updates as with the schedule inside the optimizer (up to graph vs eager rounding).
+    for a, b in zip(inside.get_weights(), outside.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    # Logged: the rate of each epoch's last update (steps 2, 5, 8, 11), in history and in the CSV file.
+    want = [_lr(SCHEDULE, t) for t in (2, 5, 8, 11)]
+    assert history_outside.history["learning_rate"] == want
+    np.testing.assert_allclose(history_inside.history["learning_rate"], want, rtol=1e-6)
+    with open(csv_path) as f:
+        np.testing.assert_allclose(
+            [float(row["learning_rate"]) for row in csv.DictReader(f)], want, rtol=1e-6
+        )
+
+
+def test_gradient_accumulation_counts_updates_not_micro_batches():
+    # 2 epochs of 6 micro-batches of 4 images, accumulated in pairs: 3 updates of 8 images per epoch.
+    schedule = WarmupPolynomialDecay(0.2, 6, 3, warmup_start_learning_rate=0.05)
+    accumulating = _model(keras.optimizers.SGD(0.0, gradient_accumulation_steps=2))
+    record = _RecordRates()
+    history = _fit(
+        accumulating, [LearningRateWarmup(schedule), record, LearningRateLogger()], 2, 0, BATCH // 2
+    )
+    assert record.steps == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert record.rates == [_lr(schedule, t // 2) for t in range(12)]
+    assert history.history["learning_rate"] == [_lr(schedule, 2), _lr(schedule, 5)]
+    assert int(accumulating.optimizer.iterations.numpy()) == 6
+
+    # Averaging two micro-batches of 4 is one batch of 8: the same weights as 6 plain updates.
+    plain = _model(keras.optimizers.SGD(0.0))
+    _fit(plain, [LearningRateWarmup(schedule)], epochs=2)
+    for a, b in zip(accumulating.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_resume_in_the_middle_of_warmup_continues_the_curve(tmp_path):
+    uninterrupted = _model(keras.optimizers.SGD(0.0, momentum=0.9))
+    record = _RecordRates()
+    _fit(uninterrupted, [LearningRateWarmup(SCHEDULE), record])
+
+    # First job: one epoch (3 of the 5 warmup steps), then a checkpoint of model and optimizer.
+    first = _model(keras.optimizers.SGD(0.0, momentum=0.9))
+    record_first = _RecordRates()
+    _fit(first, [LearningRateWarmup(SCHEDULE), record_first], epochs=1)
+    path = tf.train.Checkpoint(model=first, optimizer=first.optimizer).save(str(tmp_path / "ckpt"))
+
+    # Second job: fresh model (other weights) and optimizer (another rate), restored from the checkpoint.
+    second = _model(keras.optimizers.SGD(0.5, momentum=0.9), seed=1)
+    second.optimizer.build(second.trainable_variables)
+    tf.train.Checkpoint(model=second, optimizer=second.optimizer).restore(path).assert_consumed()
+    assert int(second.optimizer.iterations.numpy()) == 3
+    second.optimizer.learning_rate = 7.0  # a stale, changed rate the callback must not build on
+    record_second = _RecordRates()
+    _fit(second, [LearningRateWarmup(SCHEDULE), record_second], initial_epoch=1)
+
+    assert record_first.steps + record_second.steps == list(range(12))
+    assert record_first.rates + record_second.rates == record.rates
+    assert record_second.rates[0] == pytest.approx(0.02 + 0.18 * 3 / 5)
+    for a, b in zip(uninterrupted.get_weights(), second.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_loss_scale_optimizer_rate_is_set_on_the_wrapped_optimizer():
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.0))
+    model = _model(optimizer)
+    callback = LearningRateWarmup(SCHEDULE)
+    callback.set_model(model)
+    optimizer.inner_optimizer.iterations.assign(7)
+    callback.on_train_batch_begin(0)
+    assert float(optimizer.inner_optimizer.learning_rate.numpy()) == _lr(SCHEDULE, 7)
+
+
+def test_rejects_an_optimizer_with_a_schedule_and_a_non_callable_schedule():
+    callback = LearningRateWarmup(SCHEDULE)
+    callback.set_model(_model(keras.optimizers.SGD(SCHEDULE)))
+    with pytest.raises(
+        ValueError,
+        match="needs an optimizer with a float learning rate; SGD 'sgd.*' has a PaperPolynomialDecay",
+    ):
+        callback.on_train_begin()
+    with pytest.raises(ValueError, match="schedule must be a callable of the step, got 0.1"):
+        LearningRateWarmup(0.1)
+
+
+def test_warns_when_batch_hooks_run_once_per_several_steps():
+    callback = LearningRateWarmup(SCHEDULE)
+    callback.set_model(_model(keras.optimizers.SGD(0.0), steps_per_execution=2))
+    with pytest.warns(UserWarning, match="steps_per_execution=2: the rate is set once per 2 steps"):
+        callback.on_train_begin()

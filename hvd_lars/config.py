@@ -18,6 +18,11 @@ class TrainConfig:
 
     dataset: str = "fashion_mnist"
     data_dir: str = ""
+    manual_dir: str = ""  # imagenet2012: folder with ILSVRC2012_img_{train,val}.tar (first run prepares)
+    image_size: int = 0  # 0: the dataset's own (224 for ImageNet data; 227 for AlexNet)
+    deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
+    skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
+    input_threads: int = 0  # 0: cores on this node / ranks on this node
     model: str = "small_cnn"
     optimizer: str = "lars"
     global_batch_size: int = 4096  # images per optimizer update, all ranks and micro-batches together

@@ -12,8 +12,17 @@ from absl import app, flags, logging
 from hvd_lars.config import OPTIMIZERS, PRECISIONS, TrainConfig
 
 _D = TrainConfig()
-flags.DEFINE_string("dataset", _D.dataset, "Input pipeline: fashion_mnist.")
+flags.DEFINE_string(
+    "dataset", _D.dataset, "Input pipeline: fashion_mnist, imagenet2012, image_folder or synthetic."
+)
 flags.DEFINE_string("data_dir", _D.data_dir, "Data folder; empty: the dataset's default location.")
+flags.DEFINE_string(
+    "manual_dir", _D.manual_dir, "imagenet2012: folder with ILSVRC2012_img_train.tar and _val.tar."
+)
+flags.DEFINE_integer("image_size", _D.image_size, "Crop side in pixels (0: 224; 227 for AlexNet).")
+flags.DEFINE_bool("deterministic", _D.deterministic, "Fixed input order (exact resume); off: faster.")
+flags.DEFINE_bool("skip_corrupt", _D.skip_corrupt, "Skip and count unreadable training images.")
+flags.DEFINE_integer("input_threads", _D.input_threads, "Input pipeline threads (0: cores / local ranks).")
 flags.DEFINE_string("model", _D.model, "Model name (hvd_lars.models.MODELS).")
 flags.DEFINE_enum("optimizer", _D.optimizer, OPTIMIZERS, "lars, or momentum (SGD with coupled L2 decay).")
 flags.DEFINE_integer(

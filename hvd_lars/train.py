@@ -104,6 +104,12 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
         data_dir=config.data_dir or None,
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
+        # Dataset-specific: get_input drops those the dataset does not take while they are unset.
+        manual_dir=config.manual_dir or None,
+        image_size=config.image_size,
+        deterministic=config.deterministic,
+        skip_corrupt=config.skip_corrupt,
+        input_threads=config.input_threads,
     )
 
 

@@ -43,14 +43,14 @@ class InputPipeline:
     skipped_corrupt: object = None
 
 
-def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=True):
+def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=True, threads=0):
     ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
     if train:
         # A fresh permutation of this rank's shard each epoch; seeded so runs repeat.
         ds = ds.shuffle(len(shard), seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch, drop_remainder=train, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline.options(deterministic))
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline.options(deterministic, threads))
 
 
 def fashion_mnist_input(
@@ -63,6 +63,7 @@ def fashion_mnist_input(
     max_eval_examples=0,
     eval_batch=1000,
     deterministic=True,
+    input_threads=0,
 ):
     """Fashion-MNIST from the Debian package: 60,000 training, 10,000 test images (28x28x1, 10 classes).
 
@@ -83,10 +84,26 @@ def fashion_mnist_input(
     start, stop = eval_shard_range(len(x_test), rank, world_size)
     return InputPipeline(
         train=_in_memory(
-            x_train, y_train, normalize, train_shard, per_rank_batch, True, seed + rank, deterministic
+            x_train,
+            y_train,
+            normalize,
+            train_shard,
+            per_rank_batch,
+            True,
+            seed + rank,
+            deterministic,
+            input_threads,
         ),
         eval=_in_memory(
-            x_test, y_test, normalize, np.arange(start, stop), eval_batch, False, seed, deterministic
+            x_test,
+            y_test,
+            normalize,
+            np.arange(start, stop),
+            eval_batch,
+            False,
+            seed,
+            deterministic,
+            input_threads,
         ),
         num_train_examples=len(x_train),
         num_eval_examples=len(x_test),

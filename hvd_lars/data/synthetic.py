@@ -36,6 +36,7 @@ def synthetic_input(
     num_eval_examples=IMAGENET_EVAL_EXAMPLES,
     deterministic=True,
     eval_batch=0,
+    input_threads=0,
 ):
     """Standard-normal float32 images (B, image_size, image_size, channels), uniform int32 labels.
 
@@ -57,7 +58,8 @@ def synthetic_input(
             f"num_classes={num_classes}, examples={num_train}/{num_eval}, per_rank_batch={per_rank_batch}."
         )
     rng = np.random.default_rng(seed + rank)
-    opts = pipeline.options(deterministic, threads=1)
+    # Nothing to compute per element: one thread is enough unless asked otherwise.
+    opts = pipeline.options(deterministic, threads=input_threads or 1)
     train = tf.data.Dataset.from_tensors(_batch(per_rank_batch, image_size, channels, num_classes, rng))
     train = train.repeat().with_options(opts)
     start, stop = eval_shard_range(num_eval, rank, world_size)

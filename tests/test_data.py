@@ -1,10 +1,10 @@
-"""Fashion-MNIST from the Debian files; per-rank shards."""
+"""Fashion-MNIST from the Debian files; per-rank shards; the registry; synthetic data."""
 
 import numpy as np
 import pytest
 
-from hvd_lars.data import fashion_mnist, get_input
-from hvd_lars.data.sharding import eval_shard_range, train_shard_indices
+from hvd_lars.data import DATASETS, fashion_mnist, get_input
+from hvd_lars.data.sharding import eval_shard_range, train_shard_indices, train_shard_range
 
 
 def test_fashion_mnist_splits():
@@ -67,3 +67,37 @@ def test_pipeline_batches_and_normalisation():
     first = next(iter(data.eval))[0].numpy()
     want = (x[50:80].astype(np.float32) / 255.0 - fashion_mnist.MEAN) / fashion_mnist.STD
     np.testing.assert_allclose(first, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n, world", [(18, 2), (13, 2), (7, 3)])
+def test_contiguous_train_ranges_disjoint_and_equal(n, world):
+    ranges = [train_shard_range(n, r, world) for r in range(world)]
+    assert {stop - start for start, stop in ranges} == {n // world}
+    covered = np.concatenate([np.arange(*r) for r in ranges])
+    np.testing.assert_array_equal(covered, np.arange((n // world) * world))
+    with pytest.raises(ValueError, match="2 training examples cannot be shared by 3 ranks"):
+        train_shard_range(2, 0, 3)
+
+
+def test_registry_names():
+    assert sorted(DATASETS) == ["fashion_mnist", "image_folder", "imagenet2012", "synthetic"]
+
+
+def test_unset_dataset_options_are_dropped_set_ones_refused():
+    common = dict(per_rank_batch=8, rank=0, world_size=1, seed=0, max_train_examples=64, max_eval_examples=16)
+    data = get_input("fashion_mnist", image_size=0, manual_dir=None, skip_corrupt=False, **common)
+    assert data.input_shape == (28, 28, 1)
+    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes data_dir"):
+        get_input("fashion_mnist", image_size=227, **common)
+
+
+def test_synthetic_shapes_and_exact_eval_count():
+    kwargs = dict(per_rank_batch=4, seed=0, image_size=16, num_classes=7, max_eval_examples=10, eval_batch=3)
+    ranks = [get_input("synthetic", rank=r, world_size=3, **kwargs) for r in range(3)]
+    images, labels = next(iter(ranks[0].train))
+    assert images.shape == (4, 16, 16, 3) and images.dtype == "float32"
+    assert labels.dtype == "int32" and 0 <= int(labels.numpy().min()) and int(labels.numpy().max()) < 7
+    assert ranks[0].num_train_examples == 1_281_167 and ranks[0].num_eval_examples == 10
+    sizes = [[int(y.shape[0]) for _, y in r.eval] for r in ranks]
+    assert sizes == [[3], [3], [3, 1]]  # ranges [0, 3), [3, 6), [6, 10)
+    assert ranks[0].input_shape == (16, 16, 3) and ranks[0].num_classes == 7

@@ -1,0 +1,93 @@
+"""imagenet2012 through tensorflow-datasets, prepared offline from a tiny ILSVRC-style pair of tars."""
+
+import collections
+import itertools
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from data_fixtures import make_ilsvrc_tars
+
+from hvd_lars.data import get_input, imagenet
+
+SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
+PER_CLASS = 4
+# Two of the builder's own special cases: a listed CMYK JPEG and the PNG saved as .JPEG.
+CMYK_NAME, PNG_NAME = "n01739381_1309.JPEG", "n02105855_2933.JPEG"
+NUM_VAL = 6
+# Label indices (0-based lines of the builder's sorted labels.txt): the training synsets, and the first
+# six lines of its validation_labels.txt (n01751748, n09193705, n02105855, n04263257, n03125729, n01735189).
+TRAIN_LABELS = {0: PER_CLASS, 1: PER_CLASS, 59: PER_CLASS + 1, 230: PER_CLASS + 1}
+EVAL_LABELS = [65, 970, 230, 809, 516, 57]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagenet")
+    manual, data_dir = str(root / "manual"), str(root / "tfds")
+    make_ilsvrc_tars(manual, SYNSETS, PER_CLASS, NUM_VAL, cmyk_name=CMYK_NAME, png_name=PNG_NAME)
+    data = _build(data_dir, manual_dir=manual)
+    return data_dir, manual, data
+
+
+def _build(data_dir, rank=0, world_size=1, batch=2, **kwargs):
+    return get_input(
+        "imagenet2012",
+        per_rank_batch=batch,
+        rank=rank,
+        world_size=world_size,
+        seed=0,
+        data_dir=data_dir,
+        image_size=32,
+        deterministic=True,
+        **kwargs,
+    )
+
+
+def _labels(dataset, batches=None):
+    return np.concatenate([y.numpy() for _, y in itertools.islice(dataset, batches)]).tolist()
+
+
+def test_prepared_sizes_and_labels(prepared):
+    _, _, data = prepared
+    assert (data.num_train_examples, data.num_eval_examples, data.num_classes) == (18, 6, 1000)
+    assert data.input_shape == (32, 32, 3)
+    assert collections.Counter(_labels(data.train, 9)) == TRAIN_LABELS  # one epoch
+    images, _ = next(iter(data.train))
+    assert images.shape == (2, 32, 32, 3) and images.dtype == tf.float32
+    assert sorted(_labels(data.eval)) == sorted(EVAL_LABELS)
+
+
+def test_builder_converted_cmyk_and_png_to_rgb_jpeg(prepared):
+    data_dir, _, _ = prepared
+    records = imagenet._source(imagenet.builder(data_dir, prepare=False), "train", False, 0)
+    found = {name.numpy().decode(): data for name, data, _ in records}
+    for name in (CMYK_NAME, PNG_NAME):
+        assert bool(tf.io.is_jpeg(found[name]))
+        assert tf.io.decode_jpeg(found[name]).shape == (28, 28, 3)
+
+
+def test_ranks_split_train_and_eval_exactly(prepared):
+    data_dir, _, _ = prepared
+    ranks = [_build(data_dir, rank=r, world_size=2, batch=3) for r in range(2)]
+    train = [_labels(r.train, 3) for r in ranks]  # 9 records per rank: one epoch each
+    assert collections.Counter(train[0] + train[1]) == TRAIN_LABELS
+    evaluation = [_labels(r.eval) for r in ranks]
+    assert [len(e) for e in evaluation] == [3, 3]
+    assert sorted(evaluation[0] + evaluation[1]) == sorted(EVAL_LABELS)
+
+
+def test_reuses_prepared_data_without_the_tars(prepared, tmp_path):
+    data_dir, _, _ = prepared
+    copy = str(tmp_path / "tfds")
+    shutil.copytree(data_dir, copy)
+    data = _build(copy, manual_dir=str(tmp_path / "nothing_here"))
+    assert (data.num_train_examples, data.num_eval_examples) == (18, 6)
+    assert not os.path.exists(tmp_path / "nothing_here")
+
+
+def test_unprepared_without_tars_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar"):
+        _build(str(tmp_path / "tfds"), manual_dir=str(tmp_path))

@@ -2,7 +2,8 @@
 
 Run from the repository root:
 
-    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python results/benchmark_lars_step.py --repeats 60 --out results/lars_step.md
+    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python results/benchmark_lars_step.py --repeats 60 --xla \
+        --out results/lars_step.md
 
 Both optimizers update their own copy of the same 161 float32 tensors (ResNet-50 v1.5 as built by
 `keras.applications.ResNet50(weights=None)`, with the convolution biases dropped as in the reference
@@ -15,6 +16,7 @@ figure of merit is the median over repetitions of the per-repetition ratio LARS 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -60,6 +62,28 @@ def make_step(optimizer, shapes, seed, jit_compile):
     return step
 
 
+def _own_files_state():
+    """Whether the optimizer and this script are committed as measured ("-dirty" above may come from
+    other files of the shared work tree)."""
+    files = ["hvd_lars/lars.py", os.path.relpath(os.path.abspath(__file__), REPO)]
+    try:
+        changed = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", *files], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "state of hvd_lars/lars.py unknown"
+    return (
+        "hvd_lars/lars.py and this script uncommitted"
+        if changed
+        else "hvd_lars/lars.py and this script as committed"
+    )
+
+
+def _portable(optimizer):
+    optimizer._fused = False
+    return optimizer
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=60, help="interleaved timed steps per optimizer")
@@ -86,6 +110,7 @@ def main():
             exclude_from_layer_adaptation=mlperf_exclusions(),
         ),
         "lars_nesterov": lambda: LARS(0.1, momentum=0.9, weight_decay=1e-4, nesterov=True),
+        "lars_portable": lambda: _portable(LARS(0.1, momentum=0.9, weight_decay=1e-4, eta=0.001)),
     }
     rows = []
     for jit in (False, True) if args.xla else (False,):
@@ -128,12 +153,12 @@ def main():
             "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",
             "",
             f"- command: `{command}`",
-            f"- git SHA: {prov['git_sha']}",
+            f"- git SHA: {prov['git_sha']} ({_own_files_state()})",
             f"- date: {prov['date']}",
             f"- machine: {prov['machine']}",
             f"- software: Python {prov['python']}, TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
             f"- tensors: {len(shapes)}, parameters: {n_params:,} (float32)",
-            f"- repetitions: {args.repeats} interleaved steps per optimizer after {args.warmup} warm-up steps",
+            f"- repetitions: {args.repeats} interleaved steps per optimizer, {args.warmup} warm-up steps",
             "",
             "| mode | optimizer | median step (ms) | fastest step (ms) | median ratio to SGD |",
             "|---|---|---|---|---|",
@@ -141,9 +166,12 @@ def main():
         lines += [f"| {m} | {n} | {t:.1f} | {b:.1f} | {r:.3f} |" for m, n, t, r, b in rows]
         lines += [
             "",
-            "sgd: `keras.optimizers.SGD(0.1, momentum=0.9)`; lars: `LARS(0.1, weight_decay=1e-4)` (paper rule, "
-            "every tensor adapted); lars_mlperf: batch-norm and biases excluded, epsilon 1e-5; lars_nesterov: "
-            "Nesterov momentum. Ratio: per repetition LARS time / SGD time, median over repetitions.",
+            "sgd: `keras.optimizers.SGD(0.1, momentum=0.9)`; lars: `LARS(0.1, weight_decay=1e-4)` (paper "
+            "rule, every tensor adapted); lars_mlperf: batch-norm and biases excluded, epsilon 1e-5; "
+            "lars_nesterov: Nesterov momentum; lars_portable: the same as lars through the backend-neutral "
+            "`keras.ops` path (`_fused = False`, what other Keras backends run). Ratio: per repetition "
+            "LARS time / SGD time, median over repetitions. graph: `tf.function` as `model.fit(..., "
+            "jit_compile=False)` runs it (the setting of hvd_lars.train); XLA: `jit_compile=True`.",
             "",
         ]
         with open(args.out, "w") as f:

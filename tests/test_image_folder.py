@@ -2,10 +2,14 @@
 
 import collections
 import itertools
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import REPO
 from data_fixtures import PNG, encode, make_image_folder
 
 from hvd_lars.data import get_input
@@ -120,3 +124,23 @@ def test_missing_folders_and_data_dir(tmp_path):
         _build(None)
     with pytest.raises(FileNotFoundError, match="train/<class>"):
         _build(str(tmp_path))
+
+
+def test_main_program_trains_on_an_image_folder(folder, tmp_path):
+    root, _ = folder
+    cmd = [sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder", f"--data_dir={root}"]
+    cmd += [
+        "--model=small_cnn",
+        "--image_size=32",
+        "--global_batch_size=4",
+        "--epochs=1",
+        "--warmup_epochs=0",
+    ]
+    cmd += ["--peak_learning_rate=0.1", "--run_name=folder", f"--workdir={tmp_path}", "--verbose=0"]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "folder" / "summary.json").read_text())
+    assert summary["plan"]["steps_per_epoch"] == 3  # 12 images // 4
+    assert summary["config"]["image_size"] == 32 and summary["config"]["dataset"] == "image_folder"
+    correct = summary["final_test_top1"] * 7  # exact counts over the 7 validation images
+    assert abs(correct - round(correct)) < 1e-9

@@ -1,0 +1,38 @@
+# Sourced by the launch scripts: thread and library settings for one rank per CPU socket.
+# Every value can be overridden from the environment before launching.
+#
+# Why: each rank runs TensorFlow's intra-op pool on the cores of its own socket; OpenMP/oneDNN threads
+# must match that count and stay bound, or ranks on one node fight over cores.
+
+_cores_per_socket() {
+  local n
+  n=$(lscpu 2>/dev/null | awk -F: '/^Core\(s\) per socket/ {gsub(/ /, "", $2); print $2}')
+  echo "${n:-$(nproc)}"
+}
+
+# Ranks per socket: 1 on real nodes (the paper's layout); more only for testing on small machines.
+export RANKS_PER_SOCKET="${RANKS_PER_SOCKET:-1}"
+# Cores (threads) each rank may use.
+export THREADS_PER_RANK="${THREADS_PER_RANK:-$(( $(_cores_per_socket) / RANKS_PER_SOCKET > 0 ? $(_cores_per_socket) / RANKS_PER_SOCKET : 1 ))}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS_PER_RANK}"
+# oneDNN kernels for convolutions and matmuls on x86 (TensorFlow's default on Linux x86; explicit here).
+export TF_ENABLE_ONEDNN_OPTS="${TF_ENABLE_ONEDNN_OPTS:-1}"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+# Intel OpenMP: spin briefly, then sleep, so idle ranks do not steal the allreduce thread's core.
+export KMP_BLOCKTIME="${KMP_BLOCKTIME:-1}"
+# Horovod: fuse gradients into 64 MiB buffers every 5 ms (its defaults), stated for reproducibility.
+export HOROVOD_FUSION_THRESHOLD="${HOROVOD_FUSION_THRESHOLD:-67108864}"
+export HOROVOD_CYCLE_TIME="${HOROVOD_CYCLE_TIME:-5}"
+# Open MPI refuses root unless told (containers, CI).
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export PYTHONUNBUFFERED=1
+
+# The Python of the project's virtual environment unless the caller chose one.
+HVD_LARS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export HVD_LARS_ROOT
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$HVD_LARS_ROOT/.venv/bin/python" ]; then PYTHON="$HVD_LARS_ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+export PYTHON

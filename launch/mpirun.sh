@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Launch training with Open MPI's mpirun: one rank per CPU socket, bound to that socket's cores.
+#
+# Usage: launch/mpirun.sh HOSTFILE NUM_RANKS FLAGFILE [extra flags...]
+#   HOSTFILE   Open MPI hostfile ("node01 slots=2" per line; slots = sockets), or "localhost"
+#   NUM_RANKS  total ranks
+#   FLAGFILE   e.g. flags/resnet50_bs32k_lars.flags; extra flags override it
+# Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...).
+# Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/mpirun.sh localhost 2 flags/smoke.flags
+set -euo pipefail
+if [ $# -lt 3 ]; then
+  sed -n '2,10p' "$0" >&2
+  exit 2
+fi
+hostfile=$1 ranks=$2 flagfile=$3
+shift 3
+[ -f "$flagfile" ] || { echo "launch/mpirun.sh: flagfile '$flagfile' not found" >&2; exit 2; }
+source "$(dirname "$0")/env.sh"
+if [ "$hostfile" = localhost ]; then
+  hosts=(--host "localhost:$ranks")
+else
+  [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
+  hosts=(--hostfile "$hostfile")
+fi
+# ppr:N:socket places N ranks on each socket; PE=T gives each rank T cores, bound (OMP threads stay put).
+exec mpirun -np "$ranks" "${hosts[@]}" \
+  --map-by "ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK}" --bind-to core \
+  -x OMP_NUM_THREADS -x TF_ENABLE_ONEDNN_OPTS -x TF_CPP_MIN_LOG_LEVEL -x KMP_BLOCKTIME \
+  -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x PYTHONUNBUFFERED -x PATH \
+  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --intra_op_threads="$THREADS_PER_RANK" "$@"

@@ -1,0 +1,95 @@
+"""launch/slurm/train.sbatch under a real single-node Slurm; host lists with imitated SLURM_* variables."""
+
+import json
+import os
+import time
+
+import pytest
+from conftest import REPO
+from slurm_cluster import SlurmCluster, slurm_available
+
+from hvd_lars.slurm_hosts import expand_hostlist, expand_tasks_per_node, hosts_from_environment
+
+SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
+
+
+@pytest.mark.parametrize(
+    "hostlist, hosts",
+    [
+        ("node07", ["node07"]),
+        ("node[01-03]", ["node01", "node02", "node03"]),
+        ("node[8-11],login1", ["node8", "node9", "node10", "node11", "login1"]),
+        ("cn[098-100,200]", ["cn098", "cn099", "cn100", "cn200"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ],
+)
+def test_expand_hostlist(hostlist, hosts):
+    assert expand_hostlist(hostlist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[01-03", "node]1[", "node[a-b]", "node[5-3]"])
+def test_bad_hostlist_is_quoted(bad):
+    with pytest.raises(ValueError, match="host list"):
+        expand_hostlist(bad)
+
+
+def test_tasks_per_node_and_environment():
+    assert expand_tasks_per_node("2(x3),1", 4) == [2, 2, 2, 1]
+    with pytest.raises(ValueError, match="describes 2 nodes, the node list 3"):
+        expand_tasks_per_node("2(x2)", 3)
+    env = {"SLURM_JOB_NODELIST": "cpu[001-004]", "SLURM_TASKS_PER_NODE": "2(x4)"}
+    assert hosts_from_environment(env) == [("cpu001", 2), ("cpu002", 2), ("cpu003", 2), ("cpu004", 2)]
+    env = {"SLURM_JOB_NODELIST": "a,b", "SLURM_NTASKS_PER_NODE": "2"}
+    assert hosts_from_environment(env) == [("a", 2), ("b", 2)]
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST is not set"):
+        hosts_from_environment({})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    assert slurm_available(), (
+        "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
+    )
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield c
+    c.stop()
+
+
+def _sbatch(cluster, tmp_path, *flags):
+    cmd = [
+        "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={REPO}",
+        f"--output={tmp_path}/slurm-%j.out", "--export=ALL,RANKS_PER_SOCKET=2",
+        SBATCH, "flags/smoke.flags", f"--workdir={tmp_path}", *flags,
+    ]  # fmt: skip
+    return cluster.run(cmd).stdout.strip().split(";")[0]
+
+
+def test_sbatch_runs_two_ranks_through_srun(cluster, tmp_path):
+    job = _sbatch(cluster, tmp_path)
+    state = cluster.wait(job, timeout=300)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    assert "global batch 32 = 2 ranks x per-rank batch 16" in log
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["plan"]["total_steps"] == 6
+
+
+def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
+    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=5",
+                  "--resume=true")  # fmt: skip
+    checkpoints = tmp_path / "smoke" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (
+        checkpoints.exists() and any(f.endswith(".index") for f in os.listdir(checkpoints))
+    ):
+        time.sleep(0.5)
+    assert cluster.job_state(job) == "RUNNING"
+    cluster.run(["scontrol", "requeue", job])
+    state = cluster.wait(job, timeout=600)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    assert "restart 1" in log
+    assert "resumed from" in log
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["resumed_from_step"] >= 5 and summary["world_size"] == 2
+    assert summary["epochs"][-1]["epoch"] == 2

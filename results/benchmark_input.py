@@ -166,6 +166,7 @@ def main():
     from hvd_lars import provenance
 
     mean_bytes = make_fixtures(args.workdir)
+    load_before = os.getloadavg()[0]
     rates = {name: [] for name in VARIANTS}
     resnet = []
     for round_ in range(args.rounds):
@@ -180,6 +181,7 @@ def main():
         print(f"round {round_}: ResNet-50: {resnet[-1]}", flush=True)
 
     per_core = float(np.mean([r["per_core"] for r in resnet]))
+    load_after = os.getloadavg()[0]
     record = provenance.record()
     command = "TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python results/benchmark_input.py " + " ".join(sys.argv[1:])
     lines = [
@@ -196,7 +198,8 @@ def main():
         "`keras.applications.ResNet50(weights=None)`, SGD momentum, float32, synthetic data, "
         f"batch {args.batch}, {args.resnet_steps} steps timed after {args.resnet_warmup_steps}, on "
         f"{resnet[0]['cores']} cores. {args.rounds} alternating rounds; the machine is shared, so the "
-        "figures are noisy, the ratio less so.",
+        "figures are noisy, the ratio less so. 1-minute load average (other engineers' jobs included): "
+        f"{load_before:.1f} at the start, {load_after:.1f} at the end, on {os.cpu_count()} cores.",
         "",
         "| pipeline (224x224 output) | images/s on one core, per round | mean | x ResNet-50 per core |",
         "|---|---|---|---|",

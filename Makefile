@@ -20,6 +20,7 @@ train: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE)
 
 test: setup
+	bash install/test_services.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -v -rs --durations=15

@@ -38,9 +38,12 @@ class TrainConfig:
     end_learning_rate: float = 0.0
     schedule: str = "mlperf_poly"  # a key of hvd_lars.schedules.SCHEDULES
     decay_power: float = 2.0
+    decay_boundaries_epochs: tuple = ()  # "step" schedule; empty: Goyal et al.'s 30, 60, 80 of 90 epochs
+    decay_factor: float = 0.1  # "step" schedule: rate multiplier at each boundary
     momentum: float = 0.9
     weight_decay: float = 5e-4
     eta: float = 0.001
+    momentum_correction: bool = False  # LARS: rescale the velocity by lr_t / lr_{t-1} (Goyal et al. 2.1)
     exclude_bn_and_bias: bool = False  # MLPerf: batch norm and biases get plain momentum, no decay
     epsilon: float = 0.0
     workdir: str = "results/runs"

@@ -55,6 +55,13 @@ flags.DEFINE_string(
     "solver: poly decay counted from step 0), cosine, step (Goyal et al.).",
 )
 flags.DEFINE_float("decay_power", _D.decay_power, "Polynomial decay power after warmup.")
+flags.DEFINE_list(
+    "decay_boundaries_epochs", [], "Epochs at which the step schedule multiplies the rate by --decay_factor."
+)
+flags.DEFINE_float("decay_factor", _D.decay_factor, "Step schedule: multiplier at each boundary.")
+flags.DEFINE_bool(
+    "momentum_correction", _D.momentum_correction, "LARS: rescale the velocity when the rate changes."
+)
 flags.DEFINE_float("momentum", _D.momentum, "Momentum.")
 flags.DEFINE_float("weight_decay", _D.weight_decay, "L2 weight decay (beta).")
 flags.DEFINE_float("eta", _D.eta, "LARS trust coefficient.")
@@ -92,7 +99,12 @@ FLAGS = flags.FLAGS
 
 
 def config_from_flags():
-    return TrainConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(TrainConfig)})
+    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(TrainConfig)}
+    try:
+        values["decay_boundaries_epochs"] = tuple(float(e) for e in values["decay_boundaries_epochs"])
+    except ValueError as e:
+        raise app.UsageError(f"--decay_boundaries_epochs must be numbers: {e}") from e
+    return TrainConfig(**values)
 
 
 def _main(argv):

@@ -49,6 +49,7 @@ def build_optimizer(config, plan):
         warmup_start_learning_rate=config.warmup_start_learning_rate,
         end_learning_rate=config.end_learning_rate,
         power=config.decay_power,
+        **_step_decay_arguments(config, plan),
     )
     # Keras's own accumulation averages the micro-batch gradients; the schedule follows applied updates.
     accumulation = (
@@ -64,6 +65,7 @@ def build_optimizer(config, plan):
             epsilon=config.epsilon,
             exclude_from_weight_decay=excluded,
             exclude_from_layer_adaptation=excluded,
+            momentum_correction=config.momentum_correction,
             **accumulation,
         )
     # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:
@@ -73,9 +75,22 @@ def build_optimizer(config, plan):
         momentum=config.momentum,
         weight_decay=config.weight_decay,
         exclude_from_layer_adaptation=[""],
+        momentum_correction=config.momentum_correction,
         name="momentum_sgd",
         **accumulation,
     )
+
+
+def _step_decay_arguments(config, plan):
+    # Only the step schedule takes boundaries; make_schedule refuses arguments a schedule would ignore.
+    arguments = {}
+    if config.decay_boundaries_epochs:
+        arguments["boundaries"] = [
+            int(round(e * plan.steps_per_epoch)) for e in config.decay_boundaries_epochs
+        ]
+    if config.decay_factor != 0.1:
+        arguments["decay_factor"] = config.decay_factor
+    return arguments
 
 
 def _loss_and_metrics(config, num_classes):

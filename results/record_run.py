@@ -28,10 +28,11 @@ def main(summary_path, out_path, command):
         "| epoch | train loss | train top-1 | test top-1 | test top-5 | learning rate | images/s |",
         "|---|---|---|---|---|---|---|",
     ]
+    nan = float("nan")
     for e in s["epochs"]:
         lines.append(
-            f"| {e['epoch']} | {e['loss']:.4f} | {e['top1']:.4f} | {e.get('test_top1', float('nan')):.4f} | "
-            f"{e.get('test_top5', float('nan')):.4f} | {e['learning_rate']:.4g} | {e['images_per_second']:.0f} |"
+            f"| {e['epoch']} | {e['loss']:.4f} | {e['top1']:.4f} | {e.get('test_top1', nan):.4f} | "
+            f"{e.get('test_top5', nan):.4f} | {e['learning_rate']:.4g} | {e['images_per_second']:.0f} |"
         )
     with open(out_path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -75,7 +75,7 @@ def test_sbatch_runs_two_ranks_through_srun(cluster, tmp_path):
 
 
 def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
-    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=5",
+    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=30", "--epochs=2", "--checkpoint_every_steps=5",
                   "--resume=true")  # fmt: skip
     checkpoints = tmp_path / "smoke" / "checkpoints"
     deadline = time.time() + 300
@@ -85,6 +85,11 @@ def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
         time.sleep(0.5)
     assert cluster.job_state(job) == "RUNNING"
     cluster.run(["scontrol", "requeue", job])
+    # Slurm holds a requeued job back (Reason=BeginTime); a real pre-emption waits too, the test need not.
+    deadline = time.time() + 120
+    while time.time() < deadline and cluster.job_state(job) != "PENDING":
+        time.sleep(0.5)
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     state = cluster.wait(job, timeout=600)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log[-3000:]

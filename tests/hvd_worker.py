@@ -3,8 +3,11 @@
 Trains a small model without batch norm for a few LARS steps through the library's Horovod glue
 (`distributed_optimizer`, `broadcast_variables`) inside `model.fit`, then writes this rank's weights to
 <out>/rank<r>_of_<size>.npz. Each rank starts from different random weights (seed + rank), so identical
-final weights also prove the broadcast. Every step's global batch is the same 32 images whatever the
-world size: rank r takes rows [r * B, (r + 1) * B) of it, B = 32 / size.
+final weights also prove the broadcast. Every update's global batch is the same 32 images whatever the
+world size and the accumulation A (argv[2], default 1): micro-batch k of rank r takes rows
+[(r * A + k) * B, (r * A + k + 1) * B) of it, B = 32 / (size * A).
+
+Usage: hvd_worker.py OUT_DIR [ACCUMULATION_STEPS]
 """
 
 import os
@@ -16,7 +19,7 @@ GLOBAL_BATCH = 32
 STEPS = 4
 
 
-def main(out_dir):
+def main(out_dir, accumulation=1):
     from hvd_lars import distributed
 
     rank, size = distributed.init()
@@ -29,10 +32,10 @@ def main(out_dir):
     rng = np.random.default_rng(7)
     x = rng.normal(size=(STEPS, GLOBAL_BATCH, 8, 8, 1)).astype(np.float32)
     y = rng.integers(0, 5, size=(STEPS, GLOBAL_BATCH)).astype(np.int32)
-    per_rank = GLOBAL_BATCH // size
-    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    micro = GLOBAL_BATCH // (size * accumulation)
+    mine = slice(rank * accumulation * micro, (rank + 1) * accumulation * micro)
     ds = tf.data.Dataset.from_tensor_slices((x[:, mine].reshape(-1, 8, 8, 1), y[:, mine].reshape(-1)))
-    ds = ds.batch(per_rank)
+    ds = ds.batch(micro)
 
     model = keras.Sequential(
         [
@@ -43,7 +46,8 @@ def main(out_dir):
         ]
     )
     schedule = WarmupPolynomialDecay(peak_learning_rate=2.0, total_steps=STEPS, warmup_steps=2)
-    optimizer = distributed.distributed_optimizer(LARS(schedule, weight_decay=1e-3, eta=0.01))
+    accumulate = {"gradient_accumulation_steps": accumulation} if accumulation > 1 else {}
+    optimizer = distributed.distributed_optimizer(LARS(schedule, weight_decay=1e-3, eta=0.01, **accumulate))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -52,10 +56,10 @@ def main(out_dir):
     optimizer.build(model.trainable_variables)
     distributed.broadcast_variables(model.variables + optimizer.variables)
     initial = [v.numpy() for v in model.trainable_variables]
-    model.fit(ds, epochs=1, steps_per_epoch=STEPS, verbose=0, shuffle=False)
+    model.fit(ds, epochs=1, steps_per_epoch=STEPS * accumulation, verbose=0, shuffle=False)
     os.makedirs(out_dir, exist_ok=True)
     np.savez(
-        os.path.join(out_dir, f"rank{rank}_of_{size}.npz"),
+        os.path.join(out_dir, f"rank{rank}_of_{size}_acc{accumulation}.npz"),
         iterations=int(optimizer.iterations.numpy()),
         **{f"initial_{i}": w for i, w in enumerate(initial)},
         **{f"final_{i}": v.numpy() for i, v in enumerate(model.trainable_variables)},
@@ -63,4 +67,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

@@ -180,9 +180,30 @@ def main():
             "  other Keras backends run; the TensorFlow path before the fused kernels were used.",
             "- ratio: per repetition LARS time / SGD time, median over repetitions.",
             "- graph: `tf.function`, as `model.fit(..., jit_compile=False)` runs the step (hvd_lars.train);",
-            "  XLA: `tf.function(jit_compile=True)`, as `model.fit` runs it by default (jit_compile 'auto').",
+            "  XLA: `tf.function(jit_compile=True)`, as `model.fit(..., jit_compile=True)` runs it (Keras's",
+            "  default 'auto' turns XLA on only when a GPU or TPU is present, so not on this machine).",
             "",
         ]
+        ratio = {(m, n): r for m, n, _, r, _ in rows}
+        lines += [
+            "## Reading",
+            "",
+            f"- graph mode, the issue's criterion: LARS costs {ratio[('graph', 'lars')]:.2f}x the SGD step "
+            f"(bound 1.5x: {'met' if ratio[('graph', 'lars')] <= 1.5 else 'NOT met'}); Nesterov "
+            f"{ratio[('graph', 'lars_nesterov')]:.2f}x, MLPerf exclusions "
+            f"{ratio[('graph', 'lars_mlperf')]:.2f}x. "
+            f"The portable keras.ops path costs {ratio[('graph', 'lars_portable')]:.2f}x: TensorFlow's "
+            "one-pass `l2_loss` norms and the fused `ResourceApplyKerasMomentum` kernel make the difference.",
+        ]
+        if ("XLA", "lars") in ratio:
+            lines += [
+                f"- XLA: LARS costs {ratio[('XLA', 'lars')]:.2f}x SGD while LARS without adaptation costs "
+                f"{ratio[('XLA', 'lars_no_adaptation')]:.2f}x: the excess is the 322 tensor norms, which XLA "
+                "compiles to reductions several times slower than TensorFlow's own kernels on this CPU. "
+                "It concerns only XLA forced on a CPU: hvd_lars.train compiles with jit_compile=False, and "
+                "Keras's default leaves XLA off on CPU-only machines. XLA on a GPU was not measured here.",
+            ]
+        lines.append("")
         with open(args.out, "w") as f:
             f.write("\n".join(lines))
         print(f"wrote {args.out}")

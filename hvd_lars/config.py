@@ -106,7 +106,15 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
         self.resolve_batch(world_size)
+        from hvd_lars.data import DATASETS
+        from hvd_lars.models import MODELS
         from hvd_lars.schedules import SCHEDULES
+
+        for flag, value, registry in (("model", self.model, MODELS), ("dataset", self.dataset, DATASETS)):
+            if value not in registry:
+                raise ValueError(
+                    f"Unknown {flag} {value!r} (--{flag}); valid names: {', '.join(sorted(registry))}."
+                )
 
         if self.schedule not in SCHEDULES:
             raise ValueError(f"--schedule={self.schedule!r}; valid: {', '.join(sorted(SCHEDULES))}.")

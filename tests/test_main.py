@@ -22,6 +22,18 @@ SUBSET = [
 ]
 
 
+def _tensorboard_tags(folder):
+    import tensorflow as tf
+
+    tags = set()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if name.startswith("events.out.tfevents"):
+                for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
+                    tags.update(v.tag for v in event.summary.value)
+    return tags
+
+
 def _run(cmd, timeout=420):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
@@ -43,9 +55,10 @@ def test_single_process_subset_then_resume(tmp_path):
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert float(rows[1]["test_top1"]) == pytest.approx(summary["final_test_top1"])
-    assert any(
-        f.startswith("events.out.tfevents") for _, _, fs in os.walk(run_dir / "tensorboard") for f in fs
-    )
+    assert _tensorboard_tags(run_dir / "tensorboard") >= {
+        "epoch_loss", "epoch_top1", "epoch_top5", "epoch_learning_rate", "epoch_images_per_second",
+        "epoch_test_top1", "epoch_test_top5",
+    }  # fmt: skip
 
     # Killed after epoch 2, asked for 3: resumes from the epoch-2 checkpoint and trains one epoch.
     result = _run(
@@ -89,6 +102,10 @@ def test_two_ranks_subset(tmp_path):
         ("--dataset=imagenet9", ["'imagenet9'", "fashion_mnist"]),
         ("--data_dir=/nonexistent", ["apt-get install dataset-fashion-mnist", "/nonexistent"]),
         ("--warmup_epochs=20", ["--warmup_epochs=20", "--epochs=12"]),
+        ("--peak_learning_rate=-1", ["-1.0"]),
+        ("--accumulation_steps=3", ["--global_batch_size=4096", "1 ranks x 3 accumulation steps = 3"]),
+        ("--per_rank_batch_size=100", ["--per_rank_batch_size=100 contradicts --global_batch_size=4096"]),
+        ("--schedule=linear", ["'linear'", "mlperf_poly"]),
     ],
 )
 def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):

@@ -1,0 +1,40 @@
+"""launch/horovodrun.sh and launch/mpirun.sh run smoke.flags on 2 ranks; bad arguments are refused."""
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import REPO
+
+LAUNCH = os.path.join(REPO, "launch")
+
+
+def _launch(script, *args, env=None):
+    return subprocess.run(
+        [os.path.join(LAUNCH, script), *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, **(env or {})),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "script, first",
+    [("horovodrun.sh", "localhost:2"), ("mpirun.sh", "localhost")],
+)
+def test_two_ranks_run_smoke_flags(script, first, tmp_path):
+    # One socket with two cores here: two ranks per socket, one thread each.
+    result = _launch(
+        script, first, "2", "flags/smoke.flags", f"--workdir={tmp_path}", env={"RANKS_PER_SOCKET": "2"}
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "global batch 32 = 2 ranks x per-rank batch 16" in result.stdout
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["config"]["intra_op_threads"] == 1
+
+
+@pytest.mark.parametrize("script", ["horovodrun.sh", "mpirun.sh"])
+def test_usage_and_missing_flagfile(script):
+    result = _launch(script)
+    assert result.returncode == 2 and "Usage:" in result.stderr
+    result = _launch(script, "localhost", "2", "flags/nope.flags")
+    assert result.returncode == 2 and "flagfile 'flags/nope.flags' not found" in result.stderr

@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
 FLAGFILE ?= flags/fashion_mnist_lars.flags
+# The run directory the flagfile names (--run_name) and the record written from its summary.json.
+RUN_NAME ?= $(shell sed -n 's/^--run_name=//p' $(FLAGFILE))
+RECORD ?= results/$(basename $(notdir $(FLAGFILE))).md
 
 # Quiet TensorFlow's C++ INFO lines; let Open MPI run as root (containers, CI).
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -18,6 +21,9 @@ setup:
 
 train: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE)
+	$(PY) results/record_run.py results/runs/$(RUN_NAME)/summary.json $(RECORD) \
+		"make train FLAGFILE=$(FLAGFILE) NP=$(NP)"
+	@echo "record: $(RECORD)"
 
 test: setup
 	bash install/test_services.sh

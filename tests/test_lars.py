@@ -414,7 +414,13 @@ def test_model_save_and_load_continues_identically(tmp_path):
     def build():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
         schedule = WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=10, warmup_steps=2)
-        opt = LARS(schedule, weight_decay=1e-3, eta=0.01, exclude_from_layer_adaptation=["bias"])
+        opt = LARS(
+            schedule,
+            weight_decay=1e-3,
+            eta=0.01,
+            exclude_from_layer_adaptation=["bias"],
+            momentum_correction=True,  # adds a state variable that must be saved too
+        )
         model.compile(optimizer=opt, loss="mse")
         return model
 
@@ -436,6 +442,9 @@ def test_model_save_and_load_continues_identically(tmp_path):
     for a, b in zip(model.trainable_variables, loaded.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
     assert np.abs(model.optimizer.velocities[0].numpy()).max() > 0
+    assert float(loaded.optimizer._previous_learning_rate.numpy()) == pytest.approx(
+        float(loaded.optimizer._learning_rate(4))
+    )
 
 
 def test_mixed_bfloat16_keeps_float32_weights_and_slots():

@@ -24,7 +24,12 @@ def lars_step(
     mode="paper",
     velocity_scale=1.0,
 ):
-    """One update; returns new (w, v). `beta` is this tensor's weight decay (0 if excluded)."""
+    """One update; returns new (w, v). `beta` is this tensor's weight decay (0 if excluded).
+
+    `v` is the velocity as PAPER.md writes it (`w -= v`; gradient units `u` in mode "update"); the
+    optimizer stores its negation, so only weights are compared. `velocity_scale` is the momentum
+    correction factor lr_t / lr_{t-1} applied to `v` before the update.
+    """
     w, v, g = (np.asarray(a, dtype=np.float64) for a in (w, v, g))
     v = v * velocity_scale
     decayed = g + beta * w

@@ -4,9 +4,7 @@
 `<workdir>/<run_name>/summary.json`). Library code: reads no flags.
 """
 
-import json
 import os
-import time
 
 from hvd_lars import distributed
 from hvd_lars.config import make_plan
@@ -143,9 +141,9 @@ def run(config):
     import tensorflow as tf
 
     from hvd_lars import callbacks as cb
-    from hvd_lars import provenance
     from hvd_lars.data import get_input
     from hvd_lars.models import get_model
+    from hvd_lars.run_summary import RunSummary
 
     keras.utils.set_random_seed(config.seed)
     keras.mixed_precision.set_global_policy(config.precision)
@@ -202,8 +200,17 @@ def run(config):
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), update_freq="epoch"),
         ]
 
-    history = []
-    start = time.perf_counter()
+    if start_step >= plan.total_steps:
+        if chief:
+            print(
+                f"[hvd_lars] {run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to do. "
+                "Train again with another --run_name or --noresume.",
+                flush=True,
+            )
+        return RunSummary.load(run_dir)
+    summary = RunSummary(run_dir, run_name, config, plan, start_step)
+    callbacks.append(summary)
+
     # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The
     # training stream is deterministic for a seed, so skipping the micro-batches already consumed puts
     # every rank exactly where the interrupted run was.
@@ -218,49 +225,23 @@ def run(config):
             train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
         epoch = step // plan.steps_per_epoch
         done_in_epoch = step - epoch * plan.steps_per_epoch
-        epochs_this_call = plan.epochs if done_in_epoch == 0 else epoch + 1
-        steps_per_epoch = micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps
-        result = model.fit(
+        model.fit(
             train.skip(step * plan.accumulation_steps),
             initial_epoch=epoch,
-            epochs=epochs_this_call,
-            steps_per_epoch=steps_per_epoch,
+            epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
+            steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,
             callbacks=callbacks,
             verbose=config.verbose if chief else 0,
             shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
         )
-        history += [
-            {"epoch": e + 1, **{k: float(v[i]) for k, v in result.history.items()}}
-            for i, e in enumerate(result.epoch)
-        ]
         step = int(optimizer.iterations)
-    wall_time = time.perf_counter() - start
 
-    # The first epoch includes graph tracing; the steady rate leaves it out when there are others.
-    steady = [e["images_per_second"] for e in history[1:]] or [e["images_per_second"] for e in history]
-    summary = {
-        "run_name": run_name,
-        "config": vars(config),
-        "plan": vars(plan),
-        "world_size": world_size,
-        "global_batch_size": plan.global_batch_size,
-        "per_rank_batch_size": plan.per_rank_batch_size,
-        "accumulation_steps": plan.accumulation_steps,
-        "resumed_from_step": start_step,
-        "images_per_second": sum(steady) / len(steady) if steady else None,
-        "wall_time_s": wall_time,
-        "final_test_top1": history[-1].get("test_top1") if history else None,
-        "final_test_top5": history[-1].get("test_top5") if history else None,
-        "epochs": history,
-        **provenance.record(),
-    }
+    result = summary.summary
     if chief:
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        rate = f"{summary['images_per_second']:.0f}" if steady else "n/a"
+        rate = f"{result['images_per_second']:.0f}" if result["images_per_second"] else "n/a"
         print(
-            f"[hvd_lars] final test top-1 {summary['final_test_top1']}, {rate} images/s, "
-            f"wall time {wall_time:.0f} s; summary in {run_dir}/summary.json",
+            f"[hvd_lars] final test top-1 {result['final_test_top1']}, {rate} images/s, "
+            f"wall time {result['wall_time_s']:.0f} s; summary in {summary.path}",
             flush=True,
         )
-    return summary
+    return result

@@ -75,7 +75,24 @@ def test_single_process_subset_then_resume(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stdout and "(step 16)" in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [e["epoch"] for e in summary["epochs"]] == [3]
+    # The interrupted run's finished epochs are kept; this attempt trained epoch 3 only.
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3] and summary["resumed_from_step"] == 16
+    assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
+
+    # Complete: a third start trains nothing and keeps the summary.
+    result = _run(
+        MAIN
+        + SUBSET[:-3]
+        + [
+            "--epochs=3",
+            "--warmup_epochs=0.5",
+            "--peak_learning_rate=4",
+            "--run_name=subset",
+            f"--workdir={tmp_path}",
+        ]
+    )
+    assert result.returncode == 0 and "complete (24 of 24 steps)" in result.stdout
+    assert [e["epoch"] for e in json.loads((run_dir / "summary.json").read_text())["epochs"]] == [1, 2, 3]
 
 
 def test_two_ranks_subset(tmp_path):

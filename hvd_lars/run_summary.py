@@ -1,0 +1,83 @@
+"""summary.json of a run: flags, plan, provenance and per-epoch metrics, rewritten after every epoch.
+
+Written by rank 0 only, atomically (temporary file + rename), so a killed job leaves the summary of its
+last finished epoch; a resumed run keeps the epochs the interrupted one finished and appends its own.
+"""
+
+import json
+import os
+import time
+
+import keras
+
+from hvd_lars import distributed, provenance
+
+
+class RunSummary(keras.callbacks.Callback):
+    """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
+
+    Keys: run_name, config, plan, world_size, global_batch_size, per_rank_batch_size, accumulation_steps,
+    resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
+    over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
+    attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
+    evaluated epoch), git_sha, date, machine and software versions.
+    """
+
+    def __init__(self, run_dir, run_name, config, plan, start_step):
+        super().__init__()
+        self.path = os.path.join(run_dir, "summary.json")
+        finished_epochs = start_step // plan.steps_per_epoch
+        previous = []
+        if start_step and os.path.exists(self.path):
+            with open(self.path) as f:
+                previous = [e for e in json.load(f).get("epochs", []) if e["epoch"] <= finished_epochs]
+        self.summary = {
+            "run_name": run_name,
+            "config": vars(config),
+            "plan": vars(plan),
+            "world_size": plan.world_size,
+            "global_batch_size": plan.global_batch_size,
+            "per_rank_batch_size": plan.per_rank_batch_size,
+            "accumulation_steps": plan.accumulation_steps,
+            "resumed_from_step": start_step,
+            "epochs": previous,
+            "images_per_second": None,
+            "wall_time_s": 0.0,
+            "final_test_top1": None,
+            "final_test_top5": None,
+            **provenance.record(),
+        }
+        self._attempt_epochs = []
+        self._start = time.perf_counter()
+        self._update()
+
+    @staticmethod
+    def load(run_dir):
+        """The summary dict saved in `run_dir`, or None if there is none."""
+        path = os.path.join(run_dir, "summary.json")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def on_epoch_end(self, epoch, logs=None):
+        entry = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        self._attempt_epochs.append(entry)
+        self.summary["epochs"] = [e for e in self.summary["epochs"] if e["epoch"] != entry["epoch"]] + [entry]
+        self._update()
+
+    def _update(self):
+        s = self.summary
+        rates = [e["images_per_second"] for e in self._attempt_epochs if "images_per_second" in e]
+        steady = rates[1:] or rates
+        s["images_per_second"] = sum(steady) / len(steady) if steady else None
+        s["wall_time_s"] = time.perf_counter() - self._start
+        evaluated = [e for e in s["epochs"] if "test_top1" in e]
+        if evaluated:
+            s["final_test_top1"] = evaluated[-1]["test_top1"]
+            s["final_test_top5"] = evaluated[-1]["test_top5"]
+        if distributed.is_chief():
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(s, f, indent=2)
+            os.replace(tmp, self.path)

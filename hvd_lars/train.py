@@ -192,6 +192,13 @@ def run(config):
         ),
         cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps),
     ]
+    if data.skipped_corrupt is not None:
+        # Corrupt training files skipped (--skip_corrupt), summed over ranks, into the epoch logs.
+        def count_skipped(epoch, logs):
+            local = int(data.skipped_corrupt.numpy())
+            logs["skipped_corrupt_images"] = float(distributed.allreduce_sum([local], "hvd_lars.skipped")[0])
+
+        callbacks.insert(1, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
     if os.environ.get(KILL_AT_STEP_ENV):
         callbacks.append(cb.KillAtStep(int(os.environ[KILL_AT_STEP_ENV]), plan.accumulation_steps))
     if chief:

@@ -144,3 +144,26 @@ def test_main_program_trains_on_an_image_folder(folder, tmp_path):
     assert summary["config"]["image_size"] == 32 and summary["config"]["dataset"] == "image_folder"
     correct = summary["final_test_top1"] * 7  # exact counts over the 7 validation images
     assert abs(correct - round(correct)) < 1e-9
+
+
+def test_main_program_skips_and_reports_corrupt_files(corrupt, tmp_path):
+    cmd = [sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder", f"--data_dir={corrupt}"]
+    cmd += [
+        "--model=small_cnn",
+        "--image_size=32",
+        "--global_batch_size=2",
+        "--epochs=2",
+        "--warmup_epochs=0",
+    ]
+    cmd += [
+        "--peak_learning_rate=0.1",
+        "--skip_corrupt",
+        "--run_name=c",
+        f"--workdir={tmp_path}",
+        "--verbose=0",
+    ]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = json.loads((tmp_path / "c" / "summary.json").read_text())["epochs"]
+    # The one broken training file is met once per pass over the shard (read-ahead may meet it early).
+    assert [e["skipped_corrupt_images"] >= e["epoch"] for e in epochs] == [True, True]

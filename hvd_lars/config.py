@@ -43,6 +43,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     eta: float = 0.001
+    trust_ratio_mode: str = "paper"  # a value of hvd_lars.lars.TRUST_RATIO_MODES
     momentum_correction: bool = False  # LARS: rescale the velocity by lr_t / lr_{t-1} (Goyal et al. 2.1)
     exclude_bn_and_bias: bool = False  # MLPerf: batch norm and biases get plain momentum, no decay
     epsilon: float = 0.0
@@ -107,9 +108,14 @@ class TrainConfig:
             raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
         self.resolve_batch(world_size)
         from hvd_lars.data import DATASETS
+        from hvd_lars.lars import TRUST_RATIO_MODES
         from hvd_lars.models import MODELS
         from hvd_lars.schedules import SCHEDULES
 
+        if self.trust_ratio_mode not in TRUST_RATIO_MODES:
+            raise ValueError(
+                f"--trust_ratio_mode={self.trust_ratio_mode!r}; valid: {', '.join(TRUST_RATIO_MODES)}."
+            )
         for flag, value, registry in (("model", self.model, MODELS), ("dataset", self.dataset, DATASETS)):
             if value not in registry:
                 raise ValueError(

@@ -59,6 +59,12 @@ flags.DEFINE_list(
     "decay_boundaries_epochs", [], "Epochs at which the step schedule multiplies the rate by --decay_factor."
 )
 flags.DEFINE_float("decay_factor", _D.decay_factor, "Step schedule: multiplier at each boundary.")
+flags.DEFINE_string(
+    "trust_ratio_mode",
+    _D.trust_ratio_mode,
+    "LARS convention: paper (||g|| + beta ||w|| in the trust ratio), decayed_gradient (||g + beta w||), "
+    "update (trust ratio on the momentum update).",
+)
 flags.DEFINE_bool(
     "momentum_correction", _D.momentum_correction, "LARS: rescale the velocity when the rate changes."
 )

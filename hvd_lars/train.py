@@ -63,6 +63,7 @@ def build_optimizer(config, plan):
             epsilon=config.epsilon,
             exclude_from_weight_decay=excluded,
             exclude_from_layer_adaptation=excluded,
+            trust_ratio_mode=config.trust_ratio_mode,
             momentum_correction=config.momentum_correction,
             **accumulation,
         )

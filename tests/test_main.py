@@ -123,6 +123,7 @@ def test_two_ranks_subset(tmp_path):
         ("--accumulation_steps=3", ["--global_batch_size=4096", "1 ranks x 3 accumulation steps = 3"]),
         ("--per_rank_batch_size=100", ["--per_rank_batch_size=100 contradicts --global_batch_size=4096"]),
         ("--schedule=linear", ["'linear'", "mlperf_poly"]),
+        ("--trust_ratio_mode=layer", ["'layer'", "decayed_gradient"]),
     ],
 )
 def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):

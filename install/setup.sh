@@ -22,19 +22,8 @@ WHEEL_CACHE="${HVD_LARS_WHEEL_CACHE:-$HOME/.cache/hvd_lars/wheels}"
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- 1. Debian packages -----------------------------------------------------------------------------
-APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist build-essential cmake git)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  log "installing Debian packages: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  log "Debian packages present"
-fi
+source "$ROOT/install/apt.sh"
+apt_install_missing openmpi-bin libopenmpi-dev dataset-fashion-mnist build-essential cmake git
 
 # --- 2. Virtual environment and Python requirements -------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then

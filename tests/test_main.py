@@ -60,18 +60,10 @@ def test_single_process_subset_then_resume(tmp_path):
         "epoch_test_top1", "epoch_test_top5",
     }  # fmt: skip
 
-    # Killed after epoch 2, asked for 3: resumes from the epoch-2 checkpoint and trains one epoch.
-    result = _run(
-        MAIN
-        + SUBSET[:-3]
-        + [
-            "--epochs=3",
-            "--warmup_epochs=0.5",
-            "--peak_learning_rate=4",
-            "--run_name=subset",
-            f"--workdir={tmp_path}",
-        ]
-    )
+    # The same run extended to 3 epochs (later flags override earlier ones): resumes from the epoch-2
+    # checkpoint and trains one epoch.
+    three_epochs = MAIN + SUBSET + ["--epochs=3", f"--workdir={tmp_path}"]
+    result = _run(three_epochs)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stdout and "(step 16)" in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -80,17 +72,7 @@ def test_single_process_subset_then_resume(tmp_path):
     assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
 
     # Complete: a third start trains nothing and keeps the summary.
-    result = _run(
-        MAIN
-        + SUBSET[:-3]
-        + [
-            "--epochs=3",
-            "--warmup_epochs=0.5",
-            "--peak_learning_rate=4",
-            "--run_name=subset",
-            f"--workdir={tmp_path}",
-        ]
-    )
+    result = _run(three_epochs)
     assert result.returncode == 0 and "complete (24 of 24 steps)" in result.stdout
     assert [e["epoch"] for e in json.loads((run_dir / "summary.json").read_text())["epochs"]] == [1, 2, 3]
 

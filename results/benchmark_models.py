@@ -31,7 +31,7 @@ CANDIDATES = {
     "ours_f32_keras_bn": {"model": "ours", "fused": False, "precision": "float32"},
     "ours_f32": {"model": "ours", "precision": "float32"},
     "ours_bf16": {"model": "ours", "precision": "mixed_bfloat16"},
-    # XLA's CPU convolutions ran ~20x slower than oneDNN's in a 64x64 trial: one timed step is enough.
+    # XLA (jit_compile) ran at 0.45x the baseline (results/models_throughput.md): one timed step suffices.
     "ours_f32_xla": {"model": "ours", "precision": "float32", "jit": True, "warmup_steps": 1, "steps": 1},
     "ours_f32_no_onednn": {"model": "ours", "precision": "float32", "env": {"TF_ENABLE_ONEDNN_OPTS": "0"}},
     "ours_f32_intra2_inter1": {"model": "ours", "precision": "float32", "intra": 2, "inter": 1},

@@ -36,7 +36,12 @@ flags.DEFINE_integer(
     "Images per micro-batch on one rank (0: derived from global).",
 )
 flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches per optimizer update.")
-flags.DEFINE_enum("precision", _D.precision, PRECISIONS, "Keras dtype policy.")
+flags.DEFINE_enum(
+    "precision",
+    _D.precision,
+    PRECISIONS,
+    "Keras dtype policy; auto: mixed_bfloat16 on CPUs with native bf16.",
+)
 flags.DEFINE_float("label_smoothing", _D.label_smoothing, "Label smoothing of the cross-entropy (0: none).")
 flags.DEFINE_float("epochs", _D.epochs, "Training epochs (whole number).")
 flags.DEFINE_float("warmup_epochs", _D.warmup_epochs, "Linear warmup length in epochs.")

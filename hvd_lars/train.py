@@ -7,7 +7,7 @@
 import os
 
 from hvd_lars import distributed
-from hvd_lars.config import make_plan
+from hvd_lars.config import make_plan, resolve_precision
 
 # Fault injection for the resume tests: the process SIGKILLs itself after this many optimizer updates,
 # as a pre-empted or crashed job would die (no clean-up, no final checkpoint).
@@ -147,7 +147,7 @@ def run(config):
     from hvd_lars.run_summary import RunSummary
 
     keras.utils.set_random_seed(config.seed)
-    keras.mixed_precision.set_global_policy(config.precision)
+    keras.mixed_precision.set_global_policy(resolve_precision(config.precision))
     chief = distributed.is_chief()
     run_name = (
         config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{config.global_batch_size}"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvd_lars.config import TrainConfig, make_plan
+from hvd_lars.config import TrainConfig, make_plan, resolve_precision
 
 
 def _config(**kw):
@@ -50,3 +50,19 @@ def test_invalid_configs(kwargs, world, fragments):
 def test_global_batch_larger_than_data():
     with pytest.raises(ValueError, match="4096"):
         make_plan(_config(), 1, 1000)
+
+
+@pytest.mark.parametrize(
+    "flags_line, expected",
+    [
+        ("flags\t\t: fpu avx2 avx512f avx512_bf16 fma", "mixed_bfloat16"),
+        ("flags\t\t: fpu amx_bf16 amx_tile", "mixed_bfloat16"),
+        ("flags\t\t: fpu avx2 avx512f fma", "float32"),
+    ],
+)
+def test_auto_precision_follows_native_bf16(flags_line, expected, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{flags_line}\n")
+    assert resolve_precision("auto", str(cpuinfo)) == expected
+    assert resolve_precision("float32", str(cpuinfo)) == "float32"
+    assert resolve_precision("auto", str(tmp_path / "missing")) == "float32"

@@ -16,6 +16,16 @@ import tensorflow as tf
 from hvd_lars import distributed
 
 
+def moving_statistics(model):
+    """The model's non-trainable float variables (batch-norm moving mean and variance), without the
+    dropout seed states, which stay per rank."""
+    return [
+        v
+        for v in model.non_trainable_variables
+        if "seed_generator" not in v.path and v.dtype.startswith("float")
+    ]
+
+
 class AverageOverRanks(keras.callbacks.Callback):
     """Replaces each epoch-end training metric by its mean over ranks.
 
@@ -214,6 +224,8 @@ class ExactEvaluation(keras.callbacks.Callback):
         last = self.last_epoch is not None and epoch + 1 == self.last_epoch
         if not (last or (epoch + 1) % self.every_epochs == 0):
             return
+        # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
+        distributed.average_variables(moving_statistics(self.model))
         loss, top1, top5, count = distributed.allreduce_sum(self._counts(), name="hvd_lars.eval_counts")
         if int(count) != self.num_examples:
             raise RuntimeError(f"evaluated {int(count)} images across ranks, expected {self.num_examples}.")
@@ -246,12 +258,18 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def _save(self):
         step = int(self.model.optimizer.iterations)
+        # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
+        # and a run resumed from it continues as the uninterrupted run does.
+        distributed.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
         if step != self._last_saved and distributed.is_chief():
             self.manager.save(checkpoint_number=step)
         self._last_saved = step
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.every_steps and (batch + 1) % self.accumulation_steps == 0:
+        # The epoch's last update is saved by on_epoch_end, after evaluation, so that a job killed while
+        # evaluating restarts that epoch's evaluation instead of losing it.
+        last_of_epoch = self.params and batch + 1 == self.params.get("steps")
+        if self.every_steps and (batch + 1) % self.accumulation_steps == 0 and not last_of_epoch:
             if int(self.model.optimizer.iterations) % self.every_steps == 0:
                 self._save()
 

@@ -23,13 +23,13 @@ class TrainConfig:
     dataset: str = "fashion_mnist"
     data_dir: str = ""
     manual_dir: str = ""  # imagenet2012: folder with ILSVRC2012_img_{train,val}.tar (first run prepares)
-    image_size: int = 0  # 0: the dataset's own (224 for ImageNet data; 227 for AlexNet)
+    image_size: int = 0  # 0: the dataset's own (224 for ImageNet-style data); AlexNet flagfiles give 227
     deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
     skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
     input_threads: int = 0  # 0: cores on this node / ranks on this node
     model: str = "small_cnn"
     optimizer: str = "lars"
-    global_batch_size: int = 4096  # images per optimizer update, all ranks and micro-batches together
+    global_batch_size: int = 0  # images per optimizer update, all ranks and micro-batches; 0: derived
     per_rank_batch_size: int = 0  # images per micro-batch on one rank; 0: derived from the global batch
     accumulation_steps: int = 1  # micro-batches per update (gradients averaged before one update)
     precision: str = "auto"  # auto: mixed_bfloat16 where the CPU has native bf16, else float32
@@ -137,8 +137,19 @@ class TrainConfig:
                 f"--checkpoint_every_steps must be >= 0 and --keep_checkpoints >= 1, got "
                 f"{self.checkpoint_every_steps} and {self.keep_checkpoints}."
             )
-        if not self.epochs > 0:
-            raise ValueError(f"--epochs must be > 0, got {self.epochs}.")
+        if not self.epochs > 0 or float(self.epochs) != int(self.epochs):
+            raise ValueError(f"--epochs must be a whole number > 0, got {self.epochs}.")
+        for name in ("decay_power", "decay_factor"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}.")
+        for name in ("end_learning_rate", "warmup_start_learning_rate", "epsilon"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}.")
+        if self.optimizer == "momentum":
+            lars_only = {"eta": 0.001, "epsilon": 0.0, "trust_ratio_mode": "paper"}
+            changed = [f"--{k}={getattr(self, k)}" for k, v in lars_only.items() if getattr(self, k) != v]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} only apply to --optimizer=lars, not momentum.")
         if not 0 <= self.warmup_epochs < self.epochs:
             raise ValueError(
                 f"--warmup_epochs={self.warmup_epochs} must be >= 0 and shorter than --epochs={self.epochs}."

@@ -88,6 +88,22 @@ def broadcast_variables(variables, root_rank=0):
     _hvd.broadcast_variables(tf_vars, root_rank=root_rank)
 
 
+def average_variables(variables, name="hvd_lars.average_variables"):
+    """Replaces each variable (Keras or tf, float) by its mean over ranks, eagerly; no-op with size 1.
+
+    Used for batch-norm moving statistics: gradients keep the trainable weights identical, but each rank
+    updates its moving mean and variance from its own batches, so they drift apart.
+    """
+    if size() == 1 or not variables:
+        return
+    import keras
+
+    tf_vars = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+    means = _hvd.grouped_allreduce([v.read_value() for v in tf_vars], op=_hvd.Average, name=name)
+    for var, mean in zip(tf_vars, means):
+        var.assign(mean)
+
+
 def allreduce_sum(values, name):
     """Sums a float64 NumPy array (or list of numbers) over ranks; returns a NumPy array.
 

@@ -152,6 +152,12 @@ class LARS(keras.optimizers.Optimizer):
             raise ValueError(
                 f"trust_ratio_mode must be one of {TRUST_RATIO_MODES}, got {trust_ratio_mode!r}."
             )
+        if momentum_correction and trust_ratio_mode == "update":
+            # There the velocity is in gradient units: rescaling it by lr_t / lr_{t-1} corrects nothing.
+            raise ValueError(
+                "momentum_correction=True does not apply to trust_ratio_mode='update' (its velocity holds no "
+                "learning rate); use 'paper' or 'decayed_gradient', or momentum_correction=False."
+            )
         self.momentum = float(momentum)
         self.lars_weight_decay = float(weight_decay)
         self.eta = float(eta)

@@ -73,6 +73,7 @@ def build_optimizer(config, plan):
         schedule,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
+        exclude_from_weight_decay=mlperf_exclusions() if config.exclude_bn_and_bias else None,
         exclude_from_layer_adaptation=[""],
         momentum_correction=config.momentum_correction,
         name="momentum_sgd",
@@ -90,6 +91,27 @@ def _step_decay_arguments(config, plan):
     if config.decay_factor != 0.1:
         arguments["decay_factor"] = config.decay_factor
     return arguments
+
+
+# What a resumed run must share with the run that wrote its checkpoints.
+_PLAN_KEYS = ("global_batch_size", "steps_per_epoch", "total_steps", "warmup_steps", "peak_learning_rate")
+
+
+def _check_same_plan(previous, plan, run_dir):
+    """Refuses to continue a checkpoint under another schedule (changed epochs, batch or rates).
+
+    Raises:
+        ValueError: quoting the saved and the new values.
+    """
+    if not previous:
+        return
+    old, new = previous.get("plan", {}), vars(plan)
+    changed = [f"{k} {old.get(k)} -> {new[k]}" for k in _PLAN_KEYS if old.get(k) != new[k]]
+    if changed:
+        raise ValueError(
+            f"{run_dir} holds a run with another plan ({'; '.join(changed)}). Resume it with its own flags, "
+            "or start afresh with another --run_name or --noresume."
+        )
 
 
 def _loss_and_metrics(config, num_classes):
@@ -146,15 +168,15 @@ def run(config):
     from hvd_lars.models import get_model
     from hvd_lars.run_summary import RunSummary
 
-    keras.utils.set_random_seed(config.seed)
+    # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the
+    # initial weights are rank 0's, broadcast below. Input shuffling is seeded per rank in the pipeline.
+    keras.utils.set_random_seed(config.seed + rank)
     keras.mixed_precision.set_global_policy(resolve_precision(config.precision))
     chief = distributed.is_chief()
-    run_name = (
-        config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{config.global_batch_size}"
-    )
+    global_batch, per_rank_batch = config.resolve_batch(world_size)
+    run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
     run_dir = os.path.join(config.workdir, run_name)
 
-    _, per_rank_batch = config.resolve_batch(world_size)
     data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
     plan = make_plan(config, world_size, data.num_train_examples)
     if chief:
@@ -179,9 +201,13 @@ def run(config):
             f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
             flush=True,
         )
-    # Rank 0's weights, optimizer slots and step counter become every rank's.
-    distributed.broadcast_variables(model.variables + optimizer.variables)
+    # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed state).
+    distributed.broadcast_variables(
+        [v for v in model.variables + optimizer.variables if "seed_generator" not in v.path]
+    )
     start_step = int(optimizer.iterations)
+    if start_step and chief:
+        _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
     micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
 
     callbacks = [

@@ -23,7 +23,9 @@ log() { printf '[setup] %s\n' "$*"; }
 
 # --- 1. Debian packages -----------------------------------------------------------------------------
 source "$ROOT/install/apt.sh"
-apt_install_missing openmpi-bin libopenmpi-dev dataset-fashion-mnist build-essential cmake git
+# python3-venv and python3-dev: the virtual environment and the Horovod build (Python.h).
+apt_install_missing python3 python3-venv python3-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist build-essential \
+  cmake git
 
 # --- 2. Virtual environment and Python requirements -------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then

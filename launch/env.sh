@@ -12,7 +12,10 @@ _cores_per_socket() {
 
 # Ranks per socket: 1 on real nodes (the paper's layout); more only for testing on small machines.
 export RANKS_PER_SOCKET="${RANKS_PER_SOCKET:-1}"
-# Cores (threads) each rank may use.
+# Cores (threads) each rank may use: Slurm's --cpus-per-task when given, else the socket's cores.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+  export THREADS_PER_RANK="${THREADS_PER_RANK:-$SLURM_CPUS_PER_TASK}"
+fi
 export THREADS_PER_RANK="${THREADS_PER_RANK:-$(( $(_cores_per_socket) / RANKS_PER_SOCKET > 0 ? $(_cores_per_socket) / RANKS_PER_SOCKET : 1 ))}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS_PER_RANK}"
 # oneDNN kernels for convolutions and matmuls on x86 (TensorFlow's default on Linux x86; explicit here).

@@ -66,3 +66,18 @@ def test_auto_precision_follows_native_bf16(flags_line, expected, tmp_path):
     assert resolve_precision("auto", str(cpuinfo)) == expected
     assert resolve_precision("float32", str(cpuinfo)) == "float32"
     assert resolve_precision("auto", str(tmp_path / "missing")) == "float32"
+
+
+def test_per_rank_batch_alone_derives_the_global_batch():
+    config = TrainConfig(per_rank_batch_size=64, accumulation_steps=4, peak_learning_rate=1.0)
+    assert config.resolve_batch(8) == (2048, 64)
+    with pytest.raises(ValueError, match="Give --global_batch_size or --per_rank_batch_size"):
+        TrainConfig(peak_learning_rate=1.0).validate(1)
+
+
+def test_lars_only_flags_refused_for_momentum():
+    with pytest.raises(
+        ValueError, match="--eta=0.01, --trust_ratio_mode=update only apply to --optimizer=lars"
+    ):
+        _config(optimizer="momentum", eta=0.01, trust_ratio_mode="update").validate(1)
+    _config(optimizer="momentum", exclude_bn_and_bias=True).validate(1)

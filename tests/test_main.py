@@ -9,6 +9,8 @@ import sys
 import pytest
 from conftest import REPO
 
+from hvd_lars.train import KILL_AT_STEP_ENV
+
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
 SUBSET = [
@@ -38,17 +40,34 @@ def _run(cmd, timeout=420):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def test_single_process_subset_then_resume(tmp_path):
-    result = _run(MAIN + SUBSET + [f"--workdir={tmp_path}"])
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_single_process_subset_killed_resumed_completed(tmp_path):
+    command = MAIN + SUBSET + [f"--workdir={tmp_path}"]
+    # SIGKILLed after update 12 of 16: the last checkpoint is the end of epoch 1 (step 8).
+    result = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=dict(os.environ, **{KILL_AT_STEP_ENV: "12"}),
+    )
+    assert result.returncode != 0
     assert "global batch 512 = 1 ranks x per-rank batch 512" in result.stdout
     run_dir = tmp_path / "subset"
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert [e["epoch"] for e in summary["epochs"]] == [1]  # written after each epoch, atomically
+
+    result = _run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout and "(step 8)" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["global_batch_size"] == 512
     assert summary["plan"]["steps_per_epoch"] == 8 and summary["plan"]["total_steps"] == 16
-    assert [e["epoch"] for e in summary["epochs"]] == [1, 2]
+    # The killed attempt's finished epoch is kept; this attempt trained epoch 2.
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2] and summary["resumed_from_step"] == 8
     # 16 LARS steps on 4,096 images already beat chance (0.1) by far.
     assert 0.5 < summary["final_test_top1"] <= 1.0
+    assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
     assert summary["final_test_top5"] >= summary["final_test_top1"]
     assert summary["images_per_second"] > 0 and summary["wall_time_s"] > 0
     assert len(summary["git_sha"]) >= 7
@@ -60,21 +79,15 @@ def test_single_process_subset_then_resume(tmp_path):
         "epoch_test_top1", "epoch_test_top5",
     }  # fmt: skip
 
-    # The same run extended to 3 epochs (later flags override earlier ones): resumes from the epoch-2
-    # checkpoint and trains one epoch.
-    three_epochs = MAIN + SUBSET + ["--epochs=3", f"--workdir={tmp_path}"]
-    result = _run(three_epochs)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stdout and "(step 16)" in result.stdout
-    summary = json.loads((run_dir / "summary.json").read_text())
-    # The interrupted run's finished epochs are kept; this attempt trained epoch 3 only.
-    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3] and summary["resumed_from_step"] == 16
-    assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
+    # Complete: another start trains nothing and keeps the summary.
+    result = _run(command)
+    assert result.returncode == 0 and "complete (16 of 16 steps)" in result.stdout
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
 
-    # Complete: a third start trains nothing and keeps the summary.
-    result = _run(three_epochs)
-    assert result.returncode == 0 and "complete (24 of 24 steps)" in result.stdout
-    assert [e["epoch"] for e in json.loads((run_dir / "summary.json").read_text())["epochs"]] == [1, 2, 3]
+    # The same run directory with another schedule (3 epochs) is refused, naming what changed.
+    result = _run(command + ["--epochs=3"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "holds a run with another plan (total_steps 16 -> 24)" in result.stderr
 
 
 def test_two_ranks_subset(tmp_path):

@@ -139,8 +139,16 @@ def distributed_optimizer(optimizer):
     """
     if size() == 1:
         return optimizer
+    return _averaging_copy(optimizer)
+
+
+def _averaging_copy(optimizer):
     if optimizer.built:
         raise ValueError(f"distributed_optimizer needs an unbuilt optimizer; {optimizer.name} is built.")
+    import keras
+
+    from hvd_lars.lars import LARS
+
     base = type(optimizer)
 
     class _DistributedOptimizer(base):
@@ -150,4 +158,8 @@ def distributed_optimizer(optimizer):
             return super()._clip_gradients(average_gradients(list(grads)))
 
     _DistributedOptimizer.__name__ = f"Distributed{base.__name__}"
-    return _DistributedOptimizer.from_config(optimizer.get_config())
+    config = optimizer.get_config()
+    if isinstance(optimizer, LARS) and isinstance(optimizer._learning_rate, keras.Variable):
+        # LARS uses a caller's rate variable itself; the config holds only its value.
+        config["learning_rate"] = optimizer._learning_rate
+    return _DistributedOptimizer.from_config(config)

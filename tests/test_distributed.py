@@ -61,3 +61,29 @@ def test_accumulation_2_ranks_x_2_micro_batches_equals_4_micro_batches_in_one_pr
         np.testing.assert_array_equal(r0[k], r1[k])
         np.testing.assert_allclose(r0[k], one[k], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(one[k], single_process[k], rtol=1e-5, atol=1e-6)
+
+
+def test_averaging_copy_keeps_a_shared_learning_rate_variable_and_the_update_rule():
+    import keras
+    import tensorflow as tf
+
+    from hvd_lars import LARS, distributed
+
+    rate = keras.Variable(0.5)
+    original = LARS(rate, weight_decay=1e-3, eta=0.01, momentum_correction=True)
+    copy = distributed._averaging_copy(original)
+    assert isinstance(copy, LARS) and type(copy).__name__ == "DistributedLARS"
+    assert copy._learning_rate is rate  # a callback changing `rate` changes the copy's rate
+    assert {k: v for k, v in copy.get_config().items() if k != "learning_rate"} == {
+        k: v for k, v in original.get_config().items() if k != "learning_rate"
+    }
+    w = keras.Variable(np.array([3.0, 4.0], np.float32))
+    copy.build([w])
+    rate.assign(2.0)
+    copy.apply([tf.constant([0.6, 0.8])], [w])
+    # World size 1: the average is the gradient itself; the LARS step uses the new rate 2.0:
+    # trust = 0.01 * 5 / (1 + 1e-3 * 5); w - 2 * trust * (g + 1e-3 * w).
+    trust = 0.05 / 1.005
+    np.testing.assert_allclose(w.numpy(), [3 - 2 * trust * 0.603, 4 - 2 * trust * 0.804], rtol=1e-5)
+    with pytest.raises(ValueError, match="unbuilt optimizer"):
+        distributed._averaging_copy(copy)

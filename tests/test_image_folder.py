@@ -2,14 +2,11 @@
 
 import collections
 import itertools
-import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO
+from conftest import train_small_cnn
 from data_fixtures import PNG, encode, make_image_folder
 
 from hvd_lars.data import get_input
@@ -128,18 +125,7 @@ def test_missing_folders_and_data_dir(tmp_path):
 
 def test_main_program_trains_on_an_image_folder(folder, tmp_path):
     root, _ = folder
-    cmd = [sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder", f"--data_dir={root}"]
-    cmd += [
-        "--model=small_cnn",
-        "--image_size=32",
-        "--global_batch_size=4",
-        "--epochs=1",
-        "--warmup_epochs=0",
-    ]
-    cmd += ["--peak_learning_rate=0.1", "--run_name=folder", f"--workdir={tmp_path}", "--verbose=0"]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "folder" / "summary.json").read_text())
+    summary = train_small_cnn("image_folder", root, tmp_path, "folder", 4, 1)
     assert summary["plan"]["steps_per_epoch"] == 3  # 12 images // 4
     assert summary["config"]["image_size"] == 32 and summary["config"]["dataset"] == "image_folder"
     correct = summary["final_test_top1"] * 7  # exact counts over the 7 validation images
@@ -147,23 +133,6 @@ def test_main_program_trains_on_an_image_folder(folder, tmp_path):
 
 
 def test_main_program_skips_and_reports_corrupt_files(corrupt, tmp_path):
-    cmd = [sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder", f"--data_dir={corrupt}"]
-    cmd += [
-        "--model=small_cnn",
-        "--image_size=32",
-        "--global_batch_size=2",
-        "--epochs=2",
-        "--warmup_epochs=0",
-    ]
-    cmd += [
-        "--peak_learning_rate=0.1",
-        "--skip_corrupt",
-        "--run_name=c",
-        f"--workdir={tmp_path}",
-        "--verbose=0",
-    ]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    epochs = json.loads((tmp_path / "c" / "summary.json").read_text())["epochs"]
+    epochs = train_small_cnn("image_folder", corrupt, tmp_path, "c", 2, 2, "--skip_corrupt")["epochs"]
     # The one broken training file is met once per pass over the shard (read-ahead may meet it early).
     assert [e["skipped_corrupt_images"] >= e["epoch"] for e in epochs] == [True, True]

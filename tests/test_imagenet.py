@@ -94,25 +94,10 @@ def test_unprepared_without_tars_says_what_to_do(tmp_path):
 
 
 def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    from conftest import REPO
+    from conftest import train_small_cnn
 
     data_dir, _, _ = prepared
-    cmd = [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}"]
-    cmd += [
-        "--model=small_cnn",
-        "--image_size=32",
-        "--global_batch_size=4",
-        "--epochs=1",
-        "--warmup_epochs=0",
-    ]
-    cmd += ["--peak_learning_rate=0.1", "--run_name=inet", f"--workdir={tmp_path}", "--verbose=0"]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "inet" / "summary.json").read_text())
+    summary = train_small_cnn("imagenet2012", data_dir, tmp_path, "inet", 4, 1)
     assert summary["plan"]["steps_per_epoch"] == sum(TRAIN_LABELS.values()) // 4
     correct = summary["final_test_top1"] * NUM_VAL  # exact counts over the 6 validation images
     assert abs(correct - round(correct)) < 1e-9

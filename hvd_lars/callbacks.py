@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars import distributed
+from hvd_lars.metrics import top_k_correct
 
 
 def moving_statistics(model):
@@ -181,7 +182,9 @@ class ExactEvaluation(keras.callbacks.Callback):
     """Evaluates every `every_epochs` epochs (and at the last) on each rank's shard; sums exact counts.
 
     Adds `test_loss` (mean softmax cross-entropy), `test_top1` and `test_top5` (fractions) computed from
-    correct-prediction counts summed over ranks, so every evaluation image counts exactly once.
+    correct-prediction counts summed over ranks, so every evaluation image counts exactly once. A
+    prediction is correct by `hvd_lars.metrics.top_k_correct` (ties broken by class index, as argmax
+    does), the rule of the training metrics.
 
     Raises:
         RuntimeError: the ranks together evaluated a number of images other than `num_examples`.
@@ -203,8 +206,9 @@ class ExactEvaluation(keras.callbacks.Callback):
                 logits = tf.cast(self.model(images, training=False), tf.float32)
                 labels = tf.cast(labels, tf.int32)
                 loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-                top1 = tf.math.in_top_k(labels, logits, 1)
-                top5 = tf.math.in_top_k(labels, logits, min(5, logits.shape[-1]))
+                # The training metrics' rule (hvd_lars.metrics): ties broken by class index.
+                top1 = top_k_correct(labels, logits, 1)
+                top5 = top_k_correct(labels, logits, min(5, logits.shape[-1]))
                 return tf.stack(
                     [
                         tf.reduce_sum(loss),

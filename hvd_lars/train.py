@@ -115,20 +115,18 @@ def _check_same_plan(previous, plan, run_dir):
 
 
 def _loss_and_metrics(config, num_classes):
+    """The loss and the top-1 / top-5 metrics of training (`hvd_lars.metrics.TopKAccuracy`: ties broken by
+    class index, the rule `ExactEvaluation` applies to the test set)."""
     import keras
 
+    from hvd_lars.metrics import TopKAccuracy
+
+    metrics = [TopKAccuracy(1, name="top1"), TopKAccuracy(min(5, num_classes), name="top5")]
     if config.label_smoothing:
         # Label smoothing needs one-hot targets; the training data are mapped to one-hot in `run`.
-        return keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=config.label_smoothing
-        ), [
-            keras.metrics.CategoricalAccuracy(name="top1"),
-            keras.metrics.TopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
-        ]
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), [
-        keras.metrics.SparseCategoricalAccuracy(name="top1"),
-        keras.metrics.SparseTopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
-    ]
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
+        return loss, metrics
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
 
 
 def _input_kwargs(config, per_rank_batch, rank, world_size):
@@ -143,6 +141,7 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
         # Dataset-specific: get_input drops those the dataset does not take while they are unset.
         manual_dir=config.manual_dir or None,
         image_size=config.image_size,
+        preprocessing=config.preprocessing or None,
         deterministic=config.deterministic,
         skip_corrupt=config.skip_corrupt,
         input_threads=config.input_threads,

@@ -24,6 +24,8 @@ class TrainConfig:
     data_dir: str = ""
     manual_dir: str = ""  # imagenet2012: folder with ILSVRC2012_img_{train,val}.tar (first run prepares)
     image_size: int = 0  # 0: the dataset's own (224 for ImageNet-style data); AlexNet flagfiles give 227
+    # Image views of ImageNet-style data (hvd_lars.data.preprocessing.PREPROCESSINGS); "": inception.
+    preprocessing: str = ""
     deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
     skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
     input_threads: int = 0  # 0: cores on this node / ranks on this node
@@ -48,7 +50,9 @@ class TrainConfig:
     weight_decay: float = 5e-4
     eta: float = 0.001
     trust_ratio_mode: str = "paper"  # a value of hvd_lars.lars.TRUST_RATIO_MODES
-    momentum_correction: bool = False  # LARS: rescale the velocity by lr_t / lr_{t-1} (Goyal et al. 2.1)
+    # Velocity rescaled by lr_t / lr_{t-1}: "none" (Intel Caffe's fused update, the paper's runs),
+    # "warmup" (its non-fused update: during warmup only) or "always" (Goyal et al. 2017, eq. 10).
+    momentum_correction: str = "none"
     exclude_bn_and_bias: bool = False  # MLPerf: batch norm and biases get plain momentum, no decay
     epsilon: float = 0.0
     workdir: str = "results/runs"
@@ -112,13 +116,24 @@ class TrainConfig:
             raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
         self.resolve_batch(world_size)
         from hvd_lars.data import DATASETS
-        from hvd_lars.lars import TRUST_RATIO_MODES
+        from hvd_lars.data.preprocessing import PREPROCESSINGS
+        from hvd_lars.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
         from hvd_lars.models import MODELS
         from hvd_lars.schedules import SCHEDULES
 
+        if self.preprocessing and self.preprocessing not in PREPROCESSINGS:
+            raise ValueError(
+                f"--preprocessing={self.preprocessing!r}; valid: {', '.join(sorted(PREPROCESSINGS))} "
+                "(empty: inception)."
+            )
         if self.trust_ratio_mode not in TRUST_RATIO_MODES:
             raise ValueError(
                 f"--trust_ratio_mode={self.trust_ratio_mode!r}; valid: {', '.join(TRUST_RATIO_MODES)}."
+            )
+        if self.momentum_correction not in MOMENTUM_CORRECTIONS:
+            raise ValueError(
+                f"--momentum_correction={self.momentum_correction!r}; valid: "
+                f"{', '.join(MOMENTUM_CORRECTIONS)}."
             )
         for flag, value, registry in (("model", self.model, MODELS), ("dataset", self.dataset, DATASETS)):
             if value not in registry:

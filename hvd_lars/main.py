@@ -20,6 +20,13 @@ flags.DEFINE_string(
     "manual_dir", _D.manual_dir, "imagenet2012: folder with ILSVRC2012_img_train.tar and _val.tar."
 )
 flags.DEFINE_integer("image_size", _D.image_size, "Crop side in pixels (0: 224; 227 for AlexNet).")
+flags.DEFINE_string(
+    "preprocessing",
+    _D.preprocessing,
+    "ImageNet-style image views: inception (default: Inception crops of 8-100 percent of the area), caffe "
+    "(256x256, random 227 crop + mirror, centre crop for eval, channel means subtracted: AlexNet), "
+    "caffe_scaled (the same times 1/256: the released AlexNet-BN).",
+)
 flags.DEFINE_bool("deterministic", _D.deterministic, "Fixed input order (exact resume); off: faster.")
 flags.DEFINE_bool("skip_corrupt", _D.skip_corrupt, "Skip and count unreadable training images.")
 flags.DEFINE_integer("input_threads", _D.input_threads, "Input pipeline threads (0: cores / local ranks).")
@@ -70,8 +77,12 @@ flags.DEFINE_string(
     "LARS convention: paper (||g|| + beta ||w|| in the trust ratio), decayed_gradient (||g + beta w||), "
     "update (trust ratio on the momentum update).",
 )
-flags.DEFINE_bool(
-    "momentum_correction", _D.momentum_correction, "LARS: rescale the velocity when the rate changes."
+flags.DEFINE_enum(
+    "momentum_correction",
+    _D.momentum_correction,
+    ["none", "warmup", "always"],
+    "LARS velocity rescaled by lr_t / lr_{t-1}: none (Intel Caffe's fused update, the paper's runs), "
+    "warmup (its non-fused update: during warmup only), always (Goyal et al. eq. 10).",
 )
 flags.DEFINE_float("momentum", _D.momentum, "Momentum.")
 flags.DEFINE_float("weight_decay", _D.weight_decay, "L2 weight decay (beta).")

@@ -77,6 +77,7 @@ def imagenet_input(
     skip_corrupt=False,
     eval_batch=0,
     input_threads=0,
+    preprocessing=None,
     shuffle_buffer=SHUFFLE_BUFFER,
 ):
     """ILSVRC-2012: 1,281,167 training and 50,000 validation images, 1,000 classes, preprocessed.
@@ -86,6 +87,9 @@ def imagenet_input(
     the set. `max_*_examples` > 0 keep the first that many records. With several ranks, the data must
     be prepared before (one single-process run with --manual_dir), or rank 0 prepares while the others
     wait in a Horovod barrier.
+
+    `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
+    when None, "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
 
     Returns:
         `InputPipeline` with images float32 (B, image_size, image_size, 3).
@@ -117,6 +121,7 @@ def imagenet_input(
         deterministic=deterministic,
         threads=input_threads,
         skip_corrupt=skip_corrupt,
+        preprocessing=preprocessing,
         shuffle_buffer=min(shuffle_buffer, t_stop - t_start),
     )
     evaluation = pipeline.eval_dataset(
@@ -125,6 +130,7 @@ def imagenet_input(
         image_size=image_size,
         deterministic=deterministic,
         threads=input_threads,
+        preprocessing=preprocessing,
     )
     return InputPipeline(
         train=train,

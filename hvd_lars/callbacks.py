@@ -4,8 +4,6 @@ Order matters: `AverageOverRanks` and `ImagesPerSecond` must precede `ExactEvalu
 must precede the loggers (TensorBoard, CSVLogger, the progress bar), which then see rank-averaged values.
 """
 
-import os
-import signal
 import time
 import warnings
 
@@ -279,17 +277,3 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._save()
-
-
-class KillAtStep(keras.callbacks.Callback):
-    """Fault injection for resume tests: SIGKILLs this process once `step` updates have been applied, as a
-    pre-empted or crashed job dies (no clean-up, no final checkpoint)."""
-
-    def __init__(self, step, accumulation_steps=1):
-        super().__init__()
-        self.step = step
-        self.accumulation_steps = accumulation_steps
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.accumulation_steps == 0 and int(self.model.optimizer.iterations) >= self.step:
-            os.kill(os.getpid(), signal.SIGKILL)

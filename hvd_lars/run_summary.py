@@ -17,13 +17,14 @@ class RunSummary(keras.callbacks.Callback):
     """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
 
     Keys: run_name, config, plan, world_size, global_batch_size, per_rank_batch_size, accumulation_steps,
+    threads (the thread settings read back from TensorFlow, `hvd_lars.train.applied_threads`),
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
     attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
     evaluated epoch), git_sha, date, machine and software versions.
     """
 
-    def __init__(self, run_dir, run_name, config, plan, start_step):
+    def __init__(self, run_dir, run_name, config, plan, start_step, threads=None):
         super().__init__()
         self.path = os.path.join(run_dir, "summary.json")
         finished_epochs = start_step // plan.steps_per_epoch
@@ -39,6 +40,7 @@ class RunSummary(keras.callbacks.Callback):
             "global_batch_size": plan.global_batch_size,
             "per_rank_batch_size": plan.per_rank_batch_size,
             "accumulation_steps": plan.accumulation_steps,
+            "threads": threads,
             "resumed_from_step": start_step,
             "epochs": previous,
             "images_per_second": None,

@@ -9,15 +9,15 @@ import os
 from hvd_lars import distributed
 from hvd_lars.config import make_plan, resolve_precision
 
-# Fault injection for the resume tests: the process SIGKILLs itself after this many optimizer updates,
-# as a pre-empted or crashed job would die (no clean-up, no final checkpoint).
-KILL_AT_STEP_ENV = "HVD_LARS_KILL_AT_STEP"
-
 
 def configure_threads(config, world_size):
     """Sizes TensorFlow's thread pools so the ranks on one node do not oversubscribe its cores.
 
-    Must run before TensorFlow executes its first op.
+    Must run before TensorFlow executes its first op; afterwards TensorFlow keeps the pools it has (then
+    `applied_threads()` reports those, not the request).
+
+    Returns:
+        (intra, inter): the requested pool sizes (inter 0: TensorFlow's default).
     """
     import tensorflow as tf
 
@@ -31,7 +31,26 @@ def configure_threads(config, world_size):
         if config.inter_op_threads:
             tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     except RuntimeError:
-        pass  # TensorFlow already initialised by the caller: keep its settings.
+        pass  # TensorFlow already initialised by the caller: it keeps its pools (reported by the run).
+    return intra, config.inter_op_threads
+
+
+def applied_threads():
+    """The thread settings in force, read back from TensorFlow (not from the flags).
+
+    Returns:
+        dict: `intra_op` and `inter_op`, the pool sizes TensorFlow's context was initialised with (0 means
+        TensorFlow's own default, one thread per core), and `omp_num_threads`, the OMP_NUM_THREADS
+        environment variable (None when unset) that OpenMP code in this process reads.
+    """
+    import tensorflow as tf
+
+    tf.constant(0.0) + 0.0  # TensorFlow fixes its pools when it first runs an op; make sure it has
+    return {
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def build_optimizer(config, plan):
@@ -78,6 +97,34 @@ def build_optimizer(config, plan):
         momentum_correction=config.momentum_correction,
         name="momentum_sgd",
         **accumulation,
+    )
+
+
+def batch_norm_note(model, plan):
+    """What gradient accumulation does to the model's batch normalisation, for the run log; None when the
+    plan does not accumulate or the model has no batch norm.
+
+    Under `--accumulation_steps=A` every micro-batch runs forward in training mode: it is normalised
+    with its own statistics (per-rank batch B images, not the global batch) and updates the moving mean
+    and variance, so they move A times per optimizer update, with momentum m per micro-batch (m^A per
+    update). With A = 512 and B = 16 (32K on 4 ranks) they follow the last few dozen micro-batches of
+    16 images. tests/test_accumulation.py quantifies both effects.
+    """
+    import keras
+
+    layers = [
+        layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    if plan.accumulation_steps == 1 or not layers:
+        return None
+    momenta = sorted({float(layer.momentum) for layer in layers})
+    per_update = ", ".join(
+        f"{m:g}^{plan.accumulation_steps} = {m**plan.accumulation_steps:.3g}" for m in momenta
+    )
+    return (
+        f"batch norm with accumulation: {len(layers)} layers normalise each micro-batch of "
+        f"{plan.per_rank_batch_size} images per rank with its own statistics and update their moving "
+        f"averages {plan.accumulation_steps} times per update (momentum per update {per_update})"
     )
 
 
@@ -148,8 +195,14 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
     )
 
 
-def run(config):
+def run(config, extra_callbacks=()):
     """Trains according to `config` on every rank; returns the summary dict.
+
+    Args:
+        config: `TrainConfig`.
+        extra_callbacks: Keras callbacks run on every rank after the built-in ones (rank averaging,
+            evaluation, checkpoints) and before the loggers (CSVLogger, TensorBoard, summary.json), so
+            what they add to the epoch logs is recorded.
 
     Raises:
         ValueError: bad configuration (before any data is read or model built).
@@ -157,7 +210,7 @@ def run(config):
     """
     rank, world_size = distributed.init()
     config.validate(world_size)
-    configure_threads(config, world_size)
+    requested_threads = configure_threads(config, world_size)
 
     import keras
     import tensorflow as tf
@@ -178,8 +231,16 @@ def run(config):
 
     data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
     plan = make_plan(config, world_size, data.num_train_examples)
+    threads = applied_threads()
     if chief:
         print(f"[hvd_lars] {plan.describe()}", flush=True)
+        if (threads["intra_op"], threads["inter_op"]) != requested_threads:
+            print(
+                f"[hvd_lars] TensorFlow runs {threads['intra_op']} intra-op / {threads['inter_op']} inter-op "
+                f"threads (0: its default), not the {requested_threads[0]} / {requested_threads[1]} "
+                "asked for: it was initialised before hvd_lars could size its pools.",
+                flush=True,
+            )
         print(f"[hvd_lars] run directory {run_dir}", flush=True)
         os.makedirs(run_dir, exist_ok=True)
 
@@ -189,6 +250,9 @@ def run(config):
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     optimizer.build(model.trainable_variables)
+    note = batch_norm_note(model, plan)
+    if note and chief:
+        print(f"[hvd_lars] {note}", flush=True)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(
@@ -225,8 +289,7 @@ def run(config):
             logs["skipped_corrupt_images"] = float(distributed.allreduce_sum([local], "hvd_lars.skipped")[0])
 
         callbacks.insert(1, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
-    if os.environ.get(KILL_AT_STEP_ENV):
-        callbacks.append(cb.KillAtStep(int(os.environ[KILL_AT_STEP_ENV]), plan.accumulation_steps))
+    callbacks += list(extra_callbacks)
     if chief:
         callbacks += [
             keras.callbacks.CSVLogger(os.path.join(run_dir, "metrics.csv"), append=start_step > 0),
@@ -241,7 +304,7 @@ def run(config):
                 flush=True,
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, run_name, config, plan, start_step)
+    summary = RunSummary(run_dir, run_name, config, plan, start_step, threads=threads)
     callbacks.append(summary)
 
     # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The

@@ -71,5 +71,6 @@ def test_smoke_flags_run_end_to_end(tmp_path):
     )
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
     assert summary["plan"]["total_steps"] == 6 and len(summary["epochs"]) == 2
+    assert summary["threads"]["intra_op"] == os.cpu_count()  # one process: every core, read back from TF
     checkpoints = sorted(f for f in os.listdir(tmp_path / "smoke" / "checkpoints") if f.endswith(".index"))
     assert checkpoints == ["ckpt-2.index", "ckpt-3.index", "ckpt-4.index", "ckpt-6.index"][-3:]

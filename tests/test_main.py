@@ -9,8 +9,6 @@ import sys
 import pytest
 from conftest import REPO
 
-from hvd_lars.train import KILL_AT_STEP_ENV
-
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
 SUBSET = [
@@ -42,15 +40,10 @@ def _run(cmd, timeout=420):
 
 def test_single_process_subset_killed_resumed_completed(tmp_path):
     command = MAIN + SUBSET + [f"--workdir={tmp_path}"]
-    # SIGKILLed after update 12 of 16: the last checkpoint is the end of epoch 1 (step 8).
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=420,
-        env=dict(os.environ, **{KILL_AT_STEP_ENV: "12"}),
-    )
+    # SIGKILLed after update 12 of 16 (the main program with tests/kill_at_step.py's fault): the last
+    # checkpoint is the end of epoch 1 (step 8).
+    killer = [sys.executable, os.path.join(REPO, "tests", "kill_at_step.py"), "--kill_at_step=12"]
+    result = _run(killer + command[3:])
     assert result.returncode != 0
     assert "global batch 512 = 1 ranks x per-rank batch 512" in result.stdout
     run_dir = tmp_path / "subset"
@@ -103,6 +96,8 @@ def test_two_ranks_subset(tmp_path):
     assert "[1,0]<stdout>:Epoch 1/2" in result.stdout and "[1,1]<stdout>:Epoch" not in result.stdout
     summary = json.loads((tmp_path / "subset" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["per_rank_batch_size"] == 256
+    # Two ranks on this node share its cores: TensorFlow was sized to cores / 2 intra-op threads.
+    assert summary["threads"]["intra_op"] == max(1, os.cpu_count() // 2)
     # ExactEvaluation would have raised unless the ranks evaluated 1,000 images together.
     assert 0.5 < summary["final_test_top1"] <= 1.0
 

@@ -33,7 +33,10 @@ class TrainConfig:
     optimizer: str = "lars"
     global_batch_size: int = 0  # images per optimizer update, all ranks and micro-batches; 0: derived
     per_rank_batch_size: int = 0  # images per micro-batch on one rank; 0: derived from the global batch
-    accumulation_steps: int = 1  # micro-batches per update (gradients averaged before one update)
+    # Micro-batches per update (gradients averaged before one update). Batch norm then normalises each
+    # micro-batch by its own statistics and updates its moving averages once per micro-batch
+    # (hvd_lars.train.batch_norm_note; tests/test_accumulation.py); the paper's workers accumulated nothing.
+    accumulation_steps: int = 1
     precision: str = "auto"  # auto: mixed_bfloat16 where the CPU has native bf16, else float32
     label_smoothing: float = 0.0
     epochs: float = 10.0

@@ -42,7 +42,12 @@ flags.DEFINE_integer(
     _D.per_rank_batch_size,
     "Images per micro-batch on one rank (0: derived from global).",
 )
-flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches per optimizer update.")
+flags.DEFINE_integer(
+    "accumulation_steps",
+    _D.accumulation_steps,
+    "Micro-batches per optimizer update. Batch norm normalises each micro-batch on its own and updates its "
+    "moving averages once per micro-batch (the run log says how often per update).",
+)
 flags.DEFINE_enum(
     "precision",
     _D.precision,

@@ -69,6 +69,7 @@ def build_optimizer(config, plan):
         **_step_decay_arguments(config, plan),
     )
     # Keras's own accumulation averages the micro-batch gradients; the schedule follows applied updates.
+    # Batch norm still sees micro-batches (batch_norm_note says what that does; the run log prints it).
     accumulation = (
         {"gradient_accumulation_steps": plan.accumulation_steps} if plan.accumulation_steps > 1 else {}
     )

@@ -89,6 +89,8 @@ def test_unset_dataset_options_are_dropped_set_ones_refused():
     assert data.input_shape == (28, 28, 1)
     with pytest.raises(ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes data_dir"):
         get_input("fashion_mnist", image_size=227, **common)
+    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take preprocessing='caffe'"):
+        get_input("fashion_mnist", preprocessing="caffe", **common)
 
 
 def test_synthetic_shapes_and_exact_eval_count():

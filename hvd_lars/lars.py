@@ -115,13 +115,15 @@ class LARS(keras.optimizers.Optimizer):
               217-225 choose it, lines 324-456 are the update
               `history = local_rate * (decay * w + g) + momentum * history`, with no rate ratio). The
               released LARS solvers (`models/intel_optimized_models/multinode/alexnet_bn_64nodes/` and
-              `alexnet_bn_32nodes/solver.prototxt`) are such solvers (no `type`, so "SGD";
-              `solver_mode: CPU`), and multi-node training applies each update through the same
-              `ApplyUpdate(param_id)` (`include/caffe/multinode/multi_sync.hpp` line 230). The fused path
-              is also the one whose trust ratio is the published one: it measures `||g||` before weight
-              decay (`GetLocalRate`, line 345, precedes the fused decay), as `trust_ratio_mode="paper"`
-              does, where the non-fused path measures the gradient after `Regularize` has added
-              `beta * w` (lines 232 and 587).
+              `alexnet_bn_32nodes/solver.prototxt`) are such solvers (no `type`, so "SGD" by
+              `src/caffe/proto/caffe.proto` line 389; `solver_mode: CPU`), and multi-node training
+              applies each update through the same `ApplyUpdate(param_id)`
+              (`include/caffe/multinode/multi_sync.hpp` line 230). The fused path is also the one whose
+              trust ratio is the published one: it measures `||g||` before weight decay (`GetLocalRate`,
+              line 345, precedes the fused decay), as `trust_ratio_mode="paper"` does, where the non-fused
+              path measures the gradient after `Regularize` has added `beta * w` (lines 232 and 587).
+              The authors' build is not public: a build with Clang or g++ < 4.9 (such as CentOS 7's
+              g++ 4.8.5) would have taken the non-fused path, which `"warmup"` reproduces.
             * `"warmup"`: Intel Caffe's non-fused `ComputeUpdateValue` (`sgd_solver.cpp` lines 589-595),
               which builds with Clang or g++ < 4.9 ran: the momentum is multiplied by `lr_t / lr_{t-1}`
               only while the update index `t` is below the schedule's `warmup_steps` (so not at the drop

@@ -123,7 +123,8 @@ class LARS(keras.optimizers.Optimizer):
               line 345, precedes the fused decay), as `trust_ratio_mode="paper"` does, where the non-fused
               path measures the gradient after `Regularize` has added `beta * w` (lines 232 and 587).
               The authors' build is not public: a build with Clang or g++ < 4.9 (such as CentOS 7's
-              g++ 4.8.5) would have taken the non-fused path, which `"warmup"` reproduces.
+              g++ 4.8.5) would have taken the non-fused path: `"warmup"` reproduces its momentum
+              correction (not its trust ratio's norm of the decayed gradient).
             * `"warmup"`: Intel Caffe's non-fused `ComputeUpdateValue` (`sgd_solver.cpp` lines 589-595),
               which builds with Clang or g++ < 4.9 ran: the momentum is multiplied by `lr_t / lr_{t-1}`
               only while the update index `t` is below the schedule's `warmup_steps` (so not at the drop

@@ -31,7 +31,8 @@ def updates():
                 keras.Input((1,)),
                 keras.layers.BatchNormalization(momentum=MOMENTUM, name="bn"),
                 keras.layers.Dense(2, name="logits"),
-            ]
+            ],
+            name=f"accumulation_{accumulation}",
         )
         steps = {"gradient_accumulation_steps": accumulation} if accumulation > 1 else {}
         optimizer = LARS(1.0, momentum=0.0, exclude_from_layer_adaptation=[""], **steps)
@@ -78,7 +79,7 @@ def test_the_run_log_says_what_accumulation_does_to_batch_norm():
         "own statistics and update their moving averages 512 times per update (momentum per update "
         "0.9^512 = 3.73e-24)"
     )
-    without = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    without = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="no_batch_norm")
     assert batch_norm_note(without, plan) is None
     unaccumulated = Plan(2048, 32768, 16, 1, 39, 100, 3900, 390, 32.0)
     assert batch_norm_note(get_model("small_cnn"), unaccumulated) is None

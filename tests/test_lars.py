@@ -234,8 +234,10 @@ def test_zero_weights_and_zero_gradients_give_no_nan():
 
 
 def test_exclusions_match_variable_path():
+    # Named: an unnamed model's path prefix depends on how many models earlier tests built (sequential_3).
     model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(3, name="fc"), keras.layers.BatchNormalization(name="fc_bn")]
+        [keras.Input((4,)), keras.layers.Dense(3, name="fc"), keras.layers.BatchNormalization(name="fc_bn")],
+        name="sequential",
     )
     rng = np.random.default_rng(1)
     grads = [

@@ -26,7 +26,9 @@ def test_all_zero_logits_give_chance_top1_and_top5_in_training_and_evaluation(la
     # index predict classes 0 (top-1) and 0-4 (top-5): 2 and 10 of 20 correct, in training and test alike.
     images = np.zeros((20, 4), np.float32)
     labels = np.tile(np.arange(10, dtype=np.int32), 2)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10, kernel_initializer="zeros")])
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(10, kernel_initializer="zeros")], name="zero_logits"
+    )
     loss, metrics = _loss_and_metrics(TrainConfig(label_smoothing=label_smoothing), num_classes=10)
     model.compile(optimizer=LARS(0.0), loss=loss, metrics=metrics, jit_compile=False)
     targets = tf.one_hot(labels, 10).numpy() if label_smoothing else labels

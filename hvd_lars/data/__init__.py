@@ -1,8 +1,8 @@
 """Input pipelines, sharded per rank. `DATASETS` maps a `--dataset` name to its builder.
 
 Every builder takes the common keywords `per_rank_batch, rank, world_size, seed, data_dir,
-max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `manual_dir`,
-`skip_corrupt`, ...), and returns an `InputPipeline`.
+max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `preprocessing`,
+`manual_dir`, `skip_corrupt`, ...), and returns an `InputPipeline`.
 """
 
 import dataclasses

@@ -43,8 +43,8 @@ def main(out_dir):
             keras.layers.Dense(3, name="logits"),
         ]
     )
-    # A schedule, as the main program uses (a float rate through distributed_optimizer is tracked twice
-    # and cannot be checkpointed on main at 6dd5379: reported to the lead).
+    # A schedule, as the main program uses (at main 6dd5379 a float rate through distributed_optimizer is
+    # tracked twice and cannot be checkpointed; the dist branch fixes that).
     schedule = WarmupPolynomialDecay(0.1, total_steps=4, warmup_steps=1)
     optimizer = distributed.distributed_optimizer(LARS(schedule, weight_decay=1e-4))
     model.compile(

@@ -38,6 +38,7 @@ def test_base_learning_rate_is_per_256_images():
         (dict(momentum=1.0), 1, ["--momentum", "1.0"]),
         (dict(eta=0.0), 1, ["--eta", "0.0"]),
         (dict(weight_decay=-1.0), 1, ["--weight_decay", "-1.0"]),
+        (dict(validation_examples=-5), 1, ["--validation_examples must be >= 0", "-5"]),
     ],
 )
 def test_invalid_configs(kwargs, world, fragments):

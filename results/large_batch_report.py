@@ -185,7 +185,8 @@ def write(args, records, attempts, arms):
         f"- Machine: {model}; bf16/AMX-related CPU flags: {', '.join(flags) or 'none'} "
         "(irrelevant to the results: every run is float32)",
         f"- Wall time: {seconds / 3600:.2f} h over {len(attempts)} run attempts "
-        f"({len(records)} runs finished); runs: `{args.output_dir}`",
+        f"({len(records)} runs finished; run processes from start to exit, including any time paused by "
+        f"`bench` or shared with other work on the machine); runs: `{args.output_dir}`",
         "",
         "## Findings",
         "",

@@ -127,7 +127,7 @@ def why(args, train):
         f"{largest:,} goes a factor {largest / equivalent:.0f} past it, to see where the claim breaks. "
         f"Beyond that a run is a handful of updates (16K: {train // 16384} per epoch), which would test "
         "the update count and nothing else. The epoch budget is what about 3 hours of this 2-core machine "
-        "allow for the whole grid with its sweeps and seeds (one process per run trains about 3,000 "
+        "allow for the whole grid with its sweeps and seeds (one process per run trains 2,500-2,800 "
         "images/s at every batch here, faster than 2 Horovod ranks on the same cores: "
         "`results/large_batch_throughput.md`). It leaves the largest batch "
         f"{max(1, round(train / largest)) * args.epochs} updates, far fewer than ImageNet's thousands, so "

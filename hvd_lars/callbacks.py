@@ -179,21 +179,24 @@ def _scalar(value):
 class ExactEvaluation(keras.callbacks.Callback):
     """Evaluates every `every_epochs` epochs (and at the last) on each rank's shard; sums exact counts.
 
-    Adds `test_loss` (mean softmax cross-entropy), `test_top1` and `test_top5` (fractions) computed from
-    correct-prediction counts summed over ranks, so every evaluation image counts exactly once. A
-    prediction is correct by `hvd_lars.metrics.top_k_correct` (ties broken by class index, as argmax
-    does), the rule of the training metrics.
+    Adds `<prefix>_loss` (mean softmax cross-entropy), `<prefix>_top1` and `<prefix>_top5` (fractions)
+    computed from correct-prediction counts summed over ranks, so every evaluation image counts exactly
+    once. A prediction is correct by `hvd_lars.metrics.top_k_correct` (ties broken by class index, as
+    argmax does), the rule of the training metrics. `prefix` is "test" for the test set and "val" for a
+    validation split (Keras's TensorBoard callback writes `val_*` to its `validation/` folder, as the
+    same tags).
 
     Raises:
         RuntimeError: the ranks together evaluated a number of images other than `num_examples`.
     """
 
-    def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None):
+    def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
         super().__init__()
         self.dataset = dataset
         self.num_examples = num_examples
         self.every_epochs = every_epochs
         self.last_epoch = last_epoch
+        self.prefix = prefix
         self._step = None
 
     def _counts(self):
@@ -230,11 +233,13 @@ class ExactEvaluation(keras.callbacks.Callback):
         distributed.average_variables(moving_statistics(self.model))
         loss, top1, top5, count = distributed.allreduce_sum(self._counts(), name="hvd_lars.eval_counts")
         if int(count) != self.num_examples:
-            raise RuntimeError(f"evaluated {int(count)} images across ranks, expected {self.num_examples}.")
+            raise RuntimeError(
+                f"evaluated {int(count)} {self.prefix} images across ranks, expected {self.num_examples}."
+            )
         if logs is not None:
-            logs["test_loss"] = loss / count
-            logs["test_top1"] = top1 / count
-            logs["test_top5"] = top5 / count
+            logs[f"{self.prefix}_loss"] = loss / count
+            logs[f"{self.prefix}_top1"] = top1 / count
+            logs[f"{self.prefix}_top5"] = top5 / count
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):

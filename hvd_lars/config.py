@@ -67,6 +67,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     max_train_examples: int = 0
     max_eval_examples: int = 0
+    validation_examples: int = 0  # hold out the last N training images as a validation split (0: none)
     steps_per_epoch: int = 0  # 0: the data set's size // global batch
     intra_op_threads: int = 0  # 0: cores on this node / ranks on this node
     inter_op_threads: int = 0  # 0: TensorFlow's default
@@ -190,6 +191,12 @@ class TrainConfig:
             raise ValueError(f"--eta must be > 0, got {self.eta}.")
         if self.steps_per_epoch < 0:
             raise ValueError(f"--steps_per_epoch must be >= 0, got {self.steps_per_epoch}.")
+        # The upper bound (the training set's size) is the input pipeline's to check.
+        if self.validation_examples < 0:
+            raise ValueError(
+                f"--validation_examples must be >= 0 (0: no validation split), got "
+                f"{self.validation_examples}."
+            )
 
 
 def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo"):

@@ -116,6 +116,12 @@ flags.DEFINE_integer(
     "max_eval_examples", _D.max_eval_examples, "Use only the first N evaluation images (0: all)."
 )
 flags.DEFINE_integer(
+    "validation_examples",
+    _D.validation_examples,
+    "Hold out the last N training images (never trained on) and evaluate them like the test set as "
+    "val_top1/val_top5/val_loss, for choosing hyperparameters (0: none; fashion_mnist only).",
+)
+flags.DEFINE_integer(
     "steps_per_epoch", _D.steps_per_epoch, "Override steps per epoch (0: data size // batch)."
 )
 flags.DEFINE_integer("intra_op_threads", _D.intra_op_threads, "TF intra-op threads (0: cores / local ranks).")

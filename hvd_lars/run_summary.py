@@ -21,7 +21,8 @@ class RunSummary(keras.callbacks.Callback):
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
     attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
-    evaluated epoch), git_sha, date, machine and software versions.
+    evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
+    one), git_sha, date, machine and software versions.
     """
 
     def __init__(self, run_dir, run_name, config, plan, start_step, threads=None):
@@ -47,6 +48,8 @@ class RunSummary(keras.callbacks.Callback):
             "wall_time_s": 0.0,
             "final_test_top1": None,
             "final_test_top5": None,
+            "final_val_top1": None,
+            "final_val_top5": None,
             **provenance.record(),
         }
         self._attempt_epochs = []
@@ -74,10 +77,11 @@ class RunSummary(keras.callbacks.Callback):
         steady = rates[1:] or rates
         s["images_per_second"] = sum(steady) / len(steady) if steady else None
         s["wall_time_s"] = time.perf_counter() - self._start
-        evaluated = [e for e in s["epochs"] if "test_top1" in e]
-        if evaluated:
-            s["final_test_top1"] = evaluated[-1]["test_top1"]
-            s["final_test_top5"] = evaluated[-1]["test_top5"]
+        for split in ("test", "val"):
+            evaluated = [e for e in s["epochs"] if f"{split}_top1" in e]
+            if evaluated:
+                s[f"final_{split}_top1"] = evaluated[-1][f"{split}_top1"]
+                s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
         if distributed.is_chief():
             tmp = f"{self.path}.tmp"
             with open(tmp, "w") as f:

@@ -193,6 +193,7 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
         deterministic=config.deterministic,
         skip_corrupt=config.skip_corrupt,
         input_threads=config.input_threads,
+        validation_examples=config.validation_examples,
     )
 
 
@@ -283,6 +284,18 @@ def run(config, extra_callbacks=()):
         ),
         cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps),
     ]
+    if data.validation is not None:
+        # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
+        callbacks.insert(
+            -1,
+            cb.ExactEvaluation(
+                data.validation,
+                data.num_validation_examples,
+                every_epochs=config.eval_every_epochs,
+                last_epoch=plan.epochs,
+                prefix="val",
+            ),
+        )
     if data.skipped_corrupt is not None:
         # Corrupt training files skipped (--skip_corrupt), summed over ranks, into the epoch logs.
         def count_skipped(epoch, logs):
@@ -336,8 +349,9 @@ def run(config, extra_callbacks=()):
     result = summary.summary
     if chief:
         rate = f"{result['images_per_second']:.0f}" if result["images_per_second"] else "n/a"
+        val = f"validation top-1 {result['final_val_top1']}, " if result["final_val_top1"] is not None else ""
         print(
-            f"[hvd_lars] final test top-1 {result['final_test_top1']}, {rate} images/s, "
+            f"[hvd_lars] final test top-1 {result['final_test_top1']}, {val}{rate} images/s, "
             f"wall time {result['wall_time_s']:.0f} s; summary in {summary.path}",
             flush=True,
         )

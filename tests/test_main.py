@@ -18,6 +18,7 @@ SUBSET = [
     "--epochs=2",
     "--warmup_epochs=0.5",
     "--peak_learning_rate=4",
+    "--validation_examples=5000",  # the last 5,000 training images; the first 1,000 of them evaluated
     "--run_name=subset",
 ]
 
@@ -62,15 +63,27 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     assert 0.5 < summary["final_test_top1"] <= 1.0
     assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
     assert summary["final_test_top5"] >= summary["final_test_top1"]
+    # The validation split is evaluated as the test set is (ExactEvaluation checks its 1,000 images).
+    assert 0.5 < summary["final_val_top1"] <= summary["final_val_top5"] <= 1.0
+    assert (
+        summary["final_val_top1"] == summary["epochs"][-1]["val_top1"] and "val_loss" in summary["epochs"][0]
+    )
     assert summary["images_per_second"] > 0 and summary["wall_time_s"] > 0
     assert len(summary["git_sha"]) >= 7
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert float(rows[1]["test_top1"]) == pytest.approx(summary["final_test_top1"])
+    assert float(rows[1]["val_top1"]) == pytest.approx(summary["final_val_top1"])
     assert _tensorboard_tags(run_dir / "tensorboard") >= {
         "epoch_loss", "epoch_top1", "epoch_top5", "epoch_learning_rate", "epoch_images_per_second",
         "epoch_test_top1", "epoch_test_top5",
     }  # fmt: skip
+    # Keras's TensorBoard callback writes val_* under validation/, as the training tags.
+    assert _tensorboard_tags(run_dir / "tensorboard" / "validation") >= {
+        "epoch_loss",
+        "epoch_top1",
+        "epoch_top5",
+    }
 
     # Complete: another start trains nothing and keeps the summary.
     result = _run(command)
@@ -98,8 +111,8 @@ def test_two_ranks_subset(tmp_path):
     assert summary["world_size"] == 2 and summary["per_rank_batch_size"] == 256
     # Two ranks on this node share its cores: TensorFlow was sized to cores / 2 intra-op threads.
     assert summary["threads"]["intra_op"] == max(1, os.cpu_count() // 2)
-    # ExactEvaluation would have raised unless the ranks evaluated 1,000 images together.
-    assert 0.5 < summary["final_test_top1"] <= 1.0
+    # ExactEvaluation would have raised unless the ranks evaluated 1,000 images of each split together.
+    assert 0.5 < summary["final_test_top1"] <= 1.0 and 0.5 < summary["final_val_top1"] <= 1.0
 
 
 @pytest.mark.parametrize(

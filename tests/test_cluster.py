@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO
-from emulated_cluster import CONTROLLER_ADDRESS, SUBNET, EmulatedCluster, require_root, shell_command
+from emulated_cluster import CONTROLLER_ADDRESS, SCRIPT, SUBNET, EmulatedCluster, require_root, shell_command
 from slurm_cluster import SlurmCluster, slurm_available
 
 PYTHON = sys.executable
@@ -132,6 +132,36 @@ def _restore_last_checkpoint(workdir):
         saved = reader.get_tensor(f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE")
         np.testing.assert_array_equal(variable.numpy(), saved, err_msg=variable.path)
     return int(latest.rsplit("-", 1)[1])
+
+
+def _script(*args, user=None, **env):
+    cmd = ([] if user is None else ["runuser", "-u", user, "--"]) + [SCRIPT, *args]
+    return subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=60)
+
+
+def test_script_refuses_non_root_and_bad_settings():
+    require_root()  # to become another user
+    result = _script("up", user="nobody")
+    assert (
+        result.returncode == 1 and "must run as root" in result.stderr and "you are nobody" in result.stderr
+    )
+    result = _script("up", NODES="0")
+    assert (
+        result.returncode == 1 and "NODES='0': expected a whole number of hosts from 1 to 99" in result.stderr
+    )
+    result = _script("up", LINK_RATE="fast")
+    assert result.returncode == 1 and "LINK_RATE='fast': expected a tc rate such as" in result.stderr
+    result = _script("restart")
+    assert result.returncode == 2 and "Usage: launch/emulated_cluster.sh up|down|status" in result.stderr
+
+
+def test_status_lists_hosts_addresses_and_links(cluster):
+    result = _script("status")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
+    assert rows["node1"][1:5] == ["198.18.0.11", "hvdlars-n1", "up", "none"]
+    assert rows["node2"][1:5] == ["198.18.0.12", "hvdlars-n2", "up", "none"]
+    assert cluster.hosts[1].run("hostname").stdout.strip() == "node2"
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 
 import pytest
@@ -30,6 +31,9 @@ def test_two_ranks_run_smoke_flags(script, first, tmp_path):
     assert "global batch 32 = 2 ranks x per-rank batch 16" in result.stdout
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["config"]["intra_op_threads"] == 1
+    # One host: both ranks are local (tests/test_cluster.py covers 2 hosts).
+    assert summary["hosts"] == [socket.gethostname()]
+    assert summary["local_size"] == 2 and summary["cross_size"] == 1
 
 
 @pytest.mark.parametrize("script", ["horovodrun.sh", "mpirun.sh"])

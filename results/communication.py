@@ -212,7 +212,7 @@ def measure(args, raw):
     from hvd_lars import provenance
 
     stamp = {
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "command": shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), REPO), *sys.argv[1:]]),
         "git_sha": provenance.git_sha(REPO),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_description(),
@@ -286,16 +286,19 @@ def report(raw):
     fusion = {k: v for k, v in raw.items() if k.startswith("fusion|")}
     if not sweeps and not fusion:
         raise SystemExit(f"{RAW} holds no measurement; run without --report_only first")
-    first = next(iter({**sweeps, **fusion}.values()))
+    entries = list({**sweeps, **fusion}.values())
+
+    def distinct(key):
+        return ", ".join(f"`{v}`" if key == "command" else v for v in sorted({e[key] for e in entries}))
+
     lines = [
         "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo, tensor fusion",
         "",
-        f"- command: `{first['command']}` (entries measured by other invocations list theirs in "
-        "`results/communication.json`)",
-        f"- git SHA: {first['git_sha']}",
-        f"- date: {first['date']}",
-        f"- CPU: {first['cpu']}",
-        f"- machine: {first['machine']}",
+        f"- commands (as root, under `cluster bench`, from the repository root): {distinct('command')}",
+        f"- git SHA: {distinct('git_sha')}",
+        f"- dates: {distinct('date')}",
+        f"- CPU: {distinct('cpu')}",
+        f"- machine: {distinct('machine')}",
         _prose(
             """
             - set-up: `launch/emulated_cluster.sh up` with NODES=2: hosts node1 and node2 in their own

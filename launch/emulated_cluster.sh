@@ -29,7 +29,8 @@ BRIDGE=hvdlars-br
 BRIDGE_ADDRESS=198.18.0.1
 MARK_BEGIN="# >>> hvd_lars emulated cluster (launch/emulated_cluster.sh; removed by its 'down') >>>"
 MARK_END="# <<< hvd_lars emulated cluster <<<"
-SSH_CONFIG="${HOME:-/root}/.ssh/config"
+# ssh reads the config of the home directory in the password database, whatever $HOME says.
+SSH_CONFIG="$(getent passwd "$(id -u)" | cut -d: -f6)/.ssh/config"
 HOSTS_FILE=/etc/hosts
 ME="launch/emulated_cluster.sh"
 

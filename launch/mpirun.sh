@@ -22,12 +22,15 @@ else
   [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
   hosts=(--hostfile "$hostfile")
 fi
-# The caller's PYTHONPATH (e.g. a checkout other than the installed one) reaches every rank.
+# Passed on only when set: the caller's PYTHONPATH (e.g. a checkout other than the installed one) and
+# Horovod's fusion settings (env.sh leaves them at Horovod's defaults).
 forward=()
-[ -z "${PYTHONPATH:-}" ] || forward+=(-x PYTHONPATH)
+for name in PYTHONPATH HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME; do
+  [ -z "${!name:-}" ] || forward+=(-x "$name")
+done
 # ppr:N:socket places N ranks on each socket; PE=T gives each rank T cores, bound (OMP threads stay put).
 exec mpirun -np "$ranks" "${hosts[@]}" \
   --map-by "ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK}" --bind-to core \
   -x OMP_NUM_THREADS -x TF_ENABLE_ONEDNN_OPTS -x TF_CPP_MIN_LOG_LEVEL -x KMP_BLOCKTIME \
-  -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x PYTHONUNBUFFERED -x PATH "${forward[@]}" \
+  -x PYTHONUNBUFFERED -x PATH "${forward[@]}" \
   "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --intra_op_threads="$THREADS_PER_RANK" "$@"

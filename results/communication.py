@@ -278,6 +278,8 @@ def _size(n):
 def report(raw):
     import matplotlib
 
+    from hvd_lars import provenance
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
@@ -299,6 +301,8 @@ def report(raw):
         f"- dates: {distinct('date')}",
         f"- CPU: {distinct('cpu')}",
         f"- machine: {distinct('machine')}",
+        f"- this report rendered from `results/communication.json` at {provenance.git_sha(REPO)} "
+        "(`python results/communication.py --report_only`)",
         _prose(
             """
             - set-up: `launch/emulated_cluster.sh up` with NODES=2: hosts node1 and node2 in their own
@@ -394,7 +398,9 @@ def _sweep_section(sweeps, np, plt):
             alpha-beta line cannot follow those steps (the fit error column). The last column, bytes over
             time for the largest message, is the bandwidth reached: where it stays well below an
             unshaped or 10 Gbit/s link, the two hosts' shared 2 cores (TCP copies and the reduction), not
-            the shaper, are the limit.
+            the shaper, are the limit. A fitted B above a shaped rate comes from the token bucket: its
+            burst (2 ms at the rate) lets messages up to that size through at memory speed, which the fit
+            weighs as much as the largest messages.
             """
         ),
     ]
@@ -445,26 +451,73 @@ def _fusion_section(fusion, shapes):
             f"- {model}: {len(model_shapes)} tensors, {sum(sizes) / 2**20:.1f} MiB, largest "
             f"{max(sizes) / 2**20:.1f} MiB"
         )
-    lines += ["", "| link | backend | model | call | " + " | ".join(f"{n} (ms)" for n in FUSION) + " |"]
-    lines.append("|---" * (4 + len(FUSION)) + "|")
-    combos = sorted({(v["link"], v["backend"]) for v in fusion.values()})
-    ratios = []
-    for link, backend in combos:
+    lines += [
+        "",
+        "Median (fastest-slowest of the 10 calls), ms:",
+        "",
+        "| link | backend | model | call | " + " | ".join(FUSION) + " |",
+        "|---" * (4 + len(FUSION)) + "|",
+    ]
+    off, envsh, default = FUSION
+    ratios = {"env.sh / default": [], "off / default": []}
+    spreads = []
+    for link, backend in sorted({(v["link"], v["backend"]) for v in fusion.values()}):
         for model in shapes:
             for call in ("grouped", "per_tensor"):
-                medians = {}
+                times = {}
                 for name in FUSION:
                     entry = fusion.get(f"fusion|{link}|{backend}|{name}")
                     if entry and model in entry:
-                        medians[name] = statistics.median(entry[model][call])
-                cells = [_ms(medians[n]) if n in medians else "-" for n in FUSION]
+                        times[name] = entry[model][call]
+                cells = [
+                    f"{_ms(statistics.median(times[n]))} ({_ms(min(times[n]))}-{_ms(max(times[n]))})"
+                    if n in times
+                    else "-"
+                    for n in FUSION
+                ]
                 lines.append(f"| {link} | {backend} | {model} | {call} | " + " | ".join(cells) + " |")
-                envsh, default = list(FUSION)[1], list(FUSION)[2]
-                if envsh in medians and default in medians:
-                    ratios.append((backend, model, call, medians[envsh] / medians[default]))
-    if ratios:
-        lines += ["", "Time with env.sh's settings divided by time with Horovod's defaults:", ""]
-        lines += [f"- {b}, {m}, {c}: {r:.2f}" for b, m, c, r in ratios]
+                spreads += [(max(t) - min(t)) / statistics.median(t) for t in times.values()]
+                if default in times:
+                    base = statistics.median(times[default])
+                    for key, name in (("env.sh / default", envsh), ("off / default", off)):
+                        if name in times:
+                            ratios[key].append((backend, model, call, statistics.median(times[name]) / base))
+    lines += ["", "Ratios of median times (below 1: faster than Horovod's defaults):", ""]
+    lines += ["| backend | model | call | " + " | ".join(ratios) + " |", "|---|---|---|---|---|"]
+    for (b, m, c, r_env), (*_, r_off) in zip(ratios["env.sh / default"], ratios["off / default"]):
+        lines.append(f"| {b} | {m} | {c} | {r_env:.2f} | {r_off:.2f} |")
+    env_ratios = [r for *_, r in ratios["env.sh / default"]]
+    if env_ratios and spreads:
+        median_ratio = statistics.median(env_ratios)
+        lines += [
+            "",
+            f"env.sh's 64 MiB / 5 ms against Horovod's 128 MiB / 1 ms: median ratio {median_ratio:.2f} over "
+            f"{len(env_ratios)} cases (range {min(env_ratios):.2f}-{max(env_ratios):.2f}); the calls of one "
+            f"setting spread by {statistics.median(spreads):.0%} of their median (median over all cells). "
+            + (
+                "No consistent difference, so launch/env.sh no longer overrides Horovod's defaults."
+                if 0.9 <= median_ratio <= 1.1
+                else "A consistent difference: keep the faster setting in launch/env.sh."
+            ),
+            "",
+        ]
+    by_backend = {}
+    for b, _model, _call, r in ratios["off / default"]:
+        by_backend.setdefault(b, []).append(r)
+    for b, rs in sorted(by_backend.items()):
+        lines.append(f"- Fusion off against the defaults, {b}: ratios {min(rs):.2f}-{max(rs):.2f}.")
+    lines += [
+        "",
+        _prose(
+            """
+            Fusion trades the copies into and out of its buffer against one per-message cost per tensor.
+            Here a message costs only the software path (no wire latency: see the last section), so for
+            MPI the copies can cost as much as they save; Gloo's per-call set-up is dearer. On a real
+            network every unfused tensor also pays the network latency, which favours fusion; this
+            measurement cannot say by how much.
+            """
+        ),
+    ]
     seen = {json.dumps(v["horovod_environment"][0], sort_keys=True) for v in fusion.values()}
     lines += ["", f"Horovod variables as the ranks saw them: {', '.join(sorted(seen))}.", ""]
     return lines

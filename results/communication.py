@@ -438,7 +438,7 @@ def _fusion_section(fusion, shapes):
             in one `tf.function` call: `grouped` is one `hvd.grouped_allreduce` of the whole list (how
             hvd_lars averages gradients, after the whole backward pass), `per_tensor` one `hvd.allreduce`
             per tensor (Horovod fuses those ready in the same cycle). Median of 10 calls after 3 warm-ups,
-            rank 0, after a barrier. Fusion off: HOROVOD_FUSION_THRESHOLD=0. Horovod's defaults since 0.21
+            rank 0, after a barrier. Fusion off: HOROVOD_FUSION_THRESHOLD=0. Horovod 0.28.1's defaults
             are a 128 MiB threshold and a 1 ms cycle (`horovodrun --help`); launch/env.sh had set 64 MiB and
             5 ms, calling them the defaults.
             """

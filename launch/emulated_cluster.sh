@@ -117,6 +117,7 @@ make_state_dir() {
       echo "CREATED_SSH_DIR=$([ -d "$(dirname "$SSH_CONFIG")" ] && echo 0 || echo 1)"
       echo "CREATED_SSH_CONFIG=$([ -e "$SSH_CONFIG" ] && echo 0 || echo 1)"
       echo "CREATED_RUN_SSHD=$([ -d /run/sshd ] && echo 0 || echo 1)"
+      echo "CREATED_RUN_NETNS=$([ -d /run/netns ] && echo 0 || echo 1)"
     } >"$STATE/cluster.env"
   fi
   # Namespace handles live on a private mount, so that the mount namespaces bound here do not
@@ -268,7 +269,7 @@ cmd_up() {
 }
 
 # --- down -----------------------------------------------------------------------------------------------
-state_value() { sed -n "s/^$1=//p" "$STATE/cluster.env" 2>/dev/null; }
+state_value() { sed -n "s/^$1=//p" "$STATE/cluster.env" 2>/dev/null || true; }
 
 # Hosts to remove: those recorded by `up`, and any nodeK whose link or handle is still there.
 known_nodes() {
@@ -313,6 +314,11 @@ cmd_down() {
   fi
   if [ "$(state_value CREATED_SSH_DIR)" = 1 ]; then rmdir "$(dirname "$SSH_CONFIG")" 2>/dev/null || true; fi
   if [ "$(state_value CREATED_RUN_SSHD)" = 1 ]; then rmdir /run/sshd 2>/dev/null || true; fi
+  # `ip netns add` made /run/netns a mount point of its own; undone when no namespace is left in it.
+  if [ "$(state_value CREATED_RUN_NETNS)" = 1 ] && [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
+    if mountpoint -q /run/netns; then umount /run/netns; fi
+    rmdir /run/netns
+  fi
   if mountpoint -q "$STATE/ns" 2>/dev/null; then umount "$STATE/ns"; fi
   rm -rf "$STATE"
   log "down: nothing of the emulated cluster is left"
@@ -328,14 +334,15 @@ cmd_status() {
   fi
   echo "emulated cluster: $n hosts, bridge $BRIDGE $BRIDGE_ADDRESS on $SUBNET, link rate \
 $(state_value LINK_RATE | sed 's/^$/unshaped/'), state in $STATE"
-  printf '%-8s %-13s %-14s %-8s %-44s %14s %14s\n' host address link sshd shaping "to host (B)" "from host (B)"
+  printf '%-8s %-13s %-14s %-8s %-36s %14s %14s\n' host address link sshd shaping "received (B)" "sent (B)"
   for k in $(seq 1 "$n"); do
     name="node$k" veth="$(node_veth "$k")"
     if node_sshd_alive "$k"; then sshd="up"; else sshd="DOWN" rc=1; fi
-    shaping="$(tc qdisc show dev "$veth" 2>/dev/null | sed -n 's/.*\(tbf.*\)/\1/p' | head -1)"
+    shaping="$(tc qdisc show dev "$veth" 2>/dev/null | sed -n 's/.*tbf.* \(rate .*\)/tbf \1/p' | head -1)"
+    # The host-side end's counters: what it transmits, the host received, and the other way round.
     rx="$(cat "/sys/class/net/$veth/statistics/tx_bytes" 2>/dev/null || echo ?)"
     tx="$(cat "/sys/class/net/$veth/statistics/rx_bytes" 2>/dev/null || echo ?)"
-    printf '%-8s %-13s %-14s %-8s %-44s %14s %14s\n' "$name" "$(node_address "$k")" "$veth" "$sshd" \
+    printf '%-8s %-13s %-14s %-8s %-36s %14s %14s\n' "$name" "$(node_address "$k")" "$veth" "$sshd" \
       "${shaping:-none}" "$rx" "$tx"
   done
   return $rc

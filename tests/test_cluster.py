@@ -49,11 +49,16 @@ def cluster():
         yield c
     finally:
         c.down()
+        if os.path.isdir(SHARED_BASE) and not os.listdir(SHARED_BASE):
+            os.rmdir(SHARED_BASE)
+
+
+SHARED_BASE = "/var/tmp/hvd_lars_tests"  # seen by every host, unlike /tmp
 
 
 def _shared_dir(name):
-    os.makedirs("/var/tmp/hvd_lars_tests", exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir="/var/tmp/hvd_lars_tests"))
+    os.makedirs(SHARED_BASE, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=SHARED_BASE))
 
 
 @pytest.fixture

@@ -33,6 +33,8 @@ WORLD_SIZE = 4
 SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1"]
 SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 # Open MPI on the cluster network only (this machine's own interfaces are not reachable from the hosts).
+# launch/mpirun.sh runs with MPI_BIND=none: bound, both hosts' ranks sat on the same 2 cores, and under the
+# load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s, 4 runs of each).
 MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
 # MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
 # Gloo sums in another order: float32 rounding differences, measured at most 3.6e-7 after the 6 steps.
@@ -79,7 +81,15 @@ def _env(**extra):
 
 
 def _run(cmd, timeout=300, **env):
-    result = subprocess.run(cmd, cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=timeout)
+    try:
+        result = subprocess.run(
+            cmd, cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        output = (e.stdout or b"")[-3000:].decode(errors="replace") + (e.stderr or b"")[-3000:].decode(
+            errors="replace"
+        )
+        pytest.fail(f"{cmd} still running after {timeout} s\n{output}")
     assert result.returncode == 0, f"{cmd}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
@@ -242,6 +252,7 @@ def test_launch_mpirun_sh_with_a_hostfile_gives_the_mpi_weights(cluster, mpi_run
             f"--workdir={shared_dir}",
         ],
         RANKS_PER_SOCKET="2",
+        MPI_BIND="none",
         **MPI_NETWORK,
     )
     assert "global batch 32 = 4 ranks x per-rank batch 8" in result.stdout

@@ -56,6 +56,31 @@ def size():
     return _hvd.size() if _hvd else 1
 
 
+def local_size():
+    """Number of ranks on this process's host (node); 1 without Horovod."""
+    return _hvd.local_size() if _hvd else 1
+
+
+def cross_size():
+    """Number of hosts holding a rank with this process's local rank (the host count when every host
+    runs the same number of ranks); 1 without Horovod."""
+    return _hvd.cross_size() if _hvd else 1
+
+
+def host_names():
+    """Sorted distinct host names of all ranks (`socket.gethostname()` on each), e.g. ["node1", "node2"].
+
+    A collective: every rank must call it. Without Horovod, this machine's name alone.
+    """
+    import socket
+
+    name = socket.gethostname()
+    if size() == 1:
+        return [name]
+    # Host names travel as pickled objects; Horovod's allgather_object gathers one per rank.
+    return sorted(set(_hvd.allgather_object(name, name="hvd_lars.host_names")))
+
+
 def is_chief():
     """True on rank 0, the only rank that prints, writes files and checkpoints."""
     return rank() == 0

@@ -21,10 +21,8 @@ def configure_threads(config, world_size):
     """
     import tensorflow as tf
 
-    local_size = os.environ.get(
-        "OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("HOROVOD_LOCAL_SIZE", world_size)
-    )
-    local_ranks = max(1, min(world_size, int(local_size)))
+    # Horovod's own count: launcher variables are missing under srun --mpi=pmix and across hosts.
+    local_ranks = max(1, min(world_size, distributed.local_size()))
     intra = config.intra_op_threads or max(1, (os.cpu_count() or 1) // local_ranks)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)

@@ -10,6 +10,7 @@ import sys
 from absl import app, flags, logging
 
 from hvd_lars.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from hvd_lars.distributed import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 
 _D = TrainConfig()
 flags.DEFINE_string(
@@ -36,6 +37,18 @@ flags.DEFINE_integer(
     "Images per micro-batch on one rank (0: derived from global).",
 )
 flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches per optimizer update.")
+flags.DEFINE_enum(
+    "gradient_reduction",
+    _D.gradient_reduction,
+    GRADIENT_REDUCTIONS,
+    "overlap: allreduce each gradient as backprop produces it; grouped: one allreduce after backprop.",
+)
+flags.DEFINE_enum(
+    "gradient_compression",
+    _D.gradient_compression,
+    GRADIENT_COMPRESSIONS,
+    "fp16: gradients travel as float16 (divided by the world size before the sum).",
+)
 flags.DEFINE_enum(
     "precision",
     _D.precision,

@@ -38,6 +38,8 @@ def test_base_learning_rate_is_per_256_images():
         (dict(momentum=1.0), 1, ["--momentum", "1.0"]),
         (dict(eta=0.0), 1, ["--eta", "0.0"]),
         (dict(weight_decay=-1.0), 1, ["--weight_decay", "-1.0"]),
+        (dict(gradient_reduction="ring"), 1, ["--gradient_reduction='ring'", "overlap, grouped"]),
+        (dict(gradient_compression="bf16"), 1, ["--gradient_compression='bf16'", "none, fp16"]),
     ],
 )
 def test_invalid_configs(kwargs, world, fragments):

@@ -145,6 +145,8 @@ class LARS(keras.optimizers.Optimizer):
             # assignment tracks it once, second in `variables` as a float rate's variable is, so the
             # optimizer saves and loads (tf.train.Checkpoint, .keras) like one built with a float.
             self._learning_rate = shared_rate
+            if not self._tracker.is_in_store("variables", shared_rate):  # built where tracking is off
+                self._track_variable(shared_rate)
         _check_range("momentum", momentum, 0.0, 1.0, "in [0, 1)")
         _check_range("weight_decay", weight_decay, 0.0, None, ">= 0")
         _check_range("epsilon", epsilon, 0.0, None, ">= 0")

@@ -76,11 +76,12 @@ def _step_times(model, optimizer, data, steps):
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def worker_overlap_compression(role, out):
-    """Runs on every rank ("ranks") or alone ("compute"); rank 0 writes the JSON `out`."""
+def worker_overlap_compression(role, out, core=0):
+    """Runs on every rank ("ranks") or as one process of world size 1 on core `core` ("compute"); rank 0
+    writes the JSON `out`."""
     sys.path.insert(0, REPO)
     # Pinned before Horovod starts its background thread, which then shares the rank's core.
-    _pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else 0)
+    _pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
     from hvd_lars import distributed
 
     if role == "ranks":
@@ -185,6 +186,26 @@ def _run(command, env=None, timeout=1200):
     return proc
 
 
+def _run_together(commands, env, timeout=1200):
+    print(f"[scaling] $ {len(commands)} at once: {shlex.join(commands[0])} ...", flush=True)
+    procs = [
+        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for c in commands
+    ]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, output in zip(procs, outputs):
+        for line in output.splitlines():
+            if "[scaling]" in line:
+                print("   " + line, flush=True)
+        if p.returncode:
+            raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
+
+
 def _worker_env():
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -214,13 +235,20 @@ def overlap_compression(args):
     label = "local" if args.local else args.link_rate
     os.makedirs(RAW_DIR, exist_ok=True)
     compute_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_compute.json")
+    busy_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_busy.json")
     ranks_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_ranks.json")
     me = [sys.executable, os.path.abspath(__file__)]
+    worker = me + ["_worker", "overlap_compression", "--role=compute"]
     env = _worker_env()
     started = time.time()
-    # 1. Compute alone: one process, world size 1, on the core rank 0 uses.
-    _run(me + ["_worker", "overlap_compression", "--role=compute", f"--out={compute_json}"], env=env)
-    # 2. Two ranks, one per host.
+    # 1. Compute alone: one process of world size 1 on rank 0's core, the other core idle.
+    _run(worker + ["--core=0", f"--out={compute_json}"], env=env)
+    # 2. Compute with both cores busy: two such processes at once, one per core, as the two ranks load
+    # this one machine (memory bandwidth, shared cache), but without communication.
+    _run_together(
+        [worker + ["--core=0", f"--out={busy_json}"], worker + ["--core=1", f"--out={busy_json}.core1"]], env
+    )
+    # 3. Two ranks, one per host.
     mpirun = ["mpirun", "-np", "2", "--bind-to", "none", "--tag-output"]
     mpirun += [arg for name in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL") for arg in ("-x", name)]
     if args.local:
@@ -254,6 +282,8 @@ def overlap_compression(args):
         link = f"veth pair per host, tc tbf {args.link_rate} each way" + (f" ({shaped[0]})" if shaped else "")
     with open(compute_json) as f:
         compute = json.load(f)
+    with open(busy_json) as f:
+        busy = json.load(f)
     with open(ranks_json) as f:
         ranks = json.load(f)
     record = {
@@ -266,11 +296,12 @@ def overlap_compression(args):
         "link": link,
         "wall_time_s": round(time.time() - started),
         "compute": compute,
+        "compute_both_cores_busy": busy,
         "ranks": ranks,
     }
     with open(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), "w") as f:
         json.dump(record, f, indent=1)
-    for path in (compute_json, ranks_json):
+    for path in (compute_json, busy_json, busy_json + ".core1", ranks_json):
         os.remove(path)
     _write_section("overlap_compression", _overlap_compression_markdown())
 
@@ -292,10 +323,13 @@ def _overlap_compression_markdown():
         "",
         "Step time of `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank",
         "per host pinned to 1 core; mean of 10 timed steps after 3 warm-up steps (min-max in brackets).",
-        "*compute* is the same per-rank batch trained by one process (world size 1) on the same core in the",
-        "same script run; *exposed* = step time - compute. *grouped*: one grouped allreduce after the last",
-        "gradient (the previous behaviour); *overlap*: one allreduce per gradient, started as backprop",
-        "produces it, fused by Horovod's background thread.",
+        "*compute alone* is the same per-rank batch trained by one process (world size 1) on rank 0's core",
+        "with the other core idle; *compute, both busy* runs two such processes at once, one per core, so",
+        "that they share the machine's memory bandwidth and cache as the two ranks do (the emulated hosts",
+        "share one machine). *exposed* = step time - compute, both busy: the communication that the step",
+        "does not hide. *grouped*: one grouped allreduce after the last gradient (the previous behaviour);",
+        "*overlap*: one allreduce per gradient, started as backprop produces it, fused by Horovod's",
+        "background thread. All figures of one link come from the same script run.",
         "Raw figures: `results/scaling/overlap_compression_<link>.json`.",
         "",
     ]
@@ -308,18 +342,22 @@ def _overlap_compression_markdown():
             f"{run['hosts']}; precision {ranks['precision']}; Horovod {prov['horovod']}, TensorFlow "
             f"{prov['tensorflow']}; whole run {run['wall_time_s']} s.",
             "",
-            "| model (parameters) | per-rank batch | compute s/step | grouped s/step | overlap s/step "
-            "| exposed grouped | exposed overlap | overlap / grouped |",
-            "|---|---|---|---|---|---|---|---|",
+            "| model (parameters) | per-rank batch | compute alone | compute, both busy | grouped "
+            "| overlap | exposed grouped | exposed overlap | overlap / grouped |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        busy = run["compute_both_cores_busy"]
         for name, entry in ranks["models"].items():
-            c = _mean(compute["models"][name]["modes"]["compute"])
+            alone = _mean(compute["models"][name]["modes"]["compute"])
+            c = _mean(busy["models"][name]["modes"]["compute"])
             g, o = entry["modes"]["grouped"], entry["modes"]["overlap"]
             lines.append(
-                f"| {name} ({entry['parameters'] / 1e6:.1f}M) | {entry['per_rank_batch']} | {c:.3f} "
-                f"| {_mean(g):.3f} [{min(g):.3f}-{max(g):.3f}] | {_mean(o):.3f} [{min(o):.3f}-{max(o):.3f}] "
-                f"| {_mean(g) - c:.3f} | {_mean(o) - c:.3f} | {_mean(o) / _mean(g):.2f} |"
+                f"| {name} ({entry['parameters'] / 1e6:.1f}M) | {entry['per_rank_batch']} | {alone:.3f} "
+                f"| {c:.3f} | {_mean(g):.3f} [{min(g):.3f}-{max(g):.3f}] "
+                f"| {_mean(o):.3f} [{min(o):.3f}-{max(o):.3f}] | {_mean(g) - c:.3f} | {_mean(o) - c:.3f} "
+                f"| {_mean(o) / _mean(g):.2f} |"
             )
+        lines += ["", "Seconds per step (mean of the timed steps)."]
         reduce = ranks["allreduce"]
         values = reduce["values"]
         none, fp16 = _mean(reduce["none"]), _mean(reduce["fp16"])
@@ -373,8 +411,9 @@ def main(argv=None):
         parser.add_argument("section", choices=sorted(WORKERS))
         parser.add_argument("--role", choices=("compute", "ranks"), required=True)
         parser.add_argument("--out", required=True)
+        parser.add_argument("--core", type=int, default=0)
         args = parser.parse_args(argv[1:])
-        return WORKERS[args.section](args.role, args.out)
+        return WORKERS[args.section](args.role, args.out, args.core)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

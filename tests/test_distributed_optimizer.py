@@ -93,7 +93,7 @@ def test_a_loss_scaler_inside_makes_the_wrapper_a_loss_scaler():
     assert isinstance(wrapper, DistributedLossScaleOptimizer) and isinstance(wrapper, LSO)
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
         model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -108,7 +108,7 @@ def test_keras_built_loss_scaler_is_attached_when_it_builds_the_wrapper():
     wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
         model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -117,6 +117,18 @@ def test_keras_built_loss_scaler_is_attached_when_it_builds_the_wrapper():
     outer.build(model.trainable_variables)
     assert wrapper._loss_scaler() is outer  # its overflow check is now a vote over ranks
     assert "check_finite" in vars(outer)
+
+
+def test_an_unattached_loss_scaler_is_refused_instead_of_hanging():
+    # Should a Keras release stop building the held optimizer from LossScaleOptimizer.build, the wrapper
+    # would not know its loss scaler: its apply then refuses to run rather than risk the per-rank branch.
+    wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
+    outer = LSO(wrapper, initial_scale=4.0)
+    w = keras.Variable(0.0)
+    outer.build([w])
+    wrapper._loss_scaler = None
+    with pytest.raises(RuntimeError, match="an overflow on one rank would hang the others"):
+        outer.apply([tf.constant(8.0)], [w])
 
 
 def test_rate_and_settings_are_the_held_optimizers():
@@ -133,6 +145,8 @@ def test_rate_and_settings_are_the_held_optimizers():
     assert config["compression"] == "fp16" and config["gradient_reduction"] == "grouped"
     assert config["optimizer"]["class_name"] == "LARS"
     assert distributed.distributed_optimizer(keras.optimizers.SGD()).__class__ is DistributedOptimizer
+    # Static loss scaling of the held optimizer: the loss is scaled through the wrapper.
+    assert float(DistributedOptimizer(keras.optimizers.SGD(loss_scale_factor=8.0)).scale_loss(1.0)) == 8.0
 
 
 def test_allreduce_arguments_are_checked_even_on_one_rank():

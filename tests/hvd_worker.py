@@ -330,6 +330,21 @@ def accumulation(results, rank, size):
         reference = fit(make_model(w0), plain(), x_all, y_all, GLOBAL_BATCH)
         record(results, f"accumulation/{case}", "reference", values(reference.trainable_variables))
 
+    # Ranks talk once per update: of the two branches of the traced update, only the one taken on an
+    # update's last micro-batch holds allreduces.
+    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
+    variables = make_model(w0).trainable_variables
+    optimizer.build(variables)
+    graph = traced_update(optimizer, variables).graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph.library.function}
+    branches = []
+    for node in graph.node:
+        if node.op in ("If", "StatelessIf"):
+            for branch in ("then_branch", "else_branch"):
+                body = functions[node.attr[branch].func.name]
+                branches.append(sum(n.op == "HorovodAllreduce" for n in body.node_def))
+    results["accumulation/allreduces_per_branch"] = np.asarray(branches)
+
 
 def traced_update(optimizer, variables):
     """The graph of one `optimizer.apply` on float32 gradients of `variables` (traced, not run)."""

@@ -138,6 +138,11 @@ def test_accumulation_averages_once_per_update(behaviour, case):
     assert list(r0[f"accumulation/{case}/counts"]) == [STEPS, 2 * STEPS]
 
 
+def test_accumulating_micro_batches_do_not_communicate(behaviour):
+    # The traced update's cond: 4 allreduces (one per tensor) in the update branch, none in the other.
+    assert list(behaviour[0]["accumulation/allreduces_per_branch"]) == [4, 0]
+
+
 def test_overlapped_and_grouped_reduction(behaviour):
     r0, r1 = behaviour
     # 4 per-tensor allreduces (each waits for its own gradient only) against 1 grouped allreduce.

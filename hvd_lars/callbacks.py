@@ -5,8 +5,6 @@ Order matters: `hvd_lars.horovod_callbacks.MetricAverageCallback` and `ImagesPer
 which then see rank-averaged values.
 """
 
-import os
-import signal
 import time
 import warnings
 
@@ -15,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars import distributed
+from hvd_lars.metrics import top_k_correct
 
 
 def moving_statistics(model):
@@ -167,19 +166,24 @@ def _scalar(value):
 class ExactEvaluation(keras.callbacks.Callback):
     """Evaluates every `every_epochs` epochs (and at the last) on each rank's shard; sums exact counts.
 
-    Adds `test_loss` (mean softmax cross-entropy), `test_top1` and `test_top5` (fractions) computed from
-    correct-prediction counts summed over ranks, so every evaluation image counts exactly once.
+    Adds `<prefix>_loss` (mean softmax cross-entropy), `<prefix>_top1` and `<prefix>_top5` (fractions)
+    computed from correct-prediction counts summed over ranks, so every evaluation image counts exactly
+    once. A prediction is correct by `hvd_lars.metrics.top_k_correct` (ties broken by class index, as
+    argmax does), the rule of the training metrics. `prefix` is "test" for the test set and "val" for a
+    validation split (Keras's TensorBoard callback writes `val_*` to its `validation/` folder, as the
+    same tags).
 
     Raises:
         RuntimeError: the ranks together evaluated a number of images other than `num_examples`.
     """
 
-    def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None):
+    def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
         super().__init__()
         self.dataset = dataset
         self.num_examples = num_examples
         self.every_epochs = every_epochs
         self.last_epoch = last_epoch
+        self.prefix = prefix
         self._step = None
 
     def _counts(self):
@@ -190,8 +194,9 @@ class ExactEvaluation(keras.callbacks.Callback):
                 logits = tf.cast(self.model(images, training=False), tf.float32)
                 labels = tf.cast(labels, tf.int32)
                 loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-                top1 = tf.math.in_top_k(labels, logits, 1)
-                top5 = tf.math.in_top_k(labels, logits, min(5, logits.shape[-1]))
+                # The training metrics' rule (hvd_lars.metrics): ties broken by class index.
+                top1 = top_k_correct(labels, logits, 1)
+                top5 = top_k_correct(labels, logits, min(5, logits.shape[-1]))
                 return tf.stack(
                     [
                         tf.reduce_sum(loss),
@@ -215,11 +220,13 @@ class ExactEvaluation(keras.callbacks.Callback):
         distributed.average_variables(moving_statistics(self.model))
         loss, top1, top5, count = distributed.allreduce_sum(self._counts(), name="hvd_lars.eval_counts")
         if int(count) != self.num_examples:
-            raise RuntimeError(f"evaluated {int(count)} images across ranks, expected {self.num_examples}.")
+            raise RuntimeError(
+                f"evaluated {int(count)} {self.prefix} images across ranks, expected {self.num_examples}."
+            )
         if logs is not None:
-            logs["test_loss"] = loss / count
-            logs["test_top1"] = top1 / count
-            logs["test_top5"] = top5 / count
+            logs[f"{self.prefix}_loss"] = loss / count
+            logs[f"{self.prefix}_top1"] = top1 / count
+            logs[f"{self.prefix}_top5"] = top5 / count
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
@@ -262,17 +269,3 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._save()
-
-
-class KillAtStep(keras.callbacks.Callback):
-    """Fault injection for resume tests: SIGKILLs this process once `step` updates have been applied, as a
-    pre-empted or crashed job dies (no clean-up, no final checkpoint)."""
-
-    def __init__(self, step, accumulation_steps=1):
-        super().__init__()
-        self.step = step
-        self.accumulation_steps = accumulation_steps
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.accumulation_steps == 0 and int(self.model.optimizer.iterations) >= self.step:
-            os.kill(os.getpid(), signal.SIGKILL)

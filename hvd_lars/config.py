@@ -25,6 +25,8 @@ class TrainConfig:
     data_dir: str = ""
     manual_dir: str = ""  # imagenet2012: folder with ILSVRC2012_img_{train,val}.tar (first run prepares)
     image_size: int = 0  # 0: the dataset's own (224 for ImageNet-style data); AlexNet flagfiles give 227
+    # Image views of ImageNet-style data (hvd_lars.data.preprocessing.PREPROCESSINGS); "": inception.
+    preprocessing: str = ""
     deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
     skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
     input_threads: int = 0  # 0: cores on this node / ranks on this node
@@ -32,7 +34,10 @@ class TrainConfig:
     optimizer: str = "lars"
     global_batch_size: int = 0  # images per optimizer update, all ranks and micro-batches; 0: derived
     per_rank_batch_size: int = 0  # images per micro-batch on one rank; 0: derived from the global batch
-    accumulation_steps: int = 1  # micro-batches per update (gradients averaged before one update)
+    # Micro-batches per update (gradients averaged before one update). Batch norm then normalises each
+    # micro-batch by its own statistics and updates its moving averages once per micro-batch
+    # (hvd_lars.train.batch_norm_note; tests/test_accumulation.py); the paper's workers accumulated nothing.
+    accumulation_steps: int = 1
     gradient_reduction: str = "overlap"  # overlap: allreduce each gradient as backprop produces it
     gradient_compression: str = "none"  # fp16: gradients travel as float16, divided by ranks before the sum
     precision: str = "auto"  # auto: mixed_bfloat16 where the CPU has native bf16, else float32
@@ -51,7 +56,9 @@ class TrainConfig:
     weight_decay: float = 5e-4
     eta: float = 0.001
     trust_ratio_mode: str = "paper"  # a value of hvd_lars.lars.TRUST_RATIO_MODES
-    momentum_correction: bool = False  # LARS: rescale the velocity by lr_t / lr_{t-1} (Goyal et al. 2.1)
+    # Velocity rescaled by lr_t / lr_{t-1}: "none" (Intel Caffe's fused update, the paper's runs),
+    # "warmup" (its non-fused update: during warmup only) or "always" (Goyal et al. 2017, eq. 10).
+    momentum_correction: str = "none"
     exclude_bn_and_bias: bool = False  # MLPerf: batch norm and biases get plain momentum, no decay
     epsilon: float = 0.0
     workdir: str = "results/runs"
@@ -63,6 +70,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     max_train_examples: int = 0
     max_eval_examples: int = 0
+    validation_examples: int = 0  # hold out the last N training images as a validation split (0: none)
     steps_per_epoch: int = 0  # 0: the data set's size // global batch
     intra_op_threads: int = 0  # 0: cores on this node / ranks on this node
     inter_op_threads: int = 0  # 0: TensorFlow's default
@@ -124,13 +132,24 @@ class TrainConfig:
             )
         self.resolve_batch(world_size)
         from hvd_lars.data import DATASETS
-        from hvd_lars.lars import TRUST_RATIO_MODES
+        from hvd_lars.data.preprocessing import PREPROCESSINGS
+        from hvd_lars.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
         from hvd_lars.models import MODELS
         from hvd_lars.schedules import SCHEDULES
 
+        if self.preprocessing and self.preprocessing not in PREPROCESSINGS:
+            raise ValueError(
+                f"--preprocessing={self.preprocessing!r}; valid: {', '.join(sorted(PREPROCESSINGS))} "
+                "(empty: inception)."
+            )
         if self.trust_ratio_mode not in TRUST_RATIO_MODES:
             raise ValueError(
                 f"--trust_ratio_mode={self.trust_ratio_mode!r}; valid: {', '.join(TRUST_RATIO_MODES)}."
+            )
+        if self.momentum_correction not in MOMENTUM_CORRECTIONS:
+            raise ValueError(
+                f"--momentum_correction={self.momentum_correction!r}; valid: "
+                f"{', '.join(MOMENTUM_CORRECTIONS)}."
             )
         for flag, value, registry in (("model", self.model, MODELS), ("dataset", self.dataset, DATASETS)):
             if value not in registry:
@@ -184,6 +203,12 @@ class TrainConfig:
             raise ValueError(f"--eta must be > 0, got {self.eta}.")
         if self.steps_per_epoch < 0:
             raise ValueError(f"--steps_per_epoch must be >= 0, got {self.steps_per_epoch}.")
+        # The upper bound (the training set's size) is the input pipeline's to check.
+        if self.validation_examples < 0:
+            raise ValueError(
+                f"--validation_examples must be >= 0 (0: no validation split), got "
+                f"{self.validation_examples}."
+            )
 
 
 def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo"):

@@ -19,6 +19,11 @@ from keras import ops
 # ||w|| to the norm of the new velocity), as in LAMB-style implementations with SGD momentum.
 TRUST_RATIO_MODES = ("paper", "decayed_gradient", "update")
 
+# How the velocity (which holds the learning rate) follows a change of the rate; see LARS's docstring.
+# "none": Intel Caffe 1.0.7's fused SGD update, which the paper's runs used; "warmup": Intel Caffe's
+# non-fused update (lr_t / lr_{t-1} during warmup only); "always": Goyal et al. 2017, eq. 10.
+MOMENTUM_CORRECTIONS = ("none", "warmup", "always")
+
 # Batch-norm parameters and biases: left out of weight decay and layer adaptation by the MLPerf ResNet-50
 # reference (and the TF model garden LARS recipe). Matched against Keras 3 `variable.path`.
 MLPERF_EXCLUSIONS = (r"(^|/)(gamma|beta|bias|moving_mean|moving_variance)$|batch_?norm",)
@@ -99,19 +104,45 @@ class LARS(keras.optimizers.Optimizer):
         exclude_from_layer_adaptation: as above. None means every tensor is adapted (the paper); see
             `mlperf_exclusions()` for the MLPerf choice.
         trust_ratio_mode: one of `TRUST_RATIO_MODES`; "paper" by default.
-        momentum_correction: bool. When True, the velocity is rescaled by `lr_t / lr_{t-1}` before each
-            update, as the Caffe solver does during warmup (Goyal et al. 2017, section 2.1). With a
-            per-step linear warmup the ratio stays within a few percent of 1 after the first steps, so
-            it is off by default; it matters when the rate jumps (step decay, the paper's drop at the
-            end of warmup).
+        momentum_correction: one of `MOMENTUM_CORRECTIONS` (False means "none", True "always"). The
+            velocity holds the learning rate, so after a rate change it still carries the old rates;
+            the correction rescales it by `lr_t / lr_{t-1}` (1 where `lr_{t-1}` is 0) before the update.
+            * `"none"` (default): no correction, as the paper's runs. Intel Caffe 1.0.7 defines
+              `ENABLE_SGD_FUSION` for the Intel compiler and for g++ >= 4.9 (`Makefile` lines 387-403,
+              `CMakeLists.txt` lines 67-87; on by default since commit 57cda6d3 of 2017-09-07, two months
+              before LARS entered Intel Caffe in 59c0e69b of 2017-11-08), and then updates every parameter
+              of an "SGD" solver in CPU mode in `SGDFusion` (`src/caffe/solvers/sgd_solver.cpp` lines
+              217-225 choose it, lines 324-456 are the update
+              `history = local_rate * (decay * w + g) + momentum * history`, with no rate ratio). The
+              released LARS solvers (`models/intel_optimized_models/multinode/alexnet_bn_64nodes/` and
+              `alexnet_bn_32nodes/solver.prototxt`) are such solvers (no `type`, so "SGD" by
+              `src/caffe/proto/caffe.proto` line 389; `solver_mode: CPU`), and multi-node training
+              applies each update through the same `ApplyUpdate(param_id)`
+              (`include/caffe/multinode/multi_sync.hpp` line 230). The fused path is also the one whose
+              trust ratio is the published one: it measures `||g||` before weight decay (`GetLocalRate`,
+              line 345, precedes the fused decay), as `trust_ratio_mode="paper"` does, where the non-fused
+              path measures the gradient after `Regularize` has added `beta * w` (lines 232 and 587).
+              The authors' build is not public: a build with Clang or g++ < 4.9 (such as CentOS 7's
+              g++ 4.8.5) would have taken the non-fused path: `"warmup"` reproduces its momentum
+              correction (not its trust ratio's norm of the decayed gradient).
+            * `"warmup"`: Intel Caffe's non-fused `ComputeUpdateValue` (`sgd_solver.cpp` lines 589-595),
+              which builds with Clang or g++ < 4.9 ran: the momentum is multiplied by `lr_t / lr_{t-1}`
+              only while the update index `t` is below the schedule's `warmup_steps` (so not at the drop
+              at the end of the paper's warmup). Needs a `learning_rate` schedule with an int
+              `warmup_steps` (every `hvd_lars.schedules` schedule).
+            * `"always"`: Goyal et al. 2017, section 2.1, eq. 10: at every update, so also at step
+              decays and at the end of warmup. With a per-step linear warmup the ratio stays within a
+              few percent of 1 after the first steps; it matters where the rate jumps
+              (`hvd_lars.schedules` quantifies both).
         name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema,
             gradient_accumulation_steps, ...).
 
     Raises:
         ValueError: a negative float `learning_rate`, `eta` <= 0, `momentum` outside [0, 1),
             negative `weight_decay` or `epsilon`, a non-number for any of them, an unknown
-            `trust_ratio_mode`, or an exclusion pattern that is not a valid regex; the message quotes the
-            value received.
+            `trust_ratio_mode` or `momentum_correction`, a correction with `trust_ratio_mode="update"`,
+            `"warmup"` without a schedule that has `warmup_steps`, or an exclusion pattern that is not
+            a valid regex; the message quotes the value received.
     """
 
     def __init__(
@@ -125,7 +156,7 @@ class LARS(keras.optimizers.Optimizer):
         exclude_from_weight_decay=None,
         exclude_from_layer_adaptation=None,
         trust_ratio_mode="paper",
-        momentum_correction=False,
+        momentum_correction="none",
         name="lars",
         **kwargs,
     ):
@@ -156,19 +187,31 @@ class LARS(keras.optimizers.Optimizer):
             raise ValueError(
                 f"trust_ratio_mode must be one of {TRUST_RATIO_MODES}, got {trust_ratio_mode!r}."
             )
-        if momentum_correction and trust_ratio_mode == "update":
+        momentum_correction = _correction_name(momentum_correction)
+        if momentum_correction != "none" and trust_ratio_mode == "update":
             # There the velocity is in gradient units: rescaling it by lr_t / lr_{t-1} corrects nothing.
             raise ValueError(
-                "momentum_correction=True does not apply to trust_ratio_mode='update' (its velocity holds no "
-                "learning rate); use 'paper' or 'decayed_gradient', or momentum_correction=False."
+                f"momentum_correction={momentum_correction!r} does not apply to trust_ratio_mode='update' "
+                "(its velocity holds no learning rate); use 'paper' or 'decayed_gradient', or "
+                "momentum_correction='none'."
             )
+        self._correction_steps = None  # updates during which the "warmup" correction applies
+        if momentum_correction == "warmup":
+            steps = getattr(self._learning_rate, "warmup_steps", None)
+            if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
+                raise ValueError(
+                    "momentum_correction='warmup' corrects during the schedule's warmup, so learning_rate "
+                    "must be a schedule with an int `warmup_steps` (any hvd_lars.schedules schedule); got "
+                    f"{learning_rate!r}."
+                )
+            self._correction_steps = int(steps)
         self.momentum = float(momentum)
         self.lars_weight_decay = float(weight_decay)
         self.eta = float(eta)
         self.epsilon = float(epsilon)
         self.nesterov = bool(nesterov)
         self.trust_ratio_mode = trust_ratio_mode
-        self.momentum_correction = bool(momentum_correction)
+        self.momentum_correction = momentum_correction
         self.exclude_from_weight_decay_patterns = _compile_patterns(
             "exclude_from_weight_decay", exclude_from_weight_decay
         )
@@ -207,14 +250,14 @@ class LARS(keras.optimizers.Optimizer):
                 f"{len(paths)} variables (paths look like {paths[:3]}).",
                 stacklevel=2,
             )
-        if self.momentum_correction:
+        if self.momentum_correction != "none":
             self._previous_learning_rate = self.add_variable(
                 shape=(), dtype="float32", initializer="zeros", name="previous_learning_rate"
             )
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         super()._backend_update_step(grads, trainable_variables, learning_rate)
-        if self.momentum_correction:
+        if self.momentum_correction != "none":
             self._previous_learning_rate.assign(ops.cast(learning_rate, "float32"))
 
     def update_step(self, gradient, variable, learning_rate):
@@ -234,9 +277,13 @@ class LARS(keras.optimizers.Optimizer):
         decayed = g + ops.cast(beta, dtype) * w if beta else g
 
         momentum = ops.cast(self.momentum, dtype)
-        if self.momentum_correction:
+        if self.momentum_correction != "none":
             previous = ops.cast(self._previous_learning_rate, dtype)
             ratio = ops.where(previous > 0, lr / ops.maximum(previous, 1e-30), ops.ones_like(lr))
+            if self._correction_steps is not None:
+                # Intel Caffe's non-fused path: only while the update index is inside warmup.
+                warm = self.iterations < self._correction_steps
+                ratio = ops.where(warm, ratio, ops.ones_like(ratio))
             if self.nesterov and self._fused and self.trust_ratio_mode != "update":
                 self.assign(slot, slot * ratio)  # the fused kernel's look-ahead must use plain m
             else:
@@ -337,6 +384,17 @@ def _apply_keras_momentum(variable, slot, learning_rate, gradient, momentum, nes
         use_locking=False,
         use_nesterov=nesterov,
     )
+
+
+def _correction_name(value):
+    """`MOMENTUM_CORRECTIONS` name of `value` (False -> "none", True -> "always"); ValueError otherwise."""
+    if isinstance(value, bool):
+        return "always" if value else "none"
+    if value not in MOMENTUM_CORRECTIONS:
+        raise ValueError(
+            f"momentum_correction must be one of {MOMENTUM_CORRECTIONS} (or a bool), got {value!r}."
+        )
+    return value
 
 
 def _check_range(name, value, low, high, accepted):

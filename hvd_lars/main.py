@@ -21,6 +21,13 @@ flags.DEFINE_string(
     "manual_dir", _D.manual_dir, "imagenet2012: folder with ILSVRC2012_img_train.tar and _val.tar."
 )
 flags.DEFINE_integer("image_size", _D.image_size, "Crop side in pixels (0: 224; 227 for AlexNet).")
+flags.DEFINE_string(
+    "preprocessing",
+    _D.preprocessing,
+    "ImageNet-style image views: inception (default: Inception crops of 8-100 percent of the area), caffe "
+    "(256x256, random 227 crop + mirror, centre crop for eval, channel means subtracted: AlexNet), "
+    "caffe_scaled (the same times 1/256: the released AlexNet-BN).",
+)
 flags.DEFINE_bool("deterministic", _D.deterministic, "Fixed input order (exact resume); off: faster.")
 flags.DEFINE_bool("skip_corrupt", _D.skip_corrupt, "Skip and count unreadable training images.")
 flags.DEFINE_integer("input_threads", _D.input_threads, "Input pipeline threads (0: cores / local ranks).")
@@ -36,7 +43,12 @@ flags.DEFINE_integer(
     _D.per_rank_batch_size,
     "Images per micro-batch on one rank (0: derived from global).",
 )
-flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches per optimizer update.")
+flags.DEFINE_integer(
+    "accumulation_steps",
+    _D.accumulation_steps,
+    "Micro-batches per optimizer update. Batch norm normalises each micro-batch on its own and updates its "
+    "moving averages once per micro-batch (the run log says how often per update).",
+)
 flags.DEFINE_enum(
     "gradient_reduction",
     _D.gradient_reduction,
@@ -83,8 +95,12 @@ flags.DEFINE_string(
     "LARS convention: paper (||g|| + beta ||w|| in the trust ratio), decayed_gradient (||g + beta w||), "
     "update (trust ratio on the momentum update).",
 )
-flags.DEFINE_bool(
-    "momentum_correction", _D.momentum_correction, "LARS: rescale the velocity when the rate changes."
+flags.DEFINE_enum(
+    "momentum_correction",
+    _D.momentum_correction,
+    ["none", "warmup", "always"],
+    "LARS velocity rescaled by lr_t / lr_{t-1}: none (Intel Caffe's fused update, the paper's runs), "
+    "warmup (its non-fused update: during warmup only), always (Goyal et al. eq. 10).",
 )
 flags.DEFINE_float("momentum", _D.momentum, "Momentum.")
 flags.DEFINE_float("weight_decay", _D.weight_decay, "L2 weight decay (beta).")
@@ -111,6 +127,12 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer(
     "max_eval_examples", _D.max_eval_examples, "Use only the first N evaluation images (0: all)."
+)
+flags.DEFINE_integer(
+    "validation_examples",
+    _D.validation_examples,
+    "Hold out the last N training images (never trained on) and evaluate them like the test set as "
+    "val_top1/val_top5/val_loss, for choosing hyperparameters (0: none; fashion_mnist only).",
 )
 flags.DEFINE_integer(
     "steps_per_epoch", _D.steps_per_epoch, "Override steps per epoch (0: data size // batch)."

@@ -17,13 +17,15 @@ class RunSummary(keras.callbacks.Callback):
     """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
 
     Keys: run_name, config, plan, world_size, global_batch_size, per_rank_batch_size, accumulation_steps,
+    threads (the thread settings read back from TensorFlow, `hvd_lars.train.applied_threads`),
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
     attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
-    evaluated epoch), git_sha, date, machine and software versions.
+    evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
+    one), git_sha, date, machine and software versions.
     """
 
-    def __init__(self, run_dir, run_name, config, plan, start_step):
+    def __init__(self, run_dir, run_name, config, plan, start_step, threads=None):
         super().__init__()
         self.path = os.path.join(run_dir, "summary.json")
         finished_epochs = start_step // plan.steps_per_epoch
@@ -39,12 +41,15 @@ class RunSummary(keras.callbacks.Callback):
             "global_batch_size": plan.global_batch_size,
             "per_rank_batch_size": plan.per_rank_batch_size,
             "accumulation_steps": plan.accumulation_steps,
+            "threads": threads,
             "resumed_from_step": start_step,
             "epochs": previous,
             "images_per_second": None,
             "wall_time_s": 0.0,
             "final_test_top1": None,
             "final_test_top5": None,
+            "final_val_top1": None,
+            "final_val_top5": None,
             **provenance.record(),
         }
         self._attempt_epochs = []
@@ -72,10 +77,11 @@ class RunSummary(keras.callbacks.Callback):
         steady = rates[1:] or rates
         s["images_per_second"] = sum(steady) / len(steady) if steady else None
         s["wall_time_s"] = time.perf_counter() - self._start
-        evaluated = [e for e in s["epochs"] if "test_top1" in e]
-        if evaluated:
-            s["final_test_top1"] = evaluated[-1]["test_top1"]
-            s["final_test_top5"] = evaluated[-1]["test_top5"]
+        for split in ("test", "val"):
+            evaluated = [e for e in s["epochs"] if f"{split}_top1" in e]
+            if evaluated:
+                s[f"final_{split}_top1"] = evaluated[-1][f"{split}_top1"]
+                s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
         if distributed.is_chief():
             tmp = f"{self.path}.tmp"
             with open(tmp, "w") as f:

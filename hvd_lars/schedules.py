@@ -9,7 +9,8 @@ steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s 
 Two published conventions for warmup followed by polynomial decay (W warmup steps, T total steps):
 
 - `"mlperf_poly"`, `WarmupPolynomialDecay`: warmup from 0 (or any start rate) to the peak, then
-  `end + (peak - end) * (1 - (t - W) / (T - W)) ** 2`, which starts at the peak.
+  `end + (peak - end) * (1 - (t - W) / (T - W + 1)) ** 2`, which starts at the peak; the decay spans
+  T - W + 1 steps as in the MLPerf ResNet-50 references, so the last update's rate is still above `end`.
 - `"paper_poly"`, `PaperPolynomialDecay`: warmup from a start rate (1 in the solver), then
   `peak * (1 - t / T) ** 2`, counted from step 0.
 
@@ -23,8 +24,9 @@ its schedule at `optimizer.iterations` (updates). Keras's own optimizers evaluat
 micro-batch counter when `gradient_accumulation_steps` is set; give those a float rate and the
 `hvd_lars.callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
 
-Momentum correction (`hvd_lars.LARS(momentum_correction=True)`; Goyal et al. section 2.1, eq. 10 and the
-Caffe solver): LARS keeps the rate inside the velocity (`v = m * v + lr_t * update; w -= v`), so after a
+Momentum correction (`hvd_lars.LARS(momentum_correction="always")`, Goyal et al. section 2.1, eq. 10, or
+`"warmup"`, Intel Caffe's non-fused solver; the paper's runs used none: see `LARS`'s docstring): LARS keeps
+the rate inside the velocity (`v = m * v + lr_t * update; w -= v`), so after a
 rate change the velocity still carries the old rates; the correction rescales `v` by `lr_t / lr_{t-1}`.
 - Per-step linear warmup does not need it. With a ramp of slope `a` per step and a steady gradient `g`, the
   uncorrected velocity is `sum_k m^k lr_{t-k} g = g / (1 - m) * (lr_t - a * m / (1 - m))`: the corrected
@@ -90,17 +92,24 @@ class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 class WarmupPolynomialDecay(_WarmupSchedule):
     """Linear warmup to a peak learning rate, then polynomial decay to an end rate (MLPerf convention).
 
-    With step `t` (optimizer updates, counted from 0), warmup steps `W`, total steps `T`:
+    With step `t` (optimizer updates, counted from 0), warmup steps `W`, total steps `T`, and the decay
+    length `D = T - W + 1`:
 
     ```
-    t <  W:      lr = start + (peak - start) * t / W
-    W <= t < T:  lr = end + (peak - end) * (1 - (t - W) / (T - W)) ** power
-    t >= T:      lr = end
+    t <  W:  lr = start + (peak - start) * t / W
+    t >= W:  lr = end + (peak - end) * (1 - min(t - W, D) / D) ** power
     ```
+    This is the MLPerf ResNet-50 LARS reference: `PolynomialDecayWithWarmup` in mlcommons/training
+    `image_classification/tensorflow2/lars_util.py` (commit 6b277bbe, lines 112-125 and 151-158:
+    `decay_steps = train_steps - warmup_steps + 1`, Keras's `PolynomialDecay` at `step - warmup_steps`,
+    warmup `peak * step / warmup_steps` from 0), as its TF1 predecessors (`train_steps - w_steps + 1`).
+    Because the decay spans one step more than the T - W updates after warmup, the last update
+    (t = T - 1) uses `end + (peak - end) * (2 / D) ** power`, not `end`; the end rate is reached at
+    t = T + 1, after training. (Dividing by T - W instead would reach `end` at t = T.)
 
     Args:
         peak_learning_rate: float > 0, the rate reached at the end of warmup.
-        total_steps: int > 0, the step at which the end rate is reached.
+        total_steps: int > 0, the number of updates T (the decay ends at T + 1, see above).
         warmup_steps: int in [0, total_steps).
         warmup_start_learning_rate: float >= 0, rate at step 0 (0 in MLPerf; 1 in the paper's solver).
         end_learning_rate: float >= 0 (1e-4 in the MLPerf ResNet-50 LARS recipe).
@@ -133,7 +142,7 @@ class WarmupPolynomialDecay(_WarmupSchedule):
             t,
             self.peak_learning_rate,
             self.end_learning_rate,
-            self.total_steps - self.warmup_steps,
+            self.total_steps - self.warmup_steps + 1,  # the MLPerf reference's decay_steps
             self.power,
             begin_step=self.warmup_steps,
         )
@@ -150,8 +159,10 @@ class PaperPolynomialDecay(WarmupPolynomialDecay):
     ```
     The rate therefore drops at step W from `peak` to `end + (peak - end) * (1 - W / T) ** power`. This is
     the released Intel Caffe AlexNet-BN solver of You et al. (ICPP 2018): Caffe's `poly` policy
-    (`end = 0`, power 2) with a linear warmup from `start = 1`. Arguments, returns and errors are those
-    of `WarmupPolynomialDecay`.
+    (`end = 0`, power 2) with a linear warmup from `start = 1` (Intel Caffe 1.0.7
+    `src/caffe/solvers/sgd_solver.cpp`: `GetWarmUpLR`, lines 48-55, while `iter < warmup_iter`, lines
+    77-80; `base_lr * (1 - iter / max_iter) ^ power`, lines 102-105). Arguments, returns and errors are
+    those of `WarmupPolynomialDecay`.
     """
 
     def _after_warmup(self, t):

@@ -9,15 +9,15 @@ import os
 from hvd_lars import distributed
 from hvd_lars.config import make_plan, resolve_precision
 
-# Fault injection for the resume tests: the process SIGKILLs itself after this many optimizer updates,
-# as a pre-empted or crashed job would die (no clean-up, no final checkpoint).
-KILL_AT_STEP_ENV = "HVD_LARS_KILL_AT_STEP"
-
 
 def configure_threads(config, world_size):
     """Sizes TensorFlow's thread pools so the ranks on one node do not oversubscribe its cores.
 
-    Must run before TensorFlow executes its first op.
+    Must run before TensorFlow executes its first op; afterwards TensorFlow keeps the pools it has (then
+    `applied_threads()` reports those, not the request).
+
+    Returns:
+        (intra, inter): the requested pool sizes (inter 0: TensorFlow's default).
     """
     import tensorflow as tf
 
@@ -31,7 +31,26 @@ def configure_threads(config, world_size):
         if config.inter_op_threads:
             tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     except RuntimeError:
-        pass  # TensorFlow already initialised by the caller: keep its settings.
+        pass  # TensorFlow already initialised by the caller: it keeps its pools (reported by the run).
+    return intra, config.inter_op_threads
+
+
+def applied_threads():
+    """The thread settings in force, read back from TensorFlow (not from the flags).
+
+    Returns:
+        dict: `intra_op` and `inter_op`, the pool sizes TensorFlow's context was initialised with (0 means
+        TensorFlow's own default, one thread per core), and `omp_num_threads`, the OMP_NUM_THREADS
+        environment variable (None when unset) that OpenMP code in this process reads.
+    """
+    import tensorflow as tf
+
+    tf.constant(0.0) + 0.0  # TensorFlow fixes its pools when it first runs an op; make sure it has
+    return {
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def build_optimizer(config, plan):
@@ -86,6 +105,34 @@ def build_optimizer(config, plan):
     )
 
 
+def batch_norm_note(model, plan):
+    """What gradient accumulation does to the model's batch normalisation, for the run log; None when the
+    plan does not accumulate or the model has no batch norm.
+
+    Under `--accumulation_steps=A` every micro-batch runs forward in training mode: it is normalised
+    with its own statistics (per-rank batch B images, not the global batch) and updates the moving mean
+    and variance, so they move A times per optimizer update, with momentum m per micro-batch (m^A per
+    update). With A = 512 and B = 16 (32K on 4 ranks) they follow the last few dozen micro-batches of
+    16 images. tests/test_accumulation.py quantifies both effects.
+    """
+    import keras
+
+    layers = [
+        layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    if plan.accumulation_steps == 1 or not layers:
+        return None
+    momenta = sorted({float(layer.momentum) for layer in layers})
+    per_update = ", ".join(
+        f"{m:g}^{plan.accumulation_steps} = {m**plan.accumulation_steps:.3g}" for m in momenta
+    )
+    return (
+        f"batch norm with accumulation: {len(layers)} layers normalise each micro-batch of "
+        f"{plan.per_rank_batch_size} images per rank with its own statistics and update their moving "
+        f"averages {plan.accumulation_steps} times per update (momentum per update {per_update})"
+    )
+
+
 def _step_decay_arguments(config, plan):
     # Only the step schedule takes boundaries; make_schedule refuses arguments a schedule would ignore.
     arguments = {}
@@ -120,20 +167,18 @@ def _check_same_plan(previous, plan, run_dir):
 
 
 def _loss_and_metrics(config, num_classes):
+    """The loss and the top-1 / top-5 metrics of training (`hvd_lars.metrics.TopKAccuracy`: ties broken by
+    class index, the rule `ExactEvaluation` applies to the test set)."""
     import keras
 
+    from hvd_lars.metrics import TopKAccuracy
+
+    metrics = [TopKAccuracy(1, name="top1"), TopKAccuracy(min(5, num_classes), name="top5")]
     if config.label_smoothing:
         # Label smoothing needs one-hot targets; the training data are mapped to one-hot in `run`.
-        return keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=config.label_smoothing
-        ), [
-            keras.metrics.CategoricalAccuracy(name="top1"),
-            keras.metrics.TopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
-        ]
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), [
-        keras.metrics.SparseCategoricalAccuracy(name="top1"),
-        keras.metrics.SparseTopKCategoricalAccuracy(k=min(5, num_classes), name="top5"),
-    ]
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
+        return loss, metrics
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
 
 
 def _input_kwargs(config, per_rank_batch, rank, world_size):
@@ -148,14 +193,22 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
         # Dataset-specific: get_input drops those the dataset does not take while they are unset.
         manual_dir=config.manual_dir or None,
         image_size=config.image_size,
+        preprocessing=config.preprocessing or None,
         deterministic=config.deterministic,
         skip_corrupt=config.skip_corrupt,
         input_threads=config.input_threads,
+        validation_examples=config.validation_examples,
     )
 
 
-def run(config):
+def run(config, extra_callbacks=()):
     """Trains according to `config` on every rank; returns the summary dict.
+
+    Args:
+        config: `TrainConfig`.
+        extra_callbacks: Keras callbacks run on every rank after the built-in ones (rank averaging,
+            evaluation, checkpoints) and before the loggers (CSVLogger, TensorBoard, summary.json), so
+            what they add to the epoch logs is recorded.
 
     Raises:
         ValueError: bad configuration (before any data is read or model built).
@@ -163,7 +216,7 @@ def run(config):
     """
     rank, world_size = distributed.init()
     config.validate(world_size)
-    configure_threads(config, world_size)
+    requested_threads = configure_threads(config, world_size)
 
     import keras
     import tensorflow as tf
@@ -185,8 +238,16 @@ def run(config):
 
     data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
     plan = make_plan(config, world_size, data.num_train_examples)
+    threads = applied_threads()
     if chief:
         print(f"[hvd_lars] {plan.describe()}", flush=True)
+        if (threads["intra_op"], threads["inter_op"]) != requested_threads:
+            print(
+                f"[hvd_lars] TensorFlow runs {threads['intra_op']} intra-op / {threads['inter_op']} inter-op "
+                f"threads (0: its default), not the {requested_threads[0]} / {requested_threads[1]} "
+                "asked for: it was initialised before hvd_lars could size its pools.",
+                flush=True,
+            )
         print(f"[hvd_lars] run directory {run_dir}", flush=True)
         os.makedirs(run_dir, exist_ok=True)
 
@@ -196,6 +257,9 @@ def run(config):
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     optimizer.build(model.trainable_variables)
+    note = batch_norm_note(model, plan)
+    if note and chief:
+        print(f"[hvd_lars] {note}", flush=True)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(
@@ -224,6 +288,18 @@ def run(config):
         ),
         cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps),
     ]
+    if data.validation is not None:
+        # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
+        callbacks.insert(
+            -1,
+            cb.ExactEvaluation(
+                data.validation,
+                data.num_validation_examples,
+                every_epochs=config.eval_every_epochs,
+                last_epoch=plan.epochs,
+                prefix="val",
+            ),
+        )
     if data.skipped_corrupt is not None:
         # Corrupt training files skipped (--skip_corrupt), summed over ranks, into the epoch logs.
         def count_skipped(epoch, logs):
@@ -231,8 +307,7 @@ def run(config):
             logs["skipped_corrupt_images"] = float(distributed.allreduce_sum([local], "hvd_lars.skipped")[0])
 
         callbacks.insert(1, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
-    if os.environ.get(KILL_AT_STEP_ENV):
-        callbacks.append(cb.KillAtStep(int(os.environ[KILL_AT_STEP_ENV]), plan.accumulation_steps))
+    callbacks += list(extra_callbacks)
     if chief:
         callbacks += [
             keras.callbacks.CSVLogger(os.path.join(run_dir, "metrics.csv"), append=start_step > 0),
@@ -247,7 +322,7 @@ def run(config):
                 flush=True,
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, run_name, config, plan, start_step)
+    summary = RunSummary(run_dir, run_name, config, plan, start_step, threads=threads)
     callbacks.append(summary)
 
     # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The
@@ -278,8 +353,9 @@ def run(config):
     result = summary.summary
     if chief:
         rate = f"{result['images_per_second']:.0f}" if result["images_per_second"] else "n/a"
+        val = f"validation top-1 {result['final_val_top1']}, " if result["final_val_top1"] is not None else ""
         print(
-            f"[hvd_lars] final test top-1 {result['final_test_top1']}, {rate} images/s, "
+            f"[hvd_lars] final test top-1 {result['final_test_top1']}, {val}{rate} images/s, "
             f"wall time {result['wall_time_s']:.0f} s; summary in {summary.path}",
             flush=True,
         )

@@ -84,14 +84,16 @@ def _add(tar, name, data):
     tar.addfile(info, io.BytesIO(data))
 
 
-def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, png_name=None):
+def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, png_name=None, val_names=None):
     """Writes the two ILSVRC-2012 tars; returns (train file names by synset, validation file names).
 
     `cmyk_name` / `png_name`: extra training files (e.g. the builder's listed `n01739381_1309.JPEG`)
     written as CMYK JPEG / as PNG into their synset's tar, which the builder converts to RGB JPEG.
+    `val_names`: the validation tar's entries instead of `ILSVRC2012_val_00000001.JPEG` .. `num_val`
+    (a name ending in "/" is written as a folder entry).
     """
     os.makedirs(manual_dir, exist_ok=True)
-    images = iter(source_images(len(synsets) * (per_class + 2) + num_val))
+    images = iter(source_images(len(synsets) * (per_class + 2)))
     train = {}
     with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_train.tar"), "w") as outer:
         for synset in synsets:
@@ -106,8 +108,15 @@ def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, pn
                         names.append(extra)
             _add(outer, f"{synset}.tar", buffer.getvalue())
             train[synset] = names
-    val_names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, num_val + 1)]
+    if val_names is None:
+        val_names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, num_val + 1)]
+    images = iter(source_images(len(val_names), offset=len(synsets) * (per_class + 2)))
     with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_val.tar"), "w") as tar:
         for name in val_names:
-            _add(tar, name, encode(next(images)))
+            if name.endswith("/"):
+                info = tarfile.TarInfo(name.rstrip("/"))
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                _add(tar, name, encode(next(images)))
     return train, val_names

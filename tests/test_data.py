@@ -79,6 +79,42 @@ def test_contiguous_train_ranges_disjoint_and_equal(n, world):
         train_shard_range(2, 0, 3)
 
 
+def _pixels(images):
+    # Back from standardised float32 to the file's uint8 pixels (exact: the error is ~1e-4 of a level).
+    return np.rint((images.numpy() * fashion_mnist.STD + fashion_mnist.MEAN) * 255).astype(np.uint8)
+
+
+def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
+    x, y = fashion_mnist.load("train")
+    data = get_input(
+        "fashion_mnist", per_rank_batch=1000, rank=0, world_size=1, seed=0, validation_examples=5000
+    )
+    assert (data.num_train_examples, data.num_validation_examples) == (55000, 5000)
+    assert data.num_train_examples + data.num_validation_examples == 60000
+    assert data.num_eval_examples == 10000
+    # The validation split is the last 5,000 training images, in order, with their labels.
+    held_out = list(data.validation)
+    np.testing.assert_array_equal(np.concatenate([_pixels(b[0]) for b in held_out]), x[55000:])
+    np.testing.assert_array_equal(np.concatenate([b[1].numpy() for b in held_out]), y[55000:])
+    # One epoch of training (55 batches of 1,000) is a permutation of exactly the first 55,000 images.
+    epoch = list(data.train.take(55))
+    trained = np.concatenate([_pixels(b[0]) for b in epoch]).reshape(55000, -1)
+    labels = np.concatenate([b[1].numpy() for b in epoch])
+    as_rows = lambda images, labels: sorted(i.tobytes() + bytes([c]) for i, c in zip(images, labels))
+    assert as_rows(trained, labels) == as_rows(x[:55000].reshape(55000, -1), y[:55000])
+
+
+@pytest.mark.parametrize("n", [-1, 60000, 70000])
+def test_fashion_mnist_validation_split_out_of_range_is_refused(n):
+    with pytest.raises(ValueError, match=rf"validation_examples={n} .*must be in \[0, 59999\]"):
+        get_input("fashion_mnist", per_rank_batch=8, rank=0, world_size=1, seed=0, validation_examples=n)
+
+
+def test_validation_split_refused_where_the_dataset_has_none():
+    with pytest.raises(ValueError, match="'synthetic' does not take validation_examples=100"):
+        get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, validation_examples=100)
+
+
 def test_registry_names():
     assert sorted(DATASETS) == ["fashion_mnist", "image_folder", "imagenet2012", "synthetic"]
 
@@ -89,6 +125,8 @@ def test_unset_dataset_options_are_dropped_set_ones_refused():
     assert data.input_shape == (28, 28, 1)
     with pytest.raises(ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes data_dir"):
         get_input("fashion_mnist", image_size=227, **common)
+    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take preprocessing='caffe'"):
+        get_input("fashion_mnist", preprocessing="caffe", **common)
 
 
 def test_synthetic_shapes_and_exact_eval_count():

@@ -38,7 +38,8 @@ def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
         assert shards == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]  # disjoint; image 12 left out
     assert r0["eval"].tolist() == [0, 0, 1, 2] and r1["eval"].tolist() == [3, 5, 7, 9, 12]
     assert int(r0["num_eval_examples"]) == 9
-    # The constant classifier's exact scores over all 9 images, identical on both ranks.
+    # The all-zero classifier's exact scores over all 9 images (ties broken by class index), identical on
+    # both ranks.
     for r in (r0, r1):
         assert float(r["top1"]) == 2 / 9  # two images of class 0
         assert float(r["top5"]) == 5 / 9  # labels 0, 0, 1, 2, 3

@@ -50,13 +50,50 @@ def test_flagfile_parses_and_plans(path):
     if config.dataset == "imagenet2012":
         # The paper's global batches, and 90 or 100 epochs.
         assert plan.global_batch_size in (512, 8192, 32768) and plan.epochs in (90, 100)
-        assert plan.steps_per_epoch == 1281167 // plan.global_batch_size
+        assert plan.steps_per_epoch == (config.steps_per_epoch or 1281167 // plan.global_batch_size)
+
+
+def _header_and_flags(path):
+    lines = open(path).read().splitlines()
+    return [line for line in lines if line.startswith("#")], [line for line in lines if line.startswith("--")]
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_every_flag_has_a_source_in_the_header(path):
+    header, flag_lines = _header_and_flags(path)
+    starts = [i for i, line in enumerate(header) if line.startswith("# Sources")]
+    assert starts, f"{path} has no '# Sources' section"
+    sources = "\n".join(header[starts[0] :])
+    missing = [f for f in flag_lines if not re.search(re.escape(f.split("=")[0]) + r"(?![\w-])", sources)]
+    assert not missing, f"{path}: no source given for {missing}"
+
+
+@pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
+def test_the_papers_processors_run_float32(path):
+    header, _ = _header_and_flags(path)
+    text = "\n".join(header)
+    if "Xeon Platinum 8160" in text or "Xeon Phi 7250" in text:
+        # Neither has bfloat16 units: the paper's arithmetic is float32; a line says what bfloat16 changes.
+        assert _parse(path).precision == "float32"
+        assert any(line.startswith("# Precision:") and "bfloat16" in line for line in header), path
+
+
+def test_alexnet_flagfiles_run_as_the_papers_caffe():
+    for name, preprocessing in [
+        ("alexnet_bn_bs32k", "caffe_scaled"), ("alexnet_bn_bs512", "caffe_scaled"), ("alexnet_bs8k", "caffe"),
+    ]:  # fmt: skip
+        config = _parse(os.path.join(REPO, "flags", f"{name}.flags"))
+        assert (config.preprocessing, config.image_size) == (preprocessing, 227), name
+        assert config.momentum_correction == "none", name  # Intel Caffe's fused SGD update
+        assert config.schedule == "paper_poly" and config.trust_ratio_mode == "paper", name
 
 
 def test_paper_32k_numbers():
     config = _parse(os.path.join(REPO, "flags", "alexnet_bn_bs32k.flags"))
     plan = make_plan(config, 2048, 1281167)
-    assert (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps) == (16, 39, 3900)
+    # The released solver's iterations: max_iter 4000, warmup_iter 400.
+    assert (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps) == (16, 40, 4000)
+    assert plan.warmup_steps == 400
     assert plan.peak_learning_rate == 32 and config.schedule == "paper_poly"
     config = _parse(os.path.join(REPO, "flags", "resnet50_bs8k_momentum.flags"))
     assert make_plan(config, 256, 1281167).peak_learning_rate == pytest.approx(3.2)  # 0.1 x 8192 / 256
@@ -71,5 +108,6 @@ def test_smoke_flags_run_end_to_end(tmp_path):
     )
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
     assert summary["plan"]["total_steps"] == 6 and len(summary["epochs"]) == 2
+    assert summary["threads"]["intra_op"] == os.cpu_count()  # one process: every core, read back from TF
     checkpoints = sorted(f for f in os.listdir(tmp_path / "smoke" / "checkpoints") if f.endswith(".index"))
     assert checkpoints == ["ckpt-2.index", "ckpt-3.index", "ckpt-4.index", "ckpt-6.index"][-3:]

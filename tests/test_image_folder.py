@@ -123,11 +123,26 @@ def test_missing_folders_and_data_dir(tmp_path):
         _build(str(tmp_path))
 
 
+def test_caffe_views_reach_the_pipeline(folder):
+    root, written = folder
+    data = _build(root, batch=7, preprocessing="caffe_scaled")
+    images = next(iter(data.eval))[0].numpy()
+    views = pp.get_preprocessing("caffe_scaled")
+    for image, (_, _, kind, source) in zip(images, written["validation"]):
+        if kind == PNG:  # lossless: the pipeline's view is exactly the function's
+            np.testing.assert_array_equal(image, views.eval(tf.constant(encode(source, PNG)), 28).numpy())
+    assert np.abs(images).max() < 1.0  # (pixel - mean) / 256, not the Inception normalisation
+    train_images, _ = next(iter(data.train))
+    assert train_images.shape == (7, 28, 28, 3) and np.abs(train_images.numpy()).max() < 1.0
+
+
 def test_main_program_trains_on_an_image_folder(folder, tmp_path):
     root, _ = folder
-    summary = train_small_cnn("image_folder", root, tmp_path, "folder", 4, 1)
+    summary = train_small_cnn("image_folder", root, tmp_path, "folder", 4, 1, "--preprocessing=caffe_scaled")
     assert summary["plan"]["steps_per_epoch"] == 3  # 12 images // 4
-    assert summary["config"]["image_size"] == 32 and summary["config"]["dataset"] == "image_folder"
+    # The 32x32 crops reached the model: small_cnn's fc1 sees (32 / 4)^2 x 32 = 2,048 features (1,568 at 28).
+    reader = tf.train.load_checkpoint(str(tmp_path / "folder" / "checkpoints"))
+    assert [2048, 128] in reader.get_variable_to_shape_map().values()
     correct = summary["final_test_top1"] * 7  # exact counts over the 7 validation images
     assert abs(correct - round(correct)) < 1e-9
 

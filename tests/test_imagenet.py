@@ -1,6 +1,7 @@
 """imagenet2012 through tensorflow-datasets, prepared offline from a tiny ILSVRC-style pair of tars."""
 
 import collections
+import contextlib
 import itertools
 import os
 import shutil
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from data_fixtures import make_ilsvrc_tars
+from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from hvd_lars.data import get_input, imagenet
 
@@ -23,12 +25,32 @@ TRAIN_LABELS = {0: PER_CLASS, 1: PER_CLASS, 59: PER_CLASS + 1, 230: PER_CLASS + 
 EVAL_LABELS = [65, 970, 230, 809, 516, 57]
 
 
+def _short_label_file(folder, lines):
+    """The first `lines` lines of the builder's validation label file, which the builder and the check
+    then read instead of all 50,000 (a test fixture cannot hold 50,000 images)."""
+    path = os.path.join(folder, "validation_labels.txt")
+    with open(imagenet.validation_labels_path()) as f:
+        head = f.read().splitlines()[:lines]
+    with open(path, "w") as f:
+        f.write("\n".join(head) + "\n")
+    return path
+
+
+@contextlib.contextmanager
+def _labels_of_the_first(folder, lines):
+    # tfds_path(absolute) is that absolute path, so both the builder and the check read the short file.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(imagenet_common, "_VALIDATION_LABELS_FNAME", _short_label_file(folder, lines))
+        yield
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagenet")
     manual, data_dir = str(root / "manual"), str(root / "tfds")
     make_ilsvrc_tars(manual, SYNSETS, PER_CLASS, NUM_VAL, cmyk_name=CMYK_NAME, png_name=PNG_NAME)
-    data = _build(data_dir, manual_dir=manual)
+    with _labels_of_the_first(str(root), NUM_VAL):
+        data = _build(data_dir, manual_dir=manual)
     return data_dir, manual, data
 
 
@@ -51,13 +73,17 @@ def _labels(dataset, batches=None):
 
 
 def test_prepared_sizes_and_labels(prepared):
-    _, _, data = prepared
+    data_dir, _, data = prepared
     assert (data.num_train_examples, data.num_eval_examples, data.num_classes) == (18, 6, 1000)
     assert data.input_shape == (32, 32, 3)
     assert collections.Counter(_labels(data.train, 9)) == TRAIN_LABELS  # one epoch
     images, _ = next(iter(data.train))
     assert images.shape == (2, 32, 32, 3) and images.dtype == tf.float32
     assert sorted(_labels(data.eval)) == sorted(EVAL_LABELS)
+    # Each validation file carries its own line's label (line i labels ILSVRC2012_val_<i>).
+    records = imagenet._source(imagenet.builder(data_dir, prepare=False), "validation", False, 0)
+    by_name = {name.numpy().decode(): int(label) for name, _, label in records}
+    assert by_name == {f"ILSVRC2012_val_{i + 1:08d}.JPEG": label for i, label in enumerate(EVAL_LABELS)}
 
 
 def test_builder_converted_cmyk_and_png_to_rgb_jpeg(prepared):
@@ -101,3 +127,33 @@ def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
     assert summary["plan"]["steps_per_epoch"] == sum(TRAIN_LABELS.values()) // 4
     correct = summary["final_test_top1"] * NUM_VAL  # exact counts over the 6 validation images
     assert abs(correct - round(correct)) < 1e-9
+
+
+def test_validation_tar_missing_images_is_refused_before_preparation(tmp_path):
+    # The new user's case: a validation tar holding only images 2 and 3 would have been prepared with the
+    # labels of lines 1 and 2 (65, 970) instead of lines 2 and 3 (970, 230).
+    manual, data_dir = str(tmp_path / "manual"), tmp_path / "tfds"
+    names = ["ILSVRC2012_val_00000002.JPEG", "ILSVRC2012_val_00000003.JPEG"]
+    make_ilsvrc_tars(manual, SYNSETS[:1], 1, 0, val_names=names)
+    with pytest.raises(ValueError) as info:
+        _build(str(data_dir), manual_dir=manual)
+    message = str(info.value)
+    assert "does not hold exactly the 50,000 validation images" in message
+    assert "missing 49,998 (ILSVRC2012_val_00000001.JPEG, ILSVRC2012_val_00000004.JPEG" in message
+    assert "extra none" in message
+    assert not (data_dir / "imagenet2012").exists()  # refused before preparation
+
+
+def test_validation_tar_with_extra_or_missing_entries_is_refused(tmp_path):
+    names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in (1, 2, 3, 5, 6, 7)] + ["val/", "notes.txt"]
+    make_ilsvrc_tars(str(tmp_path), SYNSETS[:1], 1, 0, val_names=names)
+    labels = _short_label_file(str(tmp_path), NUM_VAL)
+    with pytest.raises(ValueError) as info:
+        imagenet.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)
+    message = str(info.value)
+    assert "the 6 validation images" in message
+    assert "missing 1 (ILSVRC2012_val_00000004.JPEG)" in message
+    assert "extra 3 (ILSVRC2012_val_00000007.JPEG, notes.txt, val)" in message
+    # The complete set passes.
+    make_ilsvrc_tars(str(tmp_path), SYNSETS[:1], 1, NUM_VAL)
+    imagenet.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from lars_reference import lars_step
 
-from hvd_lars import LARS, WarmupPolynomialDecay, mlperf_exclusions
+from hvd_lars import LARS, PaperPolynomialDecay, WarmupPolynomialDecay, mlperf_exclusions
 
 # One problem holds every case at once: ranks 0 to 5, a zero-initialised tensor, a tensor whose gradient
 # is always zero, and tensors excluded from weight decay, from layer adaptation, or from both.
@@ -161,6 +161,51 @@ def test_momentum_correction_matches_reference(mode, nesterov, fused):
     assert np.abs(plain[2] - want[2]).max() > 1e-4  # without correction the trajectory differs
 
 
+def _caffe_warmup_rate(t, warmup_iter, base_lr, warmup_start_lr):
+    # Intel Caffe 1.0.7 SGDSolver::GetWarmUpLR (src/caffe/solvers/sgd_solver.cpp lines 48-55).
+    t = max(t, 0)
+    return (t * base_lr + (warmup_iter - t) * warmup_start_lr) / warmup_iter
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "portable"])
+@pytest.mark.parametrize("correction", ["none", "warmup", "always"])
+def test_momentum_correction_modes(correction, fused):
+    # The paper's solver schedule, small: warmup from 1 to 3 over W = 3 updates, then 3 * (1 - t / 6) ** 2.
+    # Rates 1, 5/3, 7/3 | 0.75, 1/3, 1/12. Momentum SGD (trust ratio 1), m = 0.9: v = m * s_t * v + lr_t g.
+    schedule = PaperPolynomialDecay(3.0, total_steps=6, warmup_steps=3, warmup_start_learning_rate=1.0)
+    rates = [float(schedule(t)) for t in range(6)]
+    np.testing.assert_allclose(rates, [1, 5 / 3, 7 / 3, 0.75, 1 / 3, 1 / 12], rtol=1e-6)
+    caffe = [_caffe_warmup_rate(t, 3, 3.0, 1.0) for t in range(3)]
+    scales = {
+        "none": [1.0] * 6,  # Intel Caffe's fused SGD update (the paper's runs)
+        # Non-fused ComputeUpdateValue: rate / GetWarmUpLR(t - 1) while t < warmup_iter, then nothing.
+        "warmup": [caffe[t] / _caffe_warmup_rate(t - 1, 3, 3.0, 1.0) for t in range(3)] + [1.0] * 3,
+        "always": [1.0] + [rates[t] / rates[t - 1] for t in range(1, 6)],  # Goyal et al. eq. 10
+    }[correction]
+    if correction == "warmup":
+        np.testing.assert_allclose(scales[:3], [1.0, 5 / 3, 1.4])
+    grads = np.random.default_rng(3).normal(size=(6, 4))
+    w, v = np.ones(4), np.zeros(4)
+    for t in range(6):
+        v = 0.9 * scales[t] * v + rates[t] * grads[t]
+        w = w - v
+    opt = LARS(schedule, momentum=0.9, exclude_from_layer_adaptation=[""], momentum_correction=correction)
+    (got,) = _run(opt, [np.ones(4, np.float32)], [[g.astype(np.float32)] for g in grads], fused=fused)
+    np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_momentum_correction_names():
+    schedule = WarmupPolynomialDecay(1.0, total_steps=10, warmup_steps=2)
+    assert LARS(schedule, momentum_correction=True).get_config()["momentum_correction"] == "always"
+    assert LARS(schedule, momentum_correction=False).momentum_correction == "none"
+    opt = LARS(schedule, momentum_correction="warmup")
+    assert LARS.from_config(opt.get_config()).momentum_correction == "warmup"
+    with pytest.raises(ValueError, match="must be one of .*got 'goyal'"):
+        LARS(schedule, momentum_correction="goyal")
+    with pytest.raises(ValueError, match="'warmup' .* int `warmup_steps`.*got 0.5"):
+        LARS(0.5, momentum_correction="warmup")
+
+
 def test_one_step_by_hand():
     # w = [3, 4] (norm 5), g = [0.6, 0.8] (norm 1), eta 0.001, beta 0.01, lr 2, v0 = 0:
     # trust = 0.001 * 5 / (1 + 0.01 * 5) = 0.005 / 1.05; update = lr * trust * (g + beta * w).
@@ -189,8 +234,10 @@ def test_zero_weights_and_zero_gradients_give_no_nan():
 
 
 def test_exclusions_match_variable_path():
+    # Named: an unnamed model's path prefix depends on how many models earlier tests built (sequential_3).
     model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(3, name="fc"), keras.layers.BatchNormalization(name="fc_bn")]
+        [keras.Input((4,)), keras.layers.Dense(3, name="fc"), keras.layers.BatchNormalization(name="fc_bn")],
+        name="sequential",
     )
     rng = np.random.default_rng(1)
     grads = [
@@ -505,10 +552,12 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
 
 def test_bfloat16_variables_follow_the_reference_loosely():
     # Variables stored in bfloat16 (not the mixed policy): slots in bfloat16, norms taken in float32.
+    # Rate 5 makes every tensor move 0.2-4 in 5 steps, 10x and more the tolerance below, so the comparison
+    # tells a LARS step from none (at rate 0.5 some tensors moved less than the tolerance).
     weights, grads = _problem(seed=6, steps=5)
     to_bf16 = lambda a: tf.cast(tf.constant(a), tf.bfloat16)
     variables = [keras.Variable(to_bf16(w), dtype="bfloat16") for w in weights]
-    opt = LARS(0.5, weight_decay=5e-3, eta=0.01)
+    opt = LARS(5.0, weight_decay=5e-3, eta=0.01)
     for gs in grads:
         opt.apply([to_bf16(g) for g in gs], variables)
     assert all(v.dtype == "bfloat16" for v in opt.velocities)
@@ -516,9 +565,11 @@ def test_bfloat16_variables_follow_the_reference_loosely():
     want = _reference(
         [rounded(w) for w in weights],
         [[rounded(g) for g in gs] for gs in grads],
-        [0.5] * 5,
+        [5.0] * 5,
         weight_decay=5e-3,
         eta=0.01,
     )
+    for w, start in zip(want, weights):
+        assert np.abs(w - rounded(start)).max() > 0.2
     # One bfloat16 ulp at |w| ~ 1 is 2**-8 relative; five steps of rounding stay within a few ulps.
     _assert_close([v.numpy().astype(np.float32) for v in variables], want, rtol=2e-2, atol=2e-2)

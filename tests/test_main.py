@@ -9,8 +9,6 @@ import sys
 import pytest
 from conftest import REPO
 
-from hvd_lars.train import KILL_AT_STEP_ENV
-
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
 SUBSET = [
@@ -20,6 +18,7 @@ SUBSET = [
     "--epochs=2",
     "--warmup_epochs=0.5",
     "--peak_learning_rate=4",
+    "--validation_examples=5000",  # the last 5,000 training images; the first 1,000 of them evaluated
     "--run_name=subset",
 ]
 
@@ -42,15 +41,10 @@ def _run(cmd, timeout=420):
 
 def test_single_process_subset_killed_resumed_completed(tmp_path):
     command = MAIN + SUBSET + [f"--workdir={tmp_path}"]
-    # SIGKILLed after update 12 of 16: the last checkpoint is the end of epoch 1 (step 8).
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=420,
-        env=dict(os.environ, **{KILL_AT_STEP_ENV: "12"}),
-    )
+    # SIGKILLed after update 12 of 16 (the main program with tests/kill_at_step.py's fault): the last
+    # checkpoint is the end of epoch 1 (step 8).
+    killer = [sys.executable, os.path.join(REPO, "tests", "kill_at_step.py"), "--kill_at_step=12"]
+    result = _run(killer + command[3:])
     assert result.returncode != 0
     assert "global batch 512 = 1 ranks x per-rank batch 512" in result.stdout
     run_dir = tmp_path / "subset"
@@ -69,15 +63,27 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     assert 0.5 < summary["final_test_top1"] <= 1.0
     assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
     assert summary["final_test_top5"] >= summary["final_test_top1"]
+    # The validation split is evaluated as the test set is (ExactEvaluation checks its 1,000 images).
+    assert 0.5 < summary["final_val_top1"] <= summary["final_val_top5"] <= 1.0
+    assert (
+        summary["final_val_top1"] == summary["epochs"][-1]["val_top1"] and "val_loss" in summary["epochs"][0]
+    )
     assert summary["images_per_second"] > 0 and summary["wall_time_s"] > 0
     assert len(summary["git_sha"]) >= 7
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert float(rows[1]["test_top1"]) == pytest.approx(summary["final_test_top1"])
+    assert float(rows[1]["val_top1"]) == pytest.approx(summary["final_val_top1"])
     assert _tensorboard_tags(run_dir / "tensorboard") >= {
         "epoch_loss", "epoch_top1", "epoch_top5", "epoch_learning_rate", "epoch_images_per_second",
         "epoch_test_top1", "epoch_test_top5",
     }  # fmt: skip
+    # Keras's TensorBoard callback writes val_* under validation/, as the training tags.
+    assert _tensorboard_tags(run_dir / "tensorboard" / "validation") >= {
+        "epoch_loss",
+        "epoch_top1",
+        "epoch_top5",
+    }
 
     # Complete: another start trains nothing and keeps the summary.
     result = _run(command)
@@ -105,8 +111,10 @@ def test_two_ranks_subset(tmp_path):
     assert "[1,0]<stdout>:Epoch 1/2" in result.stdout and "[1,1]<stdout>:Epoch" not in result.stdout
     summary = json.loads((tmp_path / "subset" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["per_rank_batch_size"] == 256
-    # ExactEvaluation would have raised unless the ranks evaluated 1,000 images together.
-    assert 0.5 < summary["final_test_top1"] <= 1.0
+    # Two ranks on this node share its cores: TensorFlow was sized to cores / 2 intra-op threads.
+    assert summary["threads"]["intra_op"] == max(1, os.cpu_count() // 2)
+    # ExactEvaluation would have raised unless the ranks evaluated 1,000 images of each split together.
+    assert 0.5 < summary["final_test_top1"] <= 1.0 and 0.5 < summary["final_val_top1"] <= 1.0
 
 
 @pytest.mark.parametrize(

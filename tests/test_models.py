@@ -135,9 +135,17 @@ def test_alexnet_parameter_counts():
     assert trainable_count(bn) == expected
     assert moving_statistics_count(bn) == 2_240
     assert not any(isinstance(layer, LocalResponseNormalization) for layer in bn.layers)
-    # bvlc_alexnet fillers: conv2 bias 0.1, conv3 bias 0, fc6 weights N(0, 0.005^2) (37.7M draws).
-    np.testing.assert_array_equal(bn.get_layer("conv2").bias.numpy(), np.float32(0.1))
-    np.testing.assert_array_equal(bn.get_layer("conv3").bias.numpy(), 0.0)
+    # Fillers: bvlc_alexnet's for AlexNet (conv2 bias 0.1, conv3 and fc8 bias 0); the released
+    # AlexNet-BN's (train_val2.prototxt: every convolution and fc8 0.01, fc6 and fc7 0.1, BN eps 1e-4);
+    # fc6 weights N(0, 0.005^2) in both (37.7M draws).
+    np.testing.assert_array_equal(plain.get_layer("conv2").bias.numpy(), np.float32(0.1))
+    np.testing.assert_array_equal(plain.get_layer("conv3").bias.numpy(), 0.0)
+    np.testing.assert_array_equal(plain.get_layer("logits").bias.numpy(), 0.0)
+    for layer, value in [("conv1", 0.01), ("conv2", 0.01), ("conv3", 0.01), ("fc6", 0.1), ("logits", 0.01)]:
+        np.testing.assert_array_equal(bn.get_layer(layer).bias.numpy(), np.float32(value))
+    assert {layer.epsilon for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)} == {
+        1e-4
+    }
     assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
 
 

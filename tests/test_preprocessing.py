@@ -110,3 +110,60 @@ def test_odd_encodings_decode_to_the_source_rgb(kind):
 def test_corrupt_bytes_raise():
     with pytest.raises(tf.errors.InvalidArgumentError):
         pp.decode_rgb(tf.constant(b"not an image at all"))
+
+
+def test_caffe_constants():
+    assert (pp.CAFFE_RESIZE, pp.CAFFE_CROP, pp.caffe_resize_size(227)) == (256, 227, 256)
+    np.testing.assert_allclose(pp.CAFFE_MEAN_RGB[::-1], [104.00698793, 116.66876762, 122.67891434])
+    assert pp.CAFFE_BN_SCALE == 0.00390625
+    assert sorted(pp.PREPROCESSINGS) == ["caffe", "caffe_scaled", "inception"]
+    with pytest.raises(ValueError, match="'vgg'; valid names: caffe, caffe_scaled, inception"):
+        pp.get_preprocessing("vgg")
+
+
+def test_caffe_crop_windows():
+    # Training: y and x uniform over the 30 offsets 0..29 of a 227 window in 256 (Caffe's Rand(256-227+1)),
+    # independent; evaluation: the centre, (256 - 227) // 2 = 14.
+    offsets = np.array([pp.caffe_crop_offsets(256, 227, _seed(i)).numpy() for i in range(900)])
+    assert offsets.min() == 0 and offsets.max() == 29
+    assert set(offsets[:, 0]) == set(range(30)) and set(offsets[:, 1]) == set(range(30))
+    counts = np.bincount(offsets[:, 0], minlength=30)
+    assert counts.min() >= 10 and counts.max() <= 55  # 30 expected per offset
+    assert abs(np.corrcoef(offsets.T)[0, 1]) < 0.1
+    np.testing.assert_array_equal(pp.caffe_crop_offsets(256, 227).numpy(), [14, 14])
+    np.testing.assert_array_equal(pp.caffe_crop_offsets(256, 227, _seed(3)).numpy(), offsets[3])
+
+
+@pytest.mark.parametrize("name, scale", [("caffe", 1.0), ("caffe_scaled", 1 / 256)])
+def test_caffe_views_are_exact_crops_of_a_256_image(name, scale):
+    # A lossless 256x256 image: the resize is the identity, so each view is exactly a window of it.
+    image = np.random.default_rng(1).integers(0, 256, size=(256, 256, 3), dtype=np.uint8)
+    data = tf.constant(encode(image, PNG))
+    views = pp.get_preprocessing(name)
+
+    def normalized(window):
+        return (window.astype(np.float64) - pp.CAFFE_MEAN_RGB) * scale
+
+    np.testing.assert_allclose(views.eval(data, 227).numpy(), normalized(image[14:241, 14:241]), atol=1e-4)
+    mirrored = 0
+    for i in range(20):
+        crop_seed, _ = tf.unstack(tf.random.experimental.stateless_split(_seed(i), num=2))
+        y, x = pp.caffe_crop_offsets(256, 227, crop_seed).numpy()
+        window = normalized(image[y : y + 227, x : x + 227])
+        out = views.train(data, _seed(i), 227).numpy()
+        assert out.shape == (227, 227, 3) and out.dtype == np.float32
+        flipped = np.abs(out - window[:, ::-1]).max() < 1e-4
+        assert flipped or np.abs(out - window).max() < 1e-4
+        mirrored += flipped
+    assert 3 <= mirrored <= 17
+
+
+def test_caffe_resizes_to_a_square_without_keeping_the_aspect_ratio():
+    image = _gradient_image(300, 400)
+    data = tf.constant(encode(image, PNG))
+    resized = tf.image.resize(image, [256, 256], method="bilinear").numpy()
+    out = pp.preprocess_eval_caffe(data, 227).numpy()
+    np.testing.assert_allclose(out, resized[14:241, 14:241] - pp.CAFFE_MEAN_RGB, atol=1e-3)
+    # Smaller crops keep the 256/227 ratio: 36 for 32.
+    assert pp.caffe_resize_size(32) == 36
+    assert pp.preprocess_train_caffe(data, _seed(0), 32).shape == (32, 32, 3)

@@ -25,18 +25,41 @@ def _lr(schedule, step):
     return float(keras.ops.convert_to_numpy(schedule(step)))
 
 
+def _mlperf_reference(step, peak, total_steps, warmup_steps, end):
+    """The MLPerf ResNet-50 TF2 reference's PolynomialDecayWithWarmup (mlcommons/training,
+    image_classification/tensorflow2/lars_util.py): warmup peak * t / W while t <= W, else Keras's
+    PolynomialDecay(peak, decay_steps=T - W + 1, end, power=2) at t - W."""
+    if step <= warmup_steps:
+        return peak * step / warmup_steps
+    decay = keras.optimizers.schedules.PolynomialDecay(peak, total_steps - warmup_steps + 1, end, power=2.0)
+    return float(keras.ops.convert_to_numpy(decay(step - warmup_steps)))
+
+
 def test_mlperf_convention_values():
-    # peak 10, warmup 4 of 14 steps from 0, power 2, end 0.1.
+    # peak 10, warmup 4 of 14 steps from 0, power 2, end 0.1; the decay spans D = 14 - 4 + 1 = 11 steps.
     s = WarmupPolynomialDecay(peak_learning_rate=10.0, total_steps=14, warmup_steps=4, end_learning_rate=0.1)
     assert _lr(s, 0) == 0.0
     assert _lr(s, 1) == pytest.approx(2.5)
     assert _lr(s, 3) == pytest.approx(7.5)  # last warmup step: 10 * 3 / 4
     assert _lr(s, 4) == pytest.approx(10.0)  # first decay step: the peak
-    # step 9: progress (9 - 4) / 10 = 0.5 -> 0.1 + 9.9 * 0.25
-    assert _lr(s, 9) == pytest.approx(0.1 + 9.9 * 0.25)
-    assert _lr(s, 13) == pytest.approx(0.1 + 9.9 * 0.01)  # last step: (1 - 0.9) ** 2
-    assert _lr(s, 14) == pytest.approx(0.1)
+    assert _lr(s, 9) == pytest.approx(0.1 + 9.9 * (6 / 11) ** 2)  # progress 5 / 11
+    assert _lr(s, 13) == pytest.approx(0.1 + 9.9 * (2 / 11) ** 2)  # last update: not yet the end rate
+    assert _lr(s, 14) == pytest.approx(0.1 + 9.9 * (1 / 11) ** 2)
+    assert _lr(s, 15) == pytest.approx(0.1)  # T + 1
     assert _lr(s, 1000) == pytest.approx(0.1)  # held at the end rate
+    for t in range(0, 18):
+        assert _lr(s, t) == pytest.approx(_mlperf_reference(t, 10.0, 14, 4, 0.1), rel=1e-6), t
+
+
+def test_mlperf_resnet50_32k_matches_the_reference():
+    # The reference's defaults at batch 32,768: peak 31.2, 25 warmup epochs, end 1e-4; 39 steps per epoch
+    # (1,281,167 // 32,768) x 90 epochs = 3,510 updates, 975 of warmup.
+    s = make_schedule("mlperf_poly", 31.2, 3510, 975, end_learning_rate=1e-4)
+    steps = [0, 1, 500, 974, 975, 976, 2000, 3000, 3500, 3509, 3510, 3511]
+    got = keras.ops.convert_to_numpy(s(np.array(steps)))
+    want = [_mlperf_reference(t, 31.2, 3510, 975, 1e-4) for t in steps]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-9)
+    assert got[steps.index(3509)] == pytest.approx(1e-4 + (31.2 - 1e-4) * (2 / 2536) ** 2, rel=1e-4)
 
 
 def test_warmup_from_a_start_rate():
@@ -48,9 +71,10 @@ def test_warmup_from_a_start_rate():
 
 
 def test_no_warmup_starts_at_peak():
+    # (The reference's warmup would divide 0 by 0 at step 0 here; the decay spans 10 - 0 + 1 steps.)
     s = WarmupPolynomialDecay(peak_learning_rate=2.0, total_steps=10, warmup_steps=0, power=1.0)
     assert _lr(s, 0) == pytest.approx(2.0)
-    assert _lr(s, 5) == pytest.approx(1.0)
+    assert _lr(s, 5) == pytest.approx(2.0 * 6 / 11)
 
 
 def test_vectorised_steps_match_scalar_calls():
@@ -136,7 +160,7 @@ def test_the_two_conventions_share_the_warmup_and_differ_after_it():
         assert _lr(mlperf, t) == _lr(paper, t)
     assert _lr(mlperf, 4) == pytest.approx(10.0)
     assert _lr(paper, 4) == pytest.approx(6.4)
-    assert _lr(mlperf, 12) == pytest.approx(10.0 * (1 - 8 / 16) ** 2)
+    assert _lr(mlperf, 12) == pytest.approx(10.0 * (1 - 8 / 17) ** 2)  # decay over T - W + 1 = 17
     assert _lr(paper, 12) == pytest.approx(10.0 * (1 - 12 / 20) ** 2)
 
 

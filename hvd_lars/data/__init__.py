@@ -1,8 +1,8 @@
 """Input pipelines, sharded per rank. `DATASETS` maps a `--dataset` name to its builder.
 
 Every builder takes the common keywords `per_rank_batch, rank, world_size, seed, data_dir,
-max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `manual_dir`,
-`skip_corrupt`, ...), and returns an `InputPipeline`.
+max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `preprocessing`,
+`manual_dir`, `skip_corrupt`, `validation_examples`, ...), and returns an `InputPipeline`.
 """
 
 import dataclasses
@@ -32,6 +32,10 @@ class InputPipeline:
         input_shape: (H, W, C) of one image.
         skipped_corrupt: int64 `tf.Variable` counting corrupt training files skipped so far, or None
             when the pipeline does not skip them (then a corrupt file raises an error naming it).
+        validation: finite dataset of this rank's shard of the validation split (images held out of the
+            training set, never trained on; for choosing hyperparameters), same structure as `eval`; None
+            when the run holds out none.
+        num_validation_examples: validation examples in the whole split (all ranks); 0 without one.
     """
 
     train: tf.data.Dataset
@@ -41,6 +45,8 @@ class InputPipeline:
     num_classes: int
     input_shape: tuple
     skipped_corrupt: object = None
+    validation: object = None
+    num_validation_examples: int = 0
 
 
 def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=True, threads=0):
@@ -64,24 +70,48 @@ def fashion_mnist_input(
     eval_batch=1000,
     deterministic=True,
     input_threads=0,
+    validation_examples=0,
 ):
     """Fashion-MNIST from the Debian package: 60,000 training, 10,000 test images (28x28x1, 10 classes).
 
-    `max_train_examples` / `max_eval_examples` > 0 keep only the first that many (smoke tests).
-    Pixels are scaled to [0, 1] and standardised with the training set's mean and std.
+    `validation_examples` = N > 0 holds out the last N of the 60,000 training images as a validation
+    split: never trained on, evaluated like the test set (`InputPipeline.validation`); training uses the
+    first 60,000 - N. `max_train_examples` / `max_eval_examples` > 0 then keep only the first that many
+    training images and the first that many images of each evaluation split (smoke tests).
+    Pixels are scaled to [0, 1] and standardised with the mean and std of all 60,000 training images
+    (fixed constants, `fashion_mnist.MEAN` / `STD`; no label information).
+
+    Raises:
+        ValueError: `validation_examples` outside [0, 60,000).
     """
     x_train, y_train = fashion_mnist.load("train", data_dir)
     x_test, y_test = fashion_mnist.load("test", data_dir)
+    if not 0 <= validation_examples < len(x_train):
+        raise ValueError(
+            f"validation_examples={validation_examples} (--validation_examples): Fashion-MNIST holds out "
+            f"the last N of its {len(x_train)} training images, so N must be in [0, {len(x_train) - 1}] "
+            "(e.g. 5000; 0: none)."
+        )
+    split = len(x_train) - validation_examples
+    x_val, y_val = x_train[split:], y_train[split:]
+    x_train, y_train = x_train[:split], y_train[:split]
     if max_train_examples:
         x_train, y_train = x_train[:max_train_examples], y_train[:max_train_examples]
     if max_eval_examples:
         x_test, y_test = x_test[:max_eval_examples], y_test[:max_eval_examples]
+        x_val, y_val = x_val[:max_eval_examples], y_val[:max_eval_examples]
 
     def normalize(x):
         return (tf.cast(x, tf.float32) / 255.0 - fashion_mnist.MEAN) / fashion_mnist.STD
 
+    def evaluation(images, labels):
+        start, stop = eval_shard_range(len(images), rank, world_size)
+        shard = np.arange(start, stop)
+        return _in_memory(
+            images, labels, normalize, shard, eval_batch, False, seed, deterministic, input_threads
+        )
+
     train_shard = train_shard_indices(len(x_train), rank, world_size)
-    start, stop = eval_shard_range(len(x_test), rank, world_size)
     return InputPipeline(
         train=_in_memory(
             x_train,
@@ -94,21 +124,13 @@ def fashion_mnist_input(
             deterministic,
             input_threads,
         ),
-        eval=_in_memory(
-            x_test,
-            y_test,
-            normalize,
-            np.arange(start, stop),
-            eval_batch,
-            False,
-            seed,
-            deterministic,
-            input_threads,
-        ),
+        eval=evaluation(x_test, y_test),
         num_train_examples=len(x_train),
         num_eval_examples=len(x_test),
         num_classes=fashion_mnist.NUM_CLASSES,
         input_shape=fashion_mnist.IMAGE_SHAPE,
+        validation=evaluation(x_val, y_val) if len(x_val) else None,
+        num_validation_examples=len(x_val),
     )
 
 

@@ -72,6 +72,7 @@ def image_folder_input(
     skip_corrupt=False,
     eval_batch=0,
     input_threads=0,
+    preprocessing=None,
 ):
     """Images from `data_dir/train/<class>/` and `data_dir/validation/<class>/`, ImageNet-preprocessed.
 
@@ -79,6 +80,9 @@ def image_folder_input(
     (n // world_size)` only; disjoint, equal sizes) and shuffles its own shard. Evaluation: rank r
     reads a contiguous range; together the ranks read every file once. `max_*_examples` > 0 keep
     that many files spread evenly over the sorted list (so every class stays represented).
+
+    `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
+    when None, "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
 
     Returns:
         `InputPipeline` with images float32 (B, image_size, image_size, 3).
@@ -110,6 +114,7 @@ def image_folder_input(
         deterministic=deterministic,
         threads=input_threads,
         skip_corrupt=skip_corrupt,
+        preprocessing=preprocessing,
     )
     evaluation = pipeline.eval_dataset(
         _source(eval_paths[start:stop], eval_labels[start:stop]),
@@ -118,6 +123,7 @@ def image_folder_input(
         read=tf.io.read_file,
         deterministic=deterministic,
         threads=input_threads,
+        preprocessing=preprocessing,
     )
     return InputPipeline(
         train=train,

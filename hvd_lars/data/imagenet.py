@@ -8,6 +8,7 @@ preparation converts ImageNet's CMYK JPEGs and its PNG-as-JPEG to plain RGB JPEG
 """
 
 import os
+import tarfile
 
 import tensorflow as tf
 
@@ -19,6 +20,55 @@ MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
 # Encoded images held for shuffling on each rank (~110 KB each); the record files are also read in a
 # freshly shuffled order every epoch. 10,000 as in the TensorFlow ResNet reference.
 SHUFFLE_BUFFER = 10_000
+# ILSVRC-2012 validation file names: ILSVRC2012_val_00000001.JPEG ... ILSVRC2012_val_00050000.JPEG.
+VALIDATION_NAME = "ILSVRC2012_val_{:08d}.JPEG"
+
+
+def validation_labels_path():
+    """The validation label file tensorflow-datasets' builder reads (one synset per line, line i labelling
+    `ILSVRC2012_val_<i>.JPEG`; 50,000 lines)."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
+
+    return os.fspath(tfds.core.tfds_path(imagenet_common._VALIDATION_LABELS_FNAME))
+
+
+def check_validation_tar(val_tar, labels_path=None):
+    """Refuses a validation tar that does not hold exactly the images the label file covers.
+
+    tensorflow-datasets' `imagenet2012` builder labels the validation images by position: it zips the
+    *sorted names in the tar* with the lines of its label file (`imagenet_common.get_validation_labels`),
+    so a tar missing `ILSVRC2012_val_00000001.JPEG` would give every later image its predecessor's label
+    (and a stray extra entry would shift the rest). This check runs before any preparation.
+
+    Args:
+        val_tar: path of `ILSVRC2012_img_val.tar`.
+        labels_path: the label file (default `validation_labels_path()`); N lines cover the names
+            `VALIDATION_NAME.format(i)` for i in 1..N.
+
+    Raises:
+        ValueError: names missing from the tar or extra in it, with their counts and the first few.
+    """
+    labels_path = labels_path or validation_labels_path()
+    with open(labels_path) as f:
+        count = len(f.read().strip().splitlines())
+    expected = {VALIDATION_NAME.format(i) for i in range(1, count + 1)}
+    with tarfile.open(val_tar, "r:") as tar:
+        names = set(tar.getnames())  # every entry, folders included, as the builder sorts them
+    missing, extra = sorted(expected - names), sorted(names - expected)
+    if missing or extra:
+
+        def some(items):
+            shown = ", ".join(items[:5])
+            return f"{len(items):,} ({shown}{', ...' if len(items) > 5 else ''})" if items else "none"
+
+        raise ValueError(
+            f"{val_tar} does not hold exactly the {count:,} validation images the label file {labels_path} "
+            f"covers ({VALIDATION_NAME.format(1)} to {VALIDATION_NAME.format(count)}): missing "
+            f"{some(missing)}; extra {some(extra)}. tensorflow-datasets labels them by position in the "
+            "sorted list, so any other set would be labelled wrongly. Use the complete "
+            "ILSVRC2012_img_val.tar (50,000 JPEGs) from https://image-net.org."
+        )
 
 
 def builder(data_dir=None, manual_dir=None, prepare=True):
@@ -26,6 +76,7 @@ def builder(data_dir=None, manual_dir=None, prepare=True):
 
     Raises:
         FileNotFoundError: not prepared, and `manual_dir` lacks the two ILSVRC-2012 tars.
+        ValueError: the validation tar does not hold exactly the labelled images (`check_validation_tar`).
     """
     import tensorflow_datasets as tfds
 
@@ -40,6 +91,7 @@ def builder(data_dir=None, manual_dir=None, prepare=True):
             "needed), put them in one folder and pass --manual_dir=<that folder>; the first run converts "
             "them (once) and later runs reuse --data_dir."
         )
+    check_validation_tar(os.path.join(manual_dir, MANUAL_FILES[1]))
     config = tfds.download.DownloadConfig(
         manual_dir=manual_dir,
         # Statistics are only for the catalogue; computing them reads the whole set again.
@@ -77,6 +129,7 @@ def imagenet_input(
     skip_corrupt=False,
     eval_batch=0,
     input_threads=0,
+    preprocessing=None,
     shuffle_buffer=SHUFFLE_BUFFER,
 ):
     """ILSVRC-2012: 1,281,167 training and 50,000 validation images, 1,000 classes, preprocessed.
@@ -87,11 +140,15 @@ def imagenet_input(
     be prepared before (one single-process run with --manual_dir), or rank 0 prepares while the others
     wait in a Horovod barrier.
 
+    `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
+    when None, "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
+
     Returns:
         `InputPipeline` with images float32 (B, image_size, image_size, 3).
 
     Raises:
         FileNotFoundError: not prepared and no tars in `manual_dir`.
+        ValueError: a validation tar that does not hold exactly the labelled images.
     """
     from hvd_lars.data import InputPipeline
 
@@ -117,6 +174,7 @@ def imagenet_input(
         deterministic=deterministic,
         threads=input_threads,
         skip_corrupt=skip_corrupt,
+        preprocessing=preprocessing,
         shuffle_buffer=min(shuffle_buffer, t_stop - t_start),
     )
     evaluation = pipeline.eval_dataset(
@@ -125,6 +183,7 @@ def imagenet_input(
         image_size=image_size,
         deterministic=deterministic,
         threads=input_threads,
+        preprocessing=preprocessing,
     )
     return InputPipeline(
         train=train,

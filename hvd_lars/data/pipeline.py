@@ -17,7 +17,7 @@ import sys
 
 import tensorflow as tf
 
-from hvd_lars.data import preprocessing
+from hvd_lars.data.preprocessing import get_preprocessing
 
 # Local ranks per node as launchers report them (Open MPI, Horovod's gloo launcher, Slurm).
 _LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
@@ -75,6 +75,7 @@ def train_dataset(
     threads=0,
     skip_corrupt=False,
     shuffle_buffer=0,
+    preprocessing=None,
 ):
     """Infinite batches (float32 (B, S, S, 3), int32 (B,)) of training views, reshuffled each epoch.
 
@@ -82,6 +83,7 @@ def train_dataset(
         source: this rank's shard, `num_examples` elements (see module docstring).
         seed: int; the shuffle and every image's crop and flip derive from it (stateless per element).
         shuffle_buffer: elements; 0 shuffles the whole shard (file names are small).
+        preprocessing: a name of `preprocessing.PREPROCESSINGS` ("inception" when None or "").
 
     Returns:
         (dataset, skipped): `skipped` is an int64 `tf.Variable` counting skipped corrupt files (the same
@@ -90,7 +92,8 @@ def train_dataset(
     ds = source.shuffle(shuffle_buffer or num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
     # Element i of the endless stream gets seed (seed, i): a fresh crop every epoch, repeatable runs.
     ds = ds.enumerate().map(lambda i, e: (*e, tf.stack([tf.cast(seed, tf.int64), i])))
-    decode = lambda data, s: preprocessing.preprocess_train(data, s, image_size)
+    views = get_preprocessing(preprocessing)
+    decode = lambda data, s: views.train(data, s, image_size)
     ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
     skipped = None
     if skip_corrupt:
@@ -111,11 +114,15 @@ def train_dataset(
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads)), skipped
 
 
-def eval_dataset(source, batch, image_size, read=tf.identity, deterministic=True, threads=0):
+def eval_dataset(
+    source, batch, image_size, read=tf.identity, deterministic=True, threads=0, preprocessing=None
+):
     """Finite batches (float32 (B, S, S, 3), int32 (B,)) of evaluation views of every source element,
-    in order, the last batch smaller. A corrupt file raises an error naming it."""
+    in order, the last batch smaller. A corrupt file raises an error naming it. `preprocessing` as in
+    `train_dataset`."""
     ds = source.map(lambda name, data, label: (name, data, label, tf.zeros([2], tf.int64)))
-    decode = lambda data, s: preprocessing.preprocess_eval(data, image_size)
+    views = get_preprocessing(preprocessing)
+    decode = lambda data, s: views.eval(data, image_size)
     ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(_fail_on_corrupt).batch(batch)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads))

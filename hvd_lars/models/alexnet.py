@@ -5,8 +5,10 @@ Networks" (NIPS 2012), laid out as Caffe's `bvlc_alexnet` (the paper's no-BN com
 as one tower: the two-GPU split is dropped (no grouped convolutions), so conv2/4/5 see all input
 channels and the network has 62,378,344 parameters with 1,000 classes.
 
-`alexnet_bn`: the AlexNet-BN of the released LARS solver (`../shared/PAPER.md`): the LRN layers removed, a
-batch normalisation without learned scale/shift after pool1, pool2, conv3 and conv4, 227x227 crops.
+`alexnet_bn`: the AlexNet-BN of the released LARS solver (`../shared/PAPER.md`; Intel Caffe 1.0.7's
+`models/intel_optimized_models/multinode/alexnet_bn_64nodes/train_val2.prototxt`): the LRN layers removed, a
+batch normalisation without learned scale/shift (epsilon 1e-4) after pool1, pool2, conv3 and conv4, its
+bias initialisers, 227x227 crops; one tower as `alexnet` (the prototxt groups conv2, conv4 and conv5 in 2).
 """
 
 import keras
@@ -21,21 +23,28 @@ LRN_ALPHA = 1e-4
 LRN_BETA = 0.75
 LRN_BIAS = 1.0
 
-# BN without scale/shift, momentum 0.9 (moving = 0.9 * moving + 0.1 * batch), epsilon 1e-5: the released
-# AlexNet-BN prototxt's BatchNorm layers (moving-average fraction 0.9, Caffe's default epsilon 1e-5).
+# BN without scale/shift, momentum 0.9 (moving = 0.9 * moving + 0.1 * batch), epsilon 1e-4: the released
+# AlexNet-BN's BatchNorm layers (Intel Caffe 1.0.7, models/intel_optimized_models/multinode/
+# alexnet_bn_64nodes/train_val2.prototxt: moving_average_fraction 0.9, eps 0.0001).
 BN_MOMENTUM = 0.9
-BN_EPSILON = 1e-5
+BN_EPSILON = 1e-4
 
-# Initialisers of bvlc_alexnet: Gaussian weights (std 0.01; 0.005 for fc6 and fc7), biases 0 for conv1,
-# conv3 and fc8 and 0.1 elsewhere. AlexNet-BN keeps them (its prototxt derives from bvlc_alexnet; not
-# re-checked against the released file here).
-CONV_SPECS = (  # name, filters, kernel, stride, bias init
-    ("conv1", 96, 11, 4, 0.0),
-    ("conv2", 256, 5, 1, 0.1),
-    ("conv3", 384, 3, 1, 0.0),
-    ("conv4", 384, 3, 1, 0.1),
-    ("conv5", 256, 3, 1, 0.1),
+# Initialisers: Gaussian weights (std 0.01; 0.005 for fc6 and fc7) in both. Biases: bvlc_alexnet's
+# (models/bvlc_alexnet/train_val.prototxt) for AlexNet: 0 for conv1, conv3 and fc8, 0.1 elsewhere; the
+# released AlexNet-BN's (train_val2.prototxt above): 0.01 for every convolution and fc8, 0.1 for fc6, fc7.
+CONV_SPECS = (  # name, filters, kernel, stride
+    ("conv1", 96, 11, 4),
+    ("conv2", 256, 5, 1),
+    ("conv3", 384, 3, 1),
+    ("conv4", 384, 3, 1),
+    ("conv5", 256, 3, 1),
 )
+BIAS_INIT = {
+    "alexnet": {"conv1": 0.0, "conv2": 0.1, "conv3": 0.0, "conv4": 0.1, "conv5": 0.1, "fc6": 0.1, "fc7": 0.1,
+                "logits": 0.0},
+    "alexnet_bn": {"conv1": 0.01, "conv2": 0.01, "conv3": 0.01, "conv4": 0.01, "conv5": 0.01, "fc6": 0.1,
+                   "fc7": 0.1, "logits": 0.01},
+}  # fmt: skip
 FC_STD = {"fc6": 0.005, "fc7": 0.005, "logits": 0.01}
 DROPOUT = 0.5
 
@@ -89,14 +98,15 @@ def _alexnet(num_classes, input_shape, batch_norm, name):
     _check_input(input_shape, name)
     inputs = keras.Input(shape=input_shape, name="images")
     x = inputs
-    for conv_name, filters, kernel, stride, bias in CONV_SPECS:
+    biases = BIAS_INIT[name]
+    for conv_name, filters, kernel, stride in CONV_SPECS:
         x = layers.Conv2D(
             filters,
             kernel,
             strides=stride,
             padding="valid" if conv_name == "conv1" else "same",
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
-            bias_initializer=keras.initializers.Constant(bias),
+            bias_initializer=keras.initializers.Constant(biases[conv_name]),
             name=conv_name,
         )(x)
         x = layers.ReLU(name=f"{conv_name}_relu")(x)
@@ -114,7 +124,7 @@ def _alexnet(num_classes, input_shape, batch_norm, name):
         x = layers.Dense(
             4096,
             kernel_initializer=keras.initializers.RandomNormal(stddev=FC_STD[fc_name]),
-            bias_initializer=keras.initializers.Constant(0.1),
+            bias_initializer=keras.initializers.Constant(biases[fc_name]),
             name=fc_name,
         )(x)
         x = layers.ReLU(name=f"{fc_name}_relu")(x)
@@ -123,6 +133,7 @@ def _alexnet(num_classes, input_shape, batch_norm, name):
     outputs = layers.Dense(
         num_classes,
         kernel_initializer=keras.initializers.RandomNormal(stddev=FC_STD["logits"]),
+        bias_initializer=keras.initializers.Constant(biases["logits"]),
         dtype="float32",
         name="logits",
     )(x)

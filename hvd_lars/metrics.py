@@ -1,0 +1,79 @@
+"""Top-1 / top-5 accuracy by one exact rule, shared by the training logs and the evaluation.
+
+A prediction is top-k correct when the true class is among the first k classes of the logits sorted in
+decreasing order, ties broken by class index (the lower index first), which is the order
+`argmax` and `tf.math.top_k` use. So top-1 agrees with `argmax(logits) == label` on every input, and
+tied logits never make several classes "correct" at once. `tf.math.in_top_k` (and Keras's
+`SparseTopKCategoricalAccuracy` / `TopKCategoricalAccuracy`, built on it) instead counts every class tied
+with the k-th logit as inside the top k: a model whose logits are all equal scores top-1 = top-5 = 1.0.
+
+A row holding a NaN logit counts as wrong (a NaN prediction is no prediction).
+"""
+
+import keras
+import tensorflow as tf
+
+
+def top_k_correct(labels, logits, k):
+    """Whether each example's label is among the top `k` logits, ties broken by class index.
+
+    rank(label) = #{c : logit[c] > logit[label]} + #{c < label : logit[c] == logit[label]};
+    correct = rank(label) < k and the row has no NaN.
+
+    Args:
+        labels: int tensor (B,) of class indices in [0, C).
+        logits: float tensor (B, C) (float32, bfloat16 or float16: compared as given, so values that tie
+            in bfloat16 tie here).
+        k: int >= 1; values above C are treated as C (every finite row correct).
+
+    Returns:
+        bool tensor (B,).
+
+    Raises:
+        ValueError: `k` < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k!r}.")
+    logits = tf.cast(logits, tf.float32)  # exact for bfloat16/float16: ties are kept
+    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
+    own = tf.gather(logits, labels, axis=1, batch_dims=1)[:, None]
+    classes = tf.range(tf.shape(logits)[1], dtype=tf.int32)[None, :]
+    ahead = (logits > own) | ((logits == own) & (classes < labels[:, None]))
+    rank = tf.reduce_sum(tf.cast(ahead, tf.int32), axis=1)
+    finite = tf.logical_not(tf.reduce_any(tf.math.is_nan(logits), axis=1))
+    return (rank < k) & finite
+
+
+def _labels_from_targets(y_true, y_pred):
+    # One-hot or smoothed targets (label smoothing maps labels to one-hot): the class is their argmax.
+    if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == y_pred.shape[-1] != 1:
+        return tf.argmax(y_true, axis=-1, output_type=tf.int32)
+    return tf.cast(tf.reshape(y_true, [-1]), tf.int32)
+
+
+@keras.saving.register_keras_serializable(package="hvd_lars")
+class TopKAccuracy(keras.metrics.MeanMetricWrapper):
+    """Fraction of examples whose label is among the top `k` logits (`top_k_correct`), for `compile`.
+
+    Takes integer labels (B,) or (B, 1), or one-hot / smoothed targets (B, C) (their argmax is the
+    class), and logits (B, C) in any float dtype. Replaces Keras's `SparseCategoricalAccuracy` (top-1),
+    `SparseTopKCategoricalAccuracy` and `TopKCategoricalAccuracy`, so the training logs follow the
+    evaluation's rule.
+
+    Args:
+        k: int >= 1 (1 for top-1, 5 for top-5; give min(5, classes) for fewer than 5 classes).
+        name: the key in the logs ("top1", "top5").
+    """
+
+    def __init__(self, k=1, name=None, dtype=None):
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}.")
+        self.k = k
+
+        def correct(y_true, y_pred):
+            return tf.cast(top_k_correct(_labels_from_targets(y_true, y_pred), y_pred, k), tf.float32)
+
+        super().__init__(fn=correct, name=name or f"top{k}", dtype=dtype)
+
+    def get_config(self):
+        return {"k": self.k, "name": self.name, "dtype": self.dtype}

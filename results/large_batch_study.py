@@ -1,0 +1,431 @@
+"""Does LARS hold accuracy where momentum SGD loses it? Fashion-MNIST, global batch 128 to 8,192.
+
+One command runs the whole study (from the repository root, about 3 hours of the 2-core machine alone;
+longer when shared), and the same command resumes it after an interruption:
+
+    PYTHONPATH=. nice -n 19 .venv/bin/python results/large_batch_study.py \
+        --output_dir=results/runs/hvd_lars_study
+
+It trains `small_cnn` (batch norm, momentum 0.9) through the product's main program, one process per run
+(`python -m hvd_lars.main`, run name `hvd_lars_study_<arm>_b<batch>_lr<rate>_s<seed>`; `bench` pauses
+every process whose command line holds `hvd_lars_study`), for two arms at each global batch:
+  (a) momentum SGD, linear scaling rule (peak = base rate x batch / 256) and gradual warmup (Goyal et al.
+      2017, arXiv 1706.02677);
+  (b) LARS (You et al., ICPP 2018), eta 0.001, trust ratio on every tensor as in the released solver.
+Both: the same epochs, linear warmup from 0, polynomial decay power 2 to 0 after warmup, momentum 0.9,
+weight decay 5e-4, no augmentation, float32, deterministic input order. The learning rate of each batch
+and arm is chosen on a validation split (the last 5,000 of the 60,000 training images, never trained
+on): a sweep of 3 rates a factor 2 apart on seed 0, extended by one rate at a time (at most
+`--max_extensions`) while the best is at an edge; the chosen rate is then run with the other seeds. The
+test set is reported only for the chosen rates.
+
+A run is done when its summary.json holds every epoch with validation and test scores; a study started
+again skips done runs, resumes a half-finished one from its last checkpoint (the main program's
+`--resume`), and makes the same sweep decisions (they depend only on finished runs). After every run
+it rewrites the report (`--report`, a Markdown file, and the PNG plot beside it) from what is done.
+"""
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import large_batch_report  # noqa: E402
+
+# The literal that `bench` (pkill -f) matches to pause the study; in every run's name.
+STUDY_TAG = "hvd_lars_study"
+FASHION_MNIST_TRAIN = 60000
+# Goyal et al.'s reference batch for the linear scaling rule (lr = base x batch / 256).
+REFERENCE_BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One optimizer recipe. `centre(batch)` is the middle of the first sweep, in the arm's rate flag."""
+
+    name: str
+    label: str
+    optimizer: str
+    rate_flag: str  # the main program's flag the swept rate goes to
+    centre_rule: str  # how the sweep's centre follows the batch (for the report)
+    extra_flags: tuple = ()
+
+    def centre(self, batch):
+        if self.name == "momentum":
+            return 0.1  # per 256 images: Goyal et al.'s base rate, scaled linearly by the main program
+        # LARS: square-root scaling from 10 at batch 512, between the paper's solver rates (2 at 1K,
+        # 10 at 8K, 32 at 32K) and the project's recorded run (20 at 4K, results/fashion_mnist_lars.md).
+        return 10.0 * math.sqrt(batch / 512)
+
+    def peak(self, rate, batch):
+        """The peak learning rate the optimizer reaches for swept value `rate`."""
+        return rate * batch / REFERENCE_BATCH if self.rate_flag == "base_learning_rate" else rate
+
+
+ARMS = {
+    "momentum": Arm(
+        "momentum",
+        "momentum SGD (linear scaling + warmup)",
+        "momentum",
+        "base_learning_rate",
+        "base rate per 256 images 0.1 (Goyal et al.), peak = base x batch / 256",
+    ),
+    "lars": Arm(
+        "lars",
+        "LARS (warmup + poly decay)",
+        "lars",
+        "peak_learning_rate",
+        "peak rate 10 x sqrt(batch / 512)",
+        ("--eta=0.001", "--trust_ratio_mode=paper"),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One training run: an arm at a global batch, a swept rate (grid index k: centre x ratio**k), a seed."""
+
+    arm: str
+    batch: int
+    k: int
+    seed: int
+
+
+def rate_of(args, cell):
+    """The swept value of `cell` (rounded to 6 significant digits so names and flags are stable)."""
+    value = ARMS[cell.arm].centre(cell.batch) * args.sweep_ratio**cell.k
+    return float(f"{value:.6g}")
+
+
+def run_name(args, cell):
+    return f"{STUDY_TAG}_{cell.arm}_b{cell.batch}_lr{rate_of(args, cell):g}_s{cell.seed}"
+
+
+def train_examples(args):
+    """Training images per epoch: the 60,000 less the validation split (or --max_train_examples)."""
+    held_in = FASHION_MNIST_TRAIN - args.validation_examples
+    return min(held_in, args.max_train_examples) if args.max_train_examples else held_in
+
+
+def steps_per_epoch(args, batch):
+    # Rounded, not floored: every batch then sees within 4% of the same images per epoch (floor would
+    # drop 11% of each epoch at 8,192); the input stream is one endless shuffled sequence.
+    return max(1, round(train_examples(args) / batch))
+
+
+def main_flags(args, cell):
+    """The main program's flags for one run (everything a run's result depends on)."""
+    arm = ARMS[cell.arm]
+    flags = [
+        "--dataset=fashion_mnist",
+        "--model=small_cnn",
+        f"--optimizer={arm.optimizer}",
+        f"--global_batch_size={cell.batch}",
+        f"--steps_per_epoch={steps_per_epoch(args, cell.batch)}",
+        f"--epochs={args.epochs}",
+        f"--warmup_epochs={args.warmup_epochs:g}",
+        "--schedule=mlperf_poly",
+        "--warmup_start_learning_rate=0",
+        "--end_learning_rate=0",
+        "--decay_power=2",
+        f"--{arm.rate_flag}={rate_of(args, cell):g}",
+        "--momentum=0.9",
+        f"--weight_decay={args.weight_decay:g}",
+        *arm.extra_flags,
+        f"--validation_examples={args.validation_examples}",
+        "--eval_every_epochs=1",
+        "--precision=float32",
+        "--deterministic",
+        f"--seed={cell.seed}",
+        f"--workdir={os.path.join(args.output_dir, 'runs')}",
+        f"--run_name={run_name(args, cell)}",
+        "--verbose=2",
+    ]
+    if args.max_train_examples:
+        flags.append(f"--max_train_examples={args.max_train_examples}")
+    if args.max_eval_examples:
+        flags.append(f"--max_eval_examples={args.max_eval_examples}")
+    return flags
+
+
+def run_dir(args, cell):
+    return os.path.join(args.output_dir, "runs", run_name(args, cell))
+
+
+def load_summary(args, cell):
+    path = os.path.join(run_dir(args, cell), "summary.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def is_complete(summary, epochs):
+    """A run is done when its summary holds epochs 1..`epochs`, the last with validation and test scores."""
+    if not summary:
+        return False
+    done = [e["epoch"] for e in summary.get("epochs", [])]
+    last = summary["epochs"][-1] if done else {}
+    return done == list(range(1, epochs + 1)) and "val_top1" in last and "test_top1" in last
+
+
+def check_same_run(args, cell, summary):
+    """Refuses to reuse a run directory trained with other settings (a changed grid or epoch budget).
+
+    Raises:
+        SystemExit: naming the directory and the differing setting.
+    """
+    config = summary["config"]
+    want = {
+        "optimizer": ARMS[cell.arm].optimizer,
+        "global_batch_size": cell.batch,
+        "epochs": float(args.epochs),
+        "warmup_epochs": float(args.warmup_epochs),
+        "weight_decay": float(args.weight_decay),
+        ARMS[cell.arm].rate_flag: rate_of(args, cell),
+        "seed": cell.seed,
+        "validation_examples": args.validation_examples,
+        "max_train_examples": args.max_train_examples,
+        "steps_per_epoch": steps_per_epoch(args, cell.batch),
+    }
+    changed = {k: (config.get(k), v) for k, v in want.items() if config.get(k) != v}
+    if changed:
+        raise SystemExit(
+            f"{run_dir(args, cell)} was trained with other settings ({changed}, as (saved, now)). Use "
+            "another --output_dir, or the settings it was made with."
+        )
+
+
+def _die_with_parent():
+    # A run never outlives the study (a killed study must not leave a run writing its directory).
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_cell(args, cell, journal):
+    """Trains `cell` unless it is done (resuming its checkpoint if it has one); returns its summary.
+
+    Each attempt (run name, start time, seconds, exit status) is appended to the JSON-lines file
+    `journal`, whose sum of seconds is the study's wall time.
+
+    Raises:
+        SystemExit: the run failed (its log's tail is printed) or a finished run has other settings.
+    """
+    summary = load_summary(args, cell)
+    if summary:
+        check_same_run(args, cell, summary)
+    if is_complete(summary, args.epochs):
+        return summary
+    name = run_name(args, cell)
+    log_path = os.path.join(args.output_dir, "logs", f"{name}.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    command = [sys.executable, *args.train_program.split(), *main_flags(args, cell)]
+    if args.ranks > 1:
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        command = [horovodrun, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", *command]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    print(f"[study] {name}: training ({'resuming' if summary else 'new'}), log {log_path}", flush=True)
+    start = time.time()
+    with open(log_path, "a") as log:
+        log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
+        log.flush()
+        try:
+            result = subprocess.run(
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=args.run_timeout_s,
+                preexec_fn=_die_with_parent,
+            )
+            returncode = result.returncode
+        except subprocess.TimeoutExpired:
+            returncode = "timeout"
+    seconds = time.time() - start
+    with open(journal, "a") as f:
+        f.write(
+            json.dumps({"run": name, "start": start, "seconds": seconds, "returncode": returncode}) + "\n"
+        )
+    summary = load_summary(args, cell)
+    if returncode != 0 or not is_complete(summary, args.epochs):
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(
+            f"[study] {name} failed (exit status {returncode}) after {seconds:.0f} s; log {log_path}:\n"
+            f"{tail}\n"
+            "Fix the cause and start the study again: finished runs are kept, this one resumes."
+        )
+    print(
+        f"[study] {name}: validation top-1 {summary['final_val_top1']:.4f}, test top-1 "
+        f"{summary['final_test_top1']:.4f}, {seconds:.0f} s",
+        flush=True,
+    )
+    return summary
+
+
+def next_sweep_index(scores, points, max_extensions):
+    """The grid index to train next in one sweep, or None when the sweep is finished.
+
+    Args:
+        scores: {k: validation top-1} of the finished runs (k: rate = centre x ratio**k).
+        points: rates in the first sweep, k in [-(points // 2), points - points // 2).
+        max_extensions: how many rates the sweep may add beyond the first, one at a time, each past
+            the edge where the best rate lies.
+
+    The best is the highest validation top-1; ties go to the smaller rate (the safer one).
+    """
+    first = range(-(points // 2), points - points // 2)
+    for k in first:
+        if k not in scores:
+            return k
+    if len(scores) - points >= max_extensions:
+        return None
+    best = chosen_index(scores)
+    if best == min(scores):
+        return best - 1
+    if best == max(scores):
+        return best + 1
+    return None
+
+
+def chosen_index(scores):
+    """The grid index of the best validation top-1 in `scores` ({k: top-1}); ties: the smaller rate."""
+    return max(scores, key=lambda k: (scores[k], -k))
+
+
+def study(args):
+    """Runs (or resumes) the whole grid; returns the records the report is made from."""
+    journal = os.path.join(args.output_dir, "attempts.jsonl")
+    records = []
+    report = lambda: large_batch_report.write(args, records, _read_journal(journal), ARMS)
+    for batch in args.batches:
+        for arm in args.arms:
+            scores = {}
+            while (k := next_sweep_index(scores, args.sweep_points, args.max_extensions)) is not None:
+                cell = Cell(arm, batch, k, seed=0)
+                summary = run_cell(args, cell, journal)
+                scores[k] = summary["final_val_top1"]
+                records.append(_record(args, cell, summary, role="sweep"))
+                report()
+            best = chosen_index(scores)
+            for r in records:
+                if r["arm"] == arm and r["batch"] == batch and r["k"] == best:
+                    r["chosen"] = True
+                    r["edge"] = best in (min(scores), max(scores))
+            for seed in range(1, args.seeds):
+                cell = Cell(arm, batch, best, seed)
+                summary = run_cell(args, cell, journal)
+                records.append(_record(args, cell, summary, role="seed", chosen=True))
+                report()
+    report()
+    return records
+
+
+def _record(args, cell, summary, role, chosen=False):
+    arm = ARMS[cell.arm]
+    rate = rate_of(args, cell)
+    last = summary["epochs"][-1]
+    return {
+        "arm": cell.arm,
+        "batch": cell.batch,
+        "k": cell.k,
+        "seed": cell.seed,
+        "role": role,
+        "chosen": chosen,
+        "edge": False,
+        "rate": rate,
+        "rate_flag": arm.rate_flag,
+        "peak_learning_rate": summary["plan"]["peak_learning_rate"],
+        "val_top1": summary["final_val_top1"],
+        "val_loss": last["val_loss"],
+        "test_top1": summary["final_test_top1"],
+        "test_top5": summary["final_test_top5"],
+        "train_loss": last["loss"],
+        "train_top1": last["top1"],
+        "images_per_second": summary["images_per_second"],
+        "steps_per_epoch": summary["plan"]["steps_per_epoch"],
+        "total_steps": summary["plan"]["total_steps"],
+        "warmup_steps": summary["plan"]["warmup_steps"],
+        "git_sha": summary["git_sha"],
+        "date": summary["date"],
+        "machine": summary["machine"],
+        "run_name": run_name(args, cell),
+    }
+
+
+def _read_journal(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ints = lambda text: [int(v) for v in text.split(",") if v]
+    parser.add_argument("--output_dir", default=os.path.join("results", "runs", STUDY_TAG))
+    parser.add_argument("--report", default=os.path.join("results", "large_batch_study.md"))
+    parser.add_argument("--batches", type=ints, default=[8192, 2048, 512, 128], help="run in this order")
+    parser.add_argument("--arms", type=lambda t: t.split(","), default=["momentum", "lars"])
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--warmup_epochs", type=float, default=1.0)
+    parser.add_argument("--weight_decay", type=float, default=5e-4)
+    parser.add_argument("--seeds", type=int, default=2, help="seeds of each chosen rate (the sweep's is 0)")
+    parser.add_argument("--sweep_points", type=int, default=3)
+    parser.add_argument("--sweep_ratio", type=float, default=2.0)
+    parser.add_argument("--max_extensions", type=int, default=2)
+    parser.add_argument("--validation_examples", type=int, default=5000)
+    parser.add_argument("--ranks", type=int, default=1, help="Horovod ranks per run (1: one process)")
+    parser.add_argument("--run_timeout_s", type=float, default=6 * 3600)
+    parser.add_argument(
+        "--train_program",
+        default="-m hvd_lars.main",
+        help="what Python runs for each run (tests: the fault-injecting tests/kill_at_step.py)",
+    )
+    parser.add_argument("--max_train_examples", type=int, default=0, help="smoke tests only")
+    parser.add_argument("--max_eval_examples", type=int, default=0, help="smoke tests only")
+    args = parser.parse_args(argv)
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown {unknown}; valid: {', '.join(ARMS)}.")
+    if not args.batches or min(args.batches) < 1 or args.ranks < 1 or args.seeds < 1 or args.sweep_points < 1:
+        parser.error("--batches, --ranks, --seeds and --sweep_points must be positive.")
+    if not 0 < args.validation_examples < FASHION_MNIST_TRAIN:
+        parser.error(f"--validation_examples must be in [1, {FASHION_MNIST_TRAIN - 1}].")
+    args.output_dir = os.path.abspath(args.output_dir)
+    args.report = os.path.abspath(args.report)
+    args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), REPO), *sys.argv[1:]])
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.output_dir, exist_ok=True)
+    # One study per output folder at a time: two would train the same runs into the same directories.
+    lock = open(os.path.join(args.output_dir, ".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"Another study is running in {args.output_dir}; wait for it or stop it.") from None
+    records = study(args)
+    print(f"[study] done: {len(records)} runs; report {args.report}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

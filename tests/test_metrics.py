@@ -1,0 +1,112 @@
+"""Top-1 / top-5 by one rule (ties broken by class index) in the training logs and in ExactEvaluation."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_lars import LARS
+from hvd_lars.callbacks import ExactEvaluation
+from hvd_lars.config import TrainConfig
+from hvd_lars.metrics import TopKAccuracy, top_k_correct
+from hvd_lars.train import _loss_and_metrics
+
+
+def _reference(labels, logits, k):
+    """NumPy: the label's position in a stable descending sort (ties keep the lower class index first)."""
+    logits = np.asarray(logits, np.float64)
+    order = np.argsort(-logits, axis=1, kind="stable")
+    rank = np.argmax(order == np.asarray(labels)[:, None], axis=1)
+    return (rank < k) & ~np.isnan(logits).any(axis=1)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_all_zero_logits_give_chance_top1_and_top5_in_training_and_evaluation(label_smoothing):
+    # The new user's case: 10 classes, every logit 0, 20 images with labels 0..9 twice. Ties broken by class
+    # index predict classes 0 (top-1) and 0-4 (top-5): 2 and 10 of 20 correct, in training and test alike.
+    images = np.zeros((20, 4), np.float32)
+    labels = np.tile(np.arange(10, dtype=np.int32), 2)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(10, kernel_initializer="zeros")], name="zero_logits"
+    )
+    loss, metrics = _loss_and_metrics(TrainConfig(label_smoothing=label_smoothing), num_classes=10)
+    model.compile(optimizer=LARS(0.0), loss=loss, metrics=metrics, jit_compile=False)
+    targets = tf.one_hot(labels, 10).numpy() if label_smoothing else labels
+    train = tf.data.Dataset.from_tensor_slices((images, targets)).batch(20)
+    evaluation = tf.data.Dataset.from_tensor_slices((images, labels)).batch(7)
+    history = model.fit(
+        train, epochs=1, verbose=0, shuffle=False, callbacks=[ExactEvaluation(evaluation, 20)]
+    )
+    logs = {k: v[-1] for k, v in history.history.items()}
+    assert np.abs(model.layers[-1].kernel.numpy()).max() == 0  # learning rate 0: logits stayed 0
+    assert (logs["top1"], logs["top5"]) == pytest.approx((0.1, 0.5), abs=1e-7)
+    assert (logs["test_top1"], logs["test_top5"]) == pytest.approx((0.1, 0.5), abs=1e-12)
+
+
+ADVERSARIAL = {
+    # (labels, logits): ties at the k-th place, constant rows, -inf/inf, a NaN row.
+    "ties": ([2, 1, 3, 0], [[1, 3, 3, 0], [1, 3, 3, 0], [5, 5, 5, 5], [0, 0, 0, 0]]),
+    "constant": ([0, 4, 5, 9], [[-2.5] * 10] * 4),
+    "infinities": ([1, 0, 2], [[np.inf, np.inf, 0], [-np.inf, 0, -np.inf], [0, 1, np.inf]]),
+    "nan_row": ([0, 1], [[np.nan, 0, 0], [0, 5, 1]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADVERSARIAL))
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_adversarial_inputs_match_the_stable_sort(case, k):
+    labels, logits = ADVERSARIAL[case]
+    logits = np.asarray(logits, np.float32)
+    got = top_k_correct(tf.constant(labels), tf.constant(logits), k).numpy()
+    np.testing.assert_array_equal(got, _reference(labels, logits, k))
+    if k == 1:  # top-1 is argmax's answer wherever the row has no NaN
+        finite = ~np.isnan(logits).any(axis=1)
+        np.testing.assert_array_equal(got[finite], (np.argmax(logits, 1) == labels)[finite])
+
+
+def test_tie_heavy_random_logits_and_the_keras_metric():
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 3, size=(500, 10)).astype(np.float32)  # about 3 tied classes per value
+    labels = rng.integers(0, 10, size=500).astype(np.int32)
+    for k in (1, 5):
+        want = _reference(labels, logits, k)
+        np.testing.assert_array_equal(top_k_correct(labels, logits, k).numpy(), want)
+        metric = TopKAccuracy(k)
+        metric.update_state(labels[:, None], logits)  # (B, 1) integer labels, as Keras passes them
+        assert float(metric.result()) == pytest.approx(want.mean(), abs=1e-6)
+        one_hot = TopKAccuracy(k)  # label smoothing's one-hot targets
+        one_hot.update_state(tf.one_hot(labels, 10), logits)
+        assert float(one_hot.result()) == float(metric.result())
+    # in_top_k, which Keras's own top-k metrics use, counts every tie as inside the top k.
+    top1 = _reference(labels, logits, 1).mean()
+    assert tf.math.in_top_k(labels, logits, 1).numpy().mean() > top1 + 0.1
+
+
+def test_bfloat16_logits_tie_as_bfloat16():
+    # 1.0 and 1.001 differ in float32 and are the same bfloat16 number (8-bit significand).
+    logits = tf.constant([[1.0, 1.001, 0.5], [0.5, 1.001, 1.0]], tf.float32)
+    labels = tf.constant([1, 1])
+    assert top_k_correct(labels, logits, 1).numpy().tolist() == [True, True]
+    tied = tf.cast(logits, tf.bfloat16)
+    assert top_k_correct(labels, tied, 1).numpy().tolist() == [False, True]
+    metric = TopKAccuracy(1)
+    metric.update_state(labels, tied)
+    assert float(metric.result()) == 0.5
+
+
+def test_single_class():
+    logits = tf.constant([[0.0], [-3.0], [7.0]])
+    assert top_k_correct(tf.constant([0, 0, 0]), logits, 1).numpy().all()
+    metric = TopKAccuracy(1)
+    metric.update_state(tf.constant([0, 0, 0]), logits)
+    assert float(metric.result()) == 1.0
+
+
+def test_metric_config_round_trip_and_bad_k():
+    metric = TopKAccuracy(5, name="top5")
+    again = TopKAccuracy.from_config(metric.get_config())
+    assert (again.k, again.name) == (5, "top5")
+    with pytest.raises(ValueError, match="got 0"):
+        TopKAccuracy(0)
+    with pytest.raises(ValueError, match="got 0"):
+        top_k_correct(tf.constant([0]), tf.constant([[1.0]]), 0)

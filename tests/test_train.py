@@ -1,0 +1,17 @@
+"""hvd_lars.train's pieces that need no data: thread settings read back from TensorFlow."""
+
+import tensorflow as tf
+
+from hvd_lars.config import TrainConfig
+from hvd_lars.train import applied_threads, configure_threads
+
+
+def test_thread_settings_are_read_back_from_tensorflow():
+    tf.constant(1.0) + 1.0  # this process's TensorFlow is initialised: its pools are fixed
+    before = applied_threads()
+    requested = configure_threads(TrainConfig(intra_op_threads=7, inter_op_threads=3), world_size=1)
+    assert requested == (7, 3)
+    # The request came too late: what is reported is what TensorFlow runs with, not the request.
+    assert applied_threads() == before
+    assert (before["intra_op"], before["inter_op"]) != (7, 3)
+    assert before["intra_op"] == tf.config.threading.get_intra_op_parallelism_threads()

@@ -50,7 +50,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         finite on every rank. So all ranks skip the step and halve the scale together, or all apply it.
         Hand-built, this nesting works the same. If this wrapper's `apply` is ever called from a loss
         scaler it could not attach to, it raises RuntimeError instead of hanging. A loss scaler around
-        a `DistributedLossScaleOptimizer` (two scalers) raises ValueError at build.
+        a `DistributedLossScaleOptimizer` (two scalers) raises ValueError at build. Attaching, rather
+        than always posing as a loss scaler, leaves to Keras its decision of when to scale the loss (from
+        the model's dtype policy and `auto_scale_loss`, at compile time).
 
     Args:
         optimizer: any unbuilt or built `keras.optimizers.Optimizer` (built only if it has no
@@ -141,7 +143,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         micro-batches and ranks and applies them with the held optimizer.
 
         Args:
-            grads: list of gradient tensors (or None), one per trainable variable.
+            grads: list of gradients, one per trainable variable, each of its variable's shape (float16,
+                bfloat16, float32 or float64; `tf.IndexedSlices` are made dense), or None for a variable
+                without a gradient.
             trainable_variables: the variables, or None for those the optimizer was built with.
         """
         if not self.built:

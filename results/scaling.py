@@ -285,8 +285,10 @@ def overlap_compression(args):
             )
         finally:
             _run([CLUSTER, "down"], env=cluster_env, timeout=300)
-        shaped = re.findall(r"rate \S+", status)
-        link = f"veth pair per host, tc tbf {args.link_rate} each way" + (f" ({shaped[0]})" if shaped else "")
+        shaped = re.findall(r"rate ([0-9.]+[kmgt]?bit)", status)
+        link = f"veth pair per host, tc tbf {args.link_rate} each way"
+        if shaped:
+            link += f" (tc reports {shaped[0]})"
     with open(compute_json) as f:
         compute = json.load(f)
     with open(busy_json) as f:

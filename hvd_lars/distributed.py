@@ -51,11 +51,6 @@ def local_rank():
     return _hvd.local_rank() if _hvd else 0
 
 
-def local_size():
-    """Number of ranks on this process's node; 1 without Horovod."""
-    return _hvd.local_size() if _hvd else 1
-
-
 def size():
     """World size: number of ranks; 1 without Horovod."""
     return _hvd.size() if _hvd else 1

@@ -37,8 +37,12 @@ SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 # load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s, 4 runs of each).
 MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
 # MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
-# Gloo sums in another order: float32 rounding differences, measured at most 3.6e-7 after the 6 steps.
-GLOO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+# Gloo sums in another order: float32 rounding differences of the 4-rank sums (about 1e-7 relative),
+# carried through 6 LARS steps whose trust ratios divide by gradient norms. Measured at most 3.6e-7
+# with one grouped allreduce and 1.9e-6 with the default overlapped reduction (Horovod fuses the
+# per-gradient allreduces in whatever order they are ready). Smoke training moves weights by about 1e-2,
+# four orders of magnitude above this tolerance.
+GLOO_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 HOST_FAILURE_LIMIT_S = 60
 
 

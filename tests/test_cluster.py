@@ -37,12 +37,13 @@ SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 # load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s, 4 runs of each).
 MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
 # MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
-# Gloo sums in another order: float32 rounding differences of the 4-rank sums (about 1e-7 relative),
-# carried through 6 LARS steps whose trust ratios divide by gradient norms. Measured at most 3.6e-7
-# with one grouped allreduce and 1.9e-6 with the default overlapped reduction (Horovod fuses the
-# per-gradient allreduces in whatever order they are ready). Each smoke step moves a tensor by about
-# lr * eta = 0.1% of its norm (LARS), so the run's movement is far above this tolerance.
-GLOO_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+# Gloo sums in another order: float32 rounding differences of the 4-rank sums (about 1e-7 relative), carried
+# through 6 LARS steps whose trust ratios divide by gradient norms and through the batch-norm statistics. Elementwise
+# they reached 5.8e-5 (4.3e-4 relative, a moving statistic, on a CI machine), so the check is relative to how far the
+# run moved each tensor: |Gloo - MPI| at most GLOO_FRACTION_OF_MOVEMENT x |MPI - initial| (Euclidean norms). Measured
+# at most 5.1e-4 of the movement (a bias; 3.7e-4 for a moving statistic). A wrong reduction (a rank's gradient left
+# out or counted twice) changes the gradient's direction, so the runs would differ by a sizeable part of the movement.
+GLOO_FRACTION_OF_MOVEMENT = 0.02
 HOST_FAILURE_LIMIT_S = 60
 
 
@@ -110,8 +111,16 @@ def _assert_two_hosts(summary):
 
 
 def _rank_weights(workdir):
+    """Each rank's weights after training (tests/rank_weights_main.py), in rank order."""
     folder = Path(workdir) / "smoke" / "rank_weights"
-    return [dict(np.load(folder / f"rank{r}.npz")) for r in range(WORLD_SIZE)]
+    saved = [dict(np.load(folder / f"rank{r}.npz")) for r in range(WORLD_SIZE)]
+    return [{k: v for k, v in arrays.items() if not k.startswith("init_")} for arrays in saved]
+
+
+def _initial_weights(workdir):
+    """The run's initial weights: rank 0's as built, before the first batch broadcast them to every rank."""
+    arrays = np.load(Path(workdir) / "smoke" / "rank_weights" / "rank0.npz")
+    return {k[len("init_") :]: arrays[k] for k in arrays.files if k.startswith("init_")}
 
 
 def _last_checkpoint_step(workdir):
@@ -292,8 +301,14 @@ def test_horovodrun_gloo_from_the_first_host_matches_mpi(cluster, mpi_run, share
     for r in range(WORLD_SIZE):
         for name in reference:
             np.testing.assert_array_equal(weights[r][name], weights[0][name], err_msg=f"rank {r}, {name}")
+    initial, reference_initial = _initial_weights(shared_dir), _initial_weights(mpi_run[0])
+    assert initial.keys() == reference.keys()
     for name in reference:
-        np.testing.assert_allclose(weights[0][name], reference[name], **GLOO_TOLERANCE, err_msg=name)
+        np.testing.assert_array_equal(initial[name], reference_initial[name], err_msg=name)
+        moved = np.linalg.norm(reference[name] - initial[name])
+        apart = np.linalg.norm(weights[0][name] - reference[name])
+        assert moved > 0, f"{name} did not move in training"
+        assert apart <= GLOO_FRACTION_OF_MOVEMENT * moved, (name, apart, moved)
 
 
 def _wait_for_checkpoint(workdir, after_step, alive, timeout=300):

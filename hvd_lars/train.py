@@ -177,7 +177,7 @@ def _loss_and_metrics(config, num_classes):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
 
 
-def _input_kwargs(config, per_rank_batch, rank, world_size):
+def _input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
     return dict(
         per_rank_batch=per_rank_batch,
         rank=rank,
@@ -194,6 +194,8 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
         skip_corrupt=config.skip_corrupt,
         input_threads=config.input_threads,
         validation_examples=config.validation_examples,
+        # The image-folder listing, made once per run by rank 0 and kept for the run's later starts.
+        index_dir=os.path.join(run_dir, "image_folder_index"),
     )
 
 
@@ -231,7 +233,7 @@ def run(config, extra_callbacks=()):
     run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
     run_dir = os.path.join(config.workdir, run_name)
 
-    data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
+    data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size, run_dir))
     plan = make_plan(config, world_size, data.num_train_examples)
     threads = applied_threads()
     if chief:
@@ -322,21 +324,18 @@ def run(config, extra_callbacks=()):
     callbacks.append(summary)
 
     # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The
-    # training stream is deterministic for a seed, so skipping the micro-batches already consumed puts
-    # every rank exactly where the interrupted run was.
+    # training stream is a function of the seed and the position, so starting it at the micro-batches
+    # already consumed puts every rank exactly where the interrupted run was, without reading or
+    # decoding any of them (InputPipeline.train_from).
     step = start_step
     while step < plan.total_steps:
-        if step != start_step:
-            # A fresh pipeline object: its seeded shuffle restarts the same stream (iterating the old
-            # object again would draw new shuffle seeds and break the resumed run's data order).
-            data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
-        train = data.train
+        train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
             train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
         epoch = step // plan.steps_per_epoch
         done_in_epoch = step - epoch * plan.steps_per_epoch
         model.fit(
-            train.skip(step * plan.accumulation_steps),
+            train,
             initial_epoch=epoch,
             epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
             steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,

@@ -53,12 +53,12 @@ def applied_threads():
     }
 
 
-def build_optimizer(config, plan):
-    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`."""
-    from hvd_lars.lars import LARS, mlperf_exclusions
+def build_schedule(config, plan):
+    """The learning-rate schedule `config.schedule` over the steps of `plan` (a callable of the update
+    count; `hvd_lars.schedules.make_schedule`)."""
     from hvd_lars.schedules import make_schedule
 
-    schedule = make_schedule(
+    return make_schedule(
         config.schedule,
         peak_learning_rate=plan.peak_learning_rate,
         total_steps=plan.total_steps,
@@ -68,6 +68,13 @@ def build_optimizer(config, plan):
         power=config.decay_power,
         **_step_decay_arguments(config, plan),
     )
+
+
+def build_optimizer(config, plan):
+    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`."""
+    from hvd_lars.lars import LARS, mlperf_exclusions
+
+    schedule = build_schedule(config, plan)
     # Keras's own accumulation averages the micro-batch gradients; the schedule follows applied updates.
     # Batch norm still sees micro-batches (batch_norm_note says what that does; the run log prints it).
     accumulation = (
@@ -205,7 +212,7 @@ def run(config, extra_callbacks=()):
     Args:
         config: `TrainConfig`.
         extra_callbacks: Keras callbacks run on every rank after the built-in ones (rank averaging,
-            evaluation, checkpoints) and before the loggers (CSVLogger, TensorBoard, summary.json), so
+            evaluation, checkpoints) and before the loggers (metrics.csv, TensorBoard, summary.json), so
             what they add to the epoch logs is recorded.
 
     Raises:
@@ -220,6 +227,7 @@ def run(config, extra_callbacks=()):
     import tensorflow as tf
 
     from hvd_lars import callbacks as cb
+    from hvd_lars import epoch_logs
     from hvd_lars.data import get_input
     from hvd_lars.models import get_model
     from hvd_lars.run_summary import RunSummary
@@ -307,9 +315,10 @@ def run(config, extra_callbacks=()):
         callbacks.insert(1, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
     callbacks += list(extra_callbacks)
     if chief:
+        # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
         callbacks += [
-            keras.callbacks.CSVLogger(os.path.join(run_dir, "metrics.csv"), append=start_step > 0),
-            keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), update_freq="epoch"),
+            epoch_logs.MetricsCSV(os.path.join(run_dir, "metrics.csv"), start_step, plan.steps_per_epoch),
+            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard"), start_step),
         ]
 
     if start_step >= plan.total_steps:

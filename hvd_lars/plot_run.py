@@ -103,6 +103,7 @@ def make_figure(run_dir):
     ax.set_title("learning rate")
     ax.legend()
     for ax in axes:
+        ax.set_xlim(0, summary["plan"]["total_steps"])
         ax.set_xlabel("step (optimizer updates)")
         ax.grid(alpha=0.3)
         top = ax.secondary_xaxis("top", functions=(lambda s: s / per_epoch, lambda e: e * per_epoch))

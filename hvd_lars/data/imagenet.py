@@ -81,7 +81,13 @@ def builder(data_dir=None, manual_dir=None, prepare=True):
         FileNotFoundError: not prepared, and `manual_dir` lacks the two ILSVRC-2012 tars.
         ValueError: the validation tar does not hold exactly the labelled images (`check_validation_tar`).
     """
-    import tensorflow_datasets as tfds
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise ImportError(
+            f"--dataset=imagenet2012 needs tensorflow-datasets ({e}); install the extra: "
+            "pip install 'hvd_lars[imagenet]' (or pip install -r requirements.txt)."
+        ) from e
 
     ds_builder = tfds.builder(NAME, data_dir=data_dir or None)
     if ds_builder.is_prepared() or not prepare:

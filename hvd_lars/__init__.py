@@ -2,7 +2,9 @@
 
 Reproduces You et al., "ImageNet Training in Minutes" (ICPP 2018). The pieces a Keras 3 user can take
 alone: `LARS`, the warmup schedules (`WarmupPolynomialDecay`, `PaperPolynomialDecay`, `WarmupCosineDecay`,
-`WarmupStepDecay`, `make_schedule`), `scaled_learning_rate`, and the callbacks in `hvd_lars.callbacks`.
+`WarmupStepDecay`, `make_schedule`), `scaled_learning_rate`, the callbacks in `hvd_lars.callbacks`, and the
+Keras 3 replacements for `horovod.tensorflow.keras`: `DistributedOptimizer` and the callbacks of
+`hvd_lars.horovod_callbacks`.
 """
 
 import importlib
@@ -13,6 +15,11 @@ __version__ = "0.1.0"
 # package (hvd_lars.slurm_hosts, hvd_lars.main --help) do not pay TensorFlow's start-up.
 _EXPORTS = {
     "LARS": "hvd_lars.lars",
+    "DistributedOptimizer": "hvd_lars.distributed_optimizer",
+    "DistributedLossScaleOptimizer": "hvd_lars.distributed_optimizer",
+    "BroadcastGlobalVariablesCallback": "hvd_lars.horovod_callbacks",
+    "MetricAverageCallback": "hvd_lars.horovod_callbacks",
+    "LearningRateWarmupCallback": "hvd_lars.horovod_callbacks",
     "TRUST_RATIO_MODES": "hvd_lars.lars",
     "mlperf_exclusions": "hvd_lars.lars",
     "WarmupPolynomialDecay": "hvd_lars.schedules",

@@ -1,7 +1,8 @@
 """Keras 3 callbacks for data-parallel large-batch training.
 
-Order matters: `AverageOverRanks` and `ImagesPerSecond` must precede `ExactEvaluation`, and all of them
-must precede the loggers (TensorBoard, CSVLogger, the progress bar), which then see rank-averaged values.
+Order matters: `hvd_lars.horovod_callbacks.MetricAverageCallback` and `ImagesPerSecond` must precede
+`ExactEvaluation`, and all of them must precede the loggers (TensorBoard, CSVLogger, the progress bar),
+which then see rank-averaged values.
 """
 
 import time
@@ -23,22 +24,6 @@ def moving_statistics(model):
         for v in model.non_trainable_variables
         if "seed_generator" not in v.path and v.dtype.startswith("float")
     ]
-
-
-class AverageOverRanks(keras.callbacks.Callback):
-    """Replaces each epoch-end training metric by its mean over ranks.
-
-    Every rank runs the same number of steps on the same per-rank batch, so a rank's epoch mean has the
-    same weight (examples) on every rank and the plain mean over ranks is the example-weighted mean.
-    """
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or distributed.size() == 1:
-            return
-        keys = sorted(k for k in logs if not k.startswith(("val_", "test_")))
-        values = distributed.allreduce_sum([float(logs[k]) for k in keys], name="hvd_lars.train_metrics")
-        for k, v in zip(keys, values / distributed.size()):
-            logs[k] = float(v)
 
 
 class ImagesPerSecond(keras.callbacks.Callback):
@@ -165,8 +150,10 @@ class LearningRateLogger(keras.callbacks.Callback):
 
 
 def _inner(optimizer):
-    # A LossScaleOptimizer holds the rate in the optimizer it wraps.
-    return getattr(optimizer, "inner_optimizer", optimizer)
+    # Wrappers (LossScaleOptimizer, DistributedOptimizer) hold the rate in the optimizer they wrap.
+    from hvd_lars.distributed_optimizer import innermost_optimizer
+
+    return innermost_optimizer(optimizer)
 
 
 def _scalar(value):

@@ -6,6 +6,7 @@ Flags speak in epochs and in learning rates per 256 images; the training loop sp
 
 import dataclasses
 
+from hvd_lars.distributed import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 from hvd_lars.schedules import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate
 
 OPTIMIZERS = ("lars", "momentum")
@@ -37,6 +38,8 @@ class TrainConfig:
     # micro-batch by its own statistics and updates its moving averages once per micro-batch
     # (hvd_lars.train.batch_norm_note; tests/test_accumulation.py); the paper's workers accumulated nothing.
     accumulation_steps: int = 1
+    gradient_reduction: str = "overlap"  # overlap: allreduce each gradient as backprop produces it
+    gradient_compression: str = "none"  # fp16: gradients travel as float16, divided by ranks before the sum
     precision: str = "auto"  # auto: mixed_bfloat16 where the CPU has native bf16, else float32
     label_smoothing: float = 0.0
     epochs: float = 10.0
@@ -118,6 +121,15 @@ class TrainConfig:
             raise ValueError(f"--optimizer={self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
+        if self.gradient_reduction not in GRADIENT_REDUCTIONS:
+            raise ValueError(
+                f"--gradient_reduction={self.gradient_reduction!r}; valid: {', '.join(GRADIENT_REDUCTIONS)}."
+            )
+        if self.gradient_compression not in GRADIENT_COMPRESSIONS:
+            raise ValueError(
+                f"--gradient_compression={self.gradient_compression!r}; valid: "
+                f"{', '.join(GRADIENT_COMPRESSIONS)}."
+            )
         self.resolve_batch(world_size)
         from hvd_lars.data import DATASETS
         from hvd_lars.data.preprocessing import PREPROCESSINGS

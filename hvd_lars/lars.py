@@ -162,18 +162,22 @@ class LARS(keras.optimizers.Optimizer):
     ):
         shared_rate = learning_rate if isinstance(learning_rate, keras.Variable) else None
         if shared_rate is not None:
-            learning_rate = float(shared_rate.numpy())
+            # The base class would make a rate variable of its own; a placeholder callable keeps it from
+            # doing so (untracking one afterwards edits the tracked variable list in place, which
+            # tf.train.Checkpoint refuses to save).
+            learning_rate = _rate_set_below
         elif isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool):
             _check_range("learning_rate", learning_rate, 0.0, None, ">= 0")
             learning_rate = float(learning_rate)  # the Keras base class accepts Python floats only
         # weight_decay is not passed on: the base class would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         if shared_rate is not None:
-            # Use the caller's variable itself (a callback or another optimizer may change it), tracked
-            # in place of the copy the base class made, so it is saved with the optimizer.
-            self._untrack_variable(self._learning_rate)
+            # The caller's variable itself (a callback or another optimizer may change it). The
+            # assignment tracks it once, second in `variables` as a float rate's variable is, so the
+            # optimizer saves and loads (tf.train.Checkpoint, .keras) like one built with a float.
             self._learning_rate = shared_rate
-            self._track_variable(shared_rate)
+            if not self._tracker.is_in_store("variables", shared_rate):  # built where tracking is off
+                self._track_variable(shared_rate)
         _check_range("momentum", momentum, 0.0, 1.0, "in [0, 1)")
         _check_range("weight_decay", weight_decay, 0.0, None, ">= 0")
         _check_range("epsilon", epsilon, 0.0, None, ">= 0")
@@ -357,6 +361,10 @@ class LARS(keras.optimizers.Optimizer):
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             return schedule(self.iterations)
         return super()._get_current_learning_rate()
+
+
+def _rate_set_below():
+    raise AssertionError("LARS replaces this placeholder learning rate in __init__.")
 
 
 def _apply_keras_momentum(variable, slot, learning_rate, gradient, momentum, nesterov):

@@ -10,6 +10,7 @@ import sys
 from absl import app, flags, logging
 
 from hvd_lars.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from hvd_lars.distributed import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 
 _D = TrainConfig()
 flags.DEFINE_string(
@@ -47,6 +48,18 @@ flags.DEFINE_integer(
     _D.accumulation_steps,
     "Micro-batches per optimizer update. Batch norm normalises each micro-batch on its own and updates its "
     "moving averages once per micro-batch (the run log says how often per update).",
+)
+flags.DEFINE_enum(
+    "gradient_reduction",
+    _D.gradient_reduction,
+    GRADIENT_REDUCTIONS,
+    "overlap: allreduce each gradient as backprop produces it; grouped: one allreduce after backprop.",
+)
+flags.DEFINE_enum(
+    "gradient_compression",
+    _D.gradient_compression,
+    GRADIENT_COMPRESSIONS,
+    "fp16: gradients travel as float16 (divided by the world size before the sum).",
 )
 flags.DEFINE_enum(
     "precision",

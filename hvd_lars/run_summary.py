@@ -21,7 +21,8 @@ from hvd_lars.strict_json import strict
 class RunSummary(keras.callbacks.Callback):
     """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
 
-    Keys: run_name, config, plan, world_size, global_batch_size, per_rank_batch_size, accumulation_steps,
+    Keys: run_name, config, plan, world_size, hosts (sorted host names of all ranks), local_size (ranks on
+    rank 0's host), cross_size (hosts), global_batch_size, per_rank_batch_size, accumulation_steps,
     threads (the thread settings read back from TensorFlow, `hvd_lars.train.applied_threads`),
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
@@ -42,6 +43,10 @@ class RunSummary(keras.callbacks.Callback):
             "config": vars(config),
             "plan": vars(plan),
             "world_size": plan.world_size,
+            # A collective: every rank builds its RunSummary at the same point of the run.
+            "hosts": distributed.host_names(),
+            "local_size": distributed.local_size(),
+            "cross_size": distributed.cross_size(),
             "global_batch_size": plan.global_batch_size,
             "per_rank_batch_size": plan.per_rank_batch_size,
             "accumulation_steps": plan.accumulation_steps,

@@ -21,10 +21,8 @@ def configure_threads(config, world_size):
     """
     import tensorflow as tf
 
-    local_size = os.environ.get(
-        "OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("HOROVOD_LOCAL_SIZE", world_size)
-    )
-    local_ranks = max(1, min(world_size, int(local_size)))
+    # Horovod's own count: launcher variables are missing under srun --mpi=pmix and across hosts.
+    local_ranks = max(1, min(world_size, distributed.local_size()))
     intra = config.intra_op_threads or max(1, (os.cpu_count() or 1) // local_ranks)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
@@ -71,18 +69,15 @@ def build_schedule(config, plan):
 
 
 def build_optimizer(config, plan):
-    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`."""
+    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`, held
+    by a `DistributedOptimizer` that averages each update's gradients over micro-batches and ranks."""
+    from hvd_lars.distributed_optimizer import DistributedOptimizer
     from hvd_lars.lars import LARS, mlperf_exclusions
 
     schedule = build_schedule(config, plan)
-    # Keras's own accumulation averages the micro-batch gradients; the schedule follows applied updates.
-    # Batch norm still sees micro-batches (batch_norm_note says what that does; the run log prints it).
-    accumulation = (
-        {"gradient_accumulation_steps": plan.accumulation_steps} if plan.accumulation_steps > 1 else {}
-    )
     if config.optimizer == "lars":
         excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
-        return LARS(
+        optimizer = LARS(
             schedule,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
@@ -92,19 +87,26 @@ def build_optimizer(config, plan):
             exclude_from_layer_adaptation=excluded,
             trust_ratio_mode=config.trust_ratio_mode,
             momentum_correction=config.momentum_correction,
-            **accumulation,
         )
-    # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:
-    # exactly LARS with every tensor left out of layer adaptation (trust ratio 1).
-    return LARS(
-        schedule,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        exclude_from_weight_decay=mlperf_exclusions() if config.exclude_bn_and_bias else None,
-        exclude_from_layer_adaptation=[""],
-        momentum_correction=config.momentum_correction,
-        name="momentum_sgd",
-        **accumulation,
+    else:
+        # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:
+        # exactly LARS with every tensor left out of layer adaptation (trust ratio 1).
+        optimizer = LARS(
+            schedule,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            exclude_from_weight_decay=mlperf_exclusions() if config.exclude_bn_and_bias else None,
+            exclude_from_layer_adaptation=[""],
+            momentum_correction=config.momentum_correction,
+            name="momentum_sgd",
+        )
+    # Micro-batch gradients are averaged on the rank, then over ranks once per update; the schedule
+    # follows applied updates.
+    return DistributedOptimizer(
+        optimizer,
+        backward_passes_per_step=plan.accumulation_steps,
+        compression=config.gradient_compression,
+        gradient_reduction=config.gradient_reduction,
     )
 
 
@@ -229,6 +231,7 @@ def run(config, extra_callbacks=()):
     from hvd_lars import callbacks as cb
     from hvd_lars import epoch_logs
     from hvd_lars.data import get_input
+    from hvd_lars.horovod_callbacks import MetricAverageCallback, broadcast_model_and_optimizer
     from hvd_lars.models import get_model
     from hvd_lars.run_summary import RunSummary
 
@@ -257,7 +260,7 @@ def run(config, extra_callbacks=()):
         os.makedirs(run_dir, exist_ok=True)
 
     model = get_model(config.model, num_classes=data.num_classes, input_shape=data.input_shape)
-    optimizer = distributed.distributed_optimizer(build_optimizer(config, plan))
+    optimizer = build_optimizer(config, plan)
     loss, metrics = _loss_and_metrics(config, data.num_classes)
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
@@ -276,17 +279,16 @@ def run(config, extra_callbacks=()):
             f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
             flush=True,
         )
-    # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed state).
-    distributed.broadcast_variables(
-        [v for v in model.variables + optimizer.variables if "seed_generator" not in v.path]
-    )
+    # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed state),
+    # before the step counter below plans the run.
+    broadcast_model_and_optimizer(model)
     start_step = int(optimizer.iterations)
     if start_step and chief:
         _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
     micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
 
     callbacks = [
-        cb.AverageOverRanks(),
+        MetricAverageCallback(),
         cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
         cb.LearningRateLogger(),
         cb.ExactEvaluation(

@@ -5,11 +5,12 @@
 #   HOSTFILE   Open MPI hostfile ("node01 slots=2" per line; slots = sockets), or "localhost"
 #   NUM_RANKS  total ranks
 #   FLAGFILE   e.g. flags/resnet50_bs32k_lars.flags; extra flags override it
-# Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...).
+# Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...); MPI_BIND=none
+# turns off binding ranks to cores.
 # Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/mpirun.sh localhost 2 flags/smoke.flags
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,10p' "$0" >&2
+  sed -n '2,11p' "$0" >&2
   exit 2
 fi
 hostfile=$1 ranks=$2 flagfile=$3
@@ -22,9 +23,21 @@ else
   [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
   hosts=(--hostfile "$hostfile")
 fi
+# Passed on only when set: the caller's PYTHONPATH (e.g. a checkout other than the installed one) and
+# Horovod's fusion settings (env.sh leaves them at Horovod's defaults).
+forward=()
+for name in PYTHONPATH HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME; do
+  [ -z "${!name:-}" ] || forward+=(-x "$name")
+done
 # ppr:N:socket places N ranks on each socket; PE=T gives each rank T cores, bound (OMP threads stay put).
-exec mpirun -np "$ranks" "${hosts[@]}" \
-  --map-by "ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK}" --bind-to core \
+# MPI_BIND=none leaves ranks unbound: for hosts that share one machine's cores (launch/emulated_cluster.sh),
+# where each host would bind its ranks to the same cores as the others.
+if [ "${MPI_BIND:-core}" = none ]; then
+  placement=(--map-by "ppr:${RANKS_PER_SOCKET}:socket" --bind-to none)
+else
+  placement=(--map-by "ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK}" --bind-to core)
+fi
+exec mpirun -np "$ranks" "${hosts[@]}" "${placement[@]}" \
   -x OMP_NUM_THREADS -x TF_ENABLE_ONEDNN_OPTS -x TF_CPP_MIN_LOG_LEVEL -x KMP_BLOCKTIME \
-  -x HOROVOD_FUSION_THRESHOLD -x HOROVOD_CYCLE_TIME -x PYTHONUNBUFFERED -x PATH \
+  -x PYTHONUNBUFFERED -x PATH "${forward[@]}" \
   "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --intra_op_threads="$THREADS_PER_RANK" "$@"

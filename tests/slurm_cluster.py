@@ -1,16 +1,28 @@
-"""A real single-node Slurm (Debian's slurm-wlm + munge) started on free local ports for the launch tests.
+"""A real Slurm (Debian's slurm-wlm + munge) started on free ports for the launch tests: on this machine
+alone, or with one slurmd per host of the emulated cluster (tests/emulated_cluster.py).
 
 `SlurmCluster(workdir)` writes a slurm.conf for this machine, makes sure munged runs, starts slurmctld and
-slurmd, and waits until the node is idle; `stop()` shuts both down. Commands run with `env` (SLURM_CONF set).
+slurmd, and waits until the node is idle; `stop()` shuts them down.
+`SlurmCluster(workdir, hosts=cluster.hosts, controller_address=...)` declares each emulated host as a node
+(NodeAddr = its address) and starts its slurmd on it over ssh, so the daemon lives in that host's
+namespaces and takes its name; `workdir` must then be outside /tmp, which each host has of its own.
+Commands run with `env` (SLURM_CONF set).
 """
 
+import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 
 DAEMONS = ("slurmctld", "slurmd", "munged")
+
+# A node whose slurmd stops answering is declared DOWN after this many seconds (Slurm's default is 300),
+# which fails the jobs on it (host-failure tests); slurmd pings every SlurmdTimeout / 3.
+SLURMD_TIMEOUT_S = 10
+NODE_SPOOL = "/tmp/hvd_lars_slurmd"  # on an emulated node: in that node's private /tmp
 
 
 def slurm_available():
@@ -30,21 +42,26 @@ def _daemon(name):
 
 
 class SlurmCluster:
-    def __init__(self, workdir):
+    def __init__(self, workdir, hosts=None, controller_address=None):
         self.dir = str(workdir)
-        self.host = socket.gethostname().split(".")[0]
+        self.controller = socket.gethostname().split(".")[0]
+        self.controller_address = controller_address
+        self.hosts = hosts
+        self.node_names = [h.name for h in hosts] if hosts else [self.controller]
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf)
 
     def _write_conf(self):
-        for sub in ("state", "spool"):
-            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        os.makedirs(os.path.join(self.dir, "state"), exist_ok=True)
+        if not self.hosts:
+            os.makedirs(os.path.join(self.dir, "spool", self.controller), exist_ok=True)
         cpus = os.cpu_count() or 2
         memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
         d = self.dir
+        controller = self.controller + (f"({self.controller_address})" if self.controller_address else "")
         lines = [
             "ClusterName=hvdlarstest",
-            f"SlurmctldHost={self.host}",
+            f"SlurmctldHost={controller}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -56,19 +73,30 @@ class SlurmCluster:
             "MpiDefault=none",
             "ReturnToService=2",
             "JobRequeue=1",
+            f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
             "SchedulerType=sched/builtin",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
             f"StateSaveLocation={d}/state",
-            f"SlurmdSpoolDir={d}/spool",
             f"SlurmctldPidFile={d}/slurmctld.pid",
-            f"SlurmdPidFile={d}/slurmd.pid",
             f"SlurmctldLogFile={d}/slurmctld.log",
-            f"SlurmdLogFile={d}/slurmd.log",
-            f"NodeName={self.host} CPUs={cpus} Sockets=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
-            f"RealMemory={memory_mb} State=UNKNOWN",
-            f"PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+            # One spool, pid and log file per node (%n: the node's name): emulated nodes share this folder.
+            # An emulated node keeps its spool in its own /tmp, node-local as on a real node, and emptied
+            # when the host boots again (a dead step's PMIx socket left there would block the requeued job).
+            f"SlurmdSpoolDir={NODE_SPOOL if self.hosts else d + '/spool/%n'}",
+            f"SlurmdPidFile={d}/slurmd-%n.pid",
+            f"SlurmdLogFile={d}/slurmd-%n.log",
         ]
+        for i, name in enumerate(self.node_names):
+            address = f" NodeAddr={self.hosts[i].address}" if self.hosts else ""
+            lines.append(
+                f"NodeName={name}{address} CPUs={cpus} Sockets=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
+                f"RealMemory={memory_mb} State=UNKNOWN"
+            )
+        nodes = ",".join(self.node_names)
+        lines.append(
+            f"PartitionName=test Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+        )
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -80,25 +108,44 @@ class SlurmCluster:
             shutil.chown("/run/munge", "munge", "munge")
             subprocess.run(["runuser", "-u", "munge", "--", _daemon("munged")], check=True)
         subprocess.run([_daemon("slurmctld"), "-f", self.conf], check=True, env=self.env)
-        subprocess.run([_daemon("slurmd"), "-f", self.conf], check=True, env=self.env)
+        for name in self.node_names:
+            self.start_slurmd(name)
+        return self.wait_idle(timeout)
+
+    def start_slurmd(self, name):
+        """Starts the slurmd of node `name`: on this machine, or on the emulated host over ssh."""
+        if not self.hosts:
+            subprocess.run([_daemon("slurmd"), "-f", self.conf], check=True, env=self.env, timeout=60)
+            return
+        host = next(h for h in self.hosts if h.name == name)
+        host.run(f"mkdir -p {NODE_SPOOL} && {_daemon('slurmd')} -f {self.conf}", timeout=60)
+
+    def wait_idle(self, timeout=60):
+        """Waits until every node is idle; returns self."""
         deadline = time.time() + timeout
+        states = []
         while time.time() < deadline:
-            state = self.run(["sinfo", "-h", "-o", "%T"], check=False).stdout.strip()
-            if state.startswith("idle"):
+            states = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout.split("\n")
+            states = [s for s in states if s.strip()]
+            if len(states) == len(self.node_names) and all(s.split()[1].startswith("idle") for s in states):
                 return self
             time.sleep(1)
-        raise RuntimeError(f"Slurm node not idle after {timeout} s (sinfo: {state!r}); logs in {self.dir}")
+        raise RuntimeError(f"Slurm nodes not idle after {timeout} s (sinfo: {states!r}); logs in {self.dir}")
 
     def run(self, cmd, check=True, **kw):
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, check=check, **kw)
 
     def job_state(self, job_id):
         """The job's state (PENDING, RUNNING, COMPLETED, FAILED, ...), from scontrol."""
+        return self.job_field(job_id, "JobState") or "UNKNOWN"
+
+    def job_field(self, job_id, key):
+        """One field of `scontrol show job` (e.g. "Restarts", "ExitCode"), or None."""
         out = self.run(["scontrol", "show", "job", str(job_id)], check=False).stdout
         for field in out.split():
-            if field.startswith("JobState="):
+            if field.startswith(f"{key}="):
                 return field.split("=", 1)[1]
-        return "UNKNOWN"
+        return None
 
     def wait(self, job_id, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), timeout=600):
         deadline = time.time() + timeout
@@ -106,14 +153,29 @@ class SlurmCluster:
             state = self.job_state(job_id)
             if state in states:
                 return state
-            time.sleep(1)
+            time.sleep(0.5)
         raise TimeoutError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
 
-    def stop(self):
+    def stop(self, timeout=30):
+        """Shuts the daemons down and waits until their processes are gone."""
         self.run(["scontrol", "shutdown"], check=False)
-        for name in ("slurmctld", "slurmd"):
-            pid_file = os.path.join(self.dir, f"{name}.pid")
-            for _ in range(30):
-                if not os.path.exists(pid_file):
-                    break
-                time.sleep(0.5)
+        deadline = time.time() + timeout
+        # slurmctld asks each slurmd to stop, but may exit before an emulated node's slurmd hears it.
+        time.sleep(1)
+        for pid_file in glob.glob(os.path.join(self.dir, "slurmd*.pid")):
+            if _alive(pid_file):
+                with open(pid_file) as f:
+                    os.kill(int(f.read().strip()), signal.SIGTERM)
+        while time.time() < deadline and any(
+            _alive(p) for p in glob.glob(os.path.join(self.dir, "slurm*.pid"))
+        ):
+            time.sleep(0.5)
+
+
+def _alive(pid_file):
+    """True while the daemon of `pid_file` runs (a zombie, which has no command line, counts as gone)."""
+    try:
+        with open(pid_file) as f, open(f"/proc/{int(f.read().strip())}/cmdline", "rb") as cmdline:
+            return bool(cmdline.read())
+    except (OSError, ValueError):
+        return False

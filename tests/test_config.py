@@ -38,6 +38,8 @@ def test_base_learning_rate_is_per_256_images():
         (dict(momentum=1.0), 1, ["--momentum", "1.0"]),
         (dict(eta=0.0), 1, ["--eta", "0.0"]),
         (dict(weight_decay=-1.0), 1, ["--weight_decay", "-1.0"]),
+        (dict(gradient_reduction="ring"), 1, ["--gradient_reduction='ring'", "overlap, grouped"]),
+        (dict(gradient_compression="bf16"), 1, ["--gradient_compression='bf16'", "none, fp16"]),
         (dict(preprocessing="vgg"), 1, ["--preprocessing='vgg'", "caffe, caffe_scaled, inception"]),
         (dict(momentum_correction="goyal"), 1, ["--momentum_correction='goyal'", "none, warmup, always"]),
         (dict(validation_examples=-5), 1, ["--validation_examples must be >= 0", "-5"]),

@@ -1,4 +1,11 @@
-"""Two real Horovod processes: identical weights on both ranks, equal to one process on the global batch."""
+"""The Horovod glue on 2 real ranks: DistributedOptimizer over every optimizer, rate and loss-scaler nesting,
+accumulation, overlapped/grouped and float16 reduction, and the Horovod-named callbacks.
+
+Two process groups run all cases (tests/hvd_worker.py): the optimizer matrix under Gloo, the rest under
+MPI, so both of Horovod's controllers are exercised. Tolerances: "the same updates as one process on the
+concatenated batch" holds to rtol 1e-5, atol 1e-6, because float32 means are taken in another order (one
+mean of 8 rows against the mean of two means of 4); across ranks the weights are bit-identical.
+"""
 
 import os
 import subprocess
@@ -7,83 +14,198 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO
+from hvd_worker import CLIPNORM, OPTIMIZERS, RATE_KINDS, STEPS, WRAPS, initial_weights
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 WORKER = os.path.join(REPO, "tests", "hvd_worker.py")
+RTOL, ATOL = 1e-5, 1e-6
 
 
-def _load(path):
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+def _run_group(tmp_path_factory, group, controller):
+    out = tmp_path_factory.mktemp(group)
+    cmd = [HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(out), group]
+    env = dict(os.environ, TMPDIR=str(out))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    ranks = []
+    for rank in range(2):
+        with np.load(out / f"{group}_rank{rank}.npz") as f:
+            ranks.append({k: f[k] for k in f.files})
+    return ranks
 
 
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single")
-    subprocess.run([sys.executable, WORKER, str(out)], check=True, timeout=300)
-    return _load(out / "rank0_of_1_acc1.npz")
+def matrix(tmp_path_factory):
+    return _run_group(tmp_path_factory, "matrix", "--gloo")
 
 
-@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
-def test_two_ranks_match_each_other_and_one_process(controller, tmp_path, single_process):
-    cmd = [HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(tmp_path)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    r0, r1 = _load(tmp_path / "rank0_of_2_acc1.npz"), _load(tmp_path / "rank1_of_2_acc1.npz")
-    assert int(r0["iterations"]) == int(r1["iterations"]) == 4
-    finals = sorted(k for k in r0 if k.startswith("final_"))
-    assert len(finals) == 4  # conv kernel, conv bias, dense kernel, dense bias
-    for k in finals:
-        # Ranks started from different seeds; the broadcast made them equal, and averaged gradients keep
-        # them bit-identical.
-        np.testing.assert_array_equal(r0[k], r1[k])
-        np.testing.assert_allclose(r0[k], single_process[k], rtol=1e-5, atol=1e-6)
-        # The run moved the weights (the comparison above is not of two untouched copies).
-        assert np.abs(r0[k] - r0[k.replace("final", "initial")]).max() > 1e-4
-    np.testing.assert_array_equal(r0["initial_0"], single_process["initial_0"])
+@pytest.fixture(scope="module")
+def behaviour(tmp_path_factory):
+    return _run_group(tmp_path_factory, "behaviour", "--mpi")
 
 
-def test_accumulation_2_ranks_x_2_micro_batches_equals_4_micro_batches_in_one_process(
-    tmp_path, single_process
-):
-    # Same 32 images per update: 2 ranks x 2 micro-batches of 8, 1 process x 4 micro-batches of 8, and
-    # (the single_process fixture) 1 process x 1 batch of 32. The model has no batch norm: with it, each
-    # micro-batch would normalise with its own statistics and the three runs would differ by design.
-    subprocess.run([sys.executable, WORKER, str(tmp_path), "4"], check=True, timeout=300)
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(tmp_path), "2"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    one = _load(tmp_path / "rank0_of_1_acc4.npz")
-    r0, r1 = _load(tmp_path / "rank0_of_2_acc2.npz"), _load(tmp_path / "rank1_of_2_acc2.npz")
-    # The optimizer counts updates, not micro-batches.
-    assert int(one["iterations"]) == int(r0["iterations"]) == 4
-    for k in (k for k in r0 if k.startswith("final_")):
-        np.testing.assert_array_equal(r0[k], r1[k])
-        np.testing.assert_allclose(r0[k], one[k], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(one[k], single_process[k], rtol=1e-5, atol=1e-6)
+def _arrays(results, prefix):
+    keys = sorted((k for k in results if k.startswith(prefix + "/")), key=lambda k: int(k.rsplit("/", 1)[1]))
+    return [results[k] for k in keys]
 
 
-def test_averaging_copy_keeps_a_shared_learning_rate_variable_and_the_update_rule():
-    import keras
-    import tensorflow as tf
+@pytest.mark.parametrize("wrap", WRAPS)
+@pytest.mark.parametrize("rate_kind", RATE_KINDS)
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
+    r0, r1 = matrix
+    case = f"{name}/{rate_kind}/{wrap}"
+    final0, final1 = _arrays(r0, f"{case}/final"), _arrays(r1, f"{case}/final")
+    reference = _arrays(r0, f"{name}/{rate_kind}/reference")
+    assert len(final0) == len(reference) == 4
+    for w0, w1, want, start in zip(final0, final1, reference, initial_weights()):
+        np.testing.assert_array_equal(w0, w1)
+        np.testing.assert_allclose(w0, want, rtol=RTOL, atol=ATOL)
+        assert np.abs(w0 - start).max() > 1e-4  # the run moved the weights (100 x ATOL)
+    assert int(r0[f"{case}/iterations"]) == int(r1[f"{case}/iterations"]) == STEPS
+    expected_types = {
+        "bare": [
+            "DistributedOptimizer",
+            {"sgd": "SGD", "adam": "Adam", "lamb": "Lamb", "lars": "LARS"}[name],
+        ],
+        "lso_inside": ["DistributedLossScaleOptimizer", "LossScaleOptimizer"],
+        "lso_outside": ["LossScaleOptimizer", "DistributedOptimizer"],
+    }[wrap]
+    assert list(r0[f"{case}/types"]) == expected_types
+    assert str(r0[f"{case}/keras_type"]) == expected_types[0]
+    # The whole optimizer state (counters, slots, rates, loss scale) is the same on both ranks and comes
+    # back from a checkpoint and from a .keras file.
+    state0, state1 = _arrays(r0, f"{case}/state"), _arrays(r1, f"{case}/state")
+    assert len(state0) >= 6
+    for restored in ("checkpoint_state", "keras_state"):
+        got = _arrays(r0, f"{case}/{restored}")
+        assert len(got) == len(state0), restored
+        for a, b in zip(state0, got):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(state0, state1):
+        np.testing.assert_array_equal(a, b)
 
-    from hvd_lars import LARS, distributed
 
-    rate = keras.Variable(0.5)
-    original = LARS(rate, weight_decay=1e-3, eta=0.01, momentum_correction=True)
-    copy = distributed._averaging_copy(original)
-    assert isinstance(copy, LARS) and type(copy).__name__ == "DistributedLARS"
-    assert copy._learning_rate is rate  # a callback changing `rate` changes the copy's rate
-    assert {k: v for k, v in copy.get_config().items() if k != "learning_rate"} == {
-        k: v for k, v in original.get_config().items() if k != "learning_rate"
-    }
-    w = keras.Variable(np.array([3.0, 4.0], np.float32))
-    copy.build([w])
-    rate.assign(2.0)
-    copy.apply([tf.constant([0.6, 0.8])], [w])
-    # World size 1: the average is the gradient itself; the LARS step uses the new rate 2.0:
-    # trust = 0.01 * 5 / (1 + 1e-3 * 5); w - 2 * trust * (g + 1e-3 * w).
-    trust = 0.05 / 1.005
-    np.testing.assert_allclose(w.numpy(), [3 - 2 * trust * 0.603, 4 - 2 * trust * 0.804], rtol=1e-5)
-    with pytest.raises(ValueError, match="unbuilt optimizer"):
-        distributed._averaging_copy(copy)
+def test_matrix_rates_and_clipping_take_effect(matrix):
+    r0, _ = matrix
+    # Each way of giving the rate changes the result (none is silently replaced by a constant).
+    for name in OPTIMIZERS:
+        float_run = _arrays(r0, f"{name}/float/bare/final")
+        for kind in RATE_KINDS[1:]:
+            other = _arrays(r0, f"{name}/{kind}/bare/final")
+            assert max(np.abs(a - b).max() for a, b in zip(float_run, other)) > 1e-5, (name, kind)
+    # SGD's global_clipnorm clipped (the first gradient is longer than it), and the 2-rank runs match the
+    # one-process runs only if clipping saw the averaged gradient.
+    assert float(r0["sgd/float/first_gradient_norm"]) > 2 * CLIPNORM
+
+
+def test_loss_scaler_inside_averages_the_scaled_gradients(behaviour):
+    # DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8 and 0.
+    for r in behaviour:
+        np.testing.assert_array_equal(r["lso_inside/steps"], [[-1.0, 4.0, 1.0]])  # w, scale, iterations
+
+
+def test_loss_scaler_outside_decides_on_overflow_together(behaviour):
+    # LossScaleOptimizer(DistributedOptimizer(SGD(1.0)), initial_scale=4): inf on rank 0, 8 on rank 1 ->
+    # both skip and halve the scale; then 8 and 0 at scale 2 -> mean 2 -> w = -2. No rank hangs.
+    for r in behaviour:
+        np.testing.assert_array_equal(r["lso_outside/steps"], [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
+
+
+def test_loss_scaler_keras_adds_under_mixed_float16(behaviour):
+    for r in behaviour:
+        assert list(r["keras_built/types"]) == ["LossScaleOptimizer", "DistributedOptimizer"]
+        # kernel, scale: the overflow on rank 0 skips the step on both ranks; the next step applies.
+        np.testing.assert_array_equal(r["keras_built/steps"], [[0.0, 2.0], [-2.0, 2.0]])
+
+
+def test_a_loss_scaler_around_a_loss_scaling_wrapper_is_refused(behaviour):
+    assert "unscaled twice" in str(behaviour[0]["two_scalers/error"])
+
+
+@pytest.mark.parametrize("case", ["sgd_adopted", "lars_schedule_lso_inside", "adam_lso_outside"])
+def test_accumulation_averages_once_per_update(behaviour, case):
+    r0, r1 = behaviour
+    # 2 ranks x 2 micro-batches of 2 rows against one process on 8 rows per update.
+    for w0, w1, want in zip(
+        _arrays(r0, f"accumulation/{case}/final"),
+        _arrays(r1, f"accumulation/{case}/final"),
+        _arrays(r0, f"accumulation/{case}/reference"),
+    ):
+        np.testing.assert_array_equal(w0, w1)
+        np.testing.assert_allclose(w0, want, rtol=RTOL, atol=ATOL)
+    # iterations counts updates; the wrapper's own counter, micro-batches.
+    assert list(r0[f"accumulation/{case}/counts"]) == [STEPS, 2 * STEPS]
+
+
+def test_accumulating_micro_batches_do_not_communicate(behaviour):
+    # The traced update's cond: 4 allreduces (one per tensor) in the update branch, none in the other.
+    assert list(behaviour[0]["accumulation/allreduces_per_branch"]) == [4, 0]
+
+
+def test_overlapped_and_grouped_reduction(behaviour):
+    r0, r1 = behaviour
+    # 4 per-tensor allreduces (each waits for its own gradient only) against 1 grouped allreduce.
+    assert list(r0["reduction/overlap/none/ops"]) == [4, 0, 0]
+    assert list(r0["reduction/grouped/none/ops"]) == [0, 1, 0]
+    for compression in ("none", "fp16"):
+        overlap = _arrays(r0, f"reduction/overlap/{compression}/final")
+        grouped = _arrays(r0, f"reduction/grouped/{compression}/final")
+        for a, b, c in zip(overlap, grouped, _arrays(r1, f"reduction/overlap/{compression}/final")):
+            np.testing.assert_array_equal(a, c)
+            # Tolerance 0: with 2 ranks each value is the sum of two terms, which float addition gives
+            # exactly in any order or fusion (with more ranks the order could move the last bit).
+            np.testing.assert_array_equal(a, b)
+
+
+def test_fp16_compression(behaviour):
+    r0, r1 = behaviour
+    # The allreduces take float16 tensors: 4 of them, or the 1 grouped one.
+    assert list(r0["reduction/overlap/fp16/ops"]) == [4, 0, 4]
+    assert list(r0["reduction/grouped/fp16/ops"]) == [0, 1, 1]
+    compressed = _arrays(r0, "reduction/overlap/fp16/final")
+    exact = _arrays(r0, "reduction/overlap/none/final")
+    largest_error = 0.0
+    for c, c1, e, start in zip(
+        compressed, _arrays(r1, "reduction/overlap/fp16/final"), exact, initial_weights()
+    ):
+        np.testing.assert_array_equal(c, c1)
+        # float16 keeps 11 significant bits: each rank's value and the sum are rounded by at most 2^-11
+        # (4.9e-4) relative, so the weights differ by at most about 1e-3 of what training moved them.
+        moved = np.abs(e - start).max()
+        error = np.abs(c - e).max()
+        assert error <= 2e-3 * moved, (error, moved)
+        largest_error = max(largest_error, error)
+    assert largest_error > 0  # the values did travel as float16
+
+
+def test_broadcast_callback_at_start_and_on_resume(behaviour):
+    r0, r1 = behaviour
+    assert np.abs(r0["broadcast/initial"] - r1["broadcast/initial"]).max() > 0.01  # different seeds
+    for stage in ("first_fit", "resumed"):
+        a, b = _arrays(r0, f"broadcast/{stage}"), _arrays(r1, f"broadcast/{stage}")
+        assert len(a) == len(b) >= 8  # 4 weights, then the optimizer's counters and momenta
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    # Rank 0 alone "restored" step 100 before the second fit of 3 updates.
+    assert int(r0["broadcast/iterations"]) == int(r1["broadcast/iterations"]) == 100 + STEPS
+
+
+def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
+    for r in behaviour:
+        # val_loss 1.0 on rank 0 and 3.0 on rank 1: EarlyStopping sees 2.0 on both.
+        assert float(r["metric_average/best"]) == 2.0
+        np.testing.assert_array_equal(r["metric_average/val_loss"], [2.0, 2.0])
+        np.testing.assert_array_equal(r["metric_average/loss"], [15.0, 15.0])  # 10 and 20
+        assert float(r["metric_average/evaluate"]) == 2.0  # average_metrics(model.evaluate(...))
+
+
+def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
+    size, initial_lr, warmup_epochs, updates_per_epoch = 2, 0.4, 2, 4
+    want = [
+        initial_lr / size * (k / updates_per_epoch * (size - 1) / warmup_epochs + 1)
+        for k in range(warmup_epochs * updates_per_epoch)
+    ]
+    want += [initial_lr, initial_lr, 0.1, 0.1]  # after warmup the user's own change (0.1) stays
+    for r in behaviour:
+        np.testing.assert_allclose(r["warmup/rates"], want, rtol=1e-6)

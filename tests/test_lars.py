@@ -347,6 +347,35 @@ def test_learning_rate_variable_is_shared():
     assert float(rate.numpy()) == 0.25
 
 
+def test_learning_rate_variable_saves_and_loads_the_whole_state(tmp_path):
+    # Issue 15: the rate variable was listed twice, tf.train.Checkpoint refused to save, and a .keras load
+    # dropped the optimizer state (iterations 8 came back as 0, velocities as zeros) with a warning only.
+    rate = keras.Variable(0.05, dtype="float32", name="shared_rate")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
+    model.compile(optimizer=LARS(rate, weight_decay=1e-3, eta=0.01), loss="mse")
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)).astype(np.float32)
+    model.fit(x, y, batch_size=1, verbose=0)
+    opt = model.optimizer
+    assert [v.path for v in opt.variables].count(rate.path) == 1 and len(opt.variables) == 4
+    saved = [np.asarray(v) for v in opt.variables]
+    assert int(saved[0]) == 8 and np.abs(saved[2]).max() > 0
+
+    tf.train.Checkpoint(optimizer=opt).write(str(tmp_path / "ckpt"))
+    fresh = LARS(keras.Variable(1.0), weight_decay=1e-3, eta=0.01)
+    fresh.build(model.trainable_variables)
+    tf.train.Checkpoint(optimizer=fresh).read(str(tmp_path / "ckpt")).assert_consumed()
+    model.save(tmp_path / "m.keras")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = keras.models.load_model(tmp_path / "m.keras").optimizer
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+    for restored in (fresh, loaded):
+        assert len(restored.variables) == 4
+        for a, b in zip(saved, restored.variables):
+            np.testing.assert_array_equal(a, np.asarray(b))
+
+
 def test_schedule_follows_applied_updates():
     schedule = WarmupPolynomialDecay(peak_learning_rate=4.0, total_steps=10, warmup_steps=4)
     opt = LARS(schedule, momentum=0.0, eta=1.0)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 
 import pytest
@@ -33,6 +34,9 @@ def test_two_ranks_run_smoke_flags(script, first, tmp_path):
     assert summary["world_size"] == 2 and summary["threads"] == {
         "intra_op": 1, "inter_op": 0, "omp_num_threads": "1"
     }  # fmt: skip
+    # One host: both ranks are local (tests/test_cluster.py covers 2 hosts).
+    assert summary["hosts"] == [socket.gethostname()]
+    assert summary["local_size"] == 2 and summary["cross_size"] == 1
 
 
 @pytest.mark.parametrize("script", ["horovodrun.sh", "mpirun.sh"])

@@ -120,11 +120,13 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
 
 
 def test_two_ranks_subset(tmp_path):
+    # The non-default gradient paths (the default, overlapped and uncompressed, runs in the launcher and
+    # resume tests): one grouped allreduce per update, gradients as float16 on the wire.
     result = _run(
         [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
         + MAIN[1:]
         + SUBSET
-        + [f"--workdir={tmp_path}"]
+        + [f"--workdir={tmp_path}", "--gradient_reduction=grouped", "--gradient_compression=fp16"]
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "global batch 512 = 2 ranks x per-rank batch 256" in result.stdout

@@ -1,0 +1,357 @@
+"""DistributedOptimizer: a Keras 3 optimizer that averages gradients over Horovod ranks before the
+optimizer it holds applies them.
+
+The Keras 3 replacement for `horovod.tensorflow.keras.DistributedOptimizer`, which does not support Keras 3
+(Horovod issue 4290). It holds the user's optimizer and delegates to it, as Keras's `LossScaleOptimizer`
+holds its `inner_optimizer`, so every Keras 3 optimizer works with everything it was built with (a float
+rate, a rate variable, a schedule, a callable, clipping, EMA, weight decay, an unregistered class). The
+collectives themselves are in `hvd_lars.distributed`.
+"""
+
+import sys
+import weakref
+
+import keras
+
+from hvd_lars import distributed
+
+LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
+
+
+@keras.saving.register_keras_serializable(package="hvd_lars")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Averages each update's gradients over all ranks, then lets `optimizer` apply them.
+
+    Per update, on every rank: the gradients of the rank's `backward_passes_per_step` micro-batches are
+    averaged locally (accumulated on the rank, no communication between micro-batches), averaged over
+    ranks in one round of allreduces, and handed to `optimizer.apply`, so clipping, weight decay, the
+    update rule and `iterations` see the global mean gradient once per update. With world size 1 nothing
+    is communicated and the wrapper behaves exactly as `optimizer`.
+
+    Gradient accumulation: `backward_passes_per_step` (Horovod's name) or the held optimizer's own Keras
+    `gradient_accumulation_steps` (then taken over: the wrapper accumulates and sets the held optimizer's
+    to None before it is built, as `LossScaleOptimizer` takes over its `loss_scale_factor`). The held
+    optimizer then sees one `apply` per update, so `iterations` counts updates as under Keras's own
+    accumulation, a schedule is evaluated at the update count (Keras's built-in optimizers would feed
+    it the micro-batch count; `hvd_lars.LARS` counts updates either way) and EMA moves once per update.
+
+    Loss scaling (float16), in either nesting:
+      * `DistributedOptimizer(LossScaleOptimizer(opt))`: the scaled gradients are averaged first, so the
+        loss scaler checks the global gradient and every rank takes the same decision. The returned
+        object is a `DistributedLossScaleOptimizer`, which is itself a `LossScaleOptimizer`, so that
+        `model.compile` under `mixed_float16` does not wrap it a second time.
+      * `LossScaleOptimizer(DistributedOptimizer(opt))`: what `model.compile` builds by itself under
+        `mixed_float16`. There the loss scaler checks each rank's local gradients and calls this
+        wrapper's `apply` only on ranks whose gradients are finite, so an overflow on one rank would
+        leave the others waiting in the allreduce forever. When such a loss scaler builds this wrapper
+        (`LossScaleOptimizer.build` calls the held optimizer's `build`, before any step), the wrapper
+        makes that loss scaler's finiteness decision collective: its `check_finite` becomes a vote
+        (a 4-byte allreduce per micro-batch) that is true on every rank only if the gradients are
+        finite on every rank. So all ranks skip the step and halve the scale together, or all apply it.
+        Hand-built, this nesting works the same. If this wrapper's `apply` is ever called from a loss
+        scaler it could not attach to, it raises RuntimeError instead of hanging. A loss scaler around
+        a `DistributedLossScaleOptimizer` (two scalers) raises ValueError at build. Attaching, rather
+        than always posing as a loss scaler, leaves to Keras its decision of when to scale the loss (from
+        the model's dtype policy and `auto_scale_loss`, at compile time).
+
+    Args:
+        optimizer: any unbuilt or built `keras.optimizers.Optimizer` (built only if it has no
+            `gradient_accumulation_steps`), including a `LossScaleOptimizer`.
+        backward_passes_per_step: int >= 1, micro-batches per update; None: the held optimizer's
+            `gradient_accumulation_steps`, or 1.
+        compression: "none" or "fp16" (gradients cast to float16 on the wire, divided by the world size
+            before the sum so that it cannot overflow; see `hvd_lars.distributed.allreduce_gradients`).
+        gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
+            Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
+        name: str; default "distributed_<name of optimizer>".
+
+    Raises:
+        ValueError: `optimizer` is not a Keras 3 optimizer or is already distributed; a
+            `backward_passes_per_step` that is not an int >= 1 or contradicts the optimizer's
+            `gradient_accumulation_steps`; an accumulating optimizer that is already built; an unknown
+            `compression` or `gradient_reduction`. Each message quotes the value received.
+
+    Compile models with `jit_compile=False` (Horovod's XLA ops are not built here); on CPU-only machines
+    Keras's "auto" already chooses that.
+    """
+
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        optimizer = kwargs.get("optimizer", optimizer)
+        if cls is DistributedOptimizer and isinstance(optimizer, LossScaleOptimizer):
+            cls = DistributedLossScaleOptimizer
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        optimizer,
+        backward_passes_per_step=None,
+        compression="none",
+        gradient_reduction="overlap",
+        name=None,
+    ):
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ValueError(
+                f"DistributedOptimizer needs a Keras 3 optimizer (keras.optimizers.Optimizer), got "
+                f"{optimizer!r}."
+            )
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError(f"{optimizer.name!r} already averages over ranks; wrap the optimizer only once.")
+        if compression not in distributed.GRADIENT_COMPRESSIONS:
+            raise ValueError(
+                f"compression={compression!r}; valid: {', '.join(distributed.GRADIENT_COMPRESSIONS)}."
+            )
+        if gradient_reduction not in distributed.GRADIENT_REDUCTIONS:
+            raise ValueError(
+                f"gradient_reduction={gradient_reduction!r}; valid: "
+                f"{', '.join(distributed.GRADIENT_REDUCTIONS)}."
+            )
+        accumulating = innermost_optimizer(optimizer)
+        own_steps = accumulating.gradient_accumulation_steps
+        steps = _accumulation_steps(backward_passes_per_step, own_steps)
+        if own_steps and accumulating.built:
+            raise ValueError(
+                f"{accumulating.name!r} is built with gradient_accumulation_steps={own_steps}; wrap it "
+                "before it is built (its accumulators would go unused), or give backward_passes_per_step."
+            )
+        # A placeholder rate: the rate is the held optimizer's (see `learning_rate`); a float here would
+        # make a second `learning_rate` variable in `variables`.
+        keras.optimizers.Optimizer.__init__(
+            self, learning_rate=_held_optimizers_rate, name=name or f"distributed_{optimizer.name}"
+        )
+        self.inner_optimizer = optimizer
+        self.backward_passes_per_step = steps
+        self.compression = compression
+        self.gradient_reduction = gradient_reduction
+        if own_steps:
+            accumulating.gradient_accumulation_steps = None  # taken over: ranks talk once per update
+        self._loss_scaler = None  # weak reference to a LossScaleOptimizer around this one, once attached
+
+    def build(self, var_list):
+        """Creates the gradient accumulators (when accumulating) and builds the held optimizer."""
+        self._attach_to_enclosing_loss_scaler()
+        if self.built:
+            return
+        if self.backward_passes_per_step > 1:
+            self._accumulated_gradients = [
+                self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
+            ]
+        self.inner_optimizer.build(var_list)
+        keras.optimizers.Optimizer.build(self, var_list)
+
+    def apply(self, grads, trainable_variables=None):
+        """Accumulates this micro-batch's gradients; on the update's last micro-batch averages them over
+        micro-batches and ranks and applies them with the held optimizer.
+
+        Args:
+            grads: list of gradients, one per trainable variable, each of its variable's shape (float16,
+                bfloat16, float32 or float64; `tf.IndexedSlices` are made dense), or None for a variable
+                without a gradient.
+            trainable_variables: the variables, or None for those the optimizer was built with.
+        """
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+        self._refuse_unattached_loss_scaler()
+        grads = list(grads)
+        variables = list(trainable_variables) if trainable_variables is not None else None
+        steps = self.backward_passes_per_step
+        if steps == 1:
+            self.inner_optimizer.apply(self._average(grads), variables)
+        else:
+            indices = (
+                range(len(grads)) if variables is None else [self._get_variable_index(v) for v in variables]
+            )
+            accumulators = [self._accumulated_gradients[i] for i in indices]
+
+            def update():
+                # The micro-batch mean as Keras computes it, then the mean over ranks.
+                means = [None if g is None else (g + a) / steps for g, a in zip(grads, accumulators)]
+                self.inner_optimizer.apply(self._average(means), variables)
+                for g, a in zip(grads, accumulators):
+                    if g is not None:
+                        a.assign(keras.ops.zeros_like(a))
+
+            def accumulate():
+                for g, a in zip(grads, accumulators):
+                    if g is not None:
+                        a.assign_add(keras.ops.cast(g, a.dtype))
+
+            keras.ops.cond((self._iterations + 1) % steps == 0, update, accumulate)
+        self._iterations.assign_add(1)
+
+    def _average(self, grads):
+        return distributed.allreduce_gradients(
+            grads, reduction=self.gradient_reduction, compression=self.compression
+        )
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    @property
+    def variables(self):
+        """This wrapper's own (micro-batch counter, accumulators), then the held optimizer's."""
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        """Applied updates: the held optimizer's counter."""
+        return self.inner_optimizer.iterations
+
+    @property
+    def loss_scale_factor(self):
+        inner = self.__dict__.get("inner_optimizer")
+        return None if inner is None else inner.loss_scale_factor
+
+    @loss_scale_factor.setter
+    def loss_scale_factor(self, value):
+        # A LossScaleOptimizer around this one turns the held optimizer's static scaling off (it scales
+        # itself); the base class sets None here before the held optimizer exists.
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:
+            inner.loss_scale_factor = value
+        elif value is not None:
+            raise ValueError("Give loss_scale_factor to the held optimizer, not to DistributedOptimizer.")
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "compression": self.compression,
+            "gradient_reduction": self.gradient_reduction,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        optimizer = keras.saving.deserialize_keras_object(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        return cls(optimizer, **config)
+
+    def _attach_to_enclosing_loss_scaler(self):
+        """Makes the finiteness check of a LossScaleOptimizer that holds this wrapper collective."""
+        outer = _enclosing_loss_scaler(self)
+        if outer is None or (self._loss_scaler is not None and self._loss_scaler() is outer):
+            return
+        if isinstance(self, LossScaleOptimizer):
+            raise ValueError(
+                f"LossScaleOptimizer {outer.name!r} holds {self.name!r}, which already scales the loss with "
+                f"{self.inner_optimizer.name!r}: the gradients would be unscaled twice. Use one loss scaler."
+            )
+        local_check = outer.check_finite
+
+        def check_finite(grads):
+            # Every rank must take the same branch: the finite one runs this wrapper's allreduces.
+            return distributed.all_ranks_true(local_check(grads), name="hvd_lars.loss_scaler_vote")
+
+        outer.check_finite = check_finite
+        self._loss_scaler = weakref.ref(outer)  # weak: no reference cycle, nothing tracked or saved
+
+    def _refuse_unattached_loss_scaler(self):
+        outer = _enclosing_loss_scaler(self)
+        if outer is not None and (self._loss_scaler is None or self._loss_scaler() is not outer):
+            raise RuntimeError(
+                f"LossScaleOptimizer {outer.name!r} calls {self.name!r} without having built it, so its "
+                "overflow check is per rank and an overflow on one rank would hang the others. Build the "
+                "loss scaler first (optimizer.build(variables)), or use "
+                "DistributedOptimizer(LossScaleOptimizer(...)), which checks the averaged gradients."
+            )
+
+
+@keras.saving.register_keras_serializable(package="hvd_lars")
+class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
+    """What `DistributedOptimizer(LossScaleOptimizer(opt))` returns: averages the scaled gradients over
+    ranks, then the held `LossScaleOptimizer` checks them (the same decision on every rank), unscales and
+    applies. Being itself a `LossScaleOptimizer`, it is not wrapped again by `model.compile` under
+    `mixed_float16`. The loss scale state (`dynamic_scale`, `step_counter`, `initial_scale`,
+    `dynamic_growth_steps`) is the held optimizer's.
+    """
+
+    @property
+    def dynamic_scale(self):
+        return self.inner_optimizer.dynamic_scale
+
+    @property
+    def step_counter(self):
+        return self.inner_optimizer.step_counter
+
+    @property
+    def initial_scale(self):
+        return self.inner_optimizer.initial_scale
+
+    @property
+    def dynamic_growth_steps(self):
+        return self.inner_optimizer.dynamic_growth_steps
+
+    def check_finite(self, grads):
+        return self.inner_optimizer.check_finite(grads)
+
+
+def _held_optimizers_rate():
+    raise AssertionError("DistributedOptimizer's rate is its held optimizer's.")
+
+
+def innermost_optimizer(optimizer):
+    """The optimizer at the bottom of a chain of wrappers (LossScaleOptimizer, DistributedOptimizer): the
+    one that holds the learning rate and the update rule."""
+    while hasattr(optimizer, "inner_optimizer"):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def accumulation_steps(optimizer):
+    """Micro-batches per update of `optimizer` (int >= 1), through any chain of wrappers."""
+    while True:
+        if isinstance(optimizer, DistributedOptimizer):
+            return optimizer.backward_passes_per_step
+        if not hasattr(optimizer, "inner_optimizer"):
+            return optimizer.gradient_accumulation_steps or 1
+        optimizer = optimizer.inner_optimizer
+
+
+def _accumulation_steps(backward_passes_per_step, own_steps):
+    steps = backward_passes_per_step
+    if steps is None:
+        return own_steps or 1
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {steps!r}.")
+    if own_steps and own_steps != steps:
+        raise ValueError(
+            f"backward_passes_per_step={steps} contradicts the optimizer's gradient_accumulation_steps="
+            f"{own_steps}; give one of them."
+        )
+    return steps
+
+
+def _enclosing_loss_scaler(optimizer, depth=64):
+    """The LossScaleOptimizer holding `optimizer` whose method is on the call stack, or None.
+
+    `LossScaleOptimizer.build` calls its `inner_optimizer.build`, and `apply` calls `inner_optimizer.apply`
+    in its finite branch; the caller's frame holds the loss scaler as `self`.
+    """
+    frame = sys._getframe(2)
+    while frame is not None and depth:
+        candidate = frame.f_locals.get("self")
+        if (
+            isinstance(candidate, LossScaleOptimizer)
+            and candidate is not optimizer
+            and getattr(candidate, "inner_optimizer", None) is optimizer
+        ):
+            return candidate
+        frame, depth = frame.f_back, depth - 1
+    return None

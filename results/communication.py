@@ -1,0 +1,567 @@
+"""Horovod allreduce between 2 emulated hosts (launch/emulated_cluster.sh, 1 rank each): time against message
+size on unshaped, 10 Gbit/s and 1 Gbit/s links with MPI and Gloo, an alpha-beta fit per setting; tensor
+fusion on ResNet-50's and AlexNet's gradient lists, launch/env.sh's fusion settings against Horovod's.
+
+Run as root from the repository root, with the machine to itself (it brings the emulated cluster up and
+takes it down for every link setting):
+
+    cluster bench .venv/bin/python results/communication.py
+
+Writes results/communication.md and results/communication.png. Raw timings are kept in
+results/communication.json, one entry per (part, link, backend[, fusion setting]); a run measures only
+the entries missing there (--force: all it is asked for), so the work can be split into several shorter
+runs with --parts and --links (e.g. `--parts sweep --links 1gbit`); --report_only rewrites the .md and
+.png from the .json. Each measurement launches 2 ranks, one per host: horovodrun from this machine for
+MPI, `ssh node1 horovodrun --gloo` for Gloo (its rendezvous must be on the cluster network).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
+RAW = os.path.join(REPO, "results", "communication.json")
+MD = os.path.join(REPO, "results", "communication.md")
+PNG = os.path.join(REPO, "results", "communication.png")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+LINKS = {"unshaped": "", "10gbit": "10gbit", "1gbit": "1gbit"}
+LINK_RATE_BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9}
+BACKENDS = ("mpi", "gloo")
+SIZES = [2**k for k in range(10, 28)]  # message sizes in bytes: 1 KiB .. 128 MiB
+# Fusion settings: (HOROVOD_FUSION_THRESHOLD bytes, HOROVOD_CYCLE_TIME ms); None leaves Horovod's default.
+FUSION = {
+    "off": (0, None),
+    "env.sh (64 MiB, 5 ms)": (64 * 2**20, 5),
+    "Horovod default (128 MiB, 1 ms)": (None, None),
+}
+MODELS = {"resnet50": (224, 224, 3), "alexnet": (227, 227, 3)}
+
+
+# --- worker: one rank ------------------------------------------------------------------------------------
+def _init_worker():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    hvd.init()
+    return hvd, tf
+
+
+def _barrier(hvd, tf):
+    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
+
+
+def worker_sweep(out, reps_small, reps_large):
+    """Times one allreduce (Average) of a float32 tensor of each size, after a barrier, on rank 0."""
+    hvd, tf = _init_worker()
+    result = {"sizes": SIZES, "times_s": []}
+    for size in SIZES:
+        x = tf.fill([size // 4], float(hvd.rank() + 1))
+        name = f"sweep_{size}"
+        for _ in range(2):  # warm-up: buffers, connections, Horovod's response cache
+            y = hvd.allreduce(x, op=hvd.Average, name=name)
+        expected = (hvd.size() + 1) / 2
+        low, high = float(tf.reduce_min(y)), float(tf.reduce_max(y))
+        if low != expected or high != expected:
+            raise RuntimeError(f"allreduce of {size} B gave [{low}, {high}], expected {expected}")
+        times = []
+        for _ in range(reps_small if size <= 2**20 else reps_large):
+            _barrier(hvd, tf)
+            start = time.perf_counter()
+            hvd.allreduce(x, op=hvd.Average, name=name)
+            times.append(time.perf_counter() - start)
+        result["times_s"].append(times)
+    _finish(hvd, result, out)
+
+
+def worker_fusion(out, shapes_file, reps):
+    """Times the allreduce of a model's whole gradient list: one grouped allreduce (as hvd_lars averages
+    gradients) and one allreduce per tensor in the same tf.function (Horovod fuses what is ready)."""
+    hvd, tf = _init_worker()
+    with open(shapes_file) as f:
+        models = json.load(f)
+    result = {}
+    for model, shapes in models.items():
+        grads = [tf.fill(shape, float(hvd.rank() + 1)) for shape in shapes]
+
+        @tf.function
+        def grouped(tensors, model=model):
+            return hvd.grouped_allreduce(tensors, op=hvd.Average, name=f"{model}_grouped")
+
+        @tf.function
+        def per_tensor(tensors, model=model):
+            return [hvd.allreduce(t, op=hvd.Average, name=f"{model}_{i}") for i, t in enumerate(tensors)]
+
+        result[model] = {}
+        for style, fn in (("grouped", grouped), ("per_tensor", per_tensor)):
+            for _ in range(3):
+                reduced = fn(grads)
+            if any(float(tf.reduce_max(tf.abs(r - 1.5))) != 0.0 for r in reduced):
+                raise RuntimeError(f"{model} {style}: wrong average")
+            times = []
+            for _ in range(reps):
+                _barrier(hvd, tf)
+                start = time.perf_counter()
+                fn(grads)
+                times.append(time.perf_counter() - start)
+            result[model][style] = times
+    _finish(hvd, result, out)
+
+
+def _finish(hvd, result, out):
+    import socket
+
+    hosts = hvd.allgather_object(socket.gethostname())
+    seen = hvd.allgather_object(
+        {k: os.environ.get(k) for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")}
+    )
+    if hvd.rank() == 0:
+        result.update(
+            hosts=hosts, horovod_environment=seen, controller="mpi" if hvd.mpi_enabled() else "gloo"
+        )
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+# --- driver ----------------------------------------------------------------------------------------------
+def cluster(verb, link=""):
+    env = dict(os.environ, NODES="2", LINK_RATE=link)
+    result = subprocess.run([SCRIPT, verb], env=env, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"emulated_cluster.sh {verb}: {result.stdout}{result.stderr}")
+
+
+def launch(backend, worker_args, fusion=(None, None), timeout=900):
+    """Runs this script's worker on node1 and node2 (1 rank each); returns rank 0's JSON result."""
+    threshold, cycle = fusion
+    settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+    if threshold is not None:
+        settings["HOROVOD_FUSION_THRESHOLD"] = str(threshold)
+    if cycle is not None:
+        settings["HOROVOD_CYCLE_TIME"] = str(cycle)
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_communication_") as shared:
+        out = os.path.join(shared, "result.json")
+        argv = [HOROVODRUN, *(["--gloo"] if backend == "gloo" else []), "-np", "2", "-H", "node1:1,node2:1"]
+        argv += [sys.executable, os.path.abspath(__file__), "--worker", *worker_args, "--out", out]
+        # Horovod's own settings only where a measurement sets them (an env.sh sourced by the caller must
+        # not leak into the "default" rows).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+        if backend == "mpi":
+            cmd = argv
+            env.update(settings)
+        else:
+            assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
+            cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]
+        start = time.time()
+        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        with open(out) as f:
+            data = json.load(f)
+    data["wall_s"] = round(time.time() - start, 1)
+    return data
+
+
+def gradient_shapes():
+    """Trainable tensor shapes of ResNet-50 and AlexNet as hvd_lars.models builds them (1000 classes)."""
+    from hvd_lars.models import get_model
+
+    return {
+        name: [
+            list(v.shape) for v in get_model(name, num_classes=1000, input_shape=shape).trainable_variables
+        ]
+        for name, shape in MODELS.items()
+    }
+
+
+def cpu_description():
+    """CPU model and the flags that decide bf16 speed (avx512_bf16, AMX), from /proc/cpuinfo."""
+    model, flags = "unknown", []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                break
+    wanted = [f for f in flags if f.startswith(("avx512_bf16", "amx", "avx512_fp16", "avx512f", "avx2"))]
+    return f"{model}; flags: {' '.join(sorted(wanted)) or 'none of avx2/avx512/amx'}"
+
+
+def _save(raw):
+    tmp = RAW + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(raw, f, indent=1)
+    os.replace(tmp, RAW)
+
+
+def measure(args, raw):
+    from hvd_lars import provenance
+
+    stamp = {
+        "command": shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), REPO), *sys.argv[1:]]),
+        "git_sha": provenance.git_sha(REPO),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_description(),
+        "machine": provenance.machine(),
+    }
+    if "fusion" in args.parts and "shapes" not in raw:
+        raw["shapes"] = gradient_shapes()
+        _save(raw)
+    for link in args.links:
+        todo = []
+        if "sweep" in args.parts:
+            todo += [(f"sweep|{link}|{b}", b, None) for b in args.backends]
+        if "fusion" in args.parts and link == args.fusion_link:
+            todo += [(f"fusion|{link}|{b}|{name}", b, name) for b in args.backends for name in FUSION]
+        todo = [t for t in todo if args.force or t[0] not in raw]
+        if not todo:
+            continue
+        cluster("down")
+        cluster("up", LINKS[link])
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", dir="/var/tmp") as shapes_file:
+                json.dump(raw.get("shapes", {}), shapes_file)
+                shapes_file.flush()
+                for key, backend, fusion in todo:
+                    print(f"[communication] {key}", flush=True)
+                    if fusion is None:
+                        data = launch(backend, ["sweep", "--reps_small", "20", "--reps_large", "5"])
+                    else:
+                        worker = ["fusion", "--shapes", shapes_file.name, "--reps", "10"]
+                        data = launch(backend, worker, FUSION[fusion])
+                    raw[key] = {**data, **stamp, "link": link, "backend": backend, "fusion": fusion}
+                    _save(raw)
+        finally:
+            cluster("down")
+
+
+# --- report ------------------------------------------------------------------------------------------------
+def alpha_beta(sizes, times):
+    """Fits t = alpha + n / bandwidth (n in bytes) by least squares on the relative error (every size
+    weighs alike on the log scale). Returns (alpha s, bandwidth bytes/s, max relative residual)."""
+    import numpy as np
+
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    residual = np.max(np.abs(alpha + beta * n - t) / t)
+    return float(alpha), float(1 / beta), float(residual)
+
+
+def _prose(text):
+    """A paragraph written as an indented triple-quoted string, as one markdown line."""
+    return " ".join(text.split())
+
+
+def _ms(x):
+    return f"{x * 1e3:.3g}" if x < 1 else f"{x * 1e3:,.0f}"
+
+
+def _size(n):
+    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
+
+
+def report(raw):
+    import matplotlib
+
+    from hvd_lars import provenance
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sweeps = {k: v for k, v in raw.items() if k.startswith("sweep|")}
+    fusion = {k: v for k, v in raw.items() if k.startswith("fusion|")}
+    if not sweeps and not fusion:
+        raise SystemExit(f"{RAW} holds no measurement; run without --report_only first")
+    entries = list({**sweeps, **fusion}.values())
+
+    def distinct(key):
+        return ", ".join(f"`{v}`" if key == "command" else v for v in sorted({e[key] for e in entries}))
+
+    lines = [
+        "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo, tensor fusion",
+        "",
+        f"- commands (as root, under `cluster bench`, from the repository root): {distinct('command')}",
+        f"- git SHA: {distinct('git_sha')}",
+        f"- dates: {distinct('date')}",
+        f"- CPU: {distinct('cpu')}",
+        f"- machine: {distinct('machine')}",
+        f"- this report rendered from `results/communication.json` at {provenance.git_sha(REPO)} "
+        "(`python results/communication.py --report_only`)",
+        _prose(
+            """
+            - set-up: `launch/emulated_cluster.sh up` with NODES=2: hosts node1 and node2 in their own
+            network, UTS and mount namespaces, a veth pair each into one bridge; 1 rank per host; LINK_RATE
+            shapes both directions of each host's link with `tc tbf` (burst 2 ms at the rate, 50 ms queue).
+            Both hosts share this machine's 2 cores and memory bandwidth, so an unshaped link is as fast as
+            the kernel copies bytes.
+            """
+        ),
+        "- MPI: `horovodrun -np 2 -H node1:1,node2:1` from this machine (Open MPI, TCP); Gloo: "
+        "`ssh node1 horovodrun --gloo ...`.",
+        "",
+    ]
+    if sweeps:
+        lines += _sweep_section(sweeps, np, plt)
+    if fusion:
+        lines += _fusion_section(fusion, raw.get("shapes", {}))
+    lines += [
+        "## Latency: what this set-up cannot show",
+        "",
+        _prose(
+            """
+            This kernel has no `netem` qdisc, so no delay can be added to the links: every alpha above is
+            the software path alone (Horovod's background cycle and negotiation, the TCP stack, the veth and
+            bridge in one kernel), with no wire, NIC or switch latency. On a real network that latency adds
+            to alpha: a few microseconds per hop on a data-centre Ethernet, more across racks. It would have
+            mattered for (1) the small messages of the sweep (below n1/2 in the first table, where alpha
+            dominates); (2) fusion off, where each of ResNet-50's 161 tensors pays alpha once instead of
+            once per fused buffer; (3) ring allreduce over many hosts, which pays 2 (p - 1) latencies per
+            allreduce (here p = 2). The bandwidth terms measured here do not depend on it.
+            """
+        ),
+        "",
+    ]
+    with open(MD, "w") as f:
+        f.write("\n".join(lines))
+    print(f"[communication] wrote {MD} and {PNG}")
+
+
+def _sweep_section(sweeps, np, plt):
+    lines = [
+        "## Allreduce time against message size",
+        "",
+        _prose(
+            """
+            One `hvd.allreduce` (Average) of a float32 tensor, timed on rank 0 after a barrier; median of 20
+            repetitions up to 1 MiB, 5 above, after 2 warm-ups; Horovod's default fusion and cycle settings.
+            Fit: t = alpha + n / B by least squares on the relative error. With 2 ranks each direction of
+            each link carries n bytes per allreduce (ring: 2 (p - 1) / p n), so B is comparable to the link
+            rate. n1/2 = alpha B is the message size at which latency and bandwidth terms are equal: below
+            it, alpha dominates.
+            """
+        ),
+        "",
+        "| link | backend | alpha (us) | fitted B (Gbit/s) | configured (Gbit/s) | B / configured | "
+        "n1/2 = alpha B | max fit error | up to 256 KiB (ms) | 1 MiB (ms) | 128 MiB (ms) | "
+        "n / t at 128 MiB (Gbit/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    colours = {"unshaped": "tab:green", "10gbit": "tab:blue", "1gbit": "tab:red"}
+    markers = {"mpi": "o", "gloo": "s"}
+    for link in LINKS:
+        for backend in BACKENDS:
+            entry = sweeps.get(f"sweep|{link}|{backend}")
+            if not entry:
+                continue
+            sizes = entry["sizes"]
+            medians = [statistics.median(t) for t in entry["times_s"]]
+            alpha, bandwidth, residual = alpha_beta(sizes, medians)
+            rate = LINK_RATE_BITS[link]
+            configured, ratio = (f"{rate / 1e9:.0f}", f"{bandwidth * 8 / rate:.2f}") if rate else ("-", "-")
+            at = dict(zip(sizes, medians))
+            small = [t for n, t in at.items() if n <= 2**18]
+            lines.append(
+                f"| {link} | {backend} | {alpha * 1e6:.0f} | {bandwidth * 8 / 1e9:.2f} | {configured} | "
+                f"{ratio} | {alpha * bandwidth / 2**10:,.0f} KiB | {residual:.0%} | "
+                f"{_ms(min(small))}-{_ms(max(small))} | {_ms(at[2**20])} | {_ms(at[2**27])} | "
+                f"{2**27 * 8 / at[2**27] / 1e9:.2f} |"
+            )
+            style = dict(color=colours[link], marker=markers[backend], linestyle="none", markersize=4)
+            ax.loglog(sizes, medians, label=f"{link}, {backend}", **style)
+            fit = np.geomspace(sizes[0], sizes[-1], 100)
+            line = "-" if backend == "mpi" else "--"
+            ax.loglog(fit, alpha + fit / bandwidth, color=colours[link], linestyle=line, linewidth=1)
+    lines += [
+        "",
+        _prose(
+            """
+            Reading the table: Horovod's background loop wakes every HOROVOD_CYCLE_TIME (1 ms by
+            default) and a message waits for the next turn, so small messages take a whole number of
+            turns rather than a network latency, and alpha is about one to two cycles; the straight
+            alpha-beta line cannot follow those steps (the fit error column). The last column, bytes over
+            time for the largest message, is the bandwidth reached: where it stays well below an
+            unshaped or 10 Gbit/s link, the two hosts' shared 2 cores (TCP copies and the reduction), not
+            the shaper, are the limit. A fitted B above a shaped rate comes from the token bucket: its
+            burst (2 ms at the rate) lets messages up to that size through at memory speed, which the fit
+            weighs as much as the largest messages.
+            """
+        ),
+    ]
+    wire = np.geomspace(SIZES[0], SIZES[-1], 100)
+    for link, rate in LINK_RATE_BITS.items():
+        if rate and any(k.startswith(f"sweep|{link}|") for k in sweeps):
+            ax.loglog(wire, wire * 8 / rate, color=colours[link], linestyle=":", linewidth=1,
+                      label=f"n / {link} (wire time)")  # fmt: skip
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("allreduce time (s)")
+    ax.set_title("Horovod allreduce, 2 emulated hosts x 1 rank (points: median; lines: alpha-beta fit)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PNG, dpi=120)
+    lines += ["", f"![allreduce time against size]({os.path.basename(PNG)})", ""]
+    lines += ["Median times (ms) at every size:", ""]
+    keys = [k for k in (f"sweep|{link}|{b}" for link in LINKS for b in BACKENDS) if k in sweeps]
+    lines.append("| size | " + " | ".join(k.split("|", 1)[1].replace("|", ", ") for k in keys) + " |")
+    lines.append("|---" * (len(keys) + 1) + "|")
+    for i, size in enumerate(SIZES):
+        row = [_ms(statistics.median(sweeps[k]["times_s"][i])) for k in keys]
+        lines.append(f"| {_size(size)} | " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
+def _fusion_section(fusion, shapes):
+    lines = [
+        "## Tensor fusion on real gradient lists",
+        "",
+        _prose(
+            """
+            Each model's trainable tensors (shapes from `hvd_lars.models`, 1000 classes), float32, reduced
+            in one `tf.function` call: `grouped` is one `hvd.grouped_allreduce` of the whole list (how
+            hvd_lars averages gradients, after the whole backward pass), `per_tensor` one `hvd.allreduce`
+            per tensor (Horovod fuses those ready in the same cycle). Median of 10 calls after 3 warm-ups,
+            rank 0, after a barrier. Fusion off: HOROVOD_FUSION_THRESHOLD=0. Horovod 0.28.1's defaults
+            are a 128 MiB threshold and a 1 ms cycle (`horovodrun --help`); launch/env.sh had set 64 MiB and
+            5 ms, calling them the defaults.
+            """
+        ),
+        "",
+    ]
+    for model, model_shapes in shapes.items():
+        sizes = [4 * math.prod(s) for s in model_shapes]
+        lines.append(
+            f"- {model}: {len(model_shapes)} tensors, {sum(sizes) / 2**20:.1f} MiB, largest "
+            f"{max(sizes) / 2**20:.1f} MiB"
+        )
+    lines += [
+        "",
+        "Median (fastest-slowest of the 10 calls), ms:",
+        "",
+        "| link | backend | model | call | " + " | ".join(FUSION) + " |",
+        "|---" * (4 + len(FUSION)) + "|",
+    ]
+    off, envsh, default = FUSION
+    ratios = {"env.sh / default": [], "off / default": []}
+    spreads = []
+    for link, backend in sorted({(v["link"], v["backend"]) for v in fusion.values()}):
+        for model in shapes:
+            for call in ("grouped", "per_tensor"):
+                times = {}
+                for name in FUSION:
+                    entry = fusion.get(f"fusion|{link}|{backend}|{name}")
+                    if entry and model in entry:
+                        times[name] = entry[model][call]
+                cells = [
+                    f"{_ms(statistics.median(times[n]))} ({_ms(min(times[n]))}-{_ms(max(times[n]))})"
+                    if n in times
+                    else "-"
+                    for n in FUSION
+                ]
+                lines.append(f"| {link} | {backend} | {model} | {call} | " + " | ".join(cells) + " |")
+                spreads += [(max(t) - min(t)) / statistics.median(t) for t in times.values()]
+                if default in times:
+                    base = statistics.median(times[default])
+                    for key, name in (("env.sh / default", envsh), ("off / default", off)):
+                        if name in times:
+                            ratios[key].append((backend, model, call, statistics.median(times[name]) / base))
+    lines += ["", "Ratios of median times (below 1: faster than Horovod's defaults):", ""]
+    lines += ["| backend | model | call | " + " | ".join(ratios) + " |", "|---|---|---|---|---|"]
+    for (b, m, c, r_env), (*_, r_off) in zip(ratios["env.sh / default"], ratios["off / default"]):
+        lines.append(f"| {b} | {m} | {c} | {r_env:.2f} | {r_off:.2f} |")
+    env_ratios = [r for *_, r in ratios["env.sh / default"]]
+    if env_ratios and spreads:
+        median_ratio = statistics.median(env_ratios)
+        lines += [
+            "",
+            f"env.sh's 64 MiB / 5 ms against Horovod's 128 MiB / 1 ms: median ratio {median_ratio:.2f} over "
+            f"{len(env_ratios)} cases (range {min(env_ratios):.2f}-{max(env_ratios):.2f}); the calls of one "
+            f"setting spread by {statistics.median(spreads):.0%} of their median (median over all cells). "
+            + (
+                "No consistent difference, so launch/env.sh no longer overrides Horovod's defaults."
+                if 0.9 <= median_ratio <= 1.1
+                else "A consistent difference: keep the faster setting in launch/env.sh."
+            ),
+            "",
+        ]
+    by_backend = {}
+    for b, _model, _call, r in ratios["off / default"]:
+        by_backend.setdefault(b, []).append(r)
+    for b, rs in sorted(by_backend.items()):
+        lines.append(f"- Fusion off against the defaults, {b}: ratios {min(rs):.2f}-{max(rs):.2f}.")
+    lines += [
+        "",
+        _prose(
+            """
+            Fusion trades the copies into and out of its buffer against one per-message cost per tensor.
+            Here a message costs only the software path (no wire latency: see the last section), so for
+            MPI the copies can cost as much as they save; Gloo's per-call set-up is dearer. On a real
+            network every unfused tensor also pays the network latency, which favours fusion; this
+            measurement cannot say by how much.
+            """
+        ),
+    ]
+    seen = {json.dumps(v["horovod_environment"][0], sort_keys=True) for v in fusion.values()}
+    lines += ["", f"Horovod variables as the ranks saw them: {', '.join(sorted(seen))}.", ""]
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", choices=("sweep", "fusion"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--shapes", help=argparse.SUPPRESS)
+    parser.add_argument("--reps", type=int, default=10, help=argparse.SUPPRESS)
+    parser.add_argument("--reps_small", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--reps_large", type=int, default=5, help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default="sweep,fusion", help="sweep, fusion or both (comma-separated)")
+    parser.add_argument("--links", default=",".join(LINKS), help=f"among {', '.join(LINKS)}")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="mpi, gloo or both")
+    parser.add_argument("--fusion_link", default="10gbit", help="the link the fusion part runs on")
+    parser.add_argument("--force", action="store_true", help="measure again entries already in the .json")
+    parser.add_argument("--report_only", action="store_true", help="only rewrite .md and .png from the .json")
+    args = parser.parse_args()
+    if args.worker == "sweep":
+        return worker_sweep(args.out, args.reps_small, args.reps_large)
+    if args.worker == "fusion":
+        return worker_fusion(args.out, args.shapes, args.reps)
+    args.parts, args.links, args.backends = (v.split(",") for v in (args.parts, args.links, args.backends))
+    for name, values, valid in (("parts", args.parts, ("sweep", "fusion")), ("links", args.links, LINKS),
+                                ("backends", args.backends, BACKENDS)):  # fmt: skip
+        bad = [v for v in values if v not in valid]
+        if bad:
+            parser.error(f"--{name} {','.join(bad)}: expected among {', '.join(valid)}")
+    if args.fusion_link not in LINKS:
+        parser.error(f"--fusion_link {args.fusion_link}: expected one of {', '.join(LINKS)}")
+    raw = {}
+    if os.path.exists(RAW):
+        with open(RAW) as f:
+            raw = json.load(f)
+    if not args.report_only:
+        if os.geteuid() != 0:
+            parser.error("needs root: it brings up the emulated cluster (launch/emulated_cluster.sh)")
+        measure(args, raw)
+    report(raw)
+
+
+if __name__ == "__main__":
+    main()

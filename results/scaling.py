@@ -1,0 +1,446 @@
+"""Scale-out measurements for results/scaling.md: one function per section, the command line picks one.
+
+Each section writes its raw figures to results/scaling/<section>_<label>.json and rewrites its own part of
+results/scaling.md (between `<!-- section: NAME -->` and `<!-- end: NAME -->`) from every JSON file of that
+section, so runs made separately (one per link rate) stand side by side and other sections are kept.
+
+Section `overlap_compression` (issue 11, items 1 and 2): step time of ResNet-50 (224x224) and AlexNet-BN
+(227x227) trained by `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank per
+host on 1 core each, gradients allreduced "grouped" (one grouped allreduce after the last gradient)
+against "overlap" (one allreduce per gradient, started as backprop produces it); the single-rank compute
+time of the same per-rank batch on the same core, measured in the same run, so that exposed communication
+= step time - compute time; and the time to allreduce ResNet-50's gradients (161 tensors, 25.6M float32
+values) with and without float16 compression. Precision: mixed_bfloat16 where the CPU has avx512_bf16 or
+amx_bf16, float32 elsewhere (hvd_lars.config.resolve_precision("auto")).
+
+Usage (from the repository root, as root for the emulated cluster):
+    cluster bench .venv/bin/python results/scaling.py overlap_compression --link_rate=1gbit
+    cluster bench .venv/bin/python results/scaling.py overlap_compression --link_rate=10gbit
+    bench .venv/bin/python results/scaling.py overlap_compression --local   # 2 ranks here, no shaping
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAW_DIR = os.path.join(REPO, "results", "scaling")
+MARKDOWN = os.path.join(REPO, "results", "scaling.md")
+CLUSTER = os.path.join(REPO, "launch", "emulated_cluster.sh")
+CLUSTER_SUBNET = "198.18.0.0/24"  # launch/emulated_cluster.sh's bridge network
+
+# Per-rank batches small enough that a run of both models, both modes and both link rates stays within
+# minutes on one core per rank, large enough that compute is of the order of the 1 Gbit/s allreduce.
+MODELS = {
+    "resnet50": {"image_size": 224, "per_rank_batch": 8},
+    "alexnet_bn": {"image_size": 227, "per_rank_batch": 16},
+}
+WARMUP_STEPS = 3  # tracing, first allocations, Horovod's first negotiations
+TIMED_STEPS = 10
+
+
+# ------------------------------------------------------------------------------------------- the worker
+
+
+def _pin_to_core(core):
+    """One core per rank, as one rank per host of a 1-core cluster (set before TensorFlow starts)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[core % len(cores)]})
+
+
+def _step_times(model, optimizer, data, steps):
+    import keras
+
+    stamps = []
+
+    class Stamp(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                stamps.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Stamp()])
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def worker_overlap_compression(role, out, core=0):
+    """Runs on every rank ("ranks") or as one process of world size 1 on core `core` ("compute"); rank 0
+    writes the JSON `out`."""
+    sys.path.insert(0, REPO)
+    # Pinned before Horovod starts its background thread, which then shares the rank's core.
+    _pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
+    from hvd_lars import distributed
+
+    if role == "ranks":
+        rank, size = distributed.init()
+    else:
+        rank, size = 0, 1
+    import keras
+    import tensorflow as tf
+
+    from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
+    from hvd_lars.config import resolve_precision
+    from hvd_lars.models import get_model
+
+    precision = resolve_precision("auto")
+    keras.mixed_precision.set_global_policy(precision)
+    result = {
+        "role": role,
+        "world_size": size,
+        "precision": precision,
+        "hostname": os.uname().nodename,
+        "cores": sorted(os.sched_getaffinity(0)),
+        "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
+        "models": {},
+    }
+    modes = ("grouped", "overlap") if role == "ranks" else ("compute",)
+    for name, spec in MODELS.items():
+        keras.utils.set_random_seed(0)
+        shape = (spec["image_size"], spec["image_size"], 3)
+        model = get_model(name, input_shape=shape)
+        batch = spec["per_rank_batch"]
+        images = tf.random.stateless_uniform((batch, *shape), seed=(1, 2))
+        labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
+        data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+        entry = {"per_rank_batch": batch, "image_size": spec["image_size"], "modes": {}}
+        entry["parameters"] = int(sum(int(tf.size(v)) for v in model.trainable_variables))
+        entry["tensors"] = len(model.trainable_variables)
+        for mode in modes:
+            lars = LARS(
+                0.1,
+                momentum=0.9,
+                weight_decay=1e-4,
+                exclude_from_weight_decay=mlperf_exclusions(),
+                exclude_from_layer_adaptation=mlperf_exclusions(),
+            )
+            optimizer = DistributedOptimizer(
+                lars, gradient_reduction="grouped" if mode == "compute" else mode
+            )
+            times = _step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)
+            entry["modes"][mode] = times[WARMUP_STEPS:]
+            if rank == 0:
+                print(
+                    f"[scaling] {name} {mode}: {statistics.mean(times[WARMUP_STEPS:]):.3f} s/step", flush=True
+                )
+        result["models"][name] = entry
+        del model
+        keras.backend.clear_session()
+
+    if role == "ranks":
+        result["allreduce"] = _allreduce_times(get_model, tf)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _allreduce_times(get_model, tf):
+    """Seconds to average ResNet-50's gradient tensors over the ranks, per compression (grouped)."""
+    from hvd_lars import distributed
+
+    shapes = [v.shape for v in get_model("resnet50", input_shape=(224, 224, 3)).trainable_variables]
+    grads = [tf.random.stateless_normal(s, seed=(i, 7)) * 1e-3 for i, s in enumerate(shapes)]
+    out = {"values": int(sum(int(tf.size(g)) for g in grads))}
+    for compression in ("none", "fp16"):
+
+        @tf.function
+        def reduce(gs, c=compression):
+            return distributed.allreduce_gradients(gs, reduction="grouped", compression=c)
+
+        times = []
+        for _ in range(WARMUP_STEPS + TIMED_STEPS):
+            start = time.perf_counter()
+            reduced = reduce(grads)
+            reduced[-1].numpy()  # wait for the result
+            times.append(time.perf_counter() - start)
+        out[compression] = times[WARMUP_STEPS:]
+        if distributed.rank() == 0:
+            print(f"[scaling] allreduce {compression}: {statistics.mean(out[compression]):.3f} s", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------- the orchestrator
+
+
+def _run(command, env=None, timeout=1200):
+    print(f"[scaling] $ {' '.join(shlex.quote(c) for c in command)}", flush=True)
+    proc = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    for line in lines:
+        if "[scaling]" in line:
+            print("   " + line, flush=True)
+    if proc.returncode:
+        raise RuntimeError(f"{command[0]} exited {proc.returncode}:\n" + "\n".join(lines[-40:]))
+    return proc
+
+
+def _run_together(commands, env, timeout=1200):
+    print(f"[scaling] $ {len(commands)} at once: {shlex.join(commands[0])} ...", flush=True)
+    procs = [
+        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for c in commands
+    ]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, output in zip(procs, outputs):
+        for line in output.splitlines():
+            if "[scaling]" in line:
+                print("   " + line, flush=True)
+        if p.returncode:
+            raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
+
+
+def _worker_env():
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env["PYTHONPATH"] = REPO + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _cpu_description():
+    model, flags = "unknown", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags |= set(line.split(":", 1)[1].split())
+    native = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return f"{model}; bf16/AMX flags: {', '.join(native) or 'none'}"
+
+
+def overlap_compression(args):
+    """Section `overlap_compression`: see the module docstring."""
+    sys.path.insert(0, REPO)
+    from hvd_lars import provenance
+
+    label = "local" if args.local else args.link_rate
+    os.makedirs(RAW_DIR, exist_ok=True)
+    compute_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_compute.json")
+    busy_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_busy.json")
+    ranks_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_ranks.json")
+    me = [sys.executable, os.path.abspath(__file__)]
+    worker = me + ["_worker", "overlap_compression", "--role=compute"]
+    env = _worker_env()
+    started = time.time()
+    # 1. Compute alone: one process of world size 1 on rank 0's core, the other core idle.
+    _run(worker + ["--core=0", f"--out={compute_json}"], env=env)
+    # 2. Compute with both cores busy: two such processes at once, one per core, as the two ranks load
+    # this one machine (memory bandwidth, shared cache), but without communication.
+    _run_together(
+        [worker + ["--core=0", f"--out={busy_json}"], worker + ["--core=1", f"--out={busy_json}.core1"]], env
+    )
+    # 3. Two ranks, one per host.
+    # Each rank shares its one core with Horovod's background thread, which negotiates every cycle in
+    # blocking MPI calls; at Horovod's default cycle of 1 ms, polling MPI makes that thread take the
+    # core from the step itself. A 5 ms cycle (Horovod's default before 0.21) and MPI yielding while it
+    # waits keep the measured step about training and communication.
+    env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
+    mpirun = ["mpirun", "-np", "2", "--bind-to", "none", "--tag-output", "-mca", "mpi_yield_when_idle", "1"]
+    mpirun += [
+        arg for name in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "HOROVOD_CYCLE_TIME") for arg in ("-x", name)
+    ]
+    if args.local:
+        hosts = "localhost (2 ranks, unshaped loopback)"
+        _run(
+            mpirun
+            + ["-H", "localhost:2"]
+            + me
+            + ["_worker", "overlap_compression", "--role=ranks", f"--out={ranks_json}"],
+            env=env,
+        )
+        link = "loopback (not shaped)"
+    else:
+        hosts = "node1, node2 (launch/emulated_cluster.sh, 1 rank each)"
+        cluster_env = dict(env, NODES="2", LINK_RATE=args.link_rate)
+        _run([CLUSTER, "up"], env=cluster_env, timeout=300)
+        try:
+            status = _run([CLUSTER, "status"], env=cluster_env, timeout=60).stdout
+            mca = ["-mca", "btl_tcp_if_include", CLUSTER_SUBNET, "-mca", "oob_tcp_if_include", CLUSTER_SUBNET]
+            _run(
+                mpirun
+                + mca
+                + ["-H", "node1:1,node2:1"]
+                + me
+                + ["_worker", "overlap_compression", "--role=ranks", f"--out={ranks_json}"],
+                env=env,
+            )
+        finally:
+            _run([CLUSTER, "down"], env=cluster_env, timeout=300)
+        shaped = re.findall(r"rate ([0-9.]+[kmgt]?bit)", status)
+        link = f"veth pair per host, tc tbf {args.link_rate} each way"
+        if shaped:
+            link += f" (tc reports {shaped[0]})"
+    with open(compute_json) as f:
+        compute = json.load(f)
+    with open(busy_json) as f:
+        busy = json.load(f)
+    with open(ranks_json) as f:
+        ranks = json.load(f)
+    record = {
+        "section": "overlap_compression",
+        "label": label,
+        "command": "python results/scaling.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "provenance": provenance.record(),
+        "cpu": _cpu_description(),
+        "hosts": hosts,
+        "link": link,
+        "horovod_settings": f"HOROVOD_CYCLE_TIME={args.cycle_time_ms} ms, Open MPI mpi_yield_when_idle=1",
+        "wall_time_s": round(time.time() - started),
+        "compute": compute,
+        "compute_both_cores_busy": busy,
+        "ranks": ranks,
+    }
+    with open(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    for path in (compute_json, busy_json, busy_json + ".core1", ranks_json):
+        os.remove(path)
+    _write_section("overlap_compression", _overlap_compression_markdown())
+
+
+def _mean(xs):
+    return statistics.mean(xs)
+
+
+def _overlap_compression_markdown():
+    runs = []
+    for name in sorted(os.listdir(RAW_DIR)):
+        if name.startswith("overlap_compression_") and name.endswith(".json"):
+            with open(os.path.join(RAW_DIR, name)) as f:
+                runs.append(json.load(f))
+    order = {"1gbit": 0, "10gbit": 1, "local": 2}
+    runs.sort(key=lambda r: order.get(r["label"], 3))
+    lines = [
+        "## Overlapped gradient allreduce and float16 compression (issue 11, items 1-2)",
+        "",
+        "Step time of `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank",
+        "per host pinned to 1 core; mean of 10 timed steps after 3 warm-up steps (min-max in brackets).",
+        "*compute alone* is the same per-rank batch trained by one process (world size 1) on rank 0's core",
+        "with the other core idle; *compute, both busy* runs two such processes at once, one per core, so",
+        "that they share the machine's memory bandwidth and cache as the two ranks do (the emulated hosts",
+        "share one machine). *exposed* = step time - compute, both busy: the communication that the step",
+        "does not hide. *grouped*: one grouped allreduce after the last gradient (the previous behaviour);",
+        "*overlap*: one allreduce per gradient, started as backprop produces it, fused by Horovod's",
+        "background thread. All figures of one link come from the same script run. Each rank shares its",
+        "one core with Horovod's background thread, which negotiates in blocking MPI calls every cycle: the",
+        "runs use a 5 ms cycle (Horovod's default before 0.21; now 1 ms) and MPI yielding while it waits, so",
+        "that this polling does not take the core from the step (issue 11 item 3 measures that cost).",
+        "Raw figures: `results/scaling/overlap_compression_<link>.json`.",
+        "",
+    ]
+    for run in runs:
+        prov, ranks, compute = run["provenance"], run["ranks"], run["compute"]
+        lines += [
+            f"### {run['label']}: {run['link']}",
+            "",
+            f"`{run['command']}` at git {prov['git_sha'][:12]}, {prov['date']}; {run['cpu']}; hosts: "
+            f"{run['hosts']}; precision {ranks['precision']}; Horovod {prov['horovod']}, TensorFlow "
+            f"{prov['tensorflow']}; {run['horovod_settings']}; whole run {run['wall_time_s']} s.",
+            "",
+            "| model (parameters) | per-rank batch | compute alone | compute, both busy | grouped "
+            "| overlap | exposed grouped | exposed overlap | overlap / grouped |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        busy = run["compute_both_cores_busy"]
+        for name, entry in ranks["models"].items():
+            alone = _mean(compute["models"][name]["modes"]["compute"])
+            c = _mean(busy["models"][name]["modes"]["compute"])
+            g, o = entry["modes"]["grouped"], entry["modes"]["overlap"]
+            lines.append(
+                f"| {name} ({entry['parameters'] / 1e6:.1f}M) | {entry['per_rank_batch']} | {alone:.3f} "
+                f"| {c:.3f} | {_mean(g):.3f} [{min(g):.3f}-{max(g):.3f}] "
+                f"| {_mean(o):.3f} [{min(o):.3f}-{max(o):.3f}] | {_mean(g) - c:.3f} | {_mean(o) - c:.3f} "
+                f"| {_mean(o) / _mean(g):.2f} |"
+            )
+        lines += ["", "Seconds per step (mean of the timed steps)."]
+        reduce = ranks["allreduce"]
+        values = reduce["values"]
+        none, fp16 = _mean(reduce["none"]), _mean(reduce["fp16"])
+        # Ring allreduce: each rank sends 2 (N-1)/N of the buffer.
+        factor = 2 * (ranks["world_size"] - 1) / ranks["world_size"]
+        lines += [
+            "",
+            f"Allreduce of ResNet-50's gradients ({values / 1e6:.1f}M values, grouped, 10 timed after 3):",
+            "",
+            "| compression | bytes per rank | seconds | sent per rank per second | fp16 / none |",
+            "|---|---|---|---|---|",
+            f"| none (float32) | {4 * values / 1e6:.0f} MB | {none:.3f} "
+            f"| {factor * 4 * values / none / 1e6:.0f} MB/s | |",
+            f"| fp16 | {2 * values / 1e6:.0f} MB | {fp16:.3f} | {factor * 2 * values / fp16 / 1e6:.0f} MB/s "
+            f"| {fp16 / none:.2f} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _write_section(name, body):
+    begin, end = f"<!-- section: {name} -->", f"<!-- end: {name} -->"
+    text = ""
+    if os.path.exists(MARKDOWN):
+        with open(MARKDOWN) as f:
+            text = f.read()
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        if not text:
+            text = (
+                "# Scale-out measurements\n\nEach section is written by `results/scaling.py SECTION` "
+                "(see its docstring); the command, git SHA, date and machine of every run stand beside "
+                "its figures.\n"
+            )
+        text = text.rstrip() + "\n\n" + block + "\n"
+    with open(MARKDOWN, "w") as f:
+        f.write(text)
+    print(f"[scaling] wrote section {name} of {MARKDOWN}", flush=True)
+
+
+SECTIONS = {"overlap_compression": overlap_compression}
+WORKERS = {"overlap_compression": worker_overlap_compression}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_worker":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("section", choices=sorted(WORKERS))
+        parser.add_argument("--role", choices=("compute", "ranks"), required=True)
+        parser.add_argument("--out", required=True)
+        parser.add_argument("--core", type=int, default=0)
+        args = parser.parse_args(argv[1:])
+        return WORKERS[args.section](args.role, args.out, args.core)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("section", choices=sorted(SECTIONS))
+    parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
+    parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
+    parser.add_argument("--cycle_time_ms", type=float, default=5.0, help="HOROVOD_CYCLE_TIME of the ranks")
+    args = parser.parse_args(argv)
+    if not args.local and not re.fullmatch(r"[0-9.]+(bit|kbit|mbit|gbit|tbit)", args.link_rate):
+        parser.error(f"--link_rate={args.link_rate!r}: expected a tc rate such as 1gbit or 10gbit.")
+    if not args.local and not os.path.exists(CLUSTER):
+        parser.error(f"{CLUSTER} is missing (the emulated cluster); use --local for 2 ranks on this host.")
+    SECTIONS[args.section](args)
+
+
+if __name__ == "__main__":
+    main()

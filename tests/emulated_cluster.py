@@ -1,0 +1,103 @@
+"""The emulated cluster of launch/emulated_cluster.sh, seen from the tests: bring it up and down, run
+commands on its hosts over ssh, read their link counters, and kill a host.
+
+Each host nodeK is a set of namespaces (network, UTS, mount with a private /tmp) with its own sshd; every
+process that runs "on" nodeK is in nodeK's network namespace, which is how `kill_host` finds them all.
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+
+from conftest import REPO
+
+SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
+SUBNET = "198.18.0.0/24"
+CONTROLLER_ADDRESS = "198.18.0.1"  # the bridge: this machine as seen from the hosts
+
+
+def require_root():
+    """Fails (never skips) with the reason when namespaces cannot be made here."""
+    assert os.geteuid() == 0, (
+        "the emulated-cluster tests need root: launch/emulated_cluster.sh creates network, UTS and mount "
+        f"namespaces, a bridge and one sshd per host (running as uid {os.geteuid()}); run the tests as root, "
+        "as CI does on its fresh Debian 12 machine"
+    )
+
+
+class Host:
+    """One emulated host: its name (= `hostname` there), address, and the host-side end of its link."""
+
+    def __init__(self, index):
+        self.name = f"node{index}"
+        self.address = f"198.18.0.{10 + index}"
+        self.veth = f"hvdlars-n{index}"
+
+    def run(self, command, timeout=120, check=True):
+        """Runs a shell command line on this host over ssh (its login shell's minimal environment)."""
+        result = subprocess.run(
+            ["ssh", "-o", "BatchMode=yes", self.name, command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(
+                f"ssh {self.name} {command!r}: exit {result.returncode}\n{result.stderr[-2000:]}"
+            )
+        return result
+
+    def link_bytes(self):
+        """(bytes the host sent, bytes it received) on its link, from the host-side veth's counters."""
+        stats = f"/sys/class/net/{self.veth}/statistics"
+        with open(f"{stats}/rx_bytes") as rx, open(f"{stats}/tx_bytes") as tx:
+            return int(rx.read()), int(tx.read())
+
+    def pids(self):
+        """Every process running on this host (in its network namespace)."""
+        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True, timeout=30)
+        return [int(p) for p in out.stdout.split()]
+
+    def kill(self, timeout=20):
+        """The host dies: SIGKILL to every one of its processes (sshd, slurmd, ranks) until none is left."""
+        deadline = time.time() + timeout
+        while pids := self.pids():
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.time() > deadline:
+                raise RuntimeError(f"{self.name}: processes {pids} survive SIGKILL")
+            time.sleep(0.05)
+
+
+class EmulatedCluster:
+    """`launch/emulated_cluster.sh` with NODES hosts (unshaped links); `up()` also revives dead hosts."""
+
+    def __init__(self, nodes=2):
+        self.hosts = [Host(k) for k in range(1, nodes + 1)]
+        self.env = dict(os.environ, NODES=str(nodes), LINK_RATE="")
+
+    def _script(self, verb, timeout=120):
+        result = subprocess.run([SCRIPT, verb], env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert result.returncode == 0, f"emulated_cluster.sh {verb}: {result.stdout}{result.stderr}"
+        return result.stdout
+
+    def up(self):
+        return self._script("up")
+
+    def down(self):
+        return self._script("down")
+
+    def host_list(self, slots):
+        """horovodrun's -H list, e.g. "node1:2,node2:2"."""
+        return ",".join(f"{h.name}:{slots}" for h in self.hosts)
+
+
+def shell_command(argv, cwd=REPO, env=None):
+    """A command line for `Host.run`: cd to `cwd`, set `env` (name -> value), run `argv`."""
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return f"cd {shlex.quote(cwd)} && {'env ' + assignments + ' ' if assignments else ''}{shlex.join(argv)}"

@@ -1,0 +1,51 @@
+"""The main program on one rank, then this rank's final weights to a file (for the multi-host tests).
+
+Usage (cwd anywhere; launched once per rank like `python -m hvd_lars.main`):
+    python tests/rank_weights_main.py --flagfile=flags/smoke.flags [flags...]
+Runs `hvd_lars.main` unchanged and, after training, writes <workdir>/<run_name>/rank_weights/rank<r>.npz
+with the model's trainable weights (t0, t1, ...) and other float weights (n0, ...; batch-norm moving
+statistics), in `model.weights` order. The main program checkpoints on rank 0 only, so this is how a test
+sees that every rank ends with the same weights. Imports hvd_lars from the checkout that holds this file.
+"""
+
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import numpy as np  # noqa: E402
+
+import hvd_lars.main  # noqa: E402
+import hvd_lars.models  # noqa: E402
+import hvd_lars.train  # noqa: E402
+from hvd_lars import distributed  # noqa: E402
+
+_models = []
+_get_model = hvd_lars.models.get_model
+_run = hvd_lars.train.run
+
+
+def _recording_get_model(*args, **kwargs):
+    model = _get_model(*args, **kwargs)
+    _models.append(model)
+    return model
+
+
+def _run_and_save(config):
+    summary = _run(config)
+    model = _models[-1]
+    out = os.path.join(config.workdir, summary["run_name"], "rank_weights")
+    os.makedirs(out, exist_ok=True)
+    others = [v for v in model.non_trainable_weights if "seed_generator" not in v.path]
+    arrays = {f"t{i}": v.numpy() for i, v in enumerate(model.trainable_weights)}
+    arrays.update({f"n{i}": v.numpy() for i, v in enumerate(others)})
+    np.savez(os.path.join(out, f"rank{distributed.rank()}.npz"), **arrays)
+    return summary
+
+
+hvd_lars.models.get_model = _recording_get_model
+hvd_lars.train.run = _run_and_save
+
+if __name__ == "__main__":
+    hvd_lars.main.main()

@@ -1,0 +1,424 @@
+"""Training across 2 emulated hosts x 2 ranks (launch/emulated_cluster.sh): horovodrun, launch/horovodrun.sh,
+launch/mpirun.sh with a hostfile, horovodrun --gloo and Slurm (srun --mpi=pmix, requeue); a host that dies
+ends the job within 60 s and leaves a checkpoint that loads.
+
+Needs root (network, UTS and mount namespaces); without it the tests fail with the reason, never skip.
+Every command runs the checkout under test: `python -m hvd_lars.main` with cwd = the repository root (the
+hosts share the file system), PYTHONPATH forwarded where the launcher allows. Run directories live
+outside /tmp, since each host has a /tmp of its own. 4 ranks share this machine's 2 cores: one intra-op
+thread per rank, the small CNN of flags/smoke.flags.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+from emulated_cluster import CONTROLLER_ADDRESS, SCRIPT, SUBNET, EmulatedCluster, require_root, shell_command
+from slurm_cluster import SlurmCluster, slurm_available
+
+PYTHON = sys.executable
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
+RANKS_PER_HOST = 2
+WORLD_SIZE = 4
+SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1"]
+SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
+# Open MPI on the cluster network only (this machine's own interfaces are not reachable from the hosts).
+# launch/mpirun.sh runs with MPI_BIND=none: bound, both hosts' ranks sat on the same 2 cores, and under the
+# load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s, 4 runs of each).
+MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
+# MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
+# Gloo sums in another order: float32 rounding differences, measured at most 3.6e-7 after the 6 steps.
+GLOO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+HOST_FAILURE_LIMIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_root()
+    c = EmulatedCluster(nodes=2)
+    try:
+        c.up()
+        yield c
+    finally:
+        c.down()
+        if os.path.isdir(SHARED_BASE) and not os.listdir(SHARED_BASE):
+            os.rmdir(SHARED_BASE)
+
+
+SHARED_BASE = "/var/tmp/hvd_lars_tests"  # seen by every host, unlike /tmp
+
+
+def _shared_dir(name):
+    os.makedirs(SHARED_BASE, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=SHARED_BASE))
+
+
+@pytest.fixture
+def shared_dir(request):
+    """A fresh folder every host sees (outside /tmp), removed afterwards."""
+    path = _shared_dir(request.node.name)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# 4 ranks on 2 cores: MPI's busy polling would take the cores from the ranks it waits for; yielding
+# halved the step time here (an Open MPI setting for oversubscribed machines, not for real nodes).
+OVERSUBSCRIBED = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def _env(**extra):
+    return dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **OVERSUBSCRIBED, **extra)
+
+
+def _run(cmd, timeout=300, **env):
+    try:
+        result = subprocess.run(
+            cmd, cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        output = (e.stdout or b"")[-3000:].decode(errors="replace") + (e.stderr or b"")[-3000:].decode(
+            errors="replace"
+        )
+        pytest.fail(f"{cmd} still running after {timeout} s\n{output}")
+    assert result.returncode == 0, f"{cmd}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def _summary(workdir):
+    return json.loads((Path(workdir) / "smoke" / "summary.json").read_text())
+
+
+def _assert_two_hosts(summary):
+    assert summary["hosts"] == ["node1", "node2"]
+    assert summary["world_size"] == WORLD_SIZE
+    assert summary["local_size"] == RANKS_PER_HOST and summary["cross_size"] == 2
+    assert summary["config"]["intra_op_threads"] == 1
+
+
+def _rank_weights(workdir):
+    folder = Path(workdir) / "smoke" / "rank_weights"
+    return [dict(np.load(folder / f"rank{r}.npz")) for r in range(WORLD_SIZE)]
+
+
+def _last_checkpoint_step(workdir):
+    """The step of the run's last complete checkpoint (named in the manager's `checkpoint` file), or 0."""
+    state = Path(workdir) / "smoke" / "checkpoints" / "checkpoint"
+    try:
+        m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M)
+    except FileNotFoundError:
+        return 0
+    return int(m.group(1)) if m else 0
+
+
+def _checkpoint_values(workdir, step):
+    """Every variable of checkpoint `step` (model and optimizer), by name."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(Path(workdir) / "smoke" / "checkpoints" / f"ckpt-{step}"))
+    names = [n for n in reader.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _restore_last_checkpoint(workdir):
+    """Loads the run's last checkpoint into a fresh smoke model (every model variable must match);
+    returns its step."""
+    import tensorflow as tf
+
+    from hvd_lars.models import get_model
+
+    folder = Path(workdir) / "smoke" / "checkpoints"
+    latest = tf.train.latest_checkpoint(str(folder))
+    assert latest, f"no checkpoint in {folder}"
+    model = get_model("small_cnn", num_classes=1000, input_shape=(32, 32, 3))
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    # The weights restored are the saved ones (stored once, under the optimizer that tracks them).
+    reader = tf.train.load_checkpoint(latest)
+    for i, variable in enumerate(model.trainable_variables):
+        saved = reader.get_tensor(f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE")
+        np.testing.assert_array_equal(variable.numpy(), saved, err_msg=variable.path)
+    return int(latest.rsplit("-", 1)[1])
+
+
+def _script(*args, user=None, **env):
+    cmd = ([] if user is None else ["runuser", "-u", user, "--"]) + [SCRIPT, *args]
+    return subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=60)
+
+
+def test_script_refuses_non_root_and_bad_settings():
+    require_root()  # to become another user
+    result = _script("up", user="nobody")
+    assert (
+        result.returncode == 1 and "must run as root" in result.stderr and "you are nobody" in result.stderr
+    )
+    result = _script("up", NODES="0")
+    assert (
+        result.returncode == 1 and "NODES='0': expected a whole number of hosts from 1 to 99" in result.stderr
+    )
+    result = _script("up", LINK_RATE="fast")
+    assert result.returncode == 1 and "LINK_RATE='fast': expected a tc rate such as" in result.stderr
+    result = _script("restart")
+    assert result.returncode == 2 and "Usage: launch/emulated_cluster.sh up|down|status" in result.stderr
+
+
+def test_status_lists_hosts_addresses_and_links(cluster):
+    result = _script("status")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
+    assert rows["node1"][1:5] == ["198.18.0.11", "hvdlars-n1", "up", "none"]
+    assert rows["node2"][1:5] == ["198.18.0.12", "hvdlars-n2", "up", "none"]
+    assert cluster.hosts[1].run("hostname").stdout.strip() == "node2"
+
+
+@pytest.fixture(scope="module")
+def mpi_run(cluster):
+    """horovodrun -np 4 -H node1:2,node2:2 (MPI) on smoke.flags, each rank saving its final weights; with
+    the bytes each host's link carried meanwhile."""
+    workdir = _shared_dir("mpi_run")
+    before = [h.link_bytes() for h in cluster.hosts]
+    result = _run(
+        [
+            HOROVODRUN,
+            "-np",
+            str(WORLD_SIZE),
+            "-H",
+            cluster.host_list(RANKS_PER_HOST),
+            PYTHON,
+            "tests/rank_weights_main.py",
+            *SMOKE,
+            f"--workdir={workdir}",
+        ]
+    )
+    after = [h.link_bytes() for h in cluster.hosts]
+    traffic = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before)]
+    yield workdir, result.stdout, traffic
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_horovodrun_trains_across_two_hosts(mpi_run):
+    workdir, log, traffic = mpi_run
+    assert "global batch 32 = 4 ranks x per-rank batch 8" in log
+    _assert_two_hosts(_summary(workdir))
+    weights = _rank_weights(workdir)
+    for r in range(1, WORLD_SIZE):
+        assert weights[r].keys() == weights[0].keys()
+        for name in weights[0]:
+            np.testing.assert_array_equal(weights[r][name], weights[0][name], err_msg=f"rank {r}, {name}")
+    # Allreduce between 2 hosts: each host must send the other at least its partial sum of every float32
+    # gradient, every step, and receive as much (traffic of ssh and setup only adds to that).
+    gradient_bytes = 4 * sum(w.size for name, w in weights[0].items() if name.startswith("t"))
+    for host, (sent, received) in zip(("node1", "node2"), traffic):
+        assert sent >= SMOKE_STEPS * gradient_bytes, f"{host} sent {sent} B"
+        assert received >= SMOKE_STEPS * gradient_bytes, f"{host} received {received} B"
+
+
+def test_launch_horovodrun_sh_with_a_host_list(cluster, mpi_run, shared_dir):
+    result = _run(
+        [
+            os.path.join(REPO, "launch", "horovodrun.sh"),
+            cluster.host_list(RANKS_PER_HOST),
+            str(WORLD_SIZE),
+            "flags/smoke.flags",
+            f"--workdir={shared_dir}",
+        ],
+        RANKS_PER_SOCKET="2",
+    )
+    assert "global batch 32 = 4 ranks x per-rank batch 8" in result.stdout
+    _assert_two_hosts(_summary(shared_dir))
+    reference, ours = _checkpoint_values(mpi_run[0], SMOKE_STEPS), _checkpoint_values(shared_dir, SMOKE_STEPS)
+    assert ours.keys() == reference.keys()
+    for name in reference:
+        np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+
+
+def test_launch_mpirun_sh_with_a_hostfile_gives_the_mpi_weights(cluster, mpi_run, shared_dir):
+    hostfile = shared_dir / "hostfile"
+    hostfile.write_text("".join(f"{h.name} slots={RANKS_PER_HOST}\n" for h in cluster.hosts))
+    result = _run(
+        [
+            os.path.join(REPO, "launch", "mpirun.sh"),
+            str(hostfile),
+            str(WORLD_SIZE),
+            "flags/smoke.flags",
+            f"--workdir={shared_dir}",
+        ],
+        RANKS_PER_SOCKET="2",
+        MPI_BIND="none",
+        **MPI_NETWORK,
+    )
+    assert "global batch 32 = 4 ranks x per-rank batch 8" in result.stdout
+    _assert_two_hosts(_summary(shared_dir))
+    reference, ours = _checkpoint_values(mpi_run[0], SMOKE_STEPS), _checkpoint_values(shared_dir, SMOKE_STEPS)
+    assert ours.keys() == reference.keys()
+    for name in reference:
+        np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+
+
+def test_horovodrun_gloo_from_the_first_host_matches_mpi(cluster, mpi_run, shared_dir):
+    # Gloo's rendezvous address must be on the cluster network: launch from node1, as from a cluster's
+    # first node (from this machine horovodrun offers its own eth0). Gloo resolves host names: /etc/hosts.
+    command = shell_command(
+        [
+            HOROVODRUN,
+            "--gloo",
+            "-np",
+            str(WORLD_SIZE),
+            "-H",
+            cluster.host_list(RANKS_PER_HOST),
+            PYTHON,
+            "tests/rank_weights_main.py",
+            *SMOKE,
+            f"--workdir={shared_dir}",
+        ],
+        env={"PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    result = cluster.hosts[0].run(command, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _assert_two_hosts(_summary(shared_dir))
+    weights, reference = _rank_weights(shared_dir), _rank_weights(mpi_run[0])[0]
+    for r in range(WORLD_SIZE):
+        for name in reference:
+            np.testing.assert_array_equal(weights[r][name], weights[0][name], err_msg=f"rank {r}, {name}")
+    for name in reference:
+        np.testing.assert_allclose(weights[0][name], reference[name], **GLOO_TOLERANCE, err_msg=name)
+
+
+def _wait_for_checkpoint(workdir, after_step, alive, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        step = _last_checkpoint_step(workdir)
+        if step > after_step:
+            return step
+        assert alive(), "the job ended before writing a checkpoint"
+        time.sleep(0.2)
+    raise TimeoutError(f"no checkpoint after step {after_step} in {timeout} s")
+
+
+def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
+    cmd = [
+        HOROVODRUN,
+        "-np",
+        str(WORLD_SIZE),
+        "-H",
+        cluster.host_list(RANKS_PER_HOST),
+        PYTHON,
+        "-m",
+        "hvd_lars.main",
+        *SMOKE,
+        f"--workdir={shared_dir}",
+        "--steps_per_epoch=100",
+        "--checkpoint_every_steps=2",
+    ]
+    log = open(shared_dir / "horovodrun.log", "w")
+    job = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        saved = _wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
+        killed_at = time.time()
+        cluster.hosts[1].kill()
+        try:
+            status = job.wait(timeout=HOST_FAILURE_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            status = None
+        ended_after = time.time() - killed_at
+    finally:
+        if job.poll() is None:
+            job.kill()
+        log.close()
+        cluster.up()  # node2 boots again for the tests after this one
+    output = (shared_dir / "horovodrun.log").read_text()[-3000:]
+    assert status is not None, f"horovodrun still running {ended_after:.0f} s after node2 died\n{output}"
+    assert status != 0, output
+    assert _restore_last_checkpoint(shared_dir) >= saved
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster):
+    assert slurm_available(), (
+        "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
+    )
+    workdir = _shared_dir("slurm")
+    s = SlurmCluster(workdir, hosts=cluster.hosts, controller_address=CONTROLLER_ADDRESS)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _release(slurm, job, timeout=120):
+    """Starts a requeued job now: Slurm holds it back (Reason=BeginTime), as a real pre-emption would."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and slurm.job_state(job) != "PENDING":
+        time.sleep(0.2)
+    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+
+
+def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, slurm, shared_dir):
+    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags: 4 ranks through srun --mpi=pmix;
+    `scontrol requeue` restarts it from its checkpoint; node2 dying ends the attempt within 60 s (Slurm
+    requeues it for node failure); once node2 is back the job resumes from its last checkpoint and
+    completes."""
+    out = shared_dir / "slurm.out"
+    job = (
+        slurm.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--nodes=2",
+                f"--ntasks-per-node={RANKS_PER_HOST}",
+                f"--chdir={REPO}",
+                f"--output={out}",
+                f"--export=ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1",
+                SBATCH,
+                "flags/smoke.flags",
+                f"--workdir={shared_dir}",
+                "--steps_per_epoch=10",
+                "--checkpoint_every_steps=2",
+                "--resume=true",
+            ]
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+
+    def running():
+        return slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING")
+
+    first = _wait_for_checkpoint(shared_dir, 0, running)
+    slurm.run(["scontrol", "requeue", job])
+    _release(slurm, job)
+    second = _wait_for_checkpoint(shared_dir, first, running)
+    assert slurm.job_field(job, "Restarts") == "1"
+
+    killed_at = time.time()
+    cluster.hosts[1].kill()
+    while slurm.job_field(job, "Restarts") != "2" and time.time() - killed_at < HOST_FAILURE_LIMIT_S + 30:
+        time.sleep(0.2)
+    ended_after = time.time() - killed_at
+    cluster.up()
+    slurm.start_slurmd("node2")
+    slurm.wait_idle()  # ReturnToService=2: the node rejoins when its slurmd registers
+    _release(slurm, job)
+    try:
+        state = slurm.wait(job, timeout=300)
+    except TimeoutError as e:
+        state = str(e)
+    log = out.read_text()
+    assert ended_after < HOST_FAILURE_LIMIT_S, f"attempt 2 still running {ended_after:.0f} s after node2 died"
+    assert "DUE TO NODE FAILURE" in log
+    assert "requeue job JobId=" in (Path(slurm.dir) / "slurmctld.log").read_text()
+    node_logs = "".join(p.read_text()[-1500:] for p in sorted(Path(slurm.dir).glob("slurm*.log")))
+    assert state == "COMPLETED", log[-3000:] + node_logs
+    assert "restart 2" in log and log.count("resumed from") == 2
+    summary = _summary(shared_dir)
+    _assert_two_hosts(summary)
+    assert summary["resumed_from_step"] >= second and summary["epochs"][-1]["epoch"] == 2

@@ -1,0 +1,164 @@
+"""DistributedOptimizer in one process (world size 1): exactly the optimizer it holds, its arguments, its
+errors, serialization and the loss-scaler nestings. The 2-rank behaviour is in tests/test_distributed.py."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_lars import (
+    LARS,
+    DistributedLossScaleOptimizer,
+    DistributedOptimizer,
+    LearningRateWarmupCallback,
+    distributed,
+)
+
+LSO = keras.optimizers.LossScaleOptimizer
+
+
+def _train(optimizer, steps=4, seed=0):
+    """Weights after `steps` applies of fixed gradients (one tf.function, as model.fit runs)."""
+    rng = np.random.default_rng(seed)
+    variables = [keras.Variable(rng.normal(size=s).astype(np.float32)) for s in [(3, 2), (2,)]]
+    grads = [[rng.normal(size=v.shape).astype(np.float32) for v in variables] for _ in range(steps)]
+    optimizer.build(variables)
+    step = tf.function(lambda g: optimizer.apply(g, variables))
+    for g in grads:
+        step([tf.constant(x) for x in g])
+    return [v.numpy() for v in variables], optimizer
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.5),
+        lambda: keras.optimizers.Adam(
+            keras.optimizers.schedules.ExponentialDecay(0.01, 1, 0.9), use_ema=True
+        ),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9, gradient_accumulation_steps=2),
+        lambda: LARS(0.5, weight_decay=1e-3, eta=0.01, gradient_accumulation_steps=2),
+        lambda: LSO(keras.optimizers.Lamb(0.01), initial_scale=8.0),
+    ],
+    ids=["sgd_clipnorm", "adam_schedule_ema", "sgd_accumulation", "lars_accumulation", "loss_scaled_lamb"],
+)
+def test_world_size_1_is_exactly_the_held_optimizer(make):
+    want, plain = _train(make())
+    got, wrapper = _train(DistributedOptimizer(make()))
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    assert int(wrapper.iterations) == int(plain.iterations)
+
+
+def test_keras_accumulation_is_taken_over():
+    sgd = keras.optimizers.SGD(0.1, gradient_accumulation_steps=4)
+    wrapper = DistributedOptimizer(sgd)
+    assert wrapper.backward_passes_per_step == 4 and sgd.gradient_accumulation_steps is None
+    assert DistributedOptimizer.from_config(wrapper.get_config()).backward_passes_per_step == 4
+    # Through a loss scaler too.
+    inner = keras.optimizers.Adam(gradient_accumulation_steps=3)
+    assert DistributedOptimizer(LSO(inner)).backward_passes_per_step == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"compression": "bf16"}, "compression='bf16'; valid: none, fp16"),
+        ({"gradient_reduction": "ring"}, "gradient_reduction='ring'; valid: overlap, grouped"),
+        ({"backward_passes_per_step": 0}, "backward_passes_per_step must be an int >= 1, got 0"),
+        ({"backward_passes_per_step": 2.0}, "got 2.0"),
+        ({"backward_passes_per_step": True}, "got True"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_misuse_is_refused():
+    with pytest.raises(ValueError, match="contradicts the optimizer's gradient_accumulation_steps=2"):
+        DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2), backward_passes_per_step=3)
+    built = keras.optimizers.SGD(gradient_accumulation_steps=2)
+    built.build([keras.Variable(np.zeros(2, np.float32))])
+    with pytest.raises(ValueError, match="wrap it before it is built"):
+        DistributedOptimizer(built)
+    with pytest.raises(ValueError, match="needs a Keras 3 optimizer"):
+        DistributedOptimizer("sgd")
+    with pytest.raises(ValueError, match="wrap the optimizer only once"):
+        DistributedOptimizer(DistributedOptimizer(keras.optimizers.SGD()))
+
+
+def test_a_loss_scaler_inside_makes_the_wrapper_a_loss_scaler():
+    wrapper = DistributedOptimizer(LSO(keras.optimizers.SGD(1.0), initial_scale=4.0))
+    assert isinstance(wrapper, DistributedLossScaleOptimizer) and isinstance(wrapper, LSO)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
+        model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.optimizer is wrapper  # Keras did not wrap it in a second loss scaler
+    assert float(wrapper.scale_loss(tf.constant(1.0))) == 4.0
+    assert wrapper.initial_scale == 4.0
+    clone = keras.optimizers.deserialize(keras.optimizers.serialize(wrapper))
+    assert type(clone) is DistributedLossScaleOptimizer and clone.get_config() == wrapper.get_config()
+
+
+def test_keras_built_loss_scaler_is_attached_when_it_builds_the_wrapper():
+    wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
+        model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    outer = model.optimizer
+    assert isinstance(outer, LSO) and outer.inner_optimizer is wrapper
+    outer.build(model.trainable_variables)
+    assert wrapper._loss_scaler() is outer  # its overflow check is now a vote over ranks
+    assert "check_finite" in vars(outer)
+
+
+def test_an_unattached_loss_scaler_is_refused_instead_of_hanging():
+    # Should a Keras release stop building the held optimizer from LossScaleOptimizer.build, the wrapper
+    # would not know its loss scaler: its apply then refuses to run rather than risk the per-rank branch.
+    wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
+    outer = LSO(wrapper, initial_scale=4.0)
+    w = keras.Variable(0.0)
+    outer.build([w])
+    wrapper._loss_scaler = None
+    with pytest.raises(RuntimeError, match="an overflow on one rank would hang the others"):
+        outer.apply([tf.constant(8.0)], [w])
+
+
+def test_rate_and_settings_are_the_held_optimizers():
+    rate = keras.Variable(0.5)
+    lars = LARS(rate)
+    wrapper = DistributedOptimizer(lars, compression="fp16", gradient_reduction="grouped")
+    wrapper.learning_rate = 0.25
+    assert float(rate.numpy()) == 0.25 and float(wrapper.learning_rate.numpy()) == 0.25
+    wrapper.build([keras.Variable(np.ones(2, np.float32))])
+    # No second learning-rate variable: the wrapper's own state is its micro-batch counter.
+    assert [v.name for v in wrapper.variables].count(rate.name) == 1
+    assert len(wrapper.variables) == 1 + len(lars.variables)
+    config = wrapper.get_config()
+    assert config["compression"] == "fp16" and config["gradient_reduction"] == "grouped"
+    assert config["optimizer"]["class_name"] == "LARS"
+    assert distributed.distributed_optimizer(keras.optimizers.SGD()).__class__ is DistributedOptimizer
+    # Static loss scaling of the held optimizer: the loss is scaled through the wrapper.
+    assert float(DistributedOptimizer(keras.optimizers.SGD(loss_scale_factor=8.0)).scale_loss(1.0)) == 8.0
+
+
+def test_allreduce_arguments_are_checked_even_on_one_rank():
+    with pytest.raises(ValueError, match="valid: overlap, grouped"):
+        distributed.allreduce_gradients([tf.ones(2)], reduction="tree")
+    assert distributed.allreduce_gradients([None, tf.ones(2)], compression="fp16")[0] is None
+
+
+def test_warmup_callback_arguments():
+    with pytest.raises(ValueError, match="momentum_correction=True"):
+        LearningRateWarmupCallback(initial_lr=0.1, momentum_correction=True)
+    with pytest.raises(ValueError, match="initial_lr must be a number > 0, got 0"):
+        LearningRateWarmupCallback(initial_lr=0)
+    with pytest.raises(ValueError, match="warmup_epochs must be a number > 0, got 'five'"):
+        LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs="five")

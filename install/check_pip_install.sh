@@ -85,7 +85,8 @@ for script, option, flag in (("hvd-lars-train", "--helpfull", "--global_batch_si
     assert result.returncode in (0, 1) and flag in result.stdout, result.stdout[-1000:] + result.stderr[-2000:]
     print(f"- `{script} {option}` lists {flag}")
 result = subprocess.run(
-    [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", "--model=small_cnn", "--global_batch_size=8"],
+    [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", "--model=small_cnn", "--global_batch_size=8",
+     "--peak_learning_rate=0.1", "--epochs=1", "--warmup_epochs=0", "--workdir=runs"],
     capture_output=True, text=True, timeout=300,
 )
 assert result.returncode == 2 and "pip install 'hvd_lars[imagenet]'" in result.stderr, result.stderr[-2000:]

@@ -180,3 +180,10 @@ def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(one_per_cla
         assert len(counter.decoded) <= len(counter.files) <= len(counter.decoded) + 4
     # How far the pipeline reads ahead in the background varies by a few elements either way.
     assert counts[200][0] <= counts[0][0] + 8 and counts[200][2] <= counts[0][2] + 8
+
+
+def test_image_size_0_means_the_default_224(folder):
+    # The main program passes --image_size=0 unless a flagfile sets it; the builders' `preprocessing`
+    # argument once shadowed the module that holds the default, so this raised AttributeError.
+    data = _build(folder[0], image_size=0)
+    assert data.input_shape == (224, 224, 3)

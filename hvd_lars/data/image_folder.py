@@ -14,7 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars import distributed
-from hvd_lars.data import listing, order, pipeline, preprocessing
+from hvd_lars.data import listing, order, pipeline
+from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_indices
 
 SPLITS = {"train": "train", "eval": "validation"}
@@ -78,7 +79,7 @@ def image_folder_input(
     data_dir=None,
     max_train_examples=0,
     max_eval_examples=0,
-    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
+    image_size=DEFAULT_IMAGE_SIZE,
     deterministic=True,
     skip_corrupt=False,
     eval_batch=0,
@@ -112,7 +113,8 @@ def image_folder_input(
     check_rank(rank, world_size)
     if not data_dir:
         raise ValueError("--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>.")
-    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
+    # `preprocessing`, the argument, names the views; the default size is the module's constant.
+    image_size = image_size or DEFAULT_IMAGE_SIZE
     train_listing, eval_listing = list_splits(data_dir, index_dir, rank, world_size)
     missing = eval_listing.missing_classes()
     if missing and rank == 0:

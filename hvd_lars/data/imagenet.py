@@ -14,7 +14,8 @@ import tarfile
 
 import tensorflow as tf
 
-from hvd_lars.data import pipeline, preprocessing, records
+from hvd_lars.data import pipeline, records
+from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
 
 NAME = "imagenet2012"
@@ -165,7 +166,7 @@ def imagenet_input(
     data_dir=None,
     max_train_examples=0,
     max_eval_examples=0,
-    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
+    image_size=DEFAULT_IMAGE_SIZE,
     manual_dir=None,
     deterministic=True,
     skip_corrupt=False,
@@ -199,7 +200,8 @@ def imagenet_input(
     from hvd_lars.data import InputPipeline
 
     check_rank(rank, world_size)
-    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
+    # `preprocessing`, the argument, names the views; the default size is the module's constant.
+    image_size = image_size or DEFAULT_IMAGE_SIZE
     ds_builder = builder(data_dir, manual_dir, prepare=rank == 0)
     if world_size > 1:
         from hvd_lars import distributed

@@ -115,8 +115,8 @@ if [ -n "$wheel" ]; then
   "$PY" -m pip install -q --no-deps "$wheel"
   "$PY" -m pip install -q cloudpickle psutil pyyaml packaging
   "$VENV/bin/horovodrun" --check-build > "$WORK/check_build.txt"
-  frameworks="$(grep -A3 'Available Frameworks' "$WORK/check_build.txt" | grep '\[X\]' | tr -s ' ' | tr '\n' ' ')"
-  note "- Horovod from \`$(basename "$wheel")\` (install/setup.sh's build); \`horovodrun --check-build\`: $frameworks"
+  marked="$(grep '\[X\]' "$WORK/check_build.txt" | tr -s ' ' | tr '\n' ',' | sed 's/,$//')"
+  note "- Horovod from \`$(basename "$wheel")\` (install/setup.sh's build); \`horovodrun --check-build\` marks (frameworks, controllers, tensor operations):$marked"
   if [ -f "$WORK/src/examples/keras_horovod_lars.py" ]; then
     "$VENV/bin/horovodrun" -np 2 -H localhost:2 "$PY" "$WORK/src/examples/keras_horovod_lars.py" \
       --out="$WORK/example" > "$WORK/example.log" 2>&1 || { tail -50 "$WORK/example.log"; exit 1; }

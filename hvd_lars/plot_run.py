@@ -27,8 +27,9 @@ SPLITS = (("", "training"), ("val_", "validation"), ("test_", "test"))
 
 
 def read_metrics(run_dir):
-    """metrics.csv of `run_dir` as {column: list of float} (empty fields as nan), rows in epoch order; a
-    missing `step` column (older runs) is derived from the epoch and summary.json's steps per epoch.
+    """metrics.csv of `run_dir` as {column: list of float} (empty or "NA" fields as nan), rows in epoch
+    order; a missing `step` column (runs logged by Keras's CSVLogger) is derived from the epoch and
+    summary.json's steps per epoch.
 
     Raises:
         FileNotFoundError: no metrics.csv or summary.json in `run_dir`.
@@ -38,15 +39,19 @@ def read_metrics(run_dir):
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory of hvd_lars.main.")
     with open(path, newline="") as f:
         rows = sorted(csv.DictReader(f), key=lambda r: int(r["epoch"]))
-    columns = (
-        {k: [float(r[k]) if r.get(k) not in (None, "") else math.nan for r in rows] for k in rows[0]}
-        if rows
-        else {}
-    )
+    columns = {k: [_number(r.get(k)) for r in rows] for k in rows[0]} if rows else {}
     if rows and "step" not in columns:
         per_epoch = read_json(os.path.join(run_dir, "summary.json"))["plan"]["steps_per_epoch"]
         columns["step"] = [(e + 1) * per_epoch for e in columns["epoch"]]
     return columns
+
+
+def _number(text):
+    # Empty: not measured that epoch; "NA": the same, in files Keras's CSVLogger wrote.
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _schedule_curve(summary):

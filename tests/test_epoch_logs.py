@@ -186,3 +186,8 @@ def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
     out = plot_run.plot_run(str(tmp_path))
     assert out == str(tmp_path / "run.png") and os.path.getsize(out) > 10_000
     assert plot_run.main([str(tmp_path / "nothing")]) == 2
+    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
+    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
+    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
+    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
+    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])

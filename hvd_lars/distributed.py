@@ -212,6 +212,26 @@ def barrier():
     allreduce_sum([0.0], name="hvd_lars.barrier")
 
 
+def broadcast_bytes(data, name, root_rank=0):
+    """Rank `root_rank`'s `data` (bytes) on every rank; the other ranks pass anything (e.g. None).
+
+    Used to hand rank 0's image-folder listing to every rank, so only one process reads the folder.
+    Identity with size 1. `name` must be the same on every rank and unique per call site.
+    """
+    if size() == 1:
+        return data
+    import tensorflow as tf
+
+    # The length first (the others must allocate as much), then the bytes as one uint8 tensor.
+    mine = len(data) if rank() == root_rank else 0
+    length = int(_hvd.broadcast(tf.constant([mine], tf.int64), root_rank, name=f"{name}.size").numpy()[0])
+    if rank() == root_rank:
+        array = np.frombuffer(data, np.uint8)
+    else:
+        array = np.zeros(length, np.uint8)
+    return _hvd.broadcast(tf.constant(array), root_rank, name=f"{name}.data").numpy().tobytes()
+
+
 def distributed_optimizer(optimizer, **kwargs):
     """`hvd_lars.DistributedOptimizer(optimizer, **kwargs)`, for code written against earlier versions."""
     from hvd_lars.distributed_optimizer import DistributedOptimizer

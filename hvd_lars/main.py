@@ -162,8 +162,8 @@ def _main(argv):
 
     try:
         run(config_from_flags())
-    except (ValueError, FileNotFoundError) as e:
-        # Bad input: one clear line, exit status 2, no traceback.
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        # Bad input or a missing optional package: one clear line, exit status 2, no traceback.
         print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
 

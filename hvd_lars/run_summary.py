@@ -2,6 +2,9 @@
 
 Written by rank 0 only, atomically (temporary file + rename), so a killed job leaves the summary of its
 last finished epoch; a resumed run keeps the epochs the interrupted one finished and appends its own.
+
+The file is strict JSON (`strict_json`: a non-finite number, such as the loss of a diverged run, is
+written as the string "NaN", "Infinity" or "-Infinity"); read it with `strict_json.read`.
 """
 
 import json
@@ -11,6 +14,8 @@ import time
 import keras
 
 from hvd_lars import distributed, provenance
+from hvd_lars.strict_json import read as read_json
+from hvd_lars.strict_json import strict
 
 
 class RunSummary(keras.callbacks.Callback):
@@ -32,8 +37,7 @@ class RunSummary(keras.callbacks.Callback):
         finished_epochs = start_step // plan.steps_per_epoch
         previous = []
         if start_step and os.path.exists(self.path):
-            with open(self.path) as f:
-                previous = [e for e in json.load(f).get("epochs", []) if e["epoch"] <= finished_epochs]
+            previous = [e for e in read_json(self.path).get("epochs", []) if e["epoch"] <= finished_epochs]
         self.summary = {
             "run_name": run_name,
             "config": vars(config),
@@ -63,12 +67,11 @@ class RunSummary(keras.callbacks.Callback):
 
     @staticmethod
     def load(run_dir):
-        """The summary dict saved in `run_dir`, or None if there is none."""
+        """The summary dict saved in `run_dir` (`read_json`), or None if there is none."""
         path = os.path.join(run_dir, "summary.json")
         if not os.path.exists(path):
             return None
-        with open(path) as f:
-            return json.load(f)
+        return read_json(path)
 
     def on_epoch_end(self, epoch, logs=None):
         entry = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
@@ -90,5 +93,5 @@ class RunSummary(keras.callbacks.Callback):
         if distributed.is_chief():
             tmp = f"{self.path}.tmp"
             with open(tmp, "w") as f:
-                json.dump(s, f, indent=2)
+                json.dump(strict(s), f, indent=2, allow_nan=False)
             os.replace(tmp, self.path)

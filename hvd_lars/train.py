@@ -51,14 +51,12 @@ def applied_threads():
     }
 
 
-def build_optimizer(config, plan):
-    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`, held
-    by a `DistributedOptimizer` that averages each update's gradients over micro-batches and ranks."""
-    from hvd_lars.distributed_optimizer import DistributedOptimizer
-    from hvd_lars.lars import LARS, mlperf_exclusions
+def build_schedule(config, plan):
+    """The learning-rate schedule `config.schedule` over the steps of `plan` (a callable of the update
+    count; `hvd_lars.schedules.make_schedule`)."""
     from hvd_lars.schedules import make_schedule
 
-    schedule = make_schedule(
+    return make_schedule(
         config.schedule,
         peak_learning_rate=plan.peak_learning_rate,
         total_steps=plan.total_steps,
@@ -68,6 +66,15 @@ def build_optimizer(config, plan):
         power=config.decay_power,
         **_step_decay_arguments(config, plan),
     )
+
+
+def build_optimizer(config, plan):
+    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`, held
+    by a `DistributedOptimizer` that averages each update's gradients over micro-batches and ranks."""
+    from hvd_lars.distributed_optimizer import DistributedOptimizer
+    from hvd_lars.lars import LARS, mlperf_exclusions
+
+    schedule = build_schedule(config, plan)
     if config.optimizer == "lars":
         excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
         optimizer = LARS(
@@ -179,7 +186,7 @@ def _loss_and_metrics(config, num_classes):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
 
 
-def _input_kwargs(config, per_rank_batch, rank, world_size):
+def _input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
     return dict(
         per_rank_batch=per_rank_batch,
         rank=rank,
@@ -196,6 +203,8 @@ def _input_kwargs(config, per_rank_batch, rank, world_size):
         skip_corrupt=config.skip_corrupt,
         input_threads=config.input_threads,
         validation_examples=config.validation_examples,
+        # The image-folder listing, made once per run by rank 0 and kept for the run's later starts.
+        index_dir=os.path.join(run_dir, "image_folder_index"),
     )
 
 
@@ -205,7 +214,7 @@ def run(config, extra_callbacks=()):
     Args:
         config: `TrainConfig`.
         extra_callbacks: Keras callbacks run on every rank after the built-in ones (rank averaging,
-            evaluation, checkpoints) and before the loggers (CSVLogger, TensorBoard, summary.json), so
+            evaluation, checkpoints) and before the loggers (metrics.csv, TensorBoard, summary.json), so
             what they add to the epoch logs is recorded.
 
     Raises:
@@ -220,6 +229,7 @@ def run(config, extra_callbacks=()):
     import tensorflow as tf
 
     from hvd_lars import callbacks as cb
+    from hvd_lars import epoch_logs
     from hvd_lars.data import get_input
     from hvd_lars.horovod_callbacks import MetricAverageCallback, broadcast_model_and_optimizer
     from hvd_lars.models import get_model
@@ -234,7 +244,7 @@ def run(config, extra_callbacks=()):
     run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
     run_dir = os.path.join(config.workdir, run_name)
 
-    data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
+    data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size, run_dir))
     plan = make_plan(config, world_size, data.num_train_examples)
     threads = applied_threads()
     if chief:
@@ -307,9 +317,10 @@ def run(config, extra_callbacks=()):
         callbacks.insert(1, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
     callbacks += list(extra_callbacks)
     if chief:
+        # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
         callbacks += [
-            keras.callbacks.CSVLogger(os.path.join(run_dir, "metrics.csv"), append=start_step > 0),
-            keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), update_freq="epoch"),
+            epoch_logs.MetricsCSV(os.path.join(run_dir, "metrics.csv"), start_step, plan.steps_per_epoch),
+            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard"), start_step),
         ]
 
     if start_step >= plan.total_steps:
@@ -324,21 +335,18 @@ def run(config, extra_callbacks=()):
     callbacks.append(summary)
 
     # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The
-    # training stream is deterministic for a seed, so skipping the micro-batches already consumed puts
-    # every rank exactly where the interrupted run was.
+    # training stream is a function of the seed and the position, so starting it at the micro-batches
+    # already consumed puts every rank exactly where the interrupted run was, without reading or
+    # decoding any of them (InputPipeline.train_from).
     step = start_step
     while step < plan.total_steps:
-        if step != start_step:
-            # A fresh pipeline object: its seeded shuffle restarts the same stream (iterating the old
-            # object again would draw new shuffle seeds and break the resumed run's data order).
-            data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size))
-        train = data.train
+        train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
             train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
         epoch = step // plan.steps_per_epoch
         done_in_epoch = step - epoch * plan.steps_per_epoch
         model.fit(
-            train.skip(step * plan.accumulation_steps),
+            train,
             initial_epoch=epoch,
             epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
             steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,

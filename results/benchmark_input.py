@@ -71,14 +71,17 @@ def pipeline_worker(root, kind, deterministic, batch, batches):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from hvd_lars.data import pipeline, preprocessing
-    from hvd_lars.data.image_folder import list_images
+    from hvd_lars.data import listing, order, pipeline, preprocessing
 
-    paths, labels, _ = list_images(os.path.join(root, "train"))
+    found = listing.list_split(os.path.join(root, "train"))
+    paths, labels = found.paths(), found.labels
     source = tf.data.Dataset.from_tensor_slices((paths, paths, labels))
     if kind == "train":
-        ds, _ = pipeline.train_dataset(
-            source, len(paths), batch, 0, 224, read=tf.io.read_file, deterministic=deterministic, threads=1
+        stream = order.index_stream(len(paths), 0).map(
+            lambda i: (tf.gather(paths, i), tf.gather(paths, i), tf.gather(labels, i))
+        )
+        ds = pipeline.train_dataset(
+            stream, batch, 0, 224, read=tf.io.read_file, deterministic=deterministic, threads=1
         )
     elif kind == "train_unguarded":
         ds = source.shuffle(len(paths), seed=0).repeat().enumerate()

@@ -42,6 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import large_batch_report  # noqa: E402
 
+from hvd_lars.strict_json import read as read_json  # noqa: E402
+
 # The literal that `bench` (pkill -f) matches to pause the study; in every run's name.
 STUDY_TAG = "hvd_lars_study"
 FASHION_MNIST_TRAIN = 60000
@@ -166,8 +168,7 @@ def load_summary(args, cell):
     path = os.path.join(run_dir(args, cell), "summary.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    return read_json(path)  # strict JSON; a diverged run's "NaN" loss comes back as a float
 
 
 def is_complete(summary, epochs):

@@ -3,12 +3,16 @@
 Usage: python results/record_run.py results/runs/<run>/summary.json results/<name>.md "<command that ran>"
 """
 
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hvd_lars.strict_json import read as read_json  # noqa: E402
 
 
 def main(summary_path, out_path, command):
-    s = json.load(open(summary_path))
+    s = read_json(summary_path)  # non-finite values come back as floats (nan prints as "nan")
     lines = [
         f"# {s['run_name']}",
         "",

@@ -4,6 +4,8 @@ Builds the image-folder pipeline for this rank, reads two training epochs of lab
 shard, and runs the training loop's `ExactEvaluation` with a constant classifier whose logits are all 0:
 with ties broken by class index (hvd_lars.metrics) it ranks class 0 first and classes 0-4 in its top 5,
 so its exact top-1 and top-5 are known from the labels alone (counting ties as correct would give 1.0).
+Counts the folder listings each rank makes (`listing.list_split`, counted here): built twice with one
+index folder (a run and its resume), then on a folder the listing refuses (`<data>/../bad`).
 Writes <out>/data_rank<r>_of_<size>.npz.
 """
 
@@ -24,18 +26,36 @@ def main(data_dir, out_dir):
     import keras
 
     from hvd_lars.callbacks import ExactEvaluation
-    from hvd_lars.data import get_input
+    from hvd_lars.data import get_input, listing
 
-    data = get_input(
+    listings = []
+    list_split = listing.list_split
+
+    def counted(root, classes=None):
+        listings.append(os.path.basename(root))
+        return list_split(root, classes)
+
+    listing.list_split = counted
+    build = lambda folder: get_input(
         "image_folder",
         per_rank_batch=PER_RANK_BATCH,
         rank=rank,
         world_size=size,
         seed=0,
-        data_dir=data_dir,
+        data_dir=folder,
         image_size=32,
         deterministic=True,
+        index_dir=os.path.join(out_dir, "index"),
     )
+    data = build(data_dir)
+    first_listings = list(listings)
+    resumed = build(data_dir)  # a later start of the run: the index, no listing
+    assert resumed.num_train_examples == data.num_train_examples
+    try:
+        build(os.path.join(os.path.dirname(data_dir), "bad"))
+        refusal = ""
+    except ValueError as e:
+        refusal = str(e)
     steps_per_epoch = data.num_train_examples // (PER_RANK_BATCH * size)
     train = [y.numpy() for _, y in itertools.islice(data.train, 2 * steps_per_epoch)]
     evaluation = [y.numpy() for _, y in data.eval]
@@ -61,6 +81,9 @@ def main(data_dir, out_dir):
         num_eval_examples=data.num_eval_examples,
         top1=logs["test_top1"],
         top5=logs["test_top5"],
+        first_listings=np.array(first_listings, dtype=str),
+        listings=np.array(listings, dtype=str),
+        refusal=refusal,
     )
 
 

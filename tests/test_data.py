@@ -139,3 +139,28 @@ def test_synthetic_shapes_and_exact_eval_count():
     sizes = [[int(y.shape[0]) for _, y in r.eval] for r in ranks]
     assert sizes == [[3], [3], [3, 1]]  # ranges [0, 3), [3, 6), [6, 10)
     assert ranks[0].input_shape == (16, 16, 3) and ranks[0].num_classes == 7
+
+
+def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
+    from hvd_lars.data import order
+
+    kwargs = dict(per_rank_batch=100, rank=1, world_size=2, seed=3, max_train_examples=1000)
+    data = get_input("fashion_mnist", **kwargs)
+    straight = [(x.numpy(), y.numpy()) for x, y in data.train.take(23)]  # 4.6 epochs of 500 images
+    for step in (0, 3, 5, 17):
+        for (x, y), (want_x, want_y) in zip(data.train_from(step).take(23 - step), straight[step:]):
+            np.testing.assert_array_equal(x, want_x)
+            np.testing.assert_array_equal(y, want_y)
+    # Step 10^9 (epoch 2 * 10^8): computed, not iterated to; its batch is that epoch's permutation there.
+    _, labels = next(iter(data.train_from(10**9)))
+    x, y = fashion_mnist.load("train")
+    shard = train_shard_indices(1000, 1, 2)
+    epoch, offset = divmod(10**9 * 100, 500)
+    want = y[shard][order.epoch_permutation(500, 3 + 1, epoch).numpy()[offset : offset + 100]]
+    np.testing.assert_array_equal(labels.numpy(), want)
+
+
+def test_synthetic_stream_is_the_same_at_any_step():
+    data = get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, image_size=8)
+    first, later = next(iter(data.train)), next(iter(data.train_from(10**9)))
+    np.testing.assert_array_equal(first[0].numpy(), later[0].numpy())

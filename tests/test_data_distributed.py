@@ -1,5 +1,6 @@
 """Two Horovod ranks reading one image folder: disjoint training shards covering the set, equal step
-counts, and an evaluation that counts every image exactly once (exact top-1/top-5 summed over ranks)."""
+counts, an evaluation that counts every image exactly once (exact top-1/top-5 summed over ranks), and
+one listing of the folder per run (rank 0's, kept in an index file), refusals reaching every rank."""
 
 import os
 import subprocess
@@ -18,6 +19,9 @@ EVAL_COUNTS = [2, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1]
 
 def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
     make_image_folder(str(tmp_path / "data"), [1] * 13, EVAL_COUNTS, odd={})
+    make_image_folder(str(tmp_path / "bad"), [1, 1], [1, 1], odd={})
+    with open(tmp_path / "bad" / "train" / "n00000001" / "notes.txt", "w") as f:
+        f.write("not an image")
     cmd = [
         HOROVODRUN,
         "-np",
@@ -43,3 +47,11 @@ def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
     for r in (r0, r1):
         assert float(r["top1"]) == 2 / 9  # two images of class 0
         assert float(r["top5"]) == 5 / 9  # labels 0, 0, 1, 2, 3
+    # Rank 0 listed train/ and validation/ once; the second build (a resume) used its index; rank 1 never
+    # listed. The refused folder was listed by rank 0 alone, and both ranks raised its error.
+    assert r0["first_listings"].tolist() == ["train", "validation"] and r1["first_listings"].tolist() == []
+    assert r0["listings"].tolist() == ["train", "validation", "train"] and r1["listings"].tolist() == []
+    for r in (r0, r1):
+        assert "files that are not images this pipeline reads" in str(r["refusal"])
+        assert f"{tmp_path}/bad/train/n00000001/notes.txt" in str(r["refusal"])
+    assert sorted(os.listdir(tmp_path / "index")) == ["train.index.npz", "validation.index.npz"]

@@ -151,3 +151,39 @@ def test_main_program_skips_and_reports_corrupt_files(corrupt, tmp_path):
     epochs = train_small_cnn("image_folder", corrupt, tmp_path, "c", 2, 2, "--skip_corrupt")["epochs"]
     # The one broken training file is met once per pass over the shard (read-ahead may meet it early).
     assert [e["skipped_corrupt_images"] >= e["epoch"] for e in epochs] == [True, True]
+
+
+def _batches(dataset, count):
+    return [(x.numpy(), y.numpy()) for x, y in itertools.islice(dataset, count)]
+
+
+def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(one_per_class, monkeypatch):
+    from read_counter import ReadCounter
+
+    counter = ReadCounter(monkeypatch)
+    data = _build(one_per_class[0], batch=2)
+    straight = _batches(data.train, 203)  # 67 epochs of the 13 images: what an uninterrupted run reads
+    counts = {}
+    for step in (0, 200):
+        counter.reset()
+        resumed = _batches(data.train_from(step), 3)
+        counts[step] = counter.settled()
+        # The same batches as the uninterrupted run at those steps, pixel for pixel (same crops).
+        for (x, y), (want_x, want_y) in zip(resumed, straight[step : step + 3]):
+            np.testing.assert_array_equal(x, want_x)
+            np.testing.assert_array_equal(y, want_y)
+        # Decoded: the 6 elements of the 3 batches, and what the pipeline read ahead (the read-ahead still
+        # in flight when the iterator is dropped is cancelled, so it may leave gaps); none before them.
+        decoded = sorted(counter.decoded)
+        assert decoded[:6] == list(range(2 * step, 2 * step + 6)) and decoded[-1] < 2 * step + 6 + 16
+        # Each file opened is decoded (a read in flight when the iterator is dropped may not be).
+        assert len(counter.decoded) <= len(counter.files) <= len(counter.decoded) + 4
+    # How far the pipeline reads ahead in the background varies by a few elements either way.
+    assert counts[200][0] <= counts[0][0] + 8 and counts[200][2] <= counts[0][2] + 8
+
+
+def test_image_size_0_means_the_default_224(folder):
+    # The main program passes --image_size=0 unless a flagfile sets it; the builders' `preprocessing`
+    # argument once shadowed the module that holds the default, so this raised AttributeError.
+    data = _build(folder[0], image_size=0)
+    assert data.input_shape == (224, 224, 3)

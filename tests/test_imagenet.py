@@ -157,3 +157,32 @@ def test_validation_tar_with_extra_or_missing_entries_is_refused(tmp_path):
     # The complete set passes.
     make_ilsvrc_tars(str(tmp_path), SYNSETS[:1], 1, NUM_VAL)
     imagenet.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)
+
+
+def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, monkeypatch):
+    from read_counter import ReadCounter
+
+    data_dir, _, _ = prepared
+    counter = ReadCounter(monkeypatch)
+    # Blocks of 3 records shuffled 2 blocks (6 records) at a time: 3 windows per epoch of 18 records.
+    data = _build(data_dir, batch=2, block_records=3, shuffle_buffer=6)
+    straight = [(x.numpy(), y.numpy()) for x, y in itertools.islice(data.train, 203)]
+    labels = np.concatenate([y for _, y in straight])
+    for epoch in range(3):  # each epoch is a permutation of the 18 records, a new one each time
+        assert collections.Counter(labels[18 * epoch : 18 * (epoch + 1)].tolist()) == TRAIN_LABELS
+    assert labels[:18].tolist() != labels[18:36].tolist()
+    counts = {}
+    for step in (0, 200):
+        counter.reset()
+        resumed = [(x.numpy(), y.numpy()) for x, y in itertools.islice(data.train_from(step), 3)]
+        counts[step] = counter.settled()
+        for (x, y), (want_x, want_y) in zip(resumed, straight[step : step + 3]):
+            np.testing.assert_array_equal(x, want_x)
+            np.testing.assert_array_equal(y, want_y)
+        # Decoded: the 6 elements of the 3 batches, and what the pipeline read ahead (the read-ahead still
+        # in flight when the iterator is dropped is cancelled, so it may leave gaps); none before them.
+        decoded = sorted(counter.decoded)
+        assert decoded[:6] == list(range(2 * step, 2 * step + 6)) and decoded[-1] < 2 * step + 6 + 16
+    # Records read (blocks inside a file read past the records before them, undecoded): at step 200 the
+    # window holding element 400 and the next, as at step 0 the first two windows; never earlier ones.
+    assert counts[200][1] <= counts[0][1] + 18 and counts[200][2] <= counts[0][2] + 8

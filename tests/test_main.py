@@ -23,16 +23,26 @@ SUBSET = [
 ]
 
 
-def _tensorboard_tags(folder):
+def _scalars(folder):
+    """[(tag, step)] of every scalar in the event files under `folder`."""
     import tensorflow as tf
 
-    tags = set()
+    found = []
     for root, _, files in os.walk(folder):
         for name in files:
             if name.startswith("events.out.tfevents"):
                 for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
-                    tags.update(v.tag for v in event.summary.value)
-    return tags
+                    found += [(v.tag, event.step) for v in event.summary.value]
+    return found
+
+
+def _checkpoint_lagging_behind(checkpoints, step):
+    """Points the checkpoint index back at `step`, as if the later checkpoints had not been complete
+    when the job died (an asynchronous or interrupted save): its logs then hold epochs the resumed
+    run trains again."""
+    # The index tf.train.CheckpointManager reads (a CheckpointState text proto; relative to its folder).
+    with open(os.path.join(checkpoints, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
 def _run(cmd, timeout=420):
@@ -40,9 +50,11 @@ def _run(cmd, timeout=420):
 
 
 def test_single_process_subset_killed_resumed_completed(tmp_path):
-    command = MAIN + SUBSET + [f"--workdir={tmp_path}"]
-    # SIGKILLed after update 12 of 16 (the main program with tests/kill_at_step.py's fault): the last
-    # checkpoint is the end of epoch 1 (step 8).
+    # Evaluated after epoch 2 only, checkpoints every 5 updates and at epoch ends.
+    command = MAIN + SUBSET + ["--eval_every_epochs=2", "--checkpoint_every_steps=5", f"--workdir={tmp_path}"]
+    # SIGKILLed after update 12 of 16 (the main program with tests/kill_at_step.py's fault), with its
+    # checkpoint index lagging at step 5: the logs of epoch 1 (step 8) are written, the resumed run
+    # trains epoch 1 again from step 5.
     killer = [sys.executable, os.path.join(REPO, "tests", "kill_at_step.py"), "--kill_at_step=12"]
     result = _run(killer + command[3:])
     assert result.returncode != 0
@@ -50,40 +62,51 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     run_dir = tmp_path / "subset"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [e["epoch"] for e in summary["epochs"]] == [1]  # written after each epoch, atomically
+    _checkpoint_lagging_behind(str(run_dir / "checkpoints"), 5)
 
     result = _run(command)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stdout and "(step 8)" in result.stdout
+    assert "resumed from" in result.stdout and "(step 5)" in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["global_batch_size"] == 512
     assert summary["plan"]["steps_per_epoch"] == 8 and summary["plan"]["total_steps"] == 16
-    # The killed attempt's finished epoch is kept; this attempt trained epoch 2.
-    assert [e["epoch"] for e in summary["epochs"]] == [1, 2] and summary["resumed_from_step"] == 8
+    # This attempt trained epochs 1 (from step 5) and 2, each listed once.
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2] and summary["resumed_from_step"] == 5
     # 16 LARS steps on 4,096 images already beat chance (0.1) by far.
     assert 0.5 < summary["final_test_top1"] <= 1.0
     assert summary["final_test_top1"] == summary["epochs"][-1]["test_top1"]
     assert summary["final_test_top5"] >= summary["final_test_top1"]
     # The validation split is evaluated as the test set is (ExactEvaluation checks its 1,000 images).
     assert 0.5 < summary["final_val_top1"] <= summary["final_val_top5"] <= 1.0
-    assert (
-        summary["final_val_top1"] == summary["epochs"][-1]["val_top1"] and "val_loss" in summary["epochs"][0]
-    )
+    assert summary["final_val_top1"] == summary["epochs"][-1]["val_top1"]
+    assert "val_loss" in summary["epochs"][1] and "val_loss" not in summary["epochs"][0]  # not evaluated
     assert summary["images_per_second"] > 0 and summary["wall_time_s"] > 0
     assert len(summary["git_sha"]) >= 7
-    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
-    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    # metrics.csv: one row per epoch, each with the header's fields; test_* and val_* columns although the
+    # first epoch was not evaluated, and no invented ones.
+    header, *lines = list(csv.reader(open(run_dir / "metrics.csv")))
+    assert {len(line) for line in lines} == {len(header)}
+    assert set(header) == {"epoch", "step", "loss", "top1", "top5", "learning_rate", "images_per_second"} | {
+        "epoch_time_s",
+        *(f"{s}_{m}" for s in ("test", "val") for m in ("loss", "top1", "top5")),
+    }
+    rows = [dict(zip(header, line)) for line in lines]
+    assert [(r["epoch"], r["step"]) for r in rows] == [("0", "8"), ("1", "16")] and rows[0]["test_top1"] == ""
     assert float(rows[1]["test_top1"]) == pytest.approx(summary["final_test_top1"])
     assert float(rows[1]["val_top1"]) == pytest.approx(summary["final_val_top1"])
-    assert _tensorboard_tags(run_dir / "tensorboard") >= {
-        "epoch_loss", "epoch_top1", "epoch_top5", "epoch_learning_rate", "epoch_images_per_second",
-        "epoch_test_top1", "epoch_test_top5",
-    }  # fmt: skip
-    # Keras's TensorBoard callback writes val_* under validation/, as the training tags.
-    assert _tensorboard_tags(run_dir / "tensorboard" / "validation") >= {
-        "epoch_loss",
-        "epoch_top1",
-        "epoch_top5",
-    }
+    # TensorBoard: each scalar under its own tag, at the epoch's last step, once (epoch 1 was logged by
+    # the killed attempt and again by this one: the first is gone).
+    scalars = _scalars(run_dir / "tensorboard")
+    assert len(scalars) == len(set(scalars))
+    tags = {tag for tag, _ in scalars}
+    assert tags == set(header) - {"step"}
+    assert sorted(step for tag, step in scalars if tag == "loss") == [8, 16]
+    assert [step for tag, step in scalars if tag in ("test_top1", "val_top1")] == [16, 16]
+    # The plot of the run, by one command.
+    plot = subprocess.run(
+        [sys.executable, "-m", "hvd_lars.plot_run", str(run_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert plot.returncode == 0 and os.path.getsize(run_dir / "run.png") > 10_000, plot.stderr[-2000:]
 
     # Complete: another start trains nothing and keeps the summary.
     result = _run(command)

@@ -2,7 +2,8 @@
 
 Every builder takes the common keywords `per_rank_batch, rank, world_size, seed, data_dir,
 max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `preprocessing`,
-`manual_dir`, `skip_corrupt`, `validation_examples`, ...), and returns an `InputPipeline`.
+`manual_dir`, `skip_corrupt`, `validation_examples`, `index_dir`, ...), and returns an `InputPipeline`
+whose training stream can start at any batch (`InputPipeline.train_from`) without reading the ones before.
 """
 
 import dataclasses
@@ -11,7 +12,7 @@ import inspect
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars.data import fashion_mnist, pipeline
+from hvd_lars.data import fashion_mnist, order, pipeline
 from hvd_lars.data.image_folder import image_folder_input
 from hvd_lars.data.imagenet import imagenet_input
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices
@@ -24,7 +25,10 @@ class InputPipeline:
 
     Attributes:
         train: infinite `tf.data.Dataset` of (images float32 (B, H, W, C), labels int32 (B,)), B the
-            per-rank batch, reshuffled every epoch.
+            per-rank batch, reshuffled every epoch (`order`: a permutation per epoch from the seed).
+        train_from: callable(start_batch: int >= 0) -> the same stream from its batch `start_batch` on
+            (exactly batches start_batch, start_batch + 1, ... of `train`), for a resumed run: the
+            elements before it are never read or decoded, so starting costs the same at any batch.
         eval: finite dataset of this rank's evaluation shard, same element structure, last batch smaller.
         num_train_examples: training examples in the whole data set (all ranks).
         num_eval_examples: evaluation examples in the whole data set (all ranks).
@@ -39,6 +43,7 @@ class InputPipeline:
     """
 
     train: tf.data.Dataset
+    train_from: object
     eval: tf.data.Dataset
     num_train_examples: int
     num_eval_examples: int
@@ -49,14 +54,29 @@ class InputPipeline:
     num_validation_examples: int = 0
 
 
-def _in_memory(images, labels, normalize, shard, batch, train, seed, deterministic=True, threads=0):
+def _in_memory(images, labels, normalize, shard, batch, deterministic=True, threads=0):
+    """Finite batches of `images[shard]` in order, the last smaller (evaluation)."""
     ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
-    if train:
-        # A fresh permutation of this rank's shard each epoch; seeded so runs repeat.
-        ds = ds.shuffle(len(shard), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.batch(batch, drop_remainder=train, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline.options(deterministic, threads))
+
+
+def _in_memory_train(images, labels, normalize, batch, seed, deterministic=True, threads=0):
+    """`train_from` of this rank's shard (`images`, `labels`): endless batches, a fresh permutation each
+    epoch (`order.index_stream`), gathered per batch from the arrays."""
+    images, labels = tf.constant(images), tf.constant(labels)
+
+    def train_from(start_batch=0):
+        ds = order.index_stream(len(labels), seed, start=start_batch * batch)
+        ds = ds.batch(batch, drop_remainder=True)
+        ds = ds.map(
+            lambda i: (normalize(tf.gather(images, i)), tf.gather(labels, i)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline.options(deterministic, threads))
+
+    return train_from
 
 
 def fashion_mnist_input(
@@ -107,23 +127,15 @@ def fashion_mnist_input(
     def evaluation(images, labels):
         start, stop = eval_shard_range(len(images), rank, world_size)
         shard = np.arange(start, stop)
-        return _in_memory(
-            images, labels, normalize, shard, eval_batch, False, seed, deterministic, input_threads
-        )
+        return _in_memory(images, labels, normalize, shard, eval_batch, deterministic, input_threads)
 
-    train_shard = train_shard_indices(len(x_train), rank, world_size)
+    shard = train_shard_indices(len(x_train), rank, world_size)
+    train_from = _in_memory_train(
+        x_train[shard], y_train[shard], normalize, per_rank_batch, seed + rank, deterministic, input_threads
+    )
     return InputPipeline(
-        train=_in_memory(
-            x_train,
-            y_train,
-            normalize,
-            train_shard,
-            per_rank_batch,
-            True,
-            seed + rank,
-            deterministic,
-            input_threads,
-        ),
+        train=train_from(0),
+        train_from=train_from,
         eval=evaluation(x_test, y_test),
         num_train_examples=len(x_train),
         num_eval_examples=len(x_test),
@@ -141,12 +153,17 @@ DATASETS = {
     "synthetic": synthetic_input,
 }
 
+# Keywords that only save work (see get_input).
+HINTS = ("index_dir",)
+
 
 def get_input(name, **kwargs):
     """Builds the input pipeline `name` (a key of `DATASETS`) with the builder's keyword arguments.
 
     Keywords the builder does not take are dropped when unset (None, 0, "", False), so one call can
     pass every dataset flag; a set value the builder cannot use is an error, not silently ignored.
+    `HINTS` (where a builder may keep files that only save work, such as `index_dir`) are dropped
+    whatever their value when the builder does not take them: they never change the data.
 
     Raises:
         ValueError: unknown name (listing the valid ones), or a set keyword the dataset does not take.
@@ -154,7 +171,7 @@ def get_input(name, **kwargs):
     if name not in DATASETS:
         raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}.")
     accepted = set(inspect.signature(DATASETS[name]).parameters)
-    unused = {k: v for k, v in kwargs.items() if k not in accepted}
+    unused = {k: v for k, v in kwargs.items() if k not in accepted and k not in HINTS}
     wrong = {k: v for k, v in unused.items() if v not in (None, 0, "", False)}
     if wrong:
         raise ValueError(

@@ -2,61 +2,73 @@
 
 The other common ImageNet layout (what `ILSVRC2012_img_train.tar` unpacks to, with the validation images
 sorted into class folders). Labels are the class folders' indices in sorted order, the same for both
-splits, so `n01440764` is label 0 as in tensorflow-datasets' `imagenet2012`.
+splits, so `n01440764` is label 0 as in tensorflow-datasets' `imagenet2012`. Which files count as images
+(hidden files, links, odd names, empty folders) is `listing`'s business; the listing is made once per
+run, by rank 0, and kept in `index_dir` for the run's later starts.
 """
 
 import os
+import warnings
 
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars.data import pipeline, preprocessing
+from hvd_lars import distributed
+from hvd_lars.data import listing, order, pipeline
+from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_indices
 
 SPLITS = {"train": "train", "eval": "validation"}
-# Extensions read as images, compared case-insensitively (ImageNet's are upper-case ".JPEG").
-IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".gif", ".bmp")
 
 
-def list_images(root, classes=None):
-    """Files of one split folder, sorted by (class, file name).
+def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
+    """The `Listing`s (train, validation) of `data_dir`, made by one process of the job.
+
+    With Horovod running `world_size` > 1 ranks, rank 0 alone reads the folders (or its index files) and
+    broadcasts the listings; the others never touch them. Otherwise (one process, or ranks built in one
+    process) this process lists.
 
     Args:
-        root: folder with one sub-folder per class.
-        classes: class names fixing the label order; default: the sorted sub-folder names of `root`.
-
-    Returns:
-        (paths, labels, classes): list of str, int32 array of the same length, list of class names.
+        index_dir: folder for the index files `train.index.npz` and `validation.index.npz`
+            (`listing.listed`); None: list every time.
 
     Raises:
-        FileNotFoundError: `root` is missing or holds no images.
-        ValueError: a sub-folder of `root` is not one of `classes`.
+        FileNotFoundError / ValueError: as `listing.list_split`, on every rank (rank 0's error is
+            broadcast, so no rank waits for a listing that never comes).
     """
-    if not os.path.isdir(root):
-        raise FileNotFoundError(
-            f"Image folder {root} not found; expected {root}/<class>/<image>.JPEG "
-            "(pass --data_dir=<folder holding train/ and validation/>)."
-        )
-    found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    classes = list(classes) if classes is not None else found
-    index = {c: i for i, c in enumerate(classes)}
-    unknown = [c for c in found if c not in index]
-    if unknown:
-        raise ValueError(f"{root} has class folders {unknown[:5]} that the training split lacks.")
-    paths, labels = [], []
-    for name in found:
-        folder = os.path.join(root, name)
-        files = sorted(f for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS))
-        paths += [os.path.join(folder, f) for f in files]
-        labels += [index[name]] * len(files)
-    if not paths:
-        raise FileNotFoundError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {root}/<class>/.")
-    return paths, np.asarray(labels, np.int32), classes
+    index = lambda split: os.path.join(index_dir, f"{split}.index.npz") if index_dir else None
+    shared = world_size > 1 and distributed.size() == world_size
+    blobs = None
+    if not shared or rank == 0:
+        try:
+            train, _ = listing.listed(os.path.join(data_dir, SPLITS["train"]), index("train"))
+            evaluation, _ = listing.listed(
+                os.path.join(data_dir, SPLITS["eval"]), index("validation"), train.classes
+            )
+            blobs = [train.to_bytes(), evaluation.to_bytes()]
+        except (FileNotFoundError, ValueError) as e:
+            if not shared:
+                raise
+            blobs = [type(e).__name__.encode(), str(e).encode()]
+    if not shared:
+        return train, evaluation
+    blobs = [
+        distributed.broadcast_bytes(b, name=f"hvd_lars.listing{k}") for k, b in enumerate(blobs or [b"", b""])
+    ]
+    if blobs[0] in (b"FileNotFoundError", b"ValueError"):
+        error = FileNotFoundError if blobs[0] == b"FileNotFoundError" else ValueError
+        raise error(blobs[1].decode())
+    return listing.Listing.from_bytes(blobs[0]), listing.Listing.from_bytes(blobs[1])
 
 
 def _source(paths, labels):
     paths = tf.constant(paths)
     return tf.data.Dataset.from_tensor_slices((paths, paths, tf.constant(labels, tf.int32)))
+
+
+def _read_file(path):
+    # The one place training and evaluation files are read (tests count the calls through it).
+    return tf.io.read_file(path)
 
 
 def image_folder_input(
@@ -67,28 +79,33 @@ def image_folder_input(
     data_dir=None,
     max_train_examples=0,
     max_eval_examples=0,
-    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
+    image_size=DEFAULT_IMAGE_SIZE,
     deterministic=True,
     skip_corrupt=False,
     eval_batch=0,
     input_threads=0,
     preprocessing=None,
+    index_dir=None,
 ):
     """Images from `data_dir/train/<class>/` and `data_dir/validation/<class>/`, ImageNet-preprocessed.
 
     Training: rank r reads the files `r::world_size` of the sorted list (first `world_size *
-    (n // world_size)` only; disjoint, equal sizes) and shuffles its own shard. Evaluation: rank r
+    (n // world_size)` only; disjoint, equal sizes) in a fresh permutation of its shard each epoch
+    (`order.index_stream`, so `train_from(k)` opens no file before its batch k). Evaluation: rank r
     reads a contiguous range; together the ranks read every file once. `max_*_examples` > 0 keep
     that many files spread evenly over the sorted list (so every class stays represented).
 
     `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
     when None, "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
+    `index_dir`: where the listings are kept for the run's later starts (`list_splits`; the main program
+    passes `<run dir>/image_folder_index`); None lists the folders on every call. Classes missing from
+    the validation split are named in a warning (rank 0).
 
     Returns:
         `InputPipeline` with images float32 (B, image_size, image_size, 3).
 
     Raises:
-        ValueError: `data_dir` not given, or bad rank/world size.
+        ValueError: `data_dir` not given, bad rank/world size, or a folder the listing refuses.
         FileNotFoundError: missing folders or no images.
     """
     from hvd_lars.data import InputPipeline
@@ -96,41 +113,61 @@ def image_folder_input(
     check_rank(rank, world_size)
     if not data_dir:
         raise ValueError("--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>.")
-    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
-    train_paths, train_labels, classes = list_images(os.path.join(data_dir, SPLITS["train"]))
-    eval_paths, eval_labels, _ = list_images(os.path.join(data_dir, SPLITS["eval"]), classes)
-    train_paths, train_labels = _spread(train_paths, train_labels, max_train_examples)
-    eval_paths, eval_labels = _spread(eval_paths, eval_labels, max_eval_examples)
+    # `preprocessing`, the argument, names the views; the default size is the module's constant.
+    image_size = image_size or DEFAULT_IMAGE_SIZE
+    train_listing, eval_listing = list_splits(data_dir, index_dir, rank, world_size)
+    missing = eval_listing.missing_classes()
+    if missing and rank == 0:
+        warnings.warn(
+            f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
+            f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
+            "evaluation covers the classes it has.",
+            stacklevel=2,
+        )
+    train_paths, train_labels = _spread(train_listing.paths(), train_listing.labels, max_train_examples)
+    eval_paths, eval_labels = _spread(eval_listing.paths(), eval_listing.labels, max_eval_examples)
 
     shard = train_shard_indices(len(train_paths), rank, world_size)
+    shard_paths = tf.constant([train_paths[i] for i in shard])
+    shard_labels = tf.constant(train_labels[shard], tf.int32)
+    skipped = pipeline.skipped_counter() if skip_corrupt else None
+
+    def train_from(start_batch=0):
+        start = start_batch * per_rank_batch
+        indices = order.index_stream(len(shard), seed + rank, start)
+        stream = indices.map(
+            lambda i: (tf.gather(shard_paths, i), tf.gather(shard_paths, i), tf.gather(shard_labels, i))
+        )
+        return pipeline.train_dataset(
+            stream,
+            per_rank_batch=per_rank_batch,
+            seed=seed + rank,
+            image_size=image_size,
+            start=start,
+            read=_read_file,
+            deterministic=deterministic,
+            threads=input_threads,
+            skipped=skipped,
+            preprocessing=preprocessing,
+        )
+
     start, stop = eval_shard_range(len(eval_paths), rank, world_size)
-    train, skipped = pipeline.train_dataset(
-        _source([train_paths[i] for i in shard], train_labels[shard]),
-        num_examples=len(shard),
-        per_rank_batch=per_rank_batch,
-        seed=seed + rank,
-        image_size=image_size,
-        read=tf.io.read_file,
-        deterministic=deterministic,
-        threads=input_threads,
-        skip_corrupt=skip_corrupt,
-        preprocessing=preprocessing,
-    )
     evaluation = pipeline.eval_dataset(
         _source(eval_paths[start:stop], eval_labels[start:stop]),
         batch=eval_batch or per_rank_batch,
         image_size=image_size,
-        read=tf.io.read_file,
+        read=_read_file,
         deterministic=deterministic,
         threads=input_threads,
         preprocessing=preprocessing,
     )
     return InputPipeline(
-        train=train,
+        train=train_from(0),
+        train_from=train_from,
         eval=evaluation,
         num_train_examples=len(train_paths),
         num_eval_examples=len(eval_paths),
-        num_classes=len(classes),
+        num_classes=len(train_listing.classes),
         input_shape=(image_size, image_size, 3),
         skipped_corrupt=skipped,
     )

@@ -4,7 +4,9 @@ ImageNet cannot be downloaded automatically: the user puts `ILSVRC2012_img_train
 `ILSVRC2012_img_val.tar` (from image-net.org) in a manual folder; the first run converts them to TFRecord
 shards under `data_dir/imagenet2012/<version>/` (hours on the full set, once) and later runs reuse them.
 Nothing is ever downloaded: the builder only reads `manual_dir`, and GCS lookups stay off. The
-preparation converts ImageNet's CMYK JPEGs and its PNG-as-JPEG to plain RGB JPEGs.
+preparation converts ImageNet's CMYK JPEGs and its PNG-as-JPEG to plain RGB JPEGs. Training reads the
+prepared record files in `records.record_stream`'s order, so a resumed run starts at its step without
+reading (let alone decoding) the records before it.
 """
 
 import os
@@ -12,13 +14,15 @@ import tarfile
 
 import tensorflow as tf
 
-from hvd_lars.data import pipeline, preprocessing
+from hvd_lars.data import pipeline, records
+from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
 
 NAME = "imagenet2012"
 MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
-# Encoded images held for shuffling on each rank (~110 KB each); the record files are also read in a
-# freshly shuffled order every epoch. 10,000 as in the TensorFlow ResNet reference.
+# Encoded images shuffled together on each rank (~110 KB each; `records.record_stream`'s window); the
+# record files are also read in a fresh order every epoch. 10,000 as the shuffle buffer of the TensorFlow
+# ResNet reference.
 SHUFFLE_BUFFER = 10_000
 # ILSVRC-2012 validation file names: ILSVRC2012_val_00000001.JPEG ... ILSVRC2012_val_00050000.JPEG.
 VALIDATION_NAME = "ILSVRC2012_val_{:08d}.JPEG"
@@ -78,7 +82,13 @@ def builder(data_dir=None, manual_dir=None, prepare=True):
         FileNotFoundError: not prepared, and `manual_dir` lacks the two ILSVRC-2012 tars.
         ValueError: the validation tar does not hold exactly the labelled images (`check_validation_tar`).
     """
-    import tensorflow_datasets as tfds
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise ImportError(
+            f"--dataset=imagenet2012 needs tensorflow-datasets ({e}); install the extra: "
+            "pip install 'hvd_lars[imagenet]' (or pip install -r requirements.txt)."
+        ) from e
 
     ds_builder = tfds.builder(NAME, data_dir=data_dir or None)
     if ds_builder.is_prepared() or not prepare:
@@ -115,6 +125,39 @@ def _source(ds_builder, split, shuffle_files, seed):
     return ds.map(lambda e: (e["file_name"], e["image"], tf.cast(e["label"], tf.int32)))
 
 
+def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_records):
+    """(start_record -> endless dataset of (file name, JPEG bytes, label)) over the record files of `split`
+    (`records.record_stream`); records are parsed after the start is reached, never before."""
+    import tensorflow_datasets as tfds
+
+    file_format = str(getattr(ds_builder.info.file_format, "value", ds_builder.info.file_format))
+    if file_format != "tfrecord":
+        raise ValueError(
+            f"{ds_builder.data_dir} holds {NAME} as {file_format!r} files; this pipeline reads the TFRecord "
+            "files tensorflow-datasets prepares by default. Prepare it again with the default file format."
+        )
+    instructions = ds_builder.info.splits[split].file_instructions
+    features = ds_builder.info.features
+    decoders = {"image": tfds.decode.SkipDecoding()}  # JPEG bytes: preprocessing decodes the crop only
+
+    def parse(serialized):
+        e = features.deserialize_example(serialized, decoders=decoders)
+        return e["file_name"], e["image"], tf.cast(e["label"], tf.int32)
+
+    def stream(start):
+        ds = records.record_stream(
+            instructions,
+            seed,
+            start,
+            window_records=shuffle_buffer,
+            block_records=block_records,
+            deterministic=deterministic,
+        )
+        return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+
+    return stream
+
+
 def imagenet_input(
     per_rank_batch,
     rank,
@@ -123,7 +166,7 @@ def imagenet_input(
     data_dir=None,
     max_train_examples=0,
     max_eval_examples=0,
-    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
+    image_size=DEFAULT_IMAGE_SIZE,
     manual_dir=None,
     deterministic=True,
     skip_corrupt=False,
@@ -131,13 +174,16 @@ def imagenet_input(
     input_threads=0,
     preprocessing=None,
     shuffle_buffer=SHUFFLE_BUFFER,
+    block_records=0,
 ):
     """ILSVRC-2012: 1,281,167 training and 50,000 validation images, 1,000 classes, preprocessed.
 
     Rank r trains on the contiguous slice `train[r * m : (r + 1) * m]`, m = n // world_size (the prepared
-    records are already in a shuffled order), and evaluates `validation[a_r : b_r]`, the ranges tiling
-    the set. `max_*_examples` > 0 keep the first that many records. With several ranks, the data must
-    be prepared before (one single-process run with --manual_dir), or rank 0 prepares while the others
+    records are already in a shuffled order), read in `records.record_stream`'s order: its shard files in
+    a fresh order each epoch, `shuffle_buffer` records at a time permuted in memory (`block_records` > 0
+    cuts the files into smaller blocks). It evaluates `validation[a_r : b_r]`, the ranges tiling the
+    set. `max_*_examples` > 0 keep the first that many records. With several ranks, the data must be
+    prepared before (one single-process run with --manual_dir), or rank 0 prepares while the others
     wait in a Horovod barrier.
 
     `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
@@ -148,12 +194,14 @@ def imagenet_input(
 
     Raises:
         FileNotFoundError: not prepared and no tars in `manual_dir`.
-        ValueError: a validation tar that does not hold exactly the labelled images.
+        ValueError: a validation tar that does not hold exactly the labelled images, or data prepared in
+            another file format than TFRecord.
     """
     from hvd_lars.data import InputPipeline
 
     check_rank(rank, world_size)
-    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
+    # `preprocessing`, the argument, names the views; the default size is the module's constant.
+    image_size = image_size or DEFAULT_IMAGE_SIZE
     ds_builder = builder(data_dir, manual_dir, prepare=rank == 0)
     if world_size > 1:
         from hvd_lars import distributed
@@ -165,18 +213,25 @@ def imagenet_input(
     num_eval = min(splits["validation"].num_examples, max_eval_examples or splits["validation"].num_examples)
     t_start, t_stop = train_shard_range(num_train, rank, world_size)
     e_start, e_stop = eval_shard_range(num_eval, rank, world_size)
-    train, skipped = pipeline.train_dataset(
-        _source(ds_builder, f"train[{t_start}:{t_stop}]", shuffle_files=True, seed=seed + rank),
-        num_examples=t_stop - t_start,
-        per_rank_batch=per_rank_batch,
-        seed=seed + rank,
-        image_size=image_size,
-        deterministic=deterministic,
-        threads=input_threads,
-        skip_corrupt=skip_corrupt,
-        preprocessing=preprocessing,
-        shuffle_buffer=min(shuffle_buffer, t_stop - t_start),
+    stream = _train_from(
+        ds_builder, f"train[{t_start}:{t_stop}]", seed + rank, deterministic, shuffle_buffer, block_records
     )
+    skipped = pipeline.skipped_counter() if skip_corrupt else None
+
+    def train_from(start_batch=0):
+        start = start_batch * per_rank_batch
+        return pipeline.train_dataset(
+            stream(start),
+            per_rank_batch=per_rank_batch,
+            seed=seed + rank,
+            image_size=image_size,
+            start=start,
+            deterministic=deterministic,
+            threads=input_threads,
+            skipped=skipped,
+            preprocessing=preprocessing,
+        )
+
     evaluation = pipeline.eval_dataset(
         _source(ds_builder, f"validation[{e_start}:{e_stop}]", shuffle_files=False, seed=seed),
         batch=eval_batch or per_rank_batch,
@@ -186,7 +241,8 @@ def imagenet_input(
         preprocessing=preprocessing,
     )
     return InputPipeline(
-        train=train,
+        train=train_from(0),
+        train_from=train_from,
         eval=evaluation,
         num_train_examples=num_train,
         num_eval_examples=num_eval,

@@ -1,13 +1,16 @@
 """tf.data pipelines over encoded images: shuffle, decode (naming or skipping corrupt files), batch.
 
 A source is a `tf.data.Dataset` of (name: string, data: string, label: int32) for this rank's shard, where
-`data` is either the encoded bytes or a file path (then `read=tf.io.read_file`). A file that cannot be
+`data` is either the encoded bytes or a file path (then `read=tf.io.read_file`); a training source is the
+rank's endless stream in training order (`order.index_stream` and the builders make it), from any
+element on: nothing is read or decoded before the first element it yields. A file that cannot be
 read or decoded stops the pipeline with `tf.errors.InvalidArgumentError` whose message names it, or, in
 training with `skip_corrupt=True`, is left out, logged and counted in `InputPipeline.skipped_corrupt`.
 Evaluation never skips: every evaluation image must be counted exactly once.
 
-Deterministic mode (the default) keeps the element order fixed, so a fresh pipeline with the same seed
-gives the same stream (tests, exact mid-epoch resume by skipping batches); otherwise elements may leave
+Deterministic mode (the default) keeps the element order fixed, so a pipeline started at element k gives
+exactly the elements from k on of the one started at 0 (tests, exact mid-epoch resume); otherwise elements
+may leave
 the parallel decode out of order, so one slow file does not hold up the rest. Either way the work runs
 on a private pool of `threads` threads, so AUTOTUNE cannot take the cores the training step uses.
 """
@@ -65,39 +68,37 @@ def _fail_on_corrupt(image, label, name, ok):
 
 
 def train_dataset(
-    source,
-    num_examples,
+    stream,
     per_rank_batch,
     seed,
     image_size,
+    start=0,
     read=tf.identity,
     deterministic=True,
     threads=0,
-    skip_corrupt=False,
-    shuffle_buffer=0,
+    skipped=None,
     preprocessing=None,
 ):
-    """Infinite batches (float32 (B, S, S, 3), int32 (B,)) of training views, reshuffled each epoch.
+    """Endless batches (float32 (B, S, S, 3), int32 (B,)) of training views of `stream`'s elements.
 
     Args:
-        source: this rank's shard, `num_examples` elements (see module docstring).
-        seed: int; the shuffle and every image's crop and flip derive from it (stateless per element).
-        shuffle_buffer: elements; 0 shuffles the whole shard (file names are small).
+        stream: endless source in training order (see module docstring), starting at element `start` of
+            this rank's stream: batch j of the result holds elements start + j*B ... of that stream.
+        seed: int; every image's crop and flip derive from (seed, its element index in the stream), so a
+            stream started at `start` gives the views the stream started at 0 gives there.
+        start: int >= 0, the stream index of `stream`'s first element.
+        skipped: None (a corrupt file stops the pipeline), or a `skipped_counter()` variable: corrupt
+            files are then left out and counted in it (the same file again each epoch it is met).
+            Skipped files shift later elements to earlier batches, so a resumed stream matches the
+            uninterrupted one only up to the corrupt files met before the resume point.
         preprocessing: a name of `preprocessing.PREPROCESSINGS` ("inception" when None or "").
-
-    Returns:
-        (dataset, skipped): `skipped` is an int64 `tf.Variable` counting skipped corrupt files (the same
-        file counts again each epoch it is met), or None unless `skip_corrupt`.
     """
-    ds = source.shuffle(shuffle_buffer or num_examples, seed=seed, reshuffle_each_iteration=True).repeat()
     # Element i of the endless stream gets seed (seed, i): a fresh crop every epoch, repeatable runs.
-    ds = ds.enumerate().map(lambda i, e: (*e, tf.stack([tf.cast(seed, tf.int64), i])))
+    ds = stream.enumerate(start=start).map(lambda i, e: (*e, tf.stack([tf.cast(seed, tf.int64), i])))
     views = get_preprocessing(preprocessing)
     decode = lambda data, s: views.train(data, s, image_size)
     ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
-    skipped = None
-    if skip_corrupt:
-        skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_corrupt_images")
+    if skipped is not None:
 
         def count(image, label, name, ok):
             def note():
@@ -111,7 +112,13 @@ def train_dataset(
     else:
         ds = ds.map(_fail_on_corrupt)
     ds = ds.batch(per_rank_batch, drop_remainder=True)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads)), skipped
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads))
+
+
+def skipped_counter():
+    """An int64 `tf.Variable` (0) for `train_dataset(skipped=...)`: one per pipeline, shared by all the
+    streams it starts, so the count survives a restart of the stream."""
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_corrupt_images")
 
 
 def eval_dataset(

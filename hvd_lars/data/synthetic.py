@@ -1,6 +1,7 @@
 """Synthetic data of any shape, for throughput: one fixed random batch repeated, no decoding.
 
-Measures the training step alone (as tf_cnn_benchmarks' synthetic mode does). By default the epoch has
+Measures the training step alone (as tf_cnn_benchmarks' synthetic mode does); `train_from(k)` is the same
+stream for every k. By default the epoch has
 ImageNet-1k's sizes, so steps per epoch match a real ImageNet run with the same batch.
 """
 
@@ -68,6 +69,8 @@ def synthetic_input(
     evaluation = one.repeat(stop - start).batch(eval_batch).with_options(opts)
     return InputPipeline(
         train=train,
+        # Every batch is the same one: the stream is where a resumed run left it at any batch.
+        train_from=lambda start_batch=0: train,
         eval=evaluation,
         num_train_examples=num_train,
         num_eval_examples=num_eval,

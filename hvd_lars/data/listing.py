@@ -1,0 +1,303 @@
+"""Listing an image folder (`<split>/<class>/<image>`) as users' folders really are, and its index file.
+
+What a listing keeps, and what it refuses (each refusal is one `ValueError` naming the paths, up to
+`SHOWN` per kind with their count, so a folder with several oddities is fixed in one round):
+- Class folders are the folders (or symbolic links to folders) in the split folder; labels are their
+  indices in sorted name order, the training split's order for every split.
+- Hidden entries are skipped at every level: names starting with "." (a notebook's
+  `.ipynb_checkpoints/`, macOS's `.DS_Store` and `._<name>` AppleDouble files, `.git/`) and
+  `HIDDEN_NAMES` (`__MACOSX/` of zip archives made on macOS, Windows's `Thumbs.db` and `desktop.ini`).
+- Images are the files whose extension, in any letter case, is one of `IMAGE_EXTENSIONS` (`.JPEG`,
+  `.jpg`, `.Png`, `.webp`, ...): the formats `preprocessing.decode_rgb` decodes. Any other file in a
+  class folder (TIFF or HEIC images, text, archives, pipes) is refused: it is either data the pipeline
+  cannot read or something misplaced, and dropping it silently would change the data set.
+- Sub-folders of a class folder are read too; their images belong to the class (as Keras's
+  `image_dataset_from_directory` and torchvision's `ImageFolder` do).
+- Symbolic links are followed, to files and to folders. A link that leads to a folder already read (a
+  loop such as `cat/all -> ..`, or one folder under two class names) is refused, naming the link and
+  the folder it repeats; a broken link is refused, naming it and its target.
+- A file in the split folder itself, outside every class folder (an unsorted validation set), is refused.
+- A training class folder without images is refused (that class's output would never be trained); a
+  validation split may lack classes (`missing_classes` names them) but may not have classes the
+  training split lacks.
+- File names may hold any bytes the file system allows (spaces, accents, invalid UTF-8): paths go to
+  TensorFlow as the file system's bytes (`os.fsencode`).
+
+Index file (issue 11, "listing an image folder happens once per run"): `listed(root, index_path)` saves
+the listing and, on later calls, reuses it while every folder it read still has the same device, inode
+and modification time (one `stat` per folder: about 1,000 for ImageNet instead of reading 1.28M names).
+Adding, removing or renaming a file or a link changes its folder's modification time; rewriting a file
+in place does not (its name stays listed and its new bytes are read). File systems that keep
+modification times in whole seconds miss a change made within the second of the listing.
+"""
+
+import dataclasses
+import io
+import os
+import zipfile
+
+import numpy as np
+
+# Decoded by tf.io.decode_image / decode_jpeg (TensorFlow 2.21: JPEG, PNG, GIF, BMP, WebP); compared in
+# lower case.
+IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".jpe", ".png", ".gif", ".bmp", ".webp")
+# Hidden although their names do not start with "." (compared in lower case).
+HIDDEN_NAMES = frozenset({"__macosx", "thumbs.db", "desktop.ini"})
+# Paths shown per kind of problem in an error message.
+SHOWN = 5
+# Bump when the listing rules change: an index written under other rules is listed again.
+INDEX_VERSION = 1
+
+
+def is_hidden(name):
+    """True for names a listing skips: a leading "." or one of `HIDDEN_NAMES`."""
+    return name.startswith(".") or name.lower() in HIDDEN_NAMES
+
+
+def is_image_name(name):
+    """True when `name` ends with one of `IMAGE_EXTENSIONS`, in any letter case."""
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """The images of one split folder.
+
+    Attributes:
+        root: the split folder, as given.
+        files: paths relative to `root` ("<class>/<name>", "/"-separated, str with the file system's
+            undecodable bytes escaped as `os.fsdecode` does), sorted by (label, path).
+        labels: int32 array (len(files),), each file's class index.
+        classes: class names (tuple of str), index = label.
+        folders: ((path relative to root, "" for root), st_dev, st_ino, st_mtime_ns) of every folder
+            read, what `unchanged` compares.
+        given_classes: True when `classes` were given to `list_split` (a validation split), False when
+            they are the folder's own.
+    """
+
+    root: str
+    files: tuple
+    labels: np.ndarray
+    classes: tuple
+    folders: tuple
+    given_classes: bool = False
+
+    def paths(self):
+        """Full paths of `files` as bytes (what TensorFlow reads), in order."""
+        root = os.fsencode(self.root)
+        return [os.path.join(root, os.fsencode(f)) for f in self.files]
+
+    def missing_classes(self):
+        """Class names (sorted by label) with no file in this listing."""
+        present = np.zeros(len(self.classes), bool)
+        present[self.labels] = True
+        return [c for c, p in zip(self.classes, present) if not p]
+
+    def unchanged(self):
+        """True when every folder read still has its device, inode and modification time."""
+        for rel, dev, ino, mtime in self.folders:
+            try:
+                st = os.stat(os.path.join(self.root, rel))
+            except OSError:
+                return False
+            if (st.st_dev, st.st_ino, st.st_mtime_ns) != (dev, ino, mtime):
+                return False
+        return True
+
+    def to_bytes(self):
+        """The listing as the bytes of an `.npz` file (the index file; also what rank 0 broadcasts)."""
+        stats = np.array([f[1:] for f in self.folders], np.int64).reshape(-1, 3)
+        out = io.BytesIO()
+        np.savez(
+            out,
+            version=np.int64(INDEX_VERSION),
+            root=_blob([self.root]),
+            files=_blob(self.files),
+            labels=self.labels.astype(np.int32),
+            classes=_blob(self.classes),
+            folder_paths=_blob(f[0] for f in self.folders),
+            folder_stats=stats,
+            given_classes=np.bool_(self.given_classes),
+        )
+        return out.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data):
+        """The listing `to_bytes` wrote, or None when it was written under other rules (`INDEX_VERSION`).
+
+        Raises:
+            ValueError / OSError: `data` is no such file (numpy's errors).
+        """
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            if int(z["version"]) != INDEX_VERSION:
+                return None
+            stats = z["folder_stats"].tolist()
+            folders = tuple((p, *s) for p, s in zip(_unblob(z["folder_paths"]), stats))
+            return cls(
+                root=_unblob(z["root"])[0],
+                files=tuple(_unblob(z["files"])),
+                labels=z["labels"],
+                classes=tuple(_unblob(z["classes"])),
+                folders=folders,
+                given_classes=bool(z["given_classes"]),
+            )
+
+
+def _blob(strings):
+    # NUL never occurs in a path; one uint8 array loads far faster than an array of objects.
+    return np.frombuffer(b"\0".join(os.fsencode(s) for s in strings), np.uint8)
+
+
+def _unblob(array):
+    data = array.tobytes()
+    return [os.fsdecode(s) for s in data.split(b"\0")] if data else []
+
+
+class _Problems:
+    def __init__(self, root):
+        self.root = root
+        self.kinds = {}
+
+    def add(self, kind, text):
+        self.kinds.setdefault(kind, []).append(text)
+
+    def raise_if_any(self):
+        if not self.kinds:
+            return
+        parts = []
+        for kind, items in self.kinds.items():
+            shown = "; ".join(items[:SHOWN]) + ("; ..." if len(items) > SHOWN else "")
+            parts.append(f"{len(items):,} {kind}: {shown}")
+        raise ValueError(
+            f"Image folder {self.root} cannot be read as <class>/<image> folders: " + ". ".join(parts) + ". "
+            f"Images are files ending in {', '.join(IMAGE_EXTENSIONS)} (any letter case) inside one folder "
+            "per class; hidden files (a leading '.', __MACOSX, Thumbs.db, desktop.ini) are skipped. Move or "
+            "convert the files named (TIFF or HEIC to PNG or JPEG), or remove the links."
+        )
+
+
+def _walk(path, rel, seen, folders, images, problems):
+    """Reads folder `path` (relative path `rel`) and its sub-folders into `images` (relative paths)."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
+    if key in seen:
+        problems.add(
+            "symbolic links to a folder already read (a loop, or one folder listed twice)",
+            f"{path} repeats {os.path.join(problems.root, seen[key]) if seen[key] else problems.root}",
+        )
+        return
+    seen[key] = rel
+    folders.append((rel, st.st_dev, st.st_ino, st.st_mtime_ns))
+    with os.scandir(path) as entries:
+        entries = sorted(entries, key=lambda e: e.name)
+    for entry in entries:
+        if is_hidden(entry.name):
+            continue
+        entry_rel = f"{rel}/{entry.name}"
+        if entry.is_dir():  # follows symbolic links
+            _walk(entry.path, entry_rel, seen, folders, images, problems)
+        elif entry.is_file():  # follows symbolic links
+            if is_image_name(entry.name):
+                images.append(entry_rel)
+            else:
+                problems.add("files that are not images this pipeline reads", entry.path)
+        elif entry.is_symlink():
+            problems.add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
+        else:
+            problems.add("entries that are neither files nor folders", entry.path)
+
+
+def list_split(root, classes=None):
+    """Lists one split folder by the rules of the module docstring.
+
+    Args:
+        root: folder with one sub-folder per class.
+        classes: class names fixing the labels (the training split's, for a validation split); None:
+            the sorted class folders of `root`, each of which must then hold an image.
+
+    Returns:
+        `Listing`.
+
+    Raises:
+        FileNotFoundError: `root` is missing or holds no images at all.
+        ValueError: the oddities the module docstring refuses, or class folders not in `classes`.
+    """
+    if not os.path.isdir(root):
+        raise FileNotFoundError(
+            f"Image folder {root} not found; expected {root}/<class>/<image>.JPEG "
+            "(pass --data_dir=<folder holding train/ and validation/>)."
+        )
+    problems = _Problems(root)
+    seen, folders = {}, []
+    st = os.stat(root)
+    seen[(st.st_dev, st.st_ino)] = ""
+    folders.append(("", st.st_dev, st.st_ino, st.st_mtime_ns))
+    class_folders = []
+    with os.scandir(root) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if is_hidden(entry.name):
+                continue
+            if entry.is_dir():
+                class_folders.append(entry)
+            elif entry.is_file() or not entry.is_symlink():
+                problems.add("files outside the class folders", entry.path)
+            else:
+                problems.add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
+    found = [e.name for e in class_folders]
+    names = list(classes) if classes is not None else found
+    index = {c: i for i, c in enumerate(names)}
+    for name in found:
+        if name not in index:
+            problems.add("class folders the training split lacks", os.path.join(root, name))
+    files, labels = [], []
+    for entry in class_folders:
+        images = []
+        _walk(entry.path, entry.name, seen, folders, images, problems)
+        if not images and classes is None:
+            problems.add("class folders without images", entry.path)
+        images.sort()
+        files += images
+        labels += [index.get(entry.name, -1)] * len(images)
+    problems.raise_if_any()
+    if not files:
+        raise FileNotFoundError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {root}/<class>/.")
+    labels = np.asarray(labels, np.int32)
+    return Listing(root, tuple(files), labels, tuple(names), tuple(folders), classes is not None)
+
+
+def listed(root, index_path=None, classes=None):
+    """The listing of `root`: read from `index_path` when that index is still valid, else listed anew
+    (`list_split`) and saved there (atomically: a temporary file, then a rename).
+
+    Valid means: written under this `INDEX_VERSION`, for the same folder and `classes`, and
+    `Listing.unchanged()`.
+
+    Returns:
+        (`Listing`, reused): reused is True when the index file was used.
+
+    Raises:
+        As `list_split`.
+    """
+    classes = tuple(classes) if classes is not None else None
+    if index_path and os.path.exists(index_path):
+        with open(index_path, "rb") as f:
+            try:
+                old = Listing.from_bytes(f.read())
+            except (ValueError, OSError, KeyError, zipfile.BadZipFile):
+                old = None  # unreadable (e.g. cut short): list again
+        if (
+            old is not None
+            and old.root == root
+            and old.given_classes == (classes is not None)
+            and (classes is None or old.classes == classes)
+            and old.unchanged()
+        ):
+            return old, True
+    listing = list_split(root, classes)
+    if index_path:
+        os.makedirs(os.path.dirname(index_path) or ".", exist_ok=True)
+        tmp = f"{index_path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(listing.to_bytes())
+        os.replace(tmp, index_path)
+    return listing, False

@@ -1,0 +1,104 @@
+"""Training order over record files (TFRecord shards of tensorflow-datasets): blocks of records in a fresh
+order each epoch, shuffled in memory a window at a time, startable at any element without reading the
+records before its window.
+
+Record files cannot be read at an arbitrary record, so the index permutation of `order` is not
+available. Instead a rank's records are cut into blocks (the file ranges tensorflow-datasets resolves
+its slice to, one per shard file, optionally cut smaller), and each epoch
+1. permutes the blocks (a pure function of the seed and the epoch, as `order.epoch_permutation`),
+2. reads `blocks_per_window` consecutive blocks of that order at a time (a window, `window_records`
+   records or a little more; 10,000 ImageNet records are about 1.1 GB of JPEG bytes, as much as the
+   shuffle buffer of the TensorFlow ResNet reference held) and permutes the whole window.
+Element k of the stream is therefore computable without reading: a run resumed after k elements reads
+only the window holding element k (at most `window_records` records, the same as a run starting at 0
+reads before its first batch) and drops the records of that window before k, undecoded. Records within
+a window are uniformly shuffled, which mixes better than a streaming shuffle buffer of the same size.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_lars.data import order
+
+
+def _read_records(filename, skip, take):
+    # Reads records skip .. skip + take - 1 of one file (tests count the records read through it).
+    return tf.data.TFRecordDataset(filename).skip(skip).take(take)
+
+
+def blocks_of(file_instructions, block_records=0):
+    """(filenames, skips, takes) arrays of the blocks: the file ranges, each cut into pieces of at most
+    `block_records` records when > 0 (a piece that starts inside a file reads past the records before it
+    in that file, undecoded)."""
+    files, skips, takes = [], [], []
+    for fi in file_instructions:
+        step = block_records if block_records > 0 else max(fi.take, 1)
+        for first in range(0, fi.take, step):
+            files.append(fi.filename)
+            skips.append(fi.skip + first)
+            takes.append(min(step, fi.take - first))
+    return np.array(files, dtype=object), np.array(skips, np.int64), np.array(takes, np.int64)
+
+
+def record_stream(
+    file_instructions, seed, start=0, window_records=10_000, block_records=0, deterministic=True
+):
+    """Endless `tf.data.Dataset` of serialized records (scalar string) in training order, from element
+    `start` of the stream (module docstring).
+
+    Args:
+        file_instructions: tensorflow-datasets `FileInstruction`s (filename, skip, take) of this rank's
+            slice; their takes sum to n > 0, the records of one epoch.
+        seed: int, this rank's shuffle seed.
+        start: int >= 0, elements of the stream to leave out.
+        window_records: records shuffled together (at least one block).
+        block_records: cut blocks to at most this many records (0: one block per file range).
+        deterministic: False lets the interleaved file reads return out of order (faster, not repeatable).
+
+    Raises:
+        ValueError: no records, or `start` < 0.
+    """
+    files, skips, takes = blocks_of(file_instructions, block_records)
+    num_records = int(takes.sum())
+    if num_records < 1 or start < 0:
+        raise ValueError(f"record_stream needs records and start >= 0, got {num_records} records, {start}.")
+    per_window = max(1, int(round(window_records / takes.mean())))
+    num_blocks = len(takes)
+    num_windows = -(-num_blocks // per_window)
+    largest_window = int(np.sort(takes)[::-1][:per_window].sum())
+    files_t, skips_t, takes_t = tf.constant(files.astype(str)), tf.constant(skips), tf.constant(takes)
+
+    def block_order(e):
+        return order.epoch_permutation(num_blocks, seed, e)
+
+    def window(e, w):
+        blocks = block_order(e)[w * per_window : (w + 1) * per_window]
+        parts = tf.data.Dataset.from_tensor_slices(
+            (tf.gather(files_t, blocks), tf.gather(skips_t, blocks), tf.gather(takes_t, blocks))
+        )
+        records = parts.interleave(
+            _read_records,
+            cycle_length=per_window,
+            num_parallel_calls=per_window,
+            deterministic=deterministic,
+        )
+        # The whole window as one tensor, permuted, then one record at a time again.
+        window_seed = tf.random.experimental.stateless_fold_in(order.epoch_seed(seed, e), w + 1)
+        shuffled = records.batch(largest_window).map(
+            lambda r: tf.random.experimental.stateless_shuffle(r, seed=window_seed, alg="philox")
+        )
+        return shuffled.unbatch()
+
+    def epoch(e, first_window=0):
+        windows = tf.data.Dataset.range(first_window, num_windows)
+        return windows.flat_map(lambda w: window(e, w))
+
+    first_epoch, offset = divmod(int(start), num_records)
+    # Which window of the first epoch holds the start, from the block sizes in that epoch's order.
+    sizes = takes[block_order(first_epoch).numpy()]
+    window_sizes = np.add.reduceat(sizes, np.arange(0, num_blocks, per_window))
+    ends = np.cumsum(window_sizes)
+    first_window = int(np.searchsorted(ends, offset, side="right"))
+    skip = offset - (int(ends[first_window - 1]) if first_window else 0)
+    later = tf.data.Dataset.range(first_epoch + 1, order.EPOCHS).flat_map(epoch)
+    return epoch(first_epoch, first_window).skip(skip).concatenate(later)

@@ -1,0 +1,203 @@
+"""What a start of an image-folder run pays to know its files: listing the folder against reading the
+run's index file (issue 11.4), on a generated tree of 100,000 small files.
+
+Run from the repository root with the machine to itself (about a minute):
+
+    PYTHONPATH=. bench .venv/bin/python results/listing_index.py
+
+It writes `<tmp>/train/c0000 .. c0999/img_00000.JPEG ..` (100 files of 64 bytes per class; the listing never
+opens a file, so their content does not matter) and `validation/` with 5 per class, then measures in one
+process, each the median of `--repeats` tries:
+- listing both splits (`listing.list_split`), what every rank did on every start before;
+- `listing.listed` with a valid index file (load it, `stat` the 1,002 folders), what rank 0 does on a
+  later start of the run;
+- both again with the kernel's page, dentry and inode caches dropped first (`/proc/sys/vm/drop_caches`,
+  root only; skipped where not permitted), as on a first start or after the files left the cache;
+and on 2 Horovod ranks (`image_folder.list_splits`), each rank's time for the first start (rank 0 lists
+and broadcasts) and a later one (rank 0 reads the index and broadcasts; rank 1 never reads the folder).
+Writes `results/listing_index.md`.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from large_batch_report import cpu  # noqa: E402
+
+from hvd_lars import provenance  # noqa: E402
+from hvd_lars.data import listing  # noqa: E402
+
+CLASSES, PER_CLASS, PER_CLASS_VALIDATION = 1000, 100, 5
+
+
+def make_tree(root):
+    for split, count in (("train", PER_CLASS), ("validation", PER_CLASS_VALIDATION)):
+        for c in range(CLASSES):
+            folder = os.path.join(root, split, f"c{c:04d}")
+            os.makedirs(folder)
+            for i in range(count):
+                with open(os.path.join(folder, f"img_{i:05d}.JPEG"), "wb") as f:
+                    f.write(b"\xff\xd8\xff\xe0" + bytes(60))
+
+
+def drop_caches():
+    """True when the kernel's caches were dropped (needs root)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(fn, repeats, cold=False):
+    times = []
+    for _ in range(repeats):
+        if cold and not drop_caches():
+            return None
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def list_both(root):
+    train = listing.list_split(os.path.join(root, "train"))
+    listing.list_split(os.path.join(root, "validation"), train.classes)
+    return train
+
+
+def index_both(root, index_dir):
+    train, reused = listing.listed(os.path.join(root, "train"), os.path.join(index_dir, "train.index.npz"))
+    val, reused_val = listing.listed(
+        os.path.join(root, "validation"), os.path.join(index_dir, "validation.index.npz"), train.classes
+    )
+    assert reused and reused_val
+    return train
+
+
+RANK_WORKER = """
+import json, sys, time
+from hvd_lars import distributed
+from hvd_lars.data import image_folder
+rank, size = distributed.init()
+times = []
+for start in range(2):  # the first start lists; the second reads the index written by the first
+    distributed.barrier()
+    t = time.perf_counter()
+    train, _ = image_folder.list_splits(sys.argv[1], sys.argv[2], rank, size)
+    times.append(time.perf_counter() - t)
+    assert len(train.files) == {files}
+with open(f"{{sys.argv[3]}}/times_{{rank}}.json", "w") as f:
+    json.dump(times, f)  # a file per rank: horovodrun interleaves the ranks' output lines
+"""
+
+
+def two_ranks(root, index_dir):
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    code = RANK_WORKER.format(files=CLASSES * PER_CLASS)
+    out = os.path.dirname(index_dir)
+    os.makedirs(out, exist_ok=True)
+    command = [horovodrun, "-np", "2", "-H", "localhost:2", sys.executable, "-c", code, root, index_dir, out]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if result.returncode:
+        raise SystemExit(result.stdout[-2000:] + result.stderr[-2000:])
+    times = {}
+    for rank in range(2):
+        with open(os.path.join(out, f"times_{rank}.json")) as f:
+            times[rank] = json.load(f)
+    return times
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:.0f} ms"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=os.path.join(REPO, "results", "listing_index.md"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root, index_dir = os.path.join(tmp, "data"), os.path.join(tmp, "run", "image_folder_index")
+        t = time.perf_counter()
+        make_tree(root)
+        made = time.perf_counter() - t
+        train = list_both(root)
+        assert len(train.files) == CLASSES * PER_CLASS
+        listing.listed(os.path.join(root, "train"), os.path.join(index_dir, "train.index.npz"))
+        listing.listed(
+            os.path.join(root, "validation"), os.path.join(index_dir, "validation.index.npz"), train.classes
+        )
+        index_bytes = sum(os.path.getsize(os.path.join(index_dir, f)) for f in os.listdir(index_dir))
+        rows = {
+            "warm": (
+                timed(lambda: list_both(root), args.repeats),
+                timed(lambda: index_both(root, index_dir), args.repeats),
+            ),
+            "cold": (
+                timed(lambda: list_both(root), args.repeats, cold=True),
+                timed(lambda: index_both(root, index_dir), args.repeats, cold=True),
+            ),
+        }
+        ranks = two_ranks(root, os.path.join(tmp, "run2", "image_folder_index"))
+    model, flags = cpu()
+    sha, date = provenance.git_sha(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        "# Listing an image folder once per run: listing against the run's index file",
+        "",
+        f"Command: `PYTHONPATH=. bench .venv/bin/python results/listing_index.py --repeats={args.repeats}` "
+        f"(script `results/listing_index.py`), git {sha}, {date}.",
+        f"Machine: {model} ({', '.join(flags) or 'no bf16/AMX flags'}); {provenance.machine()}.",
+        "",
+        f"Tree: {CLASSES:,} class folders with {PER_CLASS} files each in `train/` "
+        f"({CLASSES * PER_CLASS:,} files) and {PER_CLASS_VALIDATION} each in `validation/`, 64-byte files "
+        f"(written in {made:.0f} s). "
+        f"Index files of both splits: {index_bytes / 1e6:.2f} MB. Times are medians of {args.repeats} tries, "
+        "both splits together, in one process.",
+        "",
+        "| caches | list the folders (`list_split`) | read the index (`listed`, valid) | listing / index |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, (listed_s, index_s) in rows.items():
+        if listed_s is None:
+            lines.append(f"| {name} | not measured (dropping the caches needs root) | | |")
+        else:
+            lines.append(
+                f"| {name} | {listed_s * 1e3:.0f} ms | {index_s * 1e3:.0f} ms | {listed_s / index_s:.1f}x |"
+            )
+    lines += [
+        "",
+        "On 2 Horovod ranks (`image_folder.list_splits`, what `--dataset=image_folder` calls; rank 1 waits "
+        "in the broadcast while rank 0 works):",
+        "",
+        "| start | rank 0 | rank 1 |",
+        "|---|---:|---:|",
+        f"| first (rank 0 lists, writes the index, broadcasts) | {ms(ranks[0][0])} | {ms(ranks[1][0])} |",
+        f"| later (rank 0 reads the index, broadcasts) | {ms(ranks[0][1])} | {ms(ranks[1][1])} |",
+        "",
+        "Before, every rank listed both folders at every start of the run: on N ranks sharing a file system, "
+        "N listings per start (N x the first column on the file server), and again at every resume. Now one "
+        "listing per run; later starts read the index and `stat` one folder per class. On a network file "
+        "system, where each directory read is a round trip to the metadata server, the listing's cost grows "
+        "with the number of files (1.28M for ImageNet) and the index check's with the number of folders "
+        "(1,002).",
+    ]
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""metrics.csv, TensorBoard and summary.json stay aligned in any evaluation schedule and across resumes
+(issue 15.4); the plot of a run."""
+
+import csv
+import json
+import math
+import os
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_lars import epoch_logs, plot_run, strict_json
+from hvd_lars.config import TrainConfig, make_plan
+from hvd_lars.run_summary import RunSummary
+
+STEPS_PER_EPOCH = 8
+
+
+def _logs(epoch, evaluated, validation=True):
+    logs = {"loss": 2.0 - 0.1 * epoch, "top1": 0.5 + 0.01 * epoch, "learning_rate": 0.1 * (epoch + 1)}
+    if evaluated:
+        logs.update(test_loss=1.5, test_top1=0.6, test_top5=0.9)
+        if validation:
+            logs.update(val_loss=1.4, val_top1=0.61, val_top5=0.91)
+    return logs
+
+
+class _Model:
+    """What the loggers read of a model: the optimizer's update counter."""
+
+    def __init__(self):
+        self.optimizer = types.SimpleNamespace(iterations=keras.Variable(0, dtype="int64"))
+
+
+def _train(loggers, epochs, every=2, validation=True, model=None):
+    """Runs the loggers' epoch ends for `epochs` (0-based indices) as a run with evaluation every
+    `every` epochs (and at epoch 3, the last) would."""
+    model = model or _Model()
+    for logger in loggers:
+        logger.set_model(model)
+    for epoch in epochs:
+        model.optimizer.iterations.assign((epoch + 1) * STEPS_PER_EPOCH)
+        logs = _logs(epoch, (epoch + 1) % every == 0 or epoch == 3, validation)
+        for logger in loggers:
+            logger.on_epoch_end(epoch, dict(logs))
+    return model
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_csv_has_every_column_on_every_row_with_evaluation_every_2_epochs(tmp_path):
+    path = str(tmp_path / "metrics.csv")
+    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)
+    header, *rows = _rows(path)
+    # Test columns although the first epoch had none; no invented val_ copies.
+    assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
+    assert [len(r) for r in rows] == [8, 8, 8]
+    assert rows[0] == ["0", "8", "0.1", "2", "", "", "", "0.5"]
+    assert rows[1] == ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"]
+    assert rows[2][4:7] == ["", "", ""]
+
+
+def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp_path):
+    path = str(tmp_path / "metrics.csv")
+    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)  # killed after epoch 2's row
+    # Resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24), whose row was written after it.
+    resumed = epoch_logs.MetricsCSV(path, start_step=20, steps_per_epoch=STEPS_PER_EPOCH)
+    _train([resumed], [2, 3])  # now with a validation split: six more columns
+    header, *rows = _rows(path)
+    assert "val_top1" in header and "test_top1" in header and len(header) == 11
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"] and {len(r) for r in rows} == {11}
+    by_name = [dict(zip(header, r)) for r in rows]
+    assert by_name[1]["test_top1"] == "0.6" and by_name[1]["val_top1"] == ""
+    assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
+
+
+def test_csv_of_keras_csvlogger_is_read_and_its_invented_columns_dropped(tmp_path):
+    path = tmp_path / "metrics.csv"
+    # What Keras's CSVLogger wrote with evaluation every 2 epochs: val_ copies of all columns, all NA.
+    path.write_text(
+        "epoch,learning_rate,loss,top1,val_learning_rate,val_loss,val_top1\n0,0.1,2.0,0.5,NA,NA,NA\n"
+    )
+    logger = epoch_logs.MetricsCSV(str(path), start_step=8, steps_per_epoch=STEPS_PER_EPOCH)
+    _train([logger], [1], validation=False)
+    header, *rows = _rows(path)
+    assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
+    assert rows[0][:4] == ["0", "", "0.1", "2.0"] and rows[1][:2] == ["1", "16"] and len(rows[0]) == 8
+
+
+def _events(log_dir):
+    """[(tag, step, value)] of every scalar in the event files of log_dir (not its sub-folders)."""
+    found = []
+    for name in sorted(os.listdir(log_dir)):
+        if name.startswith("events.out.tfevents"):
+            for record in tf.data.TFRecordDataset(os.path.join(log_dir, name)):
+                event = tf.compat.v1.Event.FromString(record.numpy())
+                for value in event.summary.value:
+                    found.append((value.tag, event.step, float(tf.make_ndarray(value.tensor))))
+    return found
+
+
+def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_path):
+    log_dir = str(tmp_path / "tb")
+    _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))  # killed after epoch 3's scalars
+    # Resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24): epochs 2 and 3 are trained again.
+    model = _Model()
+    resumed = epoch_logs.TensorBoardScalars(log_dir, start_step=20)
+    _train([resumed], [2, 3], model=model)
+    events = _events(log_dir)
+    keys = [(tag, step) for tag, step, _ in events]
+    assert len(keys) == len(set(keys))  # no step written twice
+    tags = {tag for tag, _ in keys}
+    assert tags == {
+        "epoch",
+        "loss",
+        "top1",
+        "learning_rate",
+        *(f"{s}_{m}" for s in ("test", "val") for m in ("loss", "top1", "top5")),
+    }
+    assert sorted(step for tag, step in keys if tag == "loss") == [8, 16, 24, 32]
+    assert sorted(step for tag, step in keys if tag == "val_top1") == [16, 32]
+    values = {(tag, step): v for tag, step, v in events}
+    assert values[("learning_rate", 24)] == pytest.approx(0.3) and values[("epoch", 32)] == 4
+
+
+def test_tensorboard_pruning_keeps_the_complete_records_of_a_file_cut_short(tmp_path):
+    log_dir = str(tmp_path / "tb")
+    _train([epoch_logs.TensorBoardScalars(log_dir)], range(2))
+    (name,) = [n for n in os.listdir(log_dir) if n.startswith("events")]
+    path = os.path.join(log_dir, name)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 5)  # the last scalar's record torn by a kill
+    assert epoch_logs.prune_events(log_dir, last_step=8) > 0
+    steps = {step for _, step, _ in _events(log_dir)}
+    assert steps == {8}
+
+
+def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
+    config = TrainConfig(max_train_examples=64, epochs=1, global_batch_size=8, peak_learning_rate=0.1)
+    plan = make_plan(config, 1, 64)
+    summary = RunSummary(str(tmp_path), "diverged", config, plan, 0)
+    summary.on_epoch_end(0, {"loss": float("nan"), "top1": 0.1, "grad": float("inf"), "low": -math.inf})
+    text = (tmp_path / "summary.json").read_text()
+
+    def refuse(token):
+        raise ValueError(f"bare {token} in strict JSON")
+
+    written = json.loads(text, parse_constant=refuse)  # strict: no bare NaN or Infinity
+    assert written["epochs"][0] == {
+        "epoch": 1,
+        "loss": "NaN",
+        "top1": 0.1,
+        "grad": "Infinity",
+        "low": "-Infinity",
+    }
+    back = RunSummary.load(str(tmp_path))["epochs"][0]
+    assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
+    assert strict_json.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
+
+
+def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
+    config = TrainConfig(
+        max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
+    )
+    plan = make_plan(config, 1, 64)
+    summary = RunSummary(str(tmp_path), "plotted", config, plan, 0)
+    csv_logger = epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv"))
+    _train([csv_logger, summary], range(4))
+    figure = plot_run.make_figure(str(tmp_path))
+    loss, top1, rate = figure.axes[:3]
+    assert [ax.get_title() for ax in (loss, top1, rate)] == ["loss", "top-1", "learning rate"]
+    lines = {line.get_label(): line for line in top1.lines}
+    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16, 24, 32])
+    np.testing.assert_array_equal(lines["test"].get_xdata(), [16, 32])  # evaluated epochs only
+    np.testing.assert_allclose(lines["validation"].get_ydata(), [0.61, 0.61])
+    schedule = rate.lines[0]
+    assert len(schedule.get_xdata()) == plan.total_steps == 32
+    # Warmup from 0 to 0.4 over 8 updates: update k (drawn at step k + 1) has rate 0.4 k / 8.
+    np.testing.assert_allclose(schedule.get_ydata()[:8], [0.05 * k for k in range(8)], rtol=1e-6)
+    out = plot_run.plot_run(str(tmp_path))
+    assert out == str(tmp_path / "run.png") and os.path.getsize(out) > 10_000
+    assert plot_run.main([str(tmp_path / "nothing")]) == 2
+    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
+    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
+    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
+    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
+    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])

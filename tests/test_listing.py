@@ -1,0 +1,238 @@
+"""Image folders as users have them (issue 15.5): every oddity handled or refused naming the path, and the
+listing made once and kept in an index file (issue 11.4)."""
+
+import io
+import os
+
+import numpy as np
+import pytest
+from data_fixtures import encode, source_images
+from PIL import Image
+
+from hvd_lars.data import get_input, listing
+
+PICTURE = source_images(1)[0]  # 28x28 RGB
+JPEG = encode(PICTURE)
+
+
+def _write(root, files, data=JPEG):
+    """Creates `files` (paths relative to root; a value is the bytes, a "->target" string a link)."""
+    for rel, content in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if isinstance(content, str) and content.startswith("->"):
+            os.symlink(content[2:], path)
+        elif content is None:
+            os.makedirs(path, exist_ok=True)
+        else:
+            with open(path, "wb") as f:
+                f.write(data if content is ... else content)
+
+
+def _refusal(root, classes=None):
+    with pytest.raises(ValueError) as info:
+        listing.list_split(str(root), classes)
+    return str(info.value)
+
+
+def _build(root, **kwargs):
+    return get_input(
+        "image_folder",
+        per_rank_batch=1,
+        rank=0,
+        world_size=1,
+        seed=0,
+        data_dir=str(root),
+        image_size=28,
+        **kwargs,
+    )
+
+
+def test_hidden_files_and_folders_are_skipped_everywhere(tmp_path):
+    # The issue's folder: a notebook's checkpoints folder beside the classes and a macOS ._ file beside an
+    # image (both were read before: 3 classes with cat as label 1, and a non-image decoded).
+    _write(
+        tmp_path,
+        {
+            "train/cat/cat_0.JPEG": ...,
+            "train/cat/._cat_0.JPEG": b"\x00\x05\x16\x07 AppleDouble",
+            "train/cat/.DS_Store": b"\x00\x00\x00\x01Bud1",
+            "train/cat/.hidden/cat_9.JPEG": ...,
+            "train/dog/dog_0.jpg": ...,
+            "train/dog/Thumbs.db": b"\xd0\xcf\x11\xe0",
+            "train/dog/desktop.ini": b"[.ShellClassInfo]",
+            "train/.ipynb_checkpoints/cat_0-checkpoint.JPEG": ...,
+            "train/__MACOSX/cat/._cat_0.JPEG": b"\x00\x05\x16\x07",
+            "train/.DS_Store": b"Bud1",
+            "validation/cat/cat_1.JPEG": ...,
+            "validation/dog/dog_1.JPEG": ...,
+            "validation/.ipynb_checkpoints/x.JPEG": ...,
+        },
+    )
+    found = listing.list_split(str(tmp_path / "train"))
+    assert found.classes == ("cat", "dog")
+    assert found.files == ("cat/cat_0.JPEG", "dog/dog_0.jpg") and found.labels.tolist() == [0, 1]
+    data = _build(tmp_path)
+    assert (data.num_classes, data.num_train_examples, data.num_eval_examples) == (2, 2, 2)
+    labels = [int(y[0]) for _, y in data.train.take(4)]  # two epochs decode without error
+    assert sorted(labels[:2]) == sorted(labels[2:]) == [0, 1]
+    assert [int(y[0]) for _, y in data.eval] == [0, 1]
+
+
+def test_image_extensions_in_any_letter_case_are_read(tmp_path):
+    formats = {"a.JPEG": "JPEG", "b.jpg": "JPEG", "c.Jpg": "JPEG", "d.PNG": "PNG", "e.gif": "GIF"}
+    formats.update({"f.BMP": "BMP", "g.webp": "WEBP", "h.JPE": "JPEG"})
+    for name, kind in formats.items():
+        out = io.BytesIO()
+        Image.fromarray(PICTURE).save(out, kind, **({"lossless": True} if kind == "WEBP" else {}))
+        _write(tmp_path, {f"train/x/{name}": out.getvalue(), f"validation/x/{name}": out.getvalue()})
+    found = listing.list_split(str(tmp_path / "train"))
+    assert found.files == tuple(f"x/{n}" for n in sorted(formats))
+    data = get_input(
+        "image_folder", per_rank_batch=8, rank=0, world_size=1, seed=0, data_dir=str(tmp_path), image_size=28
+    )
+    images, _ = next(iter(data.eval))
+    assert images.shape == (8, 28, 28, 3)
+    # The lossless formats decode to the same pixels (one view of each, compared with the PNG's).
+    lossless = [i for i, n in enumerate(sorted(formats)) if formats[n] in ("PNG", "BMP", "WEBP")]
+    for i in lossless:
+        np.testing.assert_allclose(images[i].numpy(), images[lossless[0]].numpy(), atol=0.05)
+
+
+def test_files_that_are_not_images_are_refused_naming_them(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "cat/a.JPEG": ...,
+            "cat/scan.tif": b"II*\x00",
+            "cat/photo.HEIC": b"ftypheic",
+            "dog/b.jpg": ...,
+            "dog/labels.csv": b"file,label\n",
+            "dog/old/notes.txt": b"x",
+        },
+    )
+    message = _refusal(tmp_path)
+    assert "4 files that are not images this pipeline reads" in message
+    for rel in ("cat/scan.tif", "cat/photo.HEIC", "dog/labels.csv", "dog/old/notes.txt"):
+        assert os.path.join(str(tmp_path), rel) in message
+    assert "TIFF or HEIC to PNG or JPEG" in message and ".jpeg, .jpg" in message
+
+
+def test_images_outside_class_folders_are_refused(tmp_path):
+    # An unsorted validation set: the images lie in the split folder itself.
+    _write(tmp_path, {"ILSVRC2012_val_00000001.JPEG": ..., "n01440764/a.JPEG": ...})
+    message = _refusal(tmp_path)
+    assert f"1 files outside the class folders: {tmp_path}/ILSVRC2012_val_00000001.JPEG" in message
+
+
+def test_symbolic_links_to_files_and_class_folders_are_followed(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "elsewhere/birds/b0.JPEG": ...,
+            "elsewhere/birds/b1.png": encode(PICTURE, "png"),
+            "elsewhere/one.JPEG": ...,
+            "train/bird": "->../elsewhere/birds",
+            "train/cat/c0.JPEG": ...,
+            "train/cat/linked.JPEG": "->../../elsewhere/one.JPEG",
+        },
+    )
+    found = listing.list_split(str(tmp_path / "train"))
+    assert found.classes == ("bird", "cat")
+    assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/c0.JPEG", "cat/linked.JPEG")
+    assert found.labels.tolist() == [0, 0, 1, 1]
+    assert all(os.path.isfile(p) for p in found.paths())
+
+
+@pytest.mark.parametrize(
+    "link, target, repeats",
+    [
+        ("cat/again", "..", ""),  # a loop back to the split folder
+        ("cat/self", ".", "cat"),  # a folder that contains itself
+        ("kitten", "cat", "cat"),  # one folder under two class names
+    ],
+)
+def test_links_to_a_folder_already_read_are_refused(tmp_path, link, target, repeats):
+    _write(tmp_path, {"cat/a.JPEG": ..., link: f"->{target}"})
+    message = _refusal(tmp_path)
+    repeated = os.path.join(str(tmp_path), repeats) if repeats else str(tmp_path)
+    assert (
+        f"symbolic links to a folder already read (a loop, or one folder listed twice): {tmp_path}/"
+        in message
+    )
+    assert f"repeats {repeated}" in message
+
+
+def test_broken_links_are_refused_naming_link_and_target(tmp_path):
+    _write(
+        tmp_path, {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"}
+    )
+    message = _refusal(tmp_path)
+    assert f"{tmp_path}/cat/gone.JPEG -> /nonexistent/gone.JPEG" in message
+    assert f"{tmp_path}/dog -> /nonexistent" in message and "2 broken symbolic links" in message
+
+
+def test_training_class_folders_without_images_are_refused(tmp_path):
+    _write(tmp_path, {"cat/a.JPEG": ..., "dog": None, "fox/.DS_Store": b"Bud1", "owl/empty": None})
+    message = _refusal(tmp_path)
+    assert "3 class folders without images" in message
+    for name in ("dog", "fox", "owl"):
+        assert os.path.join(str(tmp_path), name) in message
+
+
+def test_validation_classes_missing_are_named_extra_ones_refused(tmp_path):
+    _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ..., "train/owl/c.JPEG": ...})
+    _write(tmp_path, {"validation/dog/d.JPEG": ..., "validation/owl": None})
+    with pytest.warns(
+        UserWarning, match=r"validation has no images of 2 of the 3 training classes \(cat, owl\)"
+    ):
+        data = _build(tmp_path)
+    assert [int(y[0]) for _, y in data.eval] == [1]  # dog keeps its training label
+    _write(tmp_path, {"validation/fox/e.JPEG": ...})
+    message = _refusal(tmp_path / "validation", ("cat", "dog", "owl"))
+    assert f"1 class folders the training split lacks: {tmp_path}/validation/fox" in message
+
+
+def test_sub_folders_belong_to_their_class_and_odd_names_are_read(tmp_path):
+    odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
+    _write(tmp_path, {"train/cat/2024/a b.JPEG": ..., "train/cat/z.JPEG": ..., "train/dog/Ärger ü.jpg": ...})
+    _write(tmp_path, {f"train/dog/{odd}": ..., "validation/cat/v.JPEG": ...})
+    found = listing.list_split(str(tmp_path / "train"))
+    assert found.files == ("cat/2024/a b.JPEG", "cat/z.JPEG", "dog/caf\udce9 latin-1.JPEG", "dog/Ärger ü.jpg")
+    assert found.labels.tolist() == [0, 0, 1, 1]
+    data = _build(tmp_path)
+    labels = [int(y[0]) for _, y in data.train.take(4)]  # every file is opened and decoded
+    assert sorted(labels) == [0, 0, 1, 1]
+
+
+def test_index_is_reused_until_a_folder_changes(tmp_path):
+    _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ..., "elsewhere/owl/c.JPEG": ...})
+    root, index = str(tmp_path / "train"), str(tmp_path / "run" / "train.index.npz")
+    first, reused = listing.listed(root, index)
+    assert not reused and os.path.exists(index)
+    again, reused = listing.listed(root, index)
+    assert reused and again.files == first.files and again.classes == first.classes
+    np.testing.assert_array_equal(again.labels, first.labels)
+    changes = [
+        lambda: _write(tmp_path, {"train/cat/new.JPEG": ...}),  # a file added
+        lambda: os.rename(f"{root}/dog/b.JPEG", f"{root}/dog/c.JPEG"),  # renamed
+        lambda: os.remove(f"{root}/cat/new.JPEG"),  # removed
+        lambda: _write(tmp_path, {"train/owl": "->../elsewhere/owl"}),  # a class folder linked in
+        lambda: _write(tmp_path, {"elsewhere/owl/d.JPEG": ...}),  # a file added behind that link
+    ]
+    for change in changes:
+        change()
+        listed, reused = listing.listed(root, index)
+        assert not reused, change
+        assert listed.files == listing.list_split(root).files
+        assert listing.listed(root, index)[1]
+    assert listed.files == ("cat/a.JPEG", "dog/c.JPEG", "owl/c.JPEG", "owl/d.JPEG")
+    # Another folder or another class list is listed afresh, and a damaged index is not trusted.
+    assert not listing.listed(str(tmp_path / "elsewhere"), index)[1]
+    assert not listing.listed(root, index)[1]
+    assert not listing.listed(root, index, classes=("cat", "dog", "owl", "yak"))[1]
+    assert listing.listed(root, index, classes=("cat", "dog", "owl", "yak"))[1]
+    assert not listing.listed(root, index)[1]
+    with open(index, "r+b") as f:
+        f.truncate(100)
+    assert not listing.listed(root, index)[1]

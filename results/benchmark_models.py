@@ -46,28 +46,6 @@ WARMUP_STEPS = 3  # tracing, oneDNN primitive creation, first allocations
 TIMED_STEPS = 10
 IMAGE_SIZES = {"resnet50": 224, "alexnet_bn": 227}
 PRECISIONS = ("float32", "mixed_bfloat16")
-# CPU flags that matter for these figures (/proc/cpuinfo): native bfloat16 and AMX tiles.
-CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
-
-
-def cpu():
-    """{"model": the CPU's model name, "flags": the CPU_FLAGS it has, "family": a short name for tables}."""
-    model, flags = "unknown", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags |= set(line.split(":", 1)[1].split())
-    have = [f for f in CPU_FLAGS if f in flags]
-    family = "AMD EPYC" if "EPYC" in model else ("Intel Xeon" if "Xeon" in model else model)
-    if "amx_bf16" in have:
-        family += " with AMX"
-    elif "avx512_bf16" in have:
-        family += " with AVX-512 BF16"
-    return {"model": model, "flags": have, "family": family}
-
-
 # ------------------------------------------------------------------------------------- worker processes
 
 
@@ -201,7 +179,7 @@ def measure(args):
         "model": args.model,
         "command": "bench .venv/bin/python results/benchmark_models.py " + " ".join(sys.argv[1:]),
         "provenance": provenance.record(),
-        "cpu": cpu(),
+        "cpu": provenance.cpu(),
         "batch": BATCH,
         "warmup_steps": WARMUP_STEPS,
         "timed_steps": TIMED_STEPS,

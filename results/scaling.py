@@ -638,8 +638,70 @@ def threads(args):
     _write_section("threads", _threads_markdown(record))
 
 
+def _threads_rates(record):
+    """Per run: global images/s (the ranks' batches over rank 0's mean step; for separate processes the
+    sum of their rates), in run order."""
+    rates = []
+    for run in record["runs"]:
+        procs = run["processes"]
+        if procs[0]["role"] == "ranks":
+            rate = sum(p["batch"] for p in procs) / statistics.mean(procs[0]["step_s"])
+        else:
+            rate = sum(p["batch"] / statistics.mean(p["step_s"]) for p in procs)
+        rates.append(rate)
+    return rates
+
+
 def _threads_markdown(record):
-    return "## threads\n\n(report pending)\n"
+    prov = record["provenance"]
+    rates = _threads_rates(record)
+    runs = record["runs"]
+    baseline_at = [i for i, r in enumerate(runs) if r["arm"] == THREADS_BASELINE]
+    lines = [
+        "## 2 ranks x 1 thread against 1 rank x 2 threads (issue 11, item 3)",
+        "",
+        f"`{record['command']}` at git {prov['git_sha'][:12]}, {prov['date']}; {record['cpu']}; "
+        f"TensorFlow {prov['tensorflow']}, Horovod {prov['horovod']}; whole run {record['wall_time_s']} s.",
+        "",
+        f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
+        "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
+        f"{record['global_batch']} images per step,",
+        "each process sized by the main program's `hvd_lars.train.configure_threads` (the CPUs it may use);",
+        f"{record['warmup_steps']} warm-up then {record['timed_steps']} timed steps per run. Ranks are",
+        "started by `mpirun -np 2` (bound: `--map-by core --bind-to core`, as `launch/mpirun.sh` and",
+        "`launch/horovodrun.sh` place them); world-size-1 processes by `taskset`. The baseline runs before,",
+        "between and after the others; each ratio is against the mean of the baselines just before and after",
+        "it. *CPU s per step* is CPU time over the timed steps from /proc/<pid>/task, per thread group, of",
+        "rank 0 (or the first process); Horovod + MPI = the threads `hvd.init()` started.",
+        "",
+        "| run | configuration | threads (intra / inter, read back) | CPUs | images/s | vs baseline "
+        "| step s (min-max) | CPU s per step: compute pool / Python / Horovod + MPI |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, (run, rate) in enumerate(zip(runs, rates)):
+        before = max([j for j in baseline_at if j < i] or [baseline_at[0]])
+        after = min([j for j in baseline_at if j > i] or [baseline_at[-1]])
+        base = statistics.mean({rates[before], rates[after]}) if run["arm"] != THREADS_BASELINE else None
+        first = run["processes"][0]
+        steps = first["step_s"]
+        timed = len(steps)
+        cpu = first["cpu_s"]
+        pool = sum(v for k, v in cpu.items() if k.startswith("tf_")) / timed
+        python = sum(v for k, v in cpu.items() if k.startswith("main Python")) / timed
+        horovod = sum(v for k, v in cpu.items() if k.startswith("Horovod")) / timed
+        threads = first["threads"]
+        cores = "; ".join(",".join(map(str, p["placement"]["cores"])) for p in run["processes"])
+        lines.append(
+            f"| {i + 1} | {run['arm']} | {threads['intra_op']} / {threads['inter_op']} | {cores} "
+            f"| {rate:.2f} | {'' if base is None else f'{rate / base:.2f}'} | {statistics.mean(steps):.2f} "
+            f"({min(steps):.2f}-{max(steps):.2f}) | {pool:.2f} / {python:.2f} / {horovod:.2f} |"
+        )
+    lines += ["", THREADS_FINDINGS]
+    return "\n".join(lines)
+
+
+# What the runs above show; written from the committed raw figures (results/scaling/threads_local.json).
+THREADS_FINDINGS = "(findings pending)"
 
 
 SECTIONS = {"overlap_compression": overlap_compression, "threads": threads}

@@ -29,7 +29,7 @@ class TrainConfig:
     preprocessing: str = ""
     deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
     skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
-    input_threads: int = 0  # 0: cores on this node / ranks on this node
+    input_threads: int = 0  # 0: the cores this rank may use (hvd_lars.threads)
     model: str = "small_cnn"
     optimizer: str = "lars"
     global_batch_size: int = 0  # images per optimizer update, all ranks and micro-batches; 0: derived
@@ -72,8 +72,8 @@ class TrainConfig:
     max_eval_examples: int = 0
     validation_examples: int = 0  # hold out the last N training images as a validation split (0: none)
     steps_per_epoch: int = 0  # 0: the data set's size // global batch
-    intra_op_threads: int = 0  # 0: cores on this node / ranks on this node
-    inter_op_threads: int = 0  # 0: TensorFlow's default
+    intra_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.threads)
+    inter_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.threads)
     verbose: int = 2  # Keras fit verbosity on rank 0 (0 silent, 1 progress bar, 2 one line per epoch)
 
     def resolve_batch(self, world_size):

@@ -74,11 +74,19 @@ def host_names():
     """
     import socket
 
-    name = socket.gethostname()
+    return sorted(set(gather_objects(socket.gethostname(), name="hvd_lars.host_names")))
+
+
+def gather_objects(obj, name):
+    """List of `obj` (any picklable value) from every rank, in rank order; [obj] with world size 1.
+
+    A collective: every rank must call it with the same `name`. Runs TensorFlow ops, so TensorFlow's
+    thread pools are fixed afterwards.
+    """
     if size() == 1:
-        return [name]
-    # Host names travel as pickled objects; Horovod's allgather_object gathers one per rank.
-    return sorted(set(_hvd.allgather_object(name, name="hvd_lars.host_names")))
+        return [obj]
+    # Objects travel pickled; Horovod's allgather_object gathers one per rank.
+    return list(_hvd.allgather_object(obj, name=name))
 
 
 def is_chief():

@@ -30,7 +30,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_bool("deterministic", _D.deterministic, "Fixed input order (exact resume); off: faster.")
 flags.DEFINE_bool("skip_corrupt", _D.skip_corrupt, "Skip and count unreadable training images.")
-flags.DEFINE_integer("input_threads", _D.input_threads, "Input pipeline threads (0: cores / local ranks).")
+flags.DEFINE_integer("input_threads", _D.input_threads, "Input pipeline threads (0: this rank's cores).")
 flags.DEFINE_string("model", _D.model, "Model name (hvd_lars.models.MODELS).")
 flags.DEFINE_enum("optimizer", _D.optimizer, OPTIMIZERS, "lars, or momentum (SGD with coupled L2 decay).")
 flags.DEFINE_integer(
@@ -137,8 +137,8 @@ flags.DEFINE_integer(
 flags.DEFINE_integer(
     "steps_per_epoch", _D.steps_per_epoch, "Override steps per epoch (0: data size // batch)."
 )
-flags.DEFINE_integer("intra_op_threads", _D.intra_op_threads, "TF intra-op threads (0: cores / local ranks).")
-flags.DEFINE_integer("inter_op_threads", _D.inter_op_threads, "TF inter-op threads (0: TF default).")
+flags.DEFINE_integer("intra_op_threads", _D.intra_op_threads, "TF intra-op threads (0: this rank's cores).")
+flags.DEFINE_integer("inter_op_threads", _D.inter_op_threads, "TF inter-op threads (0: this rank's cores).")
 flags.DEFINE_integer("verbose", _D.verbose, "Keras verbosity on rank 0: 0, 1 (progress bar), 2 (per epoch).")
 
 FLAGS = flags.FLAGS

@@ -44,6 +44,34 @@ def machine():
     return f"{cpu}, {os.cpu_count()} logical cores{memory}, {platform.system()} {platform.release()}"
 
 
+# CPU flags that decide training speed here (/proc/cpuinfo): AVX-512, native bfloat16, AMX tiles.
+CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def cpu():
+    """This machine's CPU for benchmark records: dict with `model` (/proc/cpuinfo's model name), `flags`
+    (those of CPU_FLAGS it has) and `family`, a short name for one table section per kind of CPU (e.g.
+    "AMD EPYC with AVX-512 BF16", "Intel Xeon with AMX")."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and "model name" not in flags:
+                    model = line.split(":", 1)[1].strip()
+                    flags.add("model name")
+                if line.startswith("flags"):
+                    flags |= set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    have = [f for f in CPU_FLAGS if f in flags]
+    family = "AMD EPYC" if "EPYC" in model else ("Intel Xeon" if "Xeon" in model else model)
+    if "amx_bf16" in have:
+        family += " with AMX"
+    elif "avx512_bf16" in have:
+        family += " with AVX-512 BF16"
+    return {"model": model, "flags": have, "family": family}
+
+
 def record():
     """Dict with git_sha, date (UTC, ISO 8601), machine, python, tensorflow, keras, horovod versions."""
     import keras

@@ -8,47 +8,75 @@ import os
 
 from hvd_lars import distributed
 from hvd_lars.config import make_plan, resolve_precision
+from hvd_lars.threads import describe_cores, placement
 
 
 def configure_threads(config, world_size):
-    """Sizes TensorFlow's thread pools so the ranks on one node do not oversubscribe its cores.
+    """Sizes TensorFlow's intra-op and inter-op pools to the cores this rank may use
+    (`hvd_lars.threads.threads_per_rank`: its affinity mask when the launcher bound it, else the node's
+    usable CPUs / Horovod's local_size()), unless `config.intra_op_threads` / `inter_op_threads` say.
 
-    Must run before TensorFlow executes its first op; afterwards TensorFlow keeps the pools it has (then
-    `applied_threads()` reports those, not the request).
+    Must run after `distributed.init()` and before TensorFlow executes its first op; afterwards
+    TensorFlow keeps the pools it has (then `applied_threads()` reports those, not the request).
 
     Returns:
-        (intra, inter): the requested pool sizes (inter 0: TensorFlow's default).
+        (intra, inter): the requested pool sizes.
     """
     import tensorflow as tf
 
-    # Horovod's own count: launcher variables are missing under srun --mpi=pmix and across hosts.
+    from hvd_lars.threads import threads_per_rank
+
     local_ranks = max(1, min(world_size, distributed.local_size()))
-    intra = config.intra_op_threads or max(1, (os.cpu_count() or 1) // local_ranks)
+    per_rank = threads_per_rank(local_ranks)
+    intra = config.intra_op_threads or per_rank
+    inter = config.inter_op_threads or per_rank
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
-        if config.inter_op_threads:
-            tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError:
         pass  # TensorFlow already initialised by the caller: it keeps its pools (reported by the run).
-    return intra, config.inter_op_threads
+    return intra, inter
 
 
-def applied_threads():
+def applied_threads(dataset=None):
     """The thread settings in force, read back from TensorFlow (not from the flags).
+
+    Args:
+        dataset: optional `tf.data.Dataset` (the training input) whose private pool is reported.
 
     Returns:
         dict: `intra_op` and `inter_op`, the pool sizes TensorFlow's context was initialised with (0 means
-        TensorFlow's own default, one thread per core), and `omp_num_threads`, the OMP_NUM_THREADS
-        environment variable (None when unset) that OpenMP code in this process reads.
+        TensorFlow's own default, one thread per core), `input`, the private thread pool of `dataset`'s
+        options (None without a dataset; 0: tf.data's shared pool), and `omp_num_threads`, the
+        OMP_NUM_THREADS environment variable (None when unset) that OpenMP code in this process reads.
     """
     import tensorflow as tf
 
     tf.constant(0.0) + 0.0  # TensorFlow fixes its pools when it first runs an op; make sure it has
-    return {
+    threads = {
         "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
         "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "input": None,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
+    if dataset is not None:
+        threads["input"] = dataset.options().threading.private_threadpool_size or 0
+    return threads
+
+
+def describe_placements(placements):
+    """One log line from every rank's `hvd_lars.threads.placement()` joined with its `applied_threads`:
+    host, the CPUs the rank may use (bound by the launcher or not) and the threads TensorFlow and the
+    input pipeline run with, e.g. "cores per rank: rank 0 on node1: CPUs 0 (bound), 1 intra-op / 1
+    inter-op / 1 input threads; ..."."""
+    parts = []
+    for rank, p in enumerate(placements):
+        how = "bound" if p["bound"] else f"unbound, {p['local_size']} ranks on the host"
+        parts.append(
+            f"rank {rank} on {p['host']}: CPUs {describe_cores(p['cores'])} ({how}), "
+            f"{p['intra_op']} intra-op / {p['inter_op']} inter-op / {p['input']} input threads"
+        )
+    return "cores per rank: " + "; ".join(parts)
 
 
 def build_schedule(config, plan):
@@ -246,9 +274,16 @@ def run(config, extra_callbacks=()):
 
     data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size, run_dir))
     plan = make_plan(config, world_size, data.num_train_examples)
-    threads = applied_threads()
+    threads = applied_threads(data.train)
+    # The cores each rank may use (its affinity mask) and what TensorFlow applied, gathered for one line.
+    placements = distributed.gather_objects(
+        {**placement(), "host": os.uname().nodename, **threads},
+        name="hvd_lars.placement",
+    )
+    threads["cores_per_rank"] = [p["cores"] for p in placements]
     if chief:
         print(f"[hvd_lars] {plan.describe()}", flush=True)
+        print(f"[hvd_lars] {describe_placements(placements)}", flush=True)
         if (threads["intra_op"], threads["inter_op"]) != requested_threads:
             print(
                 f"[hvd_lars] TensorFlow runs {threads['intra_op']} intra-op / {threads['inter_op']} inter-op "

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Launch training with horovodrun.
+# Launch training with horovodrun: one rank per CPU socket, bound to that socket's cores (as mpirun.sh).
 #
 # Usage: launch/horovodrun.sh HOSTS NUM_RANKS FLAGFILE [extra flags...]
-#   HOSTS      horovodrun host list "host1:slots,host2:slots" (e.g. localhost:2)
+#   HOSTS      horovodrun host list "host1:slots,host2:slots" (e.g. localhost:2; slots = sockets)
 #   NUM_RANKS  total ranks (one per socket on real nodes)
 #   FLAGFILE   e.g. flags/fashion_mnist_lars.flags; extra flags override it
-# Example: launch/horovodrun.sh localhost:2 2 flags/fashion_mnist_lars.flags --epochs=3
+# Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...); MPI_BIND=none
+# turns off binding ranks to cores. Each rank sizes its threads from the cores it is bound to (the run log
+# prints them per rank); --intra_op_threads / --inter_op_threads / --input_threads override that.
+# Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/horovodrun.sh localhost:2 2 flags/smoke.flags
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,9p' "$0" >&2
+  sed -n '2,11p' "$0" >&2
   exit 2
 fi
 hosts=$1 ranks=$2 flagfile=$3
@@ -17,5 +20,14 @@ shift 3
 source "$(dirname "$0")/env.sh"
 horovodrun_bin="$(dirname "$PYTHON")/horovodrun"
 [ -x "$horovodrun_bin" ] || horovodrun_bin=horovodrun
-exec "$horovodrun_bin" -np "$ranks" -H "$hosts" \
-  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --intra_op_threads="$THREADS_PER_RANK" "$@"
+# horovodrun starts Open MPI's mpirun (its default launcher when Horovod has MPI) with --bind-to none unless
+# given --binding-args: the same placement as mpirun.sh, N ranks per socket, T cores each, bound.
+# (horovodrun --gloo has no binding option: its ranks run unbound and size their threads as node cores /
+# local ranks.)
+if [ "${MPI_BIND:-core}" = none ]; then
+  binding="--map-by ppr:${RANKS_PER_SOCKET}:socket --bind-to none"
+else
+  binding="--map-by ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK} --bind-to core"
+fi
+exec "$horovodrun_bin" -np "$ranks" -H "$hosts" --binding-args="$binding" \
+  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" "$@"

@@ -6,7 +6,8 @@
 #   NUM_RANKS  total ranks
 #   FLAGFILE   e.g. flags/resnet50_bs32k_lars.flags; extra flags override it
 # Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...); MPI_BIND=none
-# turns off binding ranks to cores.
+# turns off binding ranks to cores. Each rank sizes its threads from the cores it is bound to (the run log
+# prints them per rank); --intra_op_threads / --inter_op_threads / --input_threads override that.
 # Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/mpirun.sh localhost 2 flags/smoke.flags
 set -euo pipefail
 if [ $# -lt 3 ]; then
@@ -40,4 +41,4 @@ fi
 exec mpirun -np "$ranks" "${hosts[@]}" "${placement[@]}" \
   -x OMP_NUM_THREADS -x TF_ENABLE_ONEDNN_OPTS -x TF_CPP_MIN_LOG_LEVEL -x KMP_BLOCKTIME \
   -x PYTHONUNBUFFERED -x PATH "${forward[@]}" \
-  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --intra_op_threads="$THREADS_PER_RANK" "$@"
+  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" "$@"

@@ -1,48 +1,52 @@
-"""ResNet-50 training throughput on this CPU: hvd_lars's model + LARS against plain Keras, side by side.
+"""Training throughput on this CPU: hvd_lars's ResNet-50 and AlexNet-BN + LARS against plain Keras, float32
+and mixed_bfloat16, measured side by side in one run.
 
-Each configuration runs in its own subprocess (environment variables such as TF_ENABLE_ONEDNN_OPTS only
-act before TensorFlow loads): synthetic 224x224x3 images and labels from a repeated constant batch,
-`model.fit` for `--warmup-steps` + `--steps` steps, images/s over the last `--steps`, peak RSS of the
-process. The baseline, `keras.applications.ResNet50(weights=None)` trained by plain `model.fit` with SGD
-momentum in float32, is re-measured between candidates (B C C B C C B ...) and every candidate's ratio is
-taken against the mean of the baselines just before and after it, so the load of a shared machine
-cancels to first order. `tf.matmul` of 4096x4096 in float32 and bfloat16 gives the machine's measured peak;
-ResNet-50 training costs ~12.3 GFLOP per 224x224 image (3x the 4.1 GFLOP forward pass), so
-fraction of peak = images/s * 12.3 / (matmul GFLOP/s of the configuration's precision).
+For one model per run, each configuration trains in its own subprocess (`model.fit` on one synthetic batch
+of 32 images repeated, WARMUP_STEPS steps left out, then TIMED_STEPS timed; peak RSS of the process):
 
-Usage (writes the markdown table to --out and prints it):
-    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python results/benchmark_models.py --out results/models_throughput.md
+- baseline ("plain Keras"): ResNet-50 is `keras.applications.ResNet50(weights=None)`; AlexNet-BN, which
+  Keras does not ship, is hvd_lars's `alexnet_bn` (stock Keras layers only) unchanged; both trained by
+  `keras.optimizers.SGD(momentum=0.9)`;
+- ours: `hvd_lars.models.get_model(name)` (ResNet-50 with its fused batch norm) trained by
+  `hvd_lars.DistributedOptimizer(hvd_lars.LARS)` (the MLPerf recipe: weight decay 1e-4, batch norm and
+  biases excluded), the step the main program runs;
+
+each in float32 and in mixed_bfloat16, in the order B32 B16 O32 O16 B32 B16, so the baseline is measured
+before and after ours and slow drifts cancel. Ratio = ours / the baseline's best precision on this CPU (mean
+of its two runs). Fraction of peak = images/s x training FLOPs per image / the `tf.matmul` 4096x4096 rate of
+the same precision, measured at the start and end of the run (best). Training FLOPs per image come from the
+model's own layers (`hvd_lars.models.flops`: 3 x 2 x forward multiply-adds; ResNet-50 v1.5 4.09 G
+multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1.14 G, 6.8 GFLOP); the
+baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
+
+Each run writes results/throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from every
+such file, one section per CPU family, with the CPU model and its bf16/AMX flags.
+
+Usage (from the repository root; each about 5-10 minutes with the machine to itself):
+    bench .venv/bin/python results/benchmark_models.py --model resnet50
+    bench .venv/bin/python results/benchmark_models.py --model alexnet_bn
+    .venv/bin/python results/benchmark_models.py --report_only      # markdown from the JSON files
 """
 
 import argparse
 import json
 import os
+import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_GFLOP_PER_IMAGE = 12.3  # 3 x 4.1 GFLOP forward (He et al. 2016, table 1; backward ~2x forward)
-
-# name -> worker settings; "env" is added to the subprocess environment.
-BASELINE = {"name": "keras_f32", "model": "keras", "precision": "float32"}
-CANDIDATES = {
-    "ours_f32_keras_bn": {"model": "ours", "fused": False, "precision": "float32"},
-    "ours_f32": {"model": "ours", "precision": "float32"},
-    "ours_bf16": {"model": "ours", "precision": "mixed_bfloat16"},
-    # XLA (jit_compile) ran at 0.45x the baseline (results/models_throughput.md): one timed step suffices.
-    "ours_f32_xla": {"model": "ours", "precision": "float32", "jit": True, "warmup_steps": 1, "steps": 1},
-    "ours_f32_no_onednn": {"model": "ours", "precision": "float32", "env": {"TF_ENABLE_ONEDNN_OPTS": "0"}},
-    "ours_f32_intra2_inter1": {"model": "ours", "precision": "float32", "intra": 2, "inter": 1},
-    "ours_f32_omp": {
-        "model": "ours",
-        "precision": "float32",
-        "env": {"OMP_NUM_THREADS": "2", "KMP_BLOCKTIME": "1", "KMP_AFFINITY": "granularity=fine,compact,1,0"},
-    },
-    "ours_f32_b64": {"model": "ours", "precision": "float32", "batch": 64},
-    "ours_bf16_b64": {"model": "ours", "precision": "mixed_bfloat16", "batch": 64},
-}
+RAW_DIR = os.path.join(REPO, "results", "throughput")
+MARKDOWN = os.path.join(REPO, "results", "models_throughput.md")
+BATCH = 32
+WARMUP_STEPS = 3  # tracing, oneDNN primitive creation, first allocations
+TIMED_STEPS = 10
+IMAGE_SIZES = {"resnet50": 224, "alexnet_bn": 227}
+PRECISIONS = ("float32", "mixed_bfloat16")
+# ------------------------------------------------------------------------------------- worker processes
 
 
 def matmul_peak(size=4096, repeats=5):
@@ -63,90 +67,229 @@ def matmul_peak(size=4096, repeats=5):
     return out
 
 
-def train_throughput(cfg, warmup_steps, steps, image_size):
-    """Images/s of `model.fit` on one synthetic batch repeated; runs inside a fresh worker process."""
-    import tensorflow as tf
-
-    if cfg.get("intra"):
-        tf.config.threading.set_intra_op_parallelism_threads(cfg["intra"])
-    if cfg.get("inter"):
-        tf.config.threading.set_inter_op_parallelism_threads(cfg["inter"])
+def build(name, kind):
+    """(model, optimizer, loss) of a configuration: kind "keras" (baseline) or "ours"."""
     import keras
 
-    keras.mixed_precision.set_global_policy(cfg["precision"])
+    sys.path.insert(0, REPO)
+    from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
+    from hvd_lars.models import get_model
+
+    shape = (IMAGE_SIZES[name], IMAGE_SIZES[name], 3)
+    if kind == "keras":
+        if name == "resnet50":
+            model = keras.applications.ResNet50(weights=None, input_shape=shape)
+            loss = keras.losses.SparseCategoricalCrossentropy()  # the application ends in a softmax
+        else:
+            model = get_model(name, input_shape=shape)
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return model, keras.optimizers.SGD(0.01, momentum=0.9), loss
+    model = get_model(name, input_shape=shape)
+    lars = LARS(
+        0.1,
+        momentum=0.9,
+        weight_decay=1e-4,
+        exclude_from_weight_decay=mlperf_exclusions(),
+        exclude_from_layer_adaptation=mlperf_exclusions(),
+    )
+    return model, DistributedOptimizer(lars), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def train_throughput(name, kind, precision):
+    """Images/s of `model.fit` on one synthetic batch repeated, and the step times; in a fresh process."""
+    import keras
+    import tensorflow as tf
+
+    sys.path.insert(0, REPO)
+    from hvd_lars.models.flops import training_flops_per_image
+
+    keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
-    batch = cfg.get("batch", 32)
-    shape = (image_size, image_size, 3)
-    if cfg["model"] == "keras":
-        model = keras.applications.ResNet50(weights=None, input_shape=shape)
-        optimizer = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
-        loss = keras.losses.SparseCategoricalCrossentropy()  # the application ends in a softmax
-    else:
-        sys.path.insert(0, REPO)
-        from hvd_lars import LARS, mlperf_exclusions
-        from hvd_lars.models import get_model
-
-        model = get_model("resnet50", input_shape=shape, fused_batch_norm=cfg.get("fused", True))
-        # The MLPerf ResNet-50 LARS recipe (weight decay 1e-4, BN/bias excluded): the step the main
-        # program runs, per-tensor norms included.
-        optimizer = LARS(
-            learning_rate=0.1,
-            momentum=0.9,
-            weight_decay=1e-4,
-            exclude_from_weight_decay=mlperf_exclusions(),
-            exclude_from_layer_adaptation=mlperf_exclusions(),
-        )
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=bool(cfg.get("jit", False)))
-    images = tf.random.stateless_uniform((batch, *shape), seed=(5, 6))
-    labels = tf.random.stateless_uniform((batch,), seed=(7, 8), maxval=1000, dtype=tf.int32)
+    model, optimizer, loss = build(name, kind)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    size = IMAGE_SIZES[name]
+    images = tf.random.stateless_uniform((BATCH, size, size, 3), seed=(5, 6))
+    labels = tf.random.stateless_uniform((BATCH,), seed=(7, 8), maxval=1000, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    stamps = []
 
-    times = []
-
-    class StepTimer(keras.callbacks.Callback):
+    class Stamp(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            times.append(time.perf_counter())
+            stamps.append(time.perf_counter())
 
-    model.fit(data, epochs=1, steps_per_epoch=warmup_steps + steps, verbose=0, callbacks=[StepTimer()])
-    return batch * steps / (times[-1] - times[warmup_steps - 1]), batch
+    model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS + TIMED_STEPS, verbose=0, callbacks=[Stamp()])
+    steps = [b - a for a, b in zip(stamps[WARMUP_STEPS - 1 :], stamps[WARMUP_STEPS:])]
+    return {
+        "images_per_second": BATCH * len(steps) / sum(steps),
+        "step_s": steps,
+        "train_gflop_per_image": training_flops_per_image(model) / 1e9,
+        "threads": {
+            "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        },
+    }
 
 
-def worker(args):
-    cfg = json.loads(args.worker)
-    if cfg["model"] == "matmul":
+def worker(spec):
+    if spec["kind"] == "matmul":
         result = {"gflops": matmul_peak()}
     else:
-        images_per_second, batch = train_throughput(cfg, args.warmup_steps, args.steps, args.image_size)
-        result = {"images_per_second": images_per_second, "batch": batch}
+        result = train_throughput(spec["model"], spec["kind"], spec["precision"])
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(cfg, args):
-    env = dict(os.environ, **cfg.get("env", {}))
+def run_worker(spec, timeout):
+    env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    command = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        json.dumps(cfg),
-        f"--warmup-steps={cfg.get('warmup_steps', args.warmup_steps)}",
-        f"--steps={cfg.get('steps', args.steps)}",
-        f"--image-size={args.image_size}",
-    ]
+    command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     start = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
-        print(
-            f"[benchmark] {cfg.get('name')} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}",
-            flush=True,
-        )
-        return None
+        raise RuntimeError(f"{spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
-    print(f"[benchmark] {cfg.get('name')}: {result} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return result
+    shown = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in result.items() if k != "step_s"}
+    print(f"[benchmark] {spec}: {shown} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return {**spec, **result}
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def _slug(text):
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def measure(args):
+    sys.path.insert(0, REPO)
+    from hvd_lars import provenance
+
+    started = time.time()
+    runs = [run_worker({"kind": "matmul"}, args.timeout)]
+    order = (
+        [("keras", p) for p in PRECISIONS]
+        + [("ours", p) for p in PRECISIONS]
+        + [("keras", p) for p in PRECISIONS]
+    )
+    for kind, precision in order:
+        runs.append(run_worker({"kind": kind, "model": args.model, "precision": precision}, args.timeout))
+    runs.append(run_worker({"kind": "matmul"}, args.timeout))
+    record = {
+        "model": args.model,
+        "command": "bench .venv/bin/python results/benchmark_models.py " + " ".join(sys.argv[1:]),
+        "provenance": provenance.record(),
+        "cpu": provenance.cpu(),
+        "batch": BATCH,
+        "warmup_steps": WARMUP_STEPS,
+        "timed_steps": TIMED_STEPS,
+        "wall_time_s": round(time.time() - started),
+        "load_average": os.getloadavg(),
+        "runs": runs,
+    }
+    os.makedirs(RAW_DIR, exist_ok=True)
+    with open(os.path.join(RAW_DIR, f"{_slug(record['cpu']['family'])}_{args.model}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+
+
+def summarise(record):
+    """Rows (dicts) of one run: per (kind, precision) the mean images/s over its runs, ratio to the
+    baseline's best precision, fraction of the same precision's matmul peak, RSS; and the peaks."""
+    peaks = [r["gflops"] for r in record["runs"] if r["kind"] == "matmul"]
+    peak = {p: max(x[d] for x in peaks) for p, d in (("float32", "float32"), ("mixed_bfloat16", "bfloat16"))}
+    rows = {}
+    for r in record["runs"]:
+        if r["kind"] != "matmul":
+            rows.setdefault((r["kind"], r["precision"]), []).append(r)
+    best_baseline = max(
+        statistics.mean(x["images_per_second"] for x in rows[("keras", p)]) for p in PRECISIONS
+    )
+    table = []
+    for (kind, precision), group in rows.items():
+        rate = statistics.mean(x["images_per_second"] for x in group)
+        gflop = group[0]["train_gflop_per_image"]
+        table.append(
+            {
+                "kind": kind,
+                "precision": precision,
+                "rates": [x["images_per_second"] for x in group],
+                "images_per_second": rate,
+                "ratio": rate / best_baseline,
+                "gflop_per_image": gflop,
+                "achieved_gflops": rate * gflop,
+                "fraction_of_peak": rate * gflop / peak[precision],
+                "peak_rss_gib": max(x["peak_rss_gib"] for x in group),
+                "step_spread": max(max(x["step_s"]) / min(x["step_s"]) for x in group),
+            }
+        )
+    return table, peak
+
+
+NAMES = {"resnet50": "ResNet-50", "alexnet_bn": "AlexNet-BN"}
+KINDS = {
+    ("keras", "resnet50"): "plain Keras: keras.applications.ResNet50 (v1) + SGD",
+    ("keras", "alexnet_bn"): "plain Keras: the same stock-Keras AlexNet-BN + SGD",
+    ("ours", "resnet50"): "hvd_lars: resnet50 (v1.5, fused BN) + DistributedOptimizer(LARS)",
+    ("ours", "alexnet_bn"): "hvd_lars: alexnet_bn + DistributedOptimizer(LARS)",
+}
+
+
+def report():
+    records = []
+    for name in sorted(os.listdir(RAW_DIR)):
+        if name.endswith(".json"):
+            with open(os.path.join(RAW_DIR, name)) as f:
+                records.append(json.load(f))
+    lines = [
+        "# Training throughput on CPU: hvd_lars against plain Keras (images/s per process)",
+        "",
+        "Made by `results/benchmark_models.py` (its docstring says how): per model, each configuration",
+        f"in a fresh process, synthetic data (a batch of {BATCH} repeated), `fit`, {WARMUP_STEPS} warm-up",
+        f"then {TIMED_STEPS} timed steps; the plain-Keras baseline is measured before and after ours in the",
+        "same run.",
+        "*ratio*: images/s over the plain-Keras baseline in its best precision on that CPU. *fraction of",
+        "peak*: images/s x training GFLOP per image (counted from the model's own layers by",
+        "`hvd_lars.models.flops`: 3 passes x 2 FLOPs per multiply-add; ResNet-50 v1.5 24.5 GFLOP, the",
+        "baseline's ResNet-50 v1 23.1, AlexNet-BN (one tower, 227x227) 6.8) / the `tf.matmul` 4096x4096",
+        "GFLOP/s of the same precision in the same run. Raw figures: `results/throughput/*.json`.",
+        "",
+        "Earlier versions of this file counted 12.3 GFLOP per ResNet-50 image (multiply-adds taken for",
+        'FLOPs), so their fractions of peak were half the true ones; their 64x64 "functional trial" (one',
+        "timed step, fractions of peak above 1) is gone: every row now has 10 timed steps at full size.",
+    ]
+    families = {}
+    for record in records:
+        families.setdefault(record["cpu"]["family"], []).append(record)
+    for family, group in sorted(families.items()):
+        lines += ["", f"## {family}", ""]
+        for record in sorted(group, key=lambda r: r["model"]):
+            table, peak = summarise(record)
+            prov = record["provenance"]
+            lines += [
+                f"### {NAMES[record['model']]}",
+                "",
+                f"- command: `{record['command']}`; git {prov['git_sha'][:12]}, {prov['date']}, "
+                f"{record['wall_time_s']} s; load average at the end {record['load_average'][0]:.1f}",
+                f"- CPU: {record['cpu']['model']}; flags: {', '.join(record['cpu']['flags']) or 'none'}; "
+                f"{prov['machine']}; TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
+                f"- `tf.matmul` 4096x4096: {peak['float32']:.0f} GFLOP/s float32, "
+                f"{peak['mixed_bfloat16']:.0f} GFLOP/s bfloat16 (best of the start and the end of the run)",
+                "",
+                "| configuration | precision | images/s (each run) | ratio | GFLOP/image | GFLOP/s "
+                "| fraction of peak | slowest / fastest step | peak RSS (GiB) |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for row in table:
+                lines.append(
+                    f"| {KINDS[(row['kind'], record['model'])]} | {row['precision']} | "
+                    f"{row['images_per_second']:.2f} ({', '.join(f'{r:.2f}' for r in row['rates'])}) | "
+                    f"{row['ratio']:.2f}x | {row['gflop_per_image']:.1f} | {row['achieved_gflops']:.0f} | "
+                    f"{row['fraction_of_peak']:.2f} | {row['step_spread']:.2f} | {row['peak_rss_gib']:.2f} |"
+                )
+            lines.append("")
+    with open(MARKDOWN, "w") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+    print(f"[benchmark] wrote {MARKDOWN}", flush=True)
 
 
 def main():
@@ -154,106 +297,17 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--configs", default=",".join(CANDIDATES), help="comma-separated candidate names")
-    parser.add_argument("--per-baseline", type=int, default=2, help="candidates between two baseline runs")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="steps left out (tracing, first runs)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per worker")
-    parser.add_argument("--out", help="markdown file for the table")
+    parser.add_argument("--model", choices=sorted(IMAGE_SIZES), help="the model of this run")
+    parser.add_argument("--report_only", action="store_true", help="rebuild the markdown from the JSON files")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per worker process")
     args = parser.parse_args()
     if args.worker:
-        return worker(args)
-    names = [n for n in args.configs.split(",") if n]
-    unknown = [n for n in names if n not in CANDIDATES]
-    if unknown:
-        raise SystemExit(f"Unknown configurations {unknown}; valid: {', '.join(CANDIDATES)}.")
-
-    sys.path.insert(0, REPO)
-    from hvd_lars import provenance
-
-    started = time.time()
-    peaks = [run_worker({"name": "matmul", "model": "matmul"}, args)]
-    baselines = [run_worker(BASELINE, args)]  # baselines[i] runs after the first i * per_baseline candidates
-    measured = {}
-    for i, name in enumerate(names):
-        measured[name] = (run_worker({"name": name, **CANDIDATES[name]}, args), len(baselines) - 1)
-        if (i + 1) % args.per_baseline == 0 or i == len(names) - 1:
-            baselines.append(run_worker(BASELINE, args))
-    peaks.append(run_worker({"name": "matmul", "model": "matmul"}, args))
-    peak = {d: max(p["gflops"][d] for p in peaks if p) for d in ("float32", "bfloat16")}
-
-    rows = []
-    base_rates = [b["images_per_second"] for b in baselines if b]
-    base_mean = sum(base_rates) / len(base_rates)
-    rows.append(
-        _row("keras_f32 (baseline, mean of all)", BASELINE, base_mean, 1.0, peak, baselines, args.image_size)
-    )
-    for name, (result, before) in measured.items():
-        if result is None:
-            rows.append(f"| {name} | {_describe(CANDIDATES[name])} | failed | | | |")
-            continue
-        around = [b["images_per_second"] for b in baselines[before : before + 2] if b]
-        ratio = result["images_per_second"] / (sum(around) / len(around))
-        rows.append(
-            _row(name, CANDIDATES[name], result["images_per_second"], ratio, peak, [result], args.image_size)
-        )
-
-    record = provenance.record()
-    command = "TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python " + " ".join(
-        [os.path.relpath(os.path.abspath(__file__), REPO)] + sys.argv[1:]
-    )
-    text = "\n".join(
-        [
-            "# ResNet-50 training throughput on CPU (synthetic 224x224, images/s per process)",
-            "",
-            f"- command: `{command}`",
-            f"- git SHA: {record['git_sha']}; date: {record['date']}; "
-            f"wall time {time.time() - started:.0f} s",
-            f"- machine: {record['machine']}; TensorFlow {record['tensorflow']}, Keras {record['keras']}",
-            f"- measured `tf.matmul` 4096x4096 peak: {peak['float32']:.0f} GFLOP/s float32, "
-            f"{peak['bfloat16']:.0f} GFLOP/s bfloat16 (best of the runs at start and end)",
-            f"- {args.warmup_steps} warm-up steps, then {args.steps} timed steps per measurement; "
-            f"baseline re-run every {args.per_baseline} candidates: "
-            + ", ".join(f"{r:.2f}" for r in base_rates)
-            + " images/s",
-            "- ratio: candidate / mean of the baselines measured just before and after it; fraction of peak: "
-            f"images/s x {TRAIN_GFLOP_PER_IMAGE} GFLOP / matmul peak of the configuration's precision",
-            "",
-            "| configuration | settings | images/s | ratio to baseline | fraction of peak | peak RSS (GiB) |",
-            "|---|---|---|---|---|---|",
-            *rows,
-            "",
-        ]
-    )
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-
-
-def _describe(cfg):
-    parts = [
-        "keras.applications.ResNet50 + SGD" if cfg["model"] == "keras" else "hvd_lars resnet50 + LARS",
-        cfg["precision"],
-        f"batch {cfg.get('batch', 32)}",
-    ]
-    if cfg["model"] == "ours":
-        parts.append("fused BN" if cfg.get("fused", True) else "Keras BN")
-    if cfg.get("jit"):
-        parts.append("jit_compile")
-    if cfg.get("intra") or cfg.get("inter"):
-        parts.append(f"intra {cfg.get('intra')} / inter {cfg.get('inter')}")
-    parts += [f"{k}={v}" for k, v in cfg.get("env", {}).items()]
-    return ", ".join(parts)
-
-
-def _row(name, cfg, rate, ratio, peak, results, image_size):
-    peak_rate = peak["bfloat16" if cfg["precision"] == "mixed_bfloat16" else "float32"]
-    # Convolution FLOPs scale with the pixel count (the 2 GFLOP/image of the fc layer is negligible).
-    fraction = rate * TRAIN_GFLOP_PER_IMAGE * (image_size / 224) ** 2 / peak_rate
-    rss = max(r["peak_rss_gib"] for r in results if r)
-    return f"| {name} | {_describe(cfg)} | {rate:.2f} | {ratio:.2f}x | {fraction:.2f} | {rss:.2f} |"
+        return worker(json.loads(args.worker))
+    if not args.report_only:
+        if not args.model:
+            parser.error("--model is required (resnet50 or alexnet_bn), or --report_only")
+        measure(args)
+    report()
 
 
 if __name__ == "__main__":

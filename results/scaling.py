@@ -413,8 +413,315 @@ def _write_section(name, body):
     print(f"[scaling] wrote section {name} of {MARKDOWN}", flush=True)
 
 
-SECTIONS = {"overlap_compression": overlap_compression}
-WORKERS = {"overlap_compression": worker_overlap_compression}
+# ------------------------------------------------------------- section threads: 2 ranks x 1 vs 1 x 2
+
+# ResNet-50 at a global batch of 32 images per step: the measurement issue 11 item 3 describes.
+THREADS_MODEL = "resnet50"
+THREADS_GLOBAL_BATCH = 32
+
+
+def _thread_cpu():
+    """{thread id: (name, CPU seconds)} of this process's threads, from /proc/self/task."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (
+            stat[stat.index("(") + 1 : stat.rindex(")")],
+            (int(fields[11]) + int(fields[12])) / ticks,
+        )
+    return out
+
+
+def _cpu_by_group(before, after, horovod_tids):
+    """CPU seconds spent between two `_thread_cpu` snapshots, grouped: the main Python thread, the threads
+    `hvd.init()` started (Horovod's background loop, MPI's progress threads), and the rest by name."""
+    groups = {}
+    for tid, (name, seconds) in after.items():
+        spent = seconds - before.get(tid, (name, 0.0))[1]
+        if tid == os.getpid():
+            group = "main Python thread (Keras loop, op dispatch)"
+        elif tid in horovod_tids:
+            group = "Horovod background loop + MPI threads"
+        else:
+            group = name
+        groups[group] = groups.get(group, 0.0) + spent
+    return {k: round(v, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
+
+
+def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
+    """One process of the `threads` section: world size 1 ("compute") or a Horovod rank ("ranks"); trains
+    ResNet-50 (mixed_bfloat16 where the CPU has it) on a synthetic batch of `batch` images for
+    WARMUP_STEPS + TIMED_STEPS steps with the main program's thread sizing (`hvd_lars.train.
+    configure_threads`: the CPUs this process may use; `inter_op` >= 0 overrides the inter-op pool, 0 being
+    TensorFlow's default) and records step times, the thread counts TensorFlow applied and CPU seconds
+    per thread group over the timed steps. Rank 0 writes the JSON `out`."""
+    sys.path.insert(0, REPO)
+    if os.environ.get("HVD_LARS_BIND_LOCAL_RANK"):
+        # horovodrun --gloo cannot bind: each rank binds itself to the core of its local rank.
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ["HOROVOD_LOCAL_RANK"]) % len(cores)]})
+    import tensorflow as tf  # noqa: F401  (its own threads are not Horovod's)
+
+    from hvd_lars import distributed
+
+    before_init = set(_thread_cpu())
+    rank, size = distributed.init() if role == "ranks" else (0, 1)
+    horovod_tids = set(_thread_cpu()) - before_init if role == "ranks" else set()
+    import keras
+
+    from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
+    from hvd_lars.config import TrainConfig, resolve_precision
+    from hvd_lars.models import get_model
+    from hvd_lars.threads import placement
+    from hvd_lars.train import applied_threads, configure_threads
+
+    configure_threads(TrainConfig(inter_op_threads=max(0, inter_op)), size)
+    if inter_op == 0:
+        tf.config.threading.set_inter_op_parallelism_threads(0)  # TensorFlow's default (the former setting)
+    precision = resolve_precision("auto")
+    keras.mixed_precision.set_global_policy(precision)
+    keras.utils.set_random_seed(0)
+    shape = (224, 224, 3)
+    model = get_model(THREADS_MODEL, input_shape=shape)
+    images = tf.random.stateless_uniform((batch, *shape), seed=(1, 2))
+    labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    lars = LARS(
+        0.1,
+        momentum=0.9,
+        weight_decay=1e-4,
+        exclude_from_weight_decay=mlperf_exclusions(),
+        exclude_from_layer_adaptation=mlperf_exclusions(),
+    )
+    snapshots, stamps = [], []
+
+    class Stamp(keras.callbacks.Callback):
+        def on_train_batch_begin(self, step, logs=None):
+            if step == 0:
+                stamps.append(time.perf_counter())
+            if step == WARMUP_STEPS:
+                snapshots.append(_thread_cpu())
+
+        def on_train_batch_end(self, step, logs=None):
+            stamps.append(time.perf_counter())
+            if step == WARMUP_STEPS + TIMED_STEPS - 1:
+                snapshots.append(_thread_cpu())
+
+    model.compile(
+        optimizer=DistributedOptimizer(lars),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS + TIMED_STEPS, verbose=0, callbacks=[Stamp()])
+    times = [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
+    result = {
+        "role": role,
+        "world_size": size,
+        "batch": batch,
+        "precision": precision,
+        "placement": placement(),
+        "threads": applied_threads(data),
+        "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
+        "mca_env": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")},
+        "step_s": times,
+        "cpu_s": _cpu_by_group(snapshots[0], snapshots[1], horovod_tids),
+        "timed_wall_s": sum(times),
+    }
+    print(
+        f"[scaling] {role} rank {rank}: {statistics.mean(times):.3f} s/step, CPU {result['cpu_s']}",
+        flush=True,
+    )
+    results = distributed.gather_objects(result, name="scaling.threads") if size > 1 else [result]
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"ranks": results}, f, indent=1)
+
+
+# name -> how the arm runs: "ranks" (mpirun, 2 ranks), or "compute" processes (world size 1) on "cores".
+THREADS_ARMS = {
+    "1 rank x 2 threads": {"role": "compute", "cores": ["0,1"], "batch": 32},
+    "2 ranks x 1 thread, unbound, inter-op default (before)": {
+        "role": "ranks", "bind": False, "inter_op": 0, "env": {}, "mca": {},
+    },
+    "2 ranks x 1 thread, bound (launch/mpirun.sh), Horovod defaults": {
+        "role": "ranks", "bind": True, "env": {}, "mca": {},
+    },
+    "2 ranks x 1 thread, bound, 5 ms cycle, MPI yields": {
+        "role": "ranks", "bind": True, "env": {"HOROVOD_CYCLE_TIME": "5"},
+        "mca": {"mpi_yield_when_idle": "1"},
+    },
+    "2 ranks x 1 thread, bound, Gloo controller": {"role": "ranks", "gloo": True, "env": {}},
+    "2 processes x 1 thread, batch 16 each, no Horovod": {
+        "role": "compute", "cores": ["0", "1"], "batch": 16,
+    },
+    "1 rank x 2 threads, batch 16": {"role": "compute", "cores": ["0,1"], "batch": 16},
+}  # fmt: skip
+THREADS_BASELINE = "1 rank x 2 threads"
+
+
+def _threads_arm(name, spec, me, env, scratch):
+    out = os.path.join(scratch, f".threads_{abs(hash(name))}.json")
+    worker = me + ["_worker", "threads", f"--role={spec['role']}"]
+    if spec["role"] == "compute":
+        commands = [
+            ["taskset", "-c", cores] + worker + [f"--batch={spec['batch']}", f"--out={out}.{i}"]
+            for i, cores in enumerate(spec["cores"])
+        ]
+        if len(commands) == 1:
+            _run(commands[0], env=env)
+        else:
+            _run_together(commands, env)
+        runs = []
+        for i in range(len(commands)):
+            with open(f"{out}.{i}") as f:
+                runs += json.load(f)["ranks"]
+            os.remove(f"{out}.{i}")
+        return {"processes": runs}
+    batch = THREADS_GLOBAL_BATCH // 2
+    if spec.get("gloo"):
+        horovodrun = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np", "2"]
+        arm_env = dict(env, HVD_LARS_BIND_LOCAL_RANK="1", **spec["env"])
+        _run(horovodrun + ["-H", "localhost:2"] + worker + [f"--batch={batch}", f"--out={out}"], env=arm_env)
+        with open(out) as f:
+            runs = json.load(f)["ranks"]
+        os.remove(out)
+        return {"processes": runs}
+    mpirun = ["mpirun", "-np", "2", "-H", "localhost:2", "--tag-output"]
+    mpirun += ["--map-by", "core", "--bind-to", "core"] if spec["bind"] else ["--bind-to", "none"]
+    for key, value in spec["mca"].items():
+        mpirun += ["-mca", key, value]
+    arm_env = dict(env, **spec["env"])
+    for name_ in ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", *spec["env"]]:
+        mpirun += ["-x", name_]
+    _run(
+        mpirun + worker + [f"--batch={batch}", f"--inter_op={spec.get('inter_op', -1)}", f"--out={out}"],
+        env=arm_env,
+    )
+    with open(out) as f:
+        runs = json.load(f)["ranks"]
+    os.remove(out)
+    return {"processes": runs}
+
+
+def threads(args):
+    """Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch
+    (issue 11, item 3); the baseline is measured before, between and after the other arms."""
+    raw = os.path.join(RAW_DIR, "threads_local.json")
+    if args.report_only:
+        with open(raw) as f:
+            return _write_section("threads", _threads_markdown(json.load(f)))
+    sys.path.insert(0, REPO)
+    from hvd_lars import provenance
+
+    os.makedirs(RAW_DIR, exist_ok=True)
+    me = [sys.executable, os.path.abspath(__file__)]
+    env = _worker_env()
+    started = time.time()
+    names = [n for n in THREADS_ARMS if n != THREADS_BASELINE]
+    order = [THREADS_BASELINE]
+    for i, name in enumerate(names):
+        order.append(name)
+        if i % 2 == 1 or i == len(names) - 1:
+            order.append(THREADS_BASELINE)
+    runs = []
+    for name in order:
+        try:
+            runs.append({"arm": name, **_threads_arm(name, THREADS_ARMS[name], me, env, RAW_DIR)})
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # one failed arm does not void the others
+            print(f"[scaling] {name} failed: {str(e)[-2000:]}", flush=True)
+    record = {
+        "section": "threads",
+        "label": "local",
+        "command": "python results/scaling.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "provenance": provenance.record(),
+        "cpu": _cpu_description(),
+        "model": THREADS_MODEL,
+        "global_batch": THREADS_GLOBAL_BATCH,
+        "warmup_steps": WARMUP_STEPS,
+        "timed_steps": TIMED_STEPS,
+        "arms": {n: {k: v for k, v in s.items()} for n, s in THREADS_ARMS.items()},
+        "wall_time_s": round(time.time() - started),
+        "runs": runs,
+    }
+    with open(raw, "w") as f:
+        json.dump(record, f, indent=1)
+    _write_section("threads", _threads_markdown(record))
+
+
+def _threads_rates(record):
+    """Per run: global images/s (the ranks' batches over rank 0's mean step; for separate processes the
+    sum of their rates), in run order."""
+    rates = []
+    for run in record["runs"]:
+        procs = run["processes"]
+        if procs[0]["role"] == "ranks":
+            rate = sum(p["batch"] for p in procs) / statistics.mean(procs[0]["step_s"])
+        else:
+            rate = sum(p["batch"] / statistics.mean(p["step_s"]) for p in procs)
+        rates.append(rate)
+    return rates
+
+
+def _threads_markdown(record):
+    prov = record["provenance"]
+    rates = _threads_rates(record)
+    runs = record["runs"]
+    baseline_at = [i for i, r in enumerate(runs) if r["arm"] == THREADS_BASELINE]
+    lines = [
+        "## 2 ranks x 1 thread against 1 rank x 2 threads (issue 11, item 3)",
+        "",
+        f"`{record['command']}` at git {prov['git_sha'][:12]}, {prov['date']}; {record['cpu']}; "
+        f"TensorFlow {prov['tensorflow']}, Horovod {prov['horovod']}; whole run {record['wall_time_s']} s.",
+        "",
+        f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
+        "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
+        f"{record['global_batch']} images per step,",
+        "each process sized by the main program's `hvd_lars.train.configure_threads` (the CPUs it may use);",
+        f"{record['warmup_steps']} warm-up then {record['timed_steps']} timed steps per run. Ranks are",
+        "started by `mpirun -np 2` (bound: `--map-by core --bind-to core`, as `launch/mpirun.sh` and",
+        "`launch/horovodrun.sh` place them); world-size-1 processes by `taskset`. The baseline runs before,",
+        "between and after the others; each ratio is against the mean of the baselines just before and after",
+        "it. *CPU s per step* is CPU time over the timed steps from /proc/<pid>/task, per thread group, of",
+        "rank 0 (or the first process); Horovod + MPI = the threads `hvd.init()` started.",
+        "",
+        "| run | configuration | threads (intra / inter, read back) | CPUs | images/s | vs baseline "
+        "| step s (min-max) | CPU s per step: compute pool / Python / Horovod + MPI |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, (run, rate) in enumerate(zip(runs, rates)):
+        before = max([j for j in baseline_at if j < i] or [baseline_at[0]])
+        after = min([j for j in baseline_at if j > i] or [baseline_at[-1]])
+        base = statistics.mean({rates[before], rates[after]}) if run["arm"] != THREADS_BASELINE else None
+        first = run["processes"][0]
+        steps = first["step_s"]
+        timed = len(steps)
+        cpu = first["cpu_s"]
+        pool = sum(v for k, v in cpu.items() if k.startswith("tf_")) / timed
+        python = sum(v for k, v in cpu.items() if k.startswith("main Python")) / timed
+        horovod = sum(v for k, v in cpu.items() if k.startswith("Horovod")) / timed
+        threads = first["threads"]
+        cores = "; ".join(",".join(map(str, p["placement"]["cores"])) for p in run["processes"])
+        lines.append(
+            f"| {i + 1} | {run['arm']} | {threads['intra_op']} / {threads['inter_op']} | {cores} "
+            f"| {rate:.2f} | {'' if base is None else f'{rate / base:.2f}'} | {statistics.mean(steps):.2f} "
+            f"({min(steps):.2f}-{max(steps):.2f}) | {pool:.2f} / {python:.2f} / {horovod:.2f} |"
+        )
+    lines += ["", THREADS_FINDINGS]
+    return "\n".join(lines)
+
+
+# What the runs above show; written from the committed raw figures (results/scaling/threads_local.json).
+THREADS_FINDINGS = "(findings pending)"
+
+
+SECTIONS = {"overlap_compression": overlap_compression, "threads": threads}
+WORKERS = {"overlap_compression": worker_overlap_compression, "threads": worker_threads}
 
 
 def main(argv=None):
@@ -425,7 +732,11 @@ def main(argv=None):
         parser.add_argument("--role", choices=("compute", "ranks"), required=True)
         parser.add_argument("--out", required=True)
         parser.add_argument("--core", type=int, default=0)
+        parser.add_argument("--batch", type=int, default=THREADS_GLOBAL_BATCH)
+        parser.add_argument("--inter_op", type=int, default=-1)
         args = parser.parse_args(argv[1:])
+        if args.section == "threads":
+            return worker_threads(args.role, args.out, batch=args.batch, inter_op=args.inter_op)
         return WORKERS[args.section](args.role, args.out, args.core)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -434,6 +745,7 @@ def main(argv=None):
     parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
     parser.add_argument("--cycle_time_ms", type=float, default=5.0, help="HOROVOD_CYCLE_TIME of the ranks")
+    parser.add_argument("--report_only", action="store_true", help="threads: section from JSON")
     args = parser.parse_args(argv)
     if not args.local and not re.fullmatch(r"[0-9.]+(bit|kbit|mbit|gbit|tbit)", args.link_rate):
         parser.error(f"--link_rate={args.link_rate!r}: expected a tc rate such as 1gbit or 10gbit.")

@@ -33,8 +33,9 @@ WORLD_SIZE = 4
 SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1"]
 SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 # Open MPI on the cluster network only (this machine's own interfaces are not reachable from the hosts).
-# launch/mpirun.sh runs with MPI_BIND=none: bound, both hosts' ranks sat on the same 2 cores, and under the
-# load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s, 4 runs of each).
+# launch/mpirun.sh and launch/horovodrun.sh run with MPI_BIND=none: bound, both hosts' ranks sat on the same
+# 2 cores, and under the load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s,
+# 4 runs of each).
 MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
 # MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
 # Gloo sums in another order: float32 rounding differences of the 4-rank sums (about 1e-7 relative), carried
@@ -244,6 +245,7 @@ def test_launch_horovodrun_sh_with_a_host_list(cluster, mpi_run, shared_dir):
             f"--workdir={shared_dir}",
         ],
         RANKS_PER_SOCKET="2",
+        MPI_BIND="none",
     )
     assert "global batch 32 = 4 ranks x per-rank batch 8" in result.stdout
     _assert_two_hosts(_summary(shared_dir))

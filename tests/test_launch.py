@@ -30,10 +30,18 @@ def test_two_ranks_run_smoke_flags(script, first, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "global batch 32 = 2 ranks x per-rank batch 16" in result.stdout
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
-    # What TensorFlow and OpenMP run with, read back in each rank (not the flag the script passed).
+    # Both launchers bind each rank to its own core; each rank sizes its pools from that core (read back
+    # from TensorFlow and tf.data, not a flag: the scripts pass none).
+    cores = sorted(os.sched_getaffinity(0))[:2]
     assert summary["world_size"] == 2 and summary["threads"] == {
-        "intra_op": 1, "inter_op": 0, "omp_num_threads": "1"
+        "intra_op": 1, "inter_op": 1, "input": 1, "omp_num_threads": "1",
+        "cores_per_rank": [[c] for c in cores],
     }  # fmt: skip
+    host = socket.gethostname()
+    assert (
+        f"cores per rank: rank 0 on {host}: CPUs {cores[0]} (bound), 1 intra-op / 1 inter-op / 1 input "
+        f"threads; rank 1 on {host}: CPUs {cores[1]} (bound)"
+    ) in result.stdout
     # One host: both ranks are local (tests/test_cluster.py covers 2 hosts).
     assert summary["hosts"] == [socket.gethostname()]
     assert summary["local_size"] == 2 and summary["cross_size"] == 1

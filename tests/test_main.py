@@ -134,8 +134,12 @@ def test_two_ranks_subset(tmp_path):
     assert "[1,0]<stdout>:Epoch 1/2" in result.stdout and "[1,1]<stdout>:Epoch" not in result.stdout
     summary = json.loads((tmp_path / "subset" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["per_rank_batch_size"] == 256
-    # Two ranks on this node share its cores: TensorFlow was sized to cores / 2 intra-op threads.
-    assert summary["threads"]["intra_op"] == max(1, os.cpu_count() // 2)
+    # Two unbound ranks (plain horovodrun) on this node share its cores: TensorFlow's pools and the input
+    # pipeline's were sized to cores / 2 threads each.
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    threads = summary["threads"]
+    assert (threads["intra_op"], threads["inter_op"], threads["input"]) == (share, share, share)
+    assert threads["cores_per_rank"] == [sorted(os.sched_getaffinity(0))] * 2
     # ExactEvaluation would have raised unless the ranks evaluated 1,000 images of each split together.
     assert 0.5 < summary["final_test_top1"] <= 1.0 and 0.5 < summary["final_val_top1"] <= 1.0
 

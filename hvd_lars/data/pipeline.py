@@ -15,25 +15,19 @@ the parallel decode out of order, so one slow file does not hold up the rest. Ei
 on a private pool of `threads` threads, so AUTOTUNE cannot take the cores the training step uses.
 """
 
-import os
 import sys
 
 import tensorflow as tf
 
 from hvd_lars.data.preprocessing import get_preprocessing
 
-# Local ranks per node as launchers report them (Open MPI, Horovod's gloo launcher, Slurm).
-_LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
-
 
 def default_threads():
-    """Input threads per rank: the node's cores shared by its local ranks (at least 1)."""
-    local = 1
-    for name in _LOCAL_SIZE_VARIABLES:
-        if os.environ.get(name, "").isdigit():
-            local = max(1, int(os.environ[name]))
-            break
-    return max(1, (os.cpu_count() or 1) // local)
+    """Input threads per rank: the same figure as TensorFlow's pools (`hvd_lars.threads.threads_per_rank`:
+    the cores this rank may use, shared with the other ranks of its host when unbound)."""
+    from hvd_lars.threads import threads_per_rank
+
+    return threads_per_rank()
 
 
 def options(deterministic, threads=0):

@@ -1,0 +1,82 @@
+"""results/time_to_train.py: the model's arithmetic, with hand-computed values."""
+
+import os
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "results"))
+import time_to_train as ttt  # noqa: E402
+
+
+def test_updates_per_epoch_and_time_to_train():
+    assert ttt.updates_per_epoch(32768) == 40  # the released AlexNet-BN solver: 4,000 updates in 100 epochs
+    assert ttt.updates_per_epoch(8192) == 157 and ttt.updates_per_epoch(100, images=1000) == 10
+    assert ttt.time_to_train_s(100, 32768, 0.165) == pytest.approx(660.0)  # 11 minutes
+    with pytest.raises(ValueError, match="global batch 0"):
+        ttt.updates_per_epoch(0)
+
+
+def test_ring_allreduce():
+    # 2 ranks: alpha + 2 (1/2) n / B.
+    assert ttt.ring_allreduce_s(100e6, 2, 1e-3, 1e8) == pytest.approx(1.001)
+    # 4 ranks, 1 us per hop: alpha + 6 hops + 2 (3/4) n / B.
+    assert ttt.ring_allreduce_s(100e6, 4, 1e-3, 1e8, 1e-6) == pytest.approx(1e-3 + 6e-6 + 1.5)
+    # 300 MiB in messages of at most 128 MiB: 3 messages, each paying alpha and the hops.
+    n = 300 * 2**20
+    assert ttt.ring_allreduce_s(n, 2, 1e-3, 1e9, 1e-6) == pytest.approx(3 * (1e-3 + 2e-6) + n / 1e9)
+    assert ttt.ring_allreduce_s(1e9, 1, 1.0, 1.0) == 0.0
+    with pytest.raises(ValueError, match="ranks=0"):
+        ttt.ring_allreduce_s(1, 0, 0, 1)
+
+
+def test_step_time_and_overlap():
+    # Backward is 2/3 of compute; overlap 0.75 hides 0.5 s of a 1 s allreduce behind 1 s of compute.
+    assert ttt.step_time_s(1.0, 1.0, 0.75) == pytest.approx(1.5)
+    assert ttt.step_time_s(1.0, 1.0) == 2.0 and ttt.step_time_s(1.0, 0.5, 1.0) == 1.0
+    assert ttt.overlap_from_measurement(ttt.step_time_s(1.0, 1.0, 0.3), 1.0, 1.0) == pytest.approx(0.3)
+    assert ttt.overlap_from_measurement(0.9, 1.0, 1.0) == 1.0  # all hidden and a step below compute: clipped
+
+
+def test_peaks_and_scaling():
+    assert ttt.SOCKETS["xeon_platinum_8160"].peak_gflops == pytest.approx(24 * 2.1 * 64)  # 3,225.6
+    assert ttt.SOCKETS["xeon_phi_7250"].peak_gflops == pytest.approx(68 * 1.4 * 64)  # 6,092.8
+    socket = ttt.Socket("test", cores=10, ghz=2.0, flops_per_cycle=64, source="")
+    assert ttt.scaled_images_per_second(10.0, 200.0, socket) == pytest.approx(64.0)  # 10 x 1280 / 200
+
+
+def test_predict():
+    socket = ttt.Socket("test", cores=10, ghz=2.0, flops_per_cycle=64, source="")  # 1,280 GFLOP/s
+    # 10 images/s here at 200 GFLOP/s -> 64 images/s per socket; 16 images per socket -> 0.25 s compute.
+    p = ttt.predict(10.0, 200.0, 100e6, socket, 4, 64, 1, (1e-3, 1e9, 0.0), overlap=0.0)
+    assert p["per_socket_batch"] == 16 and p["compute_s"] == pytest.approx(0.25)
+    assert p["allreduce_s"] == pytest.approx(1e-3 + 0.15)
+    assert p["step_s"] == pytest.approx(0.401) and p["efficiency"] == pytest.approx(0.25 / 0.401)
+    assert p["time_to_train_s"] == pytest.approx(ttt.updates_per_epoch(64) * 0.401)
+    with pytest.raises(ValueError, match="does not divide over 3 sockets"):
+        ttt.predict(10.0, 200.0, 1, socket, 3, 64, 1, (0, 1, 0), 0)
+
+
+def test_validation_calibrates_on_resnet50_at_1gbit():
+    # A made-up emulated-cluster run whose grouped steps are exactly compute + allreduce.
+    alpha, bandwidth, grads = 1e-3, 1e8, {"resnet50": 100e6, "alexnet_bn": 200e6}
+    reduce = {m: ttt.ring_allreduce_s(n, 2, alpha, bandwidth) for m, n in grads.items()}
+    compute = {"resnet50": 1.5, "alexnet_bn": 1.2}
+    record = {
+        "compute_both_cores_busy": {"models": {m: {"modes": {"compute": [c]}} for m, c in compute.items()}},
+        "ranks": {
+            "world_size": 2,
+            "models": {
+                m: {"modes": {"grouped": [compute[m] + reduce[m]],
+                              "overlap": [ttt.step_time_s(compute[m], reduce[m], 0.4)]}}
+                for m in compute
+            },
+        },
+    }  # fmt: skip
+    rows, overlap = ttt.validate(
+        {"scaling": {"1gbit": record}, "links": {"1gbit": (alpha, bandwidth)}}, grads
+    )
+    assert overlap == pytest.approx(0.4)
+    assert len(rows) == 4 and all(abs(r["error"]) < 1e-12 for r in rows)
+    assert [r["calibration"] for r in rows].count(True) == 1

@@ -329,7 +329,13 @@ def run(config, extra_callbacks=()):
         cb.ExactEvaluation(
             data.eval, data.num_eval_examples, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
         ),
-        cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps),
+        cb.PeriodicCheckpoint(
+            manager,
+            config.checkpoint_every_steps,
+            plan.accumulation_steps,
+            at_epoch_end=config.checkpoint_at_epoch_end,
+            asynchronous=config.async_checkpoints,
+        ),
     ]
     if data.validation is not None:
         # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.

@@ -172,8 +172,9 @@ class TrainConfig:
             )
         if not self.checkpoint_at_epoch_end and self.checkpoint_every_steps == 0:
             raise ValueError(
-                "--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0 would save no checkpoint at all "
-                "(a killed job could not resume): give --checkpoint_every_steps=N > 0, or keep epoch-end saves."
+                "--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0 would save no checkpoint at "
+                "all (a killed job could not resume): give --checkpoint_every_steps=N > 0, or keep "
+                "epoch-end saves."
             )
         if not self.epochs > 0 or float(self.epochs) != int(self.epochs):
             raise ValueError(f"--epochs must be a whole number > 0, got {self.epochs}.")

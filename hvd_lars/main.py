@@ -9,6 +9,7 @@ import sys
 
 from absl import app, flags, logging
 
+from hvd_lars import threads
 from hvd_lars.config import OPTIMIZERS, PRECISIONS, TrainConfig
 from hvd_lars.distributed import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 
@@ -166,6 +167,8 @@ def _main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     # TensorFlow's checkpoint code logs every save at INFO through absl.
     logging.set_verbosity(logging.WARNING)
+    # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported).
+    threads.apply_horovod_cpu_defaults()
     from hvd_lars.train import run
 
     try:

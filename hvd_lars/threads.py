@@ -161,3 +161,21 @@ def describe_cores(cores):
             ranges.append(f"{start}" if start == c else f"{start}-{c}")
             start = None
     return ",".join(ranges)
+
+
+# Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms in blocking MPI calls; Open MPI polls
+# while it waits. With every core of the socket busy in the compute pool (the CPU case), the polling thread
+# takes a core from the step: at Horovod's default 1 ms cycle, 2 ranks x 1 thread trained ResNet-50 at 0.61
+# of 1 rank x 2 threads; with a 5 ms cycle (Horovod's default before 0.21) and MPI yielding while it waits,
+# 0.99 (results/scaling.md, section threads).
+HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def apply_horovod_cpu_defaults(environ=None):
+    """Sets each of `HOROVOD_CPU_DEFAULTS` in `environ` (default `os.environ`) that is not set already;
+    returns {name: value} of those set. Call before Horovod initialises MPI (`distributed.init()`): both
+    are read there. A value the user or the launcher exported is kept."""
+    environ = os.environ if environ is None else environ
+    applied = {k: v for k, v in HOROVOD_CPU_DEFAULTS.items() if k not in environ}
+    environ.update(applied)
+    return applied

@@ -717,7 +717,20 @@ def _threads_markdown(record):
 
 
 # What the runs above show; written from the committed raw figures (results/scaling/threads_local.json).
-THREADS_FINDINGS = "(findings pending)"
+THREADS_FINDINGS = """\
+Findings (AMD EPYC, 2 cores, the run above). The quarter lost by 2 Horovod ranks (0.61-0.69 of one
+process with both cores at Horovod's defaults; 0.74 measured through the main program before this issue)
+is not the allreduce, nor the smaller per-rank batch (1 rank at batch 16: 0.99; 2 processes without
+Horovod: 1.03), nor the input pipeline (synthetic data here): it is Horovod's background thread. At
+Horovod's default 1 ms cycle it negotiates in blocking MPI calls that Open MPI polls, 1.1-1.6 CPU seconds
+per 2.5 s step, taken from the compute thread's core; binding makes it worse (0.61 bound against 0.69
+unbound), since the thread then competes on the rank's only core. With a 5 ms cycle (Horovod's default
+before 0.21) and Open MPI yielding while it waits (`mpi_yield_when_idle`), Horovod takes 0.08 CPU s per
+step and 2 ranks x 1 thread run at 0.99 of 1 rank x 2 threads: within the 5% target. The Gloo controller
+(0.78) polls less than MPI at 1 ms but more than the tuned MPI. The main program therefore sets
+HOROVOD_CYCLE_TIME=5 and OMPI_MCA_mpi_yield_when_idle=1 unless they are exported
+(`hvd_lars.threads.apply_horovod_cpu_defaults`). On a socket per rank the same polling thread would take
+one core of 24-68, 1.5-4% of the socket, rather than half of the rank's cores here."""
 
 
 SECTIONS = {"overlap_compression": overlap_compression, "threads": threads}

@@ -8,6 +8,7 @@ import sys
 import pytest
 from conftest import REPO
 
+from hvd_lars import threads
 from hvd_lars.threads import describe_cores, parse_cpu_list, threads_per_rank
 
 
@@ -81,3 +82,33 @@ def test_one_rank_per_node_under_srun_gets_all_its_cores():
     }  # fmt: skip
     threads = _rank_threads(env=slurm)
     assert (threads["intra_op"], threads["inter_op"], threads["input"]) == (cores, cores, cores)
+
+
+def test_horovod_cpu_defaults_fill_only_what_is_unset():
+    environ = {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin"}
+    applied = threads.apply_horovod_cpu_defaults(environ)
+    assert applied == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert environ == {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert threads.apply_horovod_cpu_defaults(environ) == {}
+
+
+def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
+    # What Horovod reads on each rank: the main program sets both before hvd.init().
+    code = (
+        "import os, sys; sys.argv = ['x', '--flagfile=flags/smoke.flags', '--workdir=' + sys.argv[1]];"
+        "import hvd_lars.train as t\n"
+        "def run(config):\n"
+        "    print('ENV', os.environ['HOROVOD_CYCLE_TIME'], os.environ['OMPI_MCA_mpi_yield_when_idle'])\n"
+        "t.run = run\n"
+        "from hvd_lars import main; main.main()"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in threads.HOROVOD_CPU_DEFAULTS}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "ENV 5 1" in out.stdout, out.stderr[-2000:]

@@ -111,3 +111,38 @@ def test_smoke_flags_run_end_to_end(tmp_path):
     assert summary["threads"]["intra_op"] == os.cpu_count()  # one process: every core, read back from TF
     checkpoints = sorted(f for f in os.listdir(tmp_path / "smoke" / "checkpoints") if f.endswith(".index"))
     assert checkpoints == ["ckpt-2.index", "ckpt-3.index", "ckpt-4.index", "ckpt-6.index"][-3:]
+
+
+def _predicted_line(header):
+    """The `# Predicted:` header line with its indented continuation lines, as one line ('' if none)."""
+    for i, line in enumerate(header):
+        if line.startswith("# Predicted:"):
+            parts = [line[2:]]
+            for more in header[i + 1 :]:
+                if not more.startswith("#           "):
+                    break
+                parts.append(more[1:].strip())
+            return " ".join(parts)
+    return ""
+
+
+def test_paper_flagfiles_state_the_time_to_train_models_prediction():
+    sys.path.insert(0, os.path.join(REPO, "results"))
+    import time_to_train
+
+    pattern = re.compile(
+        r"Predicted: (\d+) ranks x per-rank batch (\d+) x accumulation (\d+) = (\d+); on \d+ (.+?) sockets .*"
+        r"a step of [\d.]+ m?s and [\d.]+ minutes to train"
+    )
+    for name, (_, ranks, per_rank, socket) in time_to_train.FLAGFILES.items():
+        path = os.path.join(REPO, "flags", f"{name}.flags")
+        header, _ = _header_and_flags(path)
+        found = pattern.search(_predicted_line(header))
+        assert found, f"{name}: no '# Predicted:' line (python results/time_to_train.py --update_flagfiles)"
+        r, b, a, g = (int(x) for x in found.groups()[:4])
+        plan = make_plan(_parse(path), r, TRAIN_EXAMPLES["imagenet2012"])
+        assert (r, b, a) == (ranks, per_rank, 1) and r * b * a == g == plan.global_batch_size, name
+        assert (plan.per_rank_batch_size, plan.accumulation_steps) == (b, a), name
+        # The hardware of the prediction is the hardware the header names.
+        chip = time_to_train.SOCKETS[socket].name
+        assert found.group(5) == chip and chip.split()[-1] in " ".join(header).split("Predicted:")[0], name

@@ -250,13 +250,26 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.accumulation_steps = accumulation_steps
         self._last_saved = None
 
-    def _save(self):
+    def save(self):
+        """Saves the checkpoint of the current update (once per update). A collective: every rank calls it.
+
+        Raises:
+            OSError: rank 0 could not write the checkpoint (raised on every rank, saying why).
+        """
         step = int(self.model.optimizer.iterations)
         # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
         # and a run resumed from it continues as the uninterrupted run does.
         distributed.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
+        error = None
         if step != self._last_saved and distributed.is_chief():
-            self.manager.save(checkpoint_number=step)
+            try:
+                self.manager.save(checkpoint_number=step)
+            except (OSError, tf.errors.OpError) as e:
+                error = f"could not write the checkpoint of step {step} to {self.manager.directory}: {e}"
+        # Rank 0's outcome on every rank, so that all stop together instead of waiting for rank 0.
+        error = distributed.broadcast_object(error, name="hvd_lars.checkpoint_error")
+        if error:
+            raise OSError(error)
         self._last_saved = step
 
     def on_train_batch_end(self, batch, logs=None):
@@ -265,7 +278,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         last_of_epoch = self.params and batch + 1 == self.params.get("steps")
         if self.every_steps and (batch + 1) % self.accumulation_steps == 0 and not last_of_epoch:
             if int(self.model.optimizer.iterations) % self.every_steps == 0:
-                self._save()
+                self.save()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._save()
+        self.save()

@@ -1,40 +1,57 @@
-"""The main program with injected fault for the resume tests: the process SIGKILLs itself once
-`--kill_at_step` optimizer updates are applied, as a pre-empted or crashed job dies (no clean-up, no
-final checkpoint). Test-only: it adds one Keras callback through `hvd_lars.train.run(extra_callbacks=...)`,
-after the checkpoint callback, so a checkpoint due at that update is written before the kill.
+"""The main program with an injected fault for the resume and fault tests: once `--kill_at_step` optimizer
+updates are applied, the process sends itself `--kill_signal`: KILL, as a crashed job or a dying host ends
+(no clean-up, no final checkpoint), or TERM / USR1, as Slurm's pre-emption and its warning before the time
+limit arrive. Test-only: it adds one Keras callback through `hvd_lars.train.run(extra_callbacks=...)`, after
+the checkpoint callback, so a checkpoint due at that update is written before the signal.
 
-Usage: python tests/kill_at_step.py --kill_at_step=N [every flag of python -m hvd_lars.main]
-(also one process per rank under horovodrun: every rank dies after the same update).
+Usage: python tests/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
+           [--kill_record=FILE] [every flag of python -m hvd_lars.main]
+(also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
+update; FILE receives the time.time() of the signal.)
 """
 
 import functools
 import os
 import signal
+import time
 
 import keras
 from absl import flags
 
-from hvd_lars import main, train
+from hvd_lars import distributed, main, train
 
-flags.DEFINE_integer("kill_at_step", 0, "SIGKILL this process once this many updates are applied (0: never).")
+flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many updates are applied (0: never).")
+flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
+flags.DEFINE_integer("kill_rank", -1, "Only this rank signals itself (-1: every rank).")
+flags.DEFINE_string("kill_record", "", "File that receives the time (time.time()) of the signal.")
 
 
 class KillAtStep(keras.callbacks.Callback):
-    """SIGKILLs this process at the end of the batch whose update brings the optimizer to `step` updates
-    (with gradient accumulation: the micro-batch that applies it)."""
+    """Sends `signum` to this process at the end of the batch whose update brings the optimizer to `step`
+    updates (with gradient accumulation: the micro-batch that applies it), once."""
 
-    def __init__(self, step):
+    def __init__(self, step, signum=signal.SIGKILL, record=""):
         super().__init__()
         self.step = step
+        self.signum = signum
+        self.record = record
+        self._sent = False
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) >= self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if not self._sent and int(self.model.optimizer.iterations) >= self.step:
+            self._sent = True
+            if self.record:
+                with open(self.record, "w") as f:
+                    f.write(repr(time.time()))
+            os.kill(os.getpid(), self.signum)
 
 
 def _run_with_fault(config, run=train.run):
-    step = flags.FLAGS.kill_at_step
-    return run(config, extra_callbacks=[KillAtStep(step)] if step else ())
+    f = flags.FLAGS
+    extra = ()
+    if f.kill_at_step and f.kill_rank in (-1, distributed.init()[0]):
+        extra = [KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record)]
+    return run(config, extra_callbacks=extra)
 
 
 if __name__ == "__main__":

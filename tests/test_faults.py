@@ -1,0 +1,104 @@
+"""Faults end a job cleanly: a launcher and Horovod that disagree about the world size, ranks that disagree
+about their variables, divergence, preemption, a rank that dies. Multi-rank cases run 2 real Horovod
+processes; fault injection lives in tests/ (kill_at_step.py, mismatch_worker.py)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
+INIT = "from hvd_lars import distributed; print('rank, size', distributed.init())"
+
+
+def _clean_env(**extra):
+    env = {
+        k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("OMPI_COMM")
+    }
+    return dict(env, PYTHONPATH=REPO, **extra)
+
+
+def test_launcher_world_size_reads_the_job_step_not_the_job():
+    from hvd_lars.distributed import launcher_world_size
+
+    assert launcher_world_size({"PMI_SIZE": "2", "PMI_RANK": "1"}) == ("PMI_SIZE", 2)
+    assert launcher_world_size({"OMPI_COMM_WORLD_SIZE": "4", "PMI_SIZE": "2"}) == ("OMPI_COMM_WORLD_SIZE", 4)
+    assert launcher_world_size({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "8"}) == (
+        "SLURM_STEP_NUM_TASKS",
+        8,
+    )
+    # Job-level Slurm variables, which a one-process batch step also has, say nothing about this process.
+    assert launcher_world_size({"SLURM_NTASKS": "2", "SLURM_NPROCS": "2"}) == (None, None)
+    assert launcher_world_size({"PMI_SIZE": ""}) == (None, None)
+
+
+def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused(tmp_path):
+    # As a new user would: PMI_SIZE=2 PMI_RANK=1 set and no launcher Horovod's MPI can join.
+    env = _clean_env(PMI_SIZE="2", PMI_RANK="1")
+    result = subprocess.run(
+        [sys.executable, "-c", INIT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "WorldSizeMismatch" in result.stderr
+    assert "the launcher started 2 processes (PMI_SIZE=2)" in result.stderr
+    assert "initialised a world of 1 rank(s)" in result.stderr
+    # The main program says so in one line, exit status 2, before it writes anything.
+    main = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
+    result = subprocess.run(
+        main + [f"--workdir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "launcher started 2 processes (PMI_SIZE=2)" in result.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_job_level_slurm_variables_alone_do_not_refuse(tmp_path):
+    env = _clean_env(SLURM_NTASKS="2", SLURM_NPROCS="2", SLURM_JOB_NUM_NODES="1")
+    result = subprocess.run(
+        [sys.executable, "-c", INIT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rank, size (0, 1)" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def mismatch(tmp_path_factory):
+    """Both ranks' results of tests/mismatch_worker.py (its two cases, one process group)."""
+    out = tmp_path_factory.mktemp("mismatch")
+    worker = os.path.join(REPO, "tests", "mismatch_worker.py")
+    result = subprocess.run(
+        TWO_RANKS + [sys.executable, worker, str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [np.load(out / f"rank{r}.npz") for r in range(2)]
+
+
+def test_ranks_with_different_automatic_names_train_together(mismatch):
+    # Rank 1 built an extra model first: its layers are sequential_1/dense_2 ... where rank 0 has
+    # sequential/dense. Collectives named by position pair them; before, this hung with stall warnings.
+    r0, r1 = mismatch
+    assert list(r0["names"]) != list(r1["names"])  # the automatic names did differ
+    weights = [k for k in r0.files if k.startswith("arr_")]
+    assert len(weights) == 4
+    for k in weights:
+        np.testing.assert_array_equal(r0[k], r1[k])
+
+
+def test_ranks_with_different_models_get_an_error_naming_the_first_difference(mismatch):
+    # The same error on both ranks (raised before any broadcast), instead of a hang.
+    for r in mismatch:
+        error = str(r["error"])
+        assert "ranks disagree about the variables they exchange: rank 0 has" in error
+        # Rank 0's output layer (kernel 3x2) stands where rank 1 has its extra hidden layer (3x3).
+        assert "first difference at position 2: rank 0 sequential/dense/kernel [3, 2] float32" in error
+        assert "rank 1 sequential/dense/kernel [3, 3] float32" in error

@@ -4,8 +4,8 @@ through horovodrun). Each case trains a small Keras model with `DistributedOptim
 <out>/rank<r>.npz, with the error the second case raised.
 
 Cases, in this order: "extra_model": rank 1 builds (and drops) one more Keras model before training,
-so Keras's automatic names differ between the ranks (sequential_1/dense_2 against sequential/dense); "extra_layer": rank 1's
-model has one more Dense layer than rank 0's.
+so Keras's automatic names differ between the ranks (sequential_1/dense_2 against sequential/dense);
+"extra_layer": rank 1's model has one more Dense layer than rank 0's.
 
 Usage: mismatch_worker.py OUT_DIR
 """

@@ -1,7 +1,7 @@
 """How training stops on a fault: every rank agrees, at an update boundary, and the run keeps its last
 complete checkpoint.
 
-- Divergence: a non-finite loss or weight on any rank stops every rank after the same update, before any
+- Divergence: a non-finite loss or variable on any rank stops every rank after the same update, before any
   checkpoint of non-finite weights is written (so none rotates a finite one out): `TrainingDiverged`,
   exit status `EXIT_DIVERGED` from the main program.
 - Preemption: SIGTERM (Slurm's pre-emption and scancel, a container stop) or SIGUSR1 (what
@@ -93,30 +93,40 @@ def _all_finite(variables):
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """At every update boundary, on every rank: stops training on all ranks when any rank's loss or
-    trainable weights are non-finite (`TrainingDiverged`) or any rank received a stop signal (rank 0 then
-    saves a checkpoint through `checkpoint.save()` and every rank raises `Preempted`).
+    """At every update boundary, on every rank: stops training on all ranks when any rank's loss or model
+    or optimizer variables (weights, batch-norm statistics, slots) are non-finite (`TrainingDiverged`), or
+    when any rank received a stop signal (rank 0 then saves a checkpoint through `checkpoint.save()` and
+    every rank raises `Preempted`; at an epoch's last update, after the epoch's own callbacks).
+
+    Batch-norm moving variances overflow first (they hold squared activations): a run diverging at a
+    huge rate had infinite moving variances one update before its weights or loss became non-finite.
 
     Place it before the checkpoint, evaluation and logging callbacks, so that nothing of a diverged update
-    is saved. Under a `LossScaleOptimizer` the loss is not checked (a non-finite scaled loss is how the
-    loss scaler finds overflows; it skips that update), the weights are.
+    is saved, and `after_epoch()` after all of them. Under a `LossScaleOptimizer` the loss is not checked (a
+    non-finite scaled loss is how the loss scaler finds overflows; it skips that update), the variables
+    are.
 
     Args:
         signals: `StopSignals` in force while training.
         checkpoint: `hvd_lars.callbacks.PeriodicCheckpoint` (its `save()` is a collective).
         accumulation_steps: micro-batches per update; checks run only at update boundaries.
+        total_steps: the run's last update (a signal that arrives during it does not stop a finished run).
     """
 
-    def __init__(self, signals, checkpoint, accumulation_steps=1):
+    def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
+        self.total_steps = float("inf") if total_steps is None else total_steps
         self.signals = signals
         self.checkpoint = checkpoint
         self.accumulation_steps = accumulation_steps
         self._finite = None
         self._rate = None
+        self._pending = None  # (step, ranks signalled) once the ranks agreed to stop
 
     def on_train_begin(self, logs=None):
-        self._finite = _all_finite([v.value for v in self.model.trainable_variables])
+        # Weights, batch-norm moving statistics and optimizer slots: all of it goes into a checkpoint.
+        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        self._finite = _all_finite([v.value for v in variables if "float" in str(v.dtype)])
         self._scaled = isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer)
 
     def _boundary(self, batch):
@@ -143,25 +153,47 @@ class FaultGuard(keras.callbacks.Callback):
             kept = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
             kept = f"the last finite checkpoint, {kept}, is kept" if kept else "no checkpoint was written yet"
             raise TrainingDiverged(
-                f"training diverged at step {step} (learning rate {rate:.6g}): non-finite loss or weights "
+                f"training diverged at step {step} (learning rate {rate:.6g}): non-finite loss or variables "
                 f"on {int(diverged)} of {distributed.size()} rank(s); {kept}. Lower --peak_learning_rate "
                 "(or --base_learning_rate) or lengthen --warmup_epochs, and start afresh (--noresume or "
                 "another --run_name).",
                 step,
                 rate,
             )
-        if signalled:
-            self.checkpoint.save()
-            path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
-            name = self.signals.received or "a stop signal on another rank"
-            raise Preempted(
-                f"preempted: {name} received by {int(signalled)} of {distributed.size()} rank(s); stopped at "
-                f"step {step}, checkpoint {path}. Start the same command again to resume from step {step} "
-                f"(exit status {EXIT_PREEMPTED}: requeue).",
-                step,
-                name,
-                path,
-            )
+        if signalled and not self._pending:
+            self._pending = (step, int(signalled))
+            if batch + 1 != (self.params or {}).get("steps"):
+                self.checkpoint.save()
+                self._stop()
+            # At the epoch's last update: the epoch ends first (evaluation, its checkpoint of this step, its
+            # logs), so that the resumed run, which starts with the next epoch, misses none of it; the
+            # callback from `after_epoch()` then stops training.
+
+    def _stop(self):
+        step, signalled = self._pending
+        path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
+        name = self.signals.received or "a stop signal on another rank"
+        raise Preempted(
+            f"preempted: {name} received by {signalled} of {distributed.size()} rank(s); stopped at step "
+            f"{step}, checkpoint {path}. Start the same command again to resume from step {step} (exit "
+            f"status {EXIT_PREEMPTED}: requeue).",
+            step,
+            name,
+            path,
+        )
+
+    def after_epoch(self):
+        """The callback to place last (after checkpoints, evaluation and loggers): it stops training at the
+        end of an epoch whose last update found a stop signal."""
+        guard = self
+
+        class StopAfterEpoch(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                # After the last update of the run there is nothing left to resume: training ends normally.
+                if guard._pending and guard._pending[0] < guard.total_steps:
+                    guard._stop()
+
+        return StopAfterEpoch()
 
 
 def checkpoint_bytes(variables):

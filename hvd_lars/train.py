@@ -358,9 +358,10 @@ def run(config, extra_callbacks=()):
 
     checkpointer = cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps)
     signals = faults.StopSignals()
+    guard = faults.FaultGuard(signals, checkpointer, plan.accumulation_steps, plan.total_steps)
     callbacks = [
         # First: nothing of a diverged update is evaluated, logged or saved.
-        faults.FaultGuard(signals, checkpointer, plan.accumulation_steps),
+        guard,
         MetricAverageCallback(),
         cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
         cb.LearningRateLogger(),
@@ -405,7 +406,7 @@ def run(config, extra_callbacks=()):
             )
         return RunSummary.load(run_dir)
     summary = RunSummary(run_dir, run_name, config, plan, start_step, threads=threads)
-    callbacks.append(summary)
+    callbacks += [summary, guard.after_epoch()]
 
     # SIGTERM / SIGUSR1 stop every rank at the next update boundary, with a checkpoint (faults.FaultGuard).
     with signals:

@@ -2,7 +2,9 @@
 about their variables, divergence, preemption, a rank that dies. Multi-rank cases run 2 real Horovod
 processes; fault injection lives in tests/ (kill_at_step.py, mismatch_worker.py)."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -102,3 +104,80 @@ def test_ranks_with_different_models_get_an_error_naming_the_first_difference(mi
         # Rank 0's output layer (kernel 3x2) stands where rank 1 has its extra hidden layer (3x3).
         assert "first difference at position 2: rank 0 sequential/dense/kernel [3, 2] float32" in error
         assert "rank 1 sequential/dense/kernel [3, 3] float32" in error
+
+
+# ------------------------------------------------------------------------------------ training runs
+KILLER = os.path.join(REPO, "tests", "kill_at_step.py")
+# 8 updates per epoch, 16 in all; warmup over the first 8.
+SMALL = [
+    "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048", "--max_eval_examples=500",
+    "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
+]  # fmt: skip
+
+
+def _train(workdir, *flags, launcher=(), fault=(), timeout=300):
+    program = [KILLER, *fault] if fault else ["-m", "hvd_lars.main"]
+    cmd = list(launcher) + [sys.executable] + program + SMALL + [f"--workdir={workdir}", *flags]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _strict_json(path):
+    def refuse(token):
+        raise ValueError(f"{path} is not strict JSON: {token}")
+
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def _checkpoint_steps(run_dir):
+    folder = os.path.join(run_dir, "checkpoints")
+    return sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(folder) if f.endswith(".index"))
+
+
+def _checkpoint(run_dir, step=None):
+    """{name: value} of the model and optimizer tensors of the latest checkpoint, or of `step`'s."""
+    import tensorflow as tf
+
+    folder = os.path.join(run_dir, "checkpoints")
+    reader = tf.train.load_checkpoint(os.path.join(folder, f"ckpt-{step}") if step else folder)
+    names = [n for n in reader.get_variable_to_shape_map() if "model" in n or "optimizer" in n]
+    assert len(names) > 20
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _check_diverged(tmp_path, launcher):
+    # Momentum SGD warmed up towards a peak rate of 1,000: the weights overflow during the warmup.
+    result = _train(
+        tmp_path, "--optimizer=momentum", "--peak_learning_rate=1000", "--checkpoint_every_steps=1",
+        "--keep_checkpoints=3", launcher=launcher,
+    )  # fmt: skip
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    match = re.search(r"training diverged at step (\d+) \(learning rate ([0-9.e+-]+)\)", out)
+    assert match, out[-3000:]
+    step, rate = int(match.group(1)), float(match.group(2))
+    # The rate of update `step` on the linear warmup over 8 updates: 1,000 x (step - 1) / 8.
+    assert 1 < step <= 16 and rate == pytest.approx(1000 * (step - 1) / 8)
+    run_dir = tmp_path / "r"
+    summary = _strict_json(run_dir / "summary.json")
+    assert summary["stopped"]["reason"] == "TrainingDiverged" and summary["stopped"]["step"] == step
+    # One checkpoint per update up to the last finite one; none of non-finite weights rotated them out.
+    kept = _checkpoint_steps(run_dir)
+    assert kept == list(range(max(1, step - 3), step)), kept
+    for s in kept:
+        for name, value in _checkpoint(run_dir, s).items():
+            assert np.isfinite(value).all(), (s, name)
+    return result, step
+
+
+def test_divergence_stops_one_process_keeping_finite_checkpoints(tmp_path):
+    result, _ = _check_diverged(tmp_path, ())
+    assert result.returncode == 3 and "Traceback" not in result.stderr
+
+
+def test_divergence_stops_both_ranks_at_the_same_update(tmp_path):
+    result, step = _check_diverged(tmp_path, TWO_RANKS)
+    # Both ranks stopped after the same update with the same message, which counts the ranks.
+    for rank in range(2):
+        assert f"[1,{rank}]<stderr>:hvd_lars: error: training diverged at step {step} " in result.stderr
+    assert "non-finite loss or variables on 2 of 2 rank(s)" in result.stderr

@@ -172,11 +172,11 @@ class FaultGuard(keras.callbacks.Callback):
     def _stop(self):
         step, signalled = self._pending
         path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
-        name = self.signals.received or "a stop signal on another rank"
+        name = self.signals.received
         raise Preempted(
-            f"preempted: {name} received by {signalled} of {distributed.size()} rank(s); stopped at step "
-            f"{step}, checkpoint {path}. Start the same command again to resume from step {step} (exit "
-            f"status {EXIT_PREEMPTED}: requeue).",
+            f"preempted: a stop signal (SIGTERM or SIGUSR1) reached {signalled} of {distributed.size()} "
+            f"rank(s) (this one: {name or 'none'}); stopped at step {step}, checkpoint {path}. Start the "
+            f"same command again to resume from step {step} (exit status {EXIT_PREEMPTED}: requeue).",
             step,
             name,
             path,

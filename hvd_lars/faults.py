@@ -171,7 +171,7 @@ class FaultGuard(keras.callbacks.Callback):
 
     def _stop(self):
         step, signalled = self._pending
-        path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
+        path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else "written by rank 0"
         name = self.signals.received
         raise Preempted(
             f"preempted: a stop signal (SIGTERM or SIGUSR1) reached {signalled} of {distributed.size()} "

@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -229,3 +230,19 @@ def test_signal_to_one_rank_stops_both_and_resumes(tmp_path):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name}; {why}")
         else:
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
+
+
+def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
+    # Rank 1 SIGKILLed after update 12 of 16 (mid-epoch 2), between the checkpoints of steps 10 and 15.
+    record = tmp_path / "killed_at"
+    fault = ["--kill_at_step=12", "--kill_signal=KILL", "--kill_rank=1", f"--kill_record={record}"]
+    result = _train(tmp_path, "--checkpoint_every_steps=5", launcher=TWO_RANKS, fault=fault)
+    ended = time.time()
+    assert result.returncode != 0
+    assert ended - float(record.read_text()) < 60
+    run_dir = tmp_path / "r"
+    assert _checkpoint_steps(run_dir) == [5, 8, 10]
+    # The index names the last complete checkpoint, which loads whole.
+    latest = _checkpoint(run_dir)
+    assert all(np.isfinite(v).all() for v in latest.values())
+    assert int(latest["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10

@@ -229,6 +229,10 @@ class ExactEvaluation(keras.callbacks.Callback):
             logs[f"{self.prefix}_top5"] = top5 / count
 
 
+class CheckpointWriteError(OSError):
+    """Rank 0 could not write a checkpoint (a full or read-only file system, a vanished folder)."""
+
+
 class PeriodicCheckpoint(keras.callbacks.Callback):
     """Rank 0 saves the `tf.train.Checkpoint` of `manager` (model, optimizer with its step counter and
     slots) every `every_steps` optimizer updates and at each epoch end, numbered by the update count.
@@ -254,7 +258,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         """Saves the checkpoint of the current update (once per update). A collective: every rank calls it.
 
         Raises:
-            OSError: rank 0 could not write the checkpoint (raised on every rank, saying why).
+            CheckpointWriteError: rank 0 could not write the checkpoint (raised on every rank, saying why).
         """
         step = int(self.model.optimizer.iterations)
         # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
@@ -269,7 +273,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         # Rank 0's outcome on every rank, so that all stop together instead of waiting for rank 0.
         error = distributed.broadcast_object(error, name="hvd_lars.checkpoint_error")
         if error:
-            raise OSError(error)
+            raise CheckpointWriteError(error)
         self._last_saved = step
 
     def on_train_batch_end(self, batch, logs=None):

@@ -204,7 +204,7 @@ def checkpoint_bytes(variables):
 
 def run_dir_problem(run_dir, needed_bytes):
     """Why training cannot write to `run_dir` (str), or None: it cannot be created, a file cannot be
-    written in it, or its file system has fewer than `needed_bytes` free. Creates `run_dir`."""
+    written in it, or its file system has fewer than `needed_bytes` (int) free. Creates `run_dir`."""
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, f".write_test.{os.getpid()}")
@@ -217,8 +217,8 @@ def run_dir_problem(run_dir, needed_bytes):
     if free < needed_bytes:
         return (
             f"the run directory {run_dir} has {free / 2**20:.1f} MiB free, but training needs "
-            f"{needed_bytes / 2**20:.1f} MiB there. Free space, lower --keep_checkpoints, or choose another "
-            "--workdir."
+            f"{needed_bytes / 2**20:.1f} MiB there for its checkpoints. Free space, lower "
+            "--keep_checkpoints, or choose another --workdir."
         )
     return None
 

@@ -158,13 +158,14 @@ def _main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     # TensorFlow's checkpoint code logs every save at INFO through absl.
     logging.set_verbosity(logging.WARNING)
+    from hvd_lars.callbacks import CheckpointWriteError
     from hvd_lars.distributed import WorldSizeMismatch
     from hvd_lars.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
     from hvd_lars.train import run
 
     try:
         run(config_from_flags())
-    except (ValueError, FileNotFoundError, ImportError, WorldSizeMismatch) as e:
+    except (ValueError, FileNotFoundError, ImportError, WorldSizeMismatch, CheckpointWriteError) as e:
         # Bad input or a missing optional package: one clear line, exit status 2, no traceback.
         print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -279,7 +279,7 @@ def run(config, extra_callbacks=()):
             after the same update; summary.json records it).
         hvd_lars.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the same
             update, whose checkpoint rank 0 wrote.
-        OSError: rank 0 could not write a checkpoint (every rank raises it).
+        hvd_lars.callbacks.CheckpointWriteError: rank 0 could not write a checkpoint (every rank raises it).
     """
     rank, world_size = distributed.init()
     config.validate(world_size)

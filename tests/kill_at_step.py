@@ -5,13 +5,15 @@ limit arrive. Test-only: it adds one Keras callback through `hvd_lars.train.run(
 the checkpoint callback, so a checkpoint due at that update is written before the signal.
 
 Usage: python tests/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
-           [--kill_record=FILE] [every flag of python -m hvd_lars.main]
+           [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
+(--block_checkpoints_at_step: rank 0 replaces the checkpoint folder by a file after update M.)
 (also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
 update; FILE receives the time.time() of the signal.)
 """
 
 import functools
 import os
+import shutil
 import signal
 import time
 
@@ -24,6 +26,25 @@ flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many upda
 flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
 flags.DEFINE_integer("kill_rank", -1, "Only this rank signals itself (-1: every rank).")
 flags.DEFINE_string("kill_record", "", "File that receives the time (time.time()) of the signal.")
+flags.DEFINE_integer(
+    "block_checkpoints_at_step", 0, "Replace the checkpoint folder by a file after this update (0: never)."
+)
+
+
+class BlockCheckpoints(keras.callbacks.Callback):
+    """After update `step`, replaces the run's checkpoint folder by a plain file, so that the next
+    checkpoint cannot be written (as on a full or read-only file system)."""
+
+    def __init__(self, step, folder):
+        super().__init__()
+        self.step = step
+        self.folder = folder
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == self.step:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            with open(self.folder, "w") as f:
+                f.write("not a folder")
 
 
 class KillAtStep(keras.callbacks.Callback):
@@ -51,6 +72,9 @@ def _run_with_fault(config, run=train.run):
     extra = ()
     if f.kill_at_step and f.kill_rank in (-1, distributed.init()[0]):
         extra = [KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record)]
+    if f.block_checkpoints_at_step and distributed.init()[0] == 0:
+        folder = os.path.join(config.workdir, config.run_name, "checkpoints")
+        extra = [*extra, BlockCheckpoints(f.block_checkpoints_at_step, folder)]
     return run(config, extra_callbacks=extra)
 
 

@@ -246,3 +246,36 @@ def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
     latest = _checkpoint(run_dir)
     assert all(np.isfinite(v).all() for v in latest.values())
     assert int(latest["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
+
+
+def test_run_dir_problems_name_the_path_and_figures(tmp_path):
+    from hvd_lars.faults import checkpoint_bytes, run_dir_problem
+
+    assert run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
+    free = __import__("shutil").disk_usage(tmp_path).free
+    problem = run_dir_problem(str(tmp_path / "new"), free + 2**40)
+    assert f"the run directory {tmp_path / 'new'} has {free / 2**20:.1f} MiB free" in problem
+    assert f"needs {(free + 2**40) / 2**20:.1f} MiB" in problem and "--keep_checkpoints" in problem
+    (tmp_path / "file").write_text("")
+    problem = run_dir_problem(str(tmp_path / "file" / "run"), 1)
+    assert problem.startswith(f"cannot write the run directory {tmp_path / 'file' / 'run'}: ")
+    assert "Not a directory" in problem
+
+    import keras
+
+    # float32 3x4 + 4 and a bfloat16 2x2: 64 + 8 bytes.
+    variables = [keras.Variable(np.zeros((3, 4), "float32")), keras.Variable(np.zeros(4, "float32"))]
+    variables.append(keras.Variable(np.zeros((2, 2)), dtype="bfloat16"))
+    assert checkpoint_bytes(variables) == 72
+
+
+def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = _train(tmp_path / "file")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"hvd_lars: error: cannot write the run directory {tmp_path / 'file' / 'r'}" in result.stderr
+    # The checkpoint folder turns into a file after update 3: the epoch-end checkpoint (step 8) fails.
+    result = _train(tmp_path / "w", fault=["--block_checkpoints_at_step=3"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    folder = tmp_path / "w" / "r" / "checkpoints"
+    assert f"could not write the checkpoint of step 8 to {folder}" in result.stderr

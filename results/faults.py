@@ -55,7 +55,7 @@ ABOUT = (
     "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
     "(Open MPI). Time to exit: from the fault (the signal; for `mismatch` the start; for `exit` rank 0's "
     "final line) to the end of the job, seconds. Matched: the resumed run's final checkpoint against an "
-    "uninterrupted run's: weights, optimizer slots and step exactly, batch-norm moving statistics to a "
+    "uninterrupted run's: weights, optimizer slots and step exactly, batch-norm moving statistics to "
     "1e-5 of each tensor's largest magnitude (averaged over the ranks at the resumed checkpoint in one run "
     "only; the average of the ranks' linear moving averages is the same either way up to float32 rounding)."
 )

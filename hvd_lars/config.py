@@ -67,6 +67,8 @@ class TrainConfig:
     resume: bool = True
     eval_every_epochs: int = 1
     checkpoint_every_steps: int = 0  # 0: only at epoch ends
+    checkpoint_at_epoch_end: bool = True
+    async_checkpoints: bool = True  # rank 0 writes in a background thread; training goes on meanwhile
     keep_checkpoints: int = 3
     max_train_examples: int = 0
     max_eval_examples: int = 0
@@ -167,6 +169,12 @@ class TrainConfig:
             raise ValueError(
                 f"--checkpoint_every_steps must be >= 0 and --keep_checkpoints >= 1, got "
                 f"{self.checkpoint_every_steps} and {self.keep_checkpoints}."
+            )
+        if not self.checkpoint_at_epoch_end and self.checkpoint_every_steps == 0:
+            raise ValueError(
+                "--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0 would save no checkpoint at "
+                "all (a killed job could not resume): give --checkpoint_every_steps=N > 0, or keep "
+                "epoch-end saves."
             )
         if not self.epochs > 0 or float(self.epochs) != int(self.epochs):
             raise ValueError(f"--epochs must be a whole number > 0, got {self.epochs}.")

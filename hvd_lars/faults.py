@@ -150,6 +150,7 @@ class FaultGuard(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations)
         if diverged:
             rate = float(keras.ops.convert_to_numpy(self._rate))
+            self.checkpoint.finish()  # a background write under way completes and is named
             kept = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
             kept = f"the last finite checkpoint, {kept}, is kept" if kept else "no checkpoint was written yet"
             raise TrainingDiverged(
@@ -163,7 +164,6 @@ class FaultGuard(keras.callbacks.Callback):
         if signalled and not self._pending:
             self._pending = (step, int(signalled))
             if batch + 1 != (self.params or {}).get("steps"):
-                self.checkpoint.save()
                 self._stop()
             # At the epoch's last update: the epoch ends first (evaluation, its checkpoint of this step, its
             # logs), so that the resumed run, which starts with the next epoch, misses none of it; the
@@ -171,6 +171,10 @@ class FaultGuard(keras.callbacks.Callback):
 
     def _stop(self):
         step, signalled = self._pending
+        # This update's checkpoint (already written at an epoch end: save() does not repeat it), complete
+        # on disk before any rank exits, also when it is written in the background.
+        self.checkpoint.save()
+        self.checkpoint.finish()
         path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else "written by rank 0"
         name = self.signals.received
         raise Preempted(

@@ -121,6 +121,14 @@ flags.DEFINE_integer(
 flags.DEFINE_integer(
     "checkpoint_every_steps", _D.checkpoint_every_steps, "Checkpoint every N updates (0: epoch ends only)."
 )
+flags.DEFINE_bool(
+    "checkpoint_at_epoch_end", _D.checkpoint_at_epoch_end, "Checkpoint at each epoch end (after evaluation)."
+)
+flags.DEFINE_bool(
+    "async_checkpoints",
+    _D.async_checkpoints,
+    "Rank 0 writes checkpoints in a background thread (the index is replaced when the files are complete).",
+)
 flags.DEFINE_integer("keep_checkpoints", _D.keep_checkpoints, "How many recent checkpoints to keep.")
 flags.DEFINE_integer(
     "max_train_examples", _D.max_train_examples, "Use only the first N training images (0: all)."

@@ -356,7 +356,13 @@ def run(config, extra_callbacks=()):
     if start_step and chief:
         _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
 
-    checkpointer = cb.PeriodicCheckpoint(manager, config.checkpoint_every_steps, plan.accumulation_steps)
+    checkpointer = cb.PeriodicCheckpoint(
+        manager,
+        config.checkpoint_every_steps,
+        plan.accumulation_steps,
+        at_epoch_end=config.checkpoint_at_epoch_end,
+        asynchronous=config.async_checkpoints,
+    )
     signals = faults.StopSignals()
     guard = faults.FaultGuard(signals, checkpointer, plan.accumulation_steps, plan.total_steps)
     callbacks = [

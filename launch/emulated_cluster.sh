@@ -296,7 +296,7 @@ kill_node_processes() {
 }
 
 cmd_down() {
-  local k name
+  local k name veth
   for k in $(known_nodes); do
     name="node$k"
     kill_node_processes "$name"
@@ -304,7 +304,12 @@ cmd_down() {
       if mountpoint -q "$f" 2>/dev/null; then umount "$f"; fi
     done
     if [ -e "/run/netns/$name" ]; then ip netns del "$name"; fi
-    if ip link show "$(node_veth "$k")" >/dev/null 2>&1; then ip link del "$(node_veth "$k")"; fi
+    # Deleting the namespace deletes its end of the veth pair, and the kernel then removes this end
+    # in the background: it may vanish between the check and the delete ("Cannot find device").
+    veth="$(node_veth "$k")"
+    if ip link show "$veth" >/dev/null 2>&1 && ! ip link del "$veth" 2>/dev/null; then
+      if ip link show "$veth" >/dev/null 2>&1; then die "cannot delete link $veth"; fi
+    fi
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
   remove_block "$HOSTS_FILE"

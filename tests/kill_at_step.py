@@ -2,7 +2,10 @@
 updates are applied, the process sends itself `--kill_signal`: KILL, as a crashed job or a dying host ends
 (no clean-up, no final checkpoint), or TERM / USR1, as Slurm's pre-emption and its warning before the time
 limit arrive. Test-only: it adds one Keras callback through `hvd_lars.train.run(extra_callbacks=...)`, after
-the checkpoint callback, so a checkpoint due at that update is written before the signal.
+the checkpoint callback, so a checkpoint due at that update is written before the signal: with
+asynchronous checkpoints (the default) the signal waits for rank 0's background write to complete, so the
+tests see a job killed just after a save, whatever the disk's speed. (Killed while a write is under way,
+a job keeps the checkpoint before it: tests/test_resume.py.)
 
 Usage: python tests/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
            [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
@@ -20,7 +23,7 @@ import time
 import keras
 from absl import flags
 
-from hvd_lars import distributed, main, train
+from hvd_lars import callbacks, distributed, main, train
 
 flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many updates are applied (0: never).")
 flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
@@ -61,10 +64,21 @@ class KillAtStep(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._sent and int(self.model.optimizer.iterations) >= self.step:
             self._sent = True
+            for checkpointer in _checkpointers:
+                checkpointer.sync()  # not a collective: rank 0 waits for its write
             if self.record:
                 with open(self.record, "w") as f:
                     f.write(repr(time.time()))
             os.kill(os.getpid(), self.signum)
+
+
+_checkpointers = []
+
+
+class _RecordedPeriodicCheckpoint(callbacks.PeriodicCheckpoint):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _checkpointers.append(self)
 
 
 def _run_with_fault(config, run=train.run):
@@ -81,4 +95,5 @@ def _run_with_fault(config, run=train.run):
 if __name__ == "__main__":
     # hvd_lars.main imports `run` from hvd_lars.train when it starts, so it picks up the faulty one.
     train.run = functools.partial(_run_with_fault, run=train.run)
+    callbacks.PeriodicCheckpoint = _RecordedPeriodicCheckpoint
     main.main()

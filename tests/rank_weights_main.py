@@ -5,8 +5,9 @@ Usage (cwd anywhere; launched once per rank like `python -m hvd_lars.main`):
 Runs `hvd_lars.main` unchanged and, after training, writes <workdir>/<run_name>/rank_weights/rank<r>.npz
 with the model's trainable weights (t0, t1, ...) and other float weights (n0, ...; batch-norm moving
 statistics), in `model.weights` order, and the same weights as this rank built them before training
-(init_t0, ..., init_n0, ...; rank 0's are the run's initial weights, which the first batch broadcasts). The main program checkpoints on rank 0 only, so this is how a test
-sees that every rank ends with the same weights. Imports hvd_lars from the checkout that holds this file.
+(init_t0, ..., init_n0, ...; rank 0's are the run's initial weights, which the first batch broadcasts).
+The main program checkpoints on rank 0 only, so this is how a test sees that every rank ends with the same
+weights. Imports hvd_lars from the checkout that holds this file.
 """
 
 import os

@@ -39,11 +39,12 @@ SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
 # MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
 # Gloo sums in another order: float32 rounding differences of the 4-rank sums (about 1e-7 relative), carried
-# through 6 LARS steps whose trust ratios divide by gradient norms and through the batch-norm statistics. Elementwise
-# they reached 5.8e-5 (4.3e-4 relative, a moving statistic, on a CI machine), so the check is relative to how far the
-# run moved each tensor: |Gloo - MPI| at most GLOO_FRACTION_OF_MOVEMENT x |MPI - initial| (Euclidean norms). Measured
-# at most 5.1e-4 of the movement (a bias; 3.7e-4 for a moving statistic). A wrong reduction (a rank's gradient left
-# out or counted twice) changes the gradient's direction, so the runs would differ by a sizeable part of the movement.
+# through 6 LARS steps whose trust ratios divide by gradient norms and through the batch-norm statistics.
+# Elementwise they reached 5.8e-5 (4.3e-4 relative, a moving statistic, on a CI machine), so the check is
+# relative to how far the run moved each tensor: |Gloo - MPI| at most GLOO_FRACTION_OF_MOVEMENT x |MPI -
+# initial| (Euclidean norms). Measured at most 5.1e-4 of the movement (a bias; 3.7e-4 for a moving
+# statistic). A wrong reduction (a rank's gradient left out or counted twice) changes the gradient's
+# direction, so the runs would differ by a sizeable part of the movement.
 GLOO_FRACTION_OF_MOVEMENT = 0.02
 HOST_FAILURE_LIMIT_S = 60
 

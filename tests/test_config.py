@@ -86,3 +86,9 @@ def test_lars_only_flags_refused_for_momentum():
     ):
         _config(optimizer="momentum", eta=0.01, trust_ratio_mode="update").validate(1)
     _config(optimizer="momentum", exclude_bn_and_bias=True).validate(1)
+
+
+def test_no_checkpoint_at_all_is_refused():
+    with pytest.raises(ValueError, match="--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0"):
+        _config(checkpoint_at_epoch_end=False).validate(1)
+    _config(checkpoint_at_epoch_end=False, checkpoint_every_steps=5).validate(1)

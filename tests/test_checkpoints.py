@@ -1,0 +1,118 @@
+"""Checkpoints written by `PeriodicCheckpoint`: which updates are saved, that a background (asynchronous)
+write saves exactly the weights of its update while training goes on, and that a job killed while a
+background write is under way keeps the checkpoint before it, complete and loadable."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_lars import LARS
+from hvd_lars.callbacks import PeriodicCheckpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH = 3
+EPOCHS = 2
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(3)]
+    )
+    optimizer = LARS(1.0)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    optimizer.build(model.trainable_variables)
+    return model
+
+
+class _WeightsAtEachUpdate(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.at = {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.at[int(self.model.optimizer.iterations)] = [w.numpy().copy() for w in self.model.weights]
+
+
+def _train(directory, **options):
+    model = _model()
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer), directory, max_to_keep=10
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(12, 6)).astype("float32"), rng.integers(0, 3, 12)
+    recorder = _WeightsAtEachUpdate()
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[recorder, PeriodicCheckpoint(manager, **options)],
+    )
+    return recorder.at, manager
+
+
+def _saved_steps(manager):
+    return [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
+@pytest.mark.parametrize(
+    "at_epoch_end, expected", [(True, [2, 3, 4, 6]), (False, [2, 4, 6])], ids=["epoch_ends", "steps_only"]
+)
+def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epoch_end, expected):
+    weights, manager = _train(
+        str(tmp_path), every_steps=2, at_epoch_end=at_epoch_end, asynchronous=asynchronous
+    )
+    assert _saved_steps(manager) == expected  # after fit: the last write is complete and indexed
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-6")
+    for step in expected:
+        restored = _model()
+        tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(
+            str(tmp_path / f"ckpt-{step}")
+        ).assert_existing_objects_matched()
+        assert int(restored.optimizer.iterations) == step
+        for value, reference in zip(restored.weights, weights[step]):
+            np.testing.assert_array_equal(value.numpy(), reference)
+
+
+# A 64 MiB variable: its background write takes far longer than the process needs to die after save().
+KILLED_MID_WRITE = textwrap.dedent(
+    """
+    import os, sys
+    import tensorflow as tf
+    big = tf.Variable(tf.zeros([16 * 1024 * 1024]))
+    step = tf.Variable(1)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(big=big, step=step), sys.argv[1], max_to_keep=3)
+    manager.save(checkpoint_number=1)
+    step.assign(2)
+    big.assign(tf.ones([16 * 1024 * 1024]))
+    options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    manager.save(checkpoint_number=2, options=options)
+    os._exit(9)  # killed while the background thread writes checkpoint 2 (no atexit join)
+    """
+)
+
+
+def test_killed_during_a_background_write_keeps_the_previous_checkpoint(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 9, result.stderr[-2000:]
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest.endswith("ckpt-1")
+    big, step = tf.Variable(tf.ones([16 * 1024 * 1024])), tf.Variable(-1)
+    tf.train.Checkpoint(big=big, step=step).restore(latest).assert_consumed()
+    assert int(step.numpy()) == 1 and float(tf.reduce_max(tf.abs(big))) == 0.0

@@ -5,6 +5,7 @@ Order matters: `hvd_lars.horovod_callbacks.MetricAverageCallback` and `ImagesPer
 which then see rank-averaged values.
 """
 
+import os
 import time
 import warnings
 
@@ -323,7 +324,16 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self.manager.sync()
         except (OSError, tf.errors.OpError) as e:
             return self._error(e)
-        return None
+        step = self._pending_step
+        if step is None or os.path.exists(os.path.join(self.manager.directory, f"ckpt-{step}.index")):
+            return None
+        # TensorFlow's background writer keeps its exception until the next save and sync() does not raise
+        # it: the missing files show the failure, and the exception (a private attribute) says why.
+        writer = getattr(self.manager._checkpoint, "_async_checkpointer_impl", None)
+        reason = getattr(writer, "_async_error", None)
+        if reason is not None:
+            writer._async_error = None
+        return self._error(reason or "its files are missing after the write")
 
     def _raise_together(self, error):
         # Rank 0's outcome on every rank, so that all stop together instead of waiting for rank 0.

@@ -305,11 +305,12 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         error = None
         if step != self._last_saved and distributed.is_chief():
             error = self._wait()  # the previous background write, if any, first
-            try:
-                self._pending_step = step
-                self.manager.save(checkpoint_number=step, options=self.options)
-            except (OSError, tf.errors.OpError) as e:
-                error = error or self._error(e)
+            if not error:
+                try:
+                    self._pending_step = step
+                    self.manager.save(checkpoint_number=step, options=self.options)
+                except (OSError, tf.errors.OpError) as e:
+                    error = self._error(e)
         self._raise_together(error)
         self._last_saved = step
 

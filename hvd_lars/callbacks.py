@@ -5,6 +5,7 @@ Order matters: `hvd_lars.horovod_callbacks.MetricAverageCallback` and `ImagesPer
 which then see rank-averaged values.
 """
 
+import os
 import time
 import warnings
 
@@ -252,6 +253,10 @@ class ExactEvaluation(keras.callbacks.Callback):
             logs[f"{self.prefix}_top5"] = top5 / count
 
 
+class CheckpointWriteError(OSError):
+    """Rank 0 could not write a checkpoint (a full or read-only file system, a vanished folder)."""
+
+
 class PeriodicCheckpoint(keras.callbacks.Callback):
     """Rank 0 saves the `tf.train.Checkpoint` of `manager` (model, optimizer with its step counter and
     slots) every `every_steps` optimizer updates and at each epoch end, numbered by the update count.
@@ -285,20 +290,73 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if asynchronous:
             _repair_keras_async_checkpoint_copy()
         self._last_saved = None
+        self._pending_step = None
 
-    def _save(self):
+    def save(self):
+        """Saves the checkpoint of the current update (once per update). A collective: every rank calls it.
+
+        Raises:
+            CheckpointWriteError: rank 0 could not write the checkpoint (raised on every rank, saying why).
+        """
         step = int(self.model.optimizer.iterations)
         # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
         # and a run resumed from it continues as the uninterrupted run does.
         distributed.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
+        error = None
         if step != self._last_saved and distributed.is_chief():
-            self.manager.save(checkpoint_number=step, options=self.options)
+            error = self._wait()  # the previous background write, if any, first
+            if not error:
+                try:
+                    self._pending_step = step
+                    self.manager.save(checkpoint_number=step, options=self.options)
+                except (OSError, tf.errors.OpError) as e:
+                    error = self._error(e)
+        self._raise_together(error)
         self._last_saved = step
 
-    def sync(self):
-        """Waits until rank 0's background write (if any) is complete and the index names it."""
-        if distributed.is_chief():
+    def _error(self, e):
+        return f"could not write the checkpoint of step {self._pending_step} to {self.manager.directory}: {e}"
+
+    def _wait(self):
+        # Rank 0: waits for its background write; the error message if it failed, else None.
+        if not distributed.is_chief():
+            return None
+        try:
             self.manager.sync()
+        except (OSError, tf.errors.OpError) as e:
+            return self._error(e)
+        step = self._pending_step
+        if step is None or os.path.exists(os.path.join(self.manager.directory, f"ckpt-{step}.index")):
+            return None
+        # TensorFlow's background writer keeps its exception until the next save and sync() does not raise
+        # it: the missing files show the failure, and the exception (a private attribute) says why.
+        writer = getattr(self.manager._checkpoint, "_async_checkpointer_impl", None)
+        reason = getattr(writer, "_async_error", None)
+        if reason is not None:
+            writer._async_error = None
+        return self._error(reason or "its files are missing after the write")
+
+    def _raise_together(self, error):
+        # Rank 0's outcome on every rank, so that all stop together instead of waiting for rank 0.
+        error = distributed.broadcast_object(error, name="hvd_lars.checkpoint_error")
+        if error:
+            raise CheckpointWriteError(error)
+
+    def sync(self):
+        """Waits until rank 0's background write (if any) is complete and the index names it. Not a
+        collective (any rank may call it; only rank 0 waits).
+
+        Raises:
+            CheckpointWriteError: on rank 0, the write failed.
+        """
+        error = self._wait()
+        if error:
+            raise CheckpointWriteError(error)
+
+    def finish(self):
+        """`sync` on every rank together: a collective that raises `CheckpointWriteError` on every rank when
+        rank 0's last write failed."""
+        self._raise_together(self._wait())
 
     def on_train_batch_end(self, batch, logs=None):
         # The epoch's last update is saved by on_epoch_end, after evaluation, so that a job killed while
@@ -306,13 +364,13 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         last_of_epoch = self.at_epoch_end and self.params and batch + 1 == self.params.get("steps")
         if self.every_steps and (batch + 1) % self.accumulation_steps == 0 and not last_of_epoch:
             if int(self.model.optimizer.iterations) % self.every_steps == 0:
-                self._save()
+                self.save()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.at_epoch_end:
-            self._save()
+            self.save()
 
     def on_train_end(self, logs=None):
         if not self.at_epoch_end:
-            self._save()
-        self.sync()
+            self.save()
+        self.finish()

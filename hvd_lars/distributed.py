@@ -7,14 +7,38 @@ run outside a launcher, everything works as a single process (rank 0 of world si
 """
 
 import os
+import re
 
 import numpy as np
 
 _hvd = None  # horovod.tensorflow once `init()` has run with Horovod available.
 
-# Environment variables that launchers set for every rank; used to refuse a silent single-process run
-# when a multi-rank job was asked for but Horovod is missing.
-_LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+# The number of processes a launcher started in this process's own job step, most specific first:
+# Open MPI's mpirun (also under horovodrun, and inside Slurm, where its daemons run as a step of their own),
+# Horovod's Gloo launcher, a PMI launcher (MPICH/Intel MPI's hydra, srun --mpi=pmi2), PMIx, srun. Job-level
+# variables such as SLURM_NTASKS are not among them: a batch step of one process has them too.
+LAUNCHER_SIZE_VARIABLES = (
+    "OMPI_COMM_WORLD_SIZE",
+    "HOROVOD_SIZE",
+    "PMI_SIZE",
+    "PMIX_SIZE",
+    "SLURM_STEP_NUM_TASKS",
+)
+
+
+class WorldSizeMismatch(RuntimeError):
+    """The launcher started a job of N processes but Horovod initialised another world size."""
+
+
+def launcher_world_size(environ=None):
+    """(variable, N): the first of `LAUNCHER_SIZE_VARIABLES` set to a whole number in `environ` (default
+    `os.environ`), or (None, None) when no launcher describes this process."""
+    environ = os.environ if environ is None else environ
+    for name in LAUNCHER_SIZE_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return name, int(value)
+    return None, None
 
 
 def init():
@@ -22,21 +46,33 @@ def init():
 
     Raises:
         RuntimeError: a launcher started several ranks but Horovod cannot be imported.
+        WorldSizeMismatch: a launcher says it started N processes (`launcher_world_size`) and Horovod
+            reports another world size, e.g. 1 because its MPI could not join the launcher's job (Horovod
+            built against another MPI, a missing PMI/PMIx plug-in): every process would train alone as
+            rank 0 and write the same run directory. The message names both figures.
     """
     global _hvd
     if _hvd is None:
+        variable, launched = launcher_world_size()
         try:
             import horovod.tensorflow as hvd
         except ImportError as e:
-            launched = [v for v in _LAUNCHER_SIZE_VARIABLES if int(os.environ.get(v, "1") or 1) > 1]
-            if launched:
+            if launched and launched > 1:
                 raise RuntimeError(
-                    f"This process was launched as one of several ranks ({launched[0]}="
-                    f"{os.environ[launched[0]]}) but Horovod is not importable: {e}. "
-                    "Run `make setup` (install/setup.sh) to build it."
+                    f"This process was launched as one of several ranks ({variable}={launched}) but Horovod "
+                    f"is not importable: {e}. Run `make setup` (install/setup.sh) to build it."
                 ) from e
             return 0, 1
         hvd.init()
+        # Elastic jobs change their size by design; their launcher's variables describe the first start.
+        if launched and launched != hvd.size() and os.environ.get("HOROVOD_ELASTIC") != "1":
+            raise WorldSizeMismatch(
+                f"the launcher started {launched} processes ({variable}={launched}) but Horovod "
+                f"initialised a world of {hvd.size()} rank(s), so each process would train on its own. "
+                "Horovod's MPI did not join the launcher's job: launch with the MPI Horovod was built "
+                "against (`horovodrun --check-build`; `mpirun --version`), and under Slurm with "
+                "`srun --mpi=pmix` (`srun --mpi=list` shows the plug-ins)."
+            )
         _hvd = hvd
     return rank(), size()
 
@@ -148,12 +184,17 @@ def allreduce_gradients(grads, reduction="overlap", compression="none"):
     else:
         wire = [tf.cast(g, tf.float32) if g.dtype == tf.bfloat16 else g for g in dense]
         op = _hvd.Average
+    # Named by position, not by the graph's tensor and scope names: those carry Keras's automatic layer
+    # names, which differ between ranks that created different numbers of layers (broadcast_variables).
     if reduction == "grouped":
         # One op: waits for every gradient, then Horovod fuses them into few messages.
-        reduced = _hvd.grouped_allreduce(wire, op=op)
+        reduced = _hvd.grouped_allreduce(wire, op=op, name="hvd_lars.gradients", ignore_name_scope=True)
     else:
         # One op per tensor: each is enqueued with Horovod as soon as its gradient exists.
-        reduced = [_hvd.allreduce(w, op=op) for w in wire]
+        reduced = [
+            _hvd.allreduce(w, op=op, name=f"hvd_lars.gradient.{i}", ignore_name_scope=True)
+            for i, w in zip(present, wire)
+        ]
     out = list(grads)
     for i, g, r in zip(present, dense, reduced):
         out[i] = tf.cast(r, g.dtype) if r.dtype != g.dtype else r
@@ -173,15 +214,101 @@ def all_ranks_true(flag, name="hvd_lars.all_ranks_true"):
     return tf.equal(noes, 0)
 
 
-def broadcast_variables(variables, root_rank=0):
-    """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values."""
+def broadcast_variables(variables, root_rank=0, what="variables"):
+    """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values.
+
+    The ranks first compare their lists (`check_same_variables`), then broadcast each variable under a
+    name given by its position in the list: Horovod pairs the ranks' collectives by name, and names made
+    from Keras's automatic layer names (`sequential_3/dense_7/...`) differ between ranks that created
+    different numbers of layers before, which would leave every rank waiting for a tensor that the others
+    never send.
+
+    Raises:
+        RuntimeError: the ranks' lists differ (see `check_same_variables`).
+    """
     if size() == 1:
         return
     import keras
+    import tensorflow as tf
 
+    check_same_variables(variables, what)
     tf_vars = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+
+    @tf.function(autograph=False)
+    def broadcast_all():
+        # One graph: the broadcasts run concurrently, and Horovod's background thread batches them.
+        for i, var in enumerate(tf_vars):
+            name = f"hvd_lars.broadcast.{i}"
+            var.assign(_hvd.broadcast(var.read_value(), root_rank, name=name, ignore_name_scope=True))
+
     # Same starting point on every rank: model weights, optimizer slots, step counter.
-    _hvd.broadcast_variables(tf_vars, root_rank=root_rank)
+    broadcast_all()
+
+
+def structural_path(variable):
+    """`variable.path` (or `.name`) without the numbers Keras appends to automatic names, e.g.
+    "sequential_3/dense_7/kernel" -> "sequential/dense/kernel", "sgd/dense_7_kernel_momentum" ->
+    "sgd/dense_kernel_momentum": what ranks that built the same model in different sessions agree on."""
+    path = getattr(variable, "path", None) or variable.name.split(":")[0]
+    return re.sub(r"_\d+(?=[_/]|$)", "", path)
+
+
+def describe_variables(variables):
+    """[(structural path, shape tuple, dtype name)] of `variables`, the description ranks compare."""
+    return [
+        (structural_path(v), tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype)))
+        for v in variables
+    ]
+
+
+def first_difference(lists, what="variables"):
+    """The message naming the first difference between rank 0's list (`lists[0]`) and another rank's,
+    or None when all equal. `lists[r]` is rank r's `describe_variables`."""
+    reference = lists[0]
+    for r, other in enumerate(lists[1:], start=1):
+        if other == reference:
+            continue
+        i = next(
+            (i for i, (a, b) in enumerate(zip(reference, other)) if a != b), min(len(reference), len(other))
+        )
+
+        def entry(items, i=i):
+            if i >= len(items):
+                return "nothing (its list ends there)"
+            path, shape, dtype = items[i]
+            return f"{path} {list(shape)} {dtype}"
+
+        return (
+            f"ranks disagree about the {what} they exchange: rank 0 has {len(reference)}, rank {r} has "
+            f"{len(other)}; first difference at position {i}: rank 0 {entry(reference)}, rank {r} "
+            f"{entry(other)}. Every rank must build the same model and optimizer (same layers, shapes and "
+            "dtypes, created in the same order)."
+        )
+    return None
+
+
+def check_same_variables(variables, what="variables"):
+    """Raises the same RuntimeError on every rank when the ranks' `variables` differ in number, shape,
+    dtype or structural path (`structural_path`), naming the first difference; returns otherwise.
+
+    A collective (one allgather of the descriptions): every rank must call it, before any collective
+    that exchanges the variables, so that a mismatch is an error instead of a hang. No-op with size 1.
+    """
+    if size() == 1:
+        return
+    # Python lists travel pickled; Horovod's allgather_object gathers one per rank, in rank order.
+    lists = _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists")
+    message = first_difference(lists, what)
+    if message:
+        raise RuntimeError(message)
+
+
+def broadcast_object(value, root_rank=0, name="hvd_lars.broadcast_object"):
+    """Rank `root_rank`'s picklable `value` on every rank (itself with size 1): how a decision taken on
+    rank 0 alone (a work directory it cannot write) reaches every rank."""
+    if size() == 1:
+        return value
+    return _hvd.broadcast_object(value, root_rank=root_rank, name=name)
 
 
 def average_variables(variables, name="hvd_lars.average_variables"):

@@ -169,14 +169,24 @@ def _main(argv):
     logging.set_verbosity(logging.WARNING)
     # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported).
     threads.apply_horovod_cpu_defaults()
+    from hvd_lars.callbacks import CheckpointWriteError
+    from hvd_lars.distributed import WorldSizeMismatch
+    from hvd_lars.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
     from hvd_lars.train import run
 
     try:
         run(config_from_flags())
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, FileNotFoundError, ImportError, WorldSizeMismatch, CheckpointWriteError) as e:
         # Bad input or a missing optional package: one clear line, exit status 2, no traceback.
         print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except TrainingDiverged as e:
+        print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_DIVERGED)
+    except Preempted as e:
+        # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
+        print(f"[hvd_lars] {e}", flush=True)
+        sys.exit(EXIT_PREEMPTED)
 
 
 def main():

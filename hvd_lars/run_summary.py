@@ -28,7 +28,8 @@ class RunSummary(keras.callbacks.Callback):
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
     attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
     evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
-    one), git_sha, date, machine and software versions.
+    one), stopped (only when training stopped early: reason "TrainingDiverged" or "Preempted", step,
+    message), git_sha, date, machine and software versions.
     """
 
     def __init__(self, run_dir, run_name, config, plan, start_step, threads=None):
@@ -72,6 +73,12 @@ class RunSummary(keras.callbacks.Callback):
         if not os.path.exists(path):
             return None
         return read_json(path)
+
+    def record_stop(self, reason, step, message):
+        """Records why training stopped early under "stopped" ({"reason", "step", "message"}) and writes
+        the file (rank 0)."""
+        self.summary["stopped"] = {"reason": reason, "step": step, "message": message}
+        self._update()
 
     def on_epoch_end(self, epoch, logs=None):
         entry = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}

@@ -236,6 +236,32 @@ def _input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
     )
 
 
+def _fit(model, data, plan, config, callbacks, step, chief):
+    """`model.fit` from update `step` to the plan's last. A run resumed mid-epoch first finishes that epoch,
+    then runs the remaining whole epochs. The training stream is a function of the seed and the position,
+    so starting it at the micro-batches already consumed puts every rank exactly where the interrupted run
+    was, without reading or decoding any of them (InputPipeline.train_from)."""
+    import tensorflow as tf
+
+    micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
+    while step < plan.total_steps:
+        train = data.train_from(step * plan.accumulation_steps)
+        if config.label_smoothing:
+            train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
+        epoch = step // plan.steps_per_epoch
+        done_in_epoch = step - epoch * plan.steps_per_epoch
+        model.fit(
+            train,
+            initial_epoch=epoch,
+            epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
+            steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,
+            callbacks=callbacks,
+            verbose=config.verbose if chief else 0,
+            shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
+        )
+        step = int(model.optimizer.iterations)
+
+
 def run(config, extra_callbacks=()):
     """Trains according to `config` on every rank; returns the summary dict.
 
@@ -246,8 +272,14 @@ def run(config, extra_callbacks=()):
             what they add to the epoch logs is recorded.
 
     Raises:
-        ValueError: bad configuration (before any data is read or model built).
+        ValueError: bad configuration (before any data is read or model built), or a run directory that
+            is not writable or lacks the space for a few checkpoints (before training).
         FileNotFoundError: missing data.
+        hvd_lars.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank raises it
+            after the same update; summary.json records it).
+        hvd_lars.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the same
+            update, whose checkpoint rank 0 wrote.
+        hvd_lars.callbacks.CheckpointWriteError: rank 0 could not write a checkpoint (every rank raises it).
     """
     rank, world_size = distributed.init()
     config.validate(world_size)
@@ -257,7 +289,7 @@ def run(config, extra_callbacks=()):
     import tensorflow as tf
 
     from hvd_lars import callbacks as cb
-    from hvd_lars import epoch_logs
+    from hvd_lars import epoch_logs, faults
     from hvd_lars.data import get_input
     from hvd_lars.horovod_callbacks import MetricAverageCallback, broadcast_model_and_optimizer
     from hvd_lars.models import get_model
@@ -292,7 +324,6 @@ def run(config, extra_callbacks=()):
                 flush=True,
             )
         print(f"[hvd_lars] run directory {run_dir}", flush=True)
-        os.makedirs(run_dir, exist_ok=True)
 
     model = get_model(config.model, num_classes=data.num_classes, input_shape=data.input_shape)
     optimizer = build_optimizer(config, plan)
@@ -300,6 +331,10 @@ def run(config, extra_callbacks=()):
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     optimizer.build(model.trainable_variables)
+    # Before anything is written: the run directory is writable and holds a few checkpoints.
+    faults.check_run_dir(
+        run_dir, faults.checkpoint_bytes(model.variables + optimizer.variables), config.keep_checkpoints
+    )
     note = batch_norm_note(model, plan)
     if note and chief:
         print(f"[hvd_lars] {note}", flush=True)
@@ -320,22 +355,26 @@ def run(config, extra_callbacks=()):
     start_step = int(optimizer.iterations)
     if start_step and chief:
         _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
-    micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
 
+    checkpointer = cb.PeriodicCheckpoint(
+        manager,
+        config.checkpoint_every_steps,
+        plan.accumulation_steps,
+        at_epoch_end=config.checkpoint_at_epoch_end,
+        asynchronous=config.async_checkpoints,
+    )
+    signals = faults.StopSignals()
+    guard = faults.FaultGuard(signals, checkpointer, plan.accumulation_steps, plan.total_steps)
     callbacks = [
+        # First: nothing of a diverged update is evaluated, logged or saved.
+        guard,
         MetricAverageCallback(),
         cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
         cb.LearningRateLogger(),
         cb.ExactEvaluation(
             data.eval, data.num_eval_examples, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
         ),
-        cb.PeriodicCheckpoint(
-            manager,
-            config.checkpoint_every_steps,
-            plan.accumulation_steps,
-            at_epoch_end=config.checkpoint_at_epoch_end,
-            asynchronous=config.async_checkpoints,
-        ),
+        checkpointer,
     ]
     if data.validation is not None:
         # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
@@ -355,7 +394,7 @@ def run(config, extra_callbacks=()):
             local = int(data.skipped_corrupt.numpy())
             logs["skipped_corrupt_images"] = float(distributed.allreduce_sum([local], "hvd_lars.skipped")[0])
 
-        callbacks.insert(1, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
+        callbacks.insert(2, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
     callbacks += list(extra_callbacks)
     if chief:
         # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
@@ -373,29 +412,15 @@ def run(config, extra_callbacks=()):
             )
         return RunSummary.load(run_dir)
     summary = RunSummary(run_dir, run_name, config, plan, start_step, threads=threads)
-    callbacks.append(summary)
+    callbacks += [summary, guard.after_epoch()]
 
-    # A run resumed mid-epoch first finishes that epoch, then runs the remaining whole epochs. The
-    # training stream is a function of the seed and the position, so starting it at the micro-batches
-    # already consumed puts every rank exactly where the interrupted run was, without reading or
-    # decoding any of them (InputPipeline.train_from).
-    step = start_step
-    while step < plan.total_steps:
-        train = data.train_from(step * plan.accumulation_steps)
-        if config.label_smoothing:
-            train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
-        epoch = step // plan.steps_per_epoch
-        done_in_epoch = step - epoch * plan.steps_per_epoch
-        model.fit(
-            train,
-            initial_epoch=epoch,
-            epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
-            steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,
-            callbacks=callbacks,
-            verbose=config.verbose if chief else 0,
-            shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
-        )
-        step = int(optimizer.iterations)
+    # SIGTERM / SIGUSR1 stop every rank at the next update boundary, with a checkpoint (faults.FaultGuard).
+    with signals:
+        try:
+            _fit(model, data, plan, config, callbacks, start_step, chief)
+        except (faults.TrainingDiverged, faults.Preempted) as e:
+            summary.record_stop(type(e).__name__, e.step, str(e))
+            raise
 
     result = summary.summary
     if chief:

@@ -26,6 +26,18 @@ export KMP_BLOCKTIME="${KMP_BLOCKTIME:-1}"
 # Horovod's tensor fusion is left at its defaults (128 MiB buffer, 1 ms cycle in 0.28.1): 64 MiB / 5 ms
 # measured no different on ResNet-50's and AlexNet's gradients (results/communication.md). Set
 # HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME before launching to change them; the launchers pass them on.
+# Faults (issue 13; tests/test_faults.py, results/faults.md). A rank that dies ends the job through its
+# launcher within seconds: mpirun (also under horovodrun) kills the other ranks when one exits on a signal
+# or non-zero, horovodrun --gloo's driver does the same, srun does with --kill-on-bad-exit=1 (train.sbatch).
+# Horovod's own timers cover a rank that is alive but stuck (a deadlock, a hung file system): the stall
+# check warns, naming the missing ranks and tensors, after 60 s (Horovod's default); the stall shutdown
+# ends the job after 15 min instead of never (Horovod's default is never). 15 min is longer than rank 0's
+# longest lone work while the others wait in a collective: listing an ImageNet image folder on a network
+# file system, a checkpoint written to a slow disk. Gloo's operations and rendezvous give up after 60 s
+# without their peers (Horovod's default is 30 s, short for a 100-host rendezvous).
+export HOROVOD_STALL_CHECK_TIME_SECONDS="${HOROVOD_STALL_CHECK_TIME_SECONDS:-60}"
+export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-900}"
+export HOROVOD_GLOO_TIMEOUT_SECONDS="${HOROVOD_GLOO_TIMEOUT_SECONDS:-60}"
 # Open MPI refuses root unless told (containers, CI).
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -24,10 +24,11 @@ else
   [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
   hosts=(--hostfile "$hostfile")
 fi
-# Passed on only when set: the caller's PYTHONPATH (e.g. a checkout other than the installed one) and
-# Horovod's fusion settings (env.sh leaves them at Horovod's defaults).
+# Passed on only when set: the caller's PYTHONPATH (e.g. a checkout other than the installed one),
+# Horovod's fusion settings (env.sh leaves them at Horovod's defaults) and its stall and Gloo timeouts.
 forward=()
-for name in PYTHONPATH HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME; do
+for name in PYTHONPATH HOROVOD_FUSION_THRESHOLD HOROVOD_CYCLE_TIME HOROVOD_STALL_CHECK_TIME_SECONDS \
+  HOROVOD_STALL_SHUTDOWN_TIME_SECONDS HOROVOD_GLOO_TIMEOUT_SECONDS; do
   [ -z "${!name:-}" ] || forward+=(-x "$name")
 done
 # ppr:N:socket places N ranks on each socket; PE=T gives each rank T cores, bound (OMP threads stay put).

@@ -48,10 +48,10 @@ def _timed_checkpoint_class():
 
         blocked = []
 
-        def _save(self):
+        def save(self):
             saves = int(self.model.optimizer.iterations) != self._last_saved
             start = time.perf_counter()
-            super()._save()
+            super().save()
             if saves:
                 TimedCheckpoint.blocked.append(time.perf_counter() - start)
 

@@ -1,40 +1,75 @@
-"""The main program with injected fault for the resume tests: the process SIGKILLs itself once
-`--kill_at_step` optimizer updates are applied, as a pre-empted or crashed job dies (no clean-up, no
-final checkpoint). Test-only: it adds one Keras callback through `hvd_lars.train.run(extra_callbacks=...)`,
-after the checkpoint callback, so a checkpoint due at that update is written before the kill: with
-asynchronous checkpoints (the default) the kill waits for rank 0's background write to complete, so the
+"""The main program with an injected fault for the resume and fault tests: once `--kill_at_step` optimizer
+updates are applied, the process sends itself `--kill_signal`: KILL, as a crashed job or a dying host ends
+(no clean-up, no final checkpoint), or TERM / USR1, as Slurm's pre-emption and its warning before the time
+limit arrive. Test-only: it adds one Keras callback through `hvd_lars.train.run(extra_callbacks=...)`, after
+the checkpoint callback, so a checkpoint due at that update is written before the signal: with
+asynchronous checkpoints (the default) the signal waits for rank 0's background write to complete, so the
 tests see a job killed just after a save, whatever the disk's speed. (Killed while a write is under way,
 a job keeps the checkpoint before it: tests/test_resume.py.)
 
-Usage: python tests/kill_at_step.py --kill_at_step=N [every flag of python -m hvd_lars.main]
-(also one process per rank under horovodrun: every rank dies after the same update).
+Usage: python tests/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
+           [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
+(--block_checkpoints_at_step: rank 0 replaces the checkpoint folder by a file after update M.)
+(also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
+update; FILE receives the time.time() of the signal.)
 """
 
 import functools
 import os
+import shutil
 import signal
+import time
 
 import keras
 from absl import flags
 
-from hvd_lars import callbacks, main, train
+from hvd_lars import callbacks, distributed, main, train
 
-flags.DEFINE_integer("kill_at_step", 0, "SIGKILL this process once this many updates are applied (0: never).")
+flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many updates are applied (0: never).")
+flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
+flags.DEFINE_integer("kill_rank", -1, "Only this rank signals itself (-1: every rank).")
+flags.DEFINE_string("kill_record", "", "File that receives the time (time.time()) of the signal.")
+flags.DEFINE_integer(
+    "block_checkpoints_at_step", 0, "Replace the checkpoint folder by a file after this update (0: never)."
+)
+
+
+class BlockCheckpoints(keras.callbacks.Callback):
+    """After update `step`, replaces the run's checkpoint folder by a plain file, so that the next
+    checkpoint cannot be written (as on a full or read-only file system)."""
+
+    def __init__(self, step, folder):
+        super().__init__()
+        self.step = step
+        self.folder = folder
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == self.step:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            with open(self.folder, "w") as f:
+                f.write("not a folder")
 
 
 class KillAtStep(keras.callbacks.Callback):
-    """SIGKILLs this process at the end of the batch whose update brings the optimizer to `step` updates
-    (with gradient accumulation: the micro-batch that applies it)."""
+    """Sends `signum` to this process at the end of the batch whose update brings the optimizer to `step`
+    updates (with gradient accumulation: the micro-batch that applies it), once."""
 
-    def __init__(self, step):
+    def __init__(self, step, signum=signal.SIGKILL, record=""):
         super().__init__()
         self.step = step
+        self.signum = signum
+        self.record = record
+        self._sent = False
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) >= self.step:
+        if not self._sent and int(self.model.optimizer.iterations) >= self.step:
+            self._sent = True
             for checkpointer in _checkpointers:
-                checkpointer.sync()
-            os.kill(os.getpid(), signal.SIGKILL)
+                checkpointer.sync()  # not a collective: rank 0 waits for its write
+            if self.record:
+                with open(self.record, "w") as f:
+                    f.write(repr(time.time()))
+            os.kill(os.getpid(), self.signum)
 
 
 _checkpointers = []
@@ -47,8 +82,14 @@ class _RecordedPeriodicCheckpoint(callbacks.PeriodicCheckpoint):
 
 
 def _run_with_fault(config, run=train.run):
-    step = flags.FLAGS.kill_at_step
-    return run(config, extra_callbacks=[KillAtStep(step)] if step else ())
+    f = flags.FLAGS
+    extra = ()
+    if f.kill_at_step and f.kill_rank in (-1, distributed.init()[0]):
+        extra = [KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record)]
+    if f.block_checkpoints_at_step and distributed.init()[0] == 0:
+        folder = os.path.join(config.workdir, config.run_name, "checkpoints")
+        extra = [*extra, BlockCheckpoints(f.block_checkpoints_at_step, folder)]
+    return run(config, extra_callbacks=extra)
 
 
 if __name__ == "__main__":

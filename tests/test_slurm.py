@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -98,3 +99,38 @@ def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
     assert summary["resumed_from_step"] >= 5 and summary["world_size"] == 2
     assert summary["epochs"][-1]["epoch"] == 2
+
+
+def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
+    # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
+    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=0",
+                  "--resume=true")  # fmt: skip
+    summary_path = tmp_path / "smoke" / "summary.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and not summary_path.exists():  # written just before the first update
+        time.sleep(0.5)
+    time.sleep(3)
+    assert cluster.job_state(job) == "RUNNING"
+    # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.
+    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    deadline = time.time() + 120
+    while time.time() < deadline and cluster.job_state(job) != "PENDING":
+        time.sleep(0.5)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
+    assert match and match.group(1) == match.group(2), log[-3000:]
+    step = int(match.group(1))
+    # srun's status is 75 (hvd_lars.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a rank
+    # that had not yet exited after the first one exited 75; the USR1 the script passed on settles it.
+    assert 0 < step < 80
+    assert re.search(r"training stopped at a checkpoint \(status (75|143)\): requeueing", log)
+    # The batch script requeued its own job and then exits: let its step end before the job starts again
+    # (started at once, Slurm refuses it: "Job credential revoked"; a real requeue waits minutes).
+    time.sleep(10)
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    state = cluster.wait(job, timeout=600)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", state + log[-3000:]
+    assert f"(step {step})" in log and "restart 1" in log
+    summary = json.loads(summary_path.read_text())
+    assert summary["resumed_from_step"] == step and summary["epochs"][-1]["epoch"] == 2

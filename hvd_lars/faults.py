@@ -1,0 +1,243 @@
+"""How training stops on a fault: every rank agrees, at an update boundary, and the run keeps its last
+complete checkpoint.
+
+- Divergence: a non-finite loss or variable on any rank stops every rank after the same update, before any
+  checkpoint of non-finite weights is written (so none rotates a finite one out): `TrainingDiverged`,
+  exit status `EXIT_DIVERGED` from the main program.
+- Preemption: SIGTERM (Slurm's pre-emption and scancel, a container stop) or SIGUSR1 (what
+  launch/slurm/train.sbatch asks Slurm to send before the time limit) received by any rank stops every rank
+  at the next update boundary; rank 0 writes a checkpoint of that step and the main program exits with
+  `EXIT_PREEMPTED`, which the batch script turns into a requeue; the requeued run resumes from that step.
+- The run directory is checked for write access and free space before training (`check_run_dir`).
+
+The decisions are collective (one allreduce of 2 numbers per update, `FaultGuard`), so no rank enters a
+collective that another has left, and no rank waits for one that never comes.
+"""
+
+import os
+import shutil
+import signal
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvd_lars import distributed
+
+# EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the job stopped cleanly
+# at a checkpoint because it was asked to and should be started again. Not 143 (128 + SIGTERM), which is
+# what a process killed by SIGTERM before it could save reports.
+EXIT_PREEMPTED = 75
+# Training diverged: starting again with the same flags would diverge again; not a retry.
+EXIT_DIVERGED = 3
+# The signals that ask training to stop at the next update boundary and checkpoint.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the weights became non-finite; `step` (the update that made them so) and
+    `learning_rate` (that update's rate) are attributes."""
+
+    def __init__(self, message, step, learning_rate):
+        super().__init__(message)
+        self.step = step
+        self.learning_rate = learning_rate
+
+
+class Preempted(Exception):
+    """Training stopped at update `step` because a rank received `signal_name`; `checkpoint` is the path of
+    the checkpoint rank 0 wrote at that step (None on the other ranks)."""
+
+    def __init__(self, message, step, signal_name, checkpoint):
+        super().__init__(message)
+        self.step = step
+        self.signal_name = signal_name
+        self.checkpoint = checkpoint
+
+
+class StopSignals:
+    """Context manager: while inside, SIGTERM and SIGUSR1 are recorded (`received`, the first one's name)
+    instead of ending the process; the previous handlers come back on exit. Outside the main thread, where
+    Python cannot install handlers, it records nothing and the signals keep their defaults."""
+
+    def __init__(self, signals=STOP_SIGNALS):
+        self.signals = signals
+        self.received = None
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+
+    def __enter__(self):
+        for s in self.signals:
+            try:
+                self._previous[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread
+                break
+        return self
+
+    def __exit__(self, *exc):
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
+        return False
+
+
+def _all_finite(variables):
+    @tf.function(autograph=False)
+    def check():
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
+
+    return check
+
+
+class FaultGuard(keras.callbacks.Callback):
+    """At every update boundary, on every rank: stops training on all ranks when any rank's loss or model
+    or optimizer variables (weights, batch-norm statistics, slots) are non-finite (`TrainingDiverged`), or
+    when any rank received a stop signal (rank 0 then saves a checkpoint through `checkpoint.save()` and
+    every rank raises `Preempted`; at an epoch's last update, after the epoch's own callbacks).
+
+    Batch-norm moving variances overflow first (they hold squared activations): a run diverging at a
+    huge rate had infinite moving variances one update before its weights or loss became non-finite.
+
+    Place it before the checkpoint, evaluation and logging callbacks, so that nothing of a diverged update
+    is saved, and `after_epoch()` after all of them. Under a `LossScaleOptimizer` the loss is not checked (a
+    non-finite scaled loss is how the loss scaler finds overflows; it skips that update), the variables
+    are.
+
+    Args:
+        signals: `StopSignals` in force while training.
+        checkpoint: `hvd_lars.callbacks.PeriodicCheckpoint` (its `save()` is a collective).
+        accumulation_steps: micro-batches per update; checks run only at update boundaries.
+        total_steps: the run's last update (a signal that arrives during it does not stop a finished run).
+    """
+
+    def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
+        super().__init__()
+        self.total_steps = float("inf") if total_steps is None else total_steps
+        self.signals = signals
+        self.checkpoint = checkpoint
+        self.accumulation_steps = accumulation_steps
+        self._finite = None
+        self._rate = None
+        self._pending = None  # (step, ranks signalled) once the ranks agreed to stop
+
+    def on_train_begin(self, logs=None):
+        # Weights, batch-norm moving statistics and optimizer slots: all of it goes into a checkpoint.
+        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        self._finite = _all_finite([v.value for v in variables if "float" in str(v.dtype)])
+        self._scaled = isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+    def _boundary(self, batch):
+        return (batch + 1) % self.accumulation_steps == 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._boundary(batch):
+            # The rate of the update this micro-batch applies (a schedule's is a function of the counter).
+            self._rate = self.model.optimizer.learning_rate
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._boundary(batch):
+            return
+        finite = bool(self._finite())
+        if not self._scaled and logs and "loss" in logs:
+            finite = finite and bool(np.isfinite(float(logs["loss"])))
+        # Votes of all ranks: how many saw non-finite values, how many received a stop signal.
+        diverged, signalled = distributed.allreduce_sum(
+            [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0], name="hvd_lars.fault_guard"
+        )
+        step = int(self.model.optimizer.iterations)
+        if diverged:
+            rate = float(keras.ops.convert_to_numpy(self._rate))
+            self.checkpoint.finish()  # a background write under way completes and is named
+            kept = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
+            kept = f"the last finite checkpoint, {kept}, is kept" if kept else "no checkpoint was written yet"
+            raise TrainingDiverged(
+                f"training diverged at step {step} (learning rate {rate:.6g}): non-finite loss or variables "
+                f"on {int(diverged)} of {distributed.size()} rank(s); {kept}. Lower --peak_learning_rate "
+                "(or --base_learning_rate) or lengthen --warmup_epochs, and start afresh (--noresume or "
+                "another --run_name).",
+                step,
+                rate,
+            )
+        if signalled and not self._pending:
+            self._pending = (step, int(signalled))
+            if batch + 1 != (self.params or {}).get("steps"):
+                self._stop()
+            # At the epoch's last update: the epoch ends first (evaluation, its checkpoint of this step, its
+            # logs), so that the resumed run, which starts with the next epoch, misses none of it; the
+            # callback from `after_epoch()` then stops training.
+
+    def _stop(self):
+        step, signalled = self._pending
+        # This update's checkpoint (already written at an epoch end: save() does not repeat it), complete
+        # on disk before any rank exits, also when it is written in the background.
+        self.checkpoint.save()
+        self.checkpoint.finish()
+        path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else "written by rank 0"
+        name = self.signals.received
+        raise Preempted(
+            f"preempted: a stop signal (SIGTERM or SIGUSR1) reached {signalled} of {distributed.size()} "
+            f"rank(s) (this one: {name or 'none'}); stopped at step {step}, checkpoint {path}. Start the "
+            f"same command again to resume from step {step} (exit status {EXIT_PREEMPTED}: requeue).",
+            step,
+            name,
+            path,
+        )
+
+    def after_epoch(self):
+        """The callback to place last (after checkpoints, evaluation and loggers): it stops training at the
+        end of an epoch whose last update found a stop signal."""
+        guard = self
+
+        class StopAfterEpoch(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                # After the last update of the run there is nothing left to resume: training ends normally.
+                if guard._pending and guard._pending[0] < guard.total_steps:
+                    guard._stop()
+
+        return StopAfterEpoch()
+
+
+def checkpoint_bytes(variables):
+    """Bytes the values of `variables` (Keras or tf variables) take in a checkpoint: their sizes times their
+    dtypes' widths (the checkpoint adds an index of a few KiB)."""
+    return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+
+
+def run_dir_problem(run_dir, needed_bytes):
+    """Why training cannot write to `run_dir` (str), or None: it cannot be created, a file cannot be
+    written in it, or its file system has fewer than `needed_bytes` (int) free. Creates `run_dir`."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, f".write_test.{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"0")
+        os.remove(probe)
+    except OSError as e:
+        return f"cannot write the run directory {run_dir}: {e}. Choose a writable --workdir."
+    free = shutil.disk_usage(run_dir).free
+    if free < needed_bytes:
+        return (
+            f"the run directory {run_dir} has {free / 2**20:.1f} MiB free, but training needs "
+            f"{needed_bytes / 2**20:.1f} MiB there for its checkpoints. Free space, lower "
+            "--keep_checkpoints, or choose another --workdir."
+        )
+    return None
+
+
+def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
+    """Refuses to train when rank 0 cannot write `run_dir` or lacks room for `keep_checkpoints` + 1
+    checkpoints of `checkpoint_size` bytes (the manager writes a new one before deleting the oldest).
+
+    A collective: rank 0 decides, every rank raises the same error.
+
+    Raises:
+        ValueError: naming the path, the free and the needed space.
+    """
+    needed = (keep_checkpoints + 1) * checkpoint_size
+    problem = run_dir_problem(run_dir, needed) if distributed.is_chief() else None
+    problem = distributed.broadcast_object(problem, name="hvd_lars.run_dir_check")
+    if problem:
+        raise ValueError(problem)

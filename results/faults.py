@@ -1,0 +1,254 @@
+"""Fault scenarios on 2 real Horovod ranks, each repeated, and what every run left behind (issue 13).
+
+Run from the repository root, with the machine to itself (timings are reported):
+
+    bench .venv/bin/python results/faults.py                  # 5 repetitions of every scenario
+    .venv/bin/python results/faults.py --repetitions=1 --scenarios=sigterm,sigkill --out=/tmp/faults.md
+
+Writes results/faults.md (--out): per scenario the repetitions, the time from the fault to the end of the
+job (min / median / max), what was left (exit status, checkpoints, summary.json) and whether the resumed
+run matched an uninterrupted one; with the command, git SHA, date and machine. Faults are injected by
+tests/kill_at_step.py and tests/mismatch_worker.py (test-only code; the library has no fault hooks).
+
+Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per epoch, 16 in all):
+  sigkill    rank 1 SIGKILLed after a random update: the job must end within 60 s; the latest checkpoint
+             (every 5 updates) loads; the run resumed from it must end where the uninterrupted run ends.
+  sigterm    rank 1 receives SIGTERM after a random update k: every rank stops at update k + 1, rank 0
+             checkpoints it, status 75; the resumed run starts at k + 1 and must end where the
+             uninterrupted run ends (weights and slots exactly; batch-norm moving statistics to 1e-5).
+  usr1       the same with SIGUSR1 to rank 0 (Slurm's warning before the time limit).
+  diverge    peak learning rate 1,000 (momentum SGD): every rank stops at the same update with status 3;
+             every kept checkpoint is finite; summary.json is strict JSON.
+  mismatch   rank 1's model has one more layer: an error naming the first difference, no hang.
+  exit       a complete run: time from rank 0's final line to the end of the job.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+KILLER = os.path.join(REPO, "tests", "kill_at_step.py")
+MISMATCH = os.path.join(REPO, "tests", "mismatch_worker.py")
+FLAGS = [
+    "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048", "--max_eval_examples=500",
+    "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
+]  # fmt: skip
+TOTAL_STEPS = 16
+SCENARIOS = ("sigkill", "sigterm", "usr1", "diverge", "mismatch", "exit")
+TIMEOUT_S = 600
+ABOUT = (
+    "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
+    "(Open MPI). Time to exit: from the fault (the signal; for `mismatch` the start; for `exit` rank 0's "
+    "final line) to the end of the job, seconds. Matched: the resumed run's final checkpoint against an "
+    "uninterrupted run's: weights, optimizer slots and step exactly, batch-norm moving statistics to "
+    "1e-5 of each tensor's largest magnitude (averaged over the ranks at the resumed checkpoint in one run "
+    "only; the average of the ranks' linear moving averages is the same either way up to float32 rounding)."
+)
+
+
+def _train(workdir, *flags, fault=(), lines=None):
+    """Runs 2 ranks; returns (exit status, output, time.time() at the end, time of `lines`' match)."""
+    program = [KILLER, *fault] if fault else ["-m", "hvd_lars.main"]
+    cmd = TWO_RANKS + [sys.executable] + program + FLAGS + [f"--workdir={workdir}", *flags]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, seen = [], None
+    deadline = time.time() + TIMEOUT_S
+    for line in p.stdout:
+        out.append(line)
+        if lines and seen is None and lines in line:
+            seen = time.time()
+        if time.time() > deadline:
+            p.kill()
+    p.wait()
+    return p.returncode, "".join(out), time.time(), seen
+
+
+def _checkpoints(run_dir):
+    folder = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(folder) if f.endswith(".index"))
+
+
+def _load(run_dir, step=None):
+    import tensorflow as tf
+
+    folder = os.path.join(run_dir, "checkpoints")
+    reader = tf.train.load_checkpoint(os.path.join(folder, f"ckpt-{step}") if step else folder)
+    names = [n for n in reader.get_variable_to_shape_map() if "model" in n or "optimizer" in n]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _compare(a, b):
+    """(exact: weights, slots and step equal; the largest difference of a batch-norm moving statistic
+    relative to that tensor's largest magnitude)."""
+    if a.keys() != b.keys():
+        return False, float("inf")
+    exact, moving = True, 0.0
+    for name in a:
+        if "moving_" in name:
+            scale = float(np.max(np.abs(a[name]))) or 1.0
+            moving = max(moving, float(np.max(np.abs(a[name] - b[name]))) / scale)
+        elif not np.array_equal(a[name], b[name]):
+            exact = False
+    return exact, moving
+
+
+def _strict(path):
+    def refuse(token):
+        raise ValueError(token)
+
+    try:
+        with open(path) as f:
+            return json.load(f, parse_constant=refuse)
+    except (OSError, ValueError):
+        return None
+
+
+def _record(workdir):
+    return os.path.join(workdir, "fault_time")
+
+
+def run_signal(workdir, reference, kind):
+    k = random.randint(1, TOTAL_STEPS - 2)
+    signal_name, rank = {"sigkill": ("KILL", 1), "sigterm": ("TERM", 1), "usr1": ("USR1", 0)}[kind]
+    flags = ["--checkpoint_every_steps=5"] if kind == "sigkill" else []
+    fault = [f"--kill_at_step={k}", f"--kill_signal={signal_name}", f"--kill_rank={rank}"]
+    status, out, ended, _ = _train(workdir, *flags, fault=fault + [f"--kill_record={_record(workdir)}"])
+    with open(_record(workdir)) as f:
+        to_exit = ended - float(f.read())
+    run_dir = os.path.join(workdir, "r")
+    steps = _checkpoints(run_dir)
+    expected = k + 1 if kind != "sigkill" else None
+    left = f"status {status}; checkpoints {steps}"
+    ok = status != 0 and to_exit < 60
+    if expected is not None:
+        ok = ok and f"stopped at step {expected}," in out and expected in steps
+        left += f"; stopped at step {expected}" if f"stopped at step {expected}," in out else "; NO STOP LINE"
+    latest = _load(run_dir)
+    ok = ok and all(np.isfinite(v).all() for v in latest.values())
+    resumed_status, out2, _, _ = _train(workdir, *flags)
+    start = re.search(r"\(step (\d+)\)", out2)
+    exact, moving = _compare(reference, _load(run_dir))
+    matched = resumed_status == 0 and exact and moving < 1e-5
+    detail = f"signal after update {k}, resumed from step {start.group(1) if start else '?'}"
+    detail += "" if exact else ", WEIGHTS DIFFER"
+    return dict(ok=ok and matched, to_exit=to_exit, left=left, matched=matched, moving=moving, detail=detail)
+
+
+def run_diverge(workdir):
+    flags = ["--optimizer=momentum", "--peak_learning_rate=1000", "--checkpoint_every_steps=1"]
+    status, out, ended, _ = _train(workdir, *flags, "--keep_checkpoints=3")
+    match = re.search(r"training diverged at step (\d+) \(learning rate ([0-9.e+-]+)\)", out)
+    run_dir = os.path.join(workdir, "r")
+    steps = _checkpoints(run_dir)
+    finite = all(all(np.isfinite(v).all() for v in _load(run_dir, s).values()) for s in steps)
+    summary = _strict(os.path.join(run_dir, "summary.json"))
+    both = match and out.count(f"training diverged at step {match.group(1)} ") >= 2
+    ok = bool(status != 0 and both and finite and summary and summary.get("stopped"))
+    left = f"status {status}; kept checkpoints {steps}, all finite: {finite}; "
+    left += f"strict summary.json: {bool(summary)}"
+    detail = f"stopped at step {match.group(1)}, rate {match.group(2)}" if match else "no divergence line"
+    return dict(ok=ok, to_exit=None, left=left, matched=None, moving=None, detail=detail)
+
+
+def run_mismatch(workdir):
+    start = time.time()
+    p = subprocess.run(
+        TWO_RANKS + [sys.executable, MISMATCH, workdir], cwd=REPO, capture_output=True, text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    errors = [str(np.load(os.path.join(workdir, f"rank{r}.npz"))["error"]) for r in range(2)]
+    ok = p.returncode == 0 and all("first difference at position 2" in e for e in errors)
+    left = "both ranks raised: " + (errors[0].split(";")[1].strip() if ok else "NO ERROR")
+    return dict(ok=ok, to_exit=time.time() - start, left=left, matched=None, moving=None, detail="")
+
+
+def run_exit(workdir):
+    status, _, ended, final = _train(workdir, lines="final test top-1")
+    ok = status == 0 and final is not None and ended - final < 10
+    to_exit = ended - final if final else None
+    return dict(ok=ok, to_exit=to_exit, left=f"status {status}", matched=None, moving=None, detail="")
+
+
+def report(results, args, out):
+    from hvd_lars import provenance
+
+    cpu = provenance.cpu()
+    command = " ".join(["python", "results/faults.py"] + sys.argv[1:])
+    lines = [
+        "# Faults on 2 Horovod ranks (issue 13)",
+        "",
+        f"Made by `{command}` at git {provenance.git_sha()}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on {provenance.machine()} "
+        f"(CPU flags: {', '.join(cpu.get('flags', [])) or 'none of note'}).",
+        "",
+        ABOUT,
+        "",
+        "| scenario | repetitions | passed | time to exit (min / median / max, s) | what was left | "
+        "resume matched (largest moving-statistics difference) | details |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        times = [r["to_exit"] for r in runs if r["to_exit"] is not None]
+        timing = f"{min(times):.1f} / {statistics.median(times):.1f} / {max(times):.1f}" if times else "-"
+        matched = [r["matched"] for r in runs if r["matched"] is not None]
+        moving = max((r["moving"] for r in runs if r["moving"] is not None), default=None)
+        match_text = f"{sum(matched)} of {len(matched)} ({moving:.1e})" if matched else "-"
+        lines.append(
+            f"| {name} | {len(runs)} | {sum(r['ok'] for r in runs)} | {timing} | {runs[-1]['left']} | "
+            f"{match_text} | {'; '.join(r['detail'] for r in runs if r['detail'])} |"
+        )
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--out", default=os.path.join(REPO, "results", "faults.md"))
+    args = parser.parse_args()
+    scenarios = args.scenarios.split(",")
+    unknown = sorted(set(scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenarios {unknown}; valid: {', '.join(SCENARIOS)}")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = None
+        if {"sigkill", "sigterm", "usr1"} & set(scenarios):
+            status, *_ = _train(os.path.join(tmp, "reference"))
+            assert status == 0, "the uninterrupted reference run failed"
+            reference = _load(os.path.join(tmp, "reference", "r"))
+        for name in scenarios:
+            results[name] = []
+            for i in range(args.repetitions):
+                workdir = os.path.join(tmp, f"{name}{i}")
+                os.makedirs(workdir)
+                if name in ("sigkill", "sigterm", "usr1"):
+                    r = run_signal(workdir, reference, name)
+                else:
+                    r = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}[name](workdir)
+                print(f"[faults] {name} {i + 1}/{args.repetitions}: {r}", flush=True)
+                results[name].append(r)
+    report(results, args, args.out)
+    print(f"[faults] wrote {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Faults end a job cleanly: a launcher and Horovod that disagree about the world size, ranks that disagree
+about their variables, divergence, preemption, a rank that dies. Multi-rank cases run 2 real Horovod
+processes; fault injection lives in tests/ (kill_at_step.py, mismatch_worker.py)."""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
+INIT = "from hvd_lars import distributed; print('rank, size', distributed.init())"
+
+
+def _clean_env(**extra):
+    env = {
+        k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("OMPI_COMM")
+    }
+    return dict(env, PYTHONPATH=REPO, **extra)
+
+
+def test_launcher_world_size_reads_the_job_step_not_the_job():
+    from hvd_lars.distributed import launcher_world_size
+
+    assert launcher_world_size({"PMI_SIZE": "2", "PMI_RANK": "1"}) == ("PMI_SIZE", 2)
+    assert launcher_world_size({"OMPI_COMM_WORLD_SIZE": "4", "PMI_SIZE": "2"}) == ("OMPI_COMM_WORLD_SIZE", 4)
+    assert launcher_world_size({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "8"}) == (
+        "SLURM_STEP_NUM_TASKS",
+        8,
+    )
+    # Job-level Slurm variables, which a one-process batch step also has, say nothing about this process.
+    assert launcher_world_size({"SLURM_NTASKS": "2", "SLURM_NPROCS": "2"}) == (None, None)
+    assert launcher_world_size({"PMI_SIZE": ""}) == (None, None)
+
+
+def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused(tmp_path):
+    # As a new user would: PMI_SIZE=2 PMI_RANK=1 set and no launcher Horovod's MPI can join.
+    env = _clean_env(PMI_SIZE="2", PMI_RANK="1")
+    result = subprocess.run(
+        [sys.executable, "-c", INIT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "WorldSizeMismatch" in result.stderr
+    assert "the launcher started 2 processes (PMI_SIZE=2)" in result.stderr
+    assert "initialised a world of 1 rank(s)" in result.stderr
+    # The main program says so in one line, exit status 2, before it writes anything.
+    main = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
+    result = subprocess.run(
+        main + [f"--workdir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "launcher started 2 processes (PMI_SIZE=2)" in result.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_job_level_slurm_variables_alone_do_not_refuse(tmp_path):
+    env = _clean_env(SLURM_NTASKS="2", SLURM_NPROCS="2", SLURM_JOB_NUM_NODES="1")
+    result = subprocess.run(
+        [sys.executable, "-c", INIT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rank, size (0, 1)" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def mismatch(tmp_path_factory):
+    """Both ranks' results of tests/mismatch_worker.py (its two cases, one process group)."""
+    out = tmp_path_factory.mktemp("mismatch")
+    worker = os.path.join(REPO, "tests", "mismatch_worker.py")
+    result = subprocess.run(
+        TWO_RANKS + [sys.executable, worker, str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [np.load(out / f"rank{r}.npz") for r in range(2)]
+
+
+def test_ranks_with_different_automatic_names_train_together(mismatch):
+    # Rank 1 built an extra model first: its layers are sequential_1/dense_2 ... where rank 0 has
+    # sequential/dense. Collectives named by position pair them; before, this hung with stall warnings.
+    r0, r1 = mismatch
+    assert list(r0["names"]) != list(r1["names"])  # the automatic names did differ
+    weights = [k for k in r0.files if k.startswith("arr_")]
+    assert len(weights) == 4
+    for k in weights:
+        np.testing.assert_array_equal(r0[k], r1[k])
+
+
+def test_ranks_with_different_models_get_an_error_naming_the_first_difference(mismatch):
+    # The same error on both ranks (raised before any broadcast), instead of a hang.
+    for r in mismatch:
+        error = str(r["error"])
+        assert "ranks disagree about the variables they exchange: rank 0 has" in error
+        # Rank 0's output layer (kernel 3x2) stands where rank 1 has its extra hidden layer (3x3).
+        assert "first difference at position 2: rank 0 sequential/dense/kernel [3, 2] float32" in error
+        assert "rank 1 sequential/dense/kernel [3, 3] float32" in error
+
+
+# ------------------------------------------------------------------------------------ training runs
+KILLER = os.path.join(REPO, "tests", "kill_at_step.py")
+# 8 updates per epoch, 16 in all; warmup over the first 8.
+SMALL = [
+    "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048", "--max_eval_examples=500",
+    "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
+]  # fmt: skip
+
+
+def _train(workdir, *flags, launcher=(), fault=(), timeout=300):
+    program = [KILLER, *fault] if fault else ["-m", "hvd_lars.main"]
+    cmd = list(launcher) + [sys.executable] + program + SMALL + [f"--workdir={workdir}", *flags]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _strict_json(path):
+    def refuse(token):
+        raise ValueError(f"{path} is not strict JSON: {token}")
+
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def _checkpoint_steps(run_dir):
+    folder = os.path.join(run_dir, "checkpoints")
+    return sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(folder) if f.endswith(".index"))
+
+
+def _checkpoint(run_dir, step=None):
+    """{name: value} of the model and optimizer tensors of the latest checkpoint, or of `step`'s."""
+    import tensorflow as tf
+
+    folder = os.path.join(run_dir, "checkpoints")
+    reader = tf.train.load_checkpoint(os.path.join(folder, f"ckpt-{step}") if step else folder)
+    names = [n for n in reader.get_variable_to_shape_map() if "model" in n or "optimizer" in n]
+    assert len(names) > 20
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _check_diverged(tmp_path, launcher):
+    # Momentum SGD warmed up towards a peak rate of 1,000: the weights overflow during the warmup.
+    result = _train(
+        tmp_path, "--optimizer=momentum", "--peak_learning_rate=1000", "--checkpoint_every_steps=1",
+        "--keep_checkpoints=3", launcher=launcher,
+    )  # fmt: skip
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    match = re.search(r"training diverged at step (\d+) \(learning rate ([0-9.e+-]+)\)", out)
+    assert match, out[-3000:]
+    step, rate = int(match.group(1)), float(match.group(2))
+    # The rate of update `step` on the linear warmup over 8 updates: 1,000 x (step - 1) / 8.
+    assert 1 < step <= 16 and rate == pytest.approx(1000 * (step - 1) / 8)
+    run_dir = tmp_path / "r"
+    summary = _strict_json(run_dir / "summary.json")
+    assert summary["stopped"]["reason"] == "TrainingDiverged" and summary["stopped"]["step"] == step
+    # One checkpoint per update up to the last finite one; none of non-finite weights rotated them out.
+    kept = _checkpoint_steps(run_dir)
+    assert kept == list(range(max(1, step - 3), step)), kept
+    for s in kept:
+        for name, value in _checkpoint(run_dir, s).items():
+            assert np.isfinite(value).all(), (s, name)
+    return result, step
+
+
+def test_divergence_stops_one_process_keeping_finite_checkpoints(tmp_path):
+    result, _ = _check_diverged(tmp_path, ())
+    assert result.returncode == 3 and "Traceback" not in result.stderr
+
+
+def test_divergence_stops_both_ranks_at_the_same_update(tmp_path):
+    result, step = _check_diverged(tmp_path, TWO_RANKS)
+    # Both ranks stopped after the same update with the same message, which counts the ranks.
+    for rank in range(2):
+        assert f"[1,{rank}]<stderr>:hvd_lars: error: training diverged at step {step} " in result.stderr
+    assert "non-finite loss or variables on 2 of 2 rank(s)" in result.stderr
+
+
+def _check_preemption(tmp_path, launcher, signal_rank=-1):
+    """SIGTERM (or USR1) at a random update k; returns (uninterrupted, resumed) final checkpoints."""
+    k = random.Random().randint(1, 14)
+    signal = random.Random(k).choice(["TERM", "USR1"])
+    why = f"signal {signal} after update {k}"
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert _train(straight, launcher=launcher).returncode == 0
+    fault = [f"--kill_at_step={k}", f"--kill_signal={signal}", f"--kill_rank={signal_rank}"]
+    result = _train(stopped, launcher=launcher, fault=fault)
+    assert result.returncode != 0, why
+    # Every rank stops at the next update boundary, k + 1, where rank 0 writes a checkpoint.
+    assert f"stopped at step {k + 1}, checkpoint {stopped}/r/checkpoints/ckpt-{k + 1}." in result.stdout, why
+    assert (k + 1) in _checkpoint_steps(stopped / "r"), why
+    summary = _strict_json(stopped / "r" / "summary.json")
+    assert summary["stopped"]["reason"] == "Preempted" and summary["stopped"]["step"] == k + 1, why
+    # Stopped at an epoch's end (k + 1 = 8), that epoch was evaluated and logged first.
+    assert [e["epoch"] for e in summary["epochs"]] == list(range(1, (k + 1) // 8 + 1)), why
+    resumed = _train(stopped, launcher=launcher)
+    assert resumed.returncode == 0, why + resumed.stderr[-2000:]
+    assert f"(step {k + 1})" in resumed.stdout, why
+    assert _strict_json(stopped / "r" / "summary.json")["plan"]["total_steps"] == 16
+    return result, why, _checkpoint(straight / "r"), _checkpoint(stopped / "r")
+
+
+def test_preempted_process_checkpoints_and_resumes_exactly(tmp_path):
+    result, why, a, b = _check_preemption(tmp_path, ())
+    assert result.returncode == 75, why
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
+
+
+def test_signal_to_one_rank_stops_both_and_resumes(tmp_path):
+    result, why, a, b = _check_preemption(tmp_path, TWO_RANKS, signal_rank=1)
+    assert "reached 1 of 2 rank(s) (this one: none)" in result.stdout, why
+    assert a.keys() == b.keys()
+    # Weights, optimizer slots and step are exact. The batch-norm moving statistics were averaged over the
+    # ranks at the stop's checkpoint in one run only; the average of the ranks' linear moving averages is
+    # the same either way in exact arithmetic, and both runs average them again at every epoch end, so
+    # they differ by float32 rounding only: within 1e-5 of each tensor's largest magnitude (elementwise,
+    # relative differences of near-zero means reached 2.7e-5 in results/faults.py).
+    for name in a:
+        if "moving_" in name:
+            scale = np.abs(a[name]).max()
+            assert np.abs(a[name] - b[name]).max() <= 1e-5 * scale, f"{name}; {why}"
+        else:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
+
+
+def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
+    # Rank 1 SIGKILLed after update 12 of 16 (mid-epoch 2), between the checkpoints of steps 10 and 15.
+    record = tmp_path / "killed_at"
+    fault = ["--kill_at_step=12", "--kill_signal=KILL", "--kill_rank=1", f"--kill_record={record}"]
+    result = _train(tmp_path, "--checkpoint_every_steps=5", launcher=TWO_RANKS, fault=fault)
+    ended = time.time()
+    assert result.returncode != 0
+    assert ended - float(record.read_text()) < 60
+    run_dir = tmp_path / "r"
+    assert _checkpoint_steps(run_dir) == [5, 8, 10]
+    # The index names the last complete checkpoint, which loads whole.
+    latest = _checkpoint(run_dir)
+    assert all(np.isfinite(v).all() for v in latest.values())
+    assert int(latest["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
+
+
+def test_run_dir_problems_name_the_path_and_figures(tmp_path):
+    from hvd_lars.faults import checkpoint_bytes, run_dir_problem
+
+    assert run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
+    free = __import__("shutil").disk_usage(tmp_path).free
+    problem = run_dir_problem(str(tmp_path / "new"), free + 2**40)
+    assert f"the run directory {tmp_path / 'new'} has {free / 2**20:.1f} MiB free" in problem
+    assert f"needs {(free + 2**40) / 2**20:.1f} MiB" in problem and "--keep_checkpoints" in problem
+    (tmp_path / "file").write_text("")
+    problem = run_dir_problem(str(tmp_path / "file" / "run"), 1)
+    assert problem.startswith(f"cannot write the run directory {tmp_path / 'file' / 'run'}: ")
+    assert "Not a directory" in problem
+
+    import keras
+
+    # float32 3x4 + 4 and a bfloat16 2x2: 64 + 8 bytes.
+    variables = [keras.Variable(np.zeros((3, 4), "float32")), keras.Variable(np.zeros(4, "float32"))]
+    variables.append(keras.Variable(np.zeros((2, 2)), dtype="bfloat16"))
+    assert checkpoint_bytes(variables) == 72
+
+
+def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = _train(tmp_path / "file")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"hvd_lars: error: cannot write the run directory {tmp_path / 'file' / 'r'}" in result.stderr
+    # The checkpoint folder turns into a file after update 3: the epoch-end checkpoint (step 8) fails.
+    result = _train(tmp_path / "w", fault=["--block_checkpoints_at_step=3"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    folder = tmp_path / "w" / "r" / "checkpoints"
+    assert f"could not write the checkpoint of step 8 to {folder}" in result.stderr

@@ -196,7 +196,9 @@ def report(results, args, out):
         "",
         f"Made by `{command}` at git {provenance.git_sha()}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on {provenance.machine()} "
-        f"(CPU flags: {', '.join(cpu.get('flags', [])) or 'none of note'}).",
+        f"(CPU flags: {', '.join(cpu.get('flags', [])) or 'none of note'}); 1-minute load average at the "
+        f"end {os.getloadavg()[0]:.1f} (2 cores: above 2, other work shared the machine and times to exit "
+        "stretch with it).",
         "",
         ABOUT,
         "",

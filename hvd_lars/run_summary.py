@@ -60,7 +60,10 @@ class RunSummary(keras.callbacks.Callback):
             "final_test_top5": None,
             "final_val_top1": None,
             "final_val_top5": None,
-            **provenance.record(),
+            # Once per run: rank 0 asks git and reads the machine; the other ranks get its record.
+            **distributed.broadcast_object(
+                provenance.record() if distributed.is_chief() else None, name="hvd_lars.provenance"
+            ),
         }
         self._attempt_epochs = []
         self._start = time.perf_counter()

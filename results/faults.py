@@ -144,10 +144,11 @@ def run_signal(workdir, reference, kind):
     latest = _load(run_dir) if steps else {}
     ok = ok and all(np.isfinite(v).all() for v in latest.values())
     resumed_status, out2, _, _ = _train(workdir, *flags)
-    start = re.search(r"\(step (\d+)\)", out2) if steps else re.match("(?s)(.)", "0")
+    found = re.search(r"\(step (\d+)\)", out2)
+    resumed_from = found.group(1) if found else ("0" if not steps else "?")
     exact, moving = _compare(reference, _load(run_dir))
     matched = resumed_status == 0 and exact and moving < 1e-5
-    detail = f"signal after update {k}, resumed from step {start.group(1) if start else '?'}"
+    detail = f"signal after update {k}, resumed from step {resumed_from}"
     detail += "" if exact else ", WEIGHTS DIFFER"
     return dict(ok=ok and matched, to_exit=to_exit, left=left, matched=matched, moving=moving, detail=detail)
 

@@ -24,6 +24,9 @@
 set -euo pipefail
 
 STATE="${HVD_LARS_CLUSTER_DIR:-/var/lib/hvd_lars_cluster}"
+# The checkout the hosts run from; shared with them even where it lies under /tmp (e.g. a `mktemp -d`
+# clone), which each host otherwise has its own of.
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 SUBNET=198.18.0.0/24
 BRIDGE=hvdlars-br
 BRIDGE_ADDRESS=198.18.0.1
@@ -198,7 +201,8 @@ make_node() {
       shape "$name" eth0     # from the host (its uplink)
     fi
   fi
-  # The host's own name and /tmp: UTS and mount namespaces kept by bind mounts. A host with no process
+  # The host's own name and /tmp (with the checkout bound back in if it lies under /tmp): UTS and mount
+  # namespaces kept by bind mounts. A host with no process
   # left (never started, or all killed) boots afresh, with an empty /tmp as after a reboot: stale PMIx
   # and Open MPI session files of its dead jobs would break the next ones. Slave propagation: mounts
   # made on the machine later still appear; the host's /tmp stays its own.
@@ -208,8 +212,18 @@ make_node() {
       if mountpoint -q "$f"; then umount "$f"; fi
     done
     touch "$STATE/ns/$name.uts" "$STATE/ns/$name.mnt"
+    local keep=":"
+    case "$REPO_ROOT/" in
+      /tmp/*)
+        mkdir -p "$STATE/$name/checkout"
+        keep="mount --bind '$REPO_ROOT' '$STATE/$name/checkout'"
+        keep="$keep && mount -t tmpfs -o mode=1777 tmpfs /tmp && mkdir -p '$REPO_ROOT'"
+        keep="$keep && mount --bind '$STATE/$name/checkout' '$REPO_ROOT'"
+        ;;
+      *) keep="mount -t tmpfs -o mode=1777 tmpfs /tmp" ;;
+    esac
     unshare --uts="$STATE/ns/$name.uts" --mount="$STATE/ns/$name.mnt" --propagation slave \
-      sh -c "hostname $name && mount -t tmpfs -o mode=1777 tmpfs /tmp"
+      sh -c "hostname $name && $keep"
   fi
   # sshd in all three namespaces (`ip netns exec` would also remount /sys and hide the cgroup tree
   # that slurmd needs; nsenter enters only what it is told).

@@ -167,8 +167,15 @@ def _restore_last_checkpoint(workdir):
 
 
 def _script(*args, user=None, **env):
-    cmd = ([] if user is None else ["runuser", "-u", user, "--"]) + [SCRIPT, *args]
-    return subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=60)
+    if user is None:
+        cmd, script, cwd = [SCRIPT, *args], None, None
+    else:
+        # As another user the script comes on stdin: the checkout may be closed to them (a mktemp -d clone).
+        with open(SCRIPT) as f:
+            cmd, script, cwd = ["runuser", "-u", user, "--", "bash", "-s", "--", *args], f.read(), "/"
+    return subprocess.run(
+        cmd, env=dict(os.environ, **env), input=script, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_script_refuses_non_root_and_bad_settings():

@@ -5,7 +5,7 @@ limit arrive. Test-only: it adds one Keras callback through `hvd_lars.train.run(
 the checkpoint callback, so a checkpoint due at that update is written before the signal: with
 asynchronous checkpoints (the default) the signal waits for rank 0's background write to complete, so the
 tests see a job killed just after a save, whatever the disk's speed. (Killed while a write is under way,
-a job keeps the checkpoint before it: tests/test_resume.py.)
+a job keeps the checkpoint before it: tests/test_checkpoints.py.)
 
 Usage: python tests/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
            [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]

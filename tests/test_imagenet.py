@@ -184,5 +184,8 @@ def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, m
         decoded = sorted(counter.decoded)
         assert decoded[:6] == list(range(2 * step, 2 * step + 6)) and decoded[-1] < 2 * step + 6 + 16
     # Records read (blocks inside a file read past the records before them, undecoded): at step 200 the
-    # window holding element 400 and the next, as at step 0 the first two windows; never earlier ones.
-    assert counts[200][1] <= counts[0][1] + 18 and counts[200][2] <= counts[0][2] + 8
+    # window holding element 400 and the next, as at step 0 the first two windows; never earlier ones. How
+    # far the read-ahead gets before it settles depends on timing (under load at step 200: 49 records
+    # against 30 at step 0), so the bound allows two more windows; replaying the 22 epochs before element
+    # 400 would read about 400 records.
+    assert counts[200][1] <= counts[0][1] + 36 and counts[200][2] <= counts[0][2] + 8

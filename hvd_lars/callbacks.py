@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars import distributed
+from hvd_lars import distributed, faults
 from hvd_lars.metrics import top_k_correct
 
 
@@ -234,6 +234,7 @@ class ExactEvaluation(keras.callbacks.Callback):
         total = np.zeros(4, dtype=np.float64)
         for images, labels in self.dataset:
             total += self._step(images, labels).numpy()
+            faults.heartbeat()
         return total
 
     def on_epoch_end(self, epoch, logs=None):
@@ -313,6 +314,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                     error = self._error(e)
         self._raise_together(error)
         self._last_saved = step
+        faults.heartbeat()
 
     def _error(self, e):
         return f"could not write the checkpoint of step {self._pending_step} to {self.manager.directory}: {e}"

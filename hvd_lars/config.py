@@ -70,6 +70,12 @@ class TrainConfig:
     checkpoint_at_epoch_end: bool = True
     async_checkpoints: bool = True  # rank 0 writes in a background thread; training goes on meanwhile
     keep_checkpoints: int = 3
+    # Workers may leave and join (horovodrun --min-np/--max-np --host-discovery-script; hvd_lars.elastic):
+    # the global batch and schedule stay, the per-rank batch adapts; state committed every N updates.
+    elastic: bool = False
+    # A rank with no progress for this long ends its process (faults.ProgressWatchdog); 0: never.
+    hang_timeout_s: float = 900.0
+    elastic_commit_every_steps: int = 10
     max_train_examples: int = 0
     max_eval_examples: int = 0
     validation_examples: int = 0  # hold out the last N training images as a validation split (0: none)
@@ -133,6 +139,13 @@ class TrainConfig:
                 f"{', '.join(GRADIENT_COMPRESSIONS)}."
             )
         self.resolve_batch(world_size)
+        if self.elastic_commit_every_steps < 1:
+            raise ValueError(
+                f"--elastic_commit_every_steps={self.elastic_commit_every_steps}; give an int >= 1 "
+                "(updates between commits of the elastic state)."
+            )
+        if not self.hang_timeout_s >= 0:
+            raise ValueError(f"--hang_timeout_s={self.hang_timeout_s}; give seconds >= 0 (0: no watchdog).")
         from hvd_lars.data import DATASETS
         from hvd_lars.data.preprocessing import PREPROCESSINGS
         from hvd_lars.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES

@@ -9,6 +9,9 @@ complete checkpoint.
   at the next update boundary; rank 0 writes a checkpoint of that step and the main program exits with
   `EXIT_PREEMPTED`, which the batch script turns into a requeue; the requeued run resumes from that step.
 - The run directory is checked for write access and free space before training (`check_run_dir`).
+- No progress: a rank that has completed no update, evaluation batch or checkpoint for `--hang_timeout_s`
+  (a host or link gone silent leaves its peers blocked in a collective that no timeout ends under Open MPI)
+  ends its own process with `EXIT_HUNG` (`ProgressWatchdog`), so that its launcher ends the job.
 
 The decisions are collective (one allreduce of 2 numbers per update, `FaultGuard`), so no rank enters a
 collective that another has left, and no rank waits for one that never comes.
@@ -17,6 +20,9 @@ collective that another has left, and no rank waits for one that never comes.
 import os
 import shutil
 import signal
+import sys
+import threading
+import time
 
 import keras
 import numpy as np
@@ -30,6 +36,9 @@ from hvd_lars import distributed
 EXIT_PREEMPTED = 75
 # Training diverged: starting again with the same flags would diverge again; not a retry.
 EXIT_DIVERGED = 3
+# No progress for --hang_timeout_s: the process ended itself (ProgressWatchdog); restart from the checkpoint
+# once the cause (a silent host or link, a hung file system) is gone.
+EXIT_HUNG = 4
 # The signals that ask training to stop at the next update boundary and checkpoint.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -241,3 +250,100 @@ def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
     problem = distributed.broadcast_object(problem, name="hvd_lars.run_dir_check")
     if problem:
         raise ValueError(problem)
+
+
+_last_progress = time.monotonic()
+
+
+def heartbeat():
+    """Records that this rank made progress now (an update, an evaluation batch, a checkpoint written or
+    waited for); `ProgressWatchdog` measures from the latest. Cheap: one clock read."""
+    global _last_progress
+    _last_progress = time.monotonic()
+
+
+class ProgressWatchdog(keras.callbacks.Callback):
+    """Ends this process when it has made no progress (`heartbeat`) for `timeout_s` seconds.
+
+    Why: when a host or its link goes silent (power, cable, a switch port), its processes send neither
+    data nor a reset, and the other ranks wait inside a collective. Open MPI's TCP transport waits for
+    the kernel's retransmission limit (about 15 minutes with Linux's tcp_retries2=15) and Horovod's stall
+    shutdown cannot act while its background thread is itself blocked in that collective, so the job
+    would hang. (Gloo's own timeout, HOROVOD_GLOO_TIMEOUT_SECONDS, ends such a wait by itself.) This
+    rank's process exits with `EXIT_HUNG` after a message naming the wait and the last update; its
+    launcher then ends the job, and the last complete checkpoint stays.
+
+    Progress is reported by this callback at every training batch's end and epoch boundary, by
+    `hvd_lars.callbacks.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
+    around each write, so `timeout_s` must exceed the longest wait of a rank on another's lone work
+    outside those: rank 0 listing an image folder, one checkpoint write on a slow disk, the start of a
+    new elastic worker.
+
+    Use as a context manager around training (the thread is started on entry and stopped on exit,
+    whatever happens), and as a Keras callback in `fit`.
+
+    Args:
+        timeout_s: float seconds > 0, or 0 / None for no watchdog.
+        exit: the function called to end the process (default `os._exit`); its argument is `EXIT_HUNG`.
+    """
+
+    def __init__(self, timeout_s, exit=os._exit):
+        super().__init__()
+        if timeout_s is not None and (timeout_s < 0 or timeout_s != timeout_s):
+            raise ValueError(f"hang timeout must be >= 0 seconds (0: off), got {timeout_s!r}.")
+        self.timeout_s = timeout_s or 0
+        self._exit = exit
+        self._stop = threading.Event()
+        self._thread = None
+        self.fired = False
+
+    def __enter__(self):
+        heartbeat()
+        if self.timeout_s:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name="hvd_lars.watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return False
+
+    def _watch(self):
+        period = min(5.0, self.timeout_s / 4)
+        while not self._stop.wait(period):
+            idle = time.monotonic() - _last_progress
+            if idle <= self.timeout_s:
+                continue
+            step = "?"
+            try:
+                step = int(self.model.optimizer.iterations) if self.model is not None else "?"
+            except Exception:  # noqa: BLE001 - the message must go out whatever the state
+                pass
+            print(
+                f"hvd_lars: error: rank {distributed.rank()} of {distributed.size()}: no progress for "
+                f"{idle:.0f} s (--hang_timeout_s={self.timeout_s:g}) after update {step}: a peer or its "
+                "link has gone silent, or a collective waits for a rank that never comes. Ending this "
+                f"process (exit status {EXIT_HUNG}) so that the launcher ends the job; the last complete "
+                "checkpoint is kept.",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.fired = True
+            self._exit(EXIT_HUNG)
+            return
+
+    def on_train_begin(self, logs=None):
+        heartbeat()
+
+    def on_train_batch_end(self, batch, logs=None):
+        heartbeat()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        heartbeat()
+
+    def on_epoch_end(self, epoch, logs=None):
+        heartbeat()

@@ -130,6 +130,24 @@ flags.DEFINE_bool(
     _D.async_checkpoints,
     "Rank 0 writes checkpoints in a background thread (the index is replaced when the files are complete).",
 )
+flags.DEFINE_bool(
+    "elastic",
+    _D.elastic,
+    "Elastic training under horovodrun --min-np/--max-np --host-discovery-script (launch/elastic.sh): "
+    "workers may leave and join; the global batch and schedule stay, the per-rank batch adapts.",
+)
+flags.DEFINE_integer(
+    "elastic_commit_every_steps",
+    _D.elastic_commit_every_steps,
+    "Elastic: updates between commits of the state in memory (what a dead worker costs; when a membership "
+    "change is taken up).",
+)
+flags.DEFINE_float(
+    "hang_timeout_s",
+    _D.hang_timeout_s,
+    "A rank that completes no update, evaluation batch or checkpoint for this many seconds ends its process "
+    "(exit status 4), so that a silent host or link cannot hang the job; 0: never.",
+)
 flags.DEFINE_integer("keep_checkpoints", _D.keep_checkpoints, "How many recent checkpoints to keep.")
 flags.DEFINE_integer(
     "max_train_examples", _D.max_train_examples, "Use only the first N training images (0: all)."

@@ -271,6 +271,11 @@ def run(config, extra_callbacks=()):
             evaluation, checkpoints) and before the loggers (metrics.csv, TensorBoard, summary.json), so
             what they add to the epoch logs is recorded.
 
+    With `config.elastic` (launched by `horovodrun --min-np/--max-np --host-discovery-script`), workers
+    may leave and join: each attempt (the first, and one after every membership change) rebuilds this
+    rank's shard of the input for the new world size with the plan's global batch, and goes on from the
+    last commit (`hvd_lars.elastic`).
+
     Raises:
         ValueError: bad configuration (before any data is read or model built), or a run directory that
             is not writable or lacks the space for a few checkpoints (before training).
@@ -280,155 +285,242 @@ def run(config, extra_callbacks=()):
         hvd_lars.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the same
             update, whose checkpoint rank 0 wrote.
         hvd_lars.callbacks.CheckpointWriteError: rank 0 could not write a checkpoint (every rank raises it).
+        hvd_lars.elastic.ElasticBatchError: an elastic job's new worker count does not divide the global
+            batch (every rank raises it at the change).
     """
     rank, world_size = distributed.init()
-    config.validate(world_size)
+    if config.elastic:
+        from hvd_lars import elastic
+
+        elastic.check_launched(config)
+        # The world size is checked against the global batch in each attempt, on every rank together.
+        config.validate(1)
+    else:
+        config.validate(world_size)
     requested_threads = configure_threads(config, world_size)
 
     import keras
     import tensorflow as tf
 
-    from hvd_lars import callbacks as cb
-    from hvd_lars import epoch_logs, faults
+    from hvd_lars import faults
     from hvd_lars.data import get_input
-    from hvd_lars.horovod_callbacks import MetricAverageCallback, broadcast_model_and_optimizer
     from hvd_lars.models import get_model
-    from hvd_lars.run_summary import RunSummary
 
     # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the
     # initial weights are rank 0's, broadcast below. Input shuffling is seeded per rank in the pipeline.
     keras.utils.set_random_seed(config.seed + rank)
     keras.mixed_precision.set_global_policy(resolve_precision(config.precision))
-    chief = distributed.is_chief()
-    global_batch, per_rank_batch = config.resolve_batch(world_size)
+    global_batch, per_rank_batch = config.resolve_batch(1 if config.elastic else world_size)
     run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
     run_dir = os.path.join(config.workdir, run_name)
 
-    data = get_input(config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size, run_dir))
-    plan = make_plan(config, world_size, data.num_train_examples)
-    threads = applied_threads(data.train)
-    # The cores each rank may use (its affinity mask) and what TensorFlow applied, gathered for one line.
-    placements = distributed.gather_objects(
-        {**placement(), "host": os.uname().nodename, **threads},
-        name="hvd_lars.placement",
-    )
-    threads["cores_per_rank"] = [p["cores"] for p in placements]
-    if chief:
-        print(f"[hvd_lars] {plan.describe()}", flush=True)
-        print(f"[hvd_lars] {describe_placements(placements)}", flush=True)
-        if (threads["intra_op"], threads["inter_op"]) != requested_threads:
-            print(
-                f"[hvd_lars] TensorFlow runs {threads['intra_op']} intra-op / {threads['inter_op']} inter-op "
-                f"threads (0: its default), not the {requested_threads[0]} / {requested_threads[1]} "
-                "asked for: it was initialised before hvd_lars could size its pools.",
-                flush=True,
-            )
-        print(f"[hvd_lars] run directory {run_dir}", flush=True)
+    if config.elastic:
+        # No collective may come before the elastic loop's first sync: a worker that joins later runs
+        # this code while the others wait in that sync. This rank's shard is built in each attempt; the
+        # model needs only the data's shapes, read here from a one-process view of the data.
+        data = None
+        shapes = get_input(config.dataset, **_input_kwargs(config, global_batch, 0, 1, run_dir))
+    else:
+        data = shapes = get_input(
+            config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size, run_dir)
+        )
+    # The schedule and the optimizer depend on the global batch, not on how it is split over ranks.
+    plan = make_plan(config, 1 if config.elastic else world_size, shapes.num_train_examples)
 
-    model = get_model(config.model, num_classes=data.num_classes, input_shape=data.input_shape)
+    model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
     optimizer = build_optimizer(config, plan)
-    loss, metrics = _loss_and_metrics(config, data.num_classes)
+    loss, metrics = _loss_and_metrics(config, shapes.num_classes)
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     optimizer.build(model.trainable_variables)
-    # Before anything is written: the run directory is writable and holds a few checkpoints.
-    faults.check_run_dir(
-        run_dir, faults.checkpoint_bytes(model.variables + optimizer.variables), config.keep_checkpoints
-    )
-    note = batch_norm_note(model, plan)
-    if note and chief:
-        print(f"[hvd_lars] {note}", flush=True)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(
         checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.keep_checkpoints
     )
-    if config.resume and chief and manager.latest_checkpoint:
+    if config.resume and distributed.is_chief() and manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).expect_partial()
         print(
             f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
             flush=True,
         )
-    # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed state),
-    # before the step counter below plans the run.
-    broadcast_model_and_optimizer(model)
-    start_step = int(optimizer.iterations)
-    if start_step and chief:
-        _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
-
-    checkpointer = cb.PeriodicCheckpoint(
-        manager,
-        config.checkpoint_every_steps,
-        plan.accumulation_steps,
-        at_epoch_end=config.checkpoint_at_epoch_end,
-        asynchronous=config.async_checkpoints,
-    )
     signals = faults.StopSignals()
-    guard = faults.FaultGuard(signals, checkpointer, plan.accumulation_steps, plan.total_steps)
-    callbacks = [
-        # First: nothing of a diverged update is evaluated, logged or saved.
-        guard,
-        MetricAverageCallback(),
-        cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
-        cb.LearningRateLogger(),
-        cb.ExactEvaluation(
-            data.eval, data.num_eval_examples, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
-        ),
-        checkpointer,
-    ]
-    if data.validation is not None:
-        # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
-        callbacks.insert(
-            -1,
+    watchdog = faults.ProgressWatchdog(config.hang_timeout_s)
+    session = _Session(config, run_name, run_dir, model, manager, signals, extra_callbacks, requested_threads)
+    session.watchdog = watchdog
+    # SIGTERM / SIGUSR1 stop every rank at the next update boundary, with a checkpoint (faults.FaultGuard);
+    # a rank without progress for --hang_timeout_s ends itself (faults.ProgressWatchdog).
+    with signals, watchdog:
+        if not config.elastic:
+            return session.attempt(data)
+        state = elastic.KerasState(model, step=int(optimizer.iterations)).state()
+        session.commit = lambda: elastic.CommitState(state, config.elastic_commit_every_steps)
+        return elastic.run(lambda state: session.attempt(None))(state)
+
+
+class _Session:
+    """One run's training attempts: one for a fixed world size, one per membership change of an elastic
+    job. Everything here that talks to other ranks happens inside `attempt`."""
+
+    def __init__(
+        self, config, run_name, run_dir, model, manager, signals, extra_callbacks, requested_threads
+    ):
+        self.config, self.run_name, self.run_dir = config, run_name, run_dir
+        self.model, self.manager, self.signals = model, manager, signals
+        self.extra_callbacks = list(extra_callbacks)
+        self.requested_threads = requested_threads
+        self.commit = None  # elastic: makes the callback that commits the elastic state
+        self.watchdog = None  # faults.ProgressWatchdog of the run
+        self.attempts = 0
+
+    def attempt(self, data):
+        """Trains from the optimizer's update count to the plan's end with the current world size;
+        `data`: this rank's input, or None to build it for the current rank and world size."""
+        import keras
+
+        from hvd_lars import callbacks as cb
+        from hvd_lars import elastic, epoch_logs, faults
+        from hvd_lars.data import get_input
+        from hvd_lars.horovod_callbacks import MetricAverageCallback, broadcast_model_and_optimizer
+        from hvd_lars.run_summary import RunSummary
+
+        config, model, run_dir = self.config, self.model, self.run_dir
+        optimizer = model.optimizer
+        rank, world_size = distributed.rank(), distributed.size()
+        chief = distributed.is_chief()
+        self.attempts += 1
+        if data is None:
+            _, per_rank_batch = elastic.resolve_batch(config, world_size)
+            data = get_input(
+                config.dataset, **_input_kwargs(config, per_rank_batch, rank, world_size, run_dir)
+            )
+            # Traced anew: the last graph holds the last world size's decisions (elastic module).
+            model.train_function = None
+        plan = make_plan(config, world_size, data.num_train_examples)
+        threads = applied_threads(data.train)
+        # The cores each rank may use (its affinity mask) and what TensorFlow applied, gathered for one line.
+        placements = distributed.gather_objects(
+            {**placement(), "host": os.uname().nodename, **threads},
+            name="hvd_lars.placement",
+        )
+        threads["cores_per_rank"] = [p["cores"] for p in placements]
+        if chief:
+            if config.elastic:
+                print(
+                    f"[hvd_lars] elastic attempt {self.attempts}: {world_size} worker(s) from update "
+                    f"{int(optimizer.iterations)}, {plan.per_rank_batch_size} images per rank per "
+                    f"micro-batch (global batch {plan.global_batch_size})",
+                    flush=True,
+                )
+            print(f"[hvd_lars] {plan.describe()}", flush=True)
+            print(f"[hvd_lars] {describe_placements(placements)}", flush=True)
+            if (threads["intra_op"], threads["inter_op"]) != self.requested_threads:
+                print(
+                    f"[hvd_lars] TensorFlow runs {threads['intra_op']} intra-op / {threads['inter_op']} "
+                    f"inter-op threads (0: its default), not the {self.requested_threads[0]} / "
+                    f"{self.requested_threads[1]} asked for: it was initialised before hvd_lars could size "
+                    "its pools.",
+                    flush=True,
+                )
+            print(f"[hvd_lars] run directory {run_dir}", flush=True)
+        # Before anything is written: the run directory is writable and holds a few checkpoints.
+        faults.check_run_dir(
+            run_dir, faults.checkpoint_bytes(model.variables + optimizer.variables), config.keep_checkpoints
+        )
+        note = batch_norm_note(model, plan)
+        if note and chief and self.attempts == 1:
+            print(f"[hvd_lars] {note}", flush=True)
+        if not config.elastic:
+            # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout
+            # seed state), before the step counter below plans the run. (Elastic: the loop's sync did.)
+            broadcast_model_and_optimizer(model)
+        start_step = int(optimizer.iterations)
+        if start_step and chief and self.attempts == 1:
+            _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
+
+        checkpointer = cb.PeriodicCheckpoint(
+            self.manager,
+            config.checkpoint_every_steps,
+            plan.accumulation_steps,
+            at_epoch_end=config.checkpoint_at_epoch_end,
+            asynchronous=config.async_checkpoints,
+        )
+        guard = faults.FaultGuard(self.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
+        callbacks = [
+            # First: nothing of a diverged update is evaluated, logged or saved.
+            guard,
+            self.watchdog,
+            MetricAverageCallback(),
+            cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
+            cb.LearningRateLogger(),
             cb.ExactEvaluation(
-                data.validation,
-                data.num_validation_examples,
+                data.eval,
+                data.num_eval_examples,
                 every_epochs=config.eval_every_epochs,
                 last_epoch=plan.epochs,
-                prefix="val",
             ),
-        )
-    if data.skipped_corrupt is not None:
-        # Corrupt training files skipped (--skip_corrupt), summed over ranks, into the epoch logs.
-        def count_skipped(epoch, logs):
-            local = int(data.skipped_corrupt.numpy())
-            logs["skipped_corrupt_images"] = float(distributed.allreduce_sum([local], "hvd_lars.skipped")[0])
-
-        callbacks.insert(2, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
-    callbacks += list(extra_callbacks)
-    if chief:
-        # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
-        callbacks += [
-            epoch_logs.MetricsCSV(os.path.join(run_dir, "metrics.csv"), start_step, plan.steps_per_epoch),
-            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard"), start_step),
+            checkpointer,
         ]
-
-    if start_step >= plan.total_steps:
-        if chief:
-            print(
-                f"[hvd_lars] {run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to do. "
-                "Train again with another --run_name or --noresume.",
-                flush=True,
+        if data.validation is not None:
+            # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
+            callbacks.insert(
+                -1,
+                cb.ExactEvaluation(
+                    data.validation,
+                    data.num_validation_examples,
+                    every_epochs=config.eval_every_epochs,
+                    last_epoch=plan.epochs,
+                    prefix="val",
+                ),
             )
-        return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, run_name, config, plan, start_step, threads=threads)
-    callbacks += [summary, guard.after_epoch()]
+        if data.skipped_corrupt is not None:
+            # Corrupt training files skipped (--skip_corrupt), summed over ranks, into the epoch logs.
+            def count_skipped(epoch, logs):
+                local = int(data.skipped_corrupt.numpy())
+                logs["skipped_corrupt_images"] = float(
+                    distributed.allreduce_sum([local], "hvd_lars.skipped")[0]
+                )
 
-    # SIGTERM / SIGUSR1 stop every rank at the next update boundary, with a checkpoint (faults.FaultGuard).
-    with signals:
+            callbacks.insert(3, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))
+        if self.commit is not None:
+            # After the guard and the checkpoint: a diverged update is never committed.
+            callbacks.append(self.commit())
+        callbacks += self.extra_callbacks
+        if chief:
+            # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
+            callbacks += [
+                epoch_logs.MetricsCSV(os.path.join(run_dir, "metrics.csv"), start_step, plan.steps_per_epoch),
+                epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard"), start_step),
+            ]
+
+        if start_step >= plan.total_steps:
+            if chief and self.attempts == 1:
+                print(
+                    f"[hvd_lars] {run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to "
+                    "do. Train again with another --run_name or --noresume.",
+                    flush=True,
+                )
+            return RunSummary.load(run_dir)
+        summary = RunSummary(run_dir, self.run_name, config, plan, start_step, threads=threads)
+        callbacks += [summary, guard.after_epoch()]
+
         try:
             _fit(model, data, plan, config, callbacks, start_step, chief)
         except (faults.TrainingDiverged, faults.Preempted) as e:
             summary.record_stop(type(e).__name__, e.step, str(e))
             raise
 
-    result = summary.summary
-    if chief:
-        rate = f"{result['images_per_second']:.0f}" if result["images_per_second"] else "n/a"
-        val = f"validation top-1 {result['final_val_top1']}, " if result["final_val_top1"] is not None else ""
-        print(
-            f"[hvd_lars] final test top-1 {result['final_test_top1']}, {val}{rate} images/s, "
-            f"wall time {result['wall_time_s']:.0f} s; summary in {summary.path}",
-            flush=True,
-        )
-    return result
+        result = summary.summary
+        if chief:
+            rate = f"{result['images_per_second']:.0f}" if result["images_per_second"] else "n/a"
+            val = (
+                f"validation top-1 {result['final_val_top1']}, "
+                if result["final_val_top1"] is not None
+                else ""
+            )
+            print(
+                f"[hvd_lars] final test top-1 {result['final_test_top1']}, {val}{rate} images/s, "
+                f"wall time {result['wall_time_s']:.0f} s; summary in {summary.path}",
+                flush=True,
+            )
+        return result

@@ -38,6 +38,13 @@ export KMP_BLOCKTIME="${KMP_BLOCKTIME:-1}"
 export HOROVOD_STALL_CHECK_TIME_SECONDS="${HOROVOD_STALL_CHECK_TIME_SECONDS:-60}"
 export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-900}"
 export HOROVOD_GLOO_TIMEOUT_SECONDS="${HOROVOD_GLOO_TIMEOUT_SECONDS:-60}"
+# A host whose link goes silent (power, cable, switch port) sends no reset: mpirun would wait for its
+# daemon there for the kernel's TCP retransmission limit (15 min and more; measured: still hung after
+# 240 s on the emulated cluster). ssh's keepalive ends mpirun's session with that host after about 4 x 10 s
+# of silence (3 unanswered probes, 10 s apart, after 10 s without data), and mpirun then aborts the job
+# (measured: exit 255 37 s after the link went down; with 4 x 15 s the job still ran after 90 s). The ranks
+# on the silent host itself end through --hang_timeout_s (hvd_lars.faults.ProgressWatchdog).
+export OMPI_MCA_plm_rsh_args="${OMPI_MCA_plm_rsh_args:--o ServerAliveInterval=10 -o ServerAliveCountMax=3}"
 # Open MPI refuses root unless told (containers, CI).
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

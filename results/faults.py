@@ -21,6 +21,15 @@ Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per e
              every kept checkpoint is finite; summary.json is strict JSON.
   mismatch   rank 1's model has one more layer: an error naming the first difference, no hang.
   exit       a complete run: time from rank 0's final line to the end of the job.
+  elastic    an elastic job (launch/elastic.sh, horovodrun --min-np 1 --max-np 2, Gloo) of 600 updates at
+             global batch 64 on 12,800 images: 2 workers, then 1 after the first epoch (the discovery
+             script drops a slot), then 2 again 3 s later. It must finish with status 0 and 3 attempts,
+             each from a commit, with per-rank batches 32, 64, 32; the worker that joined must end with
+             rank 0's weights bit for bit. Time to exit: from the discovery script's change to the
+             attempt that took it up (removal / addition).
+
+Scenarios given with --scenarios replace their rows in the existing report; the others' rows stay, under
+the line saying which run made them.
 """
 
 import argparse
@@ -49,7 +58,7 @@ FLAGS = [
     "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
 ]  # fmt: skip
 TOTAL_STEPS = 16
-SCENARIOS = ("sigkill", "sigterm", "usr1", "diverge", "mismatch", "exit")
+SCENARIOS = ("sigkill", "sigterm", "usr1", "diverge", "mismatch", "exit", "elastic")
 TIMEOUT_S = 600
 ABOUT = (
     "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
@@ -188,20 +197,72 @@ def run_exit(workdir):
     return dict(ok=ok, to_exit=to_exit, left=f"status {status}", matched=None, moving=None, detail="")
 
 
+def run_elastic(workdir):
+    import pathlib
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from elastic_job import TOTAL_STEPS as ELASTIC_STEPS
+    from elastic_job import remove_and_add
+
+    status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir))
+    run_dir = os.path.join(workdir, "r")
+    ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in (0, 1)]
+    same = all(np.array_equal(ranks[0][k], ranks[1][k]) for k in ranks[0].files if k.startswith("t"))
+    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    batches = re.findall(r"elastic attempt \d: \d worker\(s\) from update \d+, (\d+) images per rank", out)
+    ok = (
+        status == 0
+        and len(updates) == 3
+        and batches == ["32", "64", "32"]
+        and same
+        and final == ELASTIC_STEPS
+    )
+    ok = ok and all(u % 5 == 0 for u in updates)
+    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
+    left = f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
+    detail = (
+        f"attempts from updates {updates}, per-rank batches {batches}, taken up after "
+        f"{taken_up[0]:.0f} / {taken_up[1]:.0f} s; the joined worker's weights "
+        f"{'identical' if same else 'DIFFER'}"
+    )
+    return dict(ok=ok, to_exit=None, left=left, matched=None, moving=None, detail=detail, taken_up=taken_up)
+
+
+def _earlier_rows(out, rerun):
+    """(the earlier report's provenance line, its table rows of scenarios not in `rerun`)."""
+    if not os.path.exists(out):
+        return None, []
+    with open(out) as f:
+        text = f.read().splitlines()
+    made = " ".join(line for line in text if line.startswith(("Made by ", "Rows ")))
+    rows = [
+        line
+        for line in text
+        if line.startswith("| ") and line.split("|")[1].strip() in set(SCENARIOS) - set(rerun)
+    ]
+    return made, rows
+
+
 def report(results, args, out):
     from hvd_lars import provenance
 
     cpu = provenance.cpu()
     command = " ".join(["python", "results/faults.py"] + sys.argv[1:])
+    earlier_made, earlier_rows = _earlier_rows(out, results)
     lines = [
         "# Faults on 2 Horovod ranks (issue 13)",
         "",
-        f"Made by `{command}` at git {provenance.git_sha()}, "
+        f"Rows {', '.join(results)}: made by `{command}` at git {provenance.git_sha()}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on {provenance.machine()} "
         f"(CPU flags: {', '.join(cpu.get('flags', [])) or 'none of note'}); 1-minute load average at the "
         f"end {os.getloadavg()[0]:.1f} (2 cores: above 2, other work shared the machine and times to exit "
         "stretch with it).",
         "",
+    ]
+    if earlier_rows:
+        names = ", ".join(row.split("|")[1].strip() for row in earlier_rows)
+        lines += [f"Rows {names}: from the earlier report. {earlier_made}", ""]
+    lines += [
         ABOUT,
         "",
         "| scenario | repetitions | passed | time to exit (min / median / max, s) | what was left | "
@@ -218,8 +279,11 @@ def report(results, args, out):
             f"| {name} | {len(runs)} | {sum(r['ok'] for r in runs)} | {timing} | {runs[-1]['left']} | "
             f"{match_text} | {'; '.join(r['detail'] for r in runs if r['detail'])} |"
         )
+    header = lines.index("|---|---|---|---|---|---|---|") + 1
+    order = {name: i for i, name in enumerate(SCENARIOS)}
+    rows = sorted(lines[header:] + earlier_rows, key=lambda row: order[row.split("|")[1].strip()])
     with open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines[:header] + rows) + "\n")
 
 
 def main():
@@ -247,7 +311,8 @@ def main():
                 if name in ("sigkill", "sigterm", "usr1"):
                     r = run_signal(workdir, reference, name)
                 else:
-                    r = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}[name](workdir)
+                    runs = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}
+                    r = {**runs, "elastic": run_elastic}[name](workdir)
                 print(f"[faults] {name} {i + 1}/{args.repetitions}: {r}", flush=True)
                 results[name].append(r)
     report(results, args, args.out)

@@ -60,6 +60,23 @@ class Host:
         out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True, timeout=30)
         return [int(p) for p in out.stdout.split()]
 
+    def set_link(self, up):
+        """The host's link goes silent (down: no packet in or out, no reset; its processes run on) or
+        comes back (up)."""
+        subprocess.run(["ip", "link", "set", self.veth, "up" if up else "down"], check=True, timeout=30)
+
+    def processes_running(self, text):
+        """PIDs of this host's processes whose command line contains `text`."""
+        found = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if text in f.read().replace(b"\0", b" ").decode(errors="replace"):
+                        found.append(pid)
+            except OSError:
+                pass  # ended meanwhile
+        return found
+
     def kill(self, timeout=20):
         """The host dies: SIGKILL to every one of its processes (sshd, slurmd, ranks) until none is left."""
         deadline = time.time() + timeout

@@ -47,6 +47,9 @@ MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_inclu
 # direction, so the runs would differ by a sizeable part of the movement.
 GLOO_FRACTION_OF_MOVEMENT = 0.02
 HOST_FAILURE_LIMIT_S = 60
+# A silent host: launch/env.sh's ssh keepalive gives up after about 40 s, then mpirun aborts.
+SILENT_HOST_LIMIT_S = 90
+SILENT_HOST_HANG_TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -368,6 +371,57 @@ def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
     output = (shared_dir / "horovodrun.log").read_text()[-3000:]
     assert status is not None, f"horovodrun still running {ended_after:.0f} s after node2 died\n{output}"
     assert status != 0, output
+    assert _restore_last_checkpoint(shared_dir) >= saved
+
+
+def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
+    # node2's link goes down mid-training: no packet, no reset, its ranks alive and blocked. Unhelped,
+    # mpirun waited on (still running 240 s later). launch/env.sh's ssh keepalive ends mpirun's session
+    # with node2 and so the job; node2's own ranks end through the progress watchdog.
+    cmd = [
+        os.path.join(REPO, "launch", "horovodrun.sh"),
+        cluster.host_list(RANKS_PER_HOST),
+        str(WORLD_SIZE),
+        "flags/smoke.flags",
+        "--intra_op_threads=1",
+        f"--workdir={shared_dir}",
+        "--steps_per_epoch=100",
+        "--checkpoint_every_steps=2",
+        f"--hang_timeout_s={SILENT_HOST_HANG_TIMEOUT_S}",
+    ]
+    log = open(shared_dir / "horovodrun.log", "w")
+    env = _env(RANKS_PER_SOCKET="2", MPI_BIND="none")
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    node2 = cluster.hosts[1]
+    try:
+        saved = _wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
+        assert node2.processes_running("hvd_lars.main"), "no rank runs on node2"
+        silent_at = time.time()
+        node2.set_link(up=False)
+        try:
+            status = job.wait(timeout=SILENT_HOST_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            status = None
+        ended_after = time.time() - silent_at
+        # node2's ranks, cut off, end by themselves once --hang_timeout_s has passed without progress.
+        deadline = silent_at + SILENT_HOST_HANG_TIMEOUT_S + 30
+        while node2.processes_running("hvd_lars.main") and time.time() < deadline:
+            time.sleep(0.5)
+        left_on_node2 = node2.processes_running("hvd_lars.main")
+        ranks_ended_after = time.time() - silent_at
+    finally:
+        if job.poll() is None:
+            job.kill()
+        log.close()
+        node2.set_link(up=True)
+        node2.kill()  # what is left there (Open MPI's daemon), then node2 boots again
+        cluster.up()
+    output = (shared_dir / "horovodrun.log").read_text()
+    assert status is not None, (
+        f"the job still ran {ended_after:.0f} s after node2 went silent\n{output[-3000:]}"
+    )
+    assert status != 0, output[-3000:]
+    assert not left_on_node2, f"node2's ranks {left_on_node2} still ran {ranks_ended_after:.0f} s later"
     assert _restore_last_checkpoint(shared_dir) >= saved
 
 

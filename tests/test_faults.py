@@ -281,3 +281,27 @@ def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     folder = tmp_path / "w" / "r" / "checkpoints"
     assert f"could not write the checkpoint of step 8 to {folder}" in result.stderr
+
+
+def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
+    from hvd_lars import faults
+
+    ended = []
+    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
+        for _ in range(12):  # 1.2 s of progress every 0.1 s: never 0.4 s without
+            time.sleep(0.1)
+            faults.heartbeat()
+    assert ended == [] and not watchdog.fired
+    started = time.monotonic()
+    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
+        while not ended and time.monotonic() - started < 5:
+            time.sleep(0.05)
+    waited = time.monotonic() - started
+    assert ended == [faults.EXIT_HUNG] == [4] and watchdog.fired
+    # Fires after the timeout, checked every timeout / 4.
+    assert 0.4 <= waited < 1.5
+    with faults.ProgressWatchdog(0, exit=ended.append) as watchdog:
+        time.sleep(0.3)
+    assert watchdog._thread is None and ended == [4]
+    with pytest.raises(ValueError, match=r"hang timeout must be >= 0 seconds \(0: off\), got -1"):
+        faults.ProgressWatchdog(-1)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Launch elastic training: workers may leave and join while the job runs (hvd_lars.elastic).
+#
+# Usage: launch/elastic.sh DISCOVERY_SCRIPT MIN_NP MAX_NP FLAGFILE [extra flags...]
+#   DISCOVERY_SCRIPT  executable that prints the hosts available now, one "host:slots" per line
+#                     (Horovod's host discovery script); the job grows and shrinks with its output
+#   MIN_NP / MAX_NP   fewest and most workers; the job starts with MIN_NP..MAX_NP and waits (up to
+#                     HOROVOD_ELASTIC_TIMEOUT s, default 600) while fewer than MIN_NP are available
+#   FLAGFILE          e.g. flags/fashion_mnist_lars.flags; it must give --global_batch_size, which stays
+#                     the same whatever the number of workers (the per-rank batch adapts; a worker count
+#                     that does not divide it stops the job with a message naming the counts that do)
+# Elastic jobs run over Gloo (Horovod's requirement). NIC (default lo when every host is localhost, else
+# Horovod's own interface detection, which needs 2 hosts) names the network interface.
+# Example (this machine): printf '#!/bin/sh\necho localhost:2\n' >/tmp/hosts.sh; chmod +x /tmp/hosts.sh
+#          launch/elastic.sh /tmp/hosts.sh 1 2 flags/smoke.flags
+set -euo pipefail
+if [ $# -lt 4 ]; then
+  sed -n '2,16p' "$0" >&2
+  exit 2
+fi
+discovery=$1 min_np=$2 max_np=$3 flagfile=$4
+shift 4
+[ -x "$discovery" ] || { echo "launch/elastic.sh: discovery script '$discovery' is not an executable file" >&2; exit 2; }
+[ -f "$flagfile" ] || { echo "launch/elastic.sh: flagfile '$flagfile' not found" >&2; exit 2; }
+for n in "$min_np" "$max_np"; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "launch/elastic.sh: MIN_NP and MAX_NP must be whole numbers >= 1, got '$n'" >&2; exit 2; }
+done
+(( min_np <= max_np )) || { echo "launch/elastic.sh: MIN_NP $min_np exceeds MAX_NP $max_np" >&2; exit 2; }
+source "$(dirname "$0")/env.sh"
+# HOROVODRUN: the launcher to use (default: the one beside $PYTHON, else the PATH's).
+horovodrun_bin="${HOROVODRUN:-$(dirname "$PYTHON")/horovodrun}"
+[ -x "$horovodrun_bin" ] || horovodrun_bin=horovodrun
+# Horovod's interface detection between hosts needs at least 2 of them; on one host, the loopback.
+if [ -z "${NIC:-}" ] && ! "$discovery" | grep -qv '^\(localhost\|127\.0\.0\.1\):'; then
+  NIC=lo
+fi
+nic_args=()
+[ -n "${NIC:-}" ] && nic_args=(--network-interface "$NIC")
+exec "$horovodrun_bin" -np "$min_np" --min-np "$min_np" --max-np "$max_np" \
+  --host-discovery-script "$discovery" "${nic_args[@]}" \
+  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --elastic "$@"

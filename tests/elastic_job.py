@@ -1,0 +1,119 @@
+"""An elastic job for the tests and results/faults.py: launch/elastic.sh in the background with a host
+discovery script that prints a file the caller rewrites, and its output collected line by line.
+
+Test-only code: the worker program is tests/rank_weights_main.py (the main program, then each rank's final
+weights saved), run through a `python` shim given to the launcher as $PYTHON."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs: 600 updates.
+FLAGS = [
+    "--max_train_examples=12800", "--max_eval_examples=500",
+    "--global_batch_size=64", "--epochs=3", "--warmup_epochs=1", "--peak_learning_rate=2",
+    "--checkpoint_every_steps=100", "--elastic_commit_every_steps=5", "--run_name=r", "--verbose=2",
+]  # fmt: skip
+TOTAL_STEPS = 600
+
+
+class JobFailed(AssertionError):
+    """An awaited line did not come."""
+
+
+def _shim(tmp_path):
+    # The launcher runs "$PYTHON -m hvd_lars.main ..."; this PYTHON runs tests/rank_weights_main.py instead,
+    # which also saves each rank's final weights.
+    path = tmp_path / "python"
+    path.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = -m ] && [ "$2" = hvd_lars.main ] && shift 2 && '
+        f'exec {sys.executable} {REPO}/tests/rank_weights_main.py "$@"\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+class ElasticJob:
+    """launch/elastic.sh in the background, with a discovery script printing the file `hosts`; its output
+    lines are collected as they come."""
+
+    def __init__(self, tmp_path, hosts, min_np, max_np, *flags):
+        self.hosts = tmp_path / "hosts"
+        self.hosts.write_text(hosts + "\n")
+        discovery = tmp_path / "discover.sh"
+        discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
+        discovery.chmod(0o755)
+        env = dict(os.environ, PYTHON=_shim(tmp_path), RANKS_PER_SOCKET="2", PYTHONPATH=REPO)
+        env["HOROVODRUN"] = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
+        cmd += ["flags/fashion_mnist_lars.flags", *FLAGS]
+        cmd += [f"--workdir={tmp_path}", *flags]
+        self.process = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def set_hosts(self, hosts):
+        self.hosts.write_text(hosts + "\n")
+
+    def wait_for(self, text, timeout=180):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise JobFailed(f"no line with {text!r} after {timeout} s; output:\n{self.output()[-6000:]}")
+
+    def finish(self, timeout=300):
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        self._reader.join(10)
+        return self.process.returncode
+
+    def output(self):
+        return "".join(self.lines)
+
+
+def remove_and_add(tmp_path, pause_s=3):
+    """2 workers, then 1 (after the first epoch), then 2 again (`pause_s` after the lone worker started).
+
+    Returns (exit status, output, [update each attempt started from], seconds from each membership
+    change of the discovery script to the attempt that took it up)."""
+    job = ElasticJob(tmp_path, "localhost:2", 1, 2)
+    taken_up = []
+    try:
+        job.wait_for("elastic attempt 1: 2 worker(s) from update 0, 32 images per rank")
+        job.wait_for("Epoch 2/3")  # the first epoch done by 2 workers
+        changed = time.time()
+        job.set_hosts("localhost:1")
+        job.wait_for("elastic attempt 2: 1 worker(s) from update ")
+        taken_up.append(time.time() - changed)
+        time.sleep(pause_s)  # the lone worker trains on meanwhile
+        changed = time.time()
+        job.set_hosts("localhost:2")
+        job.wait_for("elastic attempt 3: 2 worker(s) from update ")
+        taken_up.append(time.time() - changed)
+        returncode = job.finish()
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    out = job.output()
+    starts = [line.split("elastic attempt ")[1] for line in out.splitlines() if "elastic attempt " in line]
+    updates = [int(s.split("from update ")[1].split(",")[0]) for s in starts]
+    return returncode, out, updates, taken_up

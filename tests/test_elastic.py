@@ -1,0 +1,128 @@
+"""Elastic training (hvd_lars.elastic): 2 workers, then 1, then 2 again, under horovodrun's elastic driver
+and a host discovery script that the test rewrites as training progresses; and the refusal of a worker
+count that does not divide the global batch."""
+
+import json
+
+import numpy as np
+import pytest
+from elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
+
+from hvd_lars import elastic
+from hvd_lars.config import TrainConfig
+
+
+def test_check_launched_names_what_is_missing():
+    config = TrainConfig(global_batch_size=64)
+    with pytest.raises(ValueError, match=r"launch/elastic.sh.*HOROVOD_ELASTIC is None, not '1'"):
+        elastic.check_launched(config, environ={})
+    elastic.check_launched(config, environ={"HOROVOD_ELASTIC": "1"})
+    with pytest.raises(
+        ValueError, match=r"--elastic needs --global_batch_size \(got 0 with --per_rank_batch_size=32\)"
+    ):
+        elastic.check_launched(TrainConfig(per_rank_batch_size=32), environ={"HOROVOD_ELASTIC": "1"})
+
+
+def test_resolve_batch_names_the_worker_counts_that_fit():
+    config = TrainConfig(global_batch_size=96, accumulation_steps=2)
+    assert elastic.resolve_batch(config, 3) == (96, 16)
+    assert elastic.resolve_batch(config, 48) == (96, 1)
+    with pytest.raises(elastic.ElasticBatchError) as e:
+        elastic.resolve_batch(config, 5)
+    message = str(e.value)
+    assert "now has 5 workers" in message and "global batch of 96 images" in message
+    # 96 / (n x 2) whole: n in the divisors of 48.
+    assert "worker counts that divide it: 1, 2, 3, 4, 6, 8, 12, 16, 24, 48." in message
+    assert isinstance(e.value, ValueError)  # the main program's one-line error, exit status 2
+
+
+def test_commit_interval_is_checked():
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=rf"int >= 1, got {bad!r}"):
+            elastic.CommitState(object(), bad)
+    with pytest.raises(ValueError, match=r"--elastic_commit_every_steps=0; give an int >= 1"):
+        TrainConfig(global_batch_size=64, elastic_commit_every_steps=0).validate(1)
+
+
+def test_state_commits_and_restores_model_and_optimizer_exactly():
+    import keras
+
+    from hvd_lars import LARS, distributed
+
+    distributed.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
+    model.compile(optimizer=LARS(0.1), loss="mse")
+    x, y = np.arange(24, dtype="float32").reshape(8, 3) / 24, np.ones((8, 2), "float32")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    state = elastic.KerasState(model, step=2).state()
+    every = lambda: [v.numpy().copy() for v in model.variables + model.optimizer.variables]
+    committed = every()
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    state.step = 4
+    assert int(model.optimizer.iterations) == 4
+    assert any(not np.array_equal(a, b) for a, b in zip(committed, every()))
+    state.restore()
+    assert state.step == 2 and int(model.optimizer.iterations) == 2
+    for a, b in zip(committed, every()):
+        np.testing.assert_array_equal(a, b)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    state.step = 4
+    state.commit()  # saves, then checks for membership changes (none: no driver)
+    after = every()
+    state.restore()
+    assert state.step == 4
+    for a, b in zip(after, every()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_two_then_one_then_two_workers_keep_the_plan(tmp_path):
+    returncode, out, updates, _ = remove_and_add(tmp_path)
+    assert returncode == 0, out[-6000:]
+    # The removed worker was stopped by Horovod's driver, the job went on.
+    assert "localhost[1] has been removed from elastic job" in out
+    assert len(updates) == 3, updates
+    # Each attempt goes on from a commit (every 5 updates) after the last one's: nothing is redone.
+    assert (
+        updates[0] == 0
+        and 200 <= updates[1] < updates[2] < TOTAL_STEPS
+        and updates[1] % 5 == updates[2] % 5 == 0
+    )
+    for workers, update, per_rank in ((1, updates[1], 64), (2, updates[2], 32)):
+        start = f"{workers} worker(s) from update {update}, {per_rank} images per rank per micro-batch"
+        assert f"{start} (global batch 64)" in out
+    run_dir = tmp_path / "r"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+    assert summary["global_batch_size"] == 64 and summary["world_size"] == 2
+    assert summary["final_test_top1"] > 0.6
+    # The plan's schedule throughout: the last epoch ends at the poly decay's end (rate 0 at update 600).
+    assert summary["epochs"][-1]["learning_rate"] < 1e-3
+    # The worker that joined (rank 1 of the last attempt) ends with rank 0's weights, bit for bit.
+    ranks = [np.load(run_dir / "rank_weights" / f"rank{r}.npz") for r in (0, 1)]
+    trainable = sorted(k for k in ranks[0].files if k.startswith("t"))
+    assert trainable
+    for key in trainable:
+        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == TOTAL_STEPS
+
+
+def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_change(tmp_path):
+    job = ElasticJob(tmp_path, "localhost:1", 1, 2, "--global_batch_size=63")
+    try:
+        job.wait_for("elastic attempt 1: 1 worker(s) from update 0, 63 images per rank")
+        job.set_hosts("localhost:2")
+        returncode = job.finish(timeout=240)
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    out = job.output()
+    assert returncode != 0
+    assert (
+        "hvd_lars: error: the elastic job now has 2 workers, and the global batch of 63 images does not "
+        "divide by 2 workers x 1 accumulation steps" in out
+    ), out[-6000:]
+    assert "worker counts that divide it: 1, 3, 7, 9, 21, 63." in out
+    assert "elastic attempt 2" not in out

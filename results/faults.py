@@ -28,6 +28,12 @@ Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per e
              rank 0's weights bit for bit. Time to exit: from the discovery script's change to the
              attempt that took it up (removal / addition).
 
+  silent_host  2 emulated hosts (launch/emulated_cluster.sh; needs root) x 2 ranks, launch/horovodrun.sh:
+             node2's link goes down (`ip link set ... down`: no packet, no reset, its ranks alive) after
+             the first checkpoint. The job must end non-zero within 90 s, node2's ranks within
+             --hang_timeout_s=30 + 30 s, and the last checkpoint must load. Time to exit: from the link
+             going down to the end of the job.
+
 Scenarios given with --scenarios replace their rows in the existing report; the others' rows stay, under
 the line saying which run made them.
 """
@@ -58,7 +64,7 @@ FLAGS = [
     "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
 ]  # fmt: skip
 TOTAL_STEPS = 16
-SCENARIOS = ("sigkill", "sigterm", "usr1", "diverge", "mismatch", "exit", "elastic")
+SCENARIOS = ("sigkill", "sigterm", "usr1", "diverge", "mismatch", "exit", "elastic", "silent_host")
 TIMEOUT_S = 600
 ABOUT = (
     "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
@@ -66,7 +72,11 @@ ABOUT = (
     "final line) to the end of the job, seconds. Matched: the resumed run's final checkpoint against an "
     "uninterrupted run's: weights, optimizer slots and step exactly, batch-norm moving statistics to "
     "1e-5 of each tensor's largest magnitude (averaged over the ranks at the resumed checkpoint in one run "
-    "only; the average of the ranks' linear moving averages is the same either way up to float32 rounding)."
+    "only; the average of the ranks' linear moving averages is the same either way up to float32 rounding). "
+    "`elastic`: 12,800 images, global batch 64, 600 updates, launch/elastic.sh (Gloo); it must finish, so "
+    "it has no time to exit: its details give the seconds from each change of the discovery script to the "
+    "attempt that took it up. `silent_host`: flags/smoke.flags on 2 emulated hosts x 2 ranks, "
+    "launch/horovodrun.sh; time to exit from the link going down."
 )
 
 
@@ -228,6 +238,25 @@ def run_elastic(workdir):
     return dict(ok=ok, to_exit=None, left=left, matched=None, moving=None, detail=detail, taken_up=taken_up)
 
 
+def run_silent_host(workdir, cluster):
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from emulated_cluster import silent_host_run
+
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_mpi_yield_when_idle="1")
+    r = silent_host_run(cluster, workdir, 30, 90, env)
+    run_dir = os.path.join(workdir, "smoke")
+    steps = _checkpoints(run_dir)
+    loads = bool(steps) and all(np.isfinite(v).all() for v in _load(run_dir).values())
+    ok = r["status"] not in (None, 0) and r["ended_after"] < 90 and not r["left_on_node2"] and loads
+    left = f"status {r['status']}; checkpoints up to {max(steps, default=None)} (latest loads: {loads})"
+    detail = (
+        f"node2's ranks ended {r['ranks_ended_after']:.0f} s after"
+        if not r["left_on_node2"]
+        else (f"node2's ranks {r['left_on_node2']} STILL RAN")
+    )
+    return dict(ok=ok, to_exit=r["ended_after"], left=left, matched=None, moving=None, detail=detail)
+
+
 def _earlier_rows(out, rerun):
     """(the earlier report's provenance line, its table rows of scenarios not in `rerun`)."""
     if not os.path.exists(out):
@@ -297,7 +326,26 @@ def main():
     if unknown:
         parser.error(f"unknown scenarios {unknown}; valid: {', '.join(SCENARIOS)}")
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    cluster = None
+    if "silent_host" in scenarios:
+        # The emulated hosts each have a /tmp of their own: their run directories live under /var/tmp.
+        sys.path.insert(0, os.path.join(REPO, "tests"))
+        from emulated_cluster import EmulatedCluster, require_root
+
+        require_root()
+        cluster = EmulatedCluster(nodes=2)
+        cluster.up()
+    try:
+        _run_scenarios(scenarios, args, results, cluster)
+    finally:
+        if cluster is not None:
+            cluster.down()
+    report(results, args, args.out)
+    print(f"[faults] wrote {args.out}", flush=True)
+
+
+def _run_scenarios(scenarios, args, results, cluster):
+    with tempfile.TemporaryDirectory(dir="/var/tmp" if cluster else None) as tmp:
         reference = None
         if {"sigkill", "sigterm", "usr1"} & set(scenarios):
             status, *_ = _train(os.path.join(tmp, "reference"))
@@ -310,13 +358,13 @@ def main():
                 os.makedirs(workdir)
                 if name in ("sigkill", "sigterm", "usr1"):
                     r = run_signal(workdir, reference, name)
+                elif name == "silent_host":
+                    r = run_silent_host(workdir, cluster)
                 else:
                     runs = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}
                     r = {**runs, "elastic": run_elastic}[name](workdir)
                 print(f"[faults] {name} {i + 1}/{args.repetitions}: {r}", flush=True)
                 results[name].append(r)
-    report(results, args, args.out)
-    print(f"[faults] wrote {args.out}", flush=True)
 
 
 if __name__ == "__main__":

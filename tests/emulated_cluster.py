@@ -118,3 +118,76 @@ def shell_command(argv, cwd=REPO, env=None):
     """A command line for `Host.run`: cd to `cwd`, set `env` (name -> value), run `argv`."""
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
     return f"cd {shlex.quote(cwd)} && {'env ' + assignments + ' ' if assignments else ''}{shlex.join(argv)}"
+
+
+def _last_checkpoint_step(run_dir):
+    folder = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(folder):
+        return 0
+    steps = [int(f[5:-6]) for f in os.listdir(folder) if f.startswith("ckpt-") and f.endswith(".index")]
+    return max(steps, default=0)
+
+
+def silent_host_run(cluster, workdir, hang_timeout_s, limit_s, env):
+    """launch/horovodrun.sh, 2 ranks on each of node1 and node2 (flags/smoke.flags, 100 updates per epoch,
+    a checkpoint every 2), then node2's link goes down after the first checkpoint.
+
+    Returns a dict: status (None: the job still ran `limit_s` after the silence), ended_after (s),
+    left_on_node2 (PIDs of node2's training processes still alive `hang_timeout_s` + 30 s after the
+    silence), ranks_ended_after (s), saved (the checkpoint step seen before the silence), output (the
+    launcher's last 3,000 characters). node2 is killed and booted again afterwards."""
+    run_dir = os.path.join(workdir, "smoke")
+    cmd = [
+        os.path.join(REPO, "launch", "horovodrun.sh"),
+        cluster.host_list(2),
+        "4",
+        "flags/smoke.flags",
+        "--intra_op_threads=1",
+        f"--workdir={workdir}",
+        "--steps_per_epoch=100",
+        "--checkpoint_every_steps=2",
+        f"--hang_timeout_s={hang_timeout_s}",
+    ]
+    log_path = os.path.join(workdir, "horovodrun.log")
+    log = open(log_path, "w")
+    env = dict(env, RANKS_PER_SOCKET="2", MPI_BIND="none")
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    node2 = cluster.hosts[1]
+    try:
+        deadline = time.time() + 300
+        while (saved := _last_checkpoint_step(run_dir)) == 0:
+            if job.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"no checkpoint before the silence; job status {job.poll()}")
+            time.sleep(0.2)
+        if not node2.processes_running("hvd_lars.main"):
+            raise RuntimeError("no rank runs on node2")
+        silent_at = time.time()
+        node2.set_link(up=False)
+        try:
+            status = job.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            status = None
+        ended_after = time.time() - silent_at
+        # node2's ranks, cut off, end by themselves once --hang_timeout_s has passed without progress.
+        deadline = silent_at + hang_timeout_s + 30
+        while node2.processes_running("hvd_lars.main") and time.time() < deadline:
+            time.sleep(0.5)
+        left_on_node2 = node2.processes_running("hvd_lars.main")
+        ranks_ended_after = time.time() - silent_at
+    finally:
+        if job.poll() is None:
+            job.kill()
+        log.close()
+        node2.set_link(up=True)
+        node2.kill()  # what is left there (Open MPI's daemon), then node2 boots again
+        cluster.up()
+    with open(log_path) as f:
+        output = f.read()[-3000:]
+    return dict(
+        status=status,
+        ended_after=ended_after,
+        left_on_node2=left_on_node2,
+        ranks_ended_after=ranks_ended_after,
+        saved=saved,
+        output=output,
+    )

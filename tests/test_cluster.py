@@ -22,7 +22,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO
-from emulated_cluster import CONTROLLER_ADDRESS, SCRIPT, SUBNET, EmulatedCluster, require_root, shell_command
+from emulated_cluster import (
+    CONTROLLER_ADDRESS,
+    SCRIPT,
+    SUBNET,
+    EmulatedCluster,
+    require_root,
+    shell_command,
+    silent_host_run,
+)
 from slurm_cluster import SlurmCluster, slurm_available
 
 PYTHON = sys.executable
@@ -378,51 +386,16 @@ def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
     # node2's link goes down mid-training: no packet, no reset, its ranks alive and blocked. Unhelped,
     # mpirun waited on (still running 240 s later). launch/env.sh's ssh keepalive ends mpirun's session
     # with node2 and so the job; node2's own ranks end through the progress watchdog.
-    cmd = [
-        os.path.join(REPO, "launch", "horovodrun.sh"),
-        cluster.host_list(RANKS_PER_HOST),
-        str(WORLD_SIZE),
-        "flags/smoke.flags",
-        "--intra_op_threads=1",
-        f"--workdir={shared_dir}",
-        "--steps_per_epoch=100",
-        "--checkpoint_every_steps=2",
-        f"--hang_timeout_s={SILENT_HOST_HANG_TIMEOUT_S}",
-    ]
-    log = open(shared_dir / "horovodrun.log", "w")
-    env = _env(RANKS_PER_SOCKET="2", MPI_BIND="none")
-    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    node2 = cluster.hosts[1]
-    try:
-        saved = _wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
-        assert node2.processes_running("hvd_lars.main"), "no rank runs on node2"
-        silent_at = time.time()
-        node2.set_link(up=False)
-        try:
-            status = job.wait(timeout=SILENT_HOST_LIMIT_S)
-        except subprocess.TimeoutExpired:
-            status = None
-        ended_after = time.time() - silent_at
-        # node2's ranks, cut off, end by themselves once --hang_timeout_s has passed without progress.
-        deadline = silent_at + SILENT_HOST_HANG_TIMEOUT_S + 30
-        while node2.processes_running("hvd_lars.main") and time.time() < deadline:
-            time.sleep(0.5)
-        left_on_node2 = node2.processes_running("hvd_lars.main")
-        ranks_ended_after = time.time() - silent_at
-    finally:
-        if job.poll() is None:
-            job.kill()
-        log.close()
-        node2.set_link(up=True)
-        node2.kill()  # what is left there (Open MPI's daemon), then node2 boots again
-        cluster.up()
-    output = (shared_dir / "horovodrun.log").read_text()
-    assert status is not None, (
-        f"the job still ran {ended_after:.0f} s after node2 went silent\n{output[-3000:]}"
+    r = silent_host_run(cluster, shared_dir, SILENT_HOST_HANG_TIMEOUT_S, SILENT_HOST_LIMIT_S, _env())
+    output = r["output"]
+    assert r["status"] is not None, (
+        f"the job still ran {r['ended_after']:.0f} s after node2 went silent\n{output}"
     )
-    assert status != 0, output[-3000:]
-    assert not left_on_node2, f"node2's ranks {left_on_node2} still ran {ranks_ended_after:.0f} s later"
-    assert _restore_last_checkpoint(shared_dir) >= saved
+    assert r["status"] != 0, output
+    assert not r["left_on_node2"], (
+        f"node2's ranks {r['left_on_node2']} ran {r['ranks_ended_after']:.0f} s later"
+    )
+    assert _restore_last_checkpoint(shared_dir) >= r["saved"]
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def test_chosen_rate_and_ties():
 
 def test_run_flags_follow_the_rules():
     args = study.parse_args(["--output_dir=/tmp/x"])
-    assert args.batches == [8192, 2048, 512, 128] and args.epochs == 12 and args.seeds == 2
+    assert args.batches == [8192, 2048, 512] and args.epochs == 12 and args.seeds == 2
     momentum = study.main_flags(args, study.Cell("momentum", 2048, 1, 0))
     # Linear scaling: 0.2 per 256 images is a peak of 1.6 at 2,048 (the main program scales it).
     assert "--base_learning_rate=0.2" in momentum and "--optimizer=momentum" in momentum

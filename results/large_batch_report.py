@@ -278,5 +278,20 @@ def write(args, records, attempts, arms):
                 f"| {r['arm']} | {r['batch']} | {r['peak_learning_rate']:.4g} | {r['seed']} | "
                 f"{r['val_top1']:.4f} | {r['test_top1']:.4f} | {r['test_top5']:.4f} | `{r['run_name']}` |"
             )
+    text = "\n".join(lines) + "\n"
+    previous = ""
+    if os.path.exists(args.report):
+        with open(args.report) as f:
+            previous = f.read()
     with open(args.report, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(text + hand_written(previous))
+
+
+HAND_WRITTEN = "\n## Plainly (written by hand"
+
+
+def hand_written(report_text):
+    """The section a person wrote at the end of the report (from "## Plainly (written by hand" on), kept
+    when the tables are rewritten; its heading carries the date it was written."""
+    at = report_text.find(HAND_WRITTEN)
+    return report_text[at:] if at >= 0 else ""

@@ -117,9 +117,15 @@ def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     attempts = (tmp_path / "out" / "attempts.jsonl").read_text().splitlines()
     assert len(attempts) == 1 + 3  # the killed attempt, then the 3 runs
 
-    # A third start: every run is done; nothing trains, the report is rewritten from the summaries.
+    # A third start: every run is done; nothing trains, the report is rewritten from the summaries, and a
+    # section written by hand at its end stays.
+    hand = "\n## Plainly (written by hand from the tables above, today)\n\nLARS held here.\n"
+    (tmp_path / "r.md").write_text(report.replace("| lars | 128 |", "| edited |") + hand)
     mtimes = {name: os.path.getmtime(runs / name / "summary.json") for name in summaries}
     result = _study(tmp_path)
+    rewritten = (tmp_path / "r.md").read_text()
+    assert rewritten.endswith("` |\n" + hand) and rewritten.count(hand) == 1
+    assert "| edited |" not in rewritten and rewritten.count("| lars | 128 |") == 2 + 2
     assert result.returncode == 0 and "training" not in result.stdout and "done: 3 runs" in result.stdout
     assert (tmp_path / "out" / "attempts.jsonl").read_text().splitlines() == attempts
     assert {name: os.path.getmtime(runs / name / "summary.json") for name in summaries} == mtimes

@@ -258,17 +258,27 @@ def run_silent_host(workdir, cluster):
 
 
 def _earlier_rows(out, rerun):
-    """(the earlier report's provenance line, its table rows of scenarios not in `rerun`)."""
+    """(the earlier report's provenance lines, each reduced to its rows that stay; its table rows of the
+    scenarios not in `rerun`)."""
     if not os.path.exists(out):
-        return None, []
+        return [], []
     with open(out) as f:
         text = f.read().splitlines()
-    made = " ".join(line for line in text if line.startswith(("Made by ", "Rows ")))
-    rows = [
-        line
-        for line in text
-        if line.startswith("| ") and line.split("|")[1].strip() in set(SCENARIOS) - set(rerun)
-    ]
+    kept = set(SCENARIOS) - set(rerun)
+    rows = [line for line in text if line.startswith("| ") and line.split("|")[1].strip() in kept]
+    names = {row.split("|")[1].strip() for row in rows}
+    made = []
+    for line in text:
+        found = re.match(r"Rows ([a-z0-9_, ]+): made by (.*)", line)
+        if found:
+            mine, rest = [n.strip() for n in found.group(1).split(",")], found.group(2)
+        elif line.startswith("Made by "):  # a report of every scenario it ran
+            mine, rest = sorted(names), line[len("Made by ") :]
+        else:
+            continue
+        stay = [n for n in mine if n in names]
+        if stay:
+            made.append(f"Rows {', '.join(stay)}: made by {rest}")
     return made, rows
 
 
@@ -288,9 +298,8 @@ def report(results, args, out):
         "stretch with it).",
         "",
     ]
-    if earlier_rows:
-        names = ", ".join(row.split("|")[1].strip() for row in earlier_rows)
-        lines += [f"Rows {names}: from the earlier report. {earlier_made}", ""]
+    for line in earlier_made:
+        lines += [line, ""]
     lines += [
         ABOUT,
         "",

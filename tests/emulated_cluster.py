@@ -6,6 +6,7 @@ process that runs "on" nodeK is in nodeK's network namespace, which is how `kill
 """
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -120,12 +121,29 @@ def shell_command(argv, cwd=REPO, env=None):
     return f"cd {shlex.quote(cwd)} && {'env ' + assignments + ' ' if assignments else ''}{shlex.join(argv)}"
 
 
-def _last_checkpoint_step(run_dir):
-    folder = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(folder):
+def last_checkpoint_step(workdir):
+    """The step of the smoke run's last complete checkpoint under `workdir` (named in the manager's
+    `checkpoint` file), or 0."""
+    state = os.path.join(workdir, "smoke", "checkpoints", "checkpoint")
+    try:
+        with open(state) as f:
+            m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', f.read(), re.M)
+    except FileNotFoundError:
         return 0
-    steps = [int(f[5:-6]) for f in os.listdir(folder) if f.startswith("ckpt-") and f.endswith(".index")]
-    return max(steps, default=0)
+    return int(m.group(1)) if m else 0
+
+
+def wait_for_checkpoint(workdir, after_step, alive, timeout=300):
+    """Waits for a checkpoint of a step after `after_step`; returns its step. Fails when `alive()` turns
+    false first, or after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        step = last_checkpoint_step(workdir)
+        if step > after_step:
+            return step
+        assert alive(), "the job ended before writing a checkpoint"
+        time.sleep(0.2)
+    raise TimeoutError(f"no checkpoint after step {after_step} in {timeout} s")
 
 
 def silent_host_run(cluster, workdir, hang_timeout_s, limit_s, env):
@@ -136,7 +154,6 @@ def silent_host_run(cluster, workdir, hang_timeout_s, limit_s, env):
     left_on_node2 (PIDs of node2's training processes still alive `hang_timeout_s` + 30 s after the
     silence), ranks_ended_after (s), saved (the checkpoint step seen before the silence), output (the
     launcher's last 3,000 characters). node2 is killed and booted again afterwards."""
-    run_dir = os.path.join(workdir, "smoke")
     cmd = [
         os.path.join(REPO, "launch", "horovodrun.sh"),
         cluster.host_list(2),
@@ -154,11 +171,7 @@ def silent_host_run(cluster, workdir, hang_timeout_s, limit_s, env):
     job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     node2 = cluster.hosts[1]
     try:
-        deadline = time.time() + 300
-        while (saved := _last_checkpoint_step(run_dir)) == 0:
-            if job.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"no checkpoint before the silence; job status {job.poll()}")
-            time.sleep(0.2)
+        saved = wait_for_checkpoint(workdir, 0, alive=lambda: job.poll() is None)
         if not node2.processes_running("hvd_lars.main"):
             raise RuntimeError("no rank runs on node2")
         silent_at = time.time()

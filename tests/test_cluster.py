@@ -11,7 +11,6 @@ thread per rank, the small CNN of flags/smoke.flags.
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from emulated_cluster import (
     require_root,
     shell_command,
     silent_host_run,
+    wait_for_checkpoint,
 )
 from slurm_cluster import SlurmCluster, slurm_available
 
@@ -138,16 +138,6 @@ def _initial_weights(workdir):
     """The run's initial weights: rank 0's as built, before the first batch broadcast them to every rank."""
     arrays = np.load(Path(workdir) / "smoke" / "rank_weights" / "rank0.npz")
     return {k[len("init_") :]: arrays[k] for k in arrays.files if k.startswith("init_")}
-
-
-def _last_checkpoint_step(workdir):
-    """The step of the run's last complete checkpoint (named in the manager's `checkpoint` file), or 0."""
-    state = Path(workdir) / "smoke" / "checkpoints" / "checkpoint"
-    try:
-        m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M)
-    except FileNotFoundError:
-        return 0
-    return int(m.group(1)) if m else 0
 
 
 def _checkpoint_values(workdir, step):
@@ -336,17 +326,6 @@ def test_horovodrun_gloo_from_the_first_host_matches_mpi(cluster, mpi_run, share
         assert apart <= GLOO_FRACTION_OF_MOVEMENT * moved, (name, apart, moved)
 
 
-def _wait_for_checkpoint(workdir, after_step, alive, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        step = _last_checkpoint_step(workdir)
-        if step > after_step:
-            return step
-        assert alive(), "the job ended before writing a checkpoint"
-        time.sleep(0.2)
-    raise TimeoutError(f"no checkpoint after step {after_step} in {timeout} s")
-
-
 def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
     cmd = [
         HOROVODRUN,
@@ -365,7 +344,7 @@ def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
     log = open(shared_dir / "horovodrun.log", "w")
     job = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
-        saved = _wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
+        saved = wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
         killed_at = time.time()
         cluster.hosts[1].kill()
         try:
@@ -466,7 +445,7 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
     # running, this 2-node job restarted at once, before node2's slurmd could launch again ("Task launch
     # failed on node node2: Communication connection failure"), since its ranks now stop at an update
     # boundary with a checkpoint instead of dying at once. Open: see the issue note.
-    second = _wait_for_checkpoint(shared_dir, 0, running)
+    second = wait_for_checkpoint(shared_dir, 0, running)
 
     killed_at = time.time()
     cluster.hosts[1].kill()

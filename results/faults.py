@@ -54,6 +54,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))  # the test-only helpers the scenarios run
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
@@ -210,7 +211,6 @@ def run_exit(workdir):
 def run_elastic(workdir):
     import pathlib
 
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     from elastic_job import TOTAL_STEPS as ELASTIC_STEPS
     from elastic_job import remove_and_add
 
@@ -239,7 +239,6 @@ def run_elastic(workdir):
 
 
 def run_silent_host(workdir, cluster):
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     from emulated_cluster import silent_host_run
 
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_mpi_yield_when_idle="1")
@@ -338,7 +337,6 @@ def main():
     cluster = None
     if "silent_host" in scenarios:
         # The emulated hosts each have a /tmp of their own: their run directories live under /var/tmp.
-        sys.path.insert(0, os.path.join(REPO, "tests"))
         from emulated_cluster import EmulatedCluster, require_root
 
         require_root()

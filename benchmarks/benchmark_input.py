@@ -141,8 +141,8 @@ def training_worker(model_name, batch, steps, warmup_steps):
     import tensorflow as tf
 
     from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
-    from hvd_lars.config import resolve_precision
     from hvd_lars.models import get_model
+    from hvd_lars.training.config import resolve_precision
 
     precision = resolve_precision("auto")
     keras.mixed_precision.set_global_policy(precision)
@@ -199,7 +199,7 @@ def main():
             print(json.dumps(training_worker(**spec)))
         return
 
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     started = time.time()
     mean_bytes = {}

@@ -29,7 +29,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from hvd_lars import LARS, mlperf_exclusions, provenance  # noqa: E402
+from hvd_lars import LARS, mlperf_exclusions
+from hvd_lars.training import provenance  # noqa: E402
 
 
 def resnet50_parameter_shapes():
@@ -65,17 +66,17 @@ def make_step(optimizer, shapes, seed, jit_compile):
 def _own_files_state():
     """Whether the optimizer and this script are committed as measured ("-dirty" above may come from
     other files of the shared work tree)."""
-    files = ["hvd_lars/lars.py", os.path.relpath(os.path.abspath(__file__), REPO)]
+    files = ["hvd_lars/optim/lars.py", os.path.relpath(os.path.abspath(__file__), REPO)]
     try:
         changed = subprocess.run(
             ["git", "-C", REPO, "status", "--porcelain", *files], capture_output=True, text=True, timeout=10
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "state of hvd_lars/lars.py unknown"
+        return "state of hvd_lars/optim/lars.py unknown"
     return (
-        "hvd_lars/lars.py and this script uncommitted"
+        "hvd_lars/optim/lars.py and this script uncommitted"
         if changed
-        else "hvd_lars/lars.py and this script as committed"
+        else "hvd_lars/optim/lars.py and this script as committed"
     )
 
 
@@ -174,12 +175,12 @@ def main():
             "- lars_mlperf: batch-norm parameters and biases excluded from both, epsilon 1e-5.",
             "- lars_nesterov: as lars with Nesterov momentum.",
             "- lars_no_adaptation: every tensor excluded from layer adaptation (momentum SGD with coupled",
-            "  weight decay, what hvd_lars.train builds for `optimizer=momentum`): no norms, so the",
+            "  weight decay, what hvd_lars.training.train builds for `optimizer=momentum`): no norms, so the",
             "  difference to lars is the cost of the 2 x 161 norms and trust ratios.",
             "- lars_portable: as lars through the backend-neutral `keras.ops` path (`_fused = False`), what",
             "  other Keras backends run; the TensorFlow path before the fused kernels were used.",
             "- ratio: per repetition LARS time / SGD time, median over repetitions.",
-            "- graph: `tf.function`, as `model.fit(..., jit_compile=False)` runs the step (hvd_lars.train);",
+            "- graph: `tf.function`, as `model.fit(..., jit_compile=False)` runs the step (hvd_lars.training.train);",
             "  XLA: `tf.function(jit_compile=True)`, as `model.fit(..., jit_compile=True)` runs it (Keras's",
             "  default 'auto' turns XLA on only when a GPU or TPU is present, so not on this machine).",
             "",
@@ -200,7 +201,7 @@ def main():
                 f"- XLA: LARS costs {ratio[('XLA', 'lars')]:.2f}x SGD while LARS without adaptation costs "
                 f"{ratio[('XLA', 'lars_no_adaptation')]:.2f}x: the excess is the 322 tensor norms, which XLA "
                 "compiles to reductions several times slower than TensorFlow's own kernels on this CPU. "
-                "It concerns only XLA forced on a CPU: hvd_lars.train compiles with jit_compile=False, and "
+                "It concerns only XLA forced on a CPU: hvd_lars.training.train compiles with jit_compile=False, and "
                 "Keras's default leaves XLA off on CPU-only machines. XLA on a GPU was not measured here.",
             ]
         lines.append("")

@@ -163,7 +163,7 @@ def _slug(text):
 
 def measure(args):
     sys.path.insert(0, REPO)
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     started = time.time()
     runs = [run_worker({"kind": "matmul"}, args.timeout)]

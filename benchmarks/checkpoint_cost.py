@@ -41,7 +41,7 @@ ARMS = ("none", "synchronous", "asynchronous")
 
 
 def _timed_checkpoint_class():
-    from hvd_lars.callbacks import PeriodicCheckpoint
+    from hvd_lars.training.checkpoints import PeriodicCheckpoint
 
     class TimedCheckpoint(PeriodicCheckpoint):
         """The main program's callback, timing how long each save keeps training waiting."""
@@ -204,7 +204,7 @@ def main(argv=None):
         parser.error(f"--steps={args.steps} must be a multiple of --every={args.every}.")
     import scaling
 
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     if not args.report_only:
         record = measure(args)

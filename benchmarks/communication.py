@@ -209,7 +209,7 @@ def _save(raw):
 
 
 def measure(args, raw):
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     stamp = {
         "command": shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), REPO), *sys.argv[1:]]),
@@ -278,7 +278,7 @@ def _size(n):
 def report(raw):
     import matplotlib
 
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,10 +1,10 @@
-"""What the per-update fault check costs (issue 13): `hvd_lars.faults.FaultGuard` against none, on 2 ranks.
+"""What the per-update fault check costs (issue 13): `hvd_lars.training.faults.FaultGuard` against none, on 2 ranks.
 
 At every update boundary the main program's `FaultGuard` checks that the loss and every float variable
 (weights, batch-norm statistics, optimizer slots) are finite, then sums 2 numbers over the ranks (the
 divergence and stop-signal votes), so every update ends with a host-side decision. This script measures
 what that adds to a training step, on 2 Horovod ranks (horovodrun, Open MPI) on this machine, with the
-main program's settings (`launch/env.sh` and `hvd_lars.threads`: 5 ms Horovod cycle, MPI yielding):
+main program's settings (`launch/env.sh` and `hvd_lars.training.threads`: 5 ms Horovod cycle, MPI yielding):
 
 - small_cnn at flags/fashion_mnist_lars.flags' global batch 4,096 (2,048 per rank, 28x28x1): the product's
   own Fashion-MNIST run;
@@ -64,14 +64,16 @@ def worker(args):
     import numpy as np
     import tensorflow as tf
 
-    from hvd_lars import LARS, DistributedOptimizer, distributed, faults, threads
+    from hvd_lars import LARS, DistributedOptimizer
     from hvd_lars.models import get_model
+    from hvd_lars.parallel import collectives
+    from hvd_lars.training import faults, threads
 
-    rank, size = distributed.init()
+    rank, size = collectives.init()
     # The main program's thread pools: this rank's share of the cores (1 of 2 here), not TensorFlow's
     # default of every core per rank, which oversubscribes the cores and stalls steps by seconds.
-    from hvd_lars.config import TrainConfig
-    from hvd_lars.train import configure_threads
+    from hvd_lars.training.config import TrainConfig
+    from hvd_lars.training.train import configure_threads
 
     threads_used = configure_threads(TrainConfig(), size)
     results = {}
@@ -112,7 +114,7 @@ def worker(args):
 
 
 def report(args, raw, wall):
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     cpu = provenance.cpu()
     command = " ".join(["python", "results/fault_guard_cost.py"] + sys.argv[1:])
@@ -170,7 +172,7 @@ def main():
     unknown = sorted(set(args.cases.split(",")) - set(CASES))
     if unknown:
         parser.error(f"unknown cases {unknown}; valid: {', '.join(CASES)}")
-    from hvd_lars import threads
+    from hvd_lars.training import threads
 
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     threads.apply_horovod_cpu_defaults(env)

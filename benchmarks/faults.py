@@ -8,7 +8,7 @@ Run from the repository root, with the machine to itself (timings are reported):
 Writes results/faults.md (--out): per scenario the repetitions, the time from the fault to the end of the
 job (min / median / max), what was left (exit status, checkpoints, summary.json) and whether the resumed
 run matched an uninterrupted one; with the command, git SHA, date and machine. Faults are injected by
-tests/kill_at_step.py and tests/mismatch_worker.py (test-only code; the library has no fault hooks).
+tests/support/kill_at_step.py and tests/support/mismatch_worker.py (test-only code; the library has no fault hooks).
 
 Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per epoch, 16 in all):
   sigkill    rank 1 SIGKILLed after a random update: the job must end within 60 s; the latest checkpoint
@@ -58,8 +58,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))  # the test-only helpers the sce
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
-KILLER = os.path.join(REPO, "tests", "kill_at_step.py")
-MISMATCH = os.path.join(REPO, "tests", "mismatch_worker.py")
+KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
+MISMATCH = os.path.join(REPO, "tests", "support", "mismatch_worker.py")
 FLAGS = [
     "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048", "--max_eval_examples=500",
     "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
@@ -211,8 +211,8 @@ def run_exit(workdir):
 def run_elastic(workdir):
     import pathlib
 
-    from elastic_job import TOTAL_STEPS as ELASTIC_STEPS
-    from elastic_job import remove_and_add
+    from tests.support.elastic_job import TOTAL_STEPS as ELASTIC_STEPS
+    from tests.support.elastic_job import remove_and_add
 
     status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir), pause_s=3)
     run_dir = os.path.join(workdir, "r")
@@ -239,7 +239,7 @@ def run_elastic(workdir):
 
 
 def run_silent_host(workdir, cluster):
-    from emulated_cluster import silent_host_run
+    from tests.support.emulated_cluster import silent_host_run
 
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_mpi_yield_when_idle="1")
     r = silent_host_run(cluster, workdir, 60, 90, env)
@@ -282,7 +282,7 @@ def _earlier_rows(out, rerun):
 
 
 def report(results, args, out):
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     cpu = provenance.cpu()
     command = " ".join(["python", "results/faults.py"] + sys.argv[1:])
@@ -337,7 +337,7 @@ def main():
     cluster = None
     if "silent_host" in scenarios:
         # The emulated hosts each have a /tmp of their own: their run directories live under /var/tmp.
-        from emulated_cluster import EmulatedCluster, require_root
+        from tests.support.emulated_cluster import EmulatedCluster, require_root
 
         require_root()
         cluster = EmulatedCluster(nodes=2)

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import large_batch_report  # noqa: E402
 
-from hvd_lars.strict_json import read as read_json  # noqa: E402
+from hvd_lars.training.strict_json import read as read_json  # noqa: E402
 
 # The literal that `bench` (pkill -f) matches to pause the study; in every run's name.
 STUDY_TAG = "hvd_lars_study"
@@ -401,7 +401,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--train_program",
         default="-m hvd_lars.main",
-        help="what Python runs for each run (tests: the fault-injecting tests/kill_at_step.py)",
+        help="what Python runs for each run (tests: the fault-injecting tests/support/kill_at_step.py)",
     )
     parser.add_argument("--max_train_examples", type=int, default=0, help="smoke tests only")
     parser.add_argument("--max_eval_examples", type=int, default=0, help="smoke tests only")

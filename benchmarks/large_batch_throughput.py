@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import large_batch_report  # noqa: E402
 import large_batch_study as study  # noqa: E402
 
-from hvd_lars import provenance  # noqa: E402
+from hvd_lars.training import provenance  # noqa: E402
 
 IMAGES_PER_EPOCH = 16384
 

@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from large_batch_report import cpu  # noqa: E402
 
-from hvd_lars import provenance  # noqa: E402
 from hvd_lars.data import listing  # noqa: E402
+from hvd_lars.training import provenance  # noqa: E402
 
 CLASSES, PER_CLASS, PER_CLASS_VALIDATION = 1000, 100, 5
 
@@ -88,12 +88,12 @@ def index_both(root, index_dir):
 
 RANK_WORKER = """
 import json, sys, time
-from hvd_lars import distributed
+from hvd_lars.parallel import collectives
 from hvd_lars.data import image_folder
-rank, size = distributed.init()
+rank, size = collectives.init()
 times = []
 for start in range(2):  # the first start lists; the second reads the index written by the first
-    distributed.barrier()
+    collectives.barrier()
     t = time.perf_counter()
     train, _ = image_folder.list_splits(sys.argv[1], sys.argv[2], rank, size)
     times.append(time.perf_counter() - t)

@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hvd_lars.strict_json import read as read_json  # noqa: E402
+from hvd_lars.training.strict_json import read as read_json  # noqa: E402
 
 
 def main(summary_path, out_path, command):

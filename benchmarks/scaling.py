@@ -11,7 +11,7 @@ against "overlap" (one allreduce per gradient, started as backprop produces it);
 time of the same per-rank batch on the same core, measured in the same run, so that exposed communication
 = step time - compute time; and the time to allreduce ResNet-50's gradients (161 tensors, 25.6M float32
 values) with and without float16 compression. Precision: mixed_bfloat16 where the CPU has avx512_bf16 or
-amx_bf16, float32 elsewhere (hvd_lars.config.resolve_precision("auto")).
+amx_bf16, float32 elsewhere (hvd_lars.training.config.resolve_precision("auto")).
 
 Usage (from the repository root, as root for the emulated cluster):
     cluster bench .venv/bin/python results/scaling.py overlap_compression --link_rate=1gbit
@@ -82,18 +82,18 @@ def worker_overlap_compression(role, out, core=0):
     sys.path.insert(0, REPO)
     # Pinned before Horovod starts its background thread, which then shares the rank's core.
     _pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
     if role == "ranks":
-        rank, size = distributed.init()
+        rank, size = collectives.init()
     else:
         rank, size = 0, 1
     import keras
     import tensorflow as tf
 
     from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
-    from hvd_lars.config import resolve_precision
     from hvd_lars.models import get_model
+    from hvd_lars.training.config import resolve_precision
 
     precision = resolve_precision("auto")
     keras.mixed_precision.set_global_policy(precision)
@@ -148,7 +148,7 @@ def worker_overlap_compression(role, out, core=0):
 
 def _allreduce_times(get_model, tf):
     """Seconds to average ResNet-50's gradient tensors over the ranks, per compression (grouped)."""
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
     shapes = [v.shape for v in get_model("resnet50", input_shape=(224, 224, 3)).trainable_variables]
     grads = [tf.random.stateless_normal(s, seed=(i, 7)) * 1e-3 for i, s in enumerate(shapes)]
@@ -157,7 +157,7 @@ def _allreduce_times(get_model, tf):
 
         @tf.function
         def reduce(gs, c=compression):
-            return distributed.allreduce_gradients(gs, reduction="grouped", compression=c)
+            return collectives.allreduce_gradients(gs, reduction="grouped", compression=c)
 
         times = []
         for _ in range(WARMUP_STEPS + TIMED_STEPS):
@@ -166,7 +166,7 @@ def _allreduce_times(get_model, tf):
             reduced[-1].numpy()  # wait for the result
             times.append(time.perf_counter() - start)
         out[compression] = times[WARMUP_STEPS:]
-        if distributed.rank() == 0:
+        if collectives.rank() == 0:
             print(f"[scaling] allreduce {compression}: {statistics.mean(out[compression]):.3f} s", flush=True)
     return out
 
@@ -230,7 +230,7 @@ def _cpu_description():
 def overlap_compression(args):
     """Section `overlap_compression`: see the module docstring."""
     sys.path.insert(0, REPO)
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     label = "local" if args.local else args.link_rate
     os.makedirs(RAW_DIR, exist_ok=True)
@@ -457,7 +457,7 @@ def _cpu_by_group(before, after, horovod_tids):
 def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     """One process of the `threads` section: world size 1 ("compute") or a Horovod rank ("ranks"); trains
     ResNet-50 (mixed_bfloat16 where the CPU has it) on a synthetic batch of `batch` images for
-    WARMUP_STEPS + TIMED_STEPS steps with the main program's thread sizing (`hvd_lars.train.
+    WARMUP_STEPS + TIMED_STEPS steps with the main program's thread sizing (`hvd_lars.training.train.
     configure_threads`: the CPUs this process may use; `inter_op` >= 0 overrides the inter-op pool, 0 being
     TensorFlow's default) and records step times, the thread counts TensorFlow applied and CPU seconds
     per thread group over the timed steps. Rank 0 writes the JSON `out`."""
@@ -468,18 +468,18 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
         os.sched_setaffinity(0, {cores[int(os.environ["HOROVOD_LOCAL_RANK"]) % len(cores)]})
     import tensorflow as tf  # noqa: F401  (its own threads are not Horovod's)
 
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
     before_init = set(_thread_cpu())
-    rank, size = distributed.init() if role == "ranks" else (0, 1)
+    rank, size = collectives.init() if role == "ranks" else (0, 1)
     horovod_tids = set(_thread_cpu()) - before_init if role == "ranks" else set()
     import keras
 
     from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
-    from hvd_lars.config import TrainConfig, resolve_precision
     from hvd_lars.models import get_model
-    from hvd_lars.threads import placement
-    from hvd_lars.train import applied_threads, configure_threads
+    from hvd_lars.training.config import TrainConfig, resolve_precision
+    from hvd_lars.training.threads import placement
+    from hvd_lars.training.train import applied_threads, configure_threads
 
     configure_threads(TrainConfig(inter_op_threads=max(0, inter_op)), size)
     if inter_op == 0:
@@ -537,7 +537,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
         f"[scaling] {role} rank {rank}: {statistics.mean(times):.3f} s/step, CPU {result['cpu_s']}",
         flush=True,
     )
-    results = distributed.gather_objects(result, name="scaling.threads") if size > 1 else [result]
+    results = collectives.gather_objects(result, name="scaling.threads") if size > 1 else [result]
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"ranks": results}, f, indent=1)
@@ -617,7 +617,7 @@ def threads(args):
         with open(raw) as f:
             return _write_section("threads", _threads_markdown(json.load(f)))
     sys.path.insert(0, REPO)
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     os.makedirs(RAW_DIR, exist_ok=True)
     me = [sys.executable, os.path.abspath(__file__)]
@@ -682,7 +682,7 @@ def _threads_markdown(record):
         f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
         "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
         f"{record['global_batch']} images per step,",
-        "each process sized by the main program's `hvd_lars.train.configure_threads` (the CPUs it may use);",
+        "each process sized by the main program's `hvd_lars.training.train.configure_threads` (the CPUs it may use);",
         f"{record['warmup_steps']} warm-up then {record['timed_steps']} timed steps per run. Ranks are",
         "started by `mpirun -np 2` (bound: `--map-by core --bind-to core`, as `launch/mpirun.sh` and",
         "`launch/horovodrun.sh` place them); world-size-1 processes by `taskset`. The baseline runs before,",
@@ -729,7 +729,7 @@ before 0.21) and Open MPI yielding while it waits (`mpi_yield_when_idle`), Horov
 step and 2 ranks x 1 thread run at 0.99 of 1 rank x 2 threads: within the 5% target. The Gloo controller
 (0.78) polls less than MPI at 1 ms but more than the tuned MPI. The main program therefore sets
 HOROVOD_CYCLE_TIME=5 and OMPI_MCA_mpi_yield_when_idle=1 unless they are exported
-(`hvd_lars.threads.apply_horovod_cpu_defaults`). On a socket per rank the same polling thread would take
+(`hvd_lars.training.threads.apply_horovod_cpu_defaults`). On a socket per rank the same polling thread would take
 one core of 24-68, 1.5-4% of the socket, rather than half of the rank's cores here."""
 
 

@@ -420,7 +420,7 @@ def _wrap_comment(text, width=110):
 
 
 def report(measurements, grads, rows, overlap, predicted):
-    from hvd_lars import provenance
+    from hvd_lars.training import provenance
 
     alpha, bandwidth, latency, share = target_link(measurements)
     prov = provenance.record()

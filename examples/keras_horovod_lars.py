@@ -31,7 +31,7 @@ from hvd_lars import (
     WarmupPolynomialDecay,
     scaled_learning_rate,
 )
-from hvd_lars import distributed as hvd
+from hvd_lars.parallel import collectives as hvd
 
 CLASSES, FEATURES = 4, 16
 TRAIN_EXAMPLES, VALIDATION_EXAMPLES = 2048, 512

@@ -1,44 +1,58 @@
 """hvd_lars: large-batch data-parallel training of image classifiers with LARS, warmup and Horovod.
 
-Reproduces You et al., "ImageNet Training in Minutes" (ICPP 2018). The pieces a Keras 3 user can take
-alone: `LARS`, the warmup schedules (`WarmupPolynomialDecay`, `PaperPolynomialDecay`, `WarmupCosineDecay`,
-`WarmupStepDecay`, `make_schedule`), `scaled_learning_rate`, the callbacks in `hvd_lars.callbacks`, and the
-Keras 3 replacements for `horovod.tensorflow.keras`: `DistributedOptimizer` and the callbacks of
-`hvd_lars.horovod_callbacks`.
-"""
+Reproduces You et al., "ImageNet Training in Minutes" (ICPP 2018). Two wings:
 
-import importlib
+* the library, which other Keras 3 projects import: `hvd_lars.optim` (`LARS`, the warmup schedules,
+  `scaled_learning_rate`, `LearningRateWarmup`) and `hvd_lars.parallel` (the Keras 3 replacement for
+  `horovod.tensorflow.keras`: `DistributedOptimizer`, the Horovod-named callbacks, elastic state), beside
+  `hvd_lars.models`, `hvd_lars.data` and `hvd_lars.metrics`;
+* the training application, `hvd_lars.training`, started by `python -m hvd_lars.main`.
+
+`import hvd_lars` imports the library wing (Keras with it), so that every Keras class the package defines is
+registered for `keras.models.load_model`; it imports nothing of the application.
+"""
 
 __version__ = "0.1.0"
 
-# Public names and the module each lives in. Imported on first use (PEP 562), so that light tools of the
-# package (hvd_lars.slurm_hosts, hvd_lars.main --help) do not pay TensorFlow's start-up.
-_EXPORTS = {
-    "LARS": "hvd_lars.lars",
-    "DistributedOptimizer": "hvd_lars.distributed_optimizer",
-    "DistributedLossScaleOptimizer": "hvd_lars.distributed_optimizer",
-    "BroadcastGlobalVariablesCallback": "hvd_lars.horovod_callbacks",
-    "MetricAverageCallback": "hvd_lars.horovod_callbacks",
-    "LearningRateWarmupCallback": "hvd_lars.horovod_callbacks",
-    "TRUST_RATIO_MODES": "hvd_lars.lars",
-    "mlperf_exclusions": "hvd_lars.lars",
-    "WarmupPolynomialDecay": "hvd_lars.schedules",
-    "PaperPolynomialDecay": "hvd_lars.schedules",
-    "WarmupCosineDecay": "hvd_lars.schedules",
-    "WarmupStepDecay": "hvd_lars.schedules",
-    "make_schedule": "hvd_lars.schedules",
-    "SCHEDULES": "hvd_lars.schedules",
-    "epochs_to_steps": "hvd_lars.schedules",
-    "scaled_learning_rate": "hvd_lars.schedules",
-}
-__all__ = sorted(_EXPORTS)
+# Registration for load_model is why these are eager imports (Keras comes with them).
+from hvd_lars import metrics, models  # noqa: E402, F401
+from hvd_lars.optim.lars import LARS, MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES, mlperf_exclusions  # noqa: E402
+from hvd_lars.optim.rate_callbacks import LearningRateLogger, LearningRateWarmup  # noqa: E402
+from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: E402
+from hvd_lars.optim.schedules import (  # noqa: E402
+    SCHEDULES,
+    PaperPolynomialDecay,
+    WarmupCosineDecay,
+    WarmupPolynomialDecay,
+    WarmupStepDecay,
+    make_schedule,
+)
+from hvd_lars.parallel.callbacks import (  # noqa: E402
+    BroadcastGlobalVariablesCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
+from hvd_lars.parallel.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer  # noqa: E402
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hvd_lars' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "DistributedLossScaleOptimizer",
+    "DistributedOptimizer",
+    "LARS",
+    "LearningRateLogger",
+    "LearningRateWarmup",
+    "LearningRateWarmupCallback",
+    "MOMENTUM_CORRECTIONS",
+    "MetricAverageCallback",
+    "PaperPolynomialDecay",
+    "REFERENCE_BATCH",
+    "SCHEDULES",
+    "TRUST_RATIO_MODES",
+    "WarmupCosineDecay",
+    "WarmupPolynomialDecay",
+    "WarmupStepDecay",
+    "epochs_to_steps",
+    "make_schedule",
+    "mlperf_exclusions",
+    "scaled_learning_rate",
+]

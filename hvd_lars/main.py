@@ -1,6 +1,6 @@
 """Command line: `python -m hvd_lars.main --flagfile=flags/<experiment>.flags` (or `hvd-lars-train`).
 
-The only reader of flags: turns them into one `TrainConfig` and calls `hvd_lars.train.run`. Launch it
+The only reader of flags: turns them into one `TrainConfig` and calls `hvd_lars.training.train.run`. Launch it
 once per rank (horovodrun, mpirun, srun) or alone for a single-process run.
 """
 
@@ -9,9 +9,9 @@ import sys
 
 from absl import app, flags, logging
 
-from hvd_lars import threads
-from hvd_lars.config import OPTIMIZERS, PRECISIONS, TrainConfig
-from hvd_lars.distributed import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
+from hvd_lars.parallel.collectives import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
+from hvd_lars.training import threads
+from hvd_lars.training.config import OPTIMIZERS, PRECISIONS, TrainConfig
 
 _D = TrainConfig()
 flags.DEFINE_string(
@@ -187,10 +187,10 @@ def _main(argv):
     logging.set_verbosity(logging.WARNING)
     # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported).
     threads.apply_horovod_cpu_defaults()
-    from hvd_lars.callbacks import CheckpointWriteError
-    from hvd_lars.distributed import WorldSizeMismatch
-    from hvd_lars.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
-    from hvd_lars.train import run
+    from hvd_lars.parallel.collectives import WorldSizeMismatch
+    from hvd_lars.training.checkpoints import CheckpointWriteError
+    from hvd_lars.training.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
+    from hvd_lars.training.train import run
 
     try:
         run(config_from_flags())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch elastic training: workers may leave and join while the job runs (hvd_lars.elastic).
+# Launch elastic training: workers may leave and join while the job runs (hvd_lars.parallel.elastic).
 #
 # Usage: launch/elastic.sh DISCOVERY_SCRIPT MIN_NP MAX_NP FLAGFILE [extra flags...]
 #   DISCOVERY_SCRIPT  executable that prints the hosts available now, one "host:slots" per line

@@ -43,7 +43,7 @@ export HOROVOD_GLOO_TIMEOUT_SECONDS="${HOROVOD_GLOO_TIMEOUT_SECONDS:-60}"
 # 240 s on the emulated cluster). ssh's keepalive ends mpirun's session with that host after about 4 x 10 s
 # of silence (3 unanswered probes, 10 s apart, after 10 s without data), and mpirun then aborts the job
 # (measured: exit 255 37-39 s after the link went down; with 4 x 15 s the job still ran after 90 s). The
-# ranks on the silent host itself end through --hang_timeout_s (hvd_lars.faults.ProgressWatchdog), which
+# ranks on the silent host itself end through --hang_timeout_s (hvd_lars.training.faults.ProgressWatchdog), which
 # must be the longer of the two: when a rank's watchdog ends it first, mpirun starts aborting the job and
 # then waits for its daemon on the silent host (measured: still running 90 s after the silence, 4 of 4).
 export OMPI_MCA_plm_rsh_args="${OMPI_MCA_plm_rsh_args:--o ServerAliveInterval=10 -o ServerAliveCountMax=3}"

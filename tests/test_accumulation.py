@@ -1,5 +1,5 @@
 """Batch norm under gradient accumulation, quantified: per-micro-batch statistics and A moving-average
-updates per optimizer update (hvd_lars.train.batch_norm_note says so in the run log)."""
+updates per optimizer update (hvd_lars.training.train.batch_norm_note says so in the run log)."""
 
 import keras
 import numpy as np
@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS
-from hvd_lars.config import Plan
 from hvd_lars.models import get_model
-from hvd_lars.train import batch_norm_note
+from hvd_lars.training.config import Plan
+from hvd_lars.training.train import batch_norm_note
 
 MOMENTUM = 0.9
 # One update of 8 images, 1 feature: micro-batch k (2 images) is mu_k -/+ 1, mu = 0, 4, 8, 12. Each

@@ -1,5 +1,5 @@
 """Two real Horovod ranks whose batch norms see different data: the moving statistics are averaged over
-the ranks before each checkpoint and each evaluation (hvd_lars.distributed.average_variables)."""
+the ranks before each checkpoint and each evaluation (hvd_lars.parallel.collectives.average_variables)."""
 
 import os
 import subprocess
@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO
+
+from tests.support import REPO
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-WORKER = os.path.join(REPO, "tests", "bn_worker.py")
+WORKER = os.path.join(REPO, "tests", "support", "bn_worker.py")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS
-from hvd_lars.callbacks import PeriodicCheckpoint
+from hvd_lars.training.checkpoints import PeriodicCheckpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS_PER_EPOCH = 3

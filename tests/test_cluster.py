@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
-from emulated_cluster import (
+
+from tests.support import REPO
+from tests.support.emulated_cluster import (
     CONTROLLER_ADDRESS,
     SCRIPT,
     SUBNET,
@@ -31,7 +32,7 @@ from emulated_cluster import (
     silent_host_run,
     wait_for_checkpoint,
 )
-from slurm_cluster import SlurmCluster, slurm_available
+from tests.support.slurm_cluster import SlurmCluster, slurm_available
 
 PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -128,7 +129,7 @@ def _assert_two_hosts(summary):
 
 
 def _rank_weights(workdir):
-    """Each rank's weights after training (tests/rank_weights_main.py), in rank order."""
+    """Each rank's weights after training (tests/support/rank_weights_main.py), in rank order."""
     folder = Path(workdir) / "smoke" / "rank_weights"
     saved = [dict(np.load(folder / f"rank{r}.npz")) for r in range(WORLD_SIZE)]
     return [{k: v for k, v in arrays.items() if not k.startswith("init_")} for arrays in saved]
@@ -220,7 +221,7 @@ def mpi_run(cluster):
             "-H",
             cluster.host_list(RANKS_PER_HOST),
             PYTHON,
-            "tests/rank_weights_main.py",
+            "tests/support/rank_weights_main.py",
             *SMOKE,
             f"--workdir={workdir}",
         ]
@@ -303,7 +304,7 @@ def test_horovodrun_gloo_from_the_first_host_matches_mpi(cluster, mpi_run, share
             "-H",
             cluster.host_list(RANKS_PER_HOST),
             PYTHON,
-            "tests/rank_weights_main.py",
+            "tests/support/rank_weights_main.py",
             *SMOKE,
             f"--workdir={shared_dir}",
         ],

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvd_lars.config import TrainConfig, make_plan, resolve_precision
+from hvd_lars.training.config import TrainConfig, make_plan, resolve_precision
 
 
 def _config(**kw):

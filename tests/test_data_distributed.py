@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import numpy as np
-from conftest import REPO
-from data_fixtures import make_image_folder
+
+from tests.support import REPO
+from tests.support.data_fixtures import make_image_folder
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-WORKER = os.path.join(REPO, "tests", "data_worker.py")
+WORKER = os.path.join(REPO, "tests", "support", "data_worker.py")
 # 13 classes of one training image each (a label names its image; one is left over with 2 ranks) and 9
 # evaluation images (ranks get 4 and 5) with labels 0,0,1,2,3,5,7,9,12.
 EVAL_COUNTS = [2, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1]

@@ -1,4 +1,4 @@
-"""Elastic training (hvd_lars.elastic): 2 workers, then 1, then 2 again, under horovodrun's elastic driver
+"""Elastic training (hvd_lars.parallel.elastic): 2 workers, then 1, then 2 again, under horovodrun's elastic driver
 and a host discovery script that the test rewrites as training progresses; and the refusal of a worker
 count that does not divide the global batch."""
 
@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 
-from hvd_lars import elastic
-from hvd_lars.config import TrainConfig
+from hvd_lars.parallel import elastic
+from hvd_lars.training.config import TrainConfig
+from tests.support.elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 
 
 def test_check_launched_names_what_is_missing():

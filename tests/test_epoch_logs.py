@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars import epoch_logs, plot_run, strict_json
-from hvd_lars.config import TrainConfig, make_plan
-from hvd_lars.run_summary import RunSummary
+from hvd_lars.training import epoch_logs, plot_run, strict_json
+from hvd_lars.training.config import TrainConfig, make_plan
+from hvd_lars.training.run_summary import RunSummary
 
 STEPS_PER_EPOCH = 8
 

@@ -7,7 +7,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+
+from tests.support import REPO
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 EXAMPLE = os.path.join(REPO, "examples", "keras_horovod_lars.py")

@@ -12,12 +12,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO
+
+from tests.support import REPO
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
 LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
-INIT = "from hvd_lars import distributed; print('rank, size', distributed.init())"
+INIT = "from hvd_lars.parallel import collectives; print('rank, size', collectives.init())"
 
 
 def _clean_env(**extra):
@@ -28,7 +29,7 @@ def _clean_env(**extra):
 
 
 def test_launcher_world_size_reads_the_job_step_not_the_job():
-    from hvd_lars.distributed import launcher_world_size
+    from hvd_lars.parallel.collectives import launcher_world_size
 
     assert launcher_world_size({"PMI_SIZE": "2", "PMI_RANK": "1"}) == ("PMI_SIZE", 2)
     assert launcher_world_size({"OMPI_COMM_WORLD_SIZE": "4", "PMI_SIZE": "2"}) == ("OMPI_COMM_WORLD_SIZE", 4)
@@ -72,9 +73,9 @@ def test_job_level_slurm_variables_alone_do_not_refuse(tmp_path):
 
 @pytest.fixture(scope="module")
 def mismatch(tmp_path_factory):
-    """Both ranks' results of tests/mismatch_worker.py (its two cases, one process group)."""
+    """Both ranks' results of tests/support/mismatch_worker.py (its two cases, one process group)."""
     out = tmp_path_factory.mktemp("mismatch")
-    worker = os.path.join(REPO, "tests", "mismatch_worker.py")
+    worker = os.path.join(REPO, "tests", "support", "mismatch_worker.py")
     result = subprocess.run(
         TWO_RANKS + [sys.executable, worker, str(out)],
         cwd=REPO,
@@ -109,7 +110,7 @@ def test_ranks_with_different_models_get_an_error_naming_the_first_difference(mi
 
 
 # ------------------------------------------------------------------------------------ training runs
-KILLER = os.path.join(REPO, "tests", "kill_at_step.py")
+KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 # 8 updates per epoch, 16 in all; warmup over the first 8.
 SMALL = [
     "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048", "--max_eval_examples=500",
@@ -251,7 +252,7 @@ def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
 
 
 def test_run_dir_problems_name_the_path_and_figures(tmp_path):
-    from hvd_lars.faults import checkpoint_bytes, run_dir_problem
+    from hvd_lars.training.faults import checkpoint_bytes, run_dir_problem
 
     assert run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
     free = __import__("shutil").disk_usage(tmp_path).free
@@ -284,7 +285,7 @@ def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp
 
 
 def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
-    from hvd_lars import faults
+    from hvd_lars.training import faults
 
     ended = []
     with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:

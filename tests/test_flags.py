@@ -9,12 +9,12 @@ import sys
 
 import pytest
 from absl import flags
-from conftest import REPO
 
 from hvd_lars import main
-from hvd_lars.config import make_plan
 from hvd_lars.data import DATASETS
 from hvd_lars.models import MODELS
+from hvd_lars.training.config import make_plan
+from tests.support import REPO
 
 FLAGFILES = sorted(glob.glob(os.path.join(REPO, "flags", "*.flags")))
 # Training-set sizes the plans are checked against (ImageNet-1k: 1,281,167 images).
@@ -127,8 +127,7 @@ def _predicted_line(header):
 
 
 def test_paper_flagfiles_state_the_time_to_train_models_prediction():
-    sys.path.insert(0, os.path.join(REPO, "results"))
-    import time_to_train
+    from benchmarks import time_to_train
 
     pattern = re.compile(
         r"Predicted: (\d+) ranks x per-rank batch (\d+) x accumulation (\d+) = (\d+); on \d+ (.+?) sockets .*"

@@ -6,11 +6,11 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import train_small_cnn
-from data_fixtures import PNG, encode, make_image_folder
 
 from hvd_lars.data import get_input
 from hvd_lars.data import preprocessing as pp
+from tests.support.data_fixtures import PNG, encode, make_image_folder
+from tests.support.small_runs import train_small_cnn
 
 TRAIN_COUNTS, EVAL_COUNTS = [3, 3, 3, 3], [2, 2, 2, 1]
 COMMON = dict(seed=0, image_size=28, deterministic=True)
@@ -158,7 +158,7 @@ def _batches(dataset, count):
 
 
 def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(one_per_class, monkeypatch):
-    from read_counter import ReadCounter
+    from tests.support.read_counter import ReadCounter
 
     counter = ReadCounter(monkeypatch)
     data = _build(one_per_class[0], batch=2)

@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from data_fixtures import make_ilsvrc_tars
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from hvd_lars.data import get_input, imagenet
+from tests.support.data_fixtures import make_ilsvrc_tars
 
 SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
 PER_CLASS = 4
@@ -120,7 +120,7 @@ def test_unprepared_without_tars_says_what_to_do(tmp_path):
 
 
 def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
-    from conftest import train_small_cnn
+    from tests.support.small_runs import train_small_cnn
 
     data_dir, _, _ = prepared
     summary = train_small_cnn("imagenet2012", data_dir, tmp_path, "inet", 4, 1)
@@ -160,7 +160,7 @@ def test_validation_tar_with_extra_or_missing_entries_is_refused(tmp_path):
 
 
 def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, monkeypatch):
-    from read_counter import ReadCounter
+    from tests.support.read_counter import ReadCounter
 
     data_dir, _, _ = prepared
     counter = ReadCounter(monkeypatch)

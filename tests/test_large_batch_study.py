@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
-sys.path.insert(0, os.path.join(REPO, "results"))
-import large_batch_study as study  # noqa: E402
+from benchmarks import large_batch_study as study
+from tests.support import REPO
 
 SCRIPT = os.path.join(REPO, "results", "large_batch_study.py")
 
@@ -82,7 +81,9 @@ def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     runs = tmp_path / "out" / "runs"
     first = "hvd_lars_study_lars_b128_lr2.5_s0"
     # Every run dies (SIGKILL) after update 6 of 8; its last checkpoint is the end of epoch 1 (step 4).
-    kill_at_6 = f"--train_program={os.path.join(REPO, 'tests', 'kill_at_step.py')} --kill_at_step=6"
+    kill_at_6 = (
+        f"--train_program={os.path.join(REPO, 'tests', 'support', 'kill_at_step.py')} --kill_at_step=6"
+    )
     result = _study(tmp_path, kill_at_6)
     assert result.returncode != 0 and f"{first} failed (exit status -9)" in result.stderr
     assert os.listdir(runs) == [first]  # the study stopped at the failed run

@@ -1,4 +1,4 @@
-"""LARS against the NumPy reference (tests/lars_reference.py) and Keras optimizer conventions."""
+"""LARS against the NumPy reference (tests/support/lars_reference.py) and Keras optimizer conventions."""
 
 import copy
 import os
@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from lars_reference import lars_step
 
 from hvd_lars import LARS, PaperPolynomialDecay, WarmupPolynomialDecay, mlperf_exclusions
+from tests.support.lars_reference import lars_step
 
 # One problem holds every case at once: ranks 0 to 5, a zero-initialised tensor, a tensor whose gradient
 # is always zero, and tensors excluded from weight decay, from layer adaptation, or from both.

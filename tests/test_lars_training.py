@@ -4,7 +4,7 @@ Setup: the first 16,384 training images, a 784-256-256-256-10 ReLU network witho
 seed 0), global batch 2,048 (8 steps per epoch), 8 epochs = 64 steps, linear warmup over the first 12
 steps from 0, then polynomial decay (power 2) to 0; momentum 0.9, weight decay 5e-4 (coupled, as in the
 paper), eta 0.001. "Momentum SGD" is `LARS` with every tensor left out of layer adaptation, exactly what
-`hvd_lars.train` builds for `--optimizer=momentum`.
+`hvd_lars.training.train` builds for `--optimizer=momentum`.
 
 Measured on the 2-core development machine (TF 2.21, one run each; final training loss, test accuracy on
 2,000 test images), reproduced by `PYTHONPATH=. .venv/bin/python tests/test_lars_training.py`:

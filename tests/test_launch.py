@@ -6,7 +6,8 @@ import socket
 import subprocess
 
 import pytest
-from conftest import REPO
+
+from tests.support import REPO
 
 LAUNCH = os.path.join(REPO, "launch")
 

@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 import pytest
-from data_fixtures import encode, source_images
 from PIL import Image
 
 from hvd_lars.data import get_input, listing
+from tests.support.data_fixtures import encode, source_images
 
 PICTURE = source_images(1)[0]  # 28x28 RGB
 JPEG = encode(PICTURE)

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS
-from hvd_lars.callbacks import LearningRateLogger, LearningRateWarmup
-from hvd_lars.schedules import PaperPolynomialDecay, WarmupPolynomialDecay
+from hvd_lars.optim.rate_callbacks import LearningRateLogger, LearningRateWarmup
+from hvd_lars.optim.schedules import PaperPolynomialDecay, WarmupPolynomialDecay
 
 BATCH = 8
 STEPS_PER_EPOCH = 3

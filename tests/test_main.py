@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+
+from tests.support import REPO
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
@@ -52,10 +53,10 @@ def _run(cmd, timeout=420):
 def test_single_process_subset_killed_resumed_completed(tmp_path):
     # Evaluated after epoch 2 only, checkpoints every 5 updates and at epoch ends.
     command = MAIN + SUBSET + ["--eval_every_epochs=2", "--checkpoint_every_steps=5", f"--workdir={tmp_path}"]
-    # SIGKILLed after update 12 of 16 (the main program with tests/kill_at_step.py's fault), with its
+    # SIGKILLed after update 12 of 16 (the main program with tests/support/kill_at_step.py's fault), with its
     # checkpoint index lagging at step 5: the logs of epoch 1 (step 8) are written, the resumed run
     # trains epoch 1 again from step 5.
-    killer = [sys.executable, os.path.join(REPO, "tests", "kill_at_step.py"), "--kill_at_step=12"]
+    killer = [sys.executable, os.path.join(REPO, "tests", "support", "kill_at_step.py"), "--kill_at_step=12"]
     result = _run(killer + command[3:])
     assert result.returncode != 0
     assert "global batch 512 = 1 ranks x per-rank batch 512" in result.stdout
@@ -104,7 +105,10 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     assert [step for tag, step in scalars if tag in ("test_top1", "val_top1")] == [16, 16]
     # The plot of the run, by one command.
     plot = subprocess.run(
-        [sys.executable, "-m", "hvd_lars.plot_run", str(run_dir)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "hvd_lars.training.plot_run", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert plot.returncode == 0 and os.path.getsize(run_dir / "run.png") > 10_000, plot.stderr[-2000:]
 

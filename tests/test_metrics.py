@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS
-from hvd_lars.callbacks import ExactEvaluation
-from hvd_lars.config import TrainConfig
 from hvd_lars.metrics import TopKAccuracy, top_k_correct
-from hvd_lars.train import _loss_and_metrics
+from hvd_lars.training.callbacks import ExactEvaluation
+from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.train import _loss_and_metrics
 
 
 def _reference(labels, logits, k):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from data_fixtures import CMYK, GREY, PNG, encode, source_images
 
 from hvd_lars.data import preprocessing as pp
+from tests.support.data_fixtures import CMYK, GREY, PNG, encode, source_images
 
 
 def _seed(i):

@@ -15,10 +15,11 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from conftest import REPO
+
+from tests.support import REPO
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-KILLER = os.path.join(REPO, "tests", "kill_at_step.py")
+KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 FLAGS = [
     "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048",
     "--max_eval_examples=500", "--global_batch_size=256", "--epochs=3", "--warmup_epochs=1",

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS, WarmupPolynomialDecay, epochs_to_steps, scaled_learning_rate
-from hvd_lars import schedule_functions as sf
-from hvd_lars.schedules import (
+from hvd_lars.optim import schedule_functions as sf
+from hvd_lars.optim.schedules import (
     SCHEDULES,
     PaperPolynomialDecay,
     WarmupCosineDecay,
@@ -296,7 +296,7 @@ def test_numpy_integer_steps_are_accepted_and_stored_as_int():
         WarmupCosineDecay(1.0, 10.5, 1)
 
 
-# --- Momentum correction: the numbers in hvd_lars.schedules' docstring ---------------------------------
+# --- Momentum correction: the numbers in hvd_lars.optim.schedules' docstring ---------------------------------
 
 
 def test_uncorrected_momentum_delays_a_linear_ramp_by_m_over_1_minus_m_steps():

@@ -1,15 +1,30 @@
 """launch/slurm/train.sbatch under a real single-node Slurm; host lists with imitated SLURM_* variables."""
 
+import importlib.util
 import json
 import os
 import re
 import time
 
 import pytest
-from conftest import REPO
-from slurm_cluster import SlurmCluster, slurm_available
 
-from hvd_lars.slurm_hosts import expand_hostlist, expand_tasks_per_node, hosts_from_environment
+from tests.support import REPO
+from tests.support.slurm_cluster import SlurmCluster, slurm_available
+
+
+def _load_hosts_script():
+    # launch/slurm/hosts.py is a script the batch script runs (it must start without TensorFlow), not a module.
+    spec = importlib.util.spec_from_file_location(
+        "slurm_hosts", os.path.join(REPO, "launch", "slurm", "hosts.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_hosts = _load_hosts_script()
+expand_hostlist, expand_tasks_per_node = _hosts.expand_hostlist, _hosts.expand_tasks_per_node
+hosts_from_environment = _hosts.hosts_from_environment
 
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
 
@@ -120,7 +135,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
     assert match and match.group(1) == match.group(2), log[-3000:]
     step = int(match.group(1))
-    # srun's status is 75 (hvd_lars.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a rank
+    # srun's status is 75 (hvd_lars.training.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a rank
     # that had not yet exited after the first one exited 75; the USR1 the script passed on settles it.
     assert 0 < step < 80
     assert re.search(r"training stopped at a checkpoint \(status (75|143)\): requeueing", log)

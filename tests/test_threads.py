@@ -1,4 +1,4 @@
-"""hvd_lars.threads: threads per rank from the cores the process may use, read back from TensorFlow."""
+"""hvd_lars.training.threads: threads per rank from the cores the process may use, read back from TensorFlow."""
 
 import json
 import os
@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
-from hvd_lars import threads
-from hvd_lars.threads import describe_cores, parse_cpu_list, threads_per_rank
+from hvd_lars.training import threads
+from hvd_lars.training.threads import describe_cores, parse_cpu_list, threads_per_rank
+from tests.support import REPO
 
 
 @pytest.mark.parametrize(
@@ -44,12 +44,12 @@ def test_cpu_lists():
 # TensorFlow and tf.data applied (read back, not the request).
 _RANK = """
 import json
-from hvd_lars import distributed
-from hvd_lars.config import TrainConfig
+from hvd_lars.parallel import collectives
+from hvd_lars.training.config import TrainConfig
 from hvd_lars.data import pipeline
-from hvd_lars.train import applied_threads, configure_threads
+from hvd_lars.training.train import applied_threads, configure_threads
 import tensorflow as tf
-rank, size = distributed.init()
+rank, size = collectives.init()
 configure_threads(TrainConfig(), size)
 ds = tf.data.Dataset.range(4).with_options(pipeline.options(True))
 print("THREADS " + json.dumps(applied_threads(ds)))
@@ -96,7 +96,7 @@ def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
     # What Horovod reads on each rank: the main program sets both before hvd.init().
     code = (
         "import os, sys; sys.argv = ['x', '--flagfile=flags/smoke.flags', '--workdir=' + sys.argv[1]];"
-        "import hvd_lars.train as t\n"
+        "import hvd_lars.training.train as t\n"
         "def run(config):\n"
         "    print('ENV', os.environ['HOROVOD_CYCLE_TIME'], os.environ['OMPI_MCA_mpi_yield_when_idle'])\n"
         "t.run = run\n"

@@ -1,13 +1,9 @@
 """results/time_to_train.py: the model's arithmetic, with hand-computed values."""
 
-import os
-import sys
 
 import pytest
-from conftest import REPO
 
-sys.path.insert(0, os.path.join(REPO, "results"))
-import time_to_train as ttt  # noqa: E402
+from benchmarks import time_to_train as ttt
 
 
 def test_updates_per_epoch_and_time_to_train():

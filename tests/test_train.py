@@ -1,9 +1,9 @@
-"""hvd_lars.train's pieces that need no data: thread settings read back from TensorFlow."""
+"""hvd_lars.training.train's pieces that need no data: thread settings read back from TensorFlow."""
 
 import tensorflow as tf
 
-from hvd_lars.config import TrainConfig
-from hvd_lars.train import applied_threads, configure_threads
+from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.train import applied_threads, configure_threads
 
 
 def test_thread_settings_are_read_back_from_tensorflow():

@@ -13,10 +13,10 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars import distributed
 from hvd_lars.data import listing, order, pipeline
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_indices
+from hvd_lars.parallel import collectives
 
 SPLITS = {"train": "train", "eval": "validation"}
 
@@ -37,7 +37,7 @@ def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
             broadcast, so no rank waits for a listing that never comes).
     """
     index = lambda split: os.path.join(index_dir, f"{split}.index.npz") if index_dir else None
-    shared = world_size > 1 and distributed.size() == world_size
+    shared = world_size > 1 and collectives.size() == world_size
     blobs = None
     if not shared or rank == 0:
         try:
@@ -53,7 +53,7 @@ def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
     if not shared:
         return train, evaluation
     blobs = [
-        distributed.broadcast_bytes(b, name=f"hvd_lars.listing{k}") for k, b in enumerate(blobs or [b"", b""])
+        collectives.broadcast_bytes(b, name=f"hvd_lars.listing{k}") for k, b in enumerate(blobs or [b"", b""])
     ]
     if blobs[0] in (b"FileNotFoundError", b"ValueError"):
         error = FileNotFoundError if blobs[0] == b"FileNotFoundError" else ValueError

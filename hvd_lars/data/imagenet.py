@@ -204,9 +204,9 @@ def imagenet_input(
     image_size = image_size or DEFAULT_IMAGE_SIZE
     ds_builder = builder(data_dir, manual_dir, prepare=rank == 0)
     if world_size > 1:
-        from hvd_lars import distributed
+        from hvd_lars.parallel import collectives
 
-        distributed.barrier()  # ranks > 0 wait for rank 0's preparation
+        collectives.barrier()  # ranks > 0 wait for rank 0's preparation
         ds_builder = builder(data_dir, manual_dir, prepare=False)
     splits = ds_builder.info.splits
     num_train = min(splits["train"].num_examples, max_train_examples or splits["train"].num_examples)

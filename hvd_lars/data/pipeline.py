@@ -23,9 +23,9 @@ from hvd_lars.data.preprocessing import get_preprocessing
 
 
 def default_threads():
-    """Input threads per rank: the same figure as TensorFlow's pools (`hvd_lars.threads.threads_per_rank`:
+    """Input threads per rank: the same figure as TensorFlow's pools (`hvd_lars.training.threads.threads_per_rank`:
     the cores this rank may use, shared with the other ranks of its host when unbound)."""
-    from hvd_lars.threads import threads_per_rank
+    from hvd_lars.training.threads import threads_per_rank
 
     return threads_per_rank()
 

@@ -129,11 +129,11 @@ class LARS(keras.optimizers.Optimizer):
               which builds with Clang or g++ < 4.9 ran: the momentum is multiplied by `lr_t / lr_{t-1}`
               only while the update index `t` is below the schedule's `warmup_steps` (so not at the drop
               at the end of the paper's warmup). Needs a `learning_rate` schedule with an int
-              `warmup_steps` (every `hvd_lars.schedules` schedule).
+              `warmup_steps` (every `hvd_lars.optim.schedules` schedule).
             * `"always"`: Goyal et al. 2017, section 2.1, eq. 10: at every update, so also at step
               decays and at the end of warmup. With a per-step linear warmup the ratio stays within a
               few percent of 1 after the first steps; it matters where the rate jumps
-              (`hvd_lars.schedules` quantifies both).
+              (`hvd_lars.optim.schedules` quantifies both).
         name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema,
             gradient_accumulation_steps, ...).
 
@@ -201,7 +201,7 @@ class LARS(keras.optimizers.Optimizer):
             if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
                 raise ValueError(
                     "momentum_correction='warmup' corrects during the schedule's warmup, so learning_rate "
-                    "must be a schedule with an int `warmup_steps` (any hvd_lars.schedules schedule); got "
+                    "must be a schedule with an int `warmup_steps` (any hvd_lars.optim.schedules schedule); got "
                     f"{learning_rate!r}."
                 )
             self._correction_steps = int(steps)

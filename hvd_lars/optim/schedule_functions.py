@@ -4,7 +4,7 @@ piecewise-constant decay.
 Every function takes `step` (a Python int, a NumPy array or a backend tensor of optimizer updates, counted
 from 0; any shape) and returns float32 rates of the same shape as a backend tensor. They hold no state, so
 a rate depends on the step alone: that is what makes a resumed run follow the same curve. The schedule
-classes in `hvd_lars.schedules` combine them; anyone can compose their own.
+classes in `hvd_lars.optim.schedules` combine them; anyone can compose their own.
 
 Sources: Goyal et al., "Accurate, Large Minibatch SGD" (arXiv 1706.02677), section 2.2 (gradual warmup)
 and 5.1 (step decay); You et al., "ImageNet Training in Minutes" (ICPP 2018) and the MLPerf ResNet-50

@@ -1,7 +1,7 @@
 """Learning-rate schedules for large-batch training: warmup plus polynomial, cosine or step decay.
 
 Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step (applied updates,
-counted from 0), built from the pure functions of `hvd_lars.schedule_functions`; its config is exactly its
+counted from 0), built from the pure functions of `hvd_lars.optim.schedule_functions`; its config is exactly its
 constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`. Units are
 steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
 `SCHEDULES` / `make_schedule` select one by name.
@@ -22,7 +22,7 @@ the MLPerf ResNet-50 LARS reference decays over the steps after warmup, from the
 Gradient accumulation: a schedule counts optimizer updates, never micro-batches. `hvd_lars.LARS` evaluates
 its schedule at `optimizer.iterations` (updates). Keras's own optimizers evaluate a schedule at their
 micro-batch counter when `gradient_accumulation_steps` is set; give those a float rate and the
-`hvd_lars.callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
+`hvd_lars.training.callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
 
 Momentum correction (`hvd_lars.LARS(momentum_correction="always")`, Goyal et al. section 2.1, eq. 10, or
 `"warmup"`, Intel Caffe's non-fused solver; the paper's runs used none: see `LARS`'s docstring): LARS keeps
@@ -45,10 +45,10 @@ import numbers
 
 import keras
 
-from hvd_lars import schedule_functions as sf
+from hvd_lars.optim import schedule_functions as sf
 
 # Re-exported: the units helpers belong to the learning-rate policy's public interface.
-from hvd_lars.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: F401
+from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: F401
 
 # Goyal et al. (2017), section 5.1: the rate falls by 10x at epochs 30, 60 and 80 of 90.
 GOYAL_STEP_DECAY_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)

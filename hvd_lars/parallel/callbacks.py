@@ -4,9 +4,9 @@ and `keras.backend.get_value`, which Keras 3 lacks; Horovod issue 4290).
 Same names and arguments as Horovod's, so a Horovod Keras script changes its imports only:
 
 ```python
-from hvd_lars import distributed as hvd                      # hvd.init(), hvd.rank(), hvd.size()
+from hvd_lars.parallel import collectives as hvd                      # hvd.init(), hvd.rank(), hvd.size()
 from hvd_lars import DistributedOptimizer
-from hvd_lars.horovod_callbacks import (
+from hvd_lars.parallel.callbacks import (
     BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback)
 ```
 
@@ -18,9 +18,10 @@ import zlib
 
 import keras
 
-from hvd_lars import distributed
-from hvd_lars.callbacks import LearningRateWarmup, _scalar
-from hvd_lars.distributed_optimizer import accumulation_steps
+from hvd_lars.optim.rate_callbacks import LearningRateWarmup
+from hvd_lars.optim.wrapping import to_float
+from hvd_lars.parallel import collectives
+from hvd_lars.parallel.optimizer import accumulation_steps
 
 
 def broadcast_model_and_optimizer(model, root_rank=0):
@@ -37,7 +38,7 @@ def broadcast_model_and_optimizer(model, root_rank=0):
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
         variables += optimizer.variables
-    distributed.broadcast_variables(
+    collectives.broadcast_variables(
         [v for v in variables if "seed_generator" not in v.path], root_rank=root_rank
     )
 
@@ -92,21 +93,21 @@ def average_metrics(logs):
     Raises:
         RuntimeError: the ranks' dicts hold different numeric keys.
     """
-    if not logs or distributed.size() == 1:
+    if not logs or collectives.size() == 1:
         return logs
     keys = sorted(k for k, v in logs.items() if _is_number(v))
     # The keys' checksum travels with the values: different keys on some rank would else pair one
     # rank's loss with another's accuracy.
     checksum = zlib.crc32(",".join(keys).encode())
-    sums = distributed.allreduce_sum(
+    sums = collectives.allreduce_sum(
         [float(logs[k]) for k in keys] + [checksum], name="hvd_lars.metric_average"
     )
-    if sums[-1] != checksum * distributed.size():
+    if sums[-1] != checksum * collectives.size():
         raise RuntimeError(
-            f"MetricAverageCallback: rank {distributed.rank()} has logs {keys}; others differ."
+            f"MetricAverageCallback: rank {collectives.rank()} has logs {keys}; others differ."
         )
     for key, total in zip(keys, sums[:-1]):
-        logs[key] = float(total / distributed.size())
+        logs[key] = float(total / collectives.size())
     return logs
 
 
@@ -174,10 +175,10 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         super().on_train_begin(logs)
 
     def _epoch(self):
-        return _scalar(self.model.optimizer.iterations) / self._updates_per_epoch
+        return to_float(self.model.optimizer.iterations) / self._updates_per_epoch
 
     def _warmup_rate(self, step):
-        size = distributed.size()
+        size = collectives.size()
         epoch = min(step / self._updates_per_epoch, self.warmup_epochs)
         return self.initial_lr / size * (epoch * (size - 1) / self.warmup_epochs + 1)
 
@@ -187,5 +188,5 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         super()._set_rate()
         if self._epoch() >= self.warmup_epochs:
             self._finished = True
-            if self.verbose and distributed.is_chief():
+            if self.verbose and collectives.is_chief():
                 print(f"LearningRateWarmupCallback: warmup finished at rate {self.initial_lr:g}.", flush=True)

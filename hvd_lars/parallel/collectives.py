@@ -365,10 +365,3 @@ def broadcast_bytes(data, name, root_rank=0):
     else:
         array = np.zeros(length, np.uint8)
     return _hvd.broadcast(tf.constant(array), root_rank, name=f"{name}.data").numpy().tobytes()
-
-
-def distributed_optimizer(optimizer, **kwargs):
-    """`hvd_lars.DistributedOptimizer(optimizer, **kwargs)`, for code written against earlier versions."""
-    from hvd_lars.distributed_optimizer import DistributedOptimizer
-
-    return DistributedOptimizer(optimizer, **kwargs)

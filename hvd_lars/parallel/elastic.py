@@ -22,7 +22,7 @@ import os
 
 import keras
 
-from hvd_lars import distributed
+from hvd_lars.parallel import collectives
 
 
 class ElasticBatchError(ValueError):
@@ -84,7 +84,7 @@ class KerasState:
             slots), then raises `HostsUpdatedInterrupt` on every rank alike if the driver announced a
             membership change (a collective).
         restore(): puts the last committed values back (after a worker died mid-update).
-        sync(): rank 0's variables and attributes on every rank (`distributed.broadcast_variables`,
+        sync(): rank 0's variables and attributes on every rank (`collectives.broadcast_variables`,
             which first checks that the ranks' variable lists agree), then a commit of them.
 
     Built lazily so that `import hvd_lars` works without Horovod; `state()` returns the Horovod object.
@@ -102,8 +102,10 @@ class KerasState:
             def __init__(self):
                 self._save_variables()
                 super().__init__(
-                    bcast_object=lambda value: distributed.broadcast_object(value, name="hvd_lars.elastic"),
-                    get_rank=distributed.rank,
+                    bcast_object=lambda value: collectives.broadcast_object(
+                        value, name="hvd_lars.parallel.elastic"
+                    ),
+                    get_rank=collectives.rank,
                     **attributes,
                 )
 
@@ -120,7 +122,7 @@ class KerasState:
                 super().restore()
 
             def sync(self):
-                distributed.broadcast_variables(variables(), what="elastic state")
+                collectives.broadcast_variables(variables(), what="elastic state")
                 self._save_variables()
                 super().sync()
 

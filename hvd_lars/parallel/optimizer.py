@@ -5,7 +5,7 @@ The Keras 3 replacement for `horovod.tensorflow.keras.DistributedOptimizer`, whi
 (Horovod issue 4290). It holds the user's optimizer and delegates to it, as Keras's `LossScaleOptimizer`
 holds its `inner_optimizer`, so every Keras 3 optimizer works with everything it was built with (a float
 rate, a rate variable, a schedule, a callable, clipping, EMA, weight decay, an unregistered class). The
-collectives themselves are in `hvd_lars.distributed`.
+collectives themselves are in `hvd_lars.parallel.collectives`.
 """
 
 import sys
@@ -13,7 +13,8 @@ import weakref
 
 import keras
 
-from hvd_lars import distributed
+from hvd_lars.optim.wrapping import innermost_optimizer
+from hvd_lars.parallel import collectives
 
 LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
@@ -60,7 +61,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         backward_passes_per_step: int >= 1, micro-batches per update; None: the held optimizer's
             `gradient_accumulation_steps`, or 1.
         compression: "none" or "fp16" (gradients cast to float16 on the wire, divided by the world size
-            before the sum so that it cannot overflow; see `hvd_lars.distributed.allreduce_gradients`).
+            before the sum so that it cannot overflow; see `hvd_lars.parallel.collectives.allreduce_gradients`).
         gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
             Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
         name: str; default "distributed_<name of optimizer>".
@@ -96,14 +97,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             )
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError(f"{optimizer.name!r} already averages over ranks; wrap the optimizer only once.")
-        if compression not in distributed.GRADIENT_COMPRESSIONS:
+        if compression not in collectives.GRADIENT_COMPRESSIONS:
             raise ValueError(
-                f"compression={compression!r}; valid: {', '.join(distributed.GRADIENT_COMPRESSIONS)}."
+                f"compression={compression!r}; valid: {', '.join(collectives.GRADIENT_COMPRESSIONS)}."
             )
-        if gradient_reduction not in distributed.GRADIENT_REDUCTIONS:
+        if gradient_reduction not in collectives.GRADIENT_REDUCTIONS:
             raise ValueError(
                 f"gradient_reduction={gradient_reduction!r}; valid: "
-                f"{', '.join(distributed.GRADIENT_REDUCTIONS)}."
+                f"{', '.join(collectives.GRADIENT_REDUCTIONS)}."
             )
         accumulating = innermost_optimizer(optimizer)
         own_steps = accumulating.gradient_accumulation_steps
@@ -180,7 +181,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._iterations.assign_add(1)
 
     def _average(self, grads):
-        return distributed.allreduce_gradients(
+        return collectives.allreduce_gradients(
             grads, reduction=self.gradient_reduction, compression=self.compression
         )
 
@@ -257,7 +258,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         def check_finite(grads):
             # Every rank must take the same branch: the finite one runs this wrapper's allreduces.
-            return distributed.all_ranks_true(local_check(grads), name="hvd_lars.loss_scaler_vote")
+            return collectives.all_ranks_true(local_check(grads), name="hvd_lars.loss_scaler_vote")
 
         outer.check_finite = check_finite
         self._loss_scaler = weakref.ref(outer)  # weak: no reference cycle, nothing tracked or saved
@@ -304,14 +305,6 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
 
 def _held_optimizers_rate():
     raise AssertionError("DistributedOptimizer's rate is its held optimizer's.")
-
-
-def innermost_optimizer(optimizer):
-    """The optimizer at the bottom of a chain of wrappers (LossScaleOptimizer, DistributedOptimizer): the
-    one that holds the learning rate and the update rule."""
-    while hasattr(optimizer, "inner_optimizer"):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
 
 
 def accumulation_steps(optimizer):

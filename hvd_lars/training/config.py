@@ -6,8 +6,8 @@ Flags speak in epochs and in learning rates per 256 images; the training loop sp
 
 import dataclasses
 
-from hvd_lars.distributed import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
-from hvd_lars.schedules import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate
+from hvd_lars.optim.schedules import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate
+from hvd_lars.parallel.collectives import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 
 OPTIMIZERS = ("lars", "momentum")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
@@ -29,14 +29,14 @@ class TrainConfig:
     preprocessing: str = ""
     deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
     skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
-    input_threads: int = 0  # 0: the cores this rank may use (hvd_lars.threads)
+    input_threads: int = 0  # 0: the cores this rank may use (hvd_lars.training.threads)
     model: str = "small_cnn"
     optimizer: str = "lars"
     global_batch_size: int = 0  # images per optimizer update, all ranks and micro-batches; 0: derived
     per_rank_batch_size: int = 0  # images per micro-batch on one rank; 0: derived from the global batch
     # Micro-batches per update (gradients averaged before one update). Batch norm then normalises each
     # micro-batch by its own statistics and updates its moving averages once per micro-batch
-    # (hvd_lars.train.batch_norm_note; tests/test_accumulation.py); the paper's workers accumulated nothing.
+    # (hvd_lars.training.train.batch_norm_note; tests/test_accumulation.py); the paper's workers accumulated nothing.
     accumulation_steps: int = 1
     gradient_reduction: str = "overlap"  # overlap: allreduce each gradient as backprop produces it
     gradient_compression: str = "none"  # fp16: gradients travel as float16, divided by ranks before the sum
@@ -48,14 +48,14 @@ class TrainConfig:
     peak_learning_rate: float = 0.0
     warmup_start_learning_rate: float = 0.0
     end_learning_rate: float = 0.0
-    schedule: str = "mlperf_poly"  # a key of hvd_lars.schedules.SCHEDULES
+    schedule: str = "mlperf_poly"  # a key of hvd_lars.optim.schedules.SCHEDULES
     decay_power: float = 2.0
     decay_boundaries_epochs: tuple = ()  # "step" schedule; empty: Goyal et al.'s 30, 60, 80 of 90 epochs
     decay_factor: float = 0.1  # "step" schedule: rate multiplier at each boundary
     momentum: float = 0.9
     weight_decay: float = 5e-4
     eta: float = 0.001
-    trust_ratio_mode: str = "paper"  # a value of hvd_lars.lars.TRUST_RATIO_MODES
+    trust_ratio_mode: str = "paper"  # a value of hvd_lars.optim.lars.TRUST_RATIO_MODES
     # Velocity rescaled by lr_t / lr_{t-1}: "none" (Intel Caffe's fused update, the paper's runs),
     # "warmup" (its non-fused update: during warmup only) or "always" (Goyal et al. 2017, eq. 10).
     momentum_correction: str = "none"
@@ -70,7 +70,7 @@ class TrainConfig:
     checkpoint_at_epoch_end: bool = True
     async_checkpoints: bool = True  # rank 0 writes in a background thread; training goes on meanwhile
     keep_checkpoints: int = 3
-    # Workers may leave and join (horovodrun --min-np/--max-np --host-discovery-script; hvd_lars.elastic):
+    # Workers may leave and join (horovodrun --min-np/--max-np --host-discovery-script; hvd_lars.parallel.elastic):
     # the global batch and schedule stay, the per-rank batch adapts; state committed every N updates.
     elastic: bool = False
     # A rank with no progress for this long ends its process (faults.ProgressWatchdog); 0: never.
@@ -80,8 +80,8 @@ class TrainConfig:
     max_eval_examples: int = 0
     validation_examples: int = 0  # hold out the last N training images as a validation split (0: none)
     steps_per_epoch: int = 0  # 0: the data set's size // global batch
-    intra_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.threads)
-    inter_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.threads)
+    intra_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.training.threads)
+    inter_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.training.threads)
     verbose: int = 2  # Keras fit verbosity on rank 0 (0 silent, 1 progress bar, 2 one line per epoch)
 
     def resolve_batch(self, world_size):
@@ -148,9 +148,9 @@ class TrainConfig:
             raise ValueError(f"--hang_timeout_s={self.hang_timeout_s}; give seconds >= 0 (0: no watchdog).")
         from hvd_lars.data import DATASETS
         from hvd_lars.data.preprocessing import PREPROCESSINGS
-        from hvd_lars.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
         from hvd_lars.models import MODELS
-        from hvd_lars.schedules import SCHEDULES
+        from hvd_lars.optim.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
+        from hvd_lars.optim.schedules import SCHEDULES
 
         if self.preprocessing and self.preprocessing not in PREPROCESSINGS:
             raise ValueError(

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars import distributed
+from hvd_lars.parallel import collectives
 
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the job stopped cleanly
 # at a checkpoint because it was asked to and should be started again. Not 143 (128 + SIGTERM), which is
@@ -117,7 +117,7 @@ class FaultGuard(keras.callbacks.Callback):
 
     Args:
         signals: `StopSignals` in force while training.
-        checkpoint: `hvd_lars.callbacks.PeriodicCheckpoint` (its `save()` is a collective).
+        checkpoint: `hvd_lars.training.checkpoints.PeriodicCheckpoint` (its `save()` is a collective).
         accumulation_steps: micro-batches per update; checks run only at update boundaries.
         total_steps: the run's last update (a signal that arrives during it does not stop a finished run).
     """
@@ -153,18 +153,18 @@ class FaultGuard(keras.callbacks.Callback):
         if not self._scaled and logs and "loss" in logs:
             finite = finite and bool(np.isfinite(float(logs["loss"])))
         # Votes of all ranks: how many saw non-finite values, how many received a stop signal.
-        diverged, signalled = distributed.allreduce_sum(
+        diverged, signalled = collectives.allreduce_sum(
             [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0], name="hvd_lars.fault_guard"
         )
         step = int(self.model.optimizer.iterations)
         if diverged:
             rate = float(keras.ops.convert_to_numpy(self._rate))
             self.checkpoint.finish()  # a background write under way completes and is named
-            kept = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else None
+            kept = self.checkpoint.manager.latest_checkpoint if collectives.is_chief() else None
             kept = f"the last finite checkpoint, {kept}, is kept" if kept else "no checkpoint was written yet"
             raise TrainingDiverged(
                 f"training diverged at step {step} (learning rate {rate:.6g}): non-finite loss or variables "
-                f"on {int(diverged)} of {distributed.size()} rank(s); {kept}. Lower --peak_learning_rate "
+                f"on {int(diverged)} of {collectives.size()} rank(s); {kept}. Lower --peak_learning_rate "
                 "(or --base_learning_rate) or lengthen --warmup_epochs, and start afresh (--noresume or "
                 "another --run_name).",
                 step,
@@ -184,10 +184,10 @@ class FaultGuard(keras.callbacks.Callback):
         # on disk before any rank exits, also when it is written in the background.
         self.checkpoint.save()
         self.checkpoint.finish()
-        path = self.checkpoint.manager.latest_checkpoint if distributed.is_chief() else "written by rank 0"
+        path = self.checkpoint.manager.latest_checkpoint if collectives.is_chief() else "written by rank 0"
         name = self.signals.received
         raise Preempted(
-            f"preempted: a stop signal (SIGTERM or SIGUSR1) reached {signalled} of {distributed.size()} "
+            f"preempted: a stop signal (SIGTERM or SIGUSR1) reached {signalled} of {collectives.size()} "
             f"rank(s) (this one: {name or 'none'}); stopped at step {step}, checkpoint {path}. Start the "
             f"same command again to resume from step {step} (exit status {EXIT_PREEMPTED}: requeue).",
             step,
@@ -246,8 +246,8 @@ def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
         ValueError: naming the path, the free and the needed space.
     """
     needed = (keep_checkpoints + 1) * checkpoint_size
-    problem = run_dir_problem(run_dir, needed) if distributed.is_chief() else None
-    problem = distributed.broadcast_object(problem, name="hvd_lars.run_dir_check")
+    problem = run_dir_problem(run_dir, needed) if collectives.is_chief() else None
+    problem = collectives.broadcast_object(problem, name="hvd_lars.run_dir_check")
     if problem:
         raise ValueError(problem)
 
@@ -274,7 +274,7 @@ class ProgressWatchdog(keras.callbacks.Callback):
     launcher then ends the job, and the last complete checkpoint stays.
 
     Progress is reported by this callback at every training batch's end and epoch boundary, by
-    `hvd_lars.callbacks.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
+    `hvd_lars.training.callbacks.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
     around each write, so `timeout_s` must exceed the longest wait of a rank on another's lone work
     outside those: rank 0 listing an image folder, one checkpoint write on a slow disk, the start of a
     new elastic worker.
@@ -324,7 +324,7 @@ class ProgressWatchdog(keras.callbacks.Callback):
             except Exception:  # noqa: BLE001 - the message must go out whatever the state
                 pass
             print(
-                f"hvd_lars: error: rank {distributed.rank()} of {distributed.size()}: no progress for "
+                f"hvd_lars: error: rank {collectives.rank()} of {collectives.size()}: no progress for "
                 f"{idle:.0f} s (--hang_timeout_s={self.timeout_s:g}) after update {step}: a peer or its "
                 "link has gone silent, or a collective waits for a rank that never comes. Ending this "
                 f"process (exit status {EXIT_HUNG}) so that the launcher ends the job; the last complete "

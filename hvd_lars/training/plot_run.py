@@ -1,13 +1,13 @@
 """A picture of one run from its logs: loss, top-1 and learning rate against the optimizer step.
 
-    python -m hvd_lars.plot_run RUN_DIR [--out PNG]      (or: hvd-lars-plot RUN_DIR)
+    python -m hvd_lars.training.plot_run RUN_DIR [--out PNG]      (or: hvd-lars-plot RUN_DIR)
 
-Reads `RUN_DIR/metrics.csv` (one row per epoch: `hvd_lars.epoch_logs.MetricsCSV`) and
+Reads `RUN_DIR/metrics.csv` (one row per epoch: `hvd_lars.training.epoch_logs.MetricsCSV`) and
 `RUN_DIR/summary.json` (the run's config and plan) and writes `RUN_DIR/run.png` (or `--out`): three
 panels sharing the step axis (optimizer updates; epochs along the top):
 - loss: training (mean over the epoch's batches), and validation and test where evaluated;
 - top-1: the same three;
-- learning rate: the run's schedule rebuilt from its config and plan (`hvd_lars.train.build_schedule`)
+- learning rate: the run's schedule rebuilt from its config and plan (`hvd_lars.training.train.build_schedule`)
   as a line, the rate of update k drawn at step k (the counter after it), and the logged rate of each
   epoch's last update as points, which lie on the line when the optimizer followed its schedule.
 Epochs that logged a non-finite value (a diverged run) leave a gap. Works on any run directory of the
@@ -21,7 +21,7 @@ import math
 import os
 import sys
 
-from hvd_lars.strict_json import read as read_json
+from hvd_lars.training.strict_json import read as read_json
 
 SPLITS = (("", "training"), ("val_", "validation"), ("test_", "test"))
 
@@ -58,8 +58,8 @@ def _schedule_curve(summary):
     """(steps 1..total, rate of update k - 1 at step k), or None when the config cannot be rebuilt."""
     import numpy as np
 
-    from hvd_lars.config import Plan, TrainConfig
-    from hvd_lars.train import build_schedule
+    from hvd_lars.training.config import Plan, TrainConfig
+    from hvd_lars.training.train import build_schedule
 
     try:
         # Keys this version does not know (a run of another version) are left out, not fatal.
@@ -149,7 +149,7 @@ def main(argv=None):
     try:
         print(plot_run(args.run_dir, args.out))
     except FileNotFoundError as e:
-        print(f"hvd_lars.plot_run: error: {e}", file=sys.stderr)
+        print(f"hvd_lars.training.plot_run: error: {e}", file=sys.stderr)
         return 2
     return 0
 

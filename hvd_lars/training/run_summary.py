@@ -13,9 +13,10 @@ import time
 
 import keras
 
-from hvd_lars import distributed, provenance
-from hvd_lars.strict_json import read as read_json
-from hvd_lars.strict_json import strict
+from hvd_lars.parallel import collectives
+from hvd_lars.training import provenance
+from hvd_lars.training.strict_json import read as read_json
+from hvd_lars.training.strict_json import strict
 
 
 class RunSummary(keras.callbacks.Callback):
@@ -23,7 +24,7 @@ class RunSummary(keras.callbacks.Callback):
 
     Keys: run_name, config, plan, world_size, hosts (sorted host names of all ranks), local_size (ranks on
     rank 0's host), cross_size (hosts), global_batch_size, per_rank_batch_size, accumulation_steps,
-    threads (the thread settings read back from TensorFlow, `hvd_lars.train.applied_threads`),
+    threads (the thread settings read back from TensorFlow, `hvd_lars.training.train.applied_threads`),
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
     attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
@@ -45,9 +46,9 @@ class RunSummary(keras.callbacks.Callback):
             "plan": vars(plan),
             "world_size": plan.world_size,
             # A collective: every rank builds its RunSummary at the same point of the run.
-            "hosts": distributed.host_names(),
-            "local_size": distributed.local_size(),
-            "cross_size": distributed.cross_size(),
+            "hosts": collectives.host_names(),
+            "local_size": collectives.local_size(),
+            "cross_size": collectives.cross_size(),
             "global_batch_size": plan.global_batch_size,
             "per_rank_batch_size": plan.per_rank_batch_size,
             "accumulation_steps": plan.accumulation_steps,
@@ -61,8 +62,8 @@ class RunSummary(keras.callbacks.Callback):
             "final_val_top1": None,
             "final_val_top5": None,
             # Once per run: rank 0 asks git and reads the machine; the other ranks get its record.
-            **distributed.broadcast_object(
-                provenance.record() if distributed.is_chief() else None, name="hvd_lars.provenance"
+            **collectives.broadcast_object(
+                provenance.record() if collectives.is_chief() else None, name="hvd_lars.training.provenance"
             ),
         }
         self._attempt_epochs = []
@@ -100,7 +101,7 @@ class RunSummary(keras.callbacks.Callback):
             if evaluated:
                 s[f"final_{split}_top1"] = evaluated[-1][f"{split}_top1"]
                 s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
-        if distributed.is_chief():
+        if collectives.is_chief():
             tmp = f"{self.path}.tmp"
             with open(tmp, "w") as f:
                 json.dump(strict(s), f, indent=2, allow_nan=False)

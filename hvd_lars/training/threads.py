@@ -109,8 +109,8 @@ def threads_per_rank(local_size=None, cores=None, usable=None):
     must share them (module docstring).
 
     Args:
-        local_size: ranks on this host (default: `hvd_lars.distributed.local_size()`, Horovod's count; 1
-            before `distributed.init()` or without Horovod).
+        local_size: ranks on this host (default: `hvd_lars.parallel.collectives.local_size()`, Horovod's count; 1
+            before `collectives.init()` or without Horovod).
         cores: this rank's CPUs (default `rank_cores()`).
         usable: the node's CPUs open to the job (default `usable_cpus()`).
 
@@ -121,9 +121,9 @@ def threads_per_rank(local_size=None, cores=None, usable=None):
         ValueError: local_size < 1 or an empty core list.
     """
     if local_size is None:
-        from hvd_lars import distributed
+        from hvd_lars.parallel import collectives
 
-        local_size = distributed.local_size()
+        local_size = collectives.local_size()
     cores = rank_cores() if cores is None else list(cores)
     usable = usable_cpus() if usable is None else usable
     if local_size < 1 or not cores:
@@ -138,9 +138,9 @@ def placement(local_size=None):
     `bound` (True when the mask is narrower than the node's usable CPUs, i.e. a launcher or taskset bound
     it), `usable` (the node's usable CPUs), `local_size` and `threads` (`threads_per_rank`)."""
     if local_size is None:
-        from hvd_lars import distributed
+        from hvd_lars.parallel import collectives
 
-        local_size = distributed.local_size()
+        local_size = collectives.local_size()
     cores, usable = rank_cores(), usable_cpus()
     return {
         "cores": cores,
@@ -173,7 +173,7 @@ HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle
 
 def apply_horovod_cpu_defaults(environ=None):
     """Sets each of `HOROVOD_CPU_DEFAULTS` in `environ` (default `os.environ`) that is not set already;
-    returns {name: value} of those set. Call before Horovod initialises MPI (`distributed.init()`): both
+    returns {name: value} of those set. Call before Horovod initialises MPI (`collectives.init()`): both
     are read there. A value the user or the launcher exported is kept."""
     environ = os.environ if environ is None else environ
     applied = {k: v for k, v in HOROVOD_CPU_DEFAULTS.items() if k not in environ}

@@ -6,17 +6,17 @@
 
 import os
 
-from hvd_lars import distributed
-from hvd_lars.config import make_plan, resolve_precision
-from hvd_lars.threads import describe_cores, placement
+from hvd_lars.parallel import collectives
+from hvd_lars.training.config import make_plan, resolve_precision
+from hvd_lars.training.threads import describe_cores, placement
 
 
 def configure_threads(config, world_size):
     """Sizes TensorFlow's intra-op and inter-op pools to the cores this rank may use
-    (`hvd_lars.threads.threads_per_rank`: its affinity mask when the launcher bound it, else the node's
+    (`hvd_lars.training.threads.threads_per_rank`: its affinity mask when the launcher bound it, else the node's
     usable CPUs / Horovod's local_size()), unless `config.intra_op_threads` / `inter_op_threads` say.
 
-    Must run after `distributed.init()` and before TensorFlow executes its first op; afterwards
+    Must run after `collectives.init()` and before TensorFlow executes its first op; afterwards
     TensorFlow keeps the pools it has (then `applied_threads()` reports those, not the request).
 
     Returns:
@@ -24,9 +24,9 @@ def configure_threads(config, world_size):
     """
     import tensorflow as tf
 
-    from hvd_lars.threads import threads_per_rank
+    from hvd_lars.training.threads import threads_per_rank
 
-    local_ranks = max(1, min(world_size, distributed.local_size()))
+    local_ranks = max(1, min(world_size, collectives.local_size()))
     per_rank = threads_per_rank(local_ranks)
     intra = config.intra_op_threads or per_rank
     inter = config.inter_op_threads or per_rank
@@ -65,7 +65,7 @@ def applied_threads(dataset=None):
 
 
 def describe_placements(placements):
-    """One log line from every rank's `hvd_lars.threads.placement()` joined with its `applied_threads`:
+    """One log line from every rank's `hvd_lars.training.threads.placement()` joined with its `applied_threads`:
     host, the CPUs the rank may use (bound by the launcher or not) and the threads TensorFlow and the
     input pipeline run with, e.g. "cores per rank: rank 0 on node1: CPUs 0 (bound), 1 intra-op / 1
     inter-op / 1 input threads; ..."."""
@@ -81,8 +81,8 @@ def describe_placements(placements):
 
 def build_schedule(config, plan):
     """The learning-rate schedule `config.schedule` over the steps of `plan` (a callable of the update
-    count; `hvd_lars.schedules.make_schedule`)."""
-    from hvd_lars.schedules import make_schedule
+    count; `hvd_lars.optim.schedules.make_schedule`)."""
+    from hvd_lars.optim.schedules import make_schedule
 
     return make_schedule(
         config.schedule,
@@ -99,8 +99,8 @@ def build_schedule(config, plan):
 def build_optimizer(config, plan):
     """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`, held
     by a `DistributedOptimizer` that averages each update's gradients over micro-batches and ranks."""
-    from hvd_lars.distributed_optimizer import DistributedOptimizer
-    from hvd_lars.lars import LARS, mlperf_exclusions
+    from hvd_lars.optim.lars import LARS, mlperf_exclusions
+    from hvd_lars.parallel.optimizer import DistributedOptimizer
 
     schedule = build_schedule(config, plan)
     if config.optimizer == "lars":
@@ -274,23 +274,23 @@ def run(config, extra_callbacks=()):
     With `config.elastic` (launched by `horovodrun --min-np/--max-np --host-discovery-script`), workers
     may leave and join: each attempt (the first, and one after every membership change) rebuilds this
     rank's shard of the input for the new world size with the plan's global batch, and goes on from the
-    last commit (`hvd_lars.elastic`).
+    last commit (`hvd_lars.parallel.elastic`).
 
     Raises:
         ValueError: bad configuration (before any data is read or model built), or a run directory that
             is not writable or lacks the space for a few checkpoints (before training).
         FileNotFoundError: missing data.
-        hvd_lars.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank raises it
+        hvd_lars.training.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank raises it
             after the same update; summary.json records it).
-        hvd_lars.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the same
+        hvd_lars.training.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the same
             update, whose checkpoint rank 0 wrote.
-        hvd_lars.callbacks.CheckpointWriteError: rank 0 could not write a checkpoint (every rank raises it).
-        hvd_lars.elastic.ElasticBatchError: an elastic job's new worker count does not divide the global
+        hvd_lars.training.checkpoints.CheckpointWriteError: rank 0 could not write a checkpoint (every rank raises it).
+        hvd_lars.parallel.elastic.ElasticBatchError: an elastic job's new worker count does not divide the global
             batch (every rank raises it at the change).
     """
-    rank, world_size = distributed.init()
+    rank, world_size = collectives.init()
     if config.elastic:
-        from hvd_lars import elastic
+        from hvd_lars.parallel import elastic
 
         elastic.check_launched(config)
         # The world size is checked against the global batch in each attempt, on every rank together.
@@ -302,9 +302,9 @@ def run(config, extra_callbacks=()):
     import keras
     import tensorflow as tf
 
-    from hvd_lars import faults
     from hvd_lars.data import get_input
     from hvd_lars.models import get_model
+    from hvd_lars.training import faults
 
     # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the
     # initial weights are rank 0's, broadcast below. Input shuffling is seeded per rank in the pipeline.
@@ -338,7 +338,7 @@ def run(config, extra_callbacks=()):
     manager = tf.train.CheckpointManager(
         checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.keep_checkpoints
     )
-    if config.resume and distributed.is_chief() and manager.latest_checkpoint:
+    if config.resume and collectives.is_chief() and manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).expect_partial()
         print(
             f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
@@ -378,16 +378,17 @@ class _Session:
         `data`: this rank's input, or None to build it for the current rank and world size."""
         import keras
 
-        from hvd_lars import callbacks as cb
-        from hvd_lars import elastic, epoch_logs, faults
         from hvd_lars.data import get_input
-        from hvd_lars.horovod_callbacks import MetricAverageCallback, broadcast_model_and_optimizer
-        from hvd_lars.run_summary import RunSummary
+        from hvd_lars.parallel import elastic
+        from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
+        from hvd_lars.training import callbacks as cb
+        from hvd_lars.training import epoch_logs, faults
+        from hvd_lars.training.run_summary import RunSummary
 
         config, model, run_dir = self.config, self.model, self.run_dir
         optimizer = model.optimizer
-        rank, world_size = distributed.rank(), distributed.size()
-        chief = distributed.is_chief()
+        rank, world_size = collectives.rank(), collectives.size()
+        chief = collectives.is_chief()
         self.attempts += 1
         if data is None:
             _, per_rank_batch = elastic.resolve_batch(config, world_size)
@@ -399,7 +400,7 @@ class _Session:
         plan = make_plan(config, world_size, data.num_train_examples)
         threads = applied_threads(data.train)
         # The cores each rank may use (its affinity mask) and what TensorFlow applied, gathered for one line.
-        placements = distributed.gather_objects(
+        placements = collectives.gather_objects(
             {**placement(), "host": os.uname().nodename, **threads},
             name="hvd_lars.placement",
         )
@@ -478,7 +479,7 @@ class _Session:
             def count_skipped(epoch, logs):
                 local = int(data.skipped_corrupt.numpy())
                 logs["skipped_corrupt_images"] = float(
-                    distributed.allreduce_sum([local], "hvd_lars.skipped")[0]
+                    collectives.allreduce_sum([local], "hvd_lars.skipped")[0]
                 )
 
             callbacks.insert(3, keras.callbacks.LambdaCallback(on_epoch_end=count_skipped))

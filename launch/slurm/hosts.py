@@ -1,6 +1,6 @@
 """Host lists for MPI launchers from a Slurm allocation (`SLURM_JOB_NODELIST`, `SLURM_TASKS_PER_NODE`).
 
-`python -m hvd_lars.slurm_hosts [--format=openmpi|horovod]` prints an Open MPI hostfile ("node01 slots=2"
+`python launch/slurm/hosts.py [--format=openmpi|horovod]` prints an Open MPI hostfile ("node01 slots=2"
 per line) or a horovodrun `-H` list ("node01:2,node02:2") for the current job. Used by
 launch/slurm/train.sbatch when LAUNCHER=mpirun or horovodrun; `srun` needs neither.
 """

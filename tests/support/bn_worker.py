@@ -20,14 +20,15 @@ PER_RANK = 16  # training images per rank per epoch: 2 steps of 8
 
 
 def main(out_dir):
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
-    rank, size = distributed.init()
+    rank, size = collectives.init()
     import keras
     import tensorflow as tf
 
-    from hvd_lars import LARS, WarmupPolynomialDecay
-    from hvd_lars.callbacks import ExactEvaluation, PeriodicCheckpoint, moving_statistics
+    from hvd_lars import LARS, DistributedOptimizer, WarmupPolynomialDecay
+    from hvd_lars.training.callbacks import ExactEvaluation, moving_statistics
+    from hvd_lars.training.checkpoints import PeriodicCheckpoint
 
     keras.utils.set_random_seed(100 + rank)
     rng = np.random.default_rng(rank)
@@ -46,14 +47,14 @@ def main(out_dir):
     # A schedule, as the main program uses (at main 6dd5379 a float rate through distributed_optimizer is
     # tracked twice and cannot be checkpointed; the dist branch fixes that).
     schedule = WarmupPolynomialDecay(0.1, total_steps=4, warmup_steps=1)
-    optimizer = distributed.distributed_optimizer(LARS(schedule, weight_decay=1e-4))
+    optimizer = DistributedOptimizer(LARS(schedule, weight_decay=1e-4))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=False,
     )
     optimizer.build(model.trainable_variables)
-    distributed.broadcast_variables(model.variables + optimizer.variables)
+    collectives.broadcast_variables(model.variables + optimizer.variables)
     assert len(moving_statistics(model)) == 2  # the batch norm's moving mean and variance
 
     records = {}

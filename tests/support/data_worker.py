@@ -18,15 +18,15 @@ PER_RANK_BATCH = 2
 
 
 def main(data_dir, out_dir):
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
-    rank, size = distributed.init()
+    rank, size = collectives.init()
     import itertools
 
     import keras
 
-    from hvd_lars.callbacks import ExactEvaluation
     from hvd_lars.data import get_input, listing
+    from hvd_lars.training.callbacks import ExactEvaluation
 
     listings = []
     list_split = listing.list_split

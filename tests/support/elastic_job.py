@@ -1,7 +1,7 @@
 """An elastic job for the tests and results/faults.py: launch/elastic.sh in the background with a host
 discovery script that prints a file the caller rewrites, and its output collected line by line.
 
-Test-only code: the worker program is tests/rank_weights_main.py (the main program, then each rank's final
+Test-only code: the worker program is tests/support/rank_weights_main.py (the main program, then each rank's final
 weights saved), run through a `python` shim given to the launcher as $PYTHON."""
 
 import os
@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs: 600 updates.
 FLAGS = [
     "--max_train_examples=12800", "--max_eval_examples=500",
@@ -25,13 +25,13 @@ class JobFailed(AssertionError):
 
 
 def _shim(tmp_path):
-    # The launcher runs "$PYTHON -m hvd_lars.main ..."; this PYTHON runs tests/rank_weights_main.py instead,
+    # The launcher runs "$PYTHON -m hvd_lars.main ..."; this PYTHON runs tests/support/rank_weights_main.py instead,
     # which also saves each rank's final weights.
     path = tmp_path / "python"
     path.write_text(
         "#!/bin/sh\n"
         '[ "$1" = -m ] && [ "$2" = hvd_lars.main ] && shift 2 && '
-        f'exec {sys.executable} {REPO}/tests/rank_weights_main.py "$@"\n'
+        f'exec {sys.executable} {REPO}/tests/support/rank_weights_main.py "$@"\n'
         f'exec {sys.executable} "$@"\n'
     )
     path.chmod(0o755)

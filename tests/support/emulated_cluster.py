@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 
-from conftest import REPO
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
 SUBNET = "198.18.0.0/24"

@@ -23,9 +23,9 @@ CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exce
 
 
 def main(out_dir, group):
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
-    rank, size = distributed.init()
+    rank, size = collectives.init()
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores
@@ -399,7 +399,7 @@ def callbacks(results, rank, size):
         LearningRateWarmupCallback,
         MetricAverageCallback,
     )
-    from hvd_lars.horovod_callbacks import average_metrics
+    from hvd_lars.parallel.callbacks import average_metrics
 
     (x, y), _ = data(rank, size)
     # Broadcast: different initial weights per rank; after fit, rank 0's run on both.

@@ -1,13 +1,13 @@
 """The main program with an injected fault for the resume and fault tests: once `--kill_at_step` optimizer
 updates are applied, the process sends itself `--kill_signal`: KILL, as a crashed job or a dying host ends
 (no clean-up, no final checkpoint), or TERM / USR1, as Slurm's pre-emption and its warning before the time
-limit arrive. Test-only: it adds one Keras callback through `hvd_lars.train.run(extra_callbacks=...)`, after
+limit arrive. Test-only: it adds one Keras callback through `hvd_lars.training.train.run(extra_callbacks=...)`, after
 the checkpoint callback, so a checkpoint due at that update is written before the signal: with
 asynchronous checkpoints (the default) the signal waits for rank 0's background write to complete, so the
 tests see a job killed just after a save, whatever the disk's speed. (Killed while a write is under way,
 a job keeps the checkpoint before it: tests/test_checkpoints.py.)
 
-Usage: python tests/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
+Usage: python tests/support/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
            [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
 (--block_checkpoints_at_step: rank 0 replaces the checkpoint folder by a file after update M.)
 (also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
@@ -23,7 +23,9 @@ import time
 import keras
 from absl import flags
 
-from hvd_lars import callbacks, distributed, main, train
+from hvd_lars import main
+from hvd_lars.parallel import collectives
+from hvd_lars.training import checkpoints, train
 
 flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many updates are applied (0: never).")
 flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
@@ -75,7 +77,7 @@ class KillAtStep(keras.callbacks.Callback):
 _checkpointers = []
 
 
-class _RecordedPeriodicCheckpoint(callbacks.PeriodicCheckpoint):
+class _RecordedPeriodicCheckpoint(checkpoints.PeriodicCheckpoint):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         _checkpointers.append(self)
@@ -84,16 +86,16 @@ class _RecordedPeriodicCheckpoint(callbacks.PeriodicCheckpoint):
 def _run_with_fault(config, run=train.run):
     f = flags.FLAGS
     extra = ()
-    if f.kill_at_step and f.kill_rank in (-1, distributed.init()[0]):
+    if f.kill_at_step and f.kill_rank in (-1, collectives.init()[0]):
         extra = [KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record)]
-    if f.block_checkpoints_at_step and distributed.init()[0] == 0:
+    if f.block_checkpoints_at_step and collectives.init()[0] == 0:
         folder = os.path.join(config.workdir, config.run_name, "checkpoints")
         extra = [*extra, BlockCheckpoints(f.block_checkpoints_at_step, folder)]
     return run(config, extra_callbacks=extra)
 
 
 if __name__ == "__main__":
-    # hvd_lars.main imports `run` from hvd_lars.train when it starts, so it picks up the faulty one.
+    # hvd_lars.main imports `run` from hvd_lars.training.train when it starts, so it picks up the faulty one.
     train.run = functools.partial(_run_with_fault, run=train.run)
-    callbacks.PeriodicCheckpoint = _RecordedPeriodicCheckpoint
+    checkpoints.PeriodicCheckpoint = _RecordedPeriodicCheckpoint
     main.main()

@@ -1,6 +1,6 @@
 """One rank of the 2-rank tests of ranks that disagree about their variables (tests/test_faults.py runs it
 through horovodrun). Each case trains a small Keras model with `DistributedOptimizer` after
-`broadcast_model_and_optimizer`, as `hvd_lars.train.run` does, and writes this rank's final weights to
+`broadcast_model_and_optimizer`, as `hvd_lars.training.train.run` does, and writes this rank's final weights to
 <out>/rank<r>.npz, with the error the second case raised.
 
 Cases, in this order: "extra_model": rank 1 builds (and drops) one more Keras model before training,
@@ -21,7 +21,7 @@ def train(case, rank):
     import keras
 
     from hvd_lars import DistributedOptimizer
-    from hvd_lars.horovod_callbacks import broadcast_model_and_optimizer
+    from hvd_lars.parallel.callbacks import broadcast_model_and_optimizer
 
     keras.utils.set_random_seed(rank)  # different initial weights: the broadcast must align them
     if case == "extra_model" and rank == 1:
@@ -39,9 +39,9 @@ def train(case, rank):
 
 
 def main(out_dir):
-    from hvd_lars import distributed
+    from hvd_lars.parallel import collectives
 
-    rank, _ = distributed.init()
+    rank, _ = collectives.init()
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores

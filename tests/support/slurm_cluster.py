@@ -1,5 +1,5 @@
 """A real Slurm (Debian's slurm-wlm + munge) started on free ports for the launch tests: on this machine
-alone, or with one slurmd per host of the emulated cluster (tests/emulated_cluster.py).
+alone, or with one slurmd per host of the emulated cluster (tests/support/emulated_cluster.py).
 
 `SlurmCluster(workdir)` writes a slurm.conf for this machine, makes sure munged runs, starts slurmctld and
 slurmd, and waits until the node is idle; `stop()` shuts them down.

@@ -1,0 +1,108 @@
+"""Callbacks that set the learning rate from a schedule before each update, and log the rate used.
+
+For optimizers built with a float rate, in the user's own `model.fit`; a schedule given to the optimizer
+itself needs neither setter (`hvd_lars.optim.schedules`).
+"""
+
+import warnings
+
+import keras
+
+from hvd_lars.optim.wrapping import innermost_optimizer, to_float
+
+
+class LearningRateWarmup(keras.callbacks.Callback):
+    """Sets a float learning rate from a schedule of the optimizer's update counter before every batch.
+
+    For any Keras 3 optimizer built with a plain float learning rate (SGD, Adam, `hvd_lars.LARS`, a
+    `LossScaleOptimizer` around one): before each training batch,
+    `optimizer.learning_rate = schedule(optimizer.iterations)`. The rate depends only on `schedule` and
+    the update counter, never on the optimizer's current (already changed) rate, so a run restored from
+    a checkpoint, which restores `iterations`, continues the curve exactly. `optimizer.iterations` counts
+    applied updates: with `gradient_accumulation_steps=A` Keras reports micro-batches // A, so the rate
+    changes once per update, as the paper's schedule counts iterations (Keras itself would evaluate a
+    schedule given to such an optimizer at the micro-batch count).
+
+    Args:
+        schedule: callable of the step (int, optimizer updates from 0) returning the rate as a float or
+            scalar tensor: any schedule of `hvd_lars.optim.schedules` (`make_schedule(...)`), or any
+            `keras.optimizers.schedules.LearningRateSchedule`.
+
+    Raises:
+        ValueError: `schedule` is not callable; at train begin, the optimizer's learning rate is itself a
+            schedule or a callable (then give it the schedule and drop this callback, or a float).
+
+    With `steps_per_execution=k > 1` Keras runs batch hooks once per k steps, so the rate is set once per
+    k steps (a warning says so); a schedule inside the optimizer has no such limit.
+    """
+
+    def __init__(self, schedule):
+        super().__init__()
+        if not callable(schedule):
+            raise ValueError(f"schedule must be a callable of the step, got {schedule!r}.")
+        self.schedule = schedule
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        rate = innermost_optimizer(optimizer)._learning_rate
+        if not isinstance(rate, keras.Variable):
+            raise ValueError(
+                "LearningRateWarmup needs an optimizer with a float learning rate; "
+                f"{type(optimizer).__name__} {optimizer.name!r} has a {type(rate).__name__}. Pass the "
+                "schedule to the optimizer instead, or build the optimizer with a float rate (for example "
+                "learning_rate=0.0)."
+            )
+        steps_per_execution = getattr(self.model, "steps_per_execution", 1) or 1
+        if steps_per_execution > 1:
+            warnings.warn(
+                f"LearningRateWarmup with steps_per_execution={steps_per_execution}: the rate is set once "
+                f"per {steps_per_execution} steps.",
+                stacklevel=2,
+            )
+        self._set_rate()  # right from the start, e.g. for callbacks that read it before the first batch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._set_rate()
+
+    def _set_rate(self):
+        optimizer = self.model.optimizer
+        optimizer.learning_rate = to_float(self.schedule(int(to_float(optimizer.iterations))))
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds `learning_rate` to the epoch logs: the rate the optimizer used for its last update of the epoch.
+
+    Works for a float rate (set by `LearningRateWarmup`, by Keras's `LearningRateScheduler` or by hand;
+    read at epoch end, so its place relative to `LearningRateWarmup` does not matter) and for a schedule
+    inside the optimizer, whatever counter that optimizer feeds its schedule (applied updates for
+    `hvd_lars.LARS`, micro-batches for Keras's optimizers with gradient accumulation): the schedule's
+    rate is read through `optimizer.learning_rate` before each batch, which is what the batch's update
+    uses. Place it before CSVLogger and TensorBoard. Keras's TensorBoard also writes `learning_rate`
+    itself, as the optimizer's rate at epoch end: the same for a float rate, one update later for a
+    schedule (its value for the next update).
+
+    Args:
+        key: str, the name in the logs (`"learning_rate"`).
+    """
+
+    def __init__(self, key="learning_rate"):
+        super().__init__()
+        self.key = key
+        self._scheduled = False
+        self._rate = None
+
+    def on_train_begin(self, logs=None):
+        self._scheduled = not isinstance(
+            innermost_optimizer(self.model.optimizer)._learning_rate, keras.Variable
+        )
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._scheduled:
+            self._rate = self.model.optimizer.learning_rate
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        rate = self._rate if self._scheduled else self.model.optimizer.learning_rate
+        if rate is not None:
+            logs[self.key] = to_float(rate)

@@ -1,0 +1,157 @@
+"""Periodic checkpoints of model and optimizer through `tf.train.CheckpointManager`, on rank 0."""
+
+import os
+
+import keras
+import tensorflow as tf
+
+from hvd_lars.parallel import collectives
+from hvd_lars.training import faults
+from hvd_lars.training.callbacks import moving_statistics
+
+
+def _repair_keras_async_checkpoint_copy():
+    """Lets TensorFlow's asynchronous checkpoints save Keras 3 variables more than once per process.
+
+    TF's async writer copies each variable to a host copy in `object_map` through the variable's
+    `_copy_trackable_to_cpu`, first eagerly, then inside a `tf.function` at every later save. Keras 3.15's
+    TensorFlow `Variable` makes a new `tf.Variable` for itself on every call, so the second save raises
+    "tf.function only supports singleton tf.Variables created on the first call". Here the Keras variable
+    is mapped to the host copy of the `tf.Variable` it wraps, which TF updates in place at each save; both
+    serialize the same tensor ({"VARIABLE_VALUE": value}). Idempotent; only this one method is replaced.
+    """
+    from keras.src.backend.tensorflow import core
+
+    if getattr(core.Variable._copy_trackable_to_cpu, "_hvd_lars_repaired", False):
+        return
+
+    def _copy_trackable_to_cpu(self, object_map):
+        self.value._copy_trackable_to_cpu(object_map)
+        object_map[self] = object_map[self.value]
+
+    _copy_trackable_to_cpu._hvd_lars_repaired = True
+    core.Variable._copy_trackable_to_cpu = _copy_trackable_to_cpu
+
+
+class CheckpointWriteError(OSError):
+    """Rank 0 could not write a checkpoint (a full or read-only file system, a vanished folder)."""
+
+
+class PeriodicCheckpoint(keras.callbacks.Callback):
+    """Rank 0 saves the `tf.train.Checkpoint` of `manager` (model, optimizer with its step counter and
+    slots) every `every_steps` optimizer updates and at each epoch end, numbered by the update count.
+
+    Progress is the optimizer's update counter (epoch = step // steps per epoch). The manager writes the
+    checkpoint files first and its `checkpoint` index last, by atomic rename, so a job killed while
+    writing still points at its last complete checkpoint; it keeps the newest `max_to_keep`.
+
+    With `asynchronous`, rank 0 copies the variables to host memory and returns to training while
+    TensorFlow's background thread writes the files (`tf.train.CheckpointOptions(
+    experimental_enable_async_checkpoint=True)`); the manager replaces the index only once they are
+    complete, so the guarantee above holds. The other ranks never wait for the disk. The write is waited
+    for at the end of each `fit` (`on_train_end`) and before the next save begins.
+
+    Args:
+        manager: `tf.train.CheckpointManager`.
+        every_steps: int >= 0; 0 saves at epoch ends only.
+        accumulation_steps: micro-batches per update; saves happen only at update boundaries.
+        at_epoch_end: bool; save at each epoch end (after evaluation). Without it, the state at the end of
+            each `fit` is saved instead of the epoch ends', so a finished run still has its final checkpoint.
+        asynchronous: bool; write in the background (see above).
+    """
+
+    def __init__(self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False):
+        super().__init__()
+        self.manager = manager
+        self.every_steps = every_steps
+        self.accumulation_steps = accumulation_steps
+        self.at_epoch_end = at_epoch_end
+        self.options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=bool(asynchronous))
+        if asynchronous:
+            _repair_keras_async_checkpoint_copy()
+        self._last_saved = None
+        self._pending_step = None
+
+    def save(self):
+        """Saves the checkpoint of the current update (once per update). A collective: every rank calls it.
+
+        Raises:
+            CheckpointWriteError: rank 0 could not write the checkpoint (raised on every rank, saying why).
+        """
+        step = int(self.model.optimizer.iterations)
+        # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
+        # and a run resumed from it continues as the uninterrupted run does.
+        collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
+        error = None
+        if step != self._last_saved and collectives.is_chief():
+            error = self._wait()  # the previous background write, if any, first
+            if not error:
+                try:
+                    self._pending_step = step
+                    self.manager.save(checkpoint_number=step, options=self.options)
+                except (OSError, tf.errors.OpError) as e:
+                    error = self._error(e)
+        self._raise_together(error)
+        self._last_saved = step
+        faults.heartbeat()
+
+    def _error(self, e):
+        return f"could not write the checkpoint of step {self._pending_step} to {self.manager.directory}: {e}"
+
+    def _wait(self):
+        # Rank 0: waits for its background write; the error message if it failed, else None.
+        if not collectives.is_chief():
+            return None
+        try:
+            self.manager.sync()
+        except (OSError, tf.errors.OpError) as e:
+            return self._error(e)
+        step = self._pending_step
+        if step is None or os.path.exists(os.path.join(self.manager.directory, f"ckpt-{step}.index")):
+            return None
+        # TensorFlow's background writer keeps its exception until the next save and sync() does not raise
+        # it: the missing files show the failure, and the exception (a private attribute) says why.
+        writer = getattr(self.manager._checkpoint, "_async_checkpointer_impl", None)
+        reason = getattr(writer, "_async_error", None)
+        if reason is not None:
+            writer._async_error = None
+        return self._error(reason or "its files are missing after the write")
+
+    def _raise_together(self, error):
+        # Rank 0's outcome on every rank, so that all stop together instead of waiting for rank 0.
+        error = collectives.broadcast_object(error, name="hvd_lars.checkpoint_error")
+        if error:
+            raise CheckpointWriteError(error)
+
+    def sync(self):
+        """Waits until rank 0's background write (if any) is complete and the index names it. Not a
+        collective (any rank may call it; only rank 0 waits).
+
+        Raises:
+            CheckpointWriteError: on rank 0, the write failed.
+        """
+        error = self._wait()
+        if error:
+            raise CheckpointWriteError(error)
+
+    def finish(self):
+        """`sync` on every rank together: a collective that raises `CheckpointWriteError` on every rank when
+        rank 0's last write failed."""
+        self._raise_together(self._wait())
+
+    def on_train_batch_end(self, batch, logs=None):
+        # The epoch's last update is saved by on_epoch_end, after evaluation, so that a job killed while
+        # evaluating restarts that epoch's evaluation instead of losing it.
+        last_of_epoch = self.at_epoch_end and self.params and batch + 1 == self.params.get("steps")
+        if self.every_steps and (batch + 1) % self.accumulation_steps == 0 and not last_of_epoch:
+            if int(self.model.optimizer.iterations) % self.every_steps == 0:
+                self.save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.at_epoch_end:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        if not self.at_epoch_end:
+            self.save()
+        self.finish()

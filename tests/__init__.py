@@ -1,0 +1,1 @@
+"""The test suite (tiers: `pytest -m unit`, `-m horovod`, `-m system`; README, "Tests")."""

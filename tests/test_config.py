@@ -2,7 +2,8 @@
 
 import pytest
 
-from hvd_lars.training.config import TrainConfig, make_plan, resolve_precision
+from hvd_lars.training.config import TrainConfig, resolve_precision
+from hvd_lars.training.plan import make_plan
 
 
 def _config(**kw):
@@ -42,7 +43,7 @@ def test_base_learning_rate_is_per_256_images():
         (dict(gradient_compression="bf16"), 1, ["--gradient_compression='bf16'", "none, fp16"]),
         (dict(preprocessing="vgg"), 1, ["--preprocessing='vgg'", "caffe, caffe_scaled, inception"]),
         (dict(momentum_correction="goyal"), 1, ["--momentum_correction='goyal'", "none, warmup, always"]),
-        (dict(validation_examples=-5), 1, ["--validation_examples must be >= 0", "-5"]),
+        (dict(validation_examples=-5), 1, ["--validation_examples must be a whole number >= 0", "-5"]),
     ],
 )
 def test_invalid_configs(kwargs, world, fragments):

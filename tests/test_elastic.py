@@ -1,4 +1,4 @@
-"""Elastic training (hvd_lars.parallel.elastic): 2 workers, then 1, then 2 again, under horovodrun's elastic driver
+"""Elastic training (hvd_lars.training.elastic, hvd_lars.parallel.elastic): 2 workers, then 1, then 2 again, under horovodrun's elastic driver
 and a host discovery script that the test rewrites as training progresses; and the refusal of a worker
 count that does not divide the global batch."""
 
@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from hvd_lars.parallel import elastic
+from hvd_lars.parallel import elastic as hvd_elastic
+from hvd_lars.training import elastic
 from hvd_lars.training.config import TrainConfig
 from tests.support.elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 
@@ -39,8 +40,8 @@ def test_resolve_batch_names_the_worker_counts_that_fit():
 def test_commit_interval_is_checked():
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match=rf"int >= 1, got {bad!r}"):
-            elastic.CommitState(object(), bad)
-    with pytest.raises(ValueError, match=r"--elastic_commit_every_steps=0; give an int >= 1"):
+            hvd_elastic.CommitState(object(), bad)
+    with pytest.raises(ValueError, match=r"--elastic_commit_every_steps must be a whole number >= 1, got 0"):
         TrainConfig(global_batch_size=64, elastic_commit_every_steps=0).validate(1)
 
 
@@ -55,7 +56,7 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
     model.compile(optimizer=LARS(0.1), loss="mse")
     x, y = np.arange(24, dtype="float32").reshape(8, 3) / 24, np.ones((8, 2), "float32")
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    state = elastic.KerasState(model, step=2).state()
+    state = hvd_elastic.KerasState(model, step=2).state()
     every = lambda: [v.numpy().copy() for v in model.variables + model.optimizer.variables]
     committed = every()
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)

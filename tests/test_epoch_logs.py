@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars.training import epoch_logs, plot_run, strict_json
-from hvd_lars.training.config import TrainConfig, make_plan
+from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.plan import make_plan
 from hvd_lars.training.run_summary import RunSummary
 
 STEPS_PER_EPOCH = 8

@@ -13,7 +13,7 @@ from absl import flags
 from hvd_lars import main
 from hvd_lars.data import DATASETS
 from hvd_lars.models import MODELS
-from hvd_lars.training.config import make_plan
+from hvd_lars.training.plan import make_plan
 from tests.support import REPO
 
 FLAGFILES = sorted(glob.glob(os.path.join(REPO, "flags", "*.flags")))

@@ -120,7 +120,7 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     # The same run directory with another schedule (3 epochs) is refused, naming what changed.
     result = _run(command + ["--epochs=3"])
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "holds a run with another plan (total_steps 16 -> 24)" in result.stderr
+    assert "holds a run with another plan (epochs 2.0 -> 3.0; total_steps 16 -> 24)" in result.stderr
 
 
 def test_two_ranks_subset(tmp_path):

@@ -9,7 +9,7 @@ from hvd_lars import LARS
 from hvd_lars.metrics import TopKAccuracy, top_k_correct
 from hvd_lars.training.callbacks import ExactEvaluation
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.train import _loss_and_metrics
+from hvd_lars.training.recipe import loss_and_metrics
 
 
 def _reference(labels, logits, k):
@@ -29,7 +29,7 @@ def test_all_zero_logits_give_chance_top1_and_top5_in_training_and_evaluation(la
     model = keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(10, kernel_initializer="zeros")], name="zero_logits"
     )
-    loss, metrics = _loss_and_metrics(TrainConfig(label_smoothing=label_smoothing), num_classes=10)
+    loss, metrics = loss_and_metrics(TrainConfig(label_smoothing=label_smoothing), num_classes=10)
     model.compile(optimizer=LARS(0.0), loss=loss, metrics=metrics, jit_compile=False)
     targets = tf.one_hot(labels, 10).numpy() if label_smoothing else labels
     train = tf.data.Dataset.from_tensor_slices((images, targets)).batch(20)

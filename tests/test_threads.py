@@ -47,7 +47,7 @@ import json
 from hvd_lars.parallel import collectives
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.data import pipeline
-from hvd_lars.training.train import applied_threads, configure_threads
+from hvd_lars.training.threads import applied_threads, configure_threads
 import tensorflow as tf
 rank, size = collectives.init()
 configure_threads(TrainConfig(), size)

@@ -1,6 +1,5 @@
 """results/time_to_train.py: the model's arithmetic, with hand-computed values."""
 
-
 import pytest
 
 from benchmarks import time_to_train as ttt

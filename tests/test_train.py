@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.train import applied_threads, configure_threads
+from hvd_lars.training.threads import applied_threads, configure_threads
 
 
 def test_thread_settings_are_read_back_from_tensorflow():

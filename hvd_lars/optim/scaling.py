@@ -34,7 +34,7 @@ def epochs_to_steps(epochs, num_examples, global_batch):
     """Optimizer steps in `epochs` passes over `num_examples` images at `global_batch` images per step.
 
     Partial final batches are dropped (every rank runs the same number of steps), so one epoch is
-    `num_examples // global_batch` steps; fractional epochs are rounded to the nearest step.
+    `num_examples // global_batch` steps; fractional epochs become steps by `steps_in_epochs`.
 
     Raises:
         ValueError: `global_batch` larger than `num_examples`, or a negative count.
@@ -50,4 +50,20 @@ def epochs_to_steps(epochs, num_examples, global_batch):
             f"global batch {global_batch} is larger than the data set ({num_examples} examples): "
             "not one full step per epoch."
         )
-    return int(round(epochs * steps_per_epoch))
+    return steps_in_epochs(epochs, steps_per_epoch)
+
+
+def steps_in_epochs(epochs, steps_per_epoch):
+    """Optimizer steps in `epochs` (a float >= 0) of `steps_per_epoch` steps: the nearest whole number, and
+    at least 1 for any `epochs` > 0, so that a requested fraction of an epoch (0.5 epoch of 1 step) is
+    never silently no step at all.
+
+    Raises:
+        ValueError: a negative or non-finite `epochs`, or `steps_per_epoch` < 1.
+    """
+    if not 0 <= epochs < float("inf") or steps_per_epoch < 1:
+        raise ValueError(
+            f"need finite epochs >= 0 and steps_per_epoch >= 1; got {epochs!r}, {steps_per_epoch!r}."
+        )
+    steps = int(round(epochs * steps_per_epoch))
+    return max(steps, 1) if epochs > 0 else 0

@@ -6,72 +6,15 @@ committed, restored and synchronised, and `run_fn`, which re-initialises Horovod
 membership change) with this project's own collectives. Horovod's `TensorFlowKerasState` does not work
 with Keras 3 (it calls `optimizer.variables()`, which Keras 3 made a property), and its `TensorFlowState`
 broadcasts its variables once, when it is built, and never again in TensorFlow 2, so a worker that joins
-later would keep its own initial weights.
-
-What stays fixed when the worker count changes: the global batch (images per update), the accumulation
-steps, the steps per epoch and the learning-rate schedule, which is a function of the update count
-(`optimizer.iterations`, part of the committed state). What adapts: the per-rank batch, global batch /
-(world size x accumulation steps), and each rank's shard of the data. A world size that does not divide
-the global batch stops every rank at the change with `ElasticBatchError`, naming the figures.
+later would keep its own initial weights. The main program's elastic loop is `hvd_lars.training.elastic`.
 
 Every attempt re-traces the training step (`model.train_function = None`): the traced graph holds
 decisions taken from the world size at trace time (no allreduce at all with one rank).
 """
 
-import os
-
 import keras
 
 from hvd_lars.parallel import collectives
-
-
-class ElasticBatchError(ValueError):
-    """The workers of an elastic job cannot share the plan's global batch evenly."""
-
-
-def check_launched(config, environ=None):
-    """Refuses `--elastic` outside an elastic launcher, or without a fixed global batch.
-
-    Raises:
-        ValueError: HOROVOD_ELASTIC is not "1" (not started by `horovodrun --min-np/--max-np ...
-            --host-discovery-script`), or only `--per_rank_batch_size` is given (the global batch would
-            change with the worker count; the plan must not).
-    """
-    environ = os.environ if environ is None else environ
-    if environ.get("HOROVOD_ELASTIC") != "1":
-        raise ValueError(
-            "--elastic needs an elastic launcher: horovodrun -np N --min-np MIN --max-np MAX "
-            "--host-discovery-script SCRIPT (launch/elastic.sh); HOROVOD_ELASTIC is "
-            f"{environ.get('HOROVOD_ELASTIC')!r}, not '1'."
-        )
-    if not config.global_batch_size:
-        raise ValueError(
-            f"--elastic needs --global_batch_size (got 0 with --per_rank_batch_size="
-            f"{config.per_rank_batch_size}): the global batch and the schedule stay the plan's whatever the "
-            "number of workers, and the per-rank batch follows from them."
-        )
-
-
-def resolve_batch(config, world_size):
-    """(global batch, per-rank batch) for `world_size` workers: `config.resolve_batch`, with an error
-    that says it is the elastic job's new worker count that does not fit.
-
-    Raises:
-        ElasticBatchError: global batch % (world size x accumulation steps) != 0, naming the three
-            figures and the worker counts that would divide it.
-    """
-    try:
-        return config.resolve_batch(world_size)
-    except ValueError as e:
-        divisor = config.accumulation_steps
-        fits = [n for n in range(1, 65) if config.global_batch_size % (n * divisor) == 0]
-        raise ElasticBatchError(
-            f"the elastic job now has {world_size} workers, and the global batch of "
-            f"{config.global_batch_size} images does not divide by {world_size} workers x "
-            f"{divisor} accumulation steps. The plan's global batch does not change with the workers; "
-            f"worker counts that divide it: {', '.join(map(str, fits))}. Give the discovery script such "
-            f"counts (or --max-np), or choose a global batch that they divide. ({e})"
-        ) from e
 
 
 class KerasState:

@@ -1,88 +1,206 @@
-"""The run's configuration (one plain object made by `hvd_lars.main` from flags) and its batch/step plan.
+"""The run's configuration: one plain object that `hvd_lars.main` makes from flags.
 
-Flags speak in epochs and in learning rates per 256 images; the training loop speaks in optimizer steps.
-`make_plan` is the one place that converts, and its `describe()` is the run log's first lines.
+Each field is one `setting` (`hvd_lars.training.settings`): its default, help, accepted values and whether
+it is part of the plan a checkpoint belongs to live there and nowhere else. The main program defines its
+flags from these fields; `validate` checks each field by its own declaration, then the few rules that tie
+fields together. Units: images, epochs, learning rates (per update; `base_learning_rate` per 256 images).
 """
 
 import dataclasses
 
-from hvd_lars.optim.schedules import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate
+from hvd_lars.data import DATASETS
+from hvd_lars.data.preprocessing import PREPROCESSINGS
+from hvd_lars.models import MODELS
+from hvd_lars.optim.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
+from hvd_lars.optim.schedules import SCHEDULES
 from hvd_lars.parallel.collectives import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
+from hvd_lars.training.settings import above, at_least, fraction, problem, setting
 
 OPTIMIZERS = ("lars", "momentum")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
-# CPU flags (/proc/cpuinfo) of native bfloat16 arithmetic. With them, mixed_bfloat16 trained ResNet-50
-# 1.8x faster than float32 here and used less memory (results/models_throughput.md); without them
-# bfloat16 is emulated and slower.
+# CPU flags (/proc/cpuinfo) of native bfloat16 arithmetic; without them bfloat16 is emulated and slower.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+_COUNT = at_least(0, whole=True)  # a count where 0 means "derived" or "all"
+_RATE = at_least(0.0)
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything a training run needs. Units: images, epochs, learning rates (per update)."""
+    """Everything a training run needs (one field per flag of `python -m hvd_lars.main`)."""
 
-    dataset: str = "fashion_mnist"
-    data_dir: str = ""
-    manual_dir: str = ""  # imagenet2012: folder with ILSVRC2012_img_{train,val}.tar (first run prepares)
-    image_size: int = 0  # 0: the dataset's own (224 for ImageNet-style data); AlexNet flagfiles give 227
-    # Image views of ImageNet-style data (hvd_lars.data.preprocessing.PREPROCESSINGS); "": inception.
-    preprocessing: str = ""
-    deterministic: bool = True  # fixed input order (exact resume); False: faster out-of-order decoding
-    skip_corrupt: bool = False  # skip and count unreadable training images instead of failing
-    input_threads: int = 0  # 0: the cores this rank may use (hvd_lars.training.threads)
-    model: str = "small_cnn"
-    optimizer: str = "lars"
-    global_batch_size: int = 0  # images per optimizer update, all ranks and micro-batches; 0: derived
-    per_rank_batch_size: int = 0  # images per micro-batch on one rank; 0: derived from the global batch
-    # Micro-batches per update (gradients averaged before one update). Batch norm then normalises each
-    # micro-batch by its own statistics and updates its moving averages once per micro-batch
-    # (hvd_lars.training.train.batch_norm_note; tests/test_accumulation.py); the paper's workers accumulated nothing.
-    accumulation_steps: int = 1
-    gradient_reduction: str = "overlap"  # overlap: allreduce each gradient as backprop produces it
-    gradient_compression: str = "none"  # fp16: gradients travel as float16, divided by ranks before the sum
-    precision: str = "auto"  # auto: mixed_bfloat16 where the CPU has native bf16, else float32
-    label_smoothing: float = 0.0
-    epochs: float = 10.0
-    warmup_epochs: float = 1.0
-    base_learning_rate: float = 0.0  # per 256 images (Goyal et al.); used when peak_learning_rate == 0
-    peak_learning_rate: float = 0.0
-    warmup_start_learning_rate: float = 0.0
-    end_learning_rate: float = 0.0
-    schedule: str = "mlperf_poly"  # a key of hvd_lars.optim.schedules.SCHEDULES
-    decay_power: float = 2.0
-    decay_boundaries_epochs: tuple = ()  # "step" schedule; empty: Goyal et al.'s 30, 60, 80 of 90 epochs
-    decay_factor: float = 0.1  # "step" schedule: rate multiplier at each boundary
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    eta: float = 0.001
-    trust_ratio_mode: str = "paper"  # a value of hvd_lars.optim.lars.TRUST_RATIO_MODES
-    # Velocity rescaled by lr_t / lr_{t-1}: "none" (Intel Caffe's fused update, the paper's runs),
-    # "warmup" (its non-fused update: during warmup only) or "always" (Goyal et al. 2017, eq. 10).
-    momentum_correction: str = "none"
-    exclude_bn_and_bias: bool = False  # MLPerf: batch norm and biases get plain momentum, no decay
-    epsilon: float = 0.0
-    workdir: str = "results/runs"
-    run_name: str = ""
-    seed: int = 0
-    resume: bool = True
-    eval_every_epochs: int = 1
-    checkpoint_every_steps: int = 0  # 0: only at epoch ends
-    checkpoint_at_epoch_end: bool = True
-    async_checkpoints: bool = True  # rank 0 writes in a background thread; training goes on meanwhile
-    keep_checkpoints: int = 3
-    # Workers may leave and join (horovodrun --min-np/--max-np --host-discovery-script; hvd_lars.parallel.elastic):
-    # the global batch and schedule stay, the per-rank batch adapts; state committed every N updates.
-    elastic: bool = False
-    # A rank with no progress for this long ends its process (faults.ProgressWatchdog); 0: never.
-    hang_timeout_s: float = 900.0
-    elastic_commit_every_steps: int = 10
-    max_train_examples: int = 0
-    max_eval_examples: int = 0
-    validation_examples: int = 0  # hold out the last N training images as a validation split (0: none)
-    steps_per_epoch: int = 0  # 0: the data set's size // global batch
-    intra_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.training.threads)
-    inter_op_threads: int = 0  # 0: the cores this rank may use (hvd_lars.training.threads)
-    verbose: int = 2  # Keras fit verbosity on rank 0 (0 silent, 1 progress bar, 2 one line per epoch)
+    dataset: str = setting(
+        "fashion_mnist",
+        "Input pipeline: fashion_mnist, imagenet2012, image_folder or synthetic.",
+        choices=lambda: sorted(DATASETS),
+        plan=True,
+    )
+    data_dir: str = setting("", "Data folder; empty: the dataset's default location.", plan=True)
+    manual_dir: str = setting("", "imagenet2012: folder with ILSVRC2012_img_train.tar and _val.tar.")
+    image_size: int = setting(
+        0,
+        "Crop side in pixels (0: the dataset's own, 224 for ImageNet; 227 for AlexNet).",
+        check=_COUNT,
+        plan=True,
+    )
+    preprocessing: str = setting(
+        "",
+        "ImageNet-style image views: inception (default: Inception crops of 8-100 percent of the area), caffe "
+        "(256x256, random 227 crop + mirror, centre crop for eval, channel means subtracted: AlexNet), "
+        "caffe_scaled (the same times 1/256: the released AlexNet-BN).",
+        choices=lambda: sorted(PREPROCESSINGS),
+        plan=True,
+    )
+    deterministic: bool = setting(True, "Fixed input order (exact resume); off: faster.", plan=True)
+    skip_corrupt: bool = setting(False, "Skip and count unreadable training images.")
+    input_threads: int = setting(0, "Input pipeline threads (0: this rank's cores).", check=_COUNT)
+    model: str = setting(
+        "small_cnn", "Model name (hvd_lars.models.MODELS).", choices=lambda: sorted(MODELS), plan=True
+    )
+    optimizer: str = setting(
+        "lars", "lars, or momentum (SGD with coupled L2 decay).", choices=OPTIMIZERS, plan=True
+    )
+    global_batch_size: int = setting(
+        0, "Images per update over all ranks and micro-batches (0: derived).", check=_COUNT, plan=True
+    )
+    per_rank_batch_size: int = setting(
+        0, "Images per micro-batch on one rank (0: derived from global).", check=_COUNT
+    )
+    accumulation_steps: int = setting(
+        1,
+        "Micro-batches per optimizer update. Batch norm normalises each micro-batch on its own and updates its "
+        "moving averages once per micro-batch (the run log says how often per update).",
+        check=at_least(1, whole=True),
+        plan=True,
+    )
+    gradient_reduction: str = setting(
+        "overlap",
+        "overlap: allreduce each gradient as backprop produces it; grouped: one allreduce after backprop.",
+        choices=GRADIENT_REDUCTIONS,
+    )
+    gradient_compression: str = setting(
+        "none",
+        "fp16: gradients travel as float16 (divided by the world size before the sum).",
+        choices=GRADIENT_COMPRESSIONS,
+        plan=True,
+    )
+    precision: str = setting(
+        "auto",
+        "Keras dtype policy; auto: mixed_bfloat16 on CPUs with native bf16 (a resume compares it as resolved).",
+        choices=PRECISIONS,
+        plan=True,
+    )
+    label_smoothing: float = setting(
+        0.0, "Label smoothing of the cross-entropy (0: none).", check=fraction(), plan=True
+    )
+    epochs: float = setting(10.0, "Training epochs (whole number).", check=above(0, whole=True), plan=True)
+    warmup_epochs: float = setting(1.0, "Linear warmup length in epochs.", check=at_least(0.0), plan=True)
+    base_learning_rate: float = setting(
+        0.0,
+        "Peak learning rate per 256 images (scaled linearly to the global batch).",
+        check=_RATE,
+        plan=True,
+    )
+    peak_learning_rate: float = setting(0.0, "Peak learning rate (instead of base).", check=_RATE, plan=True)
+    warmup_start_learning_rate: float = setting(0.0, "Rate at step 0.", check=_RATE, plan=True)
+    end_learning_rate: float = setting(0.0, "Rate at the last step.", check=_RATE, plan=True)
+    schedule: str = setting(
+        "mlperf_poly",
+        "Learning-rate policy: mlperf_poly (warmup from 0, poly decay after warmup), paper_poly (the paper's "
+        "solver: poly decay counted from step 0), cosine, step (Goyal et al.).",
+        choices=lambda: sorted(SCHEDULES),
+        plan=True,
+    )
+    decay_power: float = setting(2.0, "Polynomial decay power after warmup.", check=above(0.0), plan=True)
+    decay_boundaries_epochs: tuple = setting(
+        (),
+        "Epochs at which the step schedule multiplies the rate by --decay_factor (empty: Goyal et al.'s 30, "
+        "60, 80 of 90 epochs).",
+        check=at_least(0.0),
+        plan=True,
+        item=float,
+    )
+    decay_factor: float = setting(
+        0.1, "Step schedule: multiplier at each boundary.", check=above(0.0), plan=True
+    )
+    momentum: float = setting(0.9, "Momentum.", check=fraction(), plan=True)
+    weight_decay: float = setting(5e-4, "L2 weight decay (beta).", check=at_least(0.0), plan=True)
+    eta: float = setting(0.001, "LARS trust coefficient.", check=above(0.0), plan=True)
+    trust_ratio_mode: str = setting(
+        "paper",
+        "LARS convention: paper (||g|| + beta ||w|| in the trust ratio), decayed_gradient (||g + beta w||), "
+        "update (trust ratio on the momentum update).",
+        choices=TRUST_RATIO_MODES,
+        plan=True,
+    )
+    momentum_correction: str = setting(
+        "none",
+        "LARS velocity rescaled by lr_t / lr_{t-1}: none (Intel Caffe's fused update, the paper's runs), "
+        "warmup (its non-fused update: during warmup only), always (Goyal et al. eq. 10).",
+        choices=MOMENTUM_CORRECTIONS,
+        plan=True,
+    )
+    exclude_bn_and_bias: bool = setting(
+        False,
+        "Leave batch-norm parameters and biases out of LARS adaptation and weight decay (MLPerf recipe).",
+        plan=True,
+    )
+    epsilon: float = setting(0.0, "LARS epsilon in the trust ratio's denominator.", check=_RATE, plan=True)
+    workdir: str = setting("results/runs", "Parent folder of the run directory.")
+    run_name: str = setting("", "Run directory name; empty: derived from the flags.")
+    seed: int = setting(0, "Random seed (weights, shuffling).", check=_COUNT, plan=True)
+    resume: bool = setting(True, "Resume from the run directory's latest checkpoint.")
+    allow_plan_change: tuple = setting(
+        (),
+        "Settings of the plan a resumed run may change from the run that wrote its checkpoints, by name "
+        "(e.g. weight_decay,schedule); any other change is refused.",
+    )
+    eval_every_epochs: int = setting(
+        1, "Evaluate every N epochs (and after the last).", check=at_least(1, whole=True)
+    )
+    checkpoint_every_steps: int = setting(0, "Checkpoint every N updates (0: epoch ends only).", check=_COUNT)
+    checkpoint_at_epoch_end: bool = setting(True, "Checkpoint at each epoch end (after evaluation).")
+    async_checkpoints: bool = setting(
+        True,
+        "Rank 0 writes checkpoints in a background thread (the index is replaced when the files are complete).",
+    )
+    keep_checkpoints: int = setting(3, "How many recent checkpoints to keep.", check=at_least(1, whole=True))
+    elastic: bool = setting(
+        False,
+        "Elastic training under horovodrun --min-np/--max-np --host-discovery-script (launch/elastic.sh): "
+        "workers may leave and join; the global batch and schedule stay, the per-rank batch adapts.",
+    )
+    hang_timeout_s: float = setting(
+        900.0,
+        "A rank that completes no update, evaluation batch or checkpoint for this many seconds ends its process "
+        "(exit status 4), so that a silent host or link cannot hang the job; 0: never.",
+        check=at_least(0.0),
+    )
+    elastic_commit_every_steps: int = setting(
+        10,
+        "Elastic: updates between commits of the state in memory (what a dead worker costs; when a membership "
+        "change is taken up).",
+        check=at_least(1, whole=True),
+    )
+    max_train_examples: int = setting(
+        0, "Use only the first N training images (0: all).", check=_COUNT, plan=True
+    )
+    max_eval_examples: int = setting(0, "Use only the first N evaluation images (0: all).", check=_COUNT)
+    validation_examples: int = setting(
+        0,
+        "Hold out the last N training images (never trained on) and evaluate them like the test set as "
+        "val_top1/val_top5/val_loss, for choosing hyperparameters (0: none; fashion_mnist only).",
+        check=_COUNT,
+        plan=True,
+    )
+    steps_per_epoch: int = setting(
+        0, "Override steps per epoch (0: data size // batch).", check=_COUNT, plan=True
+    )
+    intra_op_threads: int = setting(0, "TF intra-op threads (0: this rank's cores).", check=_COUNT)
+    inter_op_threads: int = setting(0, "TF inter-op threads (0: this rank's cores).", check=_COUNT)
+    verbose: int = setting(
+        2, "Keras verbosity on rank 0: 0, 1 (progress bar), 2 (per epoch).", check=at_least(0, whole=True)
+    )
 
     def resolve_batch(self, world_size):
         """Returns (global batch, per-rank micro-batch): one may be 0 and is derived from the other.
@@ -92,13 +210,10 @@ class TrainConfig:
         Raises:
             ValueError: both 0, inconsistent, or a global batch that does not divide by ranks x accumulation.
         """
-        if self.accumulation_steps < 1:
-            raise ValueError(f"--accumulation_steps must be >= 1, got {self.accumulation_steps}.")
-        if self.global_batch_size < 0 or self.per_rank_batch_size < 0:
-            raise ValueError(
-                f"Batch sizes must be > 0, got --global_batch_size={self.global_batch_size}, "
-                f"--per_rank_batch_size={self.per_rank_batch_size}."
-            )
+        for name in ("accumulation_steps", "global_batch_size", "per_rank_batch_size"):
+            message = problem(_FIELDS[name], getattr(self, name))
+            if message:
+                raise ValueError(message)
         divisor = world_size * self.accumulation_steps
         if self.per_rank_batch_size and not self.global_batch_size:
             return self.per_rank_batch_size * divisor, self.per_rank_batch_size
@@ -120,116 +235,79 @@ class TrainConfig:
         return self.global_batch_size, per_rank
 
     def validate(self, world_size):
-        """Checks the values that need no data, before any heavy work.
+        """Checks every setting by its declaration, then the rules between settings, before any heavy work.
 
         Raises:
-            ValueError: naming the value and what would be accepted.
+            ValueError: one line naming the flag, its value and what would be accepted.
         """
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"--optimizer={self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}.")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"--precision={self.precision!r}; valid: {', '.join(PRECISIONS)}.")
-        if self.gradient_reduction not in GRADIENT_REDUCTIONS:
+        for field in dataclasses.fields(self):
+            message = problem(field, getattr(self, field.name))
+            if message:
+                raise ValueError(message)
+        unknown = sorted(set(self.allow_plan_change) - set(plan_settings()))
+        if unknown:
             raise ValueError(
-                f"--gradient_reduction={self.gradient_reduction!r}; valid: {', '.join(GRADIENT_REDUCTIONS)}."
-            )
-        if self.gradient_compression not in GRADIENT_COMPRESSIONS:
-            raise ValueError(
-                f"--gradient_compression={self.gradient_compression!r}; valid: "
-                f"{', '.join(GRADIENT_COMPRESSIONS)}."
+                f"--allow_plan_change names {', '.join(unknown)}, which are not settings of the plan; valid: "
+                f"{', '.join(plan_settings())}."
             )
         self.resolve_batch(world_size)
-        if self.elastic_commit_every_steps < 1:
-            raise ValueError(
-                f"--elastic_commit_every_steps={self.elastic_commit_every_steps}; give an int >= 1 "
-                "(updates between commits of the elastic state)."
-            )
-        if not self.hang_timeout_s >= 0:
-            raise ValueError(f"--hang_timeout_s={self.hang_timeout_s}; give seconds >= 0 (0: no watchdog).")
-        from hvd_lars.data import DATASETS
-        from hvd_lars.data.preprocessing import PREPROCESSINGS
-        from hvd_lars.models import MODELS
-        from hvd_lars.optim.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
-        from hvd_lars.optim.schedules import SCHEDULES
+        for rule in _RULES:
+            message = rule(self)
+            if message:
+                raise ValueError(message)
 
-        if self.preprocessing and self.preprocessing not in PREPROCESSINGS:
-            raise ValueError(
-                f"--preprocessing={self.preprocessing!r}; valid: {', '.join(sorted(PREPROCESSINGS))} "
-                "(empty: inception)."
-            )
-        if self.trust_ratio_mode not in TRUST_RATIO_MODES:
-            raise ValueError(
-                f"--trust_ratio_mode={self.trust_ratio_mode!r}; valid: {', '.join(TRUST_RATIO_MODES)}."
-            )
-        if self.momentum_correction not in MOMENTUM_CORRECTIONS:
-            raise ValueError(
-                f"--momentum_correction={self.momentum_correction!r}; valid: "
-                f"{', '.join(MOMENTUM_CORRECTIONS)}."
-            )
-        for flag, value, registry in (("model", self.model, MODELS), ("dataset", self.dataset, DATASETS)):
-            if value not in registry:
-                raise ValueError(
-                    f"Unknown {flag} {value!r} (--{flag}); valid names: {', '.join(sorted(registry))}."
-                )
 
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule={self.schedule!r}; valid: {', '.join(sorted(SCHEDULES))}.")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"--label_smoothing must be in [0, 1), got {self.label_smoothing}.")
-        if self.eval_every_epochs < 1:
-            raise ValueError(f"--eval_every_epochs must be >= 1, got {self.eval_every_epochs}.")
-        if self.checkpoint_every_steps < 0 or self.keep_checkpoints < 1:
-            raise ValueError(
-                f"--checkpoint_every_steps must be >= 0 and --keep_checkpoints >= 1, got "
-                f"{self.checkpoint_every_steps} and {self.keep_checkpoints}."
-            )
-        if not self.checkpoint_at_epoch_end and self.checkpoint_every_steps == 0:
-            raise ValueError(
-                "--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0 would save no checkpoint at "
-                "all (a killed job could not resume): give --checkpoint_every_steps=N > 0, or keep "
-                "epoch-end saves."
-            )
-        if not self.epochs > 0 or float(self.epochs) != int(self.epochs):
-            raise ValueError(f"--epochs must be a whole number > 0, got {self.epochs}.")
-        for name in ("decay_power", "decay_factor"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name} must be > 0, got {getattr(self, name)}.")
-        for name in ("end_learning_rate", "warmup_start_learning_rate", "epsilon"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}.")
-        if self.optimizer == "momentum":
-            lars_only = {"eta": 0.001, "epsilon": 0.0, "trust_ratio_mode": "paper"}
-            changed = [f"--{k}={getattr(self, k)}" for k, v in lars_only.items() if getattr(self, k) != v]
-            if changed:
-                raise ValueError(f"{', '.join(changed)} only apply to --optimizer=lars, not momentum.")
-        if not 0 <= self.warmup_epochs < self.epochs:
-            raise ValueError(
-                f"--warmup_epochs={self.warmup_epochs} must be >= 0 and shorter than --epochs={self.epochs}."
-            )
-        if (self.base_learning_rate > 0) == (self.peak_learning_rate > 0):
-            raise ValueError(
-                "Give exactly one positive learning rate: --base_learning_rate (per 256 images) or "
-                f"--peak_learning_rate; got {self.base_learning_rate} and {self.peak_learning_rate}."
-            )
-        if self.base_learning_rate < 0 or self.peak_learning_rate < 0:
-            raise ValueError(
-                "Learning rates must be >= 0, got "
-                f"base {self.base_learning_rate}, peak {self.peak_learning_rate}."
-            )
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}.")
-        if self.weight_decay < 0:
-            raise ValueError(f"--weight_decay must be >= 0, got {self.weight_decay}.")
-        if not self.eta > 0:
-            raise ValueError(f"--eta must be > 0, got {self.eta}.")
-        if self.steps_per_epoch < 0:
-            raise ValueError(f"--steps_per_epoch must be >= 0, got {self.steps_per_epoch}.")
-        # The upper bound (the training set's size) is the input pipeline's to check.
-        if self.validation_examples < 0:
-            raise ValueError(
-                f"--validation_examples must be >= 0 (0: no validation split), got "
-                f"{self.validation_examples}."
-            )
+def _lars_only(config):
+    # Settings that only LARS reads: their declared defaults, compared by field.
+    changed = [
+        f"--{name}={getattr(config, name)}"
+        for name in ("eta", "epsilon", "trust_ratio_mode")
+        if getattr(config, name) != _FIELDS[name].default
+    ]
+    if config.optimizer == "momentum" and changed:
+        return f"{', '.join(changed)} only apply to --optimizer=lars, not momentum."
+    return None
+
+
+def _one_learning_rate(config):
+    if (config.base_learning_rate > 0) == (config.peak_learning_rate > 0):
+        return (
+            "Give exactly one positive learning rate: --base_learning_rate (per 256 images) or "
+            f"--peak_learning_rate; got {config.base_learning_rate} and {config.peak_learning_rate}."
+        )
+    return None
+
+
+def _warmup_within_training(config):
+    if not config.warmup_epochs < config.epochs:
+        return (
+            f"--warmup_epochs={config.warmup_epochs} must be >= 0 and shorter than --epochs={config.epochs}."
+        )
+    return None
+
+
+def _some_checkpoint(config):
+    if not config.checkpoint_at_epoch_end and config.checkpoint_every_steps == 0:
+        return (
+            "--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0 would save no checkpoint at all (a "
+            "killed job could not resume): give --checkpoint_every_steps=N > 0, or keep epoch-end saves."
+        )
+    return None
+
+
+# The rules between settings, checked after each setting on its own.
+_RULES = (_lars_only, _one_learning_rate, _warmup_within_training, _some_checkpoint)
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def default_of(name):
+    """The declared default of setting `name`."""
+    return _FIELDS[name].default
+
+
+def plan_settings():
+    """The settings that are part of the plan a checkpoint belongs to (`setting(..., plan=True)`)."""
+    return [name for name, f in _FIELDS.items() if f.metadata["plan"]]
 
 
 def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo"):
@@ -243,58 +321,3 @@ def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo"):
     except OSError:
         return "float32"
     return "mixed_bfloat16" if flags & set(BF16_CPU_FLAGS) else "float32"
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Batch and step arithmetic of one run, in optimizer steps."""
-
-    world_size: int
-    global_batch_size: int
-    per_rank_batch_size: int
-    accumulation_steps: int
-    steps_per_epoch: int
-    epochs: int
-    total_steps: int
-    warmup_steps: int
-    peak_learning_rate: float
-
-    def describe(self):
-        return (
-            f"global batch {self.global_batch_size} = {self.world_size} ranks x per-rank batch "
-            f"{self.per_rank_batch_size} x accumulation {self.accumulation_steps}; "
-            f"{self.steps_per_epoch} steps per epoch x "
-            f"{self.epochs} epochs = {self.total_steps} steps; warmup {self.warmup_steps} steps; "
-            f"peak learning rate {self.peak_learning_rate:g}"
-        )
-
-
-def make_plan(config, world_size, num_train_examples):
-    """Converts the config's epochs and per-256 rates into steps and a peak rate.
-
-    Raises:
-        ValueError: the global batch exceeds the training set, or the epochs are not whole.
-    """
-    global_batch, per_rank = config.resolve_batch(world_size)
-    if global_batch > num_train_examples:
-        raise ValueError(
-            f"--global_batch_size={global_batch} exceeds the {num_train_examples} training examples."
-        )
-    steps_per_epoch = config.steps_per_epoch or epochs_to_steps(1, num_train_examples, global_batch)
-    if float(config.epochs) != int(config.epochs):
-        raise ValueError(f"--epochs must be a whole number of epochs, got {config.epochs}.")
-    epochs = int(config.epochs)
-    peak = config.peak_learning_rate or scaled_learning_rate(
-        config.base_learning_rate, global_batch, REFERENCE_BATCH
-    )
-    return Plan(
-        world_size=world_size,
-        global_batch_size=global_batch,
-        per_rank_batch_size=per_rank,
-        accumulation_steps=config.accumulation_steps,
-        steps_per_epoch=steps_per_epoch,
-        epochs=epochs,
-        total_steps=steps_per_epoch * epochs,
-        warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)),
-        peak_learning_rate=peak,
-    )

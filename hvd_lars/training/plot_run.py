@@ -7,7 +7,7 @@ Reads `RUN_DIR/metrics.csv` (one row per epoch: `hvd_lars.training.epoch_logs.Me
 panels sharing the step axis (optimizer updates; epochs along the top):
 - loss: training (mean over the epoch's batches), and validation and test where evaluated;
 - top-1: the same three;
-- learning rate: the run's schedule rebuilt from its config and plan (`hvd_lars.training.train.build_schedule`)
+- learning rate: the run's schedule rebuilt from its config and plan (`hvd_lars.training.recipe.build_schedule`)
   as a line, the rate of update k drawn at step k (the counter after it), and the logged rate of each
   epoch's last update as points, which lie on the line when the optimizer followed its schedule.
 Epochs that logged a non-finite value (a diverged run) leave a gap. Works on any run directory of the
@@ -58,8 +58,9 @@ def _schedule_curve(summary):
     """(steps 1..total, rate of update k - 1 at step k), or None when the config cannot be rebuilt."""
     import numpy as np
 
-    from hvd_lars.training.config import Plan, TrainConfig
-    from hvd_lars.training.train import build_schedule
+    from hvd_lars.training.config import TrainConfig
+    from hvd_lars.training.plan import Plan
+    from hvd_lars.training.recipe import build_schedule
 
     try:
         # Keys this version does not know (a run of another version) are left out, not fatal.

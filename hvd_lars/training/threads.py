@@ -18,6 +18,10 @@ logical CPUs (hyperthreads count), as in TensorFlow's own defaults.
 import math
 import os
 
+import tensorflow as tf
+
+from hvd_lars.parallel import collectives
+
 # Where cgroups keep the CPUs and CPU time a process's group may use (v2, then v1).
 _CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -121,8 +125,6 @@ def threads_per_rank(local_size=None, cores=None, usable=None):
         ValueError: local_size < 1 or an empty core list.
     """
     if local_size is None:
-        from hvd_lars.parallel import collectives
-
         local_size = collectives.local_size()
     cores = rank_cores() if cores is None else list(cores)
     usable = usable_cpus() if usable is None else usable
@@ -138,8 +140,6 @@ def placement(local_size=None):
     `bound` (True when the mask is narrower than the node's usable CPUs, i.e. a launcher or taskset bound
     it), `usable` (the node's usable CPUs), `local_size` and `threads` (`threads_per_rank`)."""
     if local_size is None:
-        from hvd_lars.parallel import collectives
-
         local_size = collectives.local_size()
     cores, usable = rank_cores(), usable_cpus()
     return {
@@ -161,6 +161,68 @@ def describe_cores(cores):
             ranges.append(f"{start}" if start == c else f"{start}-{c}")
             start = None
     return ",".join(ranges)
+
+
+def configure_threads(config, world_size):
+    """Sizes TensorFlow's intra-op and inter-op pools to the cores this rank may use
+    (`hvd_lars.training.threads.threads_per_rank`: its affinity mask when the launcher bound it, else the node's
+    usable CPUs / Horovod's local_size()), unless `config.intra_op_threads` / `inter_op_threads` say.
+
+    Must run after `collectives.init()` and before TensorFlow executes its first op; afterwards
+    TensorFlow keeps the pools it has (then `applied_threads()` reports those, not the request).
+
+    Returns:
+        (intra, inter): the requested pool sizes.
+    """
+    local_ranks = max(1, min(world_size, collectives.local_size()))
+    per_rank = threads_per_rank(local_ranks)
+    intra = config.intra_op_threads or per_rank
+    inter = config.inter_op_threads or per_rank
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        pass  # TensorFlow already initialised by the caller: it keeps its pools (reported by the run).
+    return intra, inter
+
+
+def applied_threads(dataset=None):
+    """The thread settings in force, read back from TensorFlow (not from the flags).
+
+    Args:
+        dataset: optional `tf.data.Dataset` (the training input) whose private pool is reported.
+
+    Returns:
+        dict: `intra_op` and `inter_op`, the pool sizes TensorFlow's context was initialised with (0 means
+        TensorFlow's own default, one thread per core), `input`, the private thread pool of `dataset`'s
+        options (None without a dataset; 0: tf.data's shared pool), and `omp_num_threads`, the
+        OMP_NUM_THREADS environment variable (None when unset) that OpenMP code in this process reads.
+    """
+    tf.constant(0.0) + 0.0  # TensorFlow fixes its pools when it first runs an op; make sure it has
+    threads = {
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "input": None,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+    if dataset is not None:
+        threads["input"] = dataset.options().threading.private_threadpool_size or 0
+    return threads
+
+
+def describe_placements(placements):
+    """One log line from every rank's `hvd_lars.training.threads.placement()` joined with its `applied_threads`:
+    host, the CPUs the rank may use (bound by the launcher or not) and the threads TensorFlow and the
+    input pipeline run with, e.g. "cores per rank: rank 0 on node1: CPUs 0 (bound), 1 intra-op / 1
+    inter-op / 1 input threads; ..."."""
+    parts = []
+    for rank, p in enumerate(placements):
+        how = "bound" if p["bound"] else f"unbound, {p['local_size']} ranks on the host"
+        parts.append(
+            f"rank {rank} on {p['host']}: CPUs {describe_cores(p['cores'])} ({how}), "
+            f"{p['intra_op']} intra-op / {p['inter_op']} inter-op / {p['input']} input threads"
+        )
+    return "cores per rank: " + "; ".join(parts)
 
 
 # Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms in blocking MPI calls; Open MPI polls

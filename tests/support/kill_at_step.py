@@ -1,8 +1,8 @@
 """The main program with an injected fault for the resume and fault tests: once `--kill_at_step` optimizer
 updates are applied, the process sends itself `--kill_signal`: KILL, as a crashed job or a dying host ends
 (no clean-up, no final checkpoint), or TERM / USR1, as Slurm's pre-emption and its warning before the time
-limit arrive. Test-only: it adds one Keras callback through `hvd_lars.training.train.run(extra_callbacks=...)`, after
-the checkpoint callback, so a checkpoint due at that update is written before the signal: with
+limit arrive. Test-only: the main program's checkpoint callback is replaced by one that runs these faults
+right after its own batch end, so a checkpoint due at that update is written before the signal: with
 asynchronous checkpoints (the default) the signal waits for rank 0's background write to complete, so the
 tests see a job killed just after a save, whatever the disk's speed. (Killed while a write is under way,
 a job keeps the checkpoint before it: tests/test_checkpoints.py.)
@@ -77,25 +77,33 @@ class KillAtStep(keras.callbacks.Callback):
 _checkpointers = []
 
 
+_faults = []  # the faults of this process, run after the checkpoint callback's batch end
+
+
 class _RecordedPeriodicCheckpoint(checkpoints.PeriodicCheckpoint):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         _checkpointers.append(self)
 
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        for fault in _faults:
+            fault.set_model(self.model)
+            fault.on_train_batch_end(batch, logs)
 
-def _run_with_fault(config, run=train.run):
+
+def _run_with_fault(config, extra_callbacks=(), run=None):
     f = flags.FLAGS
-    extra = ()
     if f.kill_at_step and f.kill_rank in (-1, collectives.init()[0]):
-        extra = [KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record)]
+        _faults.append(KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record))
     if f.block_checkpoints_at_step and collectives.init()[0] == 0:
         folder = os.path.join(config.workdir, config.run_name, "checkpoints")
-        extra = [*extra, BlockCheckpoints(f.block_checkpoints_at_step, folder)]
-    return run(config, extra_callbacks=extra)
+        _faults.append(BlockCheckpoints(f.block_checkpoints_at_step, folder))
+    return run(config, extra_callbacks=extra_callbacks)
 
 
 if __name__ == "__main__":
-    # hvd_lars.main imports `run` from hvd_lars.training.train when it starts, so it picks up the faulty one.
-    train.run = functools.partial(_run_with_fault, run=train.run)
-    checkpoints.PeriodicCheckpoint = _RecordedPeriodicCheckpoint
+    # The main program looks both up when it runs, so it picks up the faulty ones.
+    main.run_training = functools.partial(_run_with_fault, run=main.run_training)
+    train.PeriodicCheckpoint = _RecordedPeriodicCheckpoint
     main.main()

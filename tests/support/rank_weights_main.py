@@ -19,13 +19,13 @@ sys.path.insert(0, REPO)
 import numpy as np  # noqa: E402
 
 import hvd_lars.main  # noqa: E402
-import hvd_lars.models  # noqa: E402
 import hvd_lars.training.train  # noqa: E402
+from hvd_lars.parallel import collectives  # noqa: E402
 
 _models = []
 _initial = []
-_get_model = hvd_lars.models.get_model
-_run = hvd_lars.training.train.run
+_get_model = hvd_lars.training.train.get_model
+_run = hvd_lars.main.run_training
 
 
 def _recording_get_model(*args, **kwargs):
@@ -42,8 +42,8 @@ def _arrays(model):
     return arrays
 
 
-def _run_and_save(config):
-    summary = _run(config)
+def _run_and_save(config, extra_callbacks=()):
+    summary = _run(config, extra_callbacks)
     model = _models[-1]
     out = os.path.join(config.workdir, summary["run_name"], "rank_weights")
     os.makedirs(out, exist_ok=True)
@@ -53,8 +53,8 @@ def _run_and_save(config):
     return summary
 
 
-hvd_lars.models.get_model = _recording_get_model
-hvd_lars.training.train.run = _run_and_save
+hvd_lars.training.train.get_model = _recording_get_model  # the loop's own reference
+hvd_lars.main.run_training = _run_and_save
 
 if __name__ == "__main__":
     hvd_lars.main.main()

@@ -1,0 +1,139 @@
+"""What a configuration builds for training: the schedule, the optimizer, the loss and metrics, the input.
+
+Each function reads a `TrainConfig` and a `Plan` (steps, not epochs) and returns library objects.
+"""
+
+import os
+
+import keras
+
+from hvd_lars.metrics import TopKAccuracy
+from hvd_lars.optim.lars import LARS, mlperf_exclusions
+from hvd_lars.optim.schedules import make_schedule
+from hvd_lars.parallel.optimizer import DistributedOptimizer
+from hvd_lars.training.config import default_of
+
+
+def build_schedule(config, plan):
+    """The learning-rate schedule `config.schedule` over the steps of `plan` (a callable of the update
+    count; `hvd_lars.optim.schedules.make_schedule`)."""
+    return make_schedule(
+        config.schedule,
+        peak_learning_rate=plan.peak_learning_rate,
+        total_steps=plan.total_steps,
+        warmup_steps=plan.warmup_steps,
+        warmup_start_learning_rate=config.warmup_start_learning_rate,
+        end_learning_rate=config.end_learning_rate,
+        power=config.decay_power,
+        **_step_decay_arguments(config, plan),
+    )
+
+
+def build_optimizer(config, plan):
+    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`, held
+    by a `DistributedOptimizer` that averages each update's gradients over micro-batches and ranks."""
+
+    schedule = build_schedule(config, plan)
+    if config.optimizer == "lars":
+        excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
+        optimizer = LARS(
+            schedule,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            eta=config.eta,
+            epsilon=config.epsilon,
+            exclude_from_weight_decay=excluded,
+            exclude_from_layer_adaptation=excluded,
+            trust_ratio_mode=config.trust_ratio_mode,
+            momentum_correction=config.momentum_correction,
+        )
+    else:
+        # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:
+        # exactly LARS with every tensor left out of layer adaptation (trust ratio 1).
+        optimizer = LARS(
+            schedule,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            exclude_from_weight_decay=mlperf_exclusions() if config.exclude_bn_and_bias else None,
+            exclude_from_layer_adaptation=[""],
+            momentum_correction=config.momentum_correction,
+            name="momentum_sgd",
+        )
+    # Micro-batch gradients are averaged on the rank, then over ranks once per update; the schedule
+    # follows applied updates.
+    return DistributedOptimizer(
+        optimizer,
+        backward_passes_per_step=plan.accumulation_steps,
+        compression=config.gradient_compression,
+        gradient_reduction=config.gradient_reduction,
+    )
+
+
+def batch_norm_note(model, plan):
+    """What gradient accumulation does to the model's batch normalisation, for the run log; None when the
+    plan does not accumulate or the model has no batch norm.
+
+    Under `--accumulation_steps=A` every micro-batch runs forward in training mode: it is normalised
+    with its own statistics (per-rank batch B images, not the global batch) and updates the moving mean
+    and variance, so they move A times per optimizer update, with momentum m per micro-batch (m^A per
+    update). With A = 512 and B = 16 (32K on 4 ranks) they follow the last few dozen micro-batches of
+    16 images. tests/test_accumulation.py quantifies both effects.
+    """
+    layers = [
+        layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    if plan.accumulation_steps == 1 or not layers:
+        return None
+    momenta = sorted({float(layer.momentum) for layer in layers})
+    per_update = ", ".join(
+        f"{m:g}^{plan.accumulation_steps} = {m**plan.accumulation_steps:.3g}" for m in momenta
+    )
+    return (
+        f"batch norm with accumulation: {len(layers)} layers normalise each micro-batch of "
+        f"{plan.per_rank_batch_size} images per rank with its own statistics and update their moving "
+        f"averages {plan.accumulation_steps} times per update (momentum per update {per_update})"
+    )
+
+
+def _step_decay_arguments(config, plan):
+    # Only the step schedule takes boundaries; make_schedule refuses arguments a schedule would ignore.
+    arguments = {}
+    if config.decay_boundaries_epochs:
+        arguments["boundaries"] = [plan.epoch_steps(e) for e in config.decay_boundaries_epochs]
+    if config.decay_factor != default_of("decay_factor"):
+        arguments["decay_factor"] = config.decay_factor
+    return arguments
+
+
+def loss_and_metrics(config, num_classes):
+    """The loss and the top-1 / top-5 metrics of training (`hvd_lars.metrics.TopKAccuracy`: ties broken by
+    class index, the rule `ExactEvaluation` applies to the test set)."""
+    metrics = [TopKAccuracy(1, name="top1"), TopKAccuracy(min(5, num_classes), name="top5")]
+    if config.label_smoothing:
+        # Label smoothing needs one-hot targets; the training data are mapped to one-hot in `run`.
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
+        return loss, metrics
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
+
+
+def input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
+    """The keyword arguments of `hvd_lars.data.get_input` for this rank's shard of `config.dataset`."""
+    return dict(
+        per_rank_batch=per_rank_batch,
+        rank=rank,
+        world_size=world_size,
+        seed=config.seed,
+        data_dir=config.data_dir or None,
+        max_train_examples=config.max_train_examples,
+        max_eval_examples=config.max_eval_examples,
+        # Dataset-specific: get_input drops those the dataset does not take while they are unset.
+        manual_dir=config.manual_dir or None,
+        image_size=config.image_size,
+        preprocessing=config.preprocessing or None,
+        deterministic=config.deterministic,
+        skip_corrupt=config.skip_corrupt,
+        input_threads=config.input_threads,
+        validation_examples=config.validation_examples,
+        # The image-folder listing, made once per run by rank 0 and kept for the run's later starts.
+        index_dir=os.path.join(run_dir, "image_folder_index"),
+    )

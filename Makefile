@@ -21,7 +21,7 @@ setup:
 
 train: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE)
-	$(PY) results/record_run.py results/runs/$(RUN_NAME)/summary.json $(RECORD) \
+	$(PY) -m benchmarks.record_run results/runs/$(RUN_NAME)/summary.json $(RECORD) \
 		"make train FLAGFILE=$(FLAGFILE) NP=$(NP)"
 	@echo "record: $(RECORD)"
 

@@ -23,24 +23,21 @@ Measurements alternate (pipelines, ResNet-50, AlexNet-BN, then again) so load ch
 Decode cost per image = 1 / (images/s on one core), in core-milliseconds. What a socket needs = the per-socket
 image rate of the paper's runs x that cost: AlexNet 100 epochs of ImageNet-1k (1,281,167 images) in 11
 minutes on 2,048 sockets is 94.8 images/s per socket; ResNet-50 90 epochs in 20 minutes on 2,048 sockets is
-46.9 images/s per socket (You et al. 2018, shared/PAPER.md).
+46.9 images/s per socket (You et al., "ImageNet Training in Minutes", ICPP 2018).
 
-Usage (from the repository root; about 6 minutes with the machine to itself):
-    bench .venv/bin/python results/benchmark_input.py --out results/input_pipeline.md
+Usage (from the repository root; about 6 minutes with the machine to itself, nothing else running):
+    python -m benchmarks.benchmark_input --out results/input_pipeline.md
 """
 
 import argparse
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks import common
 
 NOISE_STD = 30.0  # pixel noise (0-255 scale) that brings 500x375 files to ImageNet's ~110 KB at quality 90
 JPEG_QUALITY = 90
@@ -170,15 +167,11 @@ def training_worker(model_name, batch, steps, warmup_steps):
 
 
 def _run(spec):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, check=False)
-    if result.returncode:
-        raise RuntimeError(result.stderr[-3000:])
+    result = common.run(common.worker_command("benchmark_input", "--worker", json.dumps(spec)), timeout=1200)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -190,7 +183,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--worker", default="")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
         if spec.pop("what") == "pipeline":
@@ -223,14 +216,15 @@ def main():
             print(f"round {round_}: {model_name} training: {training[model_name][-1]}", flush=True)
     load_after = os.getloadavg()[0]
     record = provenance.record()
-    cpu = provenance.cpu()
+    cpu = common.cpu()
+    matmul = common.matmul_rate()
     consumed = {m: float(np.mean([r["per_core"] for r in runs])) for m, runs in training.items()}
-    command = "bench .venv/bin/python results/benchmark_input.py " + " ".join(sys.argv[1:])
+    command = common.command_line("benchmark_input", argv)
     lines = [
         "# Input pipeline per core against what training consumes per core",
         "",
         f"- command: `{command}`; git {record['git_sha']}; {record['date']}; {time.time() - started:.0f} s",
-        f"- CPU: {cpu['model']}; flags: {', '.join(cpu['flags']) or 'none'}; {record['machine']}; "
+        f"- CPU: {cpu['model']}; flags: {', '.join(cpu['flags']) or 'none'}; {common.machine(matmul)}; "
         f"TensorFlow {record['tensorflow']}, Keras {record['keras']}",
         f"- fixtures: {NUM_FILES} JPEGs each of "
         + ", ".join(f"{k} (mean {v / 1024:.0f} KiB)" for k, v in mean_bytes.items())
@@ -265,8 +259,7 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        common.write_report(args.out, text)
 
 
 if __name__ == "__main__":

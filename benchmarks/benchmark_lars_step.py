@@ -1,9 +1,10 @@
 """Cost of one LARS step relative to one Keras momentum-SGD step on ResNet-50's parameters.
 
-Run from the repository root:
+Run from the repository root (the steps are timed interleaved, so other work on the machine slows both):
 
-    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python results/benchmark_lars_step.py --repeats 60 --xla \
-        --out results/lars_step.md
+    python -m benchmarks.benchmark_lars_step --repeats 60 --xla --out results/lars_step.md
+
+`--repeats 2 --warmup 1 --out /tmp/lars_step.md` is a quick check of the script (under a minute).
 
 Both optimizers update their own copy of the same 161 float32 tensors (ResNet-50 v1.5 as built by
 `keras.applications.ResNet50(weights=None)`, with the convolution biases dropped as in the reference
@@ -17,20 +18,17 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import keras
+import numpy as np
+import tensorflow as tf
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
+from benchmarks import common
 from hvd_lars import LARS, mlperf_exclusions
-from hvd_lars.training import provenance  # noqa: E402
+from hvd_lars.training import provenance
+
+REPO = common.REPO
 
 
 def resnet50_parameter_shapes():
@@ -85,13 +83,13 @@ def _portable(optimizer):
     return optimizer
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=60, help="interleaved timed steps per optimizer")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per optimizer first")
     parser.add_argument("--xla", action="store_true", help="also time with jit_compile=True")
     parser.add_argument("--out", default=None, help="markdown file to write the result to")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     shapes = resnet50_parameter_shapes()
     n_params = sum(int(np.prod(s)) for _, s in shapes)
@@ -150,16 +148,14 @@ def main():
 
     if args.out:
         prov = provenance.record()
-        command = "TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python " + " ".join(
-            [os.path.relpath(os.path.abspath(sys.argv[0]), REPO)] + sys.argv[1:]
-        )
+        command = common.command_line("benchmark_lars_step", argv)
         lines = [
             "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",
             "",
             f"- command: `{command}`",
             f"- git SHA: {prov['git_sha']} ({_own_files_state()})",
             f"- date: {prov['date']}",
-            f"- machine: {prov['machine']}",
+            f"- machine: {common.machine(common.matmul_rate())}",
             f"- software: Python {prov['python']}, TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
             f"- tensors: {len(shapes)}, parameters: {n_params:,} (float32)",
             f"- repetitions: {args.repeats} interleaved steps per optimizer, {args.warmup} warm-up steps",
@@ -180,7 +176,8 @@ def main():
             "- lars_portable: as lars through the backend-neutral `keras.ops` path (`_fused = False`), what",
             "  other Keras backends run; the TensorFlow path before the fused kernels were used.",
             "- ratio: per repetition LARS time / SGD time, median over repetitions.",
-            "- graph: `tf.function`, as `model.fit(..., jit_compile=False)` runs the step (hvd_lars.training.train);",
+            "- graph: `tf.function`, as `model.fit(..., jit_compile=False)` runs the step",
+            "  (hvd_lars.training.train);",
             "  XLA: `tf.function(jit_compile=True)`, as `model.fit(..., jit_compile=True)` runs it (Keras's",
             "  default 'auto' turns XLA on only when a GPU or TPU is present, so not on this machine).",
             "",
@@ -201,12 +198,11 @@ def main():
                 f"- XLA: LARS costs {ratio[('XLA', 'lars')]:.2f}x SGD while LARS without adaptation costs "
                 f"{ratio[('XLA', 'lars_no_adaptation')]:.2f}x: the excess is the 322 tensor norms, which XLA "
                 "compiles to reductions several times slower than TensorFlow's own kernels on this CPU. "
-                "It concerns only XLA forced on a CPU: hvd_lars.training.train compiles with jit_compile=False, and "
+                "It concerns only XLA forced on a CPU: hvd_lars.training.train compiles with "
+                "jit_compile=False, and "
                 "Keras's default leaves XLA off on CPU-only machines. XLA on a GPU was not measured here.",
             ]
-        lines.append("")
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines))
+        common.write_report(args.out, "\n".join(lines))
         print(f"wrote {args.out}")
 
 

@@ -20,27 +20,29 @@ multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1
 baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
 
 Each run writes results/throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from every
-such file, one section per CPU family, with the CPU model and its bf16/AMX flags.
+such file, one section per CPU, keyed by what identifies it (`benchmarks.common.cpu`: /proc/cpuinfo's
+vendor, family, model, stepping and flags; not the noisy matmul rate), so a run on one CPU never replaces
+another's figures.
 
-Usage (from the repository root; each about 5-10 minutes with the machine to itself):
-    bench .venv/bin/python results/benchmark_models.py --model resnet50
-    bench .venv/bin/python results/benchmark_models.py --model alexnet_bn
-    .venv/bin/python results/benchmark_models.py --report_only      # markdown from the JSON files
+Usage (from the repository root; each about 5-10 minutes with the machine to itself, nothing else running):
+    python -m benchmarks.benchmark_models --model resnet50
+    python -m benchmarks.benchmark_models --model alexnet_bn
+    python -m benchmarks.benchmark_models --report_only      # markdown from the JSON files (seconds)
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import resource
 import statistics
-import subprocess
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAW_DIR = os.path.join(REPO, "results", "throughput")
-MARKDOWN = os.path.join(REPO, "results", "models_throughput.md")
+from benchmarks import common
+
+RAW_DIR = os.path.join(common.RESULTS, "throughput")
+MARKDOWN = os.path.join(common.RESULTS, "models_throughput.md")
 BATCH = 32
 WARMUP_STEPS = 3  # tracing, oneDNN primitive creation, first allocations
 TIMED_STEPS = 10
@@ -49,29 +51,10 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 # ------------------------------------------------------------------------------------- worker processes
 
 
-def matmul_peak(size=4096, repeats=5):
-    """GFLOP/s of `tf.matmul` on (size, size) operands in float32 and bfloat16 (best of `repeats`)."""
-    import tensorflow as tf
-
-    out = {}
-    for dtype in ("float32", "bfloat16"):
-        a = tf.cast(tf.random.stateless_normal((size, size), seed=(1, 2)), dtype)
-        b = tf.cast(tf.random.stateless_normal((size, size), seed=(3, 4)), dtype)
-        tf.matmul(a, b).numpy()  # warm up: thread pools, oneDNN primitive creation
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            tf.matmul(a, b).numpy()
-            best = min(best, time.perf_counter() - start)
-        out[dtype] = 2 * size**3 / best / 1e9
-    return out
-
-
 def build(name, kind):
     """(model, optimizer, loss) of a configuration: kind "keras" (baseline) or "ours"."""
     import keras
 
-    sys.path.insert(0, REPO)
     from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
     from hvd_lars.models import get_model
 
@@ -100,7 +83,6 @@ def train_throughput(name, kind, precision):
     import keras
     import tensorflow as tf
 
-    sys.path.insert(0, REPO)
     from hvd_lars.models.flops import training_flops_per_image
 
     keras.mixed_precision.set_global_policy(precision)
@@ -131,23 +113,23 @@ def train_throughput(name, kind, precision):
 
 
 def worker(spec):
-    if spec["kind"] == "matmul":
-        result = {"gflops": matmul_peak()}
-    else:
-        result = train_throughput(spec["model"], spec["kind"], spec["precision"])
+    result = train_throughput(spec["model"], spec["kind"], spec["precision"])
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print("RESULT " + json.dumps(result), flush=True)
 
 
 def run_worker(spec, timeout):
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     start = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if spec["kind"] == "matmul":
+        result = {"gflops": common.matmul_rate()}
+        print(f"[benchmark] {spec}: {result} ({time.perf_counter() - start:.0f} s)", flush=True)
+        return {**spec, **result}
+    proc = common.run(
+        common.worker_command("benchmark_models", "--worker", json.dumps(spec)), timeout=timeout
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    if not lines:
+        raise RuntimeError(f"{spec} printed no result:\n{proc.stderr[-3000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     shown = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in result.items() if k != "step_s"}
     print(f"[benchmark] {spec}: {shown} ({time.perf_counter() - start:.0f} s)", flush=True)
@@ -161,8 +143,20 @@ def _slug(text):
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
+def raw_name(cpu, model):
+    """The JSON file of one CPU's run of `model`: the CPU's short name and a hash of its identity."""
+    return f"{_slug(cpu['name'])}_{hashlib.sha256(cpu['key'].encode()).hexdigest()[:8]}_{model}.json"
+
+
+def cpu_section(cpu):
+    """The heading of a CPU's section: its short name and identity (records made before the identity
+    was kept say so)."""
+    if "key" in cpu:
+        return f"{cpu['name']}: {cpu['model']} ({cpu['key']})"
+    return f"{cpu['family']}: {cpu['model']} (identity not recorded: vendor, family, model, stepping unknown)"
+
+
 def measure(args):
-    sys.path.insert(0, REPO)
     from hvd_lars.training import provenance
 
     started = time.time()
@@ -177,9 +171,9 @@ def measure(args):
     runs.append(run_worker({"kind": "matmul"}, args.timeout))
     record = {
         "model": args.model,
-        "command": "bench .venv/bin/python results/benchmark_models.py " + " ".join(sys.argv[1:]),
+        "command": common.command_line("benchmark_models", args.argv),
         "provenance": provenance.record(),
-        "cpu": provenance.cpu(),
+        "cpu": common.cpu(),
         "batch": BATCH,
         "warmup_steps": WARMUP_STEPS,
         "timed_steps": TIMED_STEPS,
@@ -187,8 +181,8 @@ def measure(args):
         "load_average": os.getloadavg(),
         "runs": runs,
     }
-    os.makedirs(RAW_DIR, exist_ok=True)
-    with open(os.path.join(RAW_DIR, f"{_slug(record['cpu']['family'])}_{args.model}.json"), "w") as f:
+    os.makedirs(args.raw_dir, exist_ok=True)
+    with open(os.path.join(args.raw_dir, raw_name(record["cpu"], args.model)), "w") as f:
         json.dump(record, f, indent=1)
 
 
@@ -234,17 +228,20 @@ KINDS = {
 }
 
 
-def report():
+def report(raw_dir=RAW_DIR, out=MARKDOWN):
+    """Writes `out` from every JSON file in `raw_dir`: one section per CPU (`cpu_section`), one table per
+    model in it."""
     records = []
-    for name in sorted(os.listdir(RAW_DIR)):
+    for name in sorted(os.listdir(raw_dir)):
         if name.endswith(".json"):
-            with open(os.path.join(RAW_DIR, name)) as f:
+            with open(os.path.join(raw_dir, name)) as f:
                 records.append(json.load(f))
     lines = [
         "# Training throughput on CPU: hvd_lars against plain Keras (images/s per process)",
         "",
-        "Made by `results/benchmark_models.py` (its docstring says how): per model, each configuration",
-        f"in a fresh process, synthetic data (a batch of {BATCH} repeated), `fit`, {WARMUP_STEPS} warm-up",
+        "Made by `python -m benchmarks.benchmark_models` (its docstring says how): per model, each",
+        f"configuration in a fresh process, synthetic data (a batch of {BATCH} repeated), `fit`, "
+        f"{WARMUP_STEPS} warm-up",
         f"then {TIMED_STEPS} timed steps; the plain-Keras baseline is measured before and after ours in the",
         "same run.",
         "*ratio*: images/s over the plain-Keras baseline in its best precision on that CPU. *fraction of",
@@ -257,11 +254,11 @@ def report():
         'FLOPs), so their fractions of peak were half the true ones; their 64x64 "functional trial" (one',
         "timed step, fractions of peak above 1) is gone: every row now has 10 timed steps at full size.",
     ]
-    families = {}
+    cpus = {}
     for record in records:
-        families.setdefault(record["cpu"]["family"], []).append(record)
-    for family, group in sorted(families.items()):
-        lines += ["", f"## {family}", ""]
+        cpus.setdefault(cpu_section(record["cpu"]), []).append(record)
+    for heading, group in sorted(cpus.items()):
+        lines += ["", f"## {heading}", ""]
         for record in sorted(group, key=lambda r: r["model"]):
             table, peak = summarise(record)
             prov = record["provenance"]
@@ -287,12 +284,11 @@ def report():
                     f"{row['fraction_of_peak']:.2f} | {row['step_spread']:.2f} | {row['peak_rss_gib']:.2f} |"
                 )
             lines.append("")
-    with open(MARKDOWN, "w") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
-    print(f"[benchmark] wrote {MARKDOWN}", flush=True)
+    common.write_report(out, "\n".join(lines).rstrip())
+    print(f"[benchmark] wrote {out}", flush=True)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -300,14 +296,17 @@ def main():
     parser.add_argument("--model", choices=sorted(IMAGE_SIZES), help="the model of this run")
     parser.add_argument("--report_only", action="store_true", help="rebuild the markdown from the JSON files")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per worker process")
-    args = parser.parse_args()
+    parser.add_argument("--raw_dir", default=RAW_DIR, help="folder of the JSON files")
+    parser.add_argument("--out", default=MARKDOWN, help="the markdown file")
+    args = parser.parse_args(argv)
+    args.argv = argv
     if args.worker:
         return worker(json.loads(args.worker))
     if not args.report_only:
         if not args.model:
             parser.error("--model is required (resnet50 or alexnet_bn), or --report_only")
         measure(args)
-    report()
+    report(args.raw_dir, args.out)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ the cores. In a multi-rank job only rank 0 writes, and
 the other ranks wait for it at the next gradient allreduce, so rank 0's loss is every rank's. On this
 2-core machine the background writer shares the cores with training; on a socket of 24+ cores it does not.
 
-Usage (from the repository root; about 5 minutes with the machine to itself):
-    bench .venv/bin/python results/checkpoint_cost.py   # results/scaling.md, section checkpoints
+Usage (from the repository root; about 5 minutes with the machine to itself, nothing else running):
+    python -m benchmarks.checkpoint_cost   # results/scaling.md, section checkpoints
 """
 
 import argparse
@@ -28,15 +28,13 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "results"))
+from benchmarks import common, scaling
+from hvd_lars.training import provenance
 
-RAW = os.path.join(REPO, "results", "scaling", "checkpoints_local.json")
+RAW = os.path.join(scaling.RAW_DIR, "checkpoints_local.json")
 ARMS = ("none", "synchronous", "asynchronous")
 
 
@@ -156,7 +154,12 @@ def markdown(record):
         "## Checkpoints that do not stop the job (issue 11, item 5)",
         "",
         f"- Command: `{record['command']}`",
-        f"- Git SHA `{prov['git_sha']}`, {prov['date']}; {prov['machine']}; CPU: {record['cpu']}",
+        f"- Git SHA `{prov['git_sha']}`, {prov['date']}; {prov['machine']}; CPU: {record['cpu']}"
+        + (
+            f"; tf.matmul {m['size']}^2: {m['float32']:.0f} GFLOP/s float32"
+            if (m := record.get("matmul"))
+            else ""
+        ),
         f"- AlexNet-BN, 227x227, 1,000 classes, LARS, float32, batch {record['batch']}, one process on every "
         f"core; {record['steps']} updates per fit, a checkpoint every {record['every']} "
         f"({record['steps'] // record['every']} saves); model + optimizer state "
@@ -202,17 +205,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.steps % args.every:
         parser.error(f"--steps={args.steps} must be a multiple of --every={args.every}.")
-    import scaling
-
-    from hvd_lars.training import provenance
-
     if not args.report_only:
         record = measure(args)
         record.update(
-            command="bench .venv/bin/python results/checkpoint_cost.py "
-            + " ".join(a for a in (argv if argv is not None else sys.argv[1:])),
+            command=common.command_line("checkpoint_cost", argv),
             provenance=provenance.record(),
-            cpu=scaling._cpu_description(),
+            cpu=common.cpu_line(),
+            matmul=common.matmul_rate(),
             batch=args.batch,
             steps=args.steps,
             every=args.every,
@@ -224,7 +223,7 @@ def main(argv=None):
             json.dump(record, f, indent=1)
     with open(RAW) as f:
         record = json.load(f)
-    scaling._write_section("checkpoints", markdown(record))
+    scaling.write_section("checkpoints", markdown(record))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 size on unshaped, 10 Gbit/s and 1 Gbit/s links with MPI and Gloo, an alpha-beta fit per setting; tensor
 fusion on ResNet-50's and AlexNet's gradient lists, launch/env.sh's fusion settings against Horovod's.
 
-Run as root from the repository root, with the machine to itself (it brings the emulated cluster up and
-takes it down for every link setting):
+Run as root (it brings the emulated cluster up and takes it down for every link setting) from the repository
+root, with the machine to itself (nothing else running):
 
-    cluster bench .venv/bin/python results/communication.py
+    python -m benchmarks.communication
 
 Writes results/communication.md and results/communication.png. Raw timings are kept in
 results/communication.json, one entry per (part, link, backend[, fusion setting]); a run measures only
@@ -23,18 +23,17 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks import common
 
+REPO = common.REPO
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
-RAW = os.path.join(REPO, "results", "communication.json")
-MD = os.path.join(REPO, "results", "communication.md")
-PNG = os.path.join(REPO, "results", "communication.png")
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+RAW = os.path.join(common.RESULTS, "communication.json")
+MD = os.path.join(common.RESULTS, "communication.md")
+PNG = os.path.join(common.RESULTS, "communication.png")
+HOROVODRUN = common.HOROVODRUN
 
 LINKS = {"unshaped": "", "10gbit": "10gbit", "1gbit": "1gbit"}
 LINK_RATE_BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9}
@@ -155,7 +154,7 @@ def launch(backend, worker_args, fusion=(None, None), timeout=900):
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_communication_") as shared:
         out = os.path.join(shared, "result.json")
         argv = [HOROVODRUN, *(["--gloo"] if backend == "gloo" else []), "-np", "2", "-H", "node1:1,node2:1"]
-        argv += [sys.executable, os.path.abspath(__file__), "--worker", *worker_args, "--out", out]
+        argv += [*common.worker_command("communication"), "--worker", *worker_args, "--out", out]
         # Horovod's own settings only where a measurement sets them (an env.sh sourced by the caller must
         # not leak into the "default" rows).
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
@@ -187,20 +186,6 @@ def gradient_shapes():
     }
 
 
-def cpu_description():
-    """CPU model and the flags that decide bf16 speed (avx512_bf16, AMX), from /proc/cpuinfo."""
-    model, flags = "unknown", []
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                break
-    wanted = [f for f in flags if f.startswith(("avx512_bf16", "amx", "avx512_fp16", "avx512f", "avx2"))]
-    return f"{model}; flags: {' '.join(sorted(wanted)) or 'none of avx2/avx512/amx'}"
-
-
 def _save(raw):
     tmp = RAW + ".tmp"
     with open(tmp, "w") as f:
@@ -212,11 +197,11 @@ def measure(args, raw):
     from hvd_lars.training import provenance
 
     stamp = {
-        "command": shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), REPO), *sys.argv[1:]]),
+        "command": common.command_line("communication", args.argv),
         "git_sha": provenance.git_sha(REPO),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu_description(),
-        "machine": provenance.machine(),
+        "cpu": common.cpu_line(),
+        "machine": common.machine(common.matmul_rate()),
     }
     if "fusion" in args.parts and "shapes" not in raw:
         raw["shapes"] = gradient_shapes()
@@ -296,13 +281,13 @@ def report(raw):
     lines = [
         "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo, tensor fusion",
         "",
-        f"- commands (as root, under `cluster bench`, from the repository root): {distinct('command')}",
+        f"- commands (as root, with the machine to itself, from the repository root): {distinct('command')}",
         f"- git SHA: {distinct('git_sha')}",
         f"- dates: {distinct('date')}",
         f"- CPU: {distinct('cpu')}",
         f"- machine: {distinct('machine')}",
         f"- this report rendered from `results/communication.json` at {provenance.git_sha(REPO)} "
-        "(`python results/communication.py --report_only`)",
+        "(`python -m benchmarks.communication --report_only`)",
         _prose(
             """
             - set-up: `launch/emulated_cluster.sh up` with NODES=2: hosts node1 and node2 in their own
@@ -523,7 +508,7 @@ def _fusion_section(fusion, shapes):
     return lines
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -539,7 +524,8 @@ def main():
     parser.add_argument("--fusion_link", default="10gbit", help="the link the fusion part runs on")
     parser.add_argument("--force", action="store_true", help="measure again entries already in the .json")
     parser.add_argument("--report_only", action="store_true", help="only rewrite .md and .png from the .json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.argv = argv
     if args.worker == "sweep":
         return worker_sweep(args.out, args.reps_small, args.reps_large)
     if args.worker == "fusion":

@@ -1,4 +1,4 @@
-"""What the per-update fault check costs (issue 13): `hvd_lars.training.faults.FaultGuard` against none, on 2 ranks.
+"""What the per-update fault check costs (issue 13): `hvd_lars.training.faults.FaultGuard` vs none, 2 ranks.
 
 At every update boundary the main program's `FaultGuard` checks that the loss and every float variable
 (weights, batch-norm statistics, optimizer slots) are finite, then sums 2 numbers over the ranks (the
@@ -16,8 +16,10 @@ updates per fit (after an untimed fit per arm for tracing), each update timed fr
 batch begin to the last one's batch end. Reported per arm: the fastest fit's and the median fit's median
 seconds per update, and the ratios guard / none.
 
-Usage (from the repository root, with the machine to itself; about 6 minutes):
-    bench .venv/bin/python results/fault_guard_cost.py       # writes results/fault_guard_cost.md
+Usage (from the repository root, with the machine to itself, nothing else running; about 6 minutes):
+    python -m benchmarks.fault_guard_cost       # writes results/fault_guard_cost.md
+
+`--cases=small_cnn --steps=2 --repeats=1 --raw=/tmp/fg.json --out=/tmp/fg.md` checks the script (a minute).
 """
 
 import argparse
@@ -25,13 +27,11 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+from benchmarks import common
+
+REPO = common.REPO
 CASES = {
     # name: (model, per-rank batch, input shape, classes)
     "small_cnn": ("small_cnn", 2048, (28, 28, 1), 10),
@@ -116,15 +116,15 @@ def worker(args):
 def report(args, raw, wall):
     from hvd_lars.training import provenance
 
-    cpu = provenance.cpu()
-    command = " ".join(["python", "results/fault_guard_cost.py"] + sys.argv[1:])
+    cpu = common.cpu()
+    command = common.command_line("fault_guard_cost", args.argv)
     now = datetime.datetime.now(datetime.timezone.utc)
     lines = [
         "# What the per-update fault check costs (FaultGuard, issue 13)",
         "",
         f"- Command: `{command}` (from the repository root), {wall:.0f} s",
-        f"- Git SHA `{provenance.git_sha(REPO)}`; {now:%Y-%m-%d %H:%M} UTC; {provenance.machine()}; "
-        f"CPU flags: {', '.join(cpu.get('flags', [])) or 'none of note'}",
+        f"- Git SHA `{provenance.git_sha(REPO)}`; {now:%Y-%m-%d %H:%M} UTC; "
+        f"{common.machine(common.matmul_rate())}; CPU: {cpu['model']}",
         f"- 2 Horovod ranks (horovodrun, Open MPI) on this machine's cores, {args.steps} timed updates per "
         f"fit, arms alternated {args.repeats} times; synthetic data, LARS, float32; TensorFlow threads per "
         f"rank (intra-op, inter-op) {raw.get('threads')}, as the main program sizes them. 1-minute load "
@@ -153,19 +153,19 @@ def report(args, raw, wall):
         "pass over the variables (a `tf.function` reducing `is_finite`), the loss read from the step's logs, "
         "and one eager 2-number allreduce, which waits for Horovod's next cycle (5 ms).",
     ]
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_report(args.out, "\n".join(lines))
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--raw", default=os.path.join(REPO, "results", "fault_guard_cost.json"))
-    parser.add_argument("--out", default=os.path.join(REPO, "results", "fault_guard_cost.md"))
+    parser.add_argument("--raw", default=os.path.join(common.RESULTS, "fault_guard_cost.json"))
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "fault_guard_cost.md"))
     parser.add_argument("--worker", action="store_true", help="internal: run as one of the ranks")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.argv = argv
     if args.worker:
         worker(args)
         return
@@ -174,17 +174,18 @@ def main():
         parser.error(f"unknown cases {unknown}; valid: {', '.join(CASES)}")
     from hvd_lars.training import threads
 
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = common.worker_env()
     threads.apply_horovod_cpu_defaults(env)
     start = time.time()
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, os.path.abspath(__file__), "--worker"]
+    cmd = [common.HOROVODRUN, "-np", "2", "-H", "localhost:2", *common.worker_command("fault_guard_cost")]
+    cmd += ["--worker"]
     cmd += [
         f"--cases={args.cases}",
         f"--steps={args.steps}",
         f"--repeats={args.repeats}",
         f"--raw={args.raw}",
     ]
-    subprocess.run(cmd, cwd=REPO, env=env, check=True)
+    common.run(cmd, env=env, timeout=3600)
     with open(args.raw) as f:
         raw = json.load(f)
     report(args, raw, time.time() - start)

@@ -1,14 +1,16 @@
 """Fault scenarios on 2 real Horovod ranks, each repeated, and what every run left behind (issue 13).
 
-Run from the repository root, with the machine to itself (timings are reported):
+Run from the repository root, with the machine to itself (nothing else running: timings are reported);
+the `silent_host` scenario needs root (it brings up 2 emulated hosts, launch/emulated_cluster.sh):
 
-    bench .venv/bin/python results/faults.py                  # 5 repetitions of every scenario
-    .venv/bin/python results/faults.py --repetitions=1 --scenarios=sigterm,sigkill --out=/tmp/faults.md
+    python -m benchmarks.faults                  # 5 repetitions of every scenario, about 45 minutes
+    python -m benchmarks.faults --repetitions=1 --scenarios=sigterm,sigkill --out=/tmp/faults.md
 
 Writes results/faults.md (--out): per scenario the repetitions, the time from the fault to the end of the
 job (min / median / max), what was left (exit status, checkpoints, summary.json) and whether the resumed
 run matched an uninterrupted one; with the command, git SHA, date and machine. Faults are injected by
-tests/support/kill_at_step.py and tests/support/mismatch_worker.py (test-only code; the library has no fault hooks).
+tests/support/kill_at_step.py and tests/support/mismatch_worker.py (test-only code; the library has no fault
+hooks).
 
 Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per epoch, 16 in all):
   sigkill    rank 1 SIGKILLed after a random update: the job must end within 60 s; the latest checkpoint
@@ -52,12 +54,10 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests"))  # the test-only helpers the scenarios run
+from benchmarks import common
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+REPO = common.REPO
+TWO_RANKS = [common.HOROVODRUN, "-np", "2", "-H", "localhost:2"]
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 MISMATCH = os.path.join(REPO, "tests", "support", "mismatch_worker.py")
 FLAGS = [
@@ -85,7 +85,9 @@ def _train(workdir, *flags, fault=(), lines=None):
     """Runs 2 ranks; returns (exit status, output, time.time() at the end, time of `lines`' match)."""
     program = [KILLER, *fault] if fault else ["-m", "hvd_lars.main"]
     cmd = TWO_RANKS + [sys.executable] + program + FLAGS + [f"--workdir={workdir}", *flags]
-    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        cmd, cwd=REPO, env=common.worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     out, seen = [], None
     deadline = time.time() + TIMEOUT_S
     for line in p.stdout:
@@ -192,8 +194,8 @@ def run_diverge(workdir):
 def run_mismatch(workdir):
     start = time.time()
     p = subprocess.run(
-        TWO_RANKS + [sys.executable, MISMATCH, workdir], cwd=REPO, capture_output=True, text=True,
-        timeout=TIMEOUT_S,
+        TWO_RANKS + [sys.executable, MISMATCH, workdir], cwd=REPO, env=common.worker_env(),
+        capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
     errors = [str(np.load(os.path.join(workdir, f"rank{r}.npz"))["error"]) for r in range(2)]
     ok = p.returncode == 0 and all("first difference at position 2" in e for e in errors)
@@ -241,7 +243,7 @@ def run_elastic(workdir):
 def run_silent_host(workdir, cluster):
     from tests.support.emulated_cluster import silent_host_run
 
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_mpi_yield_when_idle="1")
+    env = common.worker_env(OMPI_MCA_mpi_yield_when_idle="1")
     r = silent_host_run(cluster, workdir, 60, 90, env)
     run_dir = os.path.join(workdir, "smoke")
     steps = _checkpoints(run_dir)
@@ -284,15 +286,14 @@ def _earlier_rows(out, rerun):
 def report(results, args, out):
     from hvd_lars.training import provenance
 
-    cpu = provenance.cpu()
-    command = " ".join(["python", "results/faults.py"] + sys.argv[1:])
+    command = common.command_line("faults", args.argv)
     earlier_made, earlier_rows = _earlier_rows(out, results)
     lines = [
         "# Faults on 2 Horovod ranks (issue 13)",
         "",
         f"Rows {', '.join(results)}: made by `{command}` at git {provenance.git_sha()}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on {provenance.machine()} "
-        f"(CPU flags: {', '.join(cpu.get('flags', [])) or 'none of note'}); 1-minute load average at the "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on "
+        f"{common.machine(common.matmul_rate())}; 1-minute load average at the "
         f"end {os.getloadavg()[0]:.1f} (2 cores: above 2, other work shared the machine and times to exit "
         "stretch with it).",
         "",
@@ -323,12 +324,13 @@ def report(results, args, out):
         f.write("\n".join(lines[:header] + rows) + "\n")
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--out", default=os.path.join(REPO, "results", "faults.md"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "faults.md"))
+    args = parser.parse_args(argv)
+    args.argv = argv
     scenarios = args.scenarios.split(",")
     unknown = sorted(set(scenarios) - set(SCENARIOS))
     if unknown:

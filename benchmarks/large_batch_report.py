@@ -1,7 +1,8 @@
 """The large-batch study's report: a Markdown file and a PNG plot made from the finished runs' records.
 
-Called by `results/large_batch_study.py` after every run (so an interrupted study still has a report of
-what is done). Reads no files but /proc/cpuinfo; the records are `large_batch_study._record` dicts.
+Called by `benchmarks.large_batch_study` after every run (so an interrupted study still has a report of
+what is done); the records are `large_batch_study._record` dicts. The hand-written part of the report (from
+`benchmarks.common.HAND_WRITTEN` on) is kept when the tables are rewritten.
 """
 
 import datetime
@@ -9,28 +10,14 @@ import math
 import os
 import statistics
 
+from benchmarks import common
+
 # ImageNet-1k at the paper's largest batch, for perspective (You et al., ICPP 2018).
 IMAGENET_TRAIN = 1_281_167
 IMAGENET_BATCH = 32768
 IMAGENET_EPOCHS = (90, 100)  # ResNet-50, AlexNet
 # A difference in mean test top-1 smaller than this (or than the seeds' spread) is called "the same".
 SAME_ACCURACY = 0.005
-CPU_FLAGS_OF_INTEREST = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
-
-
-def cpu():
-    """(model name, the bf16/AMX-related flags present) from /proc/cpuinfo."""
-    model, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return model, [flag for flag in CPU_FLAGS_OF_INTEREST if flag in flags]
 
 
 def chosen_scores(records):
@@ -170,7 +157,7 @@ def write(args, records, attempts, arms):
     png = os.path.splitext(args.report)[0] + ".png"
     os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
     plot(records, {a: arms[a] for a in args.arms}, args.batches, png)
-    model, flags = cpu()
+    cpu = common.cpu()
     shas = sorted({r["git_sha"] for r in records})
     train = args.max_train_examples or 60000 - args.validation_examples
     seconds = sum(a["seconds"] for a in attempts)
@@ -179,10 +166,10 @@ def write(args, records, attempts, arms):
     lines = [
         "# Does LARS hold accuracy where momentum SGD loses it? (Fashion-MNIST, this machine)",
         "",
-        f"- Command (from the repository root; the same command resumes): `PYTHONPATH=. {args.command}`",
+        f"- Command (from the repository root; the same command resumes): `{args.command}`",
         f"- Git SHA of the runs: {', '.join(f'`{s}`' for s in shas) or 'none yet'}; report written {now} "
         "(UTC)",
-        f"- Machine: {model}; bf16/AMX-related CPU flags: {', '.join(flags) or 'none'} "
+        f"- Machine: {cpu['model']}; bf16/AMX-related CPU flags: {', '.join(cpu['flags']) or 'none'} "
         "(irrelevant to the results: every run is float32)",
         f"- Wall time: {seconds / 3600:.2f} h over {len(attempts)} run attempts "
         f"({len(records)} runs finished; run processes from start to exit, including any time paused by "
@@ -278,20 +265,4 @@ def write(args, records, attempts, arms):
                 f"| {r['arm']} | {r['batch']} | {r['peak_learning_rate']:.4g} | {r['seed']} | "
                 f"{r['val_top1']:.4f} | {r['test_top1']:.4f} | {r['test_top5']:.4f} | `{r['run_name']}` |"
             )
-    text = "\n".join(lines) + "\n"
-    previous = ""
-    if os.path.exists(args.report):
-        with open(args.report) as f:
-            previous = f.read()
-    with open(args.report, "w") as f:
-        f.write(text + hand_written(previous))
-
-
-HAND_WRITTEN = "\n## Plainly (written by hand"
-
-
-def hand_written(report_text):
-    """The section a person wrote at the end of the report (from "## Plainly (written by hand" on), kept
-    when the tables are rewritten; its heading carries the date it was written."""
-    at = report_text.find(HAND_WRITTEN)
-    return report_text[at:] if at >= 0 else ""
+    common.write_report(args.report, "\n".join(lines))

@@ -3,16 +3,17 @@
 One command runs the whole study (from the repository root, about 3 hours of the 2-core machine alone;
 longer when shared), and the same command resumes it after an interruption:
 
-    PYTHONPATH=. nice -n 19 .venv/bin/python results/large_batch_study.py \
-        --output_dir=results/runs/hvd_lars_study
+    python -m benchmarks.large_batch_study --output_dir=results/runs/hvd_lars_study
+
+(`nice -n 19` in front lets other work on the machine go first; the wall time then grows with it.)
 
 512 takes a smaller share of the training set per update (0.9%) than the paper's 32K took of ImageNet
 (2.6%), so it stands for the small-batch baseline. A smaller batch adds the small end at a higher cost
 per epoch (`--batches=8192,2048,512,128`: about 10 more runs of 7 to 8 minutes each, beyond the 3 hours).
 
 It trains `small_cnn` (batch norm, momentum 0.9) through the product's main program, one process per run
-(`python -m hvd_lars.main`, run name `hvd_lars_study_<arm>_b<batch>_lr<rate>_s<seed>`; `bench` pauses
-every process whose command line holds `hvd_lars_study`), for two arms at each global batch:
+(`python -m hvd_lars.main`, run name `hvd_lars_study_<arm>_b<batch>_lr<rate>_s<seed>`), for two arms at each
+global batch:
   (a) momentum SGD, linear scaling rule (peak = base rate x batch / 256) and gradual warmup (Goyal et al.
       2017, arXiv 1706.02677);
   (b) LARS (You et al., ICPP 2018), eta 0.001, trust ratio on every tensor as in the released solver.
@@ -40,15 +41,11 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import common, large_batch_report
+from hvd_lars.training.strict_json import read as read_json
 
-import large_batch_report  # noqa: E402
-
-from hvd_lars.training.strict_json import read as read_json  # noqa: E402
-
-# The literal that `bench` (pkill -f) matches to pause the study; in every run's name.
+REPO = common.REPO
+# The study's name: its default output folder and the prefix of every run's name.
 STUDY_TAG = "hvd_lars_study"
 FASHION_MNIST_TRAIN = 60000
 # Goyal et al.'s reference batch for the linear scaling rule (lr = base x batch / 256).
@@ -239,9 +236,7 @@ def run_cell(args, cell, journal):
     if args.ranks > 1:
         horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         command = [horovodrun, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", *command]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env = common.worker_env()
     print(f"[study] {name}: training ({'resuming' if summary else 'new'}), log {log_path}", flush=True)
     start = time.time()
     with open(log_path, "a") as log:
@@ -415,7 +410,7 @@ def parse_args(argv=None):
         parser.error(f"--validation_examples must be in [1, {FASHION_MNIST_TRAIN - 1}].")
     args.output_dir = os.path.abspath(args.output_dir)
     args.report = os.path.abspath(args.report)
-    args.command = " ".join(["python", os.path.relpath(os.path.abspath(__file__), REPO), *sys.argv[1:]])
+    args.command = common.command_line("large_batch_study", sys.argv[1:] if argv is None else argv)
     return args
 
 

@@ -1,9 +1,12 @@
 """What a start of an image-folder run pays to know its files: listing the folder against reading the
 run's index file (issue 11.4), on a generated tree of 100,000 small files.
 
-Run from the repository root with the machine to itself (about a minute):
+Run from the repository root with the machine to itself (nothing else running; about a minute; the cold
+rows drop the kernel's caches, which needs root):
 
-    PYTHONPATH=. bench .venv/bin/python results/listing_index.py
+    python -m benchmarks.listing_index --repeats=3
+
+`--classes=20 --repeats=1 --warm_only --out=/tmp/listing.md` is a quick check of the script (seconds).
 
 It writes `<tmp>/train/c0000 .. c0999/img_00000.JPEG ..` (100 files of 64 bytes per class; the listing never
 opens a file, so their content does not matter) and `validation/` with 5 per class, then measures in one
@@ -22,26 +25,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from large_batch_report import cpu  # noqa: E402
-
-from hvd_lars.data import listing  # noqa: E402
-from hvd_lars.training import provenance  # noqa: E402
+from benchmarks import common
+from hvd_lars.data import listing
 
 CLASSES, PER_CLASS, PER_CLASS_VALIDATION = 1000, 100, 5
 
 
-def make_tree(root):
+def make_tree(root, classes=CLASSES):
     for split, count in (("train", PER_CLASS), ("validation", PER_CLASS_VALIDATION)):
-        for c in range(CLASSES):
+        for c in range(classes):
             folder = os.path.join(root, split, f"c{c:04d}")
             os.makedirs(folder)
             for i in range(count):
@@ -103,16 +99,12 @@ with open(f"{{sys.argv[3]}}/times_{{rank}}.json", "w") as f:
 """
 
 
-def two_ranks(root, index_dir):
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    code = RANK_WORKER.format(files=CLASSES * PER_CLASS)
+def two_ranks(root, index_dir, classes=CLASSES):
+    code = RANK_WORKER.format(files=classes * PER_CLASS)
     out = os.path.dirname(index_dir)
     os.makedirs(out, exist_ok=True)
-    command = [horovodrun, "-np", "2", "-H", "localhost:2", sys.executable, "-c", code, root, index_dir, out]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    if result.returncode:
-        raise SystemExit(result.stdout[-2000:] + result.stderr[-2000:])
+    command = [common.HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, "-c", code]
+    common.run(command + [root, index_dir, out], timeout=600)
     times = {}
     for rank in range(2):
         with open(os.path.join(out, f"times_{rank}.json")) as f:
@@ -124,18 +116,21 @@ def ms(seconds):
     return f"{seconds * 1e3:.0f} ms"
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=os.path.join(REPO, "results", "listing_index.md"))
-    args = parser.parse_args()
+    parser.add_argument("--classes", type=int, default=CLASSES, help="class folders of the generated tree")
+    parser.add_argument("--warm_only", action="store_true", help="do not drop the kernel's caches")
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "listing_index.md"))
+    args = parser.parse_args(argv)
+    classes = args.classes
     with tempfile.TemporaryDirectory() as tmp:
         root, index_dir = os.path.join(tmp, "data"), os.path.join(tmp, "run", "image_folder_index")
         t = time.perf_counter()
-        make_tree(root)
+        make_tree(root, classes)
         made = time.perf_counter() - t
         train = list_both(root)
-        assert len(train.files) == CLASSES * PER_CLASS
+        assert len(train.files) == classes * PER_CLASS
         listing.listed(os.path.join(root, "train"), os.path.join(index_dir, "train.index.npz"))
         listing.listed(
             os.path.join(root, "validation"), os.path.join(index_dir, "validation.index.npz"), train.classes
@@ -147,22 +142,22 @@ def main():
                 timed(lambda: index_both(root, index_dir), args.repeats),
             ),
             "cold": (
-                timed(lambda: list_both(root), args.repeats, cold=True),
-                timed(lambda: index_both(root, index_dir), args.repeats, cold=True),
+                (None, None)
+                if args.warm_only
+                else (
+                    timed(lambda: list_both(root), args.repeats, cold=True),
+                    timed(lambda: index_both(root, index_dir), args.repeats, cold=True),
+                )
             ),
         }
-        ranks = two_ranks(root, os.path.join(tmp, "run2", "image_folder_index"))
-    model, flags = cpu()
-    sha, date = provenance.git_sha(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        ranks = two_ranks(root, os.path.join(tmp, "run2", "image_folder_index"), classes)
     lines = [
         "# Listing an image folder once per run: listing against the run's index file",
         "",
-        f"Command: `PYTHONPATH=. bench .venv/bin/python results/listing_index.py --repeats={args.repeats}` "
-        f"(script `results/listing_index.py`), git {sha}, {date}.",
-        f"Machine: {model} ({', '.join(flags) or 'no bf16/AMX flags'}); {provenance.machine()}.",
+        *common.provenance_lines(common.command_line("listing_index", argv), common.matmul_rate()),
         "",
-        f"Tree: {CLASSES:,} class folders with {PER_CLASS} files each in `train/` "
-        f"({CLASSES * PER_CLASS:,} files) and {PER_CLASS_VALIDATION} each in `validation/`, 64-byte files "
+        f"Tree: {classes:,} class folders with {PER_CLASS} files each in `train/` "
+        f"({classes * PER_CLASS:,} files) and {PER_CLASS_VALIDATION} each in `validation/`, 64-byte files "
         f"(written in {made:.0f} s). "
         f"Index files of both splits: {index_bytes / 1e6:.2f} MB. Times are medians of {args.repeats} tries, "
         "both splits together, in one process.",
@@ -172,7 +167,9 @@ def main():
     ]
     for name, (listed_s, index_s) in rows.items():
         if listed_s is None:
-            lines.append(f"| {name} | not measured (dropping the caches needs root) | | |")
+            lines.append(
+                f"| {name} | not measured (dropping the caches needs root; not with --warm_only) | | |"
+            )
         else:
             lines.append(
                 f"| {name} | {listed_s * 1e3:.0f} ms | {index_s * 1e3:.0f} ms | {listed_s / index_s:.1f}x |"
@@ -194,8 +191,7 @@ def main():
         "with the number of files (1.28M for ImageNet) and the index check's with the number of folders "
         "(1,002).",
     ]
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    common.write_report(args.out, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -1,14 +1,12 @@
 """Writes a Markdown record of one training run from its summary.json (command, SHA, date, machine, table).
 
-Usage: python results/record_run.py results/runs/<run>/summary.json results/<name>.md "<command that ran>"
+Usage (from the repository root; `make train` calls it):
+    python -m benchmarks.record_run results/runs/<run>/summary.json results/<name>.md "<command that ran>"
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from hvd_lars.training.strict_json import read as read_json  # noqa: E402
+from hvd_lars.training.strict_json import read as read_json
 
 
 def main(summary_path, out_path, command):

@@ -13,10 +13,17 @@ time of the same per-rank batch on the same core, measured in the same run, so t
 values) with and without float16 compression. Precision: mixed_bfloat16 where the CPU has avx512_bf16 or
 amx_bf16, float32 elsewhere (hvd_lars.training.config.resolve_precision("auto")).
 
-Usage (from the repository root, as root for the emulated cluster):
-    cluster bench .venv/bin/python results/scaling.py overlap_compression --link_rate=1gbit
-    cluster bench .venv/bin/python results/scaling.py overlap_compression --link_rate=10gbit
-    bench .venv/bin/python results/scaling.py overlap_compression --local   # 2 ranks here, no shaping
+Section `threads` (issue 11, item 3): 2 ranks x 1 thread against 1 rank x 2 threads at the same global
+batch (`worker_threads`). What the runs show is written by hand in results/scaling.md after the section's
+end marker, so a rerun rewrites the table and keeps the reading.
+
+Usage (from the repository root, with the machine to itself, nothing else running; the link-rate runs need
+root: they bring up the emulated cluster, launch/emulated_cluster.sh, and take it down):
+    python -m benchmarks.scaling overlap_compression --link_rate=1gbit
+    python -m benchmarks.scaling overlap_compression --link_rate=10gbit
+    python -m benchmarks.scaling overlap_compression --local   # 2 ranks here, no shaping, no root
+    python -m benchmarks.scaling threads                       # no root
+    python -m benchmarks.scaling threads --report_only         # the section from the JSON (seconds)
 """
 
 import argparse
@@ -29,9 +36,11 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAW_DIR = os.path.join(REPO, "results", "scaling")
-MARKDOWN = os.path.join(REPO, "results", "scaling.md")
+from benchmarks import common
+
+REPO = common.REPO
+RAW_DIR = os.path.join(common.RESULTS, "scaling")
+MARKDOWN = os.path.join(common.RESULTS, "scaling.md")
 CLUSTER = os.path.join(REPO, "launch", "emulated_cluster.sh")
 CLUSTER_SUBNET = "198.18.0.0/24"  # launch/emulated_cluster.sh's bridge network
 
@@ -79,7 +88,6 @@ def _step_times(model, optimizer, data, steps):
 def worker_overlap_compression(role, out, core=0):
     """Runs on every rank ("ranks") or as one process of world size 1 on core `core` ("compute"); rank 0
     writes the JSON `out`."""
-    sys.path.insert(0, REPO)
     # Pinned before Horovod starts its background thread, which then shares the rank's core.
     _pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
     from hvd_lars.parallel import collectives
@@ -176,7 +184,7 @@ def _allreduce_times(get_model, tf):
 
 def _run(command, env=None, timeout=1200):
     print(f"[scaling] $ {' '.join(shlex.quote(c) for c in command)}", flush=True)
-    proc = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=REPO, env=env, timeout=timeout, capture_output=True, text=True)
     lines = (proc.stdout + proc.stderr).splitlines()
     for line in lines:
         if "[scaling]" in line:
@@ -189,7 +197,7 @@ def _run(command, env=None, timeout=1200):
 def _run_together(commands, env, timeout=1200):
     print(f"[scaling] $ {len(commands)} at once: {shlex.join(commands[0])} ...", flush=True)
     procs = [
-        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for c in commands
     ]
     try:
@@ -206,30 +214,14 @@ def _run_together(commands, env, timeout=1200):
             raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
 
 
-def _worker_env():
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env["PYTHONPATH"] = REPO + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _cpu_description():
-    model, flags = "unknown", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags |= set(line.split(":", 1)[1].split())
-    native = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{model}; bf16/AMX flags: {', '.join(native) or 'none'}"
+def _machine():
+    """The CPU line of a record: model, bf16/AMX flags and the tf.matmul rate."""
+    m = common.matmul_rate()
+    return f"{common.cpu_line()}; tf.matmul {m['size']}^2 {m['float32']:.0f} GFLOP/s float32"
 
 
 def overlap_compression(args):
     """Section `overlap_compression`: see the module docstring."""
-    sys.path.insert(0, REPO)
     from hvd_lars.training import provenance
 
     label = "local" if args.local else args.link_rate
@@ -237,9 +229,9 @@ def overlap_compression(args):
     compute_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_compute.json")
     busy_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_busy.json")
     ranks_json = os.path.join(RAW_DIR, f".overlap_compression_{label}_ranks.json")
-    me = [sys.executable, os.path.abspath(__file__)]
+    me = common.worker_command("scaling")
     worker = me + ["_worker", "overlap_compression", "--role=compute"]
-    env = _worker_env()
+    env = common.worker_env()
     started = time.time()
     # 1. Compute alone: one process of world size 1 on rank 0's core, the other core idle.
     _run(worker + ["--core=0", f"--out={compute_json}"], env=env)
@@ -298,9 +290,9 @@ def overlap_compression(args):
     record = {
         "section": "overlap_compression",
         "label": label,
-        "command": "python results/scaling.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": common.command_line("scaling", args.argv),
         "provenance": provenance.record(),
-        "cpu": _cpu_description(),
+        "cpu": _machine(),
         "hosts": hosts,
         "link": link,
         "horovod_settings": f"HOROVOD_CYCLE_TIME={args.cycle_time_ms} ms, Open MPI mpi_yield_when_idle=1",
@@ -313,7 +305,7 @@ def overlap_compression(args):
         json.dump(record, f, indent=1)
     for path in (compute_json, busy_json, busy_json + ".core1", ranks_json):
         os.remove(path)
-    _write_section("overlap_compression", _overlap_compression_markdown())
+    write_section("overlap_compression", _overlap_compression_markdown())
 
 
 def _mean(xs):
@@ -391,26 +383,17 @@ def _overlap_compression_markdown():
     return "\n".join(lines)
 
 
-def _write_section(name, body):
-    begin, end = f"<!-- section: {name} -->", f"<!-- end: {name} -->"
-    text = ""
-    if os.path.exists(MARKDOWN):
-        with open(MARKDOWN) as f:
-            text = f.read()
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        if not text:
-            text = (
-                "# Scale-out measurements\n\nEach section is written by `results/scaling.py SECTION` "
-                "(see its docstring); the command, git SHA, date and machine of every run stand beside "
-                "its figures.\n"
-            )
-        text = text.rstrip() + "\n\n" + block + "\n"
-    with open(MARKDOWN, "w") as f:
-        f.write(text)
-    print(f"[scaling] wrote section {name} of {MARKDOWN}", flush=True)
+def write_section(name, body, markdown=None):
+    """Rewrites section `name` of results/scaling.md (or `markdown`), keeping the rest of the file."""
+    markdown = markdown or MARKDOWN
+    title = (
+        "# Scale-out measurements\n\nEach section is written by `python -m benchmarks.scaling SECTION` "
+        "(see its docstring) or `python -m benchmarks.checkpoint_cost`; the command, git SHA, date and "
+        "machine of every run stand beside its figures. Text outside the section markers is written by hand "
+        "and kept when a section is rewritten."
+    )
+    common.write_section(markdown, name, body, title=title)
+    print(f"[scaling] wrote section {name} of {markdown}", flush=True)
 
 
 # ------------------------------------------------------------- section threads: 2 ranks x 1 vs 1 x 2
@@ -461,7 +444,6 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     configure_threads`: the CPUs this process may use; `inter_op` >= 0 overrides the inter-op pool, 0 being
     TensorFlow's default) and records step times, the thread counts TensorFlow applied and CPU seconds
     per thread group over the timed steps. Rank 0 writes the JSON `out`."""
-    sys.path.insert(0, REPO)
     if os.environ.get("HVD_LARS_BIND_LOCAL_RANK"):
         # horovodrun --gloo cannot bind: each rank binds itself to the core of its local rank.
         cores = sorted(os.sched_getaffinity(0))
@@ -585,7 +567,7 @@ def _threads_arm(name, spec, me, env, scratch):
         return {"processes": runs}
     batch = THREADS_GLOBAL_BATCH // 2
     if spec.get("gloo"):
-        horovodrun = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np", "2"]
+        horovodrun = [common.HOROVODRUN, "--gloo", "-np", "2"]
         arm_env = dict(env, HVD_LARS_BIND_LOCAL_RANK="1", **spec["env"])
         _run(horovodrun + ["-H", "localhost:2"] + worker + [f"--batch={batch}", f"--out={out}"], env=arm_env)
         with open(out) as f:
@@ -615,13 +597,12 @@ def threads(args):
     raw = os.path.join(RAW_DIR, "threads_local.json")
     if args.report_only:
         with open(raw) as f:
-            return _write_section("threads", _threads_markdown(json.load(f)))
-    sys.path.insert(0, REPO)
+            return write_section("threads", _threads_markdown(json.load(f)), args.out)
     from hvd_lars.training import provenance
 
     os.makedirs(RAW_DIR, exist_ok=True)
-    me = [sys.executable, os.path.abspath(__file__)]
-    env = _worker_env()
+    me = common.worker_command("scaling")
+    env = common.worker_env()
     started = time.time()
     names = [n for n in THREADS_ARMS if n != THREADS_BASELINE]
     order = [THREADS_BASELINE]
@@ -638,9 +619,9 @@ def threads(args):
     record = {
         "section": "threads",
         "label": "local",
-        "command": "python results/scaling.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": common.command_line("scaling", args.argv),
         "provenance": provenance.record(),
-        "cpu": _cpu_description(),
+        "cpu": _machine(),
         "model": THREADS_MODEL,
         "global_batch": THREADS_GLOBAL_BATCH,
         "warmup_steps": WARMUP_STEPS,
@@ -651,7 +632,7 @@ def threads(args):
     }
     with open(raw, "w") as f:
         json.dump(record, f, indent=1)
-    _write_section("threads", _threads_markdown(record))
+    write_section("threads", _threads_markdown(record), args.out)
 
 
 def _threads_rates(record):
@@ -682,7 +663,8 @@ def _threads_markdown(record):
         f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
         "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
         f"{record['global_batch']} images per step,",
-        "each process sized by the main program's `hvd_lars.training.train.configure_threads` (the CPUs it may use);",
+        "each process sized by the main program's `hvd_lars.training.train.configure_threads` (the CPUs it "
+        "may use);",
         f"{record['warmup_steps']} warm-up then {record['timed_steps']} timed steps per run. Ranks are",
         "started by `mpirun -np 2` (bound: `--map-by core --bind-to core`, as `launch/mpirun.sh` and",
         "`launch/horovodrun.sh` place them); world-size-1 processes by `taskset`. The baseline runs before,",
@@ -712,25 +694,7 @@ def _threads_markdown(record):
             f"| {rate:.2f} | {'' if base is None else f'{rate / base:.2f}'} | {statistics.mean(steps):.2f} "
             f"({min(steps):.2f}-{max(steps):.2f}) | {pool:.2f} / {python:.2f} / {horovod:.2f} |"
         )
-    lines += ["", THREADS_FINDINGS]
     return "\n".join(lines)
-
-
-# What the runs above show; written from the committed raw figures (results/scaling/threads_local.json).
-THREADS_FINDINGS = """\
-Findings (AMD EPYC, 2 cores, the run above). The quarter lost by 2 Horovod ranks (0.61-0.69 of one
-process with both cores at Horovod's defaults; 0.74 measured through the main program before this issue)
-is not the allreduce, nor the smaller per-rank batch (1 rank at batch 16: 0.99; 2 processes without
-Horovod: 1.03), nor the input pipeline (synthetic data here): it is Horovod's background thread. At
-Horovod's default 1 ms cycle it negotiates in blocking MPI calls that Open MPI polls, 1.1-1.6 CPU seconds
-per 2.5 s step, taken from the compute thread's core; binding makes it worse (0.61 bound against 0.69
-unbound), since the thread then competes on the rank's only core. With a 5 ms cycle (Horovod's default
-before 0.21) and Open MPI yielding while it waits (`mpi_yield_when_idle`), Horovod takes 0.08 CPU s per
-step and 2 ranks x 1 thread run at 0.99 of 1 rank x 2 threads: within the 5% target. The Gloo controller
-(0.78) polls less than MPI at 1 ms but more than the tuned MPI. The main program therefore sets
-HOROVOD_CYCLE_TIME=5 and OMPI_MCA_mpi_yield_when_idle=1 unless they are exported
-(`hvd_lars.training.threads.apply_horovod_cpu_defaults`). On a socket per rank the same polling thread would take
-one core of 24-68, 1.5-4% of the socket, rather than half of the rank's cores here."""
 
 
 SECTIONS = {"overlap_compression": overlap_compression, "threads": threads}
@@ -738,7 +702,8 @@ WORKERS = {"overlap_compression": worker_overlap_compression, "threads": worker_
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        argv = sys.argv[1:]
     if argv and argv[0] == "_worker":
         parser = argparse.ArgumentParser()
         parser.add_argument("section", choices=sorted(WORKERS))
@@ -759,7 +724,9 @@ def main(argv=None):
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
     parser.add_argument("--cycle_time_ms", type=float, default=5.0, help="HOROVOD_CYCLE_TIME of the ranks")
     parser.add_argument("--report_only", action="store_true", help="threads: section from JSON")
+    parser.add_argument("--out", default=MARKDOWN, help="the markdown file whose section is rewritten")
     args = parser.parse_args(argv)
+    args.argv = argv
     if not args.local and not re.fullmatch(r"[0-9.]+(bit|kbit|mbit|gbit|tbit)", args.link_rate):
         parser.error(f"--link_rate={args.link_rate!r}: expected a tc rate such as 1gbit or 10gbit.")
     if not args.local and not os.path.exists(CLUSTER):

@@ -9,8 +9,9 @@
     time to train = epochs x ceil(1,281,167 / global batch) x step time                          (6)
 
 (2)-(3): the training step of hvd_lars's model + LARS in float32 (the arithmetic of the paper's CPUs, which
-have no bfloat16 units), measured on every core of this machine by results/benchmark_models.py, keeps on the
-target the fraction of peak it reaches here of the best rate any kernel reached here (tf.matmul 4096x4096).
+have no bfloat16 units), measured on every core of this machine by benchmarks/benchmark_models.py, keeps on
+the target the fraction of peak it reaches here of the best rate any kernel reached here (tf.matmul
+4096x4096).
 (4): n = the float32 gradient bytes, fused by Horovod into m = ceil(n / 128 MiB) messages (its default
 fusion buffer); alpha = Horovod's cost per message (its background cycle and negotiation), the median time
 of allreduces of 1-64 KiB between 2 emulated hosts over MPI (results/communication.json); B = the bandwidth a
@@ -30,8 +31,8 @@ link's own fit and (5), against the measured step time, grouped (no overlap: not
 overlapped.
 
 Usage (from the repository root; arithmetic on committed measurements, seconds):
-    .venv/bin/python results/time_to_train.py                  # results/time_to_train.md and .png
-    .venv/bin/python results/time_to_train.py --update_flagfiles  # and the paper flagfiles' Predicted:
+    python -m benchmarks.time_to_train                      # results/time_to_train.md and .png
+    python -m benchmarks.time_to_train --update_flagfiles   # and the paper flagfiles' Predicted:
 """
 
 import argparse
@@ -42,11 +43,11 @@ import math
 import os
 import re
 import statistics
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-RESULTS = os.path.join(REPO, "results")
+from benchmarks import common
+
+REPO = common.REPO
+RESULTS = common.RESULTS
 MARKDOWN = os.path.join(RESULTS, "time_to_train.md")
 PNG = os.path.join(RESULTS, "time_to_train.png")
 
@@ -186,7 +187,7 @@ def predict(
 
 def link_fit(sweep):
     """(alpha s, bandwidth bytes/s) of one entry of results/communication.json's sweeps (see docstring)."""
-    from communication import alpha_beta
+    from benchmarks.communication import alpha_beta
 
     sizes = sweep["sizes"]
     medians = [statistics.median(t) for t in sweep["times_s"]]
@@ -201,7 +202,6 @@ def link_fit(sweep):
 def load_measurements():
     """Everything the model takes from results/: per model the float32 rate here and the matmul peak, the
     gradient bytes, the link fits, and the overlapped/grouped runs of the emulated cluster."""
-    sys.path.insert(0, RESULTS)
     with open(os.path.join(RESULTS, "communication.json")) as f:
         communication = json.load(f)
     links = {
@@ -328,7 +328,7 @@ def _fmt_s(seconds):
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def plot(measurements, grads, overlap):
+def plot(measurements, grads, overlap, png=PNG):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -360,7 +360,7 @@ def plot(measurements, grads, overlap):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(PNG, dpi=110)
+    fig.savefig(png, dpi=110)
     plt.close(fig)
 
 
@@ -381,7 +381,7 @@ def flagfile_line(name, measurements, grads, overlap):
         f"# Predicted: {ranks} ranks x per-rank batch {per_rank} x accumulation 1 = {batch}; on {ranks} "
         f"{SOCKETS[socket_name].name} sockets (1 rank each, 100 Gb/s Omni-Path) a step of "
         f"{_fmt_s(p['step_s'])} and {p['time_to_train_s'] / 60:.1f} minutes to train "
-        f"(results/time_to_train.py; results/time_to_train.md says how and where it errs)."
+        f"(benchmarks/time_to_train.py; results/time_to_train.md says how and where it errs)."
     )
 
 
@@ -419,7 +419,7 @@ def _wrap_comment(text, width=110):
     return lines + [current]
 
 
-def report(measurements, grads, rows, overlap, predicted):
+def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN):
     from hvd_lars.training import provenance
 
     alpha, bandwidth, latency, share = target_link(measurements)
@@ -427,11 +427,11 @@ def report(measurements, grads, rows, overlap, predicted):
     lines = [
         "# Time to train at the paper's scale: a model from this project's measurements",
         "",
-        "Rebuilt by `.venv/bin/python results/time_to_train.py --update_flagfiles` (arithmetic on the",
+        "Rebuilt by `python -m benchmarks.time_to_train --update_flagfiles` (arithmetic on the",
         "committed measurements; the model and its sources are in the script's docstring) at git",
         f"{prov['git_sha'][:12]}, {prov['date']}. Inputs: `results/throughput/*.json`",
-        "(results/benchmark_models.py),",
-        "`results/communication.json`, `results/scaling/overlap_compression_*.json` (results/scaling.py).",
+        "(benchmarks/benchmark_models.py),",
+        "`results/communication.json`, `results/scaling/overlap_compression_*.json` (benchmarks/scaling.py).",
         "",
         "## Inputs",
         "",
@@ -474,7 +474,8 @@ def report(measurements, grads, rows, overlap, predicted):
     ]
     if not rows:
         lines += [
-            "No shaped-link run of results/scaling.py is committed yet (`results/scaling/overlap_compression_"
+            "No shaped-link run of benchmarks/scaling.py is committed yet "
+            "(`results/scaling/overlap_compression_"
             "1gbit.json`, `_10gbit.json`): nothing to validate against; the predictions below use overlap 0.",
             "",
         ]
@@ -543,9 +544,8 @@ def report(measurements, grads, rows, overlap, predicted):
         )
     lines += ["", "![predicted time to train and scaling efficiency](time_to_train.png)", ""]
     lines += disagreement(measurements, predicted)
-    with open(MARKDOWN, "w") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
-    print(f"[time_to_train] wrote {MARKDOWN} and {PNG}", flush=True)
+    common.write_report(markdown, "\n".join(lines).rstrip())
+    print(f"[time_to_train] wrote {markdown}", flush=True)
 
 
 def disagreement(measurements, predicted):
@@ -606,19 +606,21 @@ def main(argv=None):
     parser.add_argument(
         "--update_flagfiles", action="store_true", help="rewrite the paper flagfiles' Predicted:"
     )
+    parser.add_argument("--out", default=MARKDOWN, help="the report; the plot goes beside it (.png)")
     args = parser.parse_args(argv)
     measurements = load_measurements()
     missing = [m for m in MODEL_NAMES if m not in measurements["throughput"]]
     if missing:
         raise SystemExit(
-            f"results/throughput/ has no measurement of {missing}: run results/benchmark_models.py first"
+            f"results/throughput/ has no measurement of {missing}: "
+            "run python -m benchmarks.benchmark_models first"
         )
     grads = {m: gradient_bytes(m) for m in MODEL_NAMES}
     rows, overlap = validate(measurements, grads)
     overlap = overlap or 0.0
     predicted = predictions(measurements, grads, overlap)
-    plot(measurements, grads, overlap)
-    report(measurements, grads, rows, overlap, predicted)
+    plot(measurements, grads, overlap, os.path.splitext(args.out)[0] + ".png")
+    report(measurements, grads, rows, overlap, predicted, args.out)
     if args.update_flagfiles:
         update_flagfiles(measurements, grads, overlap)
 

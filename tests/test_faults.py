@@ -226,7 +226,7 @@ def test_signal_to_one_rank_stops_both_and_resumes(tmp_path):
     # ranks at the stop's checkpoint in one run only; the average of the ranks' linear moving averages is
     # the same either way in exact arithmetic, and both runs average them again at every epoch end, so
     # they differ by float32 rounding only: within 1e-5 of each tensor's largest magnitude (elementwise,
-    # relative differences of near-zero means reached 2.7e-5 in results/faults.py).
+    # relative differences of near-zero means reached 2.7e-5 in benchmarks/faults.py).
     for name in a:
         if "moving_" in name:
             scale = np.abs(a[name]).max()

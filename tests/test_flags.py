@@ -137,7 +137,8 @@ def test_paper_flagfiles_state_the_time_to_train_models_prediction():
         path = os.path.join(REPO, "flags", f"{name}.flags")
         header, _ = _header_and_flags(path)
         found = pattern.search(_predicted_line(header))
-        assert found, f"{name}: no '# Predicted:' line (python results/time_to_train.py --update_flagfiles)"
+        rebuild = "python -m benchmarks.time_to_train --update_flagfiles"
+        assert found, f"{name}: no '# Predicted:' line ({rebuild})"
         r, b, a, g = (int(x) for x in found.groups()[:4])
         plan = make_plan(_parse(path), r, TRAIN_EXAMPLES["imagenet2012"])
         assert (r, b, a) == (ranks, per_rank, 1) and r * b * a == g == plan.global_batch_size, name

@@ -1,4 +1,4 @@
-"""results/large_batch_study.py: the sweep's decisions, each run's flags, and the whole study on a tiny
+"""benchmarks/large_batch_study.py: the sweep's decisions, each run's flags, and the whole study on a tiny
 grid (through the real main program) killed in a run, resumed, and started again with nothing to do."""
 
 import json
@@ -9,9 +9,8 @@ import sys
 import pytest
 
 from benchmarks import large_batch_study as study
+from benchmarks.common import HAND_WRITTEN
 from tests.support import REPO
-
-SCRIPT = os.path.join(REPO, "results", "large_batch_study.py")
 
 
 @pytest.mark.parametrize(
@@ -55,7 +54,7 @@ def test_run_flags_follow_the_rules():
         )
     # Steps per epoch rounded: 55,000 / 8,192 = 6.7 -> 7 updates (57,344 images), not 6 (49,152).
     assert "--steps_per_epoch=7" in lars and "--steps_per_epoch=27" in momentum
-    assert "--run_name=hvd_lars_study_lars_b8192_lr20_s1" in lars  # `bench` pauses it by this name
+    assert "--run_name=hvd_lars_study_lars_b8192_lr20_s1" in lars
 
 
 def test_complete_means_every_epoch_with_both_evaluations():
@@ -67,7 +66,8 @@ def test_complete_means_every_epoch_with_both_evaluations():
 
 
 def _study(tmp_path, *extra):
-    command = [sys.executable, SCRIPT, f"--output_dir={tmp_path / 'out'}", f"--report={tmp_path / 'r.md'}"]
+    command = [sys.executable, "-m", "benchmarks.large_batch_study", f"--output_dir={tmp_path / 'out'}"]
+    command += [f"--report={tmp_path / 'r.md'}"]
     # 1 arm, 1 batch, a sweep of 2 rates, then the better one with a second seed: 3 runs of 2 epochs of
     # 4 updates (512 training images, batch 128).
     command += ["--arms=lars", "--batches=128", "--sweep_points=2", "--max_extensions=0", "--seeds=2"]
@@ -120,7 +120,7 @@ def test_study_killed_resumes_then_redoes_nothing(tmp_path):
 
     # A third start: every run is done; nothing trains, the report is rewritten from the summaries, and a
     # section written by hand at its end stays.
-    hand = "\n## Plainly (written by hand from the tables above, today)\n\nLARS held here.\n"
+    hand = f"\n{HAND_WRITTEN}\n## Plainly (written by hand from the tables above, today)\n\nLARS held here.\n"
     (tmp_path / "r.md").write_text(report.replace("| lars | 128 |", "| edited |") + hand)
     mtimes = {name: os.path.getmtime(runs / name / "summary.json") for name in summaries}
     result = _study(tmp_path)

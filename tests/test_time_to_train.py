@@ -1,4 +1,4 @@
-"""results/time_to_train.py: the model's arithmetic, with hand-computed values."""
+"""benchmarks/time_to_train.py: the model's arithmetic, with hand-computed values."""
 
 import pytest
 

@@ -25,51 +25,33 @@ def git_sha(path=None):
     return sha + ("-dirty" if dirty else "")
 
 
-def machine():
-    """A one-line description of this machine: CPU model, logical cores, memory, OS."""
-    cpu = platform.processor() or platform.machine()
+def cpuinfo(path="/proc/cpuinfo"):
+    """The first processor's fields of /proc/cpuinfo as {name: value} ("model name", "vendor_id",
+    "cpu family", "model", "stepping", "flags", ...); {} where the file cannot be read."""
+    fields = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                if not line.strip():
+                    if fields:
+                        break  # the end of the first processor's block
+                    continue
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def machine():
+    """A one-line description of this machine: CPU model, logical cores, memory, OS."""
+    cpu = cpuinfo().get("model name") or platform.processor() or platform.machine()
     memory = ""
     try:
         memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
     except (ValueError, OSError):
         pass
     return f"{cpu}, {os.cpu_count()} logical cores{memory}, {platform.system()} {platform.release()}"
-
-
-# CPU flags that decide training speed here (/proc/cpuinfo): AVX-512, native bfloat16, AMX tiles.
-CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
-
-
-def cpu():
-    """This machine's CPU for benchmark records: dict with `model` (/proc/cpuinfo's model name), `flags`
-    (those of CPU_FLAGS it has) and `family`, a short name for one table section per kind of CPU (e.g.
-    "AMD EPYC with AVX-512 BF16", "Intel Xeon with AMX")."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and "model name" not in flags:
-                    model = line.split(":", 1)[1].strip()
-                    flags.add("model name")
-                if line.startswith("flags"):
-                    flags |= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    have = [f for f in CPU_FLAGS if f in flags]
-    family = "AMD EPYC" if "EPYC" in model else ("Intel Xeon" if "Xeon" in model else model)
-    if "amx_bf16" in have:
-        family += " with AMX"
-    elif "avx512_bf16" in have:
-        family += " with AVX-512 BF16"
-    return {"model": model, "flags": have, "family": family}
 
 
 def record():

@@ -1,4 +1,4 @@
-"""An elastic job for the tests and results/faults.py: launch/elastic.sh in the background with a host
+"""An elastic job for the tests and benchmarks/faults.py: launch/elastic.sh in the background with a host
 discovery script that prints a file the caller rewrites, and its output collected line by line.
 
 Test-only code: the worker program is tests/support/rank_weights_main.py (the main program, then each rank's final

@@ -1,0 +1,238 @@
+"""What every benchmark shares: the machine description, running workers, and writing report sections.
+
+Benchmarks run from the repository root as modules (`python -m benchmarks.<name>`); workers they start are
+modules too (`worker_command`), run from the repository root with it on PYTHONPATH (`worker_env`).
+
+Reports keep what a person wrote. A whole-file report (`write_report`) keeps everything from the line
+`HAND_WRITTEN` on; a report of sections (`write_section`) rewrites only the text between
+`<!-- section: NAME -->` and `<!-- end: NAME -->` and keeps everything outside the markers.
+
+    python -m benchmarks.common          # prints this machine's description (CPU and tf.matmul rate)
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from hvd_lars.training import provenance
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "results")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+# CPU flags that decide training speed here (/proc/cpuinfo): AVX-512, native bfloat16, AMX tiles.
+CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
+# The line from which a whole-file report's text is a person's and survives a regeneration.
+HAND_WRITTEN = "<!-- written by hand from here on: kept when the file is regenerated -->"
+
+
+# --------------------------------------------------------------------------------------------- machine
+
+
+def cpu(cpuinfo_path="/proc/cpuinfo"):
+    """This machine's CPU: dict with `model` (model name), `vendor`, `family`, `model_number`, `stepping`
+    (/proc/cpuinfo's vendor_id, cpu family, model, stepping), `flags` (those of CPU_FLAGS it has), `name` (a
+    short name such as "AMD EPYC with AVX-512 BF16") and `key`: vendor, family, model, stepping and a hash
+    of the whole flag list, which tells two CPUs apart that share a model name (not the noisy matmul rate).
+    """
+    info = provenance.cpuinfo(cpuinfo_path)
+    model = info.get("model name", "unknown")
+    flags = set(info.get("flags", "").split())
+    have = [f for f in CPU_FLAGS if f in flags]
+    name = "AMD EPYC" if "EPYC" in model else ("Intel Xeon" if "Xeon" in model else model)
+    if "amx_bf16" in have:
+        name += " with AMX"
+    elif "avx512_bf16" in have:
+        name += " with AVX-512 BF16"
+    ident = {
+        "vendor": info.get("vendor_id", "unknown"),
+        "family": info.get("cpu family", "?"),
+        "model_number": info.get("model", "?"),
+        "stepping": info.get("stepping", "?"),
+    }
+    flag_hash = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:8]
+    key = f"{ident['vendor']} family {ident['family']} model {ident['model_number']}"
+    key += f" stepping {ident['stepping']}"
+    return {"model": model, **ident, "flags": have, "name": name, "key": f"{key}, flags {flag_hash}"}
+
+
+def cpu_line():
+    """ "<model name>; bf16/AMX flags: ..." for a report's line of provenance."""
+    c = cpu()
+    return f"{c['model']}; bf16/AMX flags: {', '.join(c['flags']) or 'none'}"
+
+
+def matmul_rate(size=4096, repeats=5):
+    """GFLOP/s of `tf.matmul` on (size, size) operands, {"float32": ..., "bfloat16": ...} (best of `repeats`,
+    2 size^3 FLOPs per product), measured in a fresh process so the caller's threads do not share it."""
+    result = run(worker_command("common", "--matmul", str(size), "--repeats", str(repeats)), timeout=600)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _matmul_worker(size, repeats):
+    import time
+
+    import tensorflow as tf
+
+    rates = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        a = tf.random.stateless_uniform((size, size), seed=(1, 2), dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        tf.matmul(a, a).numpy()  # warm up: thread pools, oneDNN primitive creation
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tf.matmul(a, a).numpy()
+            best = min(best, time.perf_counter() - start)
+        rates[dtype.name] = 2 * size**3 / best / 1e9
+    print(json.dumps({**rates, "size": size}))
+
+
+def machine(matmul=None):
+    """One line: CPU model, cores, memory, OS (hvd_lars.training.provenance.machine), the bf16/AMX flags
+    and, when `matmul` (a `matmul_rate` dict) is given, the tf.matmul rate."""
+    c = cpu()
+    line = f"{provenance.machine()}; CPU flags: {', '.join(c['flags']) or 'none of ' + ', '.join(CPU_FLAGS)}"
+    if matmul:
+        line += (
+            f"; tf.matmul {matmul['size']}^2: {matmul['float32']:.0f} GFLOP/s float32, "
+            f"{matmul['bfloat16']:.0f} bfloat16"
+        )
+    return line
+
+
+# --------------------------------------------------------------------------------------------- workers
+
+
+def command_line(name, argv=None):
+    """The command that ran benchmark `name`, as a reader types it from the repository root."""
+    argv = sys.argv[1:] if argv is None else argv
+    return shlex.join(["python", "-m", f"benchmarks.{name}", *argv])
+
+
+def worker_command(name, *args):
+    """[python, -m, benchmarks.<name>, *args]: a worker of benchmark `name` (run it with `worker_env`)."""
+    return [sys.executable, "-m", f"benchmarks.{name}", *map(str, args)]
+
+
+def worker_env(**extra):
+    """os.environ with the repository first on PYTHONPATH (every worker imports this checkout), quiet
+    TensorFlow, Open MPI allowed as root, and `extra`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(command, env=None, timeout=1200, **kwargs):
+    """Runs `command` from the repository root (env: `worker_env()` unless given), output captured.
+
+    Returns:
+        subprocess.CompletedProcess with text stdout and stderr.
+    Raises:
+        RuntimeError: a non-zero exit, with the command and the last 3,000 characters of its output.
+        subprocess.TimeoutExpired: it ran past `timeout` seconds.
+    """
+    result = subprocess.run(
+        command,
+        cwd=REPO,
+        env=worker_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
+    if result.returncode:
+        raise RuntimeError(
+            f"{shlex.join(map(str, command))} exited {result.returncode}:\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+# --------------------------------------------------------------------------------------------- reports
+
+
+def now():
+    """UTC now, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def provenance_lines(command, matmul=None):
+    """Markdown list items: the command (run from the repository root), git SHA, date and machine."""
+    return [
+        f"- Command (from the repository root): `{command}`",
+        f"- Git SHA: `{provenance.git_sha(REPO)}`; date (UTC): {now()}",
+        f"- Machine: {machine(matmul)}",
+    ]
+
+
+def hand_written(text):
+    """The part of a whole-file report a person wrote: from the `HAND_WRITTEN` line on ("" if none)."""
+    at = text.find(HAND_WRITTEN)
+    return text[at:] if at >= 0 else ""
+
+
+def write_report(path, generated):
+    """Writes `generated` (Markdown) to `path`, followed by the hand-written part of the file it replaces."""
+    previous = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            previous = f.read()
+    kept = hand_written(previous)
+    with open(path, "w") as f:
+        f.write(generated.rstrip("\n") + "\n" + ("\n" + kept if kept else ""))
+
+
+def write_section(path, name, body, title="# Results"):
+    """Rewrites section `name` of the Markdown file `path` (between `<!-- section: NAME -->` and
+    `<!-- end: NAME -->`) with `body`, keeping the rest of the file (other sections, hand-written text);
+    a new section is appended, a new file starts with `title`."""
+    begin, end = f"<!-- section: {name} -->", f"<!-- end: {name} -->"
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = (text.rstrip() or title) + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def section(path, name):
+    """The body of section `name` of the Markdown file `path` (None if absent)."""
+    with open(path) as f:
+        text = f.read()
+    found = re.search(
+        rf"<!-- section: {re.escape(name)} -->\n(.*?)\n<!-- end: {re.escape(name)} -->", text, re.S
+    )
+    return found.group(1) if found else None
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matmul", type=int, default=0, help="worker: print the tf.matmul rate at this size")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.matmul:
+        return _matmul_worker(args.matmul, args.repeats)
+    print(json.dumps(cpu(), indent=1))
+    print(machine(matmul_rate()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The quick benchmarks run as their docstrings and results/README.md give them (`python -m benchmarks.X`),
+with small arguments and their output in tmp_path, never in results/; each check reads what was written."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+pytestmark = pytest.mark.horovod  # subprocesses; listing_index starts 2 Horovod ranks
+
+
+def _run(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _provenance(text, command):
+    assert f"- Command (from the repository root): `python -m {command}" in text
+    assert re.search(r"- Git SHA: `[0-9a-f]{40}(-dirty)?`; date \(UTC\): 20\d\d-", text)
+    rate = re.search(r"tf\.matmul 4096\^2: (\d+) GFLOP/s float32, (\d+) bfloat16", text)
+    assert rate and float(rate.group(1)) > 1 and float(rate.group(2)) > 1, text[:600]
+
+
+def test_record_run_writes_the_runs_table(tmp_path):
+    epoch = {"epoch": 1, "loss": 0.5, "top1": 0.8, "test_top1": 0.9244, "test_top5": 0.999}
+    summary = {
+        "run_name": "smoke", "git_sha": "abc", "date": "2026-12-01", "machine": "a CPU", "python": "3.11",
+        "tensorflow": "2.21.0", "keras": "3.15.1", "horovod": "0.28.1", "world_size": 2,
+        "global_batch_size": 4096, "per_rank_batch_size": 2048, "final_test_top1": 0.9244,
+        "final_test_top5": 0.999, "images_per_second": 3000.4, "wall_time_s": 100.0,
+        "plan": {"steps_per_epoch": 14, "total_steps": 14, "warmup_steps": 2, "peak_learning_rate": 20.0},
+        "epochs": [{**epoch, "learning_rate": 20.0, "images_per_second": 3000.4}],
+    }  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "record.md"
+    _run("benchmarks.record_run", str(tmp_path / "summary.json"), str(out), "make train")
+    text = out.read_text()
+    assert "- Command: `make train`" in text and "**Final test top-1 0.9244**" in text
+    assert "| 1 | 0.5000 | 0.8000 | 0.9244 | 0.9990 | 20 | 3000 |" in text
+
+
+def test_benchmark_models_report_has_a_section_per_cpu(tmp_path):
+    out = tmp_path / "models_throughput.md"
+    _run("benchmarks.benchmark_models", "--report_only", f"--out={out}")
+    text = out.read_text()
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    assert sections and all(":" in s for s in sections), sections  # "<name>: <model> (<identity>)"
+    ratios = [float(r) for r in re.findall(r"\| (\d+\.\d\d)x \|", text)]
+    # Each table's baseline in its best precision is 1.00x by definition; the others are measured.
+    assert ratios.count(1.0) >= len(sections) and all(r > 0 for r in ratios)
+
+
+def test_scaling_section_rewritten_and_the_reading_kept(tmp_path):
+    out = tmp_path / "scaling.md"
+    shutil.copy(os.path.join(REPO, "results", "scaling.md"), out)
+    before = out.read_text()
+    # A stale table inside the section goes; the hand-written reading after its end marker stays.
+    out.write_text(before.replace("| 1 | 1 rank x 2 threads |", "| stale |", 1))
+    _run("benchmarks.scaling", "threads", "--report_only", f"--out={out}")
+    after = out.read_text()
+    assert after == before and "| stale |" not in after
+    section = after.split("<!-- section: threads -->")[1].split("<!-- end: threads -->")
+    assert re.search(r"\| 5 \| 2 ranks x 1 thread, bound, 5 ms cycle, MPI yields \|.*\| 0\.99 \|", section[0])
+    assert "### Reading (written by hand" in section[1]
+
+
+def test_time_to_train_predicts_minutes(tmp_path):
+    out = tmp_path / "time_to_train.md"
+    _run("benchmarks.time_to_train", f"--out={out}")
+    text = out.read_text()
+    assert "Rebuilt by `python -m benchmarks.time_to_train" in text
+    minutes = [float(m) for m in re.findall(r"\| ([\d.]+) min \|", text)]
+    assert minutes and all(m > 0 for m in minutes)
+    assert (tmp_path / "time_to_train.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_listing_index_on_a_small_tree(tmp_path):
+    out = tmp_path / "listing_index.md"
+    _run("benchmarks.listing_index", "--classes=20", "--repeats=1", "--warm_only", f"--out={out}")
+    text = out.read_text()
+    _provenance(text, "benchmarks.listing_index --classes=20")
+    assert "Tree: 20 class folders with 100 files each in `train/` (2,000 files)" in text
+    warm = re.search(r"^\| warm \| (\d+) ms \| (\d+) ms \| ([\d.]+)x \|$", text, re.M)
+    assert warm, text
+    assert re.search(r"^\| first \(rank 0 lists.*\| \d+ ms \| \d+ ms \|$", text, re.M)

@@ -73,7 +73,7 @@ def worker(args):
     # The main program's thread pools: this rank's share of the cores (1 of 2 here), not TensorFlow's
     # default of every core per rank, which oversubscribes the cores and stalls steps by seconds.
     from hvd_lars.training.config import TrainConfig
-    from hvd_lars.training.train import configure_threads
+    from hvd_lars.training.threads import configure_threads
 
     threads_used = configure_threads(TrainConfig(), size)
     results = {}

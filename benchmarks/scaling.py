@@ -461,7 +461,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     from hvd_lars.models import get_model
     from hvd_lars.training.config import TrainConfig, resolve_precision
     from hvd_lars.training.threads import placement
-    from hvd_lars.training.train import applied_threads, configure_threads
+    from hvd_lars.training.threads import applied_threads, configure_threads
 
     configure_threads(TrainConfig(inter_op_threads=max(0, inter_op)), size)
     if inter_op == 0:
@@ -663,7 +663,7 @@ def _threads_markdown(record):
         f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
         "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
         f"{record['global_batch']} images per step,",
-        "each process sized by the main program's `hvd_lars.training.train.configure_threads` (the CPUs it "
+        "each process sized by the main program's `hvd_lars.training.threads.configure_threads` (the CPUs it "
         "may use);",
         f"{record['warmup_steps']} warm-up then {record['timed_steps']} timed steps per run. Ranks are",
         "started by `mpirun -np 2` (bound: `--map-by core --bind-to core`, as `launch/mpirun.sh` and",

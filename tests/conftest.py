@@ -1,6 +1,44 @@
+"""Test tiers and the environment every test runs in.
+
+Every test carries exactly one tier marker (README, "Tests"):
+  unit     no subprocess (a unit test that starts one fails: see `_no_subprocesses`); `pytest -m unit`
+           is the quick subset of the edit-test loop;
+  horovod  real Horovod ranks or other subprocesses of the main program, on this machine;
+  system   root: emulated hosts (launch/emulated_cluster.sh) or a real Slurm.
+"""
+
 import os
+import subprocess
+
+import pytest
 
 # Quiet TensorFlow's C++ logs; allow Open MPI to run as root (CI containers).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+TIERS = ("unit", "horovod", "system")
+
+
+def pytest_configure(config):
+    for tier, what in zip(TIERS, ("no subprocess", "real Horovod ranks or subprocesses", "root: hosts, Slurm")):
+        config.addinivalue_line("markers", f"{tier}: {what}")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tiers = [m.name for m in item.iter_markers() if m.name in TIERS]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid} has tier markers {tiers}; give exactly one of {TIERS}.")
+
+
+@pytest.fixture(autouse=True)
+def _no_subprocesses(request, monkeypatch):
+    # A unit test that starts a process is mislabelled: it fails here instead of slowing the quick tier.
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} is marked unit but starts a process: {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)

@@ -47,6 +47,7 @@ def updates():
     return out
 
 
+@pytest.mark.unit
 def test_moving_statistics_follow_micro_batches(updates):
     whole_mean, whole_var, _ = updates[1]
     # Without accumulation: one moving-average step with the 8 images' mean 6 and variance 21.
@@ -62,6 +63,7 @@ def test_moving_statistics_follow_micro_batches(updates):
     assert whole_var / var == pytest.approx(3.0, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_gradients_follow_micro_batch_normalisation(updates):
     # Each micro-batch is normalised by its own mean and variance, so the averaged gradient is not the
     # global batch's: the one update moves the logits' kernel differently.
@@ -71,6 +73,7 @@ def test_gradients_follow_micro_batch_normalisation(updates):
     assert relative > 1.0  # 1.58 here: the two updates differ by more than the update itself
 
 
+@pytest.mark.unit
 def test_the_run_log_says_what_accumulation_does_to_batch_norm():
     plan = Plan(4, 32768, 16, 512, 39, 100, 3900, 390, 32.0)
     note = batch_norm_note(get_model("small_cnn"), plan)

@@ -28,6 +28,7 @@ def ranks(tmp_path_factory):
     return out, loaded
 
 
+@pytest.mark.horovod
 def test_checkpoint_holds_the_mean_of_the_ranks_statistics(ranks):
     out, (r0, r1) = ranks
     # Epoch 1: each rank's statistics follow its own data (rank 1's mean is about 3 higher) ...
@@ -45,6 +46,7 @@ def test_checkpoint_holds_the_mean_of_the_ranks_statistics(ranks):
     np.testing.assert_array_equal(np.stack([mean, variance]), r0["2_after"])
 
 
+@pytest.mark.horovod
 def test_evaluation_uses_the_mean_of_the_ranks_statistics(ranks):
     _, (r0, r1) = ranks
     # Epoch 2 started from equal statistics, then each rank updated them from its own batches again.

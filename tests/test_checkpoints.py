@@ -64,6 +64,7 @@ def _saved_steps(manager):
     return [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints]
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
 @pytest.mark.parametrize(
     "at_epoch_end, expected", [(True, [2, 3, 4, 6]), (False, [2, 4, 6])], ids=["epoch_ends", "steps_only"]
@@ -102,6 +103,7 @@ KILLED_MID_WRITE = textwrap.dedent(
 )
 
 
+@pytest.mark.horovod
 def test_killed_during_a_background_write_keeps_the_previous_checkpoint(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)],

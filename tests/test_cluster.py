@@ -182,6 +182,7 @@ def _script(*args, user=None, **env):
     )
 
 
+@pytest.mark.system
 def test_script_refuses_non_root_and_bad_settings():
     require_root()  # to become another user
     result = _script("up", user="nobody")
@@ -198,6 +199,7 @@ def test_script_refuses_non_root_and_bad_settings():
     assert result.returncode == 2 and "Usage: launch/emulated_cluster.sh up|down|status" in result.stderr
 
 
+@pytest.mark.system
 def test_status_lists_hosts_addresses_and_links(cluster):
     result = _script("status")
     assert result.returncode == 0, result.stderr
@@ -232,6 +234,7 @@ def mpi_run(cluster):
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.mark.system
 def test_horovodrun_trains_across_two_hosts(mpi_run):
     workdir, log, traffic = mpi_run
     assert "global batch 32 = 4 ranks x per-rank batch 8" in log
@@ -249,6 +252,7 @@ def test_horovodrun_trains_across_two_hosts(mpi_run):
         assert received >= SMOKE_STEPS * gradient_bytes, f"{host} received {received} B"
 
 
+@pytest.mark.system
 def test_launch_horovodrun_sh_with_a_host_list(cluster, mpi_run, shared_dir):
     result = _run(
         [
@@ -269,6 +273,7 @@ def test_launch_horovodrun_sh_with_a_host_list(cluster, mpi_run, shared_dir):
         np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
 
 
+@pytest.mark.system
 def test_launch_mpirun_sh_with_a_hostfile_gives_the_mpi_weights(cluster, mpi_run, shared_dir):
     hostfile = shared_dir / "hostfile"
     hostfile.write_text("".join(f"{h.name} slots={RANKS_PER_HOST}\n" for h in cluster.hosts))
@@ -292,6 +297,7 @@ def test_launch_mpirun_sh_with_a_hostfile_gives_the_mpi_weights(cluster, mpi_run
         np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
 
 
+@pytest.mark.system
 def test_horovodrun_gloo_from_the_first_host_matches_mpi(cluster, mpi_run, shared_dir):
     # Gloo's rendezvous address must be on the cluster network: launch from node1, as from a cluster's
     # first node (from this machine horovodrun offers its own eth0). Gloo resolves host names: /etc/hosts.
@@ -327,6 +333,7 @@ def test_horovodrun_gloo_from_the_first_host_matches_mpi(cluster, mpi_run, share
         assert apart <= GLOO_FRACTION_OF_MOVEMENT * moved, (name, apart, moved)
 
 
+@pytest.mark.system
 def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
     cmd = [
         HOROVODRUN,
@@ -364,6 +371,7 @@ def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
     assert _restore_last_checkpoint(shared_dir) >= saved
 
 
+@pytest.mark.system
 def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
     # node2's link goes down mid-training: no packet, no reset, its ranks alive and blocked. Unhelped,
     # mpirun waited on (still running 240 s later). launch/env.sh's ssh keepalive ends mpirun's session
@@ -411,6 +419,7 @@ def _release(slurm, job, log, timeout=120):
     )
 
 
+@pytest.mark.system
 def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, slurm, shared_dir):
     """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags: 4 ranks through srun --mpi=pmix;
     node2 dying ends the attempt within 60 s (Slurm

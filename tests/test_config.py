@@ -12,6 +12,7 @@ def _config(**kw):
     return TrainConfig(**base)
 
 
+@pytest.mark.unit
 def test_plan_for_the_demo():
     plan = make_plan(_config(), world_size=2, num_train_examples=60000)
     assert (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps, plan.warmup_steps) == (
@@ -23,11 +24,13 @@ def test_plan_for_the_demo():
     assert "global batch 4096 = 2 ranks x per-rank batch 2048" in plan.describe()
 
 
+@pytest.mark.unit
 def test_base_learning_rate_is_per_256_images():
     plan = make_plan(_config(peak_learning_rate=0.0, base_learning_rate=1.25), 2, 60000)
     assert plan.peak_learning_rate == pytest.approx(20.0)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, world, fragments",
     [
@@ -53,11 +56,13 @@ def test_invalid_configs(kwargs, world, fragments):
         assert fragment in str(info.value)
 
 
+@pytest.mark.unit
 def test_global_batch_larger_than_data():
     with pytest.raises(ValueError, match="4096"):
         make_plan(_config(), 1, 1000)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "flags_line, expected",
     [
@@ -74,6 +79,7 @@ def test_auto_precision_follows_native_bf16(flags_line, expected, tmp_path):
     assert resolve_precision("auto", str(tmp_path / "missing")) == "float32"
 
 
+@pytest.mark.unit
 def test_per_rank_batch_alone_derives_the_global_batch():
     config = TrainConfig(per_rank_batch_size=64, accumulation_steps=4, peak_learning_rate=1.0)
     assert config.resolve_batch(8) == (2048, 64)
@@ -81,6 +87,7 @@ def test_per_rank_batch_alone_derives_the_global_batch():
         TrainConfig(peak_learning_rate=1.0).validate(1)
 
 
+@pytest.mark.unit
 def test_lars_only_flags_refused_for_momentum():
     with pytest.raises(
         ValueError, match="--eta=0.01, --trust_ratio_mode=update only apply to --optimizer=lars"
@@ -89,6 +96,7 @@ def test_lars_only_flags_refused_for_momentum():
     _config(optimizer="momentum", exclude_bn_and_bias=True).validate(1)
 
 
+@pytest.mark.unit
 def test_no_checkpoint_at_all_is_refused():
     with pytest.raises(ValueError, match="--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0"):
         _config(checkpoint_at_epoch_end=False).validate(1)

@@ -7,6 +7,7 @@ from hvd_lars.data import DATASETS, fashion_mnist, get_input
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices, train_shard_range
 
 
+@pytest.mark.unit
 def test_fashion_mnist_splits():
     x, y = fashion_mnist.load("train")
     assert x.shape == (60000, 28, 28, 1) and x.dtype == np.uint8
@@ -16,6 +17,7 @@ def test_fashion_mnist_splits():
     assert x.shape == (10000, 28, 28, 1) and np.bincount(y).tolist() == [1000] * 10
 
 
+@pytest.mark.unit
 def test_fashion_mnist_statistics():
     x, _ = fashion_mnist.load("train")
     x = x.astype(np.float64) / 255.0
@@ -23,16 +25,19 @@ def test_fashion_mnist_statistics():
     assert x.std() == pytest.approx(fashion_mnist.STD, abs=5e-5)
 
 
+@pytest.mark.unit
 def test_missing_data_names_the_package(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         fashion_mnist.load("train", str(tmp_path))
 
 
+@pytest.mark.unit
 def test_unknown_dataset_lists_valid_names():
     with pytest.raises(ValueError, match="'imagenet9'.*fashion_mnist"):
         get_input("imagenet9")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n, world", [(60000, 2), (10, 3), (7, 7), (10000, 6)])
 def test_train_shards_disjoint_and_equal(n, world):
     shards = [train_shard_indices(n, r, world) for r in range(world)]
@@ -41,12 +46,14 @@ def test_train_shards_disjoint_and_equal(n, world):
     assert len(np.unique(together)) == len(together) == (n // world) * world
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n, world", [(10000, 2), (10000, 3), (5, 4), (1, 2)])
 def test_eval_shards_cover_every_example_once(n, world):
     covered = np.concatenate([np.arange(*eval_shard_range(n, r, world)) for r in range(world)])
     np.testing.assert_array_equal(covered, np.arange(n))
 
 
+@pytest.mark.unit
 def test_pipeline_batches_and_normalisation():
     data = get_input(
         "fashion_mnist",
@@ -69,6 +76,7 @@ def test_pipeline_batches_and_normalisation():
     np.testing.assert_allclose(first, want, rtol=1e-6)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n, world", [(18, 2), (13, 2), (7, 3)])
 def test_contiguous_train_ranges_disjoint_and_equal(n, world):
     ranges = [train_shard_range(n, r, world) for r in range(world)]
@@ -84,6 +92,7 @@ def _pixels(images):
     return np.rint((images.numpy() * fashion_mnist.STD + fashion_mnist.MEAN) * 255).astype(np.uint8)
 
 
+@pytest.mark.unit
 def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
     x, y = fashion_mnist.load("train")
     data = get_input(
@@ -104,21 +113,25 @@ def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
     assert as_rows(trained, labels) == as_rows(x[:55000].reshape(55000, -1), y[:55000])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [-1, 60000, 70000])
 def test_fashion_mnist_validation_split_out_of_range_is_refused(n):
     with pytest.raises(ValueError, match=rf"validation_examples={n} .*must be in \[0, 59999\]"):
         get_input("fashion_mnist", per_rank_batch=8, rank=0, world_size=1, seed=0, validation_examples=n)
 
 
+@pytest.mark.unit
 def test_validation_split_refused_where_the_dataset_has_none():
     with pytest.raises(ValueError, match="'synthetic' does not take validation_examples=100"):
         get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, validation_examples=100)
 
 
+@pytest.mark.unit
 def test_registry_names():
     assert sorted(DATASETS) == ["fashion_mnist", "image_folder", "imagenet2012", "synthetic"]
 
 
+@pytest.mark.unit
 def test_unset_dataset_options_are_dropped_set_ones_refused():
     common = dict(per_rank_batch=8, rank=0, world_size=1, seed=0, max_train_examples=64, max_eval_examples=16)
     data = get_input("fashion_mnist", image_size=0, manual_dir=None, skip_corrupt=False, **common)
@@ -129,6 +142,7 @@ def test_unset_dataset_options_are_dropped_set_ones_refused():
         get_input("fashion_mnist", preprocessing="caffe", **common)
 
 
+@pytest.mark.unit
 def test_synthetic_shapes_and_exact_eval_count():
     kwargs = dict(per_rank_batch=4, seed=0, image_size=16, num_classes=7, max_eval_examples=10, eval_batch=3)
     ranks = [get_input("synthetic", rank=r, world_size=3, **kwargs) for r in range(3)]
@@ -141,6 +155,7 @@ def test_synthetic_shapes_and_exact_eval_count():
     assert ranks[0].input_shape == (16, 16, 3) and ranks[0].num_classes == 7
 
 
+@pytest.mark.unit
 def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
     from hvd_lars.data import order
 
@@ -160,6 +175,7 @@ def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
     np.testing.assert_array_equal(labels.numpy(), want)
 
 
+@pytest.mark.unit
 def test_synthetic_stream_is_the_same_at_any_step():
     data = get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, image_size=8)
     first, later = next(iter(data.train)), next(iter(data.train_from(10**9)))

@@ -2,6 +2,7 @@
 counts, an evaluation that counts every image exactly once (exact top-1/top-5 summed over ranks), and
 one listing of the folder per run (rank 0's, kept in an index file), refusals reaching every rank."""
 
+import pytest
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ WORKER = os.path.join(REPO, "tests", "support", "data_worker.py")
 EVAL_COUNTS = [2, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1]
 
 
+@pytest.mark.horovod
 def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
     make_image_folder(str(tmp_path / "data"), [1] * 13, EVAL_COUNTS, odd={})
     make_image_folder(str(tmp_path / "bad"), [1, 1], [1, 1], odd={})

@@ -50,6 +50,7 @@ def _arrays(results, prefix):
     return [results[k] for k in keys]
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("wrap", WRAPS)
 @pytest.mark.parametrize("rate_kind", RATE_KINDS)
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -87,6 +88,7 @@ def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.horovod
 def test_matrix_rates_and_clipping_take_effect(matrix):
     r0, _ = matrix
     # Each way of giving the rate changes the result (none is silently replaced by a constant).
@@ -100,12 +102,14 @@ def test_matrix_rates_and_clipping_take_effect(matrix):
     assert float(r0["sgd/float/first_gradient_norm"]) > 2 * CLIPNORM
 
 
+@pytest.mark.horovod
 def test_loss_scaler_inside_averages_the_scaled_gradients(behaviour):
     # DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8 and 0.
     for r in behaviour:
         np.testing.assert_array_equal(r["lso_inside/steps"], [[-1.0, 4.0, 1.0]])  # w, scale, iterations
 
 
+@pytest.mark.horovod
 def test_loss_scaler_outside_decides_on_overflow_together(behaviour):
     # LossScaleOptimizer(DistributedOptimizer(SGD(1.0)), initial_scale=4): inf on rank 0, 8 on rank 1 ->
     # both skip and halve the scale; then 8 and 0 at scale 2 -> mean 2 -> w = -2. No rank hangs.
@@ -113,6 +117,7 @@ def test_loss_scaler_outside_decides_on_overflow_together(behaviour):
         np.testing.assert_array_equal(r["lso_outside/steps"], [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
 
 
+@pytest.mark.horovod
 def test_loss_scaler_keras_adds_under_mixed_float16(behaviour):
     for r in behaviour:
         assert list(r["keras_built/types"]) == ["LossScaleOptimizer", "DistributedOptimizer"]
@@ -120,10 +125,12 @@ def test_loss_scaler_keras_adds_under_mixed_float16(behaviour):
         np.testing.assert_array_equal(r["keras_built/steps"], [[0.0, 2.0], [-2.0, 2.0]])
 
 
+@pytest.mark.horovod
 def test_a_loss_scaler_around_a_loss_scaling_wrapper_is_refused(behaviour):
     assert "unscaled twice" in str(behaviour[0]["two_scalers/error"])
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("case", ["sgd_adopted", "lars_schedule_lso_inside", "adam_lso_outside"])
 def test_accumulation_averages_once_per_update(behaviour, case):
     r0, r1 = behaviour
@@ -139,11 +146,13 @@ def test_accumulation_averages_once_per_update(behaviour, case):
     assert list(r0[f"accumulation/{case}/counts"]) == [STEPS, 2 * STEPS]
 
 
+@pytest.mark.horovod
 def test_accumulating_micro_batches_do_not_communicate(behaviour):
     # The traced update's cond: 4 allreduces (one per tensor) in the update branch, none in the other.
     assert list(behaviour[0]["accumulation/allreduces_per_branch"]) == [4, 0]
 
 
+@pytest.mark.horovod
 def test_overlapped_and_grouped_reduction(behaviour):
     r0, r1 = behaviour
     # 4 per-tensor allreduces (each waits for its own gradient only) against 1 grouped allreduce.
@@ -159,6 +168,7 @@ def test_overlapped_and_grouped_reduction(behaviour):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.horovod
 def test_fp16_compression(behaviour):
     r0, r1 = behaviour
     # The allreduces take float16 tensors: 4 of them, or the 1 grouped one.
@@ -180,6 +190,7 @@ def test_fp16_compression(behaviour):
     assert largest_error > 0  # the values did travel as float16
 
 
+@pytest.mark.horovod
 def test_broadcast_callback_at_start_and_on_resume(behaviour):
     r0, r1 = behaviour
     assert np.abs(r0["broadcast/initial"] - r1["broadcast/initial"]).max() > 0.01  # different seeds
@@ -192,6 +203,7 @@ def test_broadcast_callback_at_start_and_on_resume(behaviour):
     assert int(r0["broadcast/iterations"]) == int(r1["broadcast/iterations"]) == 100 + STEPS
 
 
+@pytest.mark.horovod
 def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
     for r in behaviour:
         # val_loss 1.0 on rank 0 and 3.0 on rank 1: EarlyStopping sees 2.0 on both.
@@ -201,6 +213,7 @@ def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
         assert float(r["metric_average/evaluate"]) == 2.0  # average_metrics(model.evaluate(...))
 
 
+@pytest.mark.horovod
 def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
     size, initial_lr, warmup_epochs, updates_per_epoch = 2, 0.4, 2, 4
     want = [

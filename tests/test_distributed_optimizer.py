@@ -29,6 +29,7 @@ def _train(optimizer, steps=4, seed=0):
     return [v.numpy() for v in variables], optimizer
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize(
     "make",
     [
@@ -50,6 +51,7 @@ def test_world_size_1_is_exactly_the_held_optimizer(make):
     assert int(wrapper.iterations) == int(plain.iterations)
 
 
+@pytest.mark.unit
 def test_keras_accumulation_is_taken_over():
     sgd = keras.optimizers.SGD(0.1, gradient_accumulation_steps=4)
     wrapper = DistributedOptimizer(sgd)
@@ -60,6 +62,7 @@ def test_keras_accumulation_is_taken_over():
     assert DistributedOptimizer(LSO(inner)).backward_passes_per_step == 3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -75,6 +78,7 @@ def test_bad_arguments_are_refused_with_the_value(kwargs, message):
         DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
 
 
+@pytest.mark.unit
 def test_misuse_is_refused():
     with pytest.raises(ValueError, match="contradicts the optimizer's gradient_accumulation_steps=2"):
         DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2), backward_passes_per_step=3)
@@ -88,6 +92,7 @@ def test_misuse_is_refused():
         DistributedOptimizer(DistributedOptimizer(keras.optimizers.SGD()))
 
 
+@pytest.mark.unit
 def test_a_loss_scaler_inside_makes_the_wrapper_a_loss_scaler():
     wrapper = DistributedOptimizer(LSO(keras.optimizers.SGD(1.0), initial_scale=4.0))
     assert isinstance(wrapper, DistributedLossScaleOptimizer) and isinstance(wrapper, LSO)
@@ -104,6 +109,7 @@ def test_a_loss_scaler_inside_makes_the_wrapper_a_loss_scaler():
     assert type(clone) is DistributedLossScaleOptimizer and clone.get_config() == wrapper.get_config()
 
 
+@pytest.mark.unit
 def test_keras_built_loss_scaler_is_attached_when_it_builds_the_wrapper():
     wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -119,6 +125,7 @@ def test_keras_built_loss_scaler_is_attached_when_it_builds_the_wrapper():
     assert "check_finite" in vars(outer)
 
 
+@pytest.mark.unit
 def test_an_unattached_loss_scaler_is_refused_instead_of_hanging():
     # Should a Keras release stop building the held optimizer from LossScaleOptimizer.build, the wrapper
     # would not know its loss scaler: its apply then refuses to run rather than risk the per-rank branch.
@@ -131,6 +138,7 @@ def test_an_unattached_loss_scaler_is_refused_instead_of_hanging():
         outer.apply([tf.constant(8.0)], [w])
 
 
+@pytest.mark.unit
 def test_rate_and_settings_are_the_held_optimizers():
     rate = keras.Variable(0.5)
     lars = LARS(rate)
@@ -148,12 +156,14 @@ def test_rate_and_settings_are_the_held_optimizers():
     assert float(DistributedOptimizer(keras.optimizers.SGD(loss_scale_factor=8.0)).scale_loss(1.0)) == 8.0
 
 
+@pytest.mark.unit
 def test_allreduce_arguments_are_checked_even_on_one_rank():
     with pytest.raises(ValueError, match="valid: overlap, grouped"):
         collectives.allreduce_gradients([tf.ones(2)], reduction="tree")
     assert collectives.allreduce_gradients([None, tf.ones(2)], compression="fp16")[0] is None
 
 
+@pytest.mark.unit
 def test_warmup_callback_arguments():
     with pytest.raises(ValueError, match="momentum_correction=True"):
         LearningRateWarmupCallback(initial_lr=0.1, momentum_correction=True)

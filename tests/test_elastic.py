@@ -13,6 +13,7 @@ from hvd_lars.training.config import TrainConfig
 from tests.support.elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 
 
+@pytest.mark.unit
 def test_check_launched_names_what_is_missing():
     config = TrainConfig(global_batch_size=64)
     with pytest.raises(ValueError, match=r"launch/elastic.sh.*HOROVOD_ELASTIC is None, not '1'"):
@@ -24,6 +25,7 @@ def test_check_launched_names_what_is_missing():
         elastic.check_launched(TrainConfig(per_rank_batch_size=32), environ={"HOROVOD_ELASTIC": "1"})
 
 
+@pytest.mark.horovod
 def test_resolve_batch_names_the_worker_counts_that_fit():
     config = TrainConfig(global_batch_size=96, accumulation_steps=2)
     assert elastic.resolve_batch(config, 3) == (96, 16)
@@ -37,6 +39,7 @@ def test_resolve_batch_names_the_worker_counts_that_fit():
     assert isinstance(e.value, ValueError)  # the main program's one-line error, exit status 2
 
 
+@pytest.mark.unit
 def test_commit_interval_is_checked():
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match=rf"int >= 1, got {bad!r}"):
@@ -45,6 +48,7 @@ def test_commit_interval_is_checked():
         TrainConfig(global_batch_size=64, elastic_commit_every_steps=0).validate(1)
 
 
+@pytest.mark.horovod
 def test_state_commits_and_restores_model_and_optimizer_exactly():
     import keras
 
@@ -77,6 +81,7 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.horovod
 def test_two_then_one_then_two_workers_keep_the_plan(tmp_path):
     returncode, out, updates, _ = remove_and_add(tmp_path)
     assert returncode == 0, out[-6000:]
@@ -111,6 +116,7 @@ def test_two_then_one_then_two_workers_keep_the_plan(tmp_path):
     assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == TOTAL_STEPS
 
 
+@pytest.mark.horovod
 def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_change(tmp_path):
     job = ElasticJob(tmp_path, "localhost:1", 1, 2, "--global_batch_size=63")
     try:

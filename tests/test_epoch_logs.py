@@ -55,6 +55,7 @@ def _rows(path):
         return list(csv.reader(f))
 
 
+@pytest.mark.horovod
 def test_csv_has_every_column_on_every_row_with_evaluation_every_2_epochs(tmp_path):
     path = str(tmp_path / "metrics.csv")
     _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)
@@ -67,6 +68,7 @@ def test_csv_has_every_column_on_every_row_with_evaluation_every_2_epochs(tmp_pa
     assert rows[2][4:7] == ["", "", ""]
 
 
+@pytest.mark.horovod
 def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp_path):
     path = str(tmp_path / "metrics.csv")
     _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)  # killed after epoch 2's row
@@ -81,6 +83,7 @@ def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp
     assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
 
 
+@pytest.mark.horovod
 def test_csv_of_keras_csvlogger_is_read_and_its_invented_columns_dropped(tmp_path):
     path = tmp_path / "metrics.csv"
     # What Keras's CSVLogger wrote with evaluation every 2 epochs: val_ copies of all columns, all NA.
@@ -106,6 +109,7 @@ def _events(log_dir):
     return found
 
 
+@pytest.mark.horovod
 def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_path):
     log_dir = str(tmp_path / "tb")
     _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))  # killed after epoch 3's scalars
@@ -130,6 +134,7 @@ def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_p
     assert values[("learning_rate", 24)] == pytest.approx(0.3) and values[("epoch", 32)] == 4
 
 
+@pytest.mark.horovod
 def test_tensorboard_pruning_keeps_the_complete_records_of_a_file_cut_short(tmp_path):
     log_dir = str(tmp_path / "tb")
     _train([epoch_logs.TensorBoardScalars(log_dir)], range(2))
@@ -142,6 +147,7 @@ def test_tensorboard_pruning_keeps_the_complete_records_of_a_file_cut_short(tmp_
     assert steps == {8}
 
 
+@pytest.mark.horovod
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     config = TrainConfig(max_train_examples=64, epochs=1, global_batch_size=8, peak_learning_rate=0.1)
     plan = make_plan(config, 1, 64)
@@ -165,6 +171,7 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     assert strict_json.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
 
 
+@pytest.mark.horovod
 def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4

@@ -14,6 +14,7 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 EXAMPLE = os.path.join(REPO, "examples", "keras_horovod_lars.py")
 
 
+@pytest.mark.horovod
 def test_example_on_two_ranks(tmp_path):
     command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, EXAMPLE, f"--out={tmp_path}"]
     env = dict(os.environ, PYTHONPATH=REPO)

@@ -28,6 +28,7 @@ def _clean_env(**extra):
     return dict(env, PYTHONPATH=REPO, **extra)
 
 
+@pytest.mark.unit
 def test_launcher_world_size_reads_the_job_step_not_the_job():
     from hvd_lars.parallel.collectives import launcher_world_size
 
@@ -42,6 +43,7 @@ def test_launcher_world_size_reads_the_job_step_not_the_job():
     assert launcher_world_size({"PMI_SIZE": ""}) == (None, None)
 
 
+@pytest.mark.horovod
 def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused(tmp_path):
     # As a new user would: PMI_SIZE=2 PMI_RANK=1 set and no launcher Horovod's MPI can join.
     env = _clean_env(PMI_SIZE="2", PMI_RANK="1")
@@ -62,6 +64,7 @@ def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.horovod
 def test_job_level_slurm_variables_alone_do_not_refuse(tmp_path):
     env = _clean_env(SLURM_NTASKS="2", SLURM_NPROCS="2", SLURM_JOB_NUM_NODES="1")
     result = subprocess.run(
@@ -88,6 +91,7 @@ def mismatch(tmp_path_factory):
     return [np.load(out / f"rank{r}.npz") for r in range(2)]
 
 
+@pytest.mark.horovod
 def test_ranks_with_different_automatic_names_train_together(mismatch):
     # Rank 1 built an extra model first: its layers are sequential_1/dense_2 ... where rank 0 has
     # sequential/dense. Collectives named by position pair them; before, this hung with stall warnings.
@@ -99,6 +103,7 @@ def test_ranks_with_different_automatic_names_train_together(mismatch):
         np.testing.assert_array_equal(r0[k], r1[k])
 
 
+@pytest.mark.horovod
 def test_ranks_with_different_models_get_an_error_naming_the_first_difference(mismatch):
     # The same error on both ranks (raised before any broadcast), instead of a hang.
     for r in mismatch:
@@ -173,11 +178,13 @@ def _check_diverged(tmp_path, launcher):
     return result, step
 
 
+@pytest.mark.horovod
 def test_divergence_stops_one_process_keeping_finite_checkpoints(tmp_path):
     result, _ = _check_diverged(tmp_path, ())
     assert result.returncode == 3 and "Traceback" not in result.stderr
 
 
+@pytest.mark.horovod
 def test_divergence_stops_both_ranks_at_the_same_update(tmp_path):
     result, step = _check_diverged(tmp_path, TWO_RANKS)
     # Both ranks stopped after the same update with the same message, which counts the ranks.
@@ -210,6 +217,7 @@ def _check_preemption(tmp_path, launcher, signal_rank=-1):
     return result, why, _checkpoint(straight / "r"), _checkpoint(stopped / "r")
 
 
+@pytest.mark.horovod
 def test_preempted_process_checkpoints_and_resumes_exactly(tmp_path):
     result, why, a, b = _check_preemption(tmp_path, ())
     assert result.returncode == 75, why
@@ -218,6 +226,7 @@ def test_preempted_process_checkpoints_and_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
 
 
+@pytest.mark.horovod
 def test_signal_to_one_rank_stops_both_and_resumes(tmp_path):
     result, why, a, b = _check_preemption(tmp_path, TWO_RANKS, signal_rank=1)
     assert "reached 1 of 2 rank(s) (this one: none)" in result.stdout, why
@@ -235,6 +244,7 @@ def test_signal_to_one_rank_stops_both_and_resumes(tmp_path):
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
 
 
+@pytest.mark.horovod
 def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
     # Rank 1 SIGKILLed after update 12 of 16 (mid-epoch 2), between the checkpoints of steps 10 and 15.
     record = tmp_path / "killed_at"
@@ -251,6 +261,7 @@ def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
     assert int(latest["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
 
 
+@pytest.mark.unit
 def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     from hvd_lars.training.faults import checkpoint_bytes, run_dir_problem
 
@@ -272,6 +283,7 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     assert checkpoint_bytes(variables) == 72
 
 
+@pytest.mark.horovod
 def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     result = _train(tmp_path / "file")
@@ -284,6 +296,7 @@ def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp
     assert f"could not write the checkpoint of step 8 to {folder}" in result.stderr
 
 
+@pytest.mark.unit
 def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
     from hvd_lars.training import faults
 

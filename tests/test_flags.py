@@ -27,6 +27,7 @@ def _parse(path):
     return main.config_from_flags()
 
 
+@pytest.mark.unit
 def test_the_paper_flagfiles_exist():
     names = {os.path.basename(p) for p in FLAGFILES}
     assert {
@@ -35,6 +36,7 @@ def test_the_paper_flagfiles_exist():
     } <= names  # fmt: skip
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
 def test_flagfile_parses_and_plans(path):
     text = open(path).read()
@@ -58,6 +60,7 @@ def _header_and_flags(path):
     return [line for line in lines if line.startswith("#")], [line for line in lines if line.startswith("--")]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
 def test_every_flag_has_a_source_in_the_header(path):
     header, flag_lines = _header_and_flags(path)
@@ -68,6 +71,7 @@ def test_every_flag_has_a_source_in_the_header(path):
     assert not missing, f"{path}: no source given for {missing}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
 def test_the_papers_processors_run_float32(path):
     header, _ = _header_and_flags(path)
@@ -78,6 +82,7 @@ def test_the_papers_processors_run_float32(path):
         assert any(line.startswith("# Precision:") and "bfloat16" in line for line in header), path
 
 
+@pytest.mark.unit
 def test_alexnet_flagfiles_run_as_the_papers_caffe():
     for name, preprocessing in [
         ("alexnet_bn_bs32k", "caffe_scaled"), ("alexnet_bn_bs512", "caffe_scaled"), ("alexnet_bs8k", "caffe"),
@@ -88,6 +93,7 @@ def test_alexnet_flagfiles_run_as_the_papers_caffe():
         assert config.schedule == "paper_poly" and config.trust_ratio_mode == "paper", name
 
 
+@pytest.mark.unit
 def test_paper_32k_numbers():
     config = _parse(os.path.join(REPO, "flags", "alexnet_bn_bs32k.flags"))
     plan = make_plan(config, 2048, 1281167)
@@ -99,6 +105,7 @@ def test_paper_32k_numbers():
     assert make_plan(config, 256, 1281167).peak_learning_rate == pytest.approx(3.2)  # 0.1 x 8192 / 256
 
 
+@pytest.mark.horovod
 def test_smoke_flags_run_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/smoke.flags", f"--workdir={tmp_path}"]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -126,6 +133,7 @@ def _predicted_line(header):
     return ""
 
 
+@pytest.mark.unit
 def test_paper_flagfiles_state_the_time_to_train_models_prediction():
     from benchmarks import time_to_train
 

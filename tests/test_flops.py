@@ -7,6 +7,7 @@ from hvd_lars.models import get_model
 from hvd_lars.models.flops import forward_multiply_adds, training_flops_per_image
 
 
+@pytest.mark.unit
 def test_hand_counted_layers():
     inputs = keras.Input((10, 10, 4))
     x = keras.layers.Conv2D(6, 3, padding="same", groups=2, name="grouped")(inputs)  # 10x10x6, kernel 3x3x2
@@ -18,6 +19,7 @@ def test_hand_counted_layers():
     assert training_flops_per_image(keras.Model(inputs, x)) == 6.0 * (10800 + 6912 + 60)
 
 
+@pytest.mark.unit
 def test_resnet50_v1_5_against_published_counts():
     # torchvision's ResNet-50 (v1.5, stride on the 3x3): 4.09 G multiply-adds at 224x224 ("GFLOPS 4.09" in
     # its model table, pytorch.org/vision/stable/models/generated/torchvision.models.resnet50.html).
@@ -44,6 +46,7 @@ def _two_tower_alexnet():
     return keras.Model(inputs, x)
 
 
+@pytest.mark.unit
 def test_alexnet_against_published_counts():
     # Sze, Chen, Yang, Emer, "Efficient Processing of Deep Neural Networks: A Tutorial and Survey", Proc.
     # IEEE 105(12), 2017, table III: AlexNet 666M multiply-adds in its convolutions, 58.6M in its fully
@@ -57,6 +60,7 @@ def test_alexnet_against_published_counts():
     assert ours == {k: v * (2 if k in ("conv2", "conv4", "conv5") else 1) for k, v in grouped.items()}
 
 
+@pytest.mark.unit
 def test_uncounted_kernels_are_refused():
     inputs = keras.Input((8, 8, 3))
     model = keras.Model(inputs, keras.layers.Conv2DTranspose(4, 3, name="up")(inputs))

@@ -40,12 +40,14 @@ def _labels(dataset, batches):
     return np.concatenate([y.numpy() for _, y in itertools.islice(dataset, batches)]).tolist()
 
 
+@pytest.mark.unit
 def test_sizes_and_classes(folder):
     data = _build(folder[0])
     assert (data.num_train_examples, data.num_eval_examples, data.num_classes) == (12, 7, 4)
     assert data.input_shape == (28, 28, 3) and data.skipped_corrupt is None
 
 
+@pytest.mark.unit
 def test_eval_covers_each_file_once_with_odd_files_decoded_right(folder):
     root, written = folder
     data = _build(root, batch=3)
@@ -63,6 +65,7 @@ def test_eval_covers_each_file_once_with_odd_files_decoded_right(folder):
         assert error == pytest.approx(0, abs=1e-6) if kind == PNG else error < 0.06, (kind, error)
 
 
+@pytest.mark.unit
 def test_train_epochs_are_permutations_of_the_shard_and_repeat_for_a_seed(one_per_class):
     root, _ = one_per_class
     data = _build(root, rank=0, world_size=2, batch=2)
@@ -79,6 +82,7 @@ def test_train_epochs_are_permutations_of_the_shard_and_repeat_for_a_seed(one_pe
     assert sorted(rank1) == [1, 3, 5, 7, 9, 11]
 
 
+@pytest.mark.unit
 def test_max_examples_keep_every_class(folder):
     data = _build(folder[0], batch=4, max_train_examples=4, max_eval_examples=4)
     assert (data.num_train_examples, data.num_eval_examples) == (4, 4)
@@ -94,18 +98,21 @@ def corrupt(tmp_path_factory):
     return str(root)
 
 
+@pytest.mark.unit
 def test_corrupt_training_file_raises_naming_it(corrupt):
     data = _build(corrupt, batch=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000001/broken\.JPEG"):
         _labels(data.train, 8)
 
 
+@pytest.mark.unit
 def test_corrupt_eval_file_raises_naming_it(corrupt):
     data = _build(corrupt + "/evalbad", batch=2)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000002/broken\.JPEG"):
         list(data.eval)
 
 
+@pytest.mark.unit
 def test_corrupt_training_file_skipped_and_counted(corrupt):
     data = _build(corrupt, batch=1, skip_corrupt=True)
     labels = _labels(data.train, 18)  # three epochs of the 6 readable images
@@ -116,6 +123,7 @@ def test_corrupt_training_file_skipped_and_counted(corrupt):
     assert int(data.skipped_corrupt.numpy()) in (3, 4)
 
 
+@pytest.mark.unit
 def test_missing_folders_and_data_dir(tmp_path):
     with pytest.raises(ValueError, match="needs --data_dir"):
         _build(None)
@@ -123,6 +131,7 @@ def test_missing_folders_and_data_dir(tmp_path):
         _build(str(tmp_path))
 
 
+@pytest.mark.unit
 def test_caffe_views_reach_the_pipeline(folder):
     root, written = folder
     data = _build(root, batch=7, preprocessing="caffe_scaled")
@@ -136,6 +145,7 @@ def test_caffe_views_reach_the_pipeline(folder):
     assert train_images.shape == (7, 28, 28, 3) and np.abs(train_images.numpy()).max() < 1.0
 
 
+@pytest.mark.horovod
 def test_main_program_trains_on_an_image_folder(folder, tmp_path):
     root, _ = folder
     summary = train_small_cnn("image_folder", root, tmp_path, "folder", 4, 1, "--preprocessing=caffe_scaled")
@@ -147,6 +157,7 @@ def test_main_program_trains_on_an_image_folder(folder, tmp_path):
     assert abs(correct - round(correct)) < 1e-9
 
 
+@pytest.mark.horovod
 def test_main_program_skips_and_reports_corrupt_files(corrupt, tmp_path):
     epochs = train_small_cnn("image_folder", corrupt, tmp_path, "c", 2, 2, "--skip_corrupt")["epochs"]
     # The one broken training file is met once per pass over the shard (read-ahead may meet it early).
@@ -157,6 +168,7 @@ def _batches(dataset, count):
     return [(x.numpy(), y.numpy()) for x, y in itertools.islice(dataset, count)]
 
 
+@pytest.mark.unit
 def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(one_per_class, monkeypatch):
     from tests.support.read_counter import ReadCounter
 
@@ -182,6 +194,7 @@ def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(one_per_cla
     assert counts[200][0] <= counts[0][0] + 8 and counts[200][2] <= counts[0][2] + 8
 
 
+@pytest.mark.unit
 def test_image_size_0_means_the_default_224(folder):
     # The main program passes --image_size=0 unless a flagfile sets it; the builders' `preprocessing`
     # argument once shadowed the module that holds the default, so this raised AttributeError.

@@ -72,6 +72,7 @@ def _labels(dataset, batches=None):
     return np.concatenate([y.numpy() for _, y in itertools.islice(dataset, batches)]).tolist()
 
 
+@pytest.mark.unit
 def test_prepared_sizes_and_labels(prepared):
     data_dir, _, data = prepared
     assert (data.num_train_examples, data.num_eval_examples, data.num_classes) == (18, 6, 1000)
@@ -86,6 +87,7 @@ def test_prepared_sizes_and_labels(prepared):
     assert by_name == {f"ILSVRC2012_val_{i + 1:08d}.JPEG": label for i, label in enumerate(EVAL_LABELS)}
 
 
+@pytest.mark.unit
 def test_builder_converted_cmyk_and_png_to_rgb_jpeg(prepared):
     data_dir, _, _ = prepared
     records = imagenet._source(imagenet.builder(data_dir, prepare=False), "train", False, 0)
@@ -95,6 +97,7 @@ def test_builder_converted_cmyk_and_png_to_rgb_jpeg(prepared):
         assert tf.io.decode_jpeg(found[name]).shape == (28, 28, 3)
 
 
+@pytest.mark.unit
 def test_ranks_split_train_and_eval_exactly(prepared):
     data_dir, _, _ = prepared
     ranks = [_build(data_dir, rank=r, world_size=2, batch=3) for r in range(2)]
@@ -105,6 +108,7 @@ def test_ranks_split_train_and_eval_exactly(prepared):
     assert sorted(evaluation[0] + evaluation[1]) == sorted(EVAL_LABELS)
 
 
+@pytest.mark.unit
 def test_reuses_prepared_data_without_the_tars(prepared, tmp_path):
     data_dir, _, _ = prepared
     copy = str(tmp_path / "tfds")
@@ -114,11 +118,13 @@ def test_reuses_prepared_data_without_the_tars(prepared, tmp_path):
     assert not os.path.exists(tmp_path / "nothing_here")
 
 
+@pytest.mark.unit
 def test_unprepared_without_tars_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar"):
         _build(str(tmp_path / "tfds"), manual_dir=str(tmp_path))
 
 
+@pytest.mark.horovod
 def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
     from tests.support.small_runs import train_small_cnn
 
@@ -129,6 +135,7 @@ def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
     assert abs(correct - round(correct)) < 1e-9
 
 
+@pytest.mark.unit
 def test_validation_tar_missing_images_is_refused_before_preparation(tmp_path):
     # The new user's case: a validation tar holding only images 2 and 3 would have been prepared with the
     # labels of lines 1 and 2 (65, 970) instead of lines 2 and 3 (970, 230).
@@ -144,6 +151,7 @@ def test_validation_tar_missing_images_is_refused_before_preparation(tmp_path):
     assert not (data_dir / "imagenet2012").exists()  # refused before preparation
 
 
+@pytest.mark.unit
 def test_validation_tar_with_extra_or_missing_entries_is_refused(tmp_path):
     names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in (1, 2, 3, 5, 6, 7)] + ["val/", "notes.txt"]
     make_ilsvrc_tars(str(tmp_path), SYNSETS[:1], 1, 0, val_names=names)
@@ -159,6 +167,7 @@ def test_validation_tar_with_extra_or_missing_entries_is_refused(tmp_path):
     imagenet.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)
 
 
+@pytest.mark.unit
 def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, monkeypatch):
     from tests.support.read_counter import ReadCounter
 

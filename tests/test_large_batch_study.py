@@ -13,6 +13,7 @@ from benchmarks.common import HAND_WRITTEN
 from tests.support import REPO
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "scores, max_extensions, expected",
     [
@@ -33,11 +34,13 @@ def test_sweep_decisions(scores, max_extensions, expected):
     assert study.next_sweep_index(scores, 3, max_extensions) == expected
 
 
+@pytest.mark.unit
 def test_chosen_rate_and_ties():
     assert study.chosen_index({-1: 0.8, 0: 0.9, 1: 0.85}) == 0
     assert study.chosen_index({-1: 0.9, 0: 0.9}) == -1
 
 
+@pytest.mark.unit
 def test_run_flags_follow_the_rules():
     args = study.parse_args(["--output_dir=/tmp/x"])
     assert args.batches == [8192, 2048, 512] and args.epochs == 12 and args.seeds == 2
@@ -57,6 +60,7 @@ def test_run_flags_follow_the_rules():
     assert "--run_name=hvd_lars_study_lars_b8192_lr20_s1" in lars
 
 
+@pytest.mark.unit
 def test_complete_means_every_epoch_with_both_evaluations():
     epochs = [{"epoch": 1, "val_top1": 0.5, "test_top1": 0.5}, {"epoch": 2, "val_top1": 0.6}]
     assert not study.is_complete({"epochs": epochs}, 2)  # no test score in the last epoch
@@ -77,6 +81,7 @@ def _study(tmp_path, *extra):
     return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=400)
 
 
+@pytest.mark.horovod
 def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     runs = tmp_path / "out" / "runs"
     first = "hvd_lars_study_lars_b128_lr2.5_s0"

@@ -96,6 +96,7 @@ def _assert_close(got, want, rtol=2e-5, atol=1e-6):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=path)
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "portable"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nesterov", [False, True], ids=["heavy_ball", "nesterov"])
@@ -118,6 +119,7 @@ def test_matches_numpy_reference(mode, nesterov, fused):
     assert np.abs(got[ZERO_INIT]).max() > 0.05
 
 
+@pytest.mark.unit
 def test_reference_problem_separates_the_cases():
     # The comparison above could not tell exclusions, decay or Nesterov apart if they changed nothing.
     weights, grads = _problem()
@@ -138,6 +140,7 @@ def test_reference_problem_separates_the_cases():
             assert np.abs(a[2] - b[2]).max() > 1e-4
 
 
+@pytest.mark.unit
 def test_momentum_correction_refused_where_the_velocity_holds_no_rate():
     # In "update" mode the velocity is in gradient units (the rate is applied outside it), so rescaling it
     # by lr_t / lr_{t-1} would over-weight the history instead of correcting it.
@@ -145,6 +148,7 @@ def test_momentum_correction_refused_where_the_velocity_holds_no_rate():
         LARS(1.0, trust_ratio_mode="update", momentum_correction=True)
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "portable"])
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "update"])
 @pytest.mark.parametrize("nesterov", [False, True], ids=["heavy_ball", "nesterov"])
@@ -167,6 +171,7 @@ def _caffe_warmup_rate(t, warmup_iter, base_lr, warmup_start_lr):
     return (t * base_lr + (warmup_iter - t) * warmup_start_lr) / warmup_iter
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "portable"])
 @pytest.mark.parametrize("correction", ["none", "warmup", "always"])
 def test_momentum_correction_modes(correction, fused):
@@ -194,6 +199,7 @@ def test_momentum_correction_modes(correction, fused):
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_momentum_correction_names():
     schedule = WarmupPolynomialDecay(1.0, total_steps=10, warmup_steps=2)
     assert LARS(schedule, momentum_correction=True).get_config()["momentum_correction"] == "always"
@@ -206,6 +212,7 @@ def test_momentum_correction_names():
         LARS(0.5, momentum_correction="warmup")
 
 
+@pytest.mark.horovod
 def test_one_step_by_hand():
     # w = [3, 4] (norm 5), g = [0.6, 0.8] (norm 1), eta 0.001, beta 0.01, lr 2, v0 = 0:
     # trust = 0.001 * 5 / (1 + 0.01 * 5) = 0.005 / 1.05; update = lr * trust * (g + beta * w).
@@ -217,6 +224,7 @@ def test_one_step_by_hand():
     np.testing.assert_allclose(w, [2.994, 3.992], rtol=1e-6)  # lr * trust * (g + beta w) = [0.006, 0.008]
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("mode, trust", [("paper", 1.0), ("decayed_gradient", 0.1), ("update", 0.1)])
 def test_zero_gradient_tensor_still_decays(mode, trust):
     # w = 2, g = 0, lr 0.1, beta 0.01, eta 0.001, no momentum. "paper" measures ||g|| = 0: trust 1, so
@@ -228,11 +236,13 @@ def test_zero_gradient_tensor_still_decays(mode, trust):
     np.testing.assert_allclose(w, np.full(4, 2.0 - 0.1 * trust * 0.01 * 2.0), rtol=1e-6)
 
 
+@pytest.mark.horovod
 def test_zero_weights_and_zero_gradients_give_no_nan():
     (w,) = _run(LARS(1.0, weight_decay=1e-3), [np.zeros(3, np.float32)], [[np.zeros(3, np.float32)]] * 3)
     np.testing.assert_array_equal(w, np.zeros(3))
 
 
+@pytest.mark.unit
 def test_exclusions_match_variable_path():
     # Named: an unnamed model's path prefix depends on how many models earlier tests built (sequential_3).
     model = keras.Sequential(
@@ -273,6 +283,7 @@ def _lars_warnings(record):
     return [w for w in record if "LARS exclusion" in str(w.message)]
 
 
+@pytest.mark.unit
 def test_unmatched_exclusion_patterns_warn_once():
     opt = LARS(
         0.1, exclude_from_weight_decay=["no_such_layer", "w$"], exclude_from_layer_adaptation=["nothing"]
@@ -291,6 +302,7 @@ def test_unmatched_exclusion_patterns_warn_once():
     assert int(opt.iterations.numpy()) == 3
 
 
+@pytest.mark.unit
 def test_matching_exclusion_patterns_do_not_warn():
     opt = LARS(0.1, exclude_from_weight_decay=["w$"], exclude_from_layer_adaptation=["^dense/"])
     with warnings.catch_warnings(record=True) as record:
@@ -299,6 +311,7 @@ def test_matching_exclusion_patterns_do_not_warn():
     assert _lars_warnings(record) == []
 
 
+@pytest.mark.unit
 def test_weight_decay_is_not_handed_to_the_keras_base_class():
     # The reference tests above (weight_decay > 0) would fail if the base class decayed a second time.
     opt = LARS(0.1, weight_decay=0.1)
@@ -318,6 +331,7 @@ def _plain_sgd_steps(learning_rate, steps=2):
     return opt, history
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "learning_rate, expected",
     [
@@ -333,6 +347,7 @@ def test_learning_rate_forms(learning_rate, expected):
     np.testing.assert_allclose(history, expected, rtol=1e-6)
 
 
+@pytest.mark.unit
 def test_learning_rate_variable_is_shared():
     rate = keras.Variable(0.5, dtype="float32", name="shared_rate")
     opt = LARS(rate, momentum=0.0, exclude_from_layer_adaptation=[""])
@@ -347,6 +362,7 @@ def test_learning_rate_variable_is_shared():
     assert float(rate.numpy()) == 0.25
 
 
+@pytest.mark.unit
 def test_learning_rate_variable_saves_and_loads_the_whole_state(tmp_path):
     # Issue 15: the rate variable was listed twice, tf.train.Checkpoint refused to save, and a .keras load
     # dropped the optimizer state (iterations 8 came back as 0, velocities as zeros) with a warning only.
@@ -376,6 +392,7 @@ def test_learning_rate_variable_saves_and_loads_the_whole_state(tmp_path):
             np.testing.assert_array_equal(a, np.asarray(b))
 
 
+@pytest.mark.horovod
 def test_schedule_follows_applied_updates():
     schedule = WarmupPolynomialDecay(peak_learning_rate=4.0, total_steps=10, warmup_steps=4)
     opt = LARS(schedule, momentum=0.0, eta=1.0)
@@ -386,6 +403,7 @@ def test_schedule_follows_applied_updates():
     assert int(opt.iterations.numpy()) == 3
 
 
+@pytest.mark.unit
 def test_gradient_accumulation_counts_applied_updates():
     # 3 micro-batches per update: 6 calls are 2 updates, at schedule(0) = 1 and schedule(1) = 1.75 (Keras
     # alone would evaluate the schedule at the micro-batch counter, 2 and 5: rates 2.5 and 3.25).
@@ -413,6 +431,7 @@ def test_gradient_accumulation_counts_applied_updates():
     assert float(opt.learning_rate) == pytest.approx(float(schedule(2)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("loop", ["fit", "custom_tf_function"])
 def test_training_loops_match_reference(loop):
     # Full-batch linear regression: the MSE gradient is X^T (X W + b - Y) * 2 / (N * outputs).
@@ -447,6 +466,7 @@ def test_training_loops_match_reference(loop):
     assert int(optimizer.iterations.numpy()) == 4
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -469,6 +489,7 @@ def test_invalid_arguments_quote_the_value(kwargs, message):
     assert repr(value).strip("[]") in str(info.value)
 
 
+@pytest.mark.unit
 def test_config_round_trip():
     schedule = WarmupPolynomialDecay(peak_learning_rate=3.0, total_steps=100, warmup_steps=10)
     opt = LARS(
@@ -493,6 +514,7 @@ def test_config_round_trip():
     assert keras.optimizers.deserialize(keras.optimizers.serialize(opt)).get_config() == config
 
 
+@pytest.mark.unit
 def test_model_save_and_load_continues_identically(tmp_path):
     def build():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
@@ -530,6 +552,7 @@ def test_model_save_and_load_continues_identically(tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_mixed_bfloat16_keeps_float32_weights_and_slots():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -550,6 +573,7 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.unit
 def test_bfloat16_variables_follow_the_reference_loosely():
     # Variables stored in bfloat16 (not the mixed policy): slots in bfloat16, norms taken in float32.
     # Rate 5 makes every tensor move 0.2-4 in 5 steps, 10x and more the tolerance below, so the comparison

@@ -92,6 +92,7 @@ def _train(data, peak_learning_rate, adapt):
     return loss, accuracy
 
 
+@pytest.mark.unit
 def test_lars_trains_where_momentum_sgd_diverges(data):
     lars_loss, lars_accuracy = _train(data, 5.0, adapt=True)
     assert lars_loss < 0.40 and lars_accuracy > 0.83, (lars_loss, lars_accuracy)

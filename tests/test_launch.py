@@ -19,6 +19,7 @@ def _launch(script, *args, env=None):
     )  # fmt: skip
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize(
     "script, first",
     [("horovodrun.sh", "localhost:2"), ("mpirun.sh", "localhost")],
@@ -48,6 +49,7 @@ def test_two_ranks_run_smoke_flags(script, first, tmp_path):
     assert summary["local_size"] == 2 and summary["cross_size"] == 1
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("script", ["horovodrun.sh", "mpirun.sh"])
 def test_usage_and_missing_flagfile(script):
     result = _launch(script)

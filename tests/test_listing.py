@@ -48,6 +48,7 @@ def _build(root, **kwargs):
     )
 
 
+@pytest.mark.unit
 def test_hidden_files_and_folders_are_skipped_everywhere(tmp_path):
     # The folder: a notebook's checkpoints folder beside the classes and a macOS ._ file beside an
     # image (both were read before: 3 classes with cat as label 1, and a non-image decoded).
@@ -79,6 +80,7 @@ def test_hidden_files_and_folders_are_skipped_everywhere(tmp_path):
     assert [int(y[0]) for _, y in data.eval] == [0, 1]
 
 
+@pytest.mark.unit
 def test_image_extensions_in_any_letter_case_are_read(tmp_path):
     formats = {"a.JPEG": "JPEG", "b.jpg": "JPEG", "c.Jpg": "JPEG", "d.PNG": "PNG", "e.gif": "GIF"}
     formats.update({"f.BMP": "BMP", "g.webp": "WEBP", "h.JPE": "JPEG"})
@@ -99,6 +101,7 @@ def test_image_extensions_in_any_letter_case_are_read(tmp_path):
         np.testing.assert_allclose(images[i].numpy(), images[lossless[0]].numpy(), atol=0.05)
 
 
+@pytest.mark.unit
 def test_files_that_are_not_images_are_refused_naming_them(tmp_path):
     _write(
         tmp_path,
@@ -118,6 +121,7 @@ def test_files_that_are_not_images_are_refused_naming_them(tmp_path):
     assert "TIFF or HEIC to PNG or JPEG" in message and ".jpeg, .jpg" in message
 
 
+@pytest.mark.unit
 def test_images_outside_class_folders_are_refused(tmp_path):
     # An unsorted validation set: the images lie in the split folder itself.
     _write(tmp_path, {"ILSVRC2012_val_00000001.JPEG": ..., "n01440764/a.JPEG": ...})
@@ -125,6 +129,7 @@ def test_images_outside_class_folders_are_refused(tmp_path):
     assert f"1 files outside the class folders: {tmp_path}/ILSVRC2012_val_00000001.JPEG" in message
 
 
+@pytest.mark.unit
 def test_symbolic_links_to_files_and_class_folders_are_followed(tmp_path):
     _write(
         tmp_path,
@@ -144,6 +149,7 @@ def test_symbolic_links_to_files_and_class_folders_are_followed(tmp_path):
     assert all(os.path.isfile(p) for p in found.paths())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "link, target, repeats",
     [
@@ -163,6 +169,7 @@ def test_links_to_a_folder_already_read_are_refused(tmp_path, link, target, repe
     assert f"repeats {repeated}" in message
 
 
+@pytest.mark.unit
 def test_broken_links_are_refused_naming_link_and_target(tmp_path):
     _write(
         tmp_path, {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"}
@@ -172,6 +179,7 @@ def test_broken_links_are_refused_naming_link_and_target(tmp_path):
     assert f"{tmp_path}/dog -> /nonexistent" in message and "2 broken symbolic links" in message
 
 
+@pytest.mark.unit
 def test_training_class_folders_without_images_are_refused(tmp_path):
     _write(tmp_path, {"cat/a.JPEG": ..., "dog": None, "fox/.DS_Store": b"Bud1", "owl/empty": None})
     message = _refusal(tmp_path)
@@ -180,6 +188,7 @@ def test_training_class_folders_without_images_are_refused(tmp_path):
         assert os.path.join(str(tmp_path), name) in message
 
 
+@pytest.mark.unit
 def test_validation_classes_missing_are_named_extra_ones_refused(tmp_path):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ..., "train/owl/c.JPEG": ...})
     _write(tmp_path, {"validation/dog/d.JPEG": ..., "validation/owl": None})
@@ -193,6 +202,7 @@ def test_validation_classes_missing_are_named_extra_ones_refused(tmp_path):
     assert f"1 class folders the training split lacks: {tmp_path}/validation/fox" in message
 
 
+@pytest.mark.unit
 def test_sub_folders_belong_to_their_class_and_odd_names_are_read(tmp_path):
     odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
     _write(tmp_path, {"train/cat/2024/a b.JPEG": ..., "train/cat/z.JPEG": ..., "train/dog/Ärger ü.jpg": ...})
@@ -205,6 +215,7 @@ def test_sub_folders_belong_to_their_class_and_odd_names_are_read(tmp_path):
     assert sorted(labels) == [0, 0, 1, 1]
 
 
+@pytest.mark.unit
 def test_index_is_reused_until_a_folder_changes(tmp_path):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ..., "elsewhere/owl/c.JPEG": ...})
     root, index = str(tmp_path / "train"), str(tmp_path / "run" / "train.index.npz")

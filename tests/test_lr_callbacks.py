@@ -76,6 +76,7 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_callback_gives_the_schedule_rate_at_every_step(name, tmp_path):
     make = OPTIMIZERS[name]
@@ -114,6 +115,7 @@ def test_callback_gives_the_schedule_rate_at_every_step(name, tmp_path):
         )
 
 
+@pytest.mark.unit
 def test_gradient_accumulation_counts_updates_not_micro_batches():
     # 2 epochs of 6 micro-batches of 4 images, accumulated in pairs: 3 updates of 8 images per epoch.
     schedule = WarmupPolynomialDecay(0.2, 6, 3, warmup_start_learning_rate=0.05)
@@ -134,6 +136,7 @@ def test_gradient_accumulation_counts_updates_not_micro_batches():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.unit
 def test_resume_in_the_middle_of_warmup_continues_the_curve(tmp_path):
     uninterrupted = _model(keras.optimizers.SGD(0.0, momentum=0.9))
     record = _RecordRates()
@@ -161,6 +164,7 @@ def test_resume_in_the_middle_of_warmup_continues_the_curve(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.unit
 def test_loss_scale_optimizer_rate_is_set_on_the_wrapped_optimizer():
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.0))
     model = _model(optimizer)
@@ -171,6 +175,7 @@ def test_loss_scale_optimizer_rate_is_set_on_the_wrapped_optimizer():
     assert float(optimizer.inner_optimizer.learning_rate.numpy()) == _lr(SCHEDULE, 7)
 
 
+@pytest.mark.unit
 def test_rejects_an_optimizer_with_a_schedule_and_a_non_callable_schedule():
     callback = LearningRateWarmup(SCHEDULE)
     callback.set_model(_model(keras.optimizers.SGD(SCHEDULE)))
@@ -183,6 +188,7 @@ def test_rejects_an_optimizer_with_a_schedule_and_a_non_callable_schedule():
         LearningRateWarmup(0.1)
 
 
+@pytest.mark.unit
 def test_warns_when_batch_hooks_run_once_per_several_steps():
     callback = LearningRateWarmup(SCHEDULE)
     callback.set_model(_model(keras.optimizers.SGD(0.0), steps_per_execution=2))

@@ -50,6 +50,7 @@ def _run(cmd, timeout=420):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.horovod
 def test_single_process_subset_killed_resumed_completed(tmp_path):
     # Evaluated after epoch 2 only, checkpoints every 5 updates and at epoch ends.
     command = MAIN + SUBSET + ["--eval_every_epochs=2", "--checkpoint_every_steps=5", f"--workdir={tmp_path}"]
@@ -123,6 +124,7 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     assert "holds a run with another plan (epochs 2.0 -> 3.0; total_steps 16 -> 24)" in result.stderr
 
 
+@pytest.mark.horovod
 def test_two_ranks_subset(tmp_path):
     # The non-default gradient paths (the default, overlapped and uncompressed, runs in the launcher and
     # resume tests): one grouped allreduce per update, gradients as float16 on the wire.
@@ -148,6 +150,7 @@ def test_two_ranks_subset(tmp_path):
     assert 0.5 < summary["final_test_top1"] <= 1.0 and 0.5 < summary["final_val_top1"] <= 1.0
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize(
     "flag, fragments",
     [
@@ -170,6 +173,7 @@ def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):
         assert fragment in result.stderr
 
 
+@pytest.mark.horovod
 def test_batch_not_divisible_by_ranks_is_refused_on_every_rank(tmp_path):
     result = _run(
         [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]

@@ -20,6 +20,7 @@ def _reference(labels, logits, k):
     return (rank < k) & ~np.isnan(logits).any(axis=1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_all_zero_logits_give_chance_top1_and_top5_in_training_and_evaluation(label_smoothing):
     # The new user's case: 10 classes, every logit 0, 20 images with labels 0..9 twice. Ties broken by class
@@ -52,6 +53,7 @@ ADVERSARIAL = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", sorted(ADVERSARIAL))
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_adversarial_inputs_match_the_stable_sort(case, k):
@@ -64,6 +66,7 @@ def test_adversarial_inputs_match_the_stable_sort(case, k):
         np.testing.assert_array_equal(got[finite], (np.argmax(logits, 1) == labels)[finite])
 
 
+@pytest.mark.unit
 def test_tie_heavy_random_logits_and_the_keras_metric():
     rng = np.random.default_rng(0)
     logits = rng.integers(0, 3, size=(500, 10)).astype(np.float32)  # about 3 tied classes per value
@@ -82,6 +85,7 @@ def test_tie_heavy_random_logits_and_the_keras_metric():
     assert tf.math.in_top_k(labels, logits, 1).numpy().mean() > top1 + 0.1
 
 
+@pytest.mark.unit
 def test_bfloat16_logits_tie_as_bfloat16():
     # 1.0 and 1.001 differ in float32 and are the same bfloat16 number (8-bit significand).
     logits = tf.constant([[1.0, 1.001, 0.5], [0.5, 1.001, 1.0]], tf.float32)
@@ -94,6 +98,7 @@ def test_bfloat16_logits_tie_as_bfloat16():
     assert float(metric.result()) == 0.5
 
 
+@pytest.mark.unit
 def test_single_class():
     logits = tf.constant([[0.0], [-3.0], [7.0]])
     assert top_k_correct(tf.constant([0, 0, 0]), logits, 1).numpy().all()
@@ -102,6 +107,7 @@ def test_single_class():
     assert float(metric.result()) == 1.0
 
 
+@pytest.mark.unit
 def test_metric_config_round_trip_and_bad_k():
     metric = TopKAccuracy(5, name="top5")
     again = TopKAccuracy.from_config(metric.get_config())

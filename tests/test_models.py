@@ -49,6 +49,7 @@ def imagenet_resnet_params(blocks, bottleneck, num_classes=1000):
     return total + c_in * num_classes + num_classes
 
 
+@pytest.mark.unit
 def test_unknown_model_lists_valid_names():
     with pytest.raises(ValueError) as info:
         get_model("vgg16")
@@ -66,6 +67,7 @@ def test_unknown_model_lists_valid_names():
     }
 
 
+@pytest.mark.unit
 def test_small_cnn_parameter_count():
     model = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
     # convs (no bias): 3*3*(1*16 + 16*16 + 16*32 + 32*32) = 16,272; BN gamma+beta: 2*(16+16+32+32) = 192;
@@ -76,6 +78,7 @@ def test_small_cnn_parameter_count():
     assert model.output.dtype == "float32"
 
 
+@pytest.mark.unit
 def test_resnet50_v15_parameter_count_and_layout():
     model = get_model("resnet50")
     # Per stage (bottleneck_params): stem 9,408 + 128; stage 1: 75,008 + 2 * 70,400; stage 2: 379,392 +
@@ -97,6 +100,7 @@ def test_resnet50_v15_parameter_count_and_layout():
     assert not any(layer.use_bias for layer in convs)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "name, blocks, expected",
     [("resnet18", (2, 2, 2, 2), 11_689_512), ("resnet34", (3, 4, 6, 3), 21_797_672)],
@@ -107,6 +111,7 @@ def test_basic_block_resnet_parameter_counts(name, blocks, expected):
     assert trainable_count(get_model(name)) == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("zero_init", [True, False])
 def test_zero_init_residual_sets_last_gamma_of_every_block(zero_init):
     model = resnet(18, num_classes=10, input_shape=(32, 32, 3), zero_init_residual=zero_init)
@@ -117,6 +122,7 @@ def test_zero_init_residual_sets_last_gamma_of_every_block(zero_init):
     np.testing.assert_array_equal(model.get_layer("stage1_block1_bn1").gamma.numpy(), 1.0)
 
 
+@pytest.mark.unit
 def test_alexnet_parameter_counts():
     # One tower (no grouped convolutions), with biases: conv1 11*11*3*96 + 96 = 34,944; conv2 5*5*96*256 +
     # 256 = 614,656; conv3 3*3*256*384 + 384 = 885,120; conv4 3*3*384*384 + 384 = 1,327,488;
@@ -149,6 +155,7 @@ def test_alexnet_parameter_counts():
     assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
 
 
+@pytest.mark.unit
 def test_resnet20_parameter_count():
     # Stem 3*3*3*16 + BN 32 = 464. Stage 1: 3 blocks of 2 * 3*3*16*16 + 2 BN (64) = 4,672 -> 14,016.
     # Stage 2: first block 3*3*16*32 + 3*3*32*32 + 128 = 13,952, two more of 2 * 9,216 + 128 = 18,560
@@ -159,6 +166,7 @@ def test_resnet20_parameter_count():
     assert model.get_layer("stage3_block3_out").output.shape[1:] == (8, 8, 64)
 
 
+@pytest.mark.unit
 def test_invalid_shapes_and_depths_raise():
     with pytest.raises(ValueError, match=r"67x67.*\(64, 64, 3\)"):
         get_model("alexnet", input_shape=(64, 64, 3))
@@ -175,6 +183,7 @@ def mixed_bfloat16():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "name, shape",
     [("alexnet", (67, 67, 3)), ("alexnet_bn", (67, 67, 3)), ("resnet18", (64, 64, 3)), ("resnet20", None)],
@@ -188,6 +197,7 @@ def test_logits_are_float32_under_mixed_bfloat16(mixed_bfloat16, name, shape):
     assert model.get_layer("conv1").compute_dtype == "bfloat16"
 
 
+@pytest.mark.unit
 def test_local_response_normalization_matches_caffe_formula():
     x = np.random.default_rng(0).normal(size=(2, 3, 3, 7)).astype(np.float32) * 20
     y = LocalResponseNormalization()(x).numpy()
@@ -197,6 +207,7 @@ def test_local_response_normalization_matches_caffe_formula():
     np.testing.assert_allclose(y, x / (1 + 1e-4 / 5 * window) ** 0.75, rtol=1e-5)
 
 
+@pytest.mark.unit
 def test_fused_batch_norm_matches_reference_and_keras_gradients():
     rng = np.random.default_rng(1)
     x = tf.constant(rng.normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32))
@@ -227,6 +238,7 @@ def test_fused_batch_norm_matches_reference_and_keras_gradients():
     np.testing.assert_allclose(fused(x, training=False), expected, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_zero_pad_shortcut_subsamples_and_appends_zero_channels():
     x = np.arange(2 * 4 * 4 * 3, dtype=np.float32).reshape(2, 4, 4, 3)
     y = ZeroPadShortcut(8, 2)(x).numpy()

@@ -18,6 +18,7 @@ def _gradient_image(height, width):
     return np.stack([(x * 255) // (width - 1), (y * 255) // (height - 1), (x + y) % 256], -1).astype(np.uint8)
 
 
+@pytest.mark.unit
 def test_reference_constants():
     np.testing.assert_allclose(pp.MEAN_RGB, [123.675, 116.28, 103.53])
     np.testing.assert_allclose(pp.STDDEV_RGB, [58.395, 57.12, 57.375])
@@ -25,12 +26,14 @@ def test_reference_constants():
     assert pp.CROP_AREA_RANGE == (0.08, 1.0) and pp.CROP_ASPECT_RATIO_RANGE == (0.75, 4 / 3)
 
 
+@pytest.mark.unit
 def test_normalize_hand_values():
     pixels = tf.constant([[123.675, 116.28, 103.53], [255, 255, 255], [0, 0, 0]])
     want = [[0, 0, 0], [131.325 / 58.395, 138.72 / 57.12, 151.47 / 57.375], [-2.117904, -2.035714, -1.804444]]
     np.testing.assert_allclose(pp.normalize(pixels).numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_random_crop_windows_stay_in_range_and_repeat():
     height, width = 300, 400
     windows = np.array([pp.random_crop_window([height, width], _seed(i)).numpy() for i in range(200)])
@@ -45,6 +48,7 @@ def test_random_crop_windows_stay_in_range_and_repeat():
     assert (area < 0.15).sum() > 10 and (area > 0.8).sum() > 5
 
 
+@pytest.mark.unit
 def test_random_crop_falls_back_to_the_centre_crop():
     # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area.
     window = pp.random_crop_window([1000, 10], _seed(0)).numpy()
@@ -52,6 +56,7 @@ def test_random_crop_falls_back_to_the_centre_crop():
     np.testing.assert_array_equal(window, [496, 1, 8, 8])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["rgb", PNG, CMYK])
 def test_decode_and_random_crop_equals_decode_then_slice(kind):
     data = tf.constant(encode(_gradient_image(120, 160), kind))
@@ -68,6 +73,7 @@ def test_decode_and_random_crop_equals_decode_then_slice(kind):
             assert difference.max() <= 3 and difference.mean() < 0.05
 
 
+@pytest.mark.unit
 def test_eval_centre_crop_is_exact_on_a_lossless_image():
     image = np.random.default_rng(0).integers(0, 256, size=(256, 512, 3), dtype=np.uint8)
     out = pp.preprocess_eval(tf.constant(encode(image, PNG)), 224).numpy()
@@ -76,6 +82,7 @@ def test_eval_centre_crop_is_exact_on_a_lossless_image():
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("size, short_side, resized", [(224, 256, (256, 341)), (227, 259, (259, 345))])
 def test_eval_resize_keeps_aspect(size, short_side, resized):
     image = tf.zeros([300, 400, 3], tf.uint8)
@@ -84,6 +91,7 @@ def test_eval_resize_keeps_aspect(size, short_side, resized):
     assert pp.preprocess_eval(data, size).shape == (size, size, 3)
 
 
+@pytest.mark.unit
 def test_train_view_shape_range_and_flip_rate():
     data = tf.constant(encode(_gradient_image(64, 64), PNG))
     flipped = 0
@@ -98,6 +106,7 @@ def test_train_view_shape_range_and_flip_rate():
     np.testing.assert_array_equal(again, pp.preprocess_train(data, _seed(5), 32).numpy())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", [CMYK, GREY, PNG])
 def test_odd_encodings_decode_to_the_source_rgb(kind):
     image = source_images(1)[0]
@@ -107,11 +116,13 @@ def test_odd_encodings_decode_to_the_source_rgb(kind):
     assert error == 0 if kind == PNG else error < 3.0  # JPEG at quality 95
 
 
+@pytest.mark.unit
 def test_corrupt_bytes_raise():
     with pytest.raises(tf.errors.InvalidArgumentError):
         pp.decode_rgb(tf.constant(b"not an image at all"))
 
 
+@pytest.mark.unit
 def test_caffe_constants():
     assert (pp.CAFFE_RESIZE, pp.CAFFE_CROP, pp.caffe_resize_size(227)) == (256, 227, 256)
     np.testing.assert_allclose(pp.CAFFE_MEAN_RGB[::-1], [104.00698793, 116.66876762, 122.67891434])
@@ -121,6 +132,7 @@ def test_caffe_constants():
         pp.get_preprocessing("vgg")
 
 
+@pytest.mark.unit
 def test_caffe_crop_windows():
     # Training: y and x uniform over the 30 offsets 0..29 of a 227 window in 256 (Caffe's Rand(256-227+1)),
     # independent; evaluation: the centre, (256 - 227) // 2 = 14.
@@ -134,6 +146,7 @@ def test_caffe_crop_windows():
     np.testing.assert_array_equal(pp.caffe_crop_offsets(256, 227, _seed(3)).numpy(), offsets[3])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name, scale", [("caffe", 1.0), ("caffe_scaled", 1 / 256)])
 def test_caffe_views_are_exact_crops_of_a_256_image(name, scale):
     # A lossless 256x256 image: the resize is the identity, so each view is exactly a window of it.
@@ -158,6 +171,7 @@ def test_caffe_views_are_exact_crops_of_a_256_image(name, scale):
     assert 3 <= mirrored <= 17
 
 
+@pytest.mark.unit
 def test_caffe_resizes_to_a_square_without_keeping_the_aspect_ratio():
     image = _gradient_image(300, 400)
     data = tf.constant(encode(image, PNG))

@@ -9,6 +9,7 @@ Before statistics were averaged at checkpoints, rank 1 resumed with rank 0's sta
 uninterrupted rank 1 kept its own, and the runs differed after the resume.
 """
 
+import pytest
 import os
 import subprocess
 import sys
@@ -63,9 +64,11 @@ def _check_resume(tmp_path, launcher):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.horovod
 def test_single_process_resume_is_exact(tmp_path):
     _check_resume(tmp_path, ())
 
 
+@pytest.mark.horovod
 def test_two_rank_resume_is_exact(tmp_path):
     _check_resume(tmp_path, (HOROVODRUN, "-np", "2", "-H", "localhost:2"))

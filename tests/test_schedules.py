@@ -35,6 +35,7 @@ def _mlperf_reference(step, peak, total_steps, warmup_steps, end):
     return float(keras.ops.convert_to_numpy(decay(step - warmup_steps)))
 
 
+@pytest.mark.unit
 def test_mlperf_convention_values():
     # peak 10, warmup 4 of 14 steps from 0, power 2, end 0.1; the decay spans D = 14 - 4 + 1 = 11 steps.
     s = WarmupPolynomialDecay(peak_learning_rate=10.0, total_steps=14, warmup_steps=4, end_learning_rate=0.1)
@@ -51,6 +52,7 @@ def test_mlperf_convention_values():
         assert _lr(s, t) == pytest.approx(_mlperf_reference(t, 10.0, 14, 4, 0.1), rel=1e-6), t
 
 
+@pytest.mark.unit
 def test_mlperf_resnet50_32k_matches_the_reference():
     # The reference's defaults at batch 32,768: peak 31.2, 25 warmup epochs, end 1e-4; 39 steps per epoch
     # (1,281,167 // 32,768) x 90 epochs = 3,510 updates, 975 of warmup.
@@ -62,6 +64,7 @@ def test_mlperf_resnet50_32k_matches_the_reference():
     assert got[steps.index(3509)] == pytest.approx(1e-4 + (31.2 - 1e-4) * (2 / 2536) ** 2, rel=1e-4)
 
 
+@pytest.mark.unit
 def test_warmup_from_a_start_rate():
     s = WarmupPolynomialDecay(
         peak_learning_rate=33.0, total_steps=100, warmup_steps=10, warmup_start_learning_rate=1.0
@@ -70,6 +73,7 @@ def test_warmup_from_a_start_rate():
     assert _lr(s, 5) == pytest.approx(1.0 + 32.0 * 0.5)
 
 
+@pytest.mark.unit
 def test_no_warmup_starts_at_peak():
     # (The reference's warmup would divide 0 by 0 at step 0 here; the decay spans 10 - 0 + 1 steps.)
     s = WarmupPolynomialDecay(peak_learning_rate=2.0, total_steps=10, warmup_steps=0, power=1.0)
@@ -77,12 +81,14 @@ def test_no_warmup_starts_at_peak():
     assert _lr(s, 5) == pytest.approx(2.0 * 6 / 11)
 
 
+@pytest.mark.unit
 def test_vectorised_steps_match_scalar_calls():
     s = WarmupPolynomialDecay(peak_learning_rate=5.0, total_steps=20, warmup_steps=5)
     many = keras.ops.convert_to_numpy(s(np.arange(25)))
     np.testing.assert_allclose(many, [_lr(s, t) for t in range(25)], rtol=1e-6)
 
 
+@pytest.mark.unit
 def test_config_is_the_constructor_arguments():
     s = WarmupPolynomialDecay(7.0, 50, 5, warmup_start_learning_rate=0.5, end_learning_rate=1e-4, power=1.5)
     config = s.get_config()
@@ -98,6 +104,7 @@ def test_config_is_the_constructor_arguments():
     assert clone.get_config() == config
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -113,6 +120,7 @@ def test_invalid_arguments(kwargs, fragment):
         WarmupPolynomialDecay(**kwargs)
 
 
+@pytest.mark.unit
 def test_linear_scaling_rule():
     assert scaled_learning_rate(0.1, 8192) == pytest.approx(3.2)  # Goyal et al.: 0.1 per 256
     assert scaled_learning_rate(2.0, 32768, reference_batch=1024) == pytest.approx(64.0)
@@ -120,6 +128,7 @@ def test_linear_scaling_rule():
         scaled_learning_rate(0.1, 0)
 
 
+@pytest.mark.unit
 def test_epochs_to_steps():
     assert epochs_to_steps(1, 60000, 4096) == 14
     assert epochs_to_steps(90, 1281167, 32768) == 90 * 39
@@ -131,6 +140,7 @@ def test_epochs_to_steps():
 # --- The paper's solver convention, cosine and step decay: hand-computed values --------------------------
 
 
+@pytest.mark.unit
 def test_paper_convention_values():
     # peak 10, warmup 4 of 20 steps from 1, power 2: decay counted from step 0, so the rate drops at step 4.
     s = PaperPolynomialDecay(
@@ -145,6 +155,7 @@ def test_paper_convention_values():
     assert _lr(s, 500) == 0.0
 
 
+@pytest.mark.unit
 def test_paper_convention_with_an_end_rate():
     s = PaperPolynomialDecay(10.0, 20, 4, end_learning_rate=1.0, power=1.0)
     assert _lr(s, 0) == 0.0
@@ -153,6 +164,7 @@ def test_paper_convention_with_an_end_rate():
     assert _lr(s, 25) == pytest.approx(1.0)
 
 
+@pytest.mark.unit
 def test_the_two_conventions_share_the_warmup_and_differ_after_it():
     mlperf = WarmupPolynomialDecay(10.0, 20, 4, warmup_start_learning_rate=1.0)
     paper = PaperPolynomialDecay(10.0, 20, 4, warmup_start_learning_rate=1.0)
@@ -164,6 +176,7 @@ def test_the_two_conventions_share_the_warmup_and_differ_after_it():
     assert _lr(paper, 12) == pytest.approx(10.0 * (1 - 12 / 20) ** 2)
 
 
+@pytest.mark.unit
 def test_cosine_values():
     # peak 2, warmup 2 of 6 steps from 0, end 0.2: half cosine over steps 2..6.
     s = WarmupCosineDecay(peak_learning_rate=2.0, total_steps=6, warmup_steps=2, end_learning_rate=0.2)
@@ -177,6 +190,7 @@ def test_cosine_values():
     assert _lr(s, 60) == pytest.approx(0.2)
 
 
+@pytest.mark.unit
 def test_step_decay_values():
     s = WarmupStepDecay(1.0, total_steps=8, warmup_steps=2, warmup_start_learning_rate=0.5, boundaries=[4, 6])
     rates = [_lr(s, t) for t in range(9)]
@@ -188,6 +202,7 @@ def test_step_decay_values():
 # --- Pure functions ------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_pure_functions_broadcast_over_steps():
     steps = np.array([0, 1, 2, 3, 4])
     np.testing.assert_allclose(_np(sf.linear_warmup(steps, 4, 0.0, 8.0)), [0, 2, 4, 6, 8])
@@ -206,6 +221,7 @@ def test_pure_functions_broadcast_over_steps():
         sf.piecewise_constant(steps, [1, 2], [1.0, 2.0])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_schedules_follow_an_int64_step_variable_in_a_graph(name):
     # Optimizers call the schedule with their int64 update counter inside a tf.function.
@@ -221,6 +237,7 @@ def test_schedules_follow_an_int64_step_variable_in_a_graph(name):
 # --- Config round trip, registry, argument checks -----------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "schedule",
     [
@@ -239,6 +256,7 @@ def test_config_round_trip(schedule):
     np.testing.assert_array_equal(_np(clone(np.arange(120))), _np(schedule(np.arange(120))))
 
 
+@pytest.mark.unit
 def test_make_schedule_builds_each_registered_schedule():
     assert sorted(SCHEDULES) == ["cosine", "mlperf_poly", "paper_poly", "step"]
     for name, cls in SCHEDULES.items():
@@ -258,6 +276,7 @@ def test_make_schedule_builds_each_registered_schedule():
     assert make_schedule("step", 1.0, 90, 5, boundaries=[]).boundaries == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "name, kwargs, fragment",
     [
@@ -289,6 +308,7 @@ def test_make_schedule_errors(name, kwargs, fragment):
         make_schedule(name, 1.0, 90, 5, **kwargs)
 
 
+@pytest.mark.unit
 def test_numpy_integer_steps_are_accepted_and_stored_as_int():
     s = WarmupCosineDecay(1.0, np.int64(100), np.int32(10))
     assert type(s.get_config()["total_steps"]) is int and type(s.get_config()["warmup_steps"]) is int
@@ -299,6 +319,7 @@ def test_numpy_integer_steps_are_accepted_and_stored_as_int():
 # --- Momentum correction: the numbers in hvd_lars.optim.schedules' docstring ---------------------------------
 
 
+@pytest.mark.unit
 def test_uncorrected_momentum_delays_a_linear_ramp_by_m_over_1_minus_m_steps():
     # Caffe-style velocity v = m v + lr_t g with a steady gradient g = 1 during a ramp lr_t = t / 200.
     m, slope = 0.9, 1.0 / 200
@@ -311,6 +332,7 @@ def test_uncorrected_momentum_delays_a_linear_ramp_by_m_over_1_minus_m_steps():
     assert v / corrected == pytest.approx(1 - 9 / 150, rel=1e-7)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("factor, extra_steps", [(0.1, 81.0), (0.81, 9 * (1 / 0.81 - 1))])
 def test_a_rate_drop_without_momentum_correction_overshoots(factor, extra_steps):
     # Displacement after the rate falls by `factor`, uncorrected minus corrected, in units of steady

@@ -29,6 +29,7 @@ hosts_from_environment = _hosts.hosts_from_environment
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "hostlist, hosts",
     [
@@ -43,12 +44,14 @@ def test_expand_hostlist(hostlist, hosts):
     assert expand_hostlist(hostlist) == hosts
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["node[01-03", "node]1[", "node[a-b]", "node[5-3]"])
 def test_bad_hostlist_is_quoted(bad):
     with pytest.raises(ValueError, match="host list"):
         expand_hostlist(bad)
 
 
+@pytest.mark.unit
 def test_tasks_per_node_and_environment():
     assert expand_tasks_per_node("2(x3),1", 4) == [2, 2, 2, 1]
     with pytest.raises(ValueError, match="describes 2 nodes, the node list 3"):
@@ -80,6 +83,7 @@ def _sbatch(cluster, tmp_path, *flags):
     return cluster.run(cmd).stdout.strip().split(";")[0]
 
 
+@pytest.mark.system
 def test_sbatch_runs_two_ranks_through_srun(cluster, tmp_path):
     job = _sbatch(cluster, tmp_path)
     state = cluster.wait(job, timeout=300)
@@ -90,6 +94,7 @@ def test_sbatch_runs_two_ranks_through_srun(cluster, tmp_path):
     assert summary["world_size"] == 2 and summary["plan"]["total_steps"] == 6
 
 
+@pytest.mark.system
 def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
     job = _sbatch(cluster, tmp_path, "--steps_per_epoch=30", "--epochs=2", "--checkpoint_every_steps=5",
                   "--resume=true")  # fmt: skip
@@ -116,6 +121,7 @@ def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
     assert summary["epochs"][-1]["epoch"] == 2
 
 
+@pytest.mark.system
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
     job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=0",

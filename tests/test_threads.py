@@ -12,6 +12,7 @@ from hvd_lars.training.threads import describe_cores, parse_cpu_list, threads_pe
 from tests.support import REPO
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "local_size, cores, usable, threads",
     [
@@ -31,6 +32,7 @@ def test_threads_per_rank(local_size, cores, usable, threads):
     assert threads_per_rank(local_size, cores, usable) == threads
 
 
+@pytest.mark.unit
 def test_cpu_lists():
     assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
     assert describe_cores([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
@@ -66,11 +68,13 @@ def _rank_threads(prefix=(), env=None):
     return json.loads(line[len("THREADS ") :])
 
 
+@pytest.mark.horovod
 def test_a_rank_bound_to_one_core_runs_one_thread():
     threads = _rank_threads(["taskset", "-c", str(min(os.sched_getaffinity(0)))])
     assert (threads["intra_op"], threads["inter_op"], threads["input"]) == (1, 1, 1)
 
 
+@pytest.mark.horovod
 def test_one_rank_per_node_under_srun_gets_all_its_cores():
     # What srun sets for 1 task on each of 2 nodes of a job allocated 2 tasks per node: the job-level
     # count (SLURM_NTASKS_PER_NODE=2) is not this step's, and only Horovod's local_size() is trusted.
@@ -84,6 +88,7 @@ def test_one_rank_per_node_under_srun_gets_all_its_cores():
     assert (threads["intra_op"], threads["inter_op"], threads["input"]) == (cores, cores, cores)
 
 
+@pytest.mark.unit
 def test_horovod_cpu_defaults_fill_only_what_is_unset():
     environ = {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin"}
     applied = threads.apply_horovod_cpu_defaults(environ)
@@ -92,6 +97,7 @@ def test_horovod_cpu_defaults_fill_only_what_is_unset():
     assert threads.apply_horovod_cpu_defaults(environ) == {}
 
 
+@pytest.mark.horovod
 def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
     # What Horovod reads on each rank: the main program sets both before hvd.init().
     code = (

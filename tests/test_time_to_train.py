@@ -5,6 +5,7 @@ import pytest
 from benchmarks import time_to_train as ttt
 
 
+@pytest.mark.unit
 def test_updates_per_epoch_and_time_to_train():
     assert ttt.updates_per_epoch(32768) == 40  # the released AlexNet-BN solver: 4,000 updates in 100 epochs
     assert ttt.updates_per_epoch(8192) == 157 and ttt.updates_per_epoch(100, images=1000) == 10
@@ -13,6 +14,7 @@ def test_updates_per_epoch_and_time_to_train():
         ttt.updates_per_epoch(0)
 
 
+@pytest.mark.unit
 def test_ring_allreduce():
     # 2 ranks: alpha + 2 (1/2) n / B.
     assert ttt.ring_allreduce_s(100e6, 2, 1e-3, 1e8) == pytest.approx(1.001)
@@ -26,6 +28,7 @@ def test_ring_allreduce():
         ttt.ring_allreduce_s(1, 0, 0, 1)
 
 
+@pytest.mark.unit
 def test_step_time_and_overlap():
     # Backward is 2/3 of compute; overlap 0.75 hides 0.5 s of a 1 s allreduce behind 1 s of compute.
     assert ttt.step_time_s(1.0, 1.0, 0.75) == pytest.approx(1.5)
@@ -34,6 +37,7 @@ def test_step_time_and_overlap():
     assert ttt.overlap_from_measurement(0.9, 1.0, 1.0) == 1.0  # all hidden and a step below compute: clipped
 
 
+@pytest.mark.unit
 def test_peaks_and_scaling():
     assert ttt.SOCKETS["xeon_platinum_8160"].peak_gflops == pytest.approx(24 * 2.1 * 64)  # 3,225.6
     assert ttt.SOCKETS["xeon_phi_7250"].peak_gflops == pytest.approx(68 * 1.4 * 64)  # 6,092.8
@@ -41,6 +45,7 @@ def test_peaks_and_scaling():
     assert ttt.scaled_images_per_second(10.0, 200.0, socket) == pytest.approx(64.0)  # 10 x 1280 / 200
 
 
+@pytest.mark.unit
 def test_predict():
     socket = ttt.Socket("test", cores=10, ghz=2.0, flops_per_cycle=64, source="")  # 1,280 GFLOP/s
     # 10 images/s here at 200 GFLOP/s -> 64 images/s per socket; 16 images per socket -> 0.25 s compute.
@@ -53,6 +58,7 @@ def test_predict():
         ttt.predict(10.0, 200.0, 1, socket, 3, 64, 1, (0, 1, 0), 0)
 
 
+@pytest.mark.unit
 def test_validation_calibrates_on_resnet50_at_1gbit():
     # A made-up emulated-cluster run whose grouped steps are exactly compute + allreduce.
     alpha, bandwidth, grads = 1e-3, 1e8, {"resnet50": 100e6, "alexnet_bn": 200e6}

@@ -1,11 +1,13 @@
 """hvd_lars.training.train's pieces that need no data: thread settings read back from TensorFlow."""
 
+import pytest
 import tensorflow as tf
 
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.threads import applied_threads, configure_threads
 
 
+@pytest.mark.unit
 def test_thread_settings_are_read_back_from_tensorflow():
     tf.constant(1.0) + 1.0  # this process's TensorFlow is initialised: its pools are fixed
     before = applied_threads()

@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import hvd_lars.main  # noqa: E402
 import hvd_lars.models  # noqa: E402
 import hvd_lars.training.train  # noqa: E402
+from hvd_lars.parallel import collectives  # noqa: E402
 
 _models = []
 _initial = []

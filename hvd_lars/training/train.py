@@ -382,7 +382,8 @@ class _Session:
         from hvd_lars.parallel import elastic
         from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
         from hvd_lars.training import callbacks as cb
-        from hvd_lars.training import epoch_logs, faults
+        from hvd_lars.optim.rate_callbacks import LearningRateLogger
+        from hvd_lars.training import checkpoints, epoch_logs, faults
         from hvd_lars.training.run_summary import RunSummary
 
         config, model, run_dir = self.config, self.model, self.run_dir
@@ -439,7 +440,7 @@ class _Session:
         if start_step and chief and self.attempts == 1:
             _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
 
-        checkpointer = cb.PeriodicCheckpoint(
+        checkpointer = checkpoints.PeriodicCheckpoint(
             self.manager,
             config.checkpoint_every_steps,
             plan.accumulation_steps,
@@ -453,7 +454,7 @@ class _Session:
             self.watchdog,
             MetricAverageCallback(),
             cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
-            cb.LearningRateLogger(),
+            LearningRateLogger(),
             cb.ExactEvaluation(
                 data.eval,
                 data.num_eval_examples,

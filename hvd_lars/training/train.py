@@ -305,6 +305,7 @@ def run(config, extra_callbacks=()):
     from hvd_lars.data import get_input
     from hvd_lars.models import get_model
     from hvd_lars.training import faults
+    from hvd_lars.training.checkpoints import open_manager, restore_latest
 
     # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the
     # initial weights are rank 0's, broadcast below. Input shuffling is seeded per rank in the pipeline.
@@ -335,15 +336,10 @@ def run(config, extra_callbacks=()):
     optimizer.build(model.trainable_variables)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(
-        checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.keep_checkpoints
-    )
-    if config.resume and collectives.is_chief() and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).expect_partial()
-        print(
-            f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
-            flush=True,
-        )
+    manager = open_manager(checkpoint, os.path.join(run_dir, "checkpoints"), config.keep_checkpoints, run_dir)
+    restored = config.resume and collectives.is_chief() and restore_latest(checkpoint, manager, run_dir)
+    if restored:
+        print(f"[hvd_lars] resumed from {restored} (step {int(optimizer.iterations)})", flush=True)
     signals = faults.StopSignals()
     watchdog = faults.ProgressWatchdog(config.hang_timeout_s)
     session = _Session(config, run_name, run_dir, model, manager, signals, extra_callbacks, requested_threads)
@@ -379,10 +375,10 @@ class _Session:
         import keras
 
         from hvd_lars.data import get_input
+        from hvd_lars.optim.rate_callbacks import LearningRateLogger
         from hvd_lars.parallel import elastic
         from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
         from hvd_lars.training import callbacks as cb
-        from hvd_lars.optim.rate_callbacks import LearningRateLogger
         from hvd_lars.training import checkpoints, epoch_logs, faults
         from hvd_lars.training.run_summary import RunSummary
 

@@ -31,6 +31,7 @@ def _provenance(text, command):
     assert rate and float(rate.group(1)) > 1 and float(rate.group(2)) > 1, text[:600]
 
 
+@pytest.mark.horovod
 def test_record_run_writes_the_runs_table(tmp_path):
     epoch = {"epoch": 1, "loss": 0.5, "top1": 0.8, "test_top1": 0.9244, "test_top5": 0.999}
     summary = {
@@ -49,6 +50,7 @@ def test_record_run_writes_the_runs_table(tmp_path):
     assert "| 1 | 0.5000 | 0.8000 | 0.9244 | 0.9990 | 20 | 3000 |" in text
 
 
+@pytest.mark.horovod
 def test_benchmark_models_report_has_a_section_per_cpu(tmp_path):
     out = tmp_path / "models_throughput.md"
     _run("benchmarks.benchmark_models", "--report_only", f"--out={out}")
@@ -60,6 +62,7 @@ def test_benchmark_models_report_has_a_section_per_cpu(tmp_path):
     assert ratios.count(1.0) >= len(sections) and all(r > 0 for r in ratios)
 
 
+@pytest.mark.horovod
 def test_scaling_section_rewritten_and_the_reading_kept(tmp_path):
     out = tmp_path / "scaling.md"
     shutil.copy(os.path.join(REPO, "results", "scaling.md"), out)
@@ -74,6 +77,7 @@ def test_scaling_section_rewritten_and_the_reading_kept(tmp_path):
     assert "### Reading (written by hand" in section[1]
 
 
+@pytest.mark.horovod
 def test_time_to_train_predicts_minutes(tmp_path):
     out = tmp_path / "time_to_train.md"
     _run("benchmarks.time_to_train", f"--out={out}")
@@ -84,6 +88,7 @@ def test_time_to_train_predicts_minutes(tmp_path):
     assert (tmp_path / "time_to_train.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.horovod
 def test_listing_index_on_a_small_tree(tmp_path):
     out = tmp_path / "listing_index.md"
     _run("benchmarks.listing_index", "--classes=20", "--repeats=1", "--warm_only", f"--out={out}")

@@ -199,3 +199,17 @@ def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
     lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
     np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
     np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("metrics", [None, "epoch,step,loss\n"])
+def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys, metrics):
+    # summary.json is written before the first update; metrics.csv (or its first row) after epoch 0.
+    (tmp_path / "summary.json").write_text('{"plan": {"steps_per_epoch": 3}, "epochs": []}')
+    if metrics is not None:
+        (tmp_path / "metrics.csv").write_text(metrics)
+    assert plot_run.main([str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    said = f"{tmp_path}: no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot\n"
+    assert out.out == said
+    assert out.err == "" and not (tmp_path / "run.png").exists()

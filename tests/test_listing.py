@@ -247,3 +247,20 @@ def test_index_is_reused_until_a_folder_changes(tmp_path):
     with open(index, "r+b") as f:
         f.truncate(100)
     assert not listing.listed(root, index)[1]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["cut short", "empty", "another format"])
+def test_a_damaged_index_is_named_and_listed_again(tmp_path, capsys, kind):
+    _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
+    root, index = str(tmp_path / "train"), str(tmp_path / "run" / "train.index.npz")
+    first, _ = listing.listed(root, index)
+    data = open(index, "rb").read()
+    damaged = {"cut short": data[: len(data) // 2], "empty": b"", "another format": b"epoch,step\n0,3\n"}
+    with open(index, "wb") as f:
+        f.write(damaged[kind])
+    again, reused = listing.listed(root, index)
+    assert not reused and again.files == first.files == ("cat/a.JPEG", "dog/b.JPEG")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"[hvd_lars] warning: the listing index {index} is cut short")
+    assert listing.listed(root, index)[1]  # written anew, and reused

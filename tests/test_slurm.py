@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from tests.support import REPO
-from tests.support.slurm_cluster import SlurmCluster, slurm_available
+from tests.support import REPO, python_shim
+from tests.support.slurm_cluster import SlurmCluster, slurm_available, slurmstepd_pids
 
 
 def _load_hosts_script():
-    # launch/slurm/hosts.py is a script the batch script runs (it must start without TensorFlow), not a module.
+    # launch/slurm/hosts.py is a script the batch script runs (it starts without TensorFlow), not a module.
     spec = importlib.util.spec_from_file_location(
         "slurm_hosts", os.path.join(REPO, "launch", "slurm", "hosts.py")
     )
@@ -75,12 +75,56 @@ def cluster(tmp_path_factory):
 
 
 def _sbatch(cluster, tmp_path, *flags):
+    # tests/support/kill_at_step.py in place of the main program, for its --pause_at_step.
+    shim = python_shim(tmp_path, "tests/support/kill_at_step.py")
     cmd = [
         "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={REPO}",
-        f"--output={tmp_path}/slurm-%j.out", "--export=ALL,RANKS_PER_SOCKET=2",
+        f"--output={tmp_path}/slurm-%j.out",
+        f"--export=ALL,RANKS_PER_SOCKET=2,PYTHON={shim},PYTHONPATH={REPO}",
         SBATCH, "flags/smoke.flags", f"--workdir={tmp_path}", *flags,
     ]  # fmt: skip
     return cluster.run(cmd).stdout.strip().split(";")[0]
+
+
+def _paused(tmp_path, step):
+    """Flags that pause both ranks after update `step` until a stop signal reaches them."""
+    return [f"--pause_at_step={step}", f"--pause_marker={tmp_path}/paused"]
+
+
+def _wait_paused(cluster, job, tmp_path, timeout=300):
+    """Waits until both ranks are paused (each wrote its marker): the job is then certainly training."""
+    markers = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
+    deadline = time.time() + timeout
+    while not all(m.exists() for m in markers):
+        state = cluster.job_state(job)
+        log = tmp_path / f"slurm-{job}.out"
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), state + (
+            log.read_text()[-3000:] if log.exists() else ""
+        )
+        assert time.time() < deadline, f"job {job} not paused after {timeout} s"
+        time.sleep(0.2)
+    assert cluster.job_state(job) == "RUNNING"
+
+
+def _wait_state(cluster, job, state, timeout=120):
+    deadline = time.time() + timeout
+    while cluster.job_state(job) != state:
+        assert time.time() < deadline, f"job {job} not {state} after {timeout} s: {cluster.job_state(job)}"
+        time.sleep(0.2)
+
+
+def _wait_step_ended(cluster, job, timeout=120):
+    """Waits until the attempt before is gone from the node: no slurmstepd of the job left (the steps of a
+    requeued job keep their ids, and a step 0 started while the last one's slurmstepd still finalises its
+    PMIx server fails: "Cannot bind() UNIX socket .../stepd.slurm.pmix.<job>.0: Address already in use"),
+    the node idle, and a second more (a job started in the second its credential was revoked in is
+    refused, "Job credential revoked": Slurm compares whole seconds)."""
+    deadline = time.time() + timeout
+    while slurmstepd_pids(job):
+        assert time.time() < deadline, f"job {job}'s slurmstepd still running after {timeout} s"
+        time.sleep(0.2)
+    cluster.wait_idle(timeout)
+    time.sleep(1)
 
 
 @pytest.mark.system
@@ -96,62 +140,67 @@ def test_sbatch_runs_two_ranks_through_srun(cluster, tmp_path):
 
 @pytest.mark.system
 def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
+    # Paused after update 10 (checkpoints at 5 and 10) until the requeue's SIGTERM reaches the ranks: they
+    # stop at the next update, 11, with its checkpoint.
     job = _sbatch(cluster, tmp_path, "--steps_per_epoch=30", "--epochs=2", "--checkpoint_every_steps=5",
-                  "--resume=true")  # fmt: skip
-    checkpoints = tmp_path / "smoke" / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (
-        checkpoints.exists() and any(f.endswith(".index") for f in os.listdir(checkpoints))
-    ):
-        time.sleep(0.5)
-    assert cluster.job_state(job) == "RUNNING"
+                  "--resume=true", *_paused(tmp_path, 10))  # fmt: skip
+    _wait_paused(cluster, job, tmp_path)
     cluster.run(["scontrol", "requeue", job])
     # Slurm holds a requeued job back (Reason=BeginTime); a real pre-emption waits too, the test need not.
-    deadline = time.time() + 120
-    while time.time() < deadline and cluster.job_state(job) != "PENDING":
-        time.sleep(0.5)
+    _wait_state(cluster, job, "PENDING")
+    _wait_step_ended(cluster, job)
     cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     state = cluster.wait(job, timeout=600)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
     assert "restart 1" in log
-    assert "resumed from" in log
+    assert "stopped at step 11, checkpoint" in log and "resumed from" in log
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
-    assert summary["resumed_from_step"] >= 5 and summary["world_size"] == 2
+    assert summary["resumed_from_step"] == 11 and summary["world_size"] == 2
     assert summary["epochs"][-1]["epoch"] == 2
 
 
 @pytest.mark.system
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
+    # Paused after update 20 until the USR1 reaches the ranks: they stop at update 21.
     job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=0",
-                  "--resume=true")  # fmt: skip
+                  "--resume=true", *_paused(tmp_path, 20))  # fmt: skip
     summary_path = tmp_path / "smoke" / "summary.json"
-    deadline = time.time() + 300
-    while time.time() < deadline and not summary_path.exists():  # written just before the first update
-        time.sleep(0.5)
-    time.sleep(3)
-    assert cluster.job_state(job) == "RUNNING"
+    _wait_paused(cluster, job, tmp_path)
     # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.
     cluster.run(["scancel", "--batch", "--signal=USR1", job])
-    deadline = time.time() + 120
-    while time.time() < deadline and cluster.job_state(job) != "PENDING":
-        time.sleep(0.5)
+    _wait_state(cluster, job, "PENDING")
     log = (tmp_path / f"slurm-{job}.out").read_text()
     match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
-    assert match and match.group(1) == match.group(2), log[-3000:]
-    step = int(match.group(1))
-    # srun's status is 75 (hvd_lars.training.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a rank
-    # that had not yet exited after the first one exited 75; the USR1 the script passed on settles it.
-    assert 0 < step < 80
+    assert match and match.group(1) == match.group(2) == "21", log[-3000:]
+    # srun's status is 75 (hvd_lars.training.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a
+    # rank that had not yet exited after the first one exited 75; the USR1 the script passed on settles it.
     assert re.search(r"training stopped at a checkpoint \(status (75|143)\): requeueing", log)
     # The batch script requeued its own job and then exits: let its step end before the job starts again
     # (started at once, Slurm refuses it: "Job credential revoked"; a real requeue waits minutes).
-    time.sleep(10)
+    _wait_step_ended(cluster, job)
     cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     state = cluster.wait(job, timeout=600)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", state + log[-3000:]
-    assert f"(step {step})" in log and "restart 1" in log
+    assert "(step 21)" in log and "restart 1" in log
     summary = json.loads(summary_path.read_text())
-    assert summary["resumed_from_step"] == step and summary["epochs"][-1]["epoch"] == 2
+    assert summary["resumed_from_step"] == 21 and summary["epochs"][-1]["epoch"] == 2
+
+
+@pytest.mark.system
+def test_usr1_during_the_last_update_ends_the_job_without_a_requeue(cluster, tmp_path):
+    # Paused after the plan's last update (6 of 6) when the USR1 comes: the run is complete, exit 0, and the
+    # batch script does not requeue it (it did: "training stopped at a checkpoint (status 0): requeueing").
+    job = _sbatch(cluster, tmp_path, *_paused(tmp_path, 6))
+    _wait_paused(cluster, job, tmp_path)
+    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    state = cluster.wait(job, timeout=300)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", state + log[-3000:]
+    assert "stopped at a checkpoint" not in log and "restart 1" not in log, log[-3000:]
+    assert "training finished its plan (status 0): not requeued" in log
+    assert cluster.job_field(job, "Restarts") == "0"
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["epochs"][-1]["epoch"] == 2 and summary["plan"]["total_steps"] == 6

@@ -34,6 +34,7 @@ modification times in whole seconds miss a change made within the second of the 
 import dataclasses
 import io
 import os
+import sys
 import zipfile
 
 import numpy as np
@@ -283,8 +284,14 @@ def listed(root, index_path=None, classes=None):
         with open(index_path, "rb") as f:
             try:
                 old = Listing.from_bytes(f.read())
-            except (ValueError, OSError, KeyError, zipfile.BadZipFile):
-                old = None  # unreadable (e.g. cut short): list again
+            except (ValueError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
+                old = None  # cut short, empty or another format: listed again, and written anew
+                print(
+                    f"[hvd_lars] warning: the listing index {index_path} is cut short, empty or not a "
+                    f"listing index ({type(e).__name__}: {e}); {root} is listed again",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if (
             old is not None
             and old.root == root

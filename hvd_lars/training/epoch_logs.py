@@ -20,6 +20,7 @@ Why not Keras's own `CSVLogger` and `TensorBoard` (Keras 3.15):
 
 import csv
 import glob
+import io
 import os
 
 import keras
@@ -51,8 +52,8 @@ class MetricsCSV(keras.callbacks.Callback):
             a killed predecessor that got further than its last checkpoint, are dropped.
         steps_per_epoch: updates per epoch (for rows without a step).
 
-    Raises:
-        ValueError: an existing file that is not such a CSV (no `epoch` column).
+    An existing file cut short, empty or of another format is moved under `<run_dir>/damaged/` with a
+    one-line warning naming it, and its rows are rebuilt from the epochs of summary.json beside it.
     """
 
     FIXED = ("epoch", "step")
@@ -62,16 +63,36 @@ class MetricsCSV(keras.callbacks.Callback):
         self.path = path
         self.rows = []
         if os.path.exists(path):
-            with open(path, newline="") as f:
-                reader = csv.DictReader(f)
-                if reader.fieldnames and "epoch" not in reader.fieldnames:
-                    raise ValueError(f"{path} has no 'epoch' column: {reader.fieldnames}.")
-                for row in reader:
-                    epoch = int(row["epoch"])
-                    step = int(row["step"]) if row.get("step") else None
-                    if _kept(epoch, step, start_step, steps_per_epoch):
-                        # "NA": what Keras's CSVLogger wrote for a key an epoch lacked.
-                        self.rows.append({k: v for k, v in row.items() if v not in ("", "NA", None)})
+            try:
+                rows = _read_rows(path)
+            except ValueError as e:
+                rows = self._rebuilt(path, str(e), start_step, steps_per_epoch)
+            for row in rows:
+                epoch = int(row["epoch"])
+                step = int(row["step"]) if row.get("step") else None
+                if _kept(epoch, step, start_step, steps_per_epoch):
+                    # "NA": what Keras's CSVLogger wrote for a key an epoch lacked.
+                    self.rows.append({k: v for k, v in row.items() if v not in ("", "NA", None)})
+
+    @staticmethod
+    def _rebuilt(path, problem, start_step, steps_per_epoch):
+        # The damaged file is kept aside; its epochs come back from summary.json beside it, which holds
+        # the same epoch logs (its epochs count from 1).
+        from hvd_lars.training import damaged
+        from hvd_lars.training.run_summary import RunSummary
+
+        run_dir = os.path.dirname(os.path.abspath(path))
+        kept = damaged.set_aside(path, run_dir)
+        saved = RunSummary.load(run_dir) or {}
+        rows = [
+            {**{k: v for k, v in e.items() if k != "epoch"}, "epoch": e["epoch"] - 1,
+             "step": e["epoch"] * steps_per_epoch}
+            for e in saved.get("epochs", [])
+        ]  # fmt: skip
+        damaged.warn(
+            f"{path} is {problem}; kept as {kept}, and rebuilt with the {len(rows)} epoch(s) of summary.json"
+        )
+        return rows
 
     def on_epoch_end(self, epoch, logs=None):
         row = {"epoch": epoch, "step": _step(self.model), **(logs or {})}
@@ -89,6 +110,38 @@ class MetricsCSV(keras.callbacks.Callback):
         os.replace(tmp, self.path)
 
 
+def _read_rows(path):
+    """The rows of a metrics.csv (dicts of strings).
+
+    Raises:
+        ValueError: the file is empty, cut short (no line end after its last row, or a short row), or
+            not such a CSV (no `epoch` and `step` columns, or a row whose epoch or step is no integer).
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.strip():
+        raise ValueError("empty")
+    if not data.endswith(b"\n"):
+        raise ValueError("cut short (no line end after its last row)")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not text ({e})") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not reader.fieldnames or "epoch" not in reader.fieldnames:
+        raise ValueError(f"not a metrics.csv (columns {reader.fieldnames}, no epoch)")
+    rows = list(reader)
+    for row in rows:
+        if None in row or None in row.values():
+            raise ValueError(f"cut short or torn (row {row})")
+        try:
+            int(row["epoch"]), int(row["step"]) if row.get("step") else None
+        except ValueError:
+            bad = f"epoch {row['epoch']!r}, step {row.get('step')!r}"
+            raise ValueError(f"not a metrics.csv ({bad})") from None
+    return rows
+
+
 def _text(value):
     if isinstance(value, str):
         return value
@@ -103,7 +156,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
 
     A resumed run first removes from the event files in `log_dir` every scalar written at a step after
     `start_step` (rewriting those files without them, to a temporary file renamed over each), so the
-    epochs it trains again appear once. An events file cut short by a kill keeps its complete records.
+    epochs it trains again appear once. An events file cut short by a kill keeps its complete records; one
+    that is not an event file is moved under `<run_dir>/damaged/`, with a one-line warning naming it.
 
     Args:
         log_dir: folder of the event files.
@@ -137,10 +191,14 @@ def prune_events(log_dir, last_step):
     """Removes the summaries written at steps after `last_step` from the event files in `log_dir` (not
     its sub-folders); returns how many were removed. Files without such summaries are left untouched."""
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
 
+    from hvd_lars.training import damaged
+
+    run_dir = os.path.dirname(os.path.abspath(log_dir))
     removed = 0
     for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
-        kept, dropped = [], 0
+        kept, dropped, problem = [], 0, None
         try:
             for record in tf.data.TFRecordDataset(path):
                 event = tf.compat.v1.Event.FromString(record.numpy())
@@ -149,7 +207,18 @@ def prune_events(log_dir, last_step):
                 else:
                     kept.append(record.numpy())
         except tf.errors.DataLossError:
-            dropped += 1  # a record cut short by a kill: the complete ones before it are kept
+            # A record cut short by a kill: the complete ones before it are kept. Nothing readable at
+            # all: not an event file.
+            problem = "cut short" if kept else "not an event file (no readable record)"
+        except DecodeError:
+            problem = "not an event file (a record that is no tf.Event)"
+        if problem:
+            dropped += 1
+            saved = damaged.set_aside(path, run_dir, copy=bool(kept))
+            what = f"rewritten with its {len(kept)} complete record(s)" if kept else "left out"
+            damaged.warn(f"the TensorBoard event file {path} is {problem}; kept as {saved}, {what}")
+            if not kept:
+                continue
         if not dropped:
             continue
         tmp = os.path.join(log_dir, f"pruning.{os.path.basename(path)}")

@@ -7,7 +7,8 @@ Reads `RUN_DIR/metrics.csv` (one row per epoch: `hvd_lars.training.epoch_logs.Me
 panels sharing the step axis (optimizer updates; epochs along the top):
 - loss: training (mean over the epoch's batches), and validation and test where evaluated;
 - top-1: the same three;
-- learning rate: the run's schedule rebuilt from its config and plan (`hvd_lars.training.recipe.build_schedule`)
+- learning rate: the run's schedule rebuilt from its config and plan
+  (`hvd_lars.training.recipe.build_schedule`)
   as a line, the rate of update k drawn at step k (the counter after it), and the logged rate of each
   epoch's last update as points, which lie on the line when the optimizer followed its schedule.
 Epochs that logged a non-finite value (a diverged run) leave a gap. Works on any run directory of the
@@ -26,19 +27,31 @@ from hvd_lars.training.strict_json import read as read_json
 SPLITS = (("", "training"), ("val_", "validation"), ("test_", "test"))
 
 
+class NoEpochYet(Exception):
+    """`run_dir` is a run directory (summary.json exists) still in its first epoch: no row to plot yet."""
+
+
 def read_metrics(run_dir):
     """metrics.csv of `run_dir` as {column: list of float} (empty or "NA" fields as nan), rows in epoch
     order; a missing `step` column (runs logged by Keras's CSVLogger) is derived from the epoch and
     summary.json's steps per epoch.
 
     Raises:
+        NoEpochYet: summary.json exists but no epoch has finished (no metrics.csv, or no row in it).
         FileNotFoundError: no metrics.csv or summary.json in `run_dir`.
     """
     path = os.path.join(run_dir, "metrics.csv")
+    first_epoch = NoEpochYet(
+        f"{run_dir}: no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot"
+    )
+    if not os.path.exists(path) and os.path.exists(os.path.join(run_dir, "summary.json")):
+        raise first_epoch
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory of hvd_lars.main.")
     with open(path, newline="") as f:
         rows = sorted(csv.DictReader(f), key=lambda r: int(r["epoch"]))
+    if not rows:
+        raise first_epoch
     columns = {k: [_number(r.get(k)) for r in rows] for k in rows[0]} if rows else {}
     if rows and "step" not in columns:
         per_epoch = read_json(os.path.join(run_dir, "summary.json"))["plan"]["steps_per_epoch"]
@@ -149,6 +162,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         print(plot_run(args.run_dir, args.out))
+    except NoEpochYet as e:
+        print(e)  # as the docstring promises, also while it trains: not an error
+        return 0
     except FileNotFoundError as e:
         print(f"hvd_lars.training.plot_run: error: {e}", file=sys.stderr)
         return 2

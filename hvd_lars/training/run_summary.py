@@ -38,8 +38,9 @@ class RunSummary(keras.callbacks.Callback):
         self.path = os.path.join(run_dir, "summary.json")
         finished_epochs = start_step // plan.steps_per_epoch
         previous = []
-        if start_step and os.path.exists(self.path):
-            previous = [e for e in read_json(self.path).get("epochs", []) if e["epoch"] <= finished_epochs]
+        if start_step:
+            saved = RunSummary.load(run_dir) or {}
+            previous = [e for e in saved.get("epochs", []) if e["epoch"] <= finished_epochs]
         self.summary = {
             "run_name": run_name,
             "config": vars(config),
@@ -72,11 +73,32 @@ class RunSummary(keras.callbacks.Callback):
 
     @staticmethod
     def load(run_dir):
-        """The summary dict saved in `run_dir` (`read_json`), or None if there is none."""
+        """The summary dict saved in `run_dir` (`read_json`), or None if there is none. A file cut short,
+        empty or of another format (not a JSON object with a "plan" object and an "epochs" list) counts as
+        none: rank 0 moves it under `<run_dir>/damaged/` with a one-line warning naming it (the epochs it
+        held are taken up again from the next epoch's end on; metrics.csv keeps them)."""
         path = os.path.join(run_dir, "summary.json")
         if not os.path.exists(path):
             return None
-        return read_json(path)
+        try:
+            saved = read_json(path)
+            problem = None
+            if not isinstance(saved, dict) or not isinstance(saved.get("plan"), dict):
+                problem = 'not a summary (no "plan" object)'
+            elif not isinstance(saved.get("epochs"), list) or not all(
+                isinstance(e, dict) and isinstance(e.get("epoch"), int) for e in saved["epochs"]
+            ):
+                problem = 'not a summary (no "epochs" list of numbered epochs)'
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+            problem = f"cut short, empty or not JSON ({type(e).__name__}: {e})"
+        if problem is None:
+            return saved
+        if collectives.is_chief():
+            from hvd_lars.training import damaged
+
+            kept = damaged.set_aside(path, run_dir)
+            damaged.warn(f"{path} is {problem}; kept as {kept}, and written anew")
+        return None
 
     def record_stop(self, reason, step, message):
         """Records why training stopped early under "stopped" ({"reason", "step", "message"}) and writes

@@ -10,6 +10,9 @@ a job keeps the checkpoint before it: tests/test_checkpoints.py.)
 Usage: python tests/support/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
            [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
 (--block_checkpoints_at_step: rank 0 replaces the checkpoint folder by a file after update M.)
+(--pause_at_step=K: every rank, after update K (exactly; a run resumed past it does not pause), writes
+ FILE.rank<r> for --pause_marker=FILE, then waits until it receives SIGTERM or SIGUSR1 or --pause_until's
+ file exists: a test signals a job that is certainly still training, at a known update, on any machine.)
 (also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
 update; FILE receives the time.time() of the signal.)
 """
@@ -18,6 +21,7 @@ import functools
 import os
 import shutil
 import signal
+import threading
 import time
 
 import keras
@@ -25,12 +29,16 @@ from absl import flags
 
 from hvd_lars import main
 from hvd_lars.parallel import collectives
-from hvd_lars.training import checkpoints, train
+from hvd_lars.training import checkpoints, faults, train
 
 flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many updates are applied (0: never).")
 flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
 flags.DEFINE_integer("kill_rank", -1, "Only this rank signals itself (-1: every rank).")
 flags.DEFINE_string("kill_record", "", "File that receives the time (time.time()) of the signal.")
+flags.DEFINE_integer("pause_at_step", 0, "Pause every rank after this update (0: never); see the docstring.")
+flags.DEFINE_string("pause_marker", "", "The pause writes <this>.rank<r> once it has begun.")
+flags.DEFINE_string("pause_until", "", "The pause also ends when this file exists.")
+flags.DEFINE_float("pause_limit_s", 600, "A pause longer than this ends the process (status 1).")
 flags.DEFINE_integer(
     "block_checkpoints_at_step", 0, "Replace the checkpoint folder by a file after this update (0: never)."
 )
@@ -74,6 +82,48 @@ class KillAtStep(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class PauseAtStep(keras.callbacks.Callback):
+    """After update `step` (the batch that brings the optimizer's counter to exactly `step`), writes
+    `marker`.rank<r> (when given) and waits until this process receives a stop signal (SIGTERM, SIGUSR1)
+    or the file `until` exists. The signal is passed on to the handler in force (the training's
+    `faults.StopSignals`), so training then stops at the next update boundary as it would have anyway."""
+
+    def __init__(self, step, marker="", until="", limit_s=600.0):
+        super().__init__()
+        self.step, self.marker, self.until, self.limit_s = step, marker, until, limit_s
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) != self.step or getattr(self, "_done", False):
+            return
+        self._done = True
+        got = threading.Event()
+        previous = {}
+
+        def handler(signum, frame):
+            got.set()
+            before = previous[signum]
+            if callable(before):
+                before(signum, frame)
+
+        for s in faults.STOP_SIGNALS:
+            previous[s] = signal.signal(s, handler)
+        try:
+            if self.marker:
+                path = f"{self.marker}.rank{collectives.rank()}"
+                with open(path + ".tmp", "w") as f:
+                    f.write(f"{self.step}\n")
+                os.replace(path + ".tmp", path)  # the marker appears complete
+            deadline = time.monotonic() + self.limit_s
+            while not got.is_set() and not (self.until and os.path.exists(self.until)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"paused after update {self.step} for {self.limit_s} s: no signal")
+                faults.heartbeat()  # a pause is not a hang (--hang_timeout_s)
+                got.wait(0.05)
+        finally:
+            for s, before in previous.items():
+                signal.signal(s, before)
+
+
 _checkpointers = []
 
 
@@ -96,6 +146,8 @@ def _run_with_fault(config, extra_callbacks=(), run=None):
     f = flags.FLAGS
     if f.kill_at_step and f.kill_rank in (-1, collectives.init()[0]):
         _faults.append(KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record))
+    if f.pause_at_step:
+        _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until, f.pause_limit_s))
     if f.block_checkpoints_at_step and collectives.init()[0] == 0:
         folder = os.path.join(config.workdir, config.run_name, "checkpoints")
         _faults.append(BlockCheckpoints(f.block_checkpoints_at_step, folder))

@@ -172,6 +172,21 @@ class SlurmCluster:
             time.sleep(0.5)
 
 
+def slurmstepd_pids(job_id):
+    """PIDs of the slurmstepd processes of job `job_id` on this machine (the emulated hosts share its
+    process table): each names itself "slurmstepd: [<job>.<step>]"."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if title.startswith(f"slurmstepd: [{job_id}."):
+            pids.append(int(entry))
+    return pids
+
+
 def _alive(pid_file):
     """True while the daemon of `pid_file` runs (a zombie, which has no command line, counts as gone)."""
     try:

@@ -1,0 +1,31 @@
+"""Files a run reads back at a start that are found cut short, empty or foreign (checkpoints and their
+index, summary.json, metrics.csv, TensorBoard event files): each is moved under `<run_dir>/damaged/`, never
+deleted, with a one-line warning naming it and saying what the run does instead (falls back to an older
+checkpoint, rebuilds the file); the readers call `set_aside`."""
+
+import os
+import shutil
+import sys
+
+FOLDER = "damaged"
+
+
+def warn(message):
+    """One line on stderr: `[hvd_lars] warning: <message>`."""
+    print(f"[hvd_lars] warning: {message}", file=sys.stderr, flush=True)
+
+
+def set_aside(path, run_dir, copy=False):
+    """Moves (or, with `copy`, copies) the file `path` inside `run_dir` to the same relative path under
+    `<run_dir>/damaged/` (with `.1`, `.2`, ... appended when that name is taken); returns the new path."""
+    rel = os.path.relpath(path, run_dir)
+    if rel.startswith(os.pardir):
+        rel = os.path.basename(path)
+    target = os.path.join(run_dir, FOLDER, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    candidate, n = target, 0
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{target}.{n}"
+    (shutil.copy2 if copy else shutil.move)(path, candidate)
+    return candidate

@@ -42,7 +42,7 @@ def run(config, extra_callbacks=()):
     requested = threads.configure_threads(config, collectives.size())
     run_name, run_dir = train.run_directory(config, 1)
     shapes = get_input(config.dataset, **recipe.input_kwargs(config, config.global_batch_size, 0, 1, run_dir))
-    job = train.start(config, run_name, run_dir, shapes, 1, requested, extra_callbacks)
+    job = train.start(config, run_name, run_dir, shapes, 1, requested, extra_callbacks, agree=False)
     state = hvd_elastic.KerasState(job.model, step=int(job.model.optimizer.iterations)).state()
 
     def attempt(state):

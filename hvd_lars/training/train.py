@@ -19,7 +19,7 @@ from hvd_lars.parallel import collectives
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
 from hvd_lars.training import epoch_logs, faults, recipe, threads
 from hvd_lars.training.callbacks import ExactEvaluation, ImagesPerSecond
-from hvd_lars.training.checkpoints import PeriodicCheckpoint
+from hvd_lars.training.checkpoints import CheckpointReadError, PeriodicCheckpoint, open_manager, restore_latest
 from hvd_lars.training.plan import make_plan, plan_changes, refuse_plan_changes
 from hvd_lars.training.run_summary import RunSummary
 
@@ -80,12 +80,14 @@ def run_directory(config, world_size):
     return run_name, os.path.join(config.workdir, run_name)
 
 
-def start(config, run_name, run_dir, shapes, world_size, requested_threads, extra_callbacks=()):
+def start(config, run_name, run_dir, shapes, world_size, requested_threads, extra_callbacks=(), agree=True):
     """Seeds, precision, the compiled model with its built optimizer, and rank 0's restored checkpoint.
 
     Args:
         shapes: anything with `num_classes`, `input_shape` and `num_train_examples` (an `InputPipeline`).
         world_size: the world size the optimizer's plan is made for (1 for an elastic job's shapes).
+        agree: rank 0's failure to read its checkpoints becomes every rank's error (a collective); False
+            where no collective may run yet (before an elastic job's first sync).
 
     Returns:
         `Job`.
@@ -103,15 +105,8 @@ def start(config, run_name, run_dir, shapes, world_size, requested_threads, extr
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(
-        checkpoint, os.path.join(run_dir, "checkpoints"), max_to_keep=config.keep_checkpoints
-    )
-    if config.resume and collectives.is_chief() and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).expect_partial()
-        print(
-            f"[hvd_lars] resumed from {manager.latest_checkpoint} (step {int(optimizer.iterations)})",
-            flush=True,
-        )
+    manager = open_manager(checkpoint, os.path.join(run_dir, "checkpoints"), config.keep_checkpoints, run_dir)
+    _resume(config, checkpoint, manager, run_dir, agree)
     return Job(
         config,
         run_name,
@@ -122,6 +117,28 @@ def start(config, run_name, run_dir, shapes, world_size, requested_threads, extr
         list(extra_callbacks),
         watchdog=faults.ProgressWatchdog(config.hang_timeout_s),
     )
+
+
+def _resume(config, checkpoint, manager, run_dir, agree):
+    """Rank 0 restores the newest complete checkpoint (`restore_latest`: damaged ones are set aside, named).
+
+    Raises:
+        CheckpointReadError: checkpoints exist and none can be read back (on every rank with `agree`).
+    """
+    error = None
+    if config.resume and collectives.is_chief():
+        try:
+            restored = restore_latest(checkpoint, manager, run_dir)
+        except CheckpointReadError as e:
+            error = str(e)
+        else:
+            if restored:
+                step = int(checkpoint.optimizer.iterations)
+                print(f"[hvd_lars] resumed from {restored} (step {step})", flush=True)
+    if agree:
+        error = collectives.broadcast_object(error, name="hvd_lars.resume")
+    if error:
+        raise CheckpointReadError(error)
 
 
 def attempt(job, data, commit=None):

@@ -1,0 +1,98 @@
+"""What a restarted job meets, end to end: flags that change the plan of its checkpoints, bad flags, and a
+kill between an epoch's last update and its logs (issue "what a long job meets", items 3, 5 and 6)."""
+
+import csv
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+from tests.test_main import _scalars
+
+pytestmark = pytest.mark.horovod
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
+SMOKE = ["--flagfile=flags/smoke.flags", "--precision=float32", "--verbose=0"]
+
+
+def _run(args, workdir, program=("-m", "hvd_lars.main"), launcher=()):
+    cmd = [*launcher, sys.executable, *program, *SMOKE, *args, f"--workdir={workdir}"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.parametrize(
+    "flag, line",
+    [
+        ("--epochs=inf", "hvd_lars: error: --epochs must be a whole number > 0, got inf."),
+        (
+            "--peak_learning_rate=inf",
+            "hvd_lars: error: --peak_learning_rate must be a finite number >= 0, got inf.",
+        ),
+        ("--intra_op_threads=-1", "hvd_lars: error: --intra_op_threads must be a whole number >= 0, got -1."),
+        ("--seed=-1", "hvd_lars: error: --seed must be a whole number >= 0, got -1."),
+    ],
+)
+def test_a_bad_flag_is_exit_2_with_one_line_and_nothing_written(flag, line, tmp_path):
+    workdir = tmp_path / "w"
+    result = _run([flag], workdir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == line
+    assert not workdir.exists()
+
+
+PLAN = [
+    "--steps_per_epoch=2",
+    "--epochs=3",
+    "--checkpoint_every_steps=1",
+    "--resume=true",
+    "--noasync_checkpoints",
+]
+
+
+def test_a_resume_under_another_schedule_and_weight_decay_is_refused_on_every_rank(tmp_path):
+    killed = _run([*PLAN, "--schedule=mlperf_poly", "--kill_at_step=3"], tmp_path, program=(KILLER,))
+    assert killed.returncode != 0
+    changed = [*PLAN, "--schedule=cosine", "--weight_decay=0"]
+    two_ranks = (HOROVODRUN, "-np", "2", "-H", "localhost:2")
+    result = _run(changed, tmp_path, launcher=two_ranks)
+    assert result.returncode != 0
+    refusal = "holds a run with another plan (schedule 'mlperf_poly' -> 'cosine'; weight_decay 0.0005 -> 0.0)"
+    for rank in (0, 1):
+        # horovodrun prefixes each rank's lines: [r]<stderr>: (Gloo) or [1,r]<stderr>: (MPI).
+        assert any(
+            re.match(rf"\[(\d+,)?{rank}\]<stderr>:hvd_lars: error:", line) and refusal in line
+            for line in result.stdout.splitlines() + result.stderr.splitlines()
+        ), (rank, result.stdout[-3000:], result.stderr[-3000:])
+    # Named, the changes are taken: the run continues on the cosine curve from its checkpoint of step 3.
+    allowed = _run([*changed, "--allow_plan_change=schedule,weight_decay"], tmp_path)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "resumed from" in allowed.stdout and "(step 3)" in allowed.stdout
+
+
+def _rows(workdir):
+    with open(os.path.join(workdir, "smoke", "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_kill_before_an_epochs_logs_loses_none_of_them(tmp_path):
+    # 3 epochs of 3 steps; killed after update 3, the last of epoch 0, before its evaluation, logs and
+    # checkpoint (the checkpoint comes after the loggers, so no checkpoint is ever ahead of its epoch's logs).
+    flags = ["--steps_per_epoch=3", "--epochs=3", "--resume=true"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert _run(flags, straight).returncode == 0
+    assert _run([*flags, "--kill_at_step=3"], killed, program=(KILLER,)).returncode != 0
+    assert not os.path.exists(killed / "smoke" / "metrics.csv")
+    result = _run(flags, killed)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(step 2)" in result.stdout  # the checkpoint of update 2 (--checkpoint_every_steps=2)
+    expected, got = _rows(straight), _rows(killed)
+    assert [(r["epoch"], r["step"]) for r in got] == [("0", "3"), ("1", "6"), ("2", "9")]
+    # Epoch 0's row holds what the uninterrupted run measured, value for value.
+    for a, b in zip(expected, got):
+        assert a["test_loss"] == b["test_loss"] and a["test_top1"] == b["test_top1"], (a, b)
+    steps = sorted(step for tag, step in _scalars(killed / "smoke" / "tensorboard") if tag == "test_top1")
+    assert steps == [3, 6, 9]

@@ -1,0 +1,191 @@
+"""Each setting declared once: the flags come from the fields, every value is checked by its declaration,
+every setting is part of the plan or not, and epochs never turn into 0 steps silently."""
+
+import dataclasses
+import math
+import types
+
+import keras
+import numpy as np
+import pytest
+
+from hvd_lars import main
+from hvd_lars.optim.scaling import steps_in_epochs
+from hvd_lars.training import callbacks, epoch_logs, faults
+from hvd_lars.training.config import TrainConfig, plan_settings
+from hvd_lars.training.plan import make_plan, plan_changes
+from hvd_lars.training.train import callbacks_in_order, fit
+
+pytestmark = pytest.mark.unit
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+NUMERIC = [f.name for f in FIELDS.values() if f.type in (int, float) and f.metadata["check"] is not None]
+
+
+def _config(**kw):
+    base = dict(peak_learning_rate=2.0, global_batch_size=64, epochs=3, warmup_epochs=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -1])
+def test_every_numeric_setting_refuses_non_finite_and_negative_values_naming_itself(name, bad):
+    if bad == -1 and FIELDS[name].metadata["check"].low < -1:
+        pytest.skip(f"{name} accepts -1")
+    with pytest.raises(ValueError) as info:
+        _config(**{name: bad}).validate(1)
+    message = str(info.value)
+    assert f"--{name}" in message and repr(bad) in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "name, value, fragment",
+    [
+        ("epochs", math.inf, "--epochs must be a whole number > 0, got inf."),
+        ("intra_op_threads", -1, "--intra_op_threads must be a whole number >= 0, got -1."),
+        ("input_threads", -2, "--input_threads must be a whole number >= 0, got -2."),
+        ("seed", -1, "--seed must be a whole number >= 0, got -1."),
+        ("max_eval_examples", -1, "--max_eval_examples must be a whole number >= 0, got -1."),
+        ("eta", math.inf, "--eta must be a finite number > 0, got inf."),
+        ("epochs", 2.5, "--epochs must be a whole number > 0, got 2.5."),
+        ("optimizer", "adam", "--optimizer='adam'; valid: lars, momentum."),
+        ("decay_boundaries_epochs", (1.0, math.inf), "--decay_boundaries_epochs=[1.0, inf]: each must be"),
+        ("allow_plan_change", ("workdir",), "--allow_plan_change names workdir, which are not settings"),
+    ],
+)
+def test_bad_values_are_one_line_naming_flag_and_value(name, value, fragment):
+    with pytest.raises(ValueError) as info:
+        _config(**{name: value}).validate(1)
+    assert fragment in str(info.value)
+
+
+def test_every_field_is_a_flag_with_its_declared_default_and_help():
+    for name, field in FIELDS.items():
+        flag = main.FLAGS[name]
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        assert flag.default == default, name
+        assert flag.help.startswith(field.metadata["help"]), name
+
+
+def test_which_settings_are_part_of_the_plan():
+    # A new setting must be put on one side of this line, by hand.
+    assert set(plan_settings()) == {
+        "dataset", "data_dir", "image_size", "preprocessing", "deterministic", "model", "optimizer",
+        "global_batch_size", "accumulation_steps", "gradient_compression", "precision", "label_smoothing",
+        "epochs", "warmup_epochs", "base_learning_rate", "peak_learning_rate", "warmup_start_learning_rate",
+        "end_learning_rate", "schedule", "decay_power", "decay_boundaries_epochs", "decay_factor", "momentum",
+        "weight_decay", "eta", "trust_ratio_mode", "momentum_correction", "exclude_bn_and_bias", "epsilon",
+        "seed", "max_train_examples", "validation_examples", "steps_per_epoch",
+    }  # fmt: skip
+
+
+# A value other than the default for each setting of the plan (precision: compared as resolved).
+CHANGED = {
+    "dataset": "synthetic", "data_dir": "/elsewhere", "image_size": 28, "preprocessing": "caffe",
+    "deterministic": False, "model": "resnet20", "optimizer": "momentum", "global_batch_size": 128,
+    "accumulation_steps": 2, "gradient_compression": "fp16", "label_smoothing": 0.1, "epochs": 4,
+    "warmup_epochs": 2, "base_learning_rate": 0.1, "peak_learning_rate": 3.0, "warmup_start_learning_rate": 0.1,
+    "end_learning_rate": 0.01, "schedule": "cosine", "decay_power": 1.0, "decay_boundaries_epochs": (1.0,),
+    "decay_factor": 0.5, "momentum": 0.8, "weight_decay": 0.0, "eta": 0.002, "trust_ratio_mode": "update",
+    "momentum_correction": "warmup", "exclude_bn_and_bias": True, "epsilon": 1e-5, "seed": 1,
+    "max_train_examples": 1000, "validation_examples": 100, "steps_per_epoch": 5,
+}  # fmt: skip
+
+
+def _summary(config, plan):
+    # As summary.json holds them: tuples come back as lists.
+    return {
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(config).items()},
+        "plan": vars(plan),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(set(plan_settings()) - {"precision"}))
+def test_a_resume_refuses_each_change_of_the_plan_unless_named(name):
+    old = _config()
+    previous = _summary(old, make_plan(old, 1, 6400))
+    new = dataclasses.replace(old, **{name: CHANGED[name]})
+    plan = make_plan(dataclasses.replace(new, base_learning_rate=0, peak_learning_rate=2.0), 1, 6400)
+    changes = plan_changes(previous, new, plan)
+    assert changes and changes[0].startswith(f"{name} "), changes
+    allowed = dataclasses.replace(new, allow_plan_change=(name,))
+    assert plan_changes(previous, allowed, plan) == []
+
+
+def test_a_resume_compares_precision_as_resolved_and_names_every_change():
+    old = _config(precision="float32")
+    previous = _summary(old, make_plan(old, 1, 6400))
+    new = _config(precision="mixed_bfloat16", schedule="cosine", weight_decay=0.0)
+    changes = plan_changes(previous, new, make_plan(new, 1, 6400))
+    assert changes == [
+        "precision 'float32' -> 'mixed_bfloat16'",
+        "schedule 'mlperf_poly' -> 'cosine'",
+        "weight_decay 0.0005 -> 0.0",
+    ]
+    assert plan_changes(previous, old, make_plan(old, 1, 6400)) == []
+    assert plan_changes(None, new, make_plan(new, 1, 6400)) == []
+
+
+@pytest.mark.parametrize(
+    "epochs, steps_per_epoch, steps",
+    [(0.5, 1, 1), (0.01, 10, 1), (0, 5, 0), (0.5, 3, 2), (1.25, 4, 5), (2, 7, 14)],
+)
+def test_a_fraction_of_an_epoch_is_never_zero_steps(epochs, steps_per_epoch, steps):
+    assert steps_in_epochs(epochs, steps_per_epoch) == steps
+
+
+def test_warmup_of_half_an_epoch_of_one_step_is_one_step():
+    plan = make_plan(_config(warmup_epochs=0.5, steps_per_epoch=1, epochs=5), 1, 6400)
+    assert plan.warmup_steps == 1 and plan.total_steps == 5
+
+
+def test_the_callbacks_run_in_this_order(tmp_path):
+    config = _config()
+    marker = keras.callbacks.Callback()
+    watchdog = faults.ProgressWatchdog(0)
+    job = types.SimpleNamespace(
+        config=config, run_dir=str(tmp_path), watchdog=watchdog, extra_callbacks=[marker]
+    )
+    data = types.SimpleNamespace(
+        eval=None, num_eval_examples=10, validation="v", num_validation_examples=5, skipped_corrupt=None
+    )
+    plan = make_plan(config, 1, 6400)
+    checkpointer, summary = keras.callbacks.Callback(), keras.callbacks.Callback()
+    commit = keras.callbacks.Callback()
+    guard = faults.FaultGuard(None, checkpointer)
+    order = callbacks_in_order(job, data, plan, 0, guard, checkpointer, summary, commit)
+    names = [type(c).__name__ for c in order]
+    assert names == [
+        "FaultGuard", "ProgressWatchdog", "MetricAverageCallback", "ImagesPerSecond", "LearningRateLogger",
+        "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV", "TensorBoardScalars", "Callback",
+        "Callback", "Callback", "StopAfterEpoch",
+    ]  # fmt: skip
+    assert order[1] is watchdog and order[7] is marker and order[10:13] == [summary, checkpointer, commit]
+    assert [c.prefix for c in order if isinstance(c, callbacks.ExactEvaluation)] == ["test", "val"]
+    assert isinstance(order[8], epoch_logs.MetricsCSV)
+
+
+def test_a_callback_that_stops_training_is_not_undone():
+    # EarlyStopping-like: stops after the first epoch; fit must not start the remaining epochs again.
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    import tensorflow as tf
+
+    stream = tf.data.Dataset.from_tensor_slices((np.ones((4, 2), "float32"), np.ones((4, 1), "float32")))
+    data = types.SimpleNamespace(train_from=lambda start: stream.batch(2).repeat(), num_classes=1)
+    plan = make_plan(_config(epochs=3, steps_per_epoch=2), 1, 6400)
+    stop = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", True)
+    )
+    fit(model, data, plan, _config(verbose=0), [stop], 0)
+    assert int(model.optimizer.iterations) == 2
+
+
+def test_only_errors_raised_by_the_package_count_as_bad_input():
+    with pytest.raises(ValueError) as ours:
+        _config(seed=-1).validate(1)
+    assert main._raised_here(ours.value)
+    with pytest.raises(ValueError) as keras_own:
+        keras.layers.Dense(1, activation="no_such_activation")
+    assert not main._raised_here(keras_own.value)

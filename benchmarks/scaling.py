@@ -460,8 +460,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
     from hvd_lars.models import get_model
     from hvd_lars.training.config import TrainConfig, resolve_precision
-    from hvd_lars.training.threads import placement
-    from hvd_lars.training.threads import applied_threads, configure_threads
+    from hvd_lars.training.threads import applied_threads, configure_threads, placement
 
     configure_threads(TrainConfig(inter_op_threads=max(0, inter_op)), size)
     if inter_op == 0:

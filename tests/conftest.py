@@ -21,7 +21,9 @@ TIERS = ("unit", "horovod", "system")
 
 
 def pytest_configure(config):
-    for tier, what in zip(TIERS, ("no subprocess", "real Horovod ranks or subprocesses", "root: hosts, Slurm")):
+    for tier, what in zip(
+        TIERS, ("no subprocess", "real Horovod ranks or subprocesses", "root: hosts, Slurm")
+    ):
         config.addinivalue_line("markers", f"{tier}: {what}")
 
 

@@ -2,12 +2,12 @@
 counts, an evaluation that counts every image exactly once (exact top-1/top-5 summed over ranks), and
 one listing of the folder per run (rank 0's, kept in an index file), refusals reaching every rank."""
 
-import pytest
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.support import REPO
 from tests.support.data_fixtures import make_image_folder

@@ -1,4 +1,5 @@
-"""Elastic training (hvd_lars.training.elastic, hvd_lars.parallel.elastic): 2 workers, then 1, then 2 again, under horovodrun's elastic driver
+"""Elastic training (hvd_lars.training.elastic, hvd_lars.parallel.elastic): 2 workers, then 1, then 2 again,
+under horovodrun's elastic driver
 and a host discovery script that the test rewrites as training progresses; and the refusal of a worker
 count that does not divide the global batch."""
 

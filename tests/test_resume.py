@@ -9,12 +9,12 @@ Before statistics were averaged at checkpoints, rank 1 resumed with rank 0's sta
 uninterrupted rank 1 kept its own, and the runs differed after the resume.
 """
 
-import pytest
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import REPO

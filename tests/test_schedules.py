@@ -316,7 +316,8 @@ def test_numpy_integer_steps_are_accepted_and_stored_as_int():
         WarmupCosineDecay(1.0, 10.5, 1)
 
 
-# --- Momentum correction: the numbers in hvd_lars.optim.schedules' docstring ---------------------------------
+# --- Momentum correction: the numbers in hvd_lars.optim.schedules' docstring
+# ---------------------------------
 
 
 @pytest.mark.unit

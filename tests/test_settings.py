@@ -85,7 +85,8 @@ CHANGED = {
     "dataset": "synthetic", "data_dir": "/elsewhere", "image_size": 28, "preprocessing": "caffe",
     "deterministic": False, "model": "resnet20", "optimizer": "momentum", "global_batch_size": 128,
     "accumulation_steps": 2, "gradient_compression": "fp16", "label_smoothing": 0.1, "epochs": 4,
-    "warmup_epochs": 2, "base_learning_rate": 0.1, "peak_learning_rate": 3.0, "warmup_start_learning_rate": 0.1,
+    "warmup_epochs": 2, "base_learning_rate": 0.1, "peak_learning_rate": 3.0, "warmup_start_learning_rate":
+    0.1,
     "end_learning_rate": 0.01, "schedule": "cosine", "decay_power": 1.0, "decay_boundaries_epochs": (1.0,),
     "decay_factor": 0.5, "momentum": 0.8, "weight_decay": 0.0, "eta": 0.002, "trust_ratio_mode": "update",
     "momentum_correction": "warmup", "exclude_bn_and_bias": True, "epsilon": 1e-5, "seed": 1,

@@ -1,4 +1,5 @@
-"""hvd_lars.training.threads: threads per rank from the cores the process may use, read back from TensorFlow."""
+"""hvd_lars.training.threads: threads per rank from the cores the process may use, read back from "
+"TensorFlow."""
 
 import json
 import os

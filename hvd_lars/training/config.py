@@ -45,7 +45,8 @@ class TrainConfig:
     )
     preprocessing: str = setting(
         "",
-        "ImageNet-style image views: inception (default: Inception crops of 8-100 percent of the area), caffe "
+        "ImageNet-style image views: inception (default: Inception crops of 8-100 percent of the area), "
+        "caffe "
         "(256x256, random 227 crop + mirror, centre crop for eval, channel means subtracted: AlexNet), "
         "caffe_scaled (the same times 1/256: the released AlexNet-BN).",
         choices=lambda: sorted(PREPROCESSINGS),
@@ -68,7 +69,8 @@ class TrainConfig:
     )
     accumulation_steps: int = setting(
         1,
-        "Micro-batches per optimizer update. Batch norm normalises each micro-batch on its own and updates its "
+        "Micro-batches per optimizer update. Batch norm normalises each micro-batch on its own and updates "
+        "its "
         "moving averages once per micro-batch (the run log says how often per update).",
         check=at_least(1, whole=True),
         plan=True,
@@ -86,7 +88,8 @@ class TrainConfig:
     )
     precision: str = setting(
         "auto",
-        "Keras dtype policy; auto: mixed_bfloat16 on CPUs with native bf16 (a resume compares it as resolved).",
+        "Keras dtype policy; auto: mixed_bfloat16 on CPUs with native bf16 (a resume compares it as "
+        "resolved).",
         choices=PRECISIONS,
         plan=True,
     )
@@ -162,7 +165,8 @@ class TrainConfig:
     checkpoint_at_epoch_end: bool = setting(True, "Checkpoint at each epoch end (after evaluation).")
     async_checkpoints: bool = setting(
         True,
-        "Rank 0 writes checkpoints in a background thread (the index is replaced when the files are complete).",
+        "Rank 0 writes checkpoints in a background thread (the index is replaced when the files are "
+        "complete).",
     )
     keep_checkpoints: int = setting(3, "How many recent checkpoints to keep.", check=at_least(1, whole=True))
     elastic: bool = setting(
@@ -172,13 +176,15 @@ class TrainConfig:
     )
     hang_timeout_s: float = setting(
         900.0,
-        "A rank that completes no update, evaluation batch or checkpoint for this many seconds ends its process "
+        "A rank that completes no update, evaluation batch or checkpoint for this many seconds ends its "
+        "process "
         "(exit status 4), so that a silent host or link cannot hang the job; 0: never.",
         check=at_least(0.0),
     )
     elastic_commit_every_steps: int = setting(
         10,
-        "Elastic: updates between commits of the state in memory (what a dead worker costs; when a membership "
+        "Elastic: updates between commits of the state in memory (what a dead worker costs; when a "
+        "membership "
         "change is taken up).",
         check=at_least(1, whole=True),
     )

@@ -118,6 +118,7 @@ def refuse_plan_changes(changes, run_dir):
         return None
     return (
         f"{run_dir} holds a run with another plan ({'; '.join(changes)}). Resume it with its own "
-        "flags, name the settings to change in --allow_plan_change, or start afresh with another --run_name or "
+        "flags, name the settings to change in --allow_plan_change, or start afresh with another "
+        "--run_name or "
         "--noresume."
     )

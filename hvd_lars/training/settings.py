@@ -1,4 +1,5 @@
-"""How a setting of the run is declared: its default, help, accepted values and place in the plan, in one field.
+"""How a setting of the run is declared: its default, help, accepted values and place in the plan, in one
+field.
 
 `setting(...)` makes a dataclass field of `TrainConfig` whose metadata carries everything the main program
 needs to define its flag and everything `TrainConfig.validate` needs to check it, so that no default,

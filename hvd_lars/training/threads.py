@@ -113,7 +113,8 @@ def threads_per_rank(local_size=None, cores=None, usable=None):
     must share them (module docstring).
 
     Args:
-        local_size: ranks on this host (default: `hvd_lars.parallel.collectives.local_size()`, Horovod's count; 1
+        local_size: ranks on this host (default: `hvd_lars.parallel.collectives.local_size()`, Horovod's
+        count; 1
             before `collectives.init()` or without Horovod).
         cores: this rank's CPUs (default `rank_cores()`).
         usable: the node's CPUs open to the job (default `usable_cpus()`).
@@ -165,7 +166,8 @@ def describe_cores(cores):
 
 def configure_threads(config, world_size):
     """Sizes TensorFlow's intra-op and inter-op pools to the cores this rank may use
-    (`hvd_lars.training.threads.threads_per_rank`: its affinity mask when the launcher bound it, else the node's
+    (`hvd_lars.training.threads.threads_per_rank`: its affinity mask when the launcher bound it, else the
+    node's
     usable CPUs / Horovod's local_size()), unless `config.intra_op_threads` / `inter_op_threads` say.
 
     Must run after `collectives.init()` and before TensorFlow executes its first op; afterwards
@@ -211,7 +213,8 @@ def applied_threads(dataset=None):
 
 
 def describe_placements(placements):
-    """One log line from every rank's `hvd_lars.training.threads.placement()` joined with its `applied_threads`:
+    """One log line from every rank's `hvd_lars.training.threads.placement()` joined with its
+    `applied_threads`:
     host, the CPUs the rank may use (bound by the launcher or not) and the threads TensorFlow and the
     input pipeline run with, e.g. "cores per rank: rank 0 on node1: CPUs 0 (bound), 1 intra-op / 1
     inter-op / 1 input threads; ..."."""

@@ -19,7 +19,12 @@ from hvd_lars.parallel import collectives
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
 from hvd_lars.training import epoch_logs, faults, recipe, threads
 from hvd_lars.training.callbacks import ExactEvaluation, ImagesPerSecond
-from hvd_lars.training.checkpoints import CheckpointReadError, PeriodicCheckpoint, open_manager, restore_latest
+from hvd_lars.training.checkpoints import (
+    CheckpointReadError,
+    PeriodicCheckpoint,
+    open_manager,
+    restore_latest,
+)
 from hvd_lars.training.plan import make_plan, plan_changes, refuse_plan_changes
 from hvd_lars.training.run_summary import RunSummary
 
@@ -289,7 +294,8 @@ def _announce(job, plan, applied):
     if (applied["intra_op"], applied["inter_op"]) != job.requested_threads:
         print(
             f"[hvd_lars] TensorFlow runs {applied['intra_op']} intra-op / {applied['inter_op']} inter-op "
-            f"threads (0: its default), not the {job.requested_threads[0]} / {job.requested_threads[1]} asked "
+            f"threads (0: its default), not the {job.requested_threads[0]} / {job.requested_threads[1]} "
+            "asked "
             "for: it was initialised before hvd_lars could size its pools.",
             flush=True,
         )

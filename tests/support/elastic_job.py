@@ -1,7 +1,8 @@
 """An elastic job for the tests and benchmarks/faults.py: launch/elastic.sh in the background with a host
 discovery script that prints a file the caller rewrites, and its output collected line by line.
 
-Test-only code: the worker program is tests/support/rank_weights_main.py (the main program, then each rank's final
+Test-only code: the worker program is tests/support/rank_weights_main.py (the main program, then each rank's
+final
 weights saved), run through a `python` shim given to the launcher as $PYTHON."""
 
 import os
@@ -25,7 +26,8 @@ class JobFailed(AssertionError):
 
 
 def _shim(tmp_path):
-    # The launcher runs "$PYTHON -m hvd_lars.main ..."; this PYTHON runs tests/support/rank_weights_main.py instead,
+    # The launcher runs "$PYTHON -m hvd_lars.main ..."; this PYTHON runs tests/support/rank_weights_main.py
+    # instead,
     # which also saves each rank's final weights.
     path = tmp_path / "python"
     path.write_text(

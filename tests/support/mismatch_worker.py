@@ -1,6 +1,7 @@
 """One rank of the 2-rank tests of ranks that disagree about their variables (tests/test_faults.py runs it
 through horovodrun). Each case trains a small Keras model with `DistributedOptimizer` after
-`broadcast_model_and_optimizer`, as `hvd_lars.training.train.run` does, and writes this rank's final weights to
+`broadcast_model_and_optimizer`, as `hvd_lars.training.train.run` does, and writes this rank's final weights
+to
 <out>/rank<r>.npz, with the error the second case raised.
 
 Cases, in this order: "extra_model": rank 1 builds (and drops) one more Keras model before training,

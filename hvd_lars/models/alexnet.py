@@ -5,7 +5,7 @@ Networks" (NIPS 2012), laid out as Caffe's `bvlc_alexnet` (the paper's no-BN com
 as one tower: the two-GPU split is dropped (no grouped convolutions), so conv2/4/5 see all input
 channels and the network has 62,378,344 parameters with 1,000 classes.
 
-`alexnet_bn`: the AlexNet-BN of the released LARS solver (`../shared/PAPER.md`; Intel Caffe 1.0.7's
+`alexnet_bn`: the AlexNet-BN of the released LARS solver (You et al. 2018; Intel Caffe 1.0.7's
 `models/intel_optimized_models/multinode/alexnet_bn_64nodes/train_val2.prototxt`): the LRN layers removed, a
 batch normalisation without learned scale/shift (epsilon 1e-4) after pool1, pool2, conv3 and conv4, its
 bias initialisers, 227x227 crops; one tower as `alexnet` (the prototxt groups conv2, conv4 and conv5 in 2).
@@ -152,7 +152,7 @@ def alexnet(num_classes=1000, input_shape=(227, 227, 3)):
 def alexnet_bn(num_classes=1000, input_shape=(227, 227, 3)):
     """AlexNet-BN of You et al. 2018: conv -> ReLU -> [max pool] -> BN (no scale/shift), no LRN.
 
-    Layout (`../shared/PAPER.md`): conv1 96x11x11/4 -> ReLU -> pool 3/2 -> BN -> conv2 256x5x5 -> ReLU ->
+    Layout (the released train_val2.prototxt): conv1 96x11x11/4 -> ReLU -> pool 3/2 -> BN -> conv2 256x5x5 -> ReLU ->
     pool 3/2 -> BN -> conv3 384x3x3 -> ReLU -> BN -> conv4 384x3x3 -> ReLU -> BN -> conv5 256x3x3 ->
     ReLU -> pool 3/2 -> fc6 4096 -> dropout 0.5 -> fc7 4096 -> dropout 0.5 -> fc8 (logits).
     Returns a `keras.Model` from float (B, H, W, C) images (227x227x3 nominal) to float32 logits

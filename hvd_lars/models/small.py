@@ -9,7 +9,7 @@ from keras import layers
 
 # Batch-norm momentum 0.9 as in the released AlexNet-BN prototxt: with only ~15 updates per epoch at
 # batch 4K, Keras's default 0.99 leaves the running statistics near their initial values
-# (0.99 ** 70 ~ 0.5) and evaluation collapses (measured in shared/STACK.md).
+# (0.99 ** 70 ~ 0.5) and evaluation collapses (docs/design.md, "Batch-norm momentum").
 BN_MOMENTUM = 0.9
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars.data import listing, order, pipeline
+from hvd_lars.data.input_pipeline import InputPipeline
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_indices
 from hvd_lars.parallel import collectives
@@ -71,6 +72,55 @@ def _read_file(path):
     return tf.io.read_file(path)
 
 
+def _warn_missing_classes(train_listing, eval_listing):
+    """Warns naming (the first 5 of) the training classes the validation split has no images of."""
+    missing = eval_listing.missing_classes()
+    if missing:
+        warnings.warn(
+            f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
+            f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
+            "evaluation covers the classes it has.",
+            stacklevel=3,  # the caller of image_folder_input
+        )
+
+
+def _train_shard(paths, labels, rank, world_size, per_rank_batch, seed, skipped, views):
+    """`InputPipeline.train_from` over rank `rank`'s files `rank::world_size` of `paths` (`labels` their
+    int labels): a fresh permutation of the shard each epoch (`order.index_stream` from `seed`), no file
+    opened before batch `start_batch`. `skipped` as in `pipeline.train_dataset`; `views` holds its
+    keywords image_size, deterministic, threads, preprocessing."""
+    shard = train_shard_indices(len(paths), rank, world_size)
+    shard_paths = tf.constant([paths[i] for i in shard])
+    shard_labels = tf.constant(labels[shard], tf.int32)
+
+    def train_from(start_batch=0):
+        start = start_batch * per_rank_batch
+        indices = order.index_stream(len(shard), seed, start)
+        stream = indices.map(
+            lambda i: (tf.gather(shard_paths, i), tf.gather(shard_paths, i), tf.gather(shard_labels, i))
+        )
+        return pipeline.train_dataset(
+            stream,
+            per_rank_batch=per_rank_batch,
+            seed=seed,
+            start=start,
+            read=_read_file,
+            skipped=skipped,
+            **views,
+        )
+
+    return train_from
+
+
+def _eval_shard(paths, labels, rank, world_size, batch, views):
+    """`InputPipeline.eval` over rank `rank`'s contiguous range of `paths` (`eval_shard_range`), batches of
+    `batch`; `views` as in `_train_shard`."""
+    start, stop = eval_shard_range(len(paths), rank, world_size)
+    return pipeline.eval_dataset(
+        _source(paths[start:stop], labels[start:stop]), batch=batch, read=_read_file, **views
+    )
+
+
 def image_folder_input(
     per_rank_batch,
     rank,
@@ -108,59 +158,25 @@ def image_folder_input(
         ValueError: `data_dir` not given, bad rank/world size, or a folder the listing refuses.
         FileNotFoundError: missing folders or no images.
     """
-    from hvd_lars.data import InputPipeline
-
     check_rank(rank, world_size)
     if not data_dir:
         raise ValueError("--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>.")
     # `preprocessing`, the argument, names the views; the default size is the module's constant.
     image_size = image_size or DEFAULT_IMAGE_SIZE
     train_listing, eval_listing = list_splits(data_dir, index_dir, rank, world_size)
-    missing = eval_listing.missing_classes()
-    if missing and rank == 0:
-        warnings.warn(
-            f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
-            f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
-            "evaluation covers the classes it has.",
-            stacklevel=2,
-        )
+    if rank == 0:
+        _warn_missing_classes(train_listing, eval_listing)
     train_paths, train_labels = _spread(train_listing.paths(), train_listing.labels, max_train_examples)
     eval_paths, eval_labels = _spread(eval_listing.paths(), eval_listing.labels, max_eval_examples)
-
-    shard = train_shard_indices(len(train_paths), rank, world_size)
-    shard_paths = tf.constant([train_paths[i] for i in shard])
-    shard_labels = tf.constant(train_labels[shard], tf.int32)
     skipped = pipeline.skipped_counter() if skip_corrupt else None
-
-    def train_from(start_batch=0):
-        start = start_batch * per_rank_batch
-        indices = order.index_stream(len(shard), seed + rank, start)
-        stream = indices.map(
-            lambda i: (tf.gather(shard_paths, i), tf.gather(shard_paths, i), tf.gather(shard_labels, i))
-        )
-        return pipeline.train_dataset(
-            stream,
-            per_rank_batch=per_rank_batch,
-            seed=seed + rank,
-            image_size=image_size,
-            start=start,
-            read=_read_file,
-            deterministic=deterministic,
-            threads=input_threads,
-            skipped=skipped,
-            preprocessing=preprocessing,
-        )
-
-    start, stop = eval_shard_range(len(eval_paths), rank, world_size)
-    evaluation = pipeline.eval_dataset(
-        _source(eval_paths[start:stop], eval_labels[start:stop]),
-        batch=eval_batch or per_rank_batch,
-        image_size=image_size,
-        read=_read_file,
-        deterministic=deterministic,
-        threads=input_threads,
-        preprocessing=preprocessing,
+    # What the training and the evaluation views share.
+    views = dict(
+        image_size=image_size, deterministic=deterministic, threads=input_threads, preprocessing=preprocessing
     )
+    train_from = _train_shard(
+        train_paths, train_labels, rank, world_size, per_rank_batch, seed + rank, skipped, views
+    )
+    evaluation = _eval_shard(eval_paths, eval_labels, rank, world_size, eval_batch or per_rank_batch, views)
     return InputPipeline(
         train=train_from(0),
         train_from=train_from,

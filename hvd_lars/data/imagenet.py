@@ -15,8 +15,10 @@ import tarfile
 import tensorflow as tf
 
 from hvd_lars.data import pipeline, records
+from hvd_lars.data.input_pipeline import InputPipeline
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
+from hvd_lars.parallel import collectives
 
 NAME = "imagenet2012"
 MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
@@ -28,11 +30,23 @@ SHUFFLE_BUFFER = 10_000
 VALIDATION_NAME = "ILSVRC2012_val_{:08d}.JPEG"
 
 
+def _tfds():
+    """The `tensorflow_datasets` module, or an ImportError saying how to install it."""
+    try:
+        import tensorflow_datasets as tfds  # optional extra: hvd_lars.data must import without it
+    except ImportError as e:
+        raise ImportError(
+            f"--dataset=imagenet2012 needs tensorflow-datasets ({e}); install the extra: "
+            "pip install 'hvd_lars[imagenet]' (or pip install -r requirements.txt)."
+        ) from e
+    return tfds
+
+
 def validation_labels_path():
     """The validation label file tensorflow-datasets' builder reads (one synset per line, line i labelling
     `ILSVRC2012_val_<i>.JPEG`; 50,000 lines)."""
-    import tensorflow_datasets as tfds
-    from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
+    tfds = _tfds()
+    from tensorflow_datasets.datasets.imagenet2012 import imagenet_common  # optional extra, as in _tfds
 
     return os.fspath(tfds.core.tfds_path(imagenet_common._VALIDATION_LABELS_FNAME))
 
@@ -82,14 +96,7 @@ def builder(data_dir=None, manual_dir=None, prepare=True):
         FileNotFoundError: not prepared, and `manual_dir` lacks the two ILSVRC-2012 tars.
         ValueError: the validation tar does not hold exactly the labelled images (`check_validation_tar`).
     """
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as e:
-        raise ImportError(
-            f"--dataset=imagenet2012 needs tensorflow-datasets ({e}); install the extra: "
-            "pip install 'hvd_lars[imagenet]' (or pip install -r requirements.txt)."
-        ) from e
-
+    tfds = _tfds()
     ds_builder = tfds.builder(NAME, data_dir=data_dir or None)
     if ds_builder.is_prepared() or not prepare:
         return ds_builder
@@ -112,8 +119,7 @@ def builder(data_dir=None, manual_dir=None, prepare=True):
 
 
 def _source(ds_builder, split, shuffle_files, seed):
-    import tensorflow_datasets as tfds
-
+    tfds = _tfds()
     read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False, skip_prefetch=True)
     ds = ds_builder.as_dataset(
         split=split,
@@ -128,8 +134,7 @@ def _source(ds_builder, split, shuffle_files, seed):
 def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_records):
     """(start_record -> endless dataset of (file name, JPEG bytes, label)) over the record files of `split`
     (`records.record_stream`); records are parsed after the start is reached, never before."""
-    import tensorflow_datasets as tfds
-
+    tfds = _tfds()
     file_format = str(getattr(ds_builder.info.file_format, "value", ds_builder.info.file_format))
     if file_format != "tfrecord":
         raise ValueError(
@@ -156,6 +161,35 @@ def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_re
         return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
     return stream
+
+
+def _prepared_builder(data_dir, manual_dir, rank, world_size):
+    """`builder` on every rank: rank 0 prepares the data if needed, the others wait for it in a barrier."""
+    ds_builder = builder(data_dir, manual_dir, prepare=rank == 0)
+    if world_size > 1:
+        collectives.barrier()  # ranks > 0 wait for rank 0's preparation
+        ds_builder = builder(data_dir, manual_dir, prepare=False)
+    return ds_builder
+
+
+def _split_sizes(splits, max_train_examples, max_eval_examples):
+    """(training, validation) records used: each split's size, capped by its `max_*_examples` when > 0."""
+    num_train, num_eval = splits["train"].num_examples, splits["validation"].num_examples
+    return min(num_train, max_train_examples or num_train), min(num_eval, max_eval_examples or num_eval)
+
+
+def _batches_from(stream, per_rank_batch, seed, skipped, views):
+    """`InputPipeline.train_from` over `stream` (start record -> records, as `_train_from` returns):
+    batch k starts at record k * per_rank_batch, and nothing before it is read. `skipped` as in
+    `pipeline.train_dataset`; `views` holds its keywords image_size, deterministic, threads, preprocessing."""
+
+    def train_from(start_batch=0):
+        start = start_batch * per_rank_batch
+        return pipeline.train_dataset(
+            stream(start), per_rank_batch=per_rank_batch, seed=seed, start=start, skipped=skipped, **views
+        )
+
+    return train_from
 
 
 def imagenet_input(
@@ -197,48 +231,26 @@ def imagenet_input(
         ValueError: a validation tar that does not hold exactly the labelled images, or data prepared in
             another file format than TFRecord.
     """
-    from hvd_lars.data import InputPipeline
-
     check_rank(rank, world_size)
     # `preprocessing`, the argument, names the views; the default size is the module's constant.
     image_size = image_size or DEFAULT_IMAGE_SIZE
-    ds_builder = builder(data_dir, manual_dir, prepare=rank == 0)
-    if world_size > 1:
-        from hvd_lars.parallel import collectives
-
-        collectives.barrier()  # ranks > 0 wait for rank 0's preparation
-        ds_builder = builder(data_dir, manual_dir, prepare=False)
-    splits = ds_builder.info.splits
-    num_train = min(splits["train"].num_examples, max_train_examples or splits["train"].num_examples)
-    num_eval = min(splits["validation"].num_examples, max_eval_examples or splits["validation"].num_examples)
+    ds_builder = _prepared_builder(data_dir, manual_dir, rank, world_size)
+    num_train, num_eval = _split_sizes(ds_builder.info.splits, max_train_examples, max_eval_examples)
     t_start, t_stop = train_shard_range(num_train, rank, world_size)
     e_start, e_stop = eval_shard_range(num_eval, rank, world_size)
     stream = _train_from(
         ds_builder, f"train[{t_start}:{t_stop}]", seed + rank, deterministic, shuffle_buffer, block_records
     )
     skipped = pipeline.skipped_counter() if skip_corrupt else None
-
-    def train_from(start_batch=0):
-        start = start_batch * per_rank_batch
-        return pipeline.train_dataset(
-            stream(start),
-            per_rank_batch=per_rank_batch,
-            seed=seed + rank,
-            image_size=image_size,
-            start=start,
-            deterministic=deterministic,
-            threads=input_threads,
-            skipped=skipped,
-            preprocessing=preprocessing,
-        )
-
+    # What the training and the evaluation views share.
+    views = dict(
+        image_size=image_size, deterministic=deterministic, threads=input_threads, preprocessing=preprocessing
+    )
+    train_from = _batches_from(stream, per_rank_batch, seed + rank, skipped, views)
     evaluation = pipeline.eval_dataset(
         _source(ds_builder, f"validation[{e_start}:{e_stop}]", shuffle_files=False, seed=seed),
         batch=eval_batch or per_rank_batch,
-        image_size=image_size,
-        deterministic=deterministic,
-        threads=input_threads,
-        preprocessing=preprocessing,
+        **views,
     )
     return InputPipeline(
         train=train_from(0),

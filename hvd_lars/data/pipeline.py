@@ -15,19 +15,21 @@ the parallel decode out of order, so one slow file does not hold up the rest. Ei
 on a private pool of `threads` threads, so AUTOTUNE cannot take the cores the training step uses.
 """
 
+import os
 import sys
 
 import tensorflow as tf
 
 from hvd_lars.data.preprocessing import get_preprocessing
+from hvd_lars.parallel import collectives
 
 
 def default_threads():
-    """Input threads per rank: the same figure as TensorFlow's pools (`hvd_lars.training.threads.threads_per_rank`:
-    the cores this rank may use, shared with the other ranks of its host when unbound)."""
-    from hvd_lars.training.threads import threads_per_rank
-
-    return threads_per_rank()
+    """Input threads per rank when none are given: the CPUs of this process's affinity mask
+    (`os.sched_getaffinity`) divided among the ranks of its host (Horovod's `collectives.local_size()`),
+    at least 1. The training program passes its own figure (`hvd_lars.training.threads.threads_per_rank`,
+    which also reads cgroup limits and launcher bindings)."""
+    return max(1, len(os.sched_getaffinity(0)) // collectives.local_size())
 
 
 def options(deterministic, threads=0):

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars.data import pipeline, preprocessing
+from hvd_lars.data.input_pipeline import InputPipeline
 from hvd_lars.data.sharding import check_rank, eval_shard_range
 
 IMAGENET_TRAIN_EXAMPLES = 1_281_167  # ILSVRC-2012 training images (Russakovsky et al. 2015)
@@ -47,8 +48,6 @@ def synthetic_input(
     Raises:
         ValueError: bad rank/world size, or a non-positive size.
     """
-    from hvd_lars.data import InputPipeline
-
     check_rank(rank, world_size)
     image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
     num_train = min(num_train_examples, max_train_examples or num_train_examples)

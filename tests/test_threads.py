@@ -104,7 +104,7 @@ def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
     code = (
         "import os, sys; sys.argv = ['x', '--flagfile=flags/smoke.flags', '--workdir=' + sys.argv[1]];"
         "import hvd_lars.training.train as t\n"
-        "def run(config):\n"
+        "def run(config, extra_callbacks=()):\n"
         "    print('ENV', os.environ['HOROVOD_CYCLE_TIME'], os.environ['OMPI_MCA_mpi_yield_when_idle'])\n"
         "t.run = run\n"
         "from hvd_lars import main; main.main()"

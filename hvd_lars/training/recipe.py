@@ -11,6 +11,7 @@ from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
 from hvd_lars.optim.schedules import make_schedule
 from hvd_lars.parallel.optimizer import DistributedOptimizer
+from hvd_lars.training import threads
 from hvd_lars.training.config import default_of
 
 
@@ -132,7 +133,7 @@ def input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
         preprocessing=config.preprocessing or None,
         deterministic=config.deterministic,
         skip_corrupt=config.skip_corrupt,
-        input_threads=config.input_threads,
+        input_threads=config.input_threads or threads.threads_per_rank(),
         validation_examples=config.validation_examples,
         # The image-folder listing, made once per run by rank 0 and kept for the run's later starts.
         index_dir=os.path.join(run_dir, "image_folder_index"),

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from hvd_lars.parallel import collectives
-from hvd_lars.training import faults
+from hvd_lars.training import damaged, faults
 from hvd_lars.training.callbacks import moving_statistics
 
 
@@ -194,8 +194,6 @@ def _problem(checkpoint, path):
 def _set_aside_damaged_index(folder, run_dir):
     """False when `folder`'s index file `checkpoint` was cut short, empty or another run's (it is then
     moved under `<run_dir>/damaged/`, with a warning); True when it is sound or absent."""
-    from hvd_lars.training import damaged
-
     index = os.path.join(folder, "checkpoint")
     if not os.path.exists(index):
         return True
@@ -255,8 +253,6 @@ def restore_latest(checkpoint, manager, run_dir=None):
     Raises:
         CheckpointReadError (a ValueError): checkpoints exist, none can be restored; names each and why.
     """
-    from hvd_lars.training import damaged
-
     folder = os.path.abspath(manager.directory)
     run_dir = run_dir or os.path.dirname(folder)
     if not os.path.isdir(folder):

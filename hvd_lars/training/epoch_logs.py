@@ -24,6 +24,11 @@ import io
 import os
 
 import keras
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+
+from hvd_lars.training import damaged
+from hvd_lars.training.run_summary import RunSummary
 
 
 def _step(model):
@@ -78,9 +83,6 @@ class MetricsCSV(keras.callbacks.Callback):
     def _rebuilt(path, problem, start_step, steps_per_epoch):
         # The damaged file is kept aside; its epochs come back from summary.json beside it, which holds
         # the same epoch logs (its epochs count from 1).
-        from hvd_lars.training import damaged
-        from hvd_lars.training.run_summary import RunSummary
-
         run_dir = os.path.dirname(os.path.abspath(path))
         kept = damaged.set_aside(path, run_dir)
         saved = RunSummary.load(run_dir) or {}
@@ -171,8 +173,6 @@ class TensorBoardScalars(keras.callbacks.Callback):
         prune_events(log_dir, start_step)
 
     def on_epoch_end(self, epoch, logs=None):
-        import tensorflow as tf
-
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
         step = _step(self.model)
@@ -190,11 +190,6 @@ class TensorBoardScalars(keras.callbacks.Callback):
 def prune_events(log_dir, last_step):
     """Removes the summaries written at steps after `last_step` from the event files in `log_dir` (not
     its sub-folders); returns how many were removed. Files without such summaries are left untouched."""
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
-
-    from hvd_lars.training import damaged
-
     run_dir = os.path.dirname(os.path.abspath(log_dir))
     removed = 0
     for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):

@@ -22,7 +22,16 @@ import math
 import os
 import sys
 
-from hvd_lars.training.strict_json import read as read_json
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hvd_lars.training.config import TrainConfig  # noqa: E402
+from hvd_lars.training.plan import Plan  # noqa: E402
+from hvd_lars.training.recipe import build_schedule  # noqa: E402
+from hvd_lars.training.strict_json import read as read_json  # noqa: E402
 
 SPLITS = (("", "training"), ("val_", "validation"), ("test_", "test"))
 
@@ -69,11 +78,6 @@ def _number(text):
 
 def _schedule_curve(summary):
     """(steps 1..total, rate of update k - 1 at step k), or None when the config cannot be rebuilt."""
-    import numpy as np
-
-    from hvd_lars.training.config import TrainConfig
-    from hvd_lars.training.plan import Plan
-    from hvd_lars.training.recipe import build_schedule
 
     try:
         # Keys this version does not know (a run of another version) are left out, not fatal.
@@ -93,11 +97,6 @@ def make_figure(run_dir):
     Raises:
         FileNotFoundError: not a run directory.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     summary = read_json(os.path.join(run_dir, "summary.json"))
     metrics = read_metrics(run_dir)
     steps = metrics.get("step", [])
@@ -147,8 +146,6 @@ def plot_run(run_dir, out=None):
     out = out or os.path.join(run_dir, "run.png")
     figure = make_figure(run_dir)
     figure.savefig(out, dpi=100)
-    import matplotlib.pyplot as plt
-
     plt.close(figure)
     return out
 

@@ -5,6 +5,9 @@ import os
 import platform
 import subprocess
 
+import keras
+import tensorflow as tf
+
 
 def git_sha(path=None):
     """The commit of the repository holding `path` (default: this package), with "-dirty" when the work
@@ -56,11 +59,8 @@ def machine():
 
 def record():
     """Dict with git_sha, date (UTC, ISO 8601), machine, python, tensorflow, keras, horovod versions."""
-    import keras
-    import tensorflow as tf
-
     try:
-        import horovod
+        import horovod  # optional: a single-process run works without it
 
         horovod_version = horovod.__version__
     except ImportError:

@@ -14,7 +14,7 @@ import time
 import keras
 
 from hvd_lars.parallel import collectives
-from hvd_lars.training import provenance
+from hvd_lars.training import damaged, provenance
 from hvd_lars.training.strict_json import read as read_json
 from hvd_lars.training.strict_json import strict
 
@@ -94,8 +94,6 @@ class RunSummary(keras.callbacks.Callback):
         if problem is None:
             return saved
         if collectives.is_chief():
-            from hvd_lars.training import damaged
-
             kept = damaged.set_aside(path, run_dir)
             damaged.warn(f"{path} is {problem}; kept as {kept}, and written anew")
         return None

@@ -204,7 +204,7 @@ def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
 def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
     size, initial_lr, warmup_epochs, updates_per_epoch = 2, 0.4, 2, 4
     want = [
-        initial_lr / size * (k / updates_per_epoch * (size - 1) / warmup_epochs + 1)
+        initial_lr / size * ((k + 1) / updates_per_epoch * (size - 1) / warmup_epochs + 1)
         for k in range(warmup_epochs * updates_per_epoch)
     ]
     want += [initial_lr, initial_lr, 0.1, 0.1]  # after warmup the user's own change (0.1) stays

@@ -1,8 +1,8 @@
 """The Horovod glue on 2 real ranks: DistributedOptimizer over every optimizer, rate and loss-scaler nesting,
 accumulation, overlapped/grouped and float16 reduction, and the Horovod-named callbacks.
 
-Two process groups run all cases (tests/support/hvd_worker.py): the optimizer matrix under Gloo, the rest under
-MPI, so both of Horovod's controllers are exercised. Tolerances: "the same updates as one process on the
+Two process groups run all cases (tests/support/hvd_worker.py): the optimizer matrix under Gloo, the rest
+under MPI, so both of Horovod's controllers are exercised. Tolerances: "the same updates as one process on the
 concatenated batch" holds to rtol 1e-5, atol 1e-6, because float32 means are taken in another order (one
 mean of 8 rows against the mean of two means of 4); across ranks the weights are bit-identical.
 """

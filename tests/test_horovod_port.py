@@ -139,8 +139,8 @@ def test_import_hvd_lars_is_enough_to_load_every_class_in_a_new_process(tmp_path
 
     saved, loaded = run(SAVE), run(LOAD)
     assert len(saved) == 6
-    for s, l in zip(saved, loaded):
-        assert s[:4] == l[:4]  # class, name (distributed_adam ...), update count 2
-        assert float(s[4]) == pytest.approx(float(l[4]), rel=1e-5)
+    for before, after in zip(saved, loaded):
+        assert before[:4] == after[:4]  # class, name (distributed_adam ...), update count 2
+        assert float(before[4]) == pytest.approx(float(after[4]), rel=1e-5)
     assert [s[1] for s in saved] == ["LARS"] * 4 + ["DistributedOptimizer", "DistributedLossScaleOptimizer"]
     assert saved[4][2] == "distributed_adam" and saved[4][3] == "2"

@@ -74,8 +74,9 @@ class LARS(keras.optimizers.Optimizer):
     Excluded tensors: a tensor whose `variable.path` matches a regex (`re.search`) of
     `exclude_from_weight_decay` gets `beta = 0`, as does one excluded through Keras's
     `optimizer.exclude_from_weight_decay(var_list=..., var_names=...)` (called before `build`); one that
-    matches `exclude_from_layer_adaptation` gets `trust = 1` (plain momentum SGD at `lr_t`). `mlperf_exclusions()` gives the MLPerf choice (batch-norm
-    parameters and biases out of both). One warning is issued at `build` if a pattern matches no variable.
+    matches `exclude_from_layer_adaptation` gets `trust = 1` (plain momentum SGD at `lr_t`).
+    `mlperf_exclusions()` gives the MLPerf choice (batch-norm parameters and biases out of both).
+    One warning is issued at `build` if a pattern matches no variable.
 
     Zero gradient: in `"paper"` mode a tensor whose gradient is exactly zero still decays, with trust 1
     (`v = m * v + lr_t * beta * w`), as the released solver and the TF/MLPerf code do (they regularise every
@@ -202,7 +203,8 @@ class LARS(keras.optimizers.Optimizer):
             if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
                 raise ValueError(
                     "momentum_correction='warmup' corrects during the schedule's warmup, so learning_rate "
-                    "must be a schedule with an int `warmup_steps` (any hvd_lars.optim.schedules schedule); got "
+                    "must be a schedule with an int `warmup_steps` (any hvd_lars.optim.schedules "
+                    "schedule); got "
                     f"{learning_rate!r}."
                 )
             self._correction_steps = int(steps)

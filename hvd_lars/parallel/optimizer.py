@@ -61,7 +61,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         backward_passes_per_step: int >= 1, micro-batches per update; None: the held optimizer's
             `gradient_accumulation_steps`, or 1.
         compression: "none" or "fp16" (gradients cast to float16 on the wire, divided by the world size
-            before the sum so that it cannot overflow; see `hvd_lars.parallel.collectives.allreduce_gradients`).
+            before the sum so that it cannot overflow; see
+            `hvd_lars.parallel.collectives.allreduce_gradients`).
         gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
             Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
         name: str; default "distributed_<name of optimizer>".

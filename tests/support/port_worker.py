@@ -117,7 +117,7 @@ def warmup(rank):
 
 
 def local_variables(rank):
-    """register_local_var, PartialDistributedOptimizer and BroadcastGlobalVariablesCallback(local_variables)."""
+    """register_local_var, PartialDistributedOptimizer, BroadcastGlobalVariablesCallback(local_variables)."""
     keras = _keras()
     from hvd_lars import BroadcastGlobalVariablesCallback, DistributedOptimizer
     from hvd_lars.parallel.optimizer import PartialDistributedOptimizer

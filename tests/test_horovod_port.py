@@ -144,3 +144,54 @@ def test_import_hvd_lars_is_enough_to_load_every_class_in_a_new_process(tmp_path
         assert float(before[4]) == pytest.approx(float(after[4]), rel=1e-5)
     assert [s[1] for s in saved] == ["LARS"] * 4 + ["DistributedOptimizer", "DistributedLossScaleOptimizer"]
     assert saved[4][2] == "distributed_adam" and saved[4][3] == "2"
+
+
+MIRRORED = textwrap.dedent(
+    """
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from hvd_lars import LARS, DistributedOptimizer
+
+    x = np.linspace(-1, 1, 32, dtype="float32").reshape(16, 2)
+    y = x @ np.array([[1.0], [-2.0]], "float32")
+
+    def fit(make, strategy):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+            model.compile(optimizer=make(), loss="mse", jit_compile=False)
+        model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+        weights = np.concatenate([w.ravel() for w in model.get_weights()])
+        return weights, int(model.optimizer.iterations.numpy())
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert mirrored.num_replicas_in_sync == 2
+    for name, make in (
+        ("lars", lambda: LARS(0.1, momentum=0.9, exclude_from_layer_adaptation=".*")),
+        ("distributed", lambda: DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))),
+        ("sgd", lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
+    ):
+        got, steps = fit(make, mirrored)
+        want, _ = fit(lambda: keras.optimizers.SGD(0.1, momentum=0.9), tf.distribute.get_strategy())
+        print(name, steps, float(np.abs(got - want).max()))
+    """
+)
+
+
+def test_mirrored_strategy_over_two_logical_cpus_matches_one_device():
+    result = subprocess.run(
+        [sys.executable, "-c", MIRRORED], capture_output=True, text=True, timeout=240, env=ENV
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [
+        line.split()
+        for line in result.stdout.splitlines()
+        if line.split()[:1] in (["lars"], ["distributed"], ["sgd"])
+    ]
+    assert [line[0] for line in lines] == ["lars", "distributed", "sgd"]
+    for name, steps, difference in lines:
+        # 2 updates per epoch (global batch 8 over 2 replicas), 3 epochs; SGD on one device to float32.
+        assert int(steps) == 6, name
+        assert float(difference) < 1e-6, name

@@ -301,19 +301,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def set_weights(self, weights):
         """Assigns `weights` (as `get_weights` returns them) to `variables`, the held optimizer's included,
-        which is how `keras.models.load_model` restores an `.h5` file's optimizer state.
+        in order, as Keras's `Optimizer.set_weights` pairs them (`zip`: the shorter list decides). This is
+        how `keras.models.load_model` restores an `.h5` file's optimizer state: the update counters and
+        the rate always; the slots only where the loader built the optimizer with its variables (Keras's
+        `.h5` loader builds it with the model's own variables, none for a Sequential, so a Keras Adam
+        gets its counter back and fresh slots, and so does this wrapper). `.keras` files keep everything.
 
         Raises:
-            ValueError: unbuilt, or a number or shape of arrays that does not match `variables`.
+            ValueError: unbuilt, or an array whose shape differs from its variable's.
         """
         if not self.built:
             raise ValueError(f"{self.name!r} is not built; build it before set_weights.")
-        variables = self.variables
-        if len(weights) != len(variables):
-            raise ValueError(
-                f"{self.name!r} has {len(variables)} variables, set_weights got {len(weights)} arrays."
-            )
-        for variable, value in zip(variables, weights):
+        for variable, value in zip(self.variables, weights):
             if tuple(variable.shape) != tuple(getattr(value, "shape", ())):
                 raise ValueError(
                     f"{variable.path} has shape {tuple(variable.shape)}, set_weights got {value.shape}."

@@ -63,7 +63,8 @@ class _Job:
         discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
         discovery.chmod(0o755)
         launcher = [HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2"]
-        launcher += ["--host-discovery-script", str(discovery)]
+        # Every host is localhost: Horovod's driver must then be told to use the loopback interface.
+        launcher += ["--host-discovery-script", str(discovery), "--network-interface", "lo"]
         self.process = subprocess.Popen(
             launcher + list(cmd),
             cwd=tmp_path,
@@ -89,7 +90,7 @@ class _Job:
 
 def test_tensorflow2_keras_mnist_elastic_through_2_1_2_workers(tmp_path):
     example = os.path.join(REPO, "examples", "tensorflow2_keras_mnist_elastic.py")
-    args = ["--epochs=3", "--steps-per-epoch=200"]
+    args = ["--epochs=3", "--steps-per-epoch=160"]
     job = _Job(tmp_path, sys.executable, RUNNER, str(tmp_path), example, *args)
     try:
         job.wait_for(lambda: (tmp_path / "checkpoint-1.keras").exists(), "checkpoint of epoch 1")
@@ -106,5 +107,6 @@ def test_tensorflow2_keras_mnist_elastic_through_2_1_2_workers(tmp_path):
             job.process.kill()
     out = "".join(job.lines)
     assert returncode == 0, out[-6000:]
+    assert job.count("example_runner: started as rank 0 of 2") == 1  # rank 0 ran throughout
     top1, _ = _check(tmp_path)
-    assert top1 >= 0.80, top1
+    assert top1 >= 0.80, top1  # 0.875 when measured (243 updates; about 2.7 minutes on 2 shared cores)

@@ -98,7 +98,8 @@ LINK_RATE_BITS = 100e9  # Intel Omni-Path, the paper's network (You et al. 2018)
 # (Birrittella et al., 'Intel Omni-Path Architecture: Enabling Scalable, High Performance Fabrics', IEEE Hot
 # Interconnects 2015). An assumption, not a measurement: the emulated links have no wire latency.
 LINK_LATENCY_S = 1e-6
-# The paper's runs (You et al. 2018, ICPP, tables of results): model, sockets, global batch, epochs -> (minutes, CPU).
+# The paper's runs (You et al. 2018, ICPP, tables of results): model, sockets, global batch, epochs ->
+# (minutes, CPU).
 PAPER = {
     ("alexnet_bn", 2048, 32768, 100): (11.0, "xeon_platinum_8160"),
     ("resnet50", 2048, 32768, 90): (20.0, "xeon_phi_7250"),

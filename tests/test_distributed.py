@@ -2,8 +2,7 @@
 accumulation, overlapped/grouped and float16 reduction, and the Horovod-named callbacks.
 
 Two process groups run all cases (tests/support/hvd_worker.py): the optimizer matrix under Gloo, the rest
-under
-MPI, so both of Horovod's controllers are exercised. Tolerances: "the same updates as one process on the
+under MPI, so both of Horovod's controllers are exercised. Tolerances: "the same updates as one process on the
 concatenated batch" holds to rtol 1e-5, atol 1e-6, because float32 means are taken in another order (one
 mean of 8 rows against the mean of two means of 4); across ranks the weights are bit-identical.
 """
@@ -218,7 +217,7 @@ def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
 def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
     size, initial_lr, warmup_epochs, updates_per_epoch = 2, 0.4, 2, 4
     want = [
-        initial_lr / size * (k / updates_per_epoch * (size - 1) / warmup_epochs + 1)
+        initial_lr / size * ((k + 1) / updates_per_epoch * (size - 1) / warmup_epochs + 1)
         for k in range(warmup_epochs * updates_per_epoch)
     ]
     want += [initial_lr, initial_lr, 0.1, 0.1]  # after warmup the user's own change (0.1) stays

@@ -152,7 +152,8 @@ def alexnet(num_classes=1000, input_shape=(227, 227, 3)):
 def alexnet_bn(num_classes=1000, input_shape=(227, 227, 3)):
     """AlexNet-BN of You et al. 2018: conv -> ReLU -> [max pool] -> BN (no scale/shift), no LRN.
 
-    Layout (the released train_val2.prototxt): conv1 96x11x11/4 -> ReLU -> pool 3/2 -> BN -> conv2 256x5x5 -> ReLU ->
+    Layout (the released train_val2.prototxt): conv1 96x11x11/4 -> ReLU -> pool 3/2 -> BN -> conv2 256x5x5 ->
+    ReLU ->
     pool 3/2 -> BN -> conv3 384x3x3 -> ReLU -> BN -> conv4 384x3x3 -> ReLU -> BN -> conv5 256x3x3 ->
     ReLU -> pool 3/2 -> fc6 4096 -> dropout 0.5 -> fc7 4096 -> dropout 0.5 -> fc8 (logits).
     Returns a `keras.Model` from float (B, H, W, C) images (227x227x3 nominal) to float32 logits

@@ -72,9 +72,11 @@ class LARS(keras.optimizers.Optimizer):
         (Nesterov: `... * (m * u + g + beta * w)`); 1 instead of the ratio where `||w||` or `||u||` is 0.
 
     Excluded tensors: a tensor whose `variable.path` matches a regex (`re.search`) of
-    `exclude_from_weight_decay` gets `beta = 0`; one that matches `exclude_from_layer_adaptation` gets
-    `trust = 1` (plain momentum SGD at `lr_t`). `mlperf_exclusions()` gives the MLPerf choice (batch-norm
-    parameters and biases out of both). One warning is issued at `build` if a pattern matches no variable.
+    `exclude_from_weight_decay` gets `beta = 0`, as does one excluded through Keras's
+    `optimizer.exclude_from_weight_decay(var_list=..., var_names=...)` (called before `build`); one that
+    matches `exclude_from_layer_adaptation` gets `trust = 1` (plain momentum SGD at `lr_t`).
+    `mlperf_exclusions()` gives the MLPerf choice (batch-norm parameters and biases out of both).
+    One warning is issued at `build` if a pattern matches no variable.
 
     Zero gradient: in `"paper"` mode a tensor whose gradient is exactly zero still decays, with trust 1
     (`v = m * v + lr_t * beta * w`), as the released solver and the TF/MLPerf code do (they regularise every
@@ -201,7 +203,8 @@ class LARS(keras.optimizers.Optimizer):
             if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
                 raise ValueError(
                     "momentum_correction='warmup' corrects during the schedule's warmup, so learning_rate "
-                    "must be a schedule with an int `warmup_steps` (any hvd_lars.optim.schedules schedule); got "
+                    "must be a schedule with an int `warmup_steps` (any hvd_lars.optim.schedules "
+                    "schedule); got "
                     f"{learning_rate!r}."
                 )
             self._correction_steps = int(steps)
@@ -231,7 +234,11 @@ class LARS(keras.optimizers.Optimizer):
         paths = [getattr(v, "path", v.name) for v in variables]
         # Per-variable Python constants: update_step receives the backend tf.Variable, which has no
         # .path, so the choice is made here and looked up by index.
-        self._decay_mask = [not _matches(self.exclude_from_weight_decay_patterns, p) for p in paths]
+        # Keras's own exclude_from_weight_decay(var_list=..., var_names=...) counts too.
+        self._decay_mask = [
+            not _matches(self.exclude_from_weight_decay_patterns, p) and self._use_weight_decay(v)
+            for p, v in zip(paths, variables)
+        ]
         self._adapt_mask = [not _matches(self.exclude_from_layer_adaptation_patterns, p) for p in paths]
         unmatched = [
             f"{arg}={pattern.pattern!r}"

@@ -1,9 +1,9 @@
 """Learning-rate schedules for large-batch training: warmup plus polynomial, cosine or step decay.
 
-Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step (applied updates,
-counted from 0), built from the pure functions of `hvd_lars.optim.schedule_functions`; its config is exactly its
-constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`. Units are
-steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
+Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step (applied
+updates, counted from 0), built from the pure functions of `hvd_lars.optim.schedule_functions`; its config is
+exactly its constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`.
+Units are steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
 `SCHEDULES` / `make_schedule` select one by name.
 
 Two published conventions for warmup followed by polynomial decay (W warmup steps, T total steps):

@@ -24,16 +24,32 @@ from hvd_lars.parallel import collectives
 from hvd_lars.parallel.optimizer import accumulation_steps
 
 
-def broadcast_model_and_optimizer(model, root_rank=0):
+def broadcast_model_and_optimizer(model, root_rank=0, local_variables=()):
     """Overwrites the model's and its optimizer's variables on every rank with rank `root_rank`'s.
 
     Model: weights and non-trainable state (batch-norm statistics); optimizer (built first, from the
     model's trainable variables, if it is not yet): step counters, slots, accumulators, learning-rate and
     loss-scale variables. Dropout seed states stay per rank, so ranks draw different masks as separate
-    processes do. No-op with world size 1.
+    processes do. The ranks' lists must agree in number, shapes and dtypes, position by position; the
+    paths may differ (a model loaded with `keras.models.load_model` on rank 0 against the same model
+    built in code elsewhere). `local_variables`: model variables that keep each rank's own values.
+    No-op with world size 1.
+
+    Raises:
+        ValueError: the model is not built yet (a `Sequential` without `keras.Input`, a subclassed model
+            never called): build it first, or use `BroadcastGlobalVariablesCallback`, which builds it
+            from the shapes of `fit`'s data.
+        RuntimeError: the ranks' variables differ (`collectives.check_same_variables`).
     """
+    if not is_built(model):
+        raise ValueError(
+            f"model {model.name!r} is not built yet, so it has no variables to broadcast: build it first "
+            "(keras.Input, model.build(input_shape) or a call on a batch), or broadcast with "
+            "BroadcastGlobalVariablesCallback, which builds it from fit's data."
+        )
     optimizer = getattr(model, "optimizer", None)
-    variables = list(model.variables)
+    local = {id(v) for v in local_variables}
+    variables = [v for v in model.variables if id(v) not in local]
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
@@ -43,31 +59,69 @@ def broadcast_model_and_optimizer(model, root_rank=0):
     )
 
 
+def is_built(model):
+    """True when every layer of `model` has created its variables (what `fit` would otherwise do in its
+    first step)."""
+    return model.built and all(layer.built for layer in model._flatten_layers())
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Gives every rank rank `root_rank`'s model and optimizer state before the first step of each `fit`.
+    """Gives every rank rank `root_rank`'s model and optimizer state before the first update of each `fit`.
 
     Broadcasts at the first batch of every `fit` call, after every callback's `on_train_begin` (so after a
     `keras.callbacks.BackupAndRestore` restore or a checkpoint restored on rank 0 only, wherever this
     callback stands in the list) and after the optimizer is built: a fresh start and every resume begin
-    from the same state on all ranks. See `broadcast_model_and_optimizer` for what is sent.
-    (Horovod's broadcasts after the first batch instead, when Keras 2 had just created the slots.)
+    from the same state on all ranks. A model that Keras would build in its first step (a `Sequential`
+    without `keras.Input`, a subclassed model) is built first, as Keras builds models under a
+    distribution strategy: from the shapes and dtypes of `fit`'s data (`iterator.element_spec`, no batch
+    is consumed), together with its optimizer, then broadcast, then the first step runs. See
+    `broadcast_model_and_optimizer` for what is sent. (Horovod's broadcasts after the first batch
+    instead, when Keras 2 had just created the slots, so its first update mixes ranks' weights.)
 
     Args:
         root_rank: int, the rank whose state wins (0).
+        local_variables: a `keras.Variable` or a list of them, model variables left out of the
+            broadcast (Horovod's argument): each rank keeps its own values. The optimizer's variables
+            are all broadcast, as Horovod's callback does.
+
+    Raises:
+        ValueError: an entry of `local_variables` that is not a `keras.Variable`.
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        if isinstance(local_variables, keras.Variable):
+            local_variables = [local_variables]
+        self.local_variables = list(local_variables or [])
+        bad = [v for v in self.local_variables if not isinstance(v, keras.Variable)]
+        if bad:
+            raise ValueError(f"local_variables must be keras.Variable objects, got {bad[0]!r}.")
         self._done = False
 
     def on_train_begin(self, logs=None):
         self._done = False
 
     def on_train_batch_begin(self, batch, logs=None):
-        if not self._done:
-            broadcast_model_and_optimizer(self.model, self.root_rank)
-            self._done = True
+        if self._done:
+            return
+        self._done = True
+        if is_built(self.model):
+            self._broadcast()
+            return
+        model, train_function = self.model, self.model.train_function
+
+        def first_step(iterator):
+            # Called by fit in place of its step once: build from the data's shapes, broadcast, step.
+            model.train_function = train_function
+            model._symbolic_build(data_batch=iterator.element_spec)
+            self._broadcast()
+            return train_function(iterator)
+
+        model.train_function = first_step
+
+    def _broadcast(self):
+        broadcast_model_and_optimizer(self.model, self.root_rank, local_variables=self.local_variables)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -120,14 +174,19 @@ def _is_number(value):
 
 
 class LearningRateWarmupCallback(LearningRateWarmup):
-    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2): the rate grows linearly from
+    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2): the rate grows linearly from about
     `initial_lr / size` to `initial_lr` over the first `warmup_epochs` epochs, set before every batch.
 
-    `lr = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)` with `epoch` fractional, as in
-    `horovod.tensorflow.keras.callbacks.LearningRateWarmupCallback`; here `epoch` is the optimizer's update
-    counter divided by the updates per epoch, so a run resumed from a checkpoint continues the ramp exactly.
-    At the first batch after the warmup the rate is set to `initial_lr` once; after that the callback
-    leaves it to the user's other schedule callbacks. The optimizer needs a float learning rate.
+    Before update `t` (from 0), with `U` updates per epoch and `W = warmup_epochs`:
+    `lr = initial_lr / size * (e * (size - 1) / W + 1)` with `e = min((t + 1) / U, W)`, the formula of
+    Horovod 0.28.1's code (`horovod/_keras/callbacks.py`: epoch + (batch + 1) / steps, so that each epoch
+    ends on a round value), whose docstring describes `e = t / U`. So the first update uses
+    `initial_lr / size * (1 + (size - 1) / (U * W))` and the last warmup update `initial_lr`
+    (initial_lr 0.2, W 5, U 5, 2 ranks: 0.104, then 0.200 at update 24). Here `t` is the optimizer's update
+    counter, so a run resumed from a checkpoint continues the ramp exactly. After the warmup the callback
+    leaves the rate to the user's other schedule callbacks (the last warmup rate, `initial_lr`, stays
+    until one changes it; unlike Horovod's, it never exceeds `initial_lr` when `W` is fractional). The
+    optimizer needs a float learning rate.
 
     Args:
         initial_lr: float > 0, the rate after warmup (already scaled for the global batch).
@@ -179,14 +238,15 @@ class LearningRateWarmupCallback(LearningRateWarmup):
 
     def _warmup_rate(self, step):
         size = collectives.size()
-        epoch = min(step / self._updates_per_epoch, self.warmup_epochs)
+        epoch = min((step + 1) / self._updates_per_epoch, self.warmup_epochs)
         return self.initial_lr / size * (epoch * (size - 1) / self.warmup_epochs + 1)
 
     def _set_rate(self):
         if self._finished:
             return
         super()._set_rate()
-        if self._epoch() >= self.warmup_epochs:
+        # This update's rate was the last of the warmup (epoch + 1 / U reached W).
+        if (to_float(self.model.optimizer.iterations) + 1) / self._updates_per_epoch >= self.warmup_epochs:
             self._finished = True
             if self.verbose and collectives.is_chief():
                 print(f"LearningRateWarmupCallback: warmup finished at rate {self.initial_lr:g}.", flush=True)

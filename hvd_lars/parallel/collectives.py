@@ -263,13 +263,20 @@ def describe_variables(variables):
 
 def first_difference(lists, what="variables"):
     """The message naming the first difference between rank 0's list (`lists[0]`) and another rank's,
-    or None when all equal. `lists[r]` is rank r's `describe_variables`."""
+    or None when they agree: the same number of variables, and the same shape and dtype at each position.
+    Paths may differ (a model loaded by `keras.models.load_model` against the same one built in code);
+    they are named in the message. `lists[r]` is rank r's `describe_variables`."""
     reference = lists[0]
+
+    def layout(items):
+        return [(tuple(shape), dtype) for _, shape, dtype in items]
+
     for r, other in enumerate(lists[1:], start=1):
-        if other == reference:
+        if layout(other) == layout(reference):
             continue
         i = next(
-            (i for i, (a, b) in enumerate(zip(reference, other)) if a != b), min(len(reference), len(other))
+            (i for i, (a, b) in enumerate(zip(layout(reference), layout(other))) if a != b),
+            min(len(reference), len(other)),
         )
 
         def entry(items, i=i):
@@ -288,8 +295,9 @@ def first_difference(lists, what="variables"):
 
 
 def check_same_variables(variables, what="variables"):
-    """Raises the same RuntimeError on every rank when the ranks' `variables` differ in number, shape,
-    dtype or structural path (`structural_path`), naming the first difference; returns otherwise.
+    """Raises the same RuntimeError on every rank when the ranks' `variables` differ in number, or in shape
+    or dtype at some position, naming the first difference (with each rank's path there); returns
+    otherwise. Paths alone may differ.
 
     A collective (one allgather of the descriptions): every rank must call it, before any collective
     that exchanges the variables, so that a mismatch is an error instead of a hang. No-op with size 1.

@@ -16,64 +16,93 @@ import keras
 
 from hvd_lars.parallel import collectives
 
+try:  # Horovod's framework-neutral elastic state; without Horovod, KerasState raises at construction.
+    from horovod.common.elastic import ObjectState as _ObjectState
+except ImportError:  # pragma: no cover - Horovod is part of this project's environment
+    _ObjectState = object
 
-class KerasState:
-    """The elastic state of a Keras 3 model and its optimizer: every variable of both (weights,
-    batch-norm statistics, slots, the update counter `iterations`), plus picklable attributes given as
-    keyword arguments (kept on rank 0's values at a sync).
 
-    Methods, as Horovod's elastic loop calls them (`horovod.common.elastic.State`):
+class KerasState(_ObjectState):
+    """The elastic state of a Keras 3 model and its optimizer (Horovod's `hvd.elastic.KerasState`): every
+    variable of both (weights, batch-norm statistics, slots, the update counter `iterations`, gradient
+    accumulators), plus picklable attributes given as keyword arguments (`batch=0, epoch=0`), kept on
+    rank 0's values at a sync and exposed as attributes (`state.epoch`).
+
+    A `horovod.common.elastic.State`, so Horovod's elastic loop (`run`) drives it, and
+    `state.register_reset_callbacks([fn, ...])` runs `fn()` after each membership change, before the
+    next sync. Methods, as the loop calls them:
         commit(): saves a copy of the variables in host memory (NumPy, about the model's size plus its
             slots), then raises `HostsUpdatedInterrupt` on every rank alike if the driver announced a
-            membership change (a collective).
+            membership change (a collective). Commit at update boundaries only (`CommitStateCallback`
+            and `CommitState` do): a copy taken in the middle of a gradient-accumulation cycle would
+            be restored with half a cycle's gradients, and the loop then redoes that cycle's batches.
         restore(): puts the last committed values back (after a worker died mid-update).
         sync(): rank 0's variables and attributes on every rank (`collectives.broadcast_variables`,
             which first checks that the ranks' variable lists agree), then a commit of them.
+        reset(): after a membership change, before the reset callbacks and the next sync. Both drop the
+            model's traced training step (`model.train_function = None`), which holds the world size it
+            was traced with.
 
-    Built lazily so that `import hvd_lars` works without Horovod; `state()` returns the Horovod object.
+    Args:
+        model: a built Keras 3 model (its optimizer built, e.g. by one `fit` step, as Horovod's example
+            does, or by `optimizer.build(model.trainable_variables)`).
+        optimizer: None: `model.optimizer`.
+        **attributes: picklable values (ints, floats, ...) committed with the variables.
+
+    Raises:
+        ValueError: the model is not built. ImportError: Horovod is not installed.
     """
 
-    def __init__(self, model, **attributes):
-        from horovod.common.elastic import ObjectState
+    def __init__(self, model, optimizer=None, **attributes):
+        if _ObjectState is object:
+            raise ImportError("KerasState needs Horovod (horovod.common.elastic); run `make setup`.")
+        from hvd_lars.parallel.callbacks import is_built
 
-        def variables():
-            # Dropout seed states stay per rank, as `broadcast_model_and_optimizer` leaves them.
-            every = list(model.variables) + list(model.optimizer.variables)
-            return [v for v in every if "seed_generator" not in v.path]
+        if not is_built(model):
+            raise ValueError(
+                f"KerasState: model {model.name!r} is not built; build it first (keras.Input, "
+                "model.build(input_shape), or one fit step as Horovod's example does)."
+            )
+        self.model = model
+        self.optimizer = optimizer or model.optimizer
+        self._save_variables()
+        super().__init__(
+            bcast_object=lambda value: collectives.broadcast_object(value, name="hvd_lars.parallel.elastic"),
+            get_rank=collectives.rank,
+            **attributes,
+        )
 
-        class _State(ObjectState):
-            def __init__(self):
-                self._save_variables()
-                super().__init__(
-                    bcast_object=lambda value: collectives.broadcast_object(
-                        value, name="hvd_lars.parallel.elastic"
-                    ),
-                    get_rank=collectives.rank,
-                    **attributes,
-                )
+    def _variables(self):
+        # Dropout seed states stay per rank, as `broadcast_model_and_optimizer` leaves them.
+        every = list(self.model.variables) + list(self.optimizer.variables)
+        return [v for v in every if "seed_generator" not in v.path]
 
-            def _save_variables(self):
-                self._saved = [v.numpy() for v in variables()]
+    def _save_variables(self):
+        self._saved = [v.numpy() for v in self._variables()]
 
-            def save(self):
-                self._save_variables()
-                super().save()
+    def save(self):
+        self._save_variables()
+        super().save()
 
-            def restore(self):
-                for var, value in zip(variables(), self._saved):
-                    var.assign(value)
-                super().restore()
+    def restore(self):
+        for var, value in zip(self._variables(), self._saved):
+            var.assign(value)
+        super().restore()
 
-            def sync(self):
-                collectives.broadcast_variables(variables(), what="elastic state")
-                self._save_variables()
-                super().sync()
+    def reset(self):
+        # Before the reset callbacks, which may run a step (Horovod's example does) with the new ranks.
+        self.model.train_function = None
 
-        self._state = _State()
+    def sync(self):
+        self.model.train_function = None  # traced anew for the current world size
+        collectives.broadcast_variables(self._variables(), what="elastic state")
+        self._save_variables()
+        super().sync()
 
     def state(self):
-        """The `horovod.common.elastic.ObjectState` to hand to `run`."""
-        return self._state
+        """This object (the `horovod.common.elastic.State` to hand to `run`); kept for callers that
+        wrote `KerasState(model, ...).state()`."""
+        return self
 
 
 def run(func):
@@ -87,16 +116,39 @@ def run(func):
     return hvd.elastic.run(func)
 
 
+def at_update_boundary(optimizer):
+    """True when `optimizer` holds no partly accumulated gradients: every micro-batch seen so far belongs
+    to an applied update (always true without gradient accumulation). Through any chain of wrappers
+    (`DistributedOptimizer(backward_passes_per_step=k)`, Keras's `gradient_accumulation_steps=k`)."""
+    from hvd_lars.parallel.optimizer import DistributedOptimizer
+
+    while True:
+        if isinstance(optimizer, DistributedOptimizer):
+            steps = optimizer.backward_passes_per_step
+            return steps == 1 or int(optimizer._iterations) % steps == 0
+        steps = getattr(optimizer, "gradient_accumulation_steps", None)
+        if steps:
+            return int(optimizer._iterations) % steps == 0
+        if not hasattr(optimizer, "inner_optimizer"):
+            return True
+        optimizer = optimizer.inner_optimizer
+
+
 class CommitState(keras.callbacks.Callback):
     """Commits the elastic state every `every_steps` updates (at update boundaries, counting
     `optimizer.iterations`), recording the update count in `state.step`: a membership change is taken
     up at the next commit, and a worker's death costs the updates since the last one.
 
+    Never in the middle of a gradient-accumulation cycle: a commit is due when `optimizer.iterations`
+    (applied updates) has reached a multiple of `every_steps` that was not committed yet and no
+    micro-batch is pending (`at_update_boundary`), so the state restored after a failure holds no half
+    cycle and the loop's redone batches complete whole updates.
+
     Place it after the fault guard and the checkpoint callbacks, so that a diverged update is never
     committed. Each commit copies every variable to host memory and does one small broadcast.
 
     Args:
-        state: the `horovod.common.elastic.ObjectState` of `KerasState.state()`, with a `step` attribute.
+        state: a `KerasState` with a `step` attribute.
         every_steps: int >= 1.
     """
 
@@ -108,10 +160,115 @@ class CommitState(keras.callbacks.Callback):
         self.every_steps = int(every_steps)
         self._last = None
 
+    def on_train_begin(self, logs=None):
+        self._last = int(self.model.optimizer.iterations)  # what the attempt started from is committed
+
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations)
-        if step == self._last or step % self.every_steps:
+        if step == self._last or step % self.every_steps or not at_update_boundary(self.model.optimizer):
             return
         self._last = step
         self.state.step = step
         self.state.commit()
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """Horovod's `hvd.elastic.CommitStateCallback`: commits `state` every `batches_per_commit` batches and
+    at the end of every epoch, at update boundaries only: a commit due while a gradient-accumulation
+    cycle is incomplete waits for the batch that completes it (see `CommitState`).
+
+    Args:
+        state: a `KerasState`.
+        batches_per_commit: int >= 1 (1, Horovod's default).
+    """
+
+    def __init__(self, state, batches_per_commit=1):
+        super().__init__()
+        if (
+            isinstance(batches_per_commit, bool)
+            or not isinstance(batches_per_commit, int)
+            or batches_per_commit < 1
+        ):
+            raise ValueError(f"batches_per_commit must be an int >= 1, got {batches_per_commit!r}.")
+        self.state = state
+        self.batches_per_commit = batches_per_commit
+        self._batches = 0
+        self._due = False
+
+    def on_train_begin(self, logs=None):
+        self._batches, self._due = 0, False  # the same count on every rank after a sync
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self._batches % self.batches_per_commit == 0:
+            self._due = True
+        self._commit_if_due()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._due = True
+        self._commit_if_due()
+
+    def _commit_if_due(self):
+        if self._due and at_update_boundary(self.model.optimizer):
+            self._due = False
+            self.state.commit()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Horovod's `hvd.elastic.UpdateBatchStateCallback`: keeps `state.batch` = the batches of the current
+    epoch done so far (0 at each epoch end), and after a reset shortens the first epoch of the next
+    `fit` by the batches the restored state had done, so each epoch still has `steps_per_epoch` batches.
+
+    (Horovod's stores the last batch's index, one less, and shortens through `params['steps']`, which
+    Keras 3's loop no longer reads; here the shortened epoch ends through `model.stop_training`, set
+    after its last batch and cleared again at its end, so callbacks see a normal epoch end and `fit`
+    goes on. A callback placed before this one that stops training at that epoch's end is overridden.)
+
+    Args:
+        state: a `KerasState` with a `batch` attribute.
+    """
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self._done_before = 0
+        self._stopped = False
+
+    def on_train_begin(self, logs=None):
+        self._done_before = int(self.state.batch)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._stopped = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.batch = self._done_before + batch + 1
+        steps = (self.params or {}).get("steps")
+        if self._done_before and steps and self.state.batch >= steps and not self.model.stop_training:
+            self.model.stop_training = self._stopped = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.batch = 0
+        self._done_before = 0
+        if self._stopped:
+            self.model.stop_training = self._stopped = False
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Horovod's `hvd.elastic.UpdateEpochStateCallback`: at each epoch end, `state.epoch` = the epochs
+    done in all attempts (Keras counts from 0 in every `fit`; the attempt's start is `state.epoch` at
+    `on_train_begin`).
+
+    Args:
+        state: a `KerasState` with an `epoch` attribute.
+    """
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+        self._initial_epoch = None
+
+    def on_train_begin(self, logs=None):
+        self._initial_epoch = int(self.state.epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = self._initial_epoch + epoch + 1

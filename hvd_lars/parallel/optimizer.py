@@ -61,10 +61,26 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         backward_passes_per_step: int >= 1, micro-batches per update; None: the held optimizer's
             `gradient_accumulation_steps`, or 1.
         compression: "none" or "fp16" (gradients cast to float16 on the wire, divided by the world size
-            before the sum so that it cannot overflow; see `hvd_lars.parallel.collectives.allreduce_gradients`).
+            before the sum so that it cannot overflow; see
+            `hvd_lars.parallel.collectives.allreduce_gradients`).
         gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
             Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
         name: str; default "distributed_<name of optimizer>".
+        average_aggregated_gradients: True (default here): the micro-batch gradients of an update are
+            averaged, as Keras's `gradient_accumulation_steps` does; False: summed (Horovod's default),
+            i.e. `backward_passes_per_step` times the mean. Matters only with `backward_passes_per_step` > 1.
+        scale_local_gradients: True (Horovod's default): the gradients of local variables
+            (`register_local_var`, `PartialDistributedOptimizer`) are divided by the world size, as
+            Horovod does; False leaves them as the rank computed them.
+        sparse_as_dense: accepted and ignored: sparse gradients (`tf.IndexedSlices`) are always made
+            dense before the allreduce here, which is what True asks; with False Horovod gathers the
+            slices instead, and applies the same mean gradient.
+        process_set: None or Horovod's global process set (`horovod.tensorflow.global_process_set`),
+            which is every rank, as here; any other set is refused (ValueError).
+
+    Local variables (Horovod's `register_local_var`): their gradients are not averaged over ranks;
+    each rank applies its own (divided by the world size when `scale_local_gradients`). Register them
+    before the first step: the training step is traced with the registrations it sees then.
 
     Raises:
         ValueError: `optimizer` is not a Keras 3 optimizer or is already distributed; a
@@ -89,6 +105,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         compression="none",
         gradient_reduction="overlap",
         name=None,
+        *,
+        average_aggregated_gradients=True,
+        scale_local_gradients=True,
+        sparse_as_dense=False,
+        process_set=None,
     ):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise ValueError(
@@ -106,6 +127,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"gradient_reduction={gradient_reduction!r}; valid: "
                 f"{', '.join(collectives.GRADIENT_REDUCTIONS)}."
             )
+        _check_process_set(process_set)
+        if not isinstance(sparse_as_dense, bool):
+            raise ValueError(f"sparse_as_dense must be a bool, got {sparse_as_dense!r}.")
+        for flag, value in (
+            ("average_aggregated_gradients", average_aggregated_gradients),
+            ("scale_local_gradients", scale_local_gradients),
+        ):
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag} must be a bool, got {value!r}.")
         accumulating = innermost_optimizer(optimizer)
         own_steps = accumulating.gradient_accumulation_steps
         steps = _accumulation_steps(backward_passes_per_step, own_steps)
@@ -123,6 +153,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = steps
         self.compression = compression
         self.gradient_reduction = gradient_reduction
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self.scale_local_gradients = scale_local_gradients
+        self._local_paths = set()  # paths of variables whose gradients stay on their rank
+        self._local_layers = []  # PartialDistributedOptimizer's layers, resolved at the first step
         if own_steps:
             accumulating.gradient_accumulation_steps = None  # taken over: ranks talk once per update
         self._loss_scaler = None  # weak reference to a LossScaleOptimizer around this one, once attached
@@ -157,17 +191,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         variables = list(trainable_variables) if trainable_variables is not None else None
         steps = self.backward_passes_per_step
         if steps == 1:
-            self.inner_optimizer.apply(self._average(grads), variables)
+            self.inner_optimizer.apply(self._average(grads, variables), variables)
         else:
             indices = (
                 range(len(grads)) if variables is None else [self._get_variable_index(v) for v in variables]
             )
             accumulators = [self._accumulated_gradients[i] for i in indices]
 
+            divisor = steps if self.average_aggregated_gradients else 1
+
             def update():
-                # The micro-batch mean as Keras computes it, then the mean over ranks.
-                means = [None if g is None else (g + a) / steps for g, a in zip(grads, accumulators)]
-                self.inner_optimizer.apply(self._average(means), variables)
+                # The micro-batch mean as Keras computes it (or their sum), then the mean over ranks.
+                means = [None if g is None else (g + a) / divisor for g, a in zip(grads, accumulators)]
+                self.inner_optimizer.apply(self._average(means, variables), variables)
                 for g, a in zip(grads, accumulators):
                     if g is not None:
                         a.assign(keras.ops.zeros_like(a))
@@ -180,10 +216,42 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             keras.ops.cond((self._iterations + 1) % steps == 0, update, accumulate)
         self._iterations.assign_add(1)
 
-    def _average(self, grads):
-        return collectives.allreduce_gradients(
-            grads, reduction=self.gradient_reduction, compression=self.compression
+    def _average(self, grads, variables=None):
+        local = self._local_mask(variables)
+        if not any(local):
+            return collectives.allreduce_gradients(
+                grads, reduction=self.gradient_reduction, compression=self.compression
+            )
+        # Local variables' gradients stay out of the allreduce (None there keeps the positions).
+        shared = collectives.allreduce_gradients(
+            [None if is_local else g for g, is_local in zip(grads, local)],
+            reduction=self.gradient_reduction,
+            compression=self.compression,
         )
+        scale = collectives.size() if self.scale_local_gradients else 1
+        return [
+            (g if scale == 1 or g is None else g / scale) if is_local else r
+            for g, r, is_local in zip(grads, shared, local)
+        ]
+
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient on its rank (Horovod's `register_local_var`): not averaged over ranks,
+        divided by the world size when `scale_local_gradients`. Call before the first step.
+
+        Args:
+            var: a `keras.Variable` (a trainable weight of the model).
+        """
+        if not isinstance(var, keras.Variable):
+            raise ValueError(f"register_local_var needs a keras.Variable, got {var!r}.")
+        self._local_paths.add(var.path)
+
+    def _local_mask(self, variables):
+        if not (self._local_paths or self._local_layers):
+            return [False] * (len(variables) if variables is not None else len(self._trainable_variables))
+        paths = set(self._local_paths)
+        paths.update(v.path for layer in self._local_layers for v in layer.trainable_weights)
+        variables = self._trainable_variables if variables is None else variables
+        return [v.path in paths for v in variables]
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -227,6 +295,30 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    def get_weights(self):
+        """Values of `variables` (this wrapper's, then the held optimizer's), as `.h5` files save them."""
+        return [v.numpy() for v in self.variables]
+
+    def set_weights(self, weights):
+        """Assigns `weights` (as `get_weights` returns them) to `variables`, the held optimizer's included,
+        in order, as Keras's `Optimizer.set_weights` pairs them (`zip`: the shorter list decides). This is
+        how `keras.models.load_model` restores an `.h5` file's optimizer state: the update counters and
+        the rate always; the slots only where the loader built the optimizer with its variables (Keras's
+        `.h5` loader builds it with the model's own variables, none for a Sequential, so a Keras Adam
+        gets its counter back and fresh slots, and so does this wrapper). `.keras` files keep everything.
+
+        Raises:
+            ValueError: unbuilt, or an array whose shape differs from its variable's.
+        """
+        if not self.built:
+            raise ValueError(f"{self.name!r} is not built; build it before set_weights.")
+        for variable, value in zip(self.variables, weights):
+            if tuple(variable.shape) != tuple(getattr(value, "shape", ())):
+                raise ValueError(
+                    f"{variable.path} has shape {tuple(variable.shape)}, set_weights got {value.shape}."
+                )
+            variable.assign(value)
+
     def get_config(self):
         return {
             "name": self.name,
@@ -234,6 +326,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "backward_passes_per_step": self.backward_passes_per_step,
             "compression": self.compression,
             "gradient_reduction": self.gradient_reduction,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
+            "scale_local_gradients": self.scale_local_gradients,
         }
 
     @classmethod
@@ -301,6 +395,41 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
 
     def check_finite(self, grads):
         return self.inner_optimizer.check_finite(grads)
+
+
+def PartialDistributedOptimizer(optimizer, local_layers=None, scale_local_gradients=True, **kwargs):
+    """Horovod's `PartialDistributedOptimizer`: a `DistributedOptimizer` whose `local_layers` keep their
+    gradients on each rank (see `DistributedOptimizer.register_local_var`); their trainable weights are
+    looked up at the first step, so the layers may be unbuilt here.
+
+    Args:
+        optimizer: a Keras 3 optimizer; `kwargs`: as for `DistributedOptimizer`.
+        local_layers: a `keras.layers.Layer` or a list of them; None: none (a plain DistributedOptimizer).
+        scale_local_gradients: as for `DistributedOptimizer`.
+
+    Raises:
+        ValueError: an entry of `local_layers` that is not a Keras layer.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    bad = [layer for layer in local_layers if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise ValueError(f"local_layers must be Keras layers, got {bad[0]!r}.")
+    distributed = DistributedOptimizer(optimizer, scale_local_gradients=scale_local_gradients, **kwargs)
+    distributed._local_layers = list(local_layers)
+    return distributed
+
+
+def _check_process_set(process_set):
+    """Accepts None and Horovod's global process set (id 0: every rank); refuses any other."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return
+    raise ValueError(
+        f"process_set={process_set!r}: only the global process set (every rank) is supported here; "
+        "to average over a subset of ranks, launch that subset as a job of its own."
+    )
 
 
 def _held_optimizers_rate():

@@ -26,7 +26,8 @@ def lars_step(
 ):
     """One update; returns new (w, v). `beta` is this tensor's weight decay (0 if excluded).
 
-    `v` is the velocity as Intel Caffe's sgd_solver.cpp writes it (`w -= v`; gradient units `u` in mode "update"); the
+    `v` is the velocity as Intel Caffe's sgd_solver.cpp writes it (`w -= v`; gradient units `u` in mode
+    "update"); the
     optimizer stores its negation, so only weights are compared. `velocity_scale` is the momentum
     correction factor lr_t / lr_{t-1} applied to `v` before the update.
     """

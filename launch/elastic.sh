@@ -36,6 +36,12 @@ if [ -z "${NIC:-}" ] && ! "$discovery" | grep -qv '^\(localhost\|127\.0\.0\.1\):
 fi
 nic_args=()
 [ -n "${NIC:-}" ] && nic_args=(--network-interface "$NIC")
+# Horovod 0.28.1's response cache off (results/faults.md, "A worker joining"): after `hvd.shutdown();
+# hvd.init()` the surviving process fuses with another fusion threshold than a fresh one (fc1's 1 MiB
+# gradient alone), and with the cache each rank fuses cached tensors by its own threshold, so the ranks
+# send buffers of different sizes (gloo "op.preamble.length <= op.nbytes", abort). Without the cache only
+# rank 0 fuses and every rank follows. A caller's own HOROVOD_CACHE_CAPACITY is kept.
+export HOROVOD_CACHE_CAPACITY="${HOROVOD_CACHE_CAPACITY:-0}"
 exec "$horovodrun_bin" -np "$min_np" --min-np "$min_np" --max-np "$max_np" \
   --host-discovery-script "$discovery" "${nic_args[@]}" \
   "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --elastic "$@"

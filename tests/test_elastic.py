@@ -135,3 +135,38 @@ def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_
     ), out[-6000:]
     assert "worker counts that divide it: 1, 3, 7, 9, 21, 63." in out
     assert "elastic attempt 2" not in out
+
+
+# smoke.flags with a 1 MiB gradient (fc1/kernel, 2048 x 128 float32) among small ones: the case in which the
+# re-initialised worker and the joining one fused different sets of tensors (issue 20, item 4).
+SMOKE_JOIN_FLAGS = [
+    "--steps_per_epoch=200", "--epochs=3", "--checkpoint_every_steps=100", "--elastic_commit_every_steps=5",
+    "--run_name=r", "--verbose=2",
+]  # fmt: skip
+
+
+@pytest.mark.horovod
+def test_a_worker_joining_smoke_flags_ends_with_rank_0s_weights(tmp_path):
+    job = ElasticJob(tmp_path, "localhost:1", 1, 2, flagfile="flags/smoke.flags", base_flags=SMOKE_JOIN_FLAGS)
+    try:
+        job.wait_for("elastic attempt 1: 1 worker(s) from update 0, 32 images per rank")
+        job.set_hosts("localhost:2")
+        job.wait_for("elastic attempt 2: 2 worker(s) from update ")
+        returncode = job.finish()
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    out = job.output()
+    assert returncode == 0, out[-6000:]
+    assert "gloo::EnforceNotMet" not in out
+    assert "[hvd_lars] final test top-1 " in out, out[-6000:]
+    assert "16 images per rank per micro-batch (global batch 32)" in out
+    run_dir = tmp_path / "r"
+    ranks = [np.load(run_dir / "rank_weights" / f"rank{r}.npz") for r in (0, 1)]
+    trainable = sorted(k for k in ranks[0].files if k.startswith("t"))
+    # Every trainable weight, fc1's 2048 x 128 kernel included, bit for bit on the joined worker.
+    assert len(trainable) == 18 and (2048, 128) in [ranks[0][k].shape for k in trainable]
+    for key in trainable:
+        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]

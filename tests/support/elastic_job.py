@@ -44,7 +44,16 @@ class ElasticJob:
     """launch/elastic.sh in the background, with a discovery script printing the file `hosts`; its output
     lines are collected as they come."""
 
-    def __init__(self, tmp_path, hosts, min_np, max_np, *flags):
+    def __init__(
+        self,
+        tmp_path,
+        hosts,
+        min_np,
+        max_np,
+        *flags,
+        flagfile="flags/fashion_mnist_lars.flags",
+        base_flags=FLAGS,
+    ):
         self.hosts = tmp_path / "hosts"
         self.hosts.write_text(hosts + "\n")
         discovery = tmp_path / "discover.sh"
@@ -53,7 +62,7 @@ class ElasticJob:
         env = dict(os.environ, PYTHON=_shim(tmp_path), RANKS_PER_SOCKET="2", PYTHONPATH=REPO)
         env["HOROVODRUN"] = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
-        cmd += ["flags/fashion_mnist_lars.flags", *FLAGS]
+        cmd += [flagfile, *base_flags]
         cmd += [f"--workdir={tmp_path}", *flags]
         self.process = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

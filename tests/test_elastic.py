@@ -82,6 +82,28 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.unit
+def test_a_commit_due_at_an_epochs_last_update_waits_for_that_epochs_logs_and_checkpoint():
+    import keras
+
+    # 3 updates per epoch, a commit every 3: due at each epoch's last update, where a membership change
+    # taken up at once would skip the epoch's evaluation, logs and checkpoint (callbacks placed before).
+    events = []
+
+    class Recorder:
+        def commit(self):
+            events.append(("commit", self.step))
+
+    logger = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: events.append(("logs", epoch)))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x, y = np.ones((6, 2), "float32"), np.ones((6, 1), "float32")
+    model.fit(
+        x, y, batch_size=2, epochs=2, verbose=0, callbacks=[logger, hvd_elastic.CommitState(Recorder(), 3)]
+    )
+    assert events == [("logs", 0), ("commit", 3), ("logs", 1), ("commit", 6)]
+
+
 @pytest.mark.horovod
 def test_two_then_one_then_two_workers_keep_the_plan(tmp_path):
     returncode, out, updates, _ = remove_and_add(tmp_path)

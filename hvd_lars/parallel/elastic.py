@@ -144,8 +144,10 @@ class CommitState(keras.callbacks.Callback):
     micro-batch is pending (`at_update_boundary`), so the state restored after a failure holds no half
     cycle and the loop's redone batches complete whole updates.
 
-    Place it after the fault guard and the checkpoint callbacks, so that a diverged update is never
-    committed. Each commit copies every variable to host memory and does one small broadcast.
+    A commit due at an epoch's last update waits for that epoch's end, so that the epoch's evaluation,
+    logs and checkpoint happen before a membership change is taken up. Place it after the fault guard,
+    the loggers and the checkpoint callbacks, so that a diverged update is never committed. Each commit
+    copies every variable to host memory and does one small broadcast.
 
     Args:
         state: a `KerasState` with a `step` attribute.
@@ -164,6 +166,16 @@ class CommitState(keras.callbacks.Callback):
         self._last = int(self.model.optimizer.iterations)  # what the attempt started from is committed
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.params and batch + 1 == self.params.get("steps"):
+            return  # the epoch's last update: committed at the epoch's end (below)
+        self._commit_if_due()
+
+    def on_epoch_end(self, epoch, logs=None):
+        # After the callbacks placed before this one (evaluation, logs, the epoch's checkpoint): a
+        # membership change taken up here never skips the end of the epoch it interrupts.
+        self._commit_if_due()
+
+    def _commit_if_due(self):
         step = int(self.model.optimizer.iterations)
         if step == self._last or step % self.every_steps or not at_update_boundary(self.model.optimizer):
             return

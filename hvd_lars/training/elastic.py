@@ -35,6 +35,10 @@ def run(config, extra_callbacks=()):
             `hvd_lars.training.train.run`.
         ElasticBatchError: a new worker count does not divide the global batch (every rank, at the change).
     """
+    # Horovod's response cache lets each rank fuse cached tensors by its own fusion threshold, which an
+    # elastic reset leaves different on the re-initialised ranks (results/faults.md, "worker joining"):
+    # off, rank 0 alone decides every message. Read by Horovod at init; a value exported is kept.
+    os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()
     check_launched(config)
     # The world size is checked against the global batch in each attempt, on every rank together.

@@ -44,9 +44,8 @@ def mlperf_exclusions():
 class LARS(keras.optimizers.Optimizer):
     """Momentum SGD with a layer-wise trust ratio (LARS).
 
-    For each trainable tensor `w` (every kernel and every bias is its own "layer", as in the released
-    Caffe code) with averaged gradient `g`, learning rate `lr_t`, momentum `m`, weight decay `beta`,
-    trust coefficient `eta` and epsilon `eps`, the default (`trust_ratio_mode="paper"`) update is:
+    For each trainable tensor `w` (every kernel and every bias is its own "layer") with averaged gradient
+    `g`, learning rate `lr_t`, momentum `m`, weight decay `beta`, trust coefficient `eta`, epsilon `eps`:
 
     ```
     trust = eta * ||w|| / (||g|| + beta * ||w|| + eps)    (1.0 when ||w|| == 0 or ||g|| == 0)
@@ -54,97 +53,50 @@ class LARS(keras.optimizers.Optimizer):
     w     = w - v               (nesterov: w = w - m * v - lr_t * trust * (g + beta * w))
     ```
 
-    `||.||` is the Frobenius (L2) norm of the whole tensor (any rank, scalars included) and `||g||` is the
-    norm of the raw gradient before weight decay is added. This is equations (6)-(7) of You, Gitman,
-    Ginsburg (arXiv 1708.03888) in the form of the solver released with You et al., ICPP 2018 (Intel Caffe
-    1.0.7; `shared/PAPER.md`) and of the TF/MLPerf ResNet-50 `LARSOptimizer`. The learning rate sits inside
-    the velocity (Caffe-style momentum), so `v` is in units of the weights; the slot stores `-v`, the sign
-    convention of Keras SGD and of TensorFlow's fused momentum kernel. Units: `lr_t`, `eta`, `beta`, `m`
-    are dimensionless; `eps` is in units of a gradient norm; `trust` is dimensionless (for `eta` 0.001 it is
-    typically 1e-4 to 1e-2, which is why LARS peak rates are 10-30 where SGD's are 0.1-3).
-
-    Where the published implementations differ, `trust_ratio_mode` chooses (the paper's rule by default):
-      * `"paper"`: as above (Caffe 1.0.7, TF/MLPerf `LARSOptimizer`).
-      * `"decayed_gradient"`: `trust = eta * ||w|| / (||g + beta * w|| + eps)`, the norm of the decayed
-        gradient (NVIDIA apex `LARC`, several PyTorch ports); the update is otherwise as above.
-      * `"update"`: trust ratio on the final update, as LAMB-style code does with SGD momentum:
-        `u = m * u + (g + beta * w)` (gradient units) and `w = w - lr_t * eta * ||w|| / (||u|| + eps) * u`
-        (Nesterov: `... * (m * u + g + beta * w)`); 1 instead of the ratio where `||w||` or `||u||` is 0.
-
-    Excluded tensors: a tensor whose `variable.path` matches a regex (`re.search`) of
-    `exclude_from_weight_decay` gets `beta = 0`, as does one excluded through Keras's
-    `optimizer.exclude_from_weight_decay(var_list=..., var_names=...)` (called before `build`); one that
-    matches `exclude_from_layer_adaptation` gets `trust = 1` (plain momentum SGD at `lr_t`).
-    `mlperf_exclusions()` gives the MLPerf choice (batch-norm parameters and biases out of both).
-    One warning is issued at `build` if a pattern matches no variable.
-
-    Zero gradient: in `"paper"` mode a tensor whose gradient is exactly zero still decays, with trust 1
-    (`v = m * v + lr_t * beta * w`), as the released solver and the TF/MLPerf code do (they regularise every
-    parameter each step; trust 1 is their fall-back when a norm is zero). It is kept because the reference
-    numbers come from those codes; the step is small (`lr_t * beta`, e.g. 20 * 5e-4 = 1% of `w`). In the
-    other modes the denominator is `||beta * w||` > 0, so the trust ratio is `eta / beta` there.
-    Zero weights (zero-initialised tensors) get trust 1 and move by the plain momentum step.
-
-    Weight decay is applied here only; it is never handed to the Keras base class (which would decay a
-    second time, decoupled from the trust ratio). The step counter `iterations` counts applied updates:
-    with `gradient_accumulation_steps=k` it advances once per `k` calls of `apply`, and schedules are
-    evaluated at it (Keras itself would evaluate them at the micro-batch count).
+    `||.||` is the L2 norm of the whole tensor; `||g||` is taken before weight decay is added. The rate is
+    inside the velocity (Caffe-style), so `v` is in units of the weights; all coefficients are
+    dimensionless. With `eta` 0.001 the trust ratio is typically 1e-4 to 1e-2, so LARS peak rates are 10-30
+    where SGD's are 0.1-3. `trust_ratio_mode` selects the published variants:
+      * `"paper"`: as above.
+      * `"decayed_gradient"`: `trust = eta * ||w|| / (||g + beta * w|| + eps)`.
+      * `"update"`: `u = m * u + (g + beta * w)`, `w = w - lr_t * eta * ||w|| / (||u|| + eps) * u`.
+    A tensor whose `variable.path` matches a regex of `exclude_from_weight_decay` (or is named in Keras's
+    `exclude_from_weight_decay()`) gets `beta = 0`; one that matches `exclude_from_layer_adaptation` gets
+    `trust = 1`. A zero gradient still decays with trust 1 in `"paper"` mode, as the released solver does.
+    Weight decay is applied here only, never by the Keras base class. `iterations` counts applied
+    updates (with `gradient_accumulation_steps=k`, once per `k` calls of `apply`); schedules see it.
 
     Args:
-        learning_rate: float >= 0 (an int is accepted), a `keras.Variable` (used itself, so whoever holds
-            it can change the rate), a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer
-            step (applied updates), or a callable of no arguments. The global rate before the trust
-            ratio. A float rate can be changed later (`optimizer.learning_rate = x`, as callbacks do).
-        momentum: float in [0, 1). 0.9 in the paper's solver.
-        weight_decay: float >= 0, L2 coefficient beta (5e-4 for AlexNet-BN, 1e-4 for ResNet-50).
+        learning_rate: float >= 0, a `keras.Variable`, a `LearningRateSchedule` of the update count, or a
+            callable of no arguments: the global rate before the trust ratio.
+        momentum: float in [0, 1) (0.9 in the paper's solver).
+        weight_decay: float >= 0, the L2 coefficient beta (5e-4 for AlexNet-BN, 1e-4 for ResNet-50).
         eta: float > 0, trust coefficient (0.001 in the paper).
         epsilon: float >= 0 added to the trust ratio's denominator (0 in the paper; 1e-5 in some MLPerf
             submissions).
-        nesterov: bool, Nesterov momentum (not in the paper; the TF/MLPerf code offers it).
-        exclude_from_weight_decay: list of regexes (`re.search` on `variable.path`), a single regex, or
-            None (no exclusions).
-        exclude_from_layer_adaptation: as above. None means every tensor is adapted (the paper); see
-            `mlperf_exclusions()` for the MLPerf choice.
-        trust_ratio_mode: one of `TRUST_RATIO_MODES`; "paper" by default.
-        momentum_correction: one of `MOMENTUM_CORRECTIONS` (False means "none", True "always"). The
-            velocity holds the learning rate, so after a rate change it still carries the old rates;
-            the correction rescales it by `lr_t / lr_{t-1}` (1 where `lr_{t-1}` is 0) before the update.
-            * `"none"` (default): no correction, as the paper's runs. Intel Caffe 1.0.7 defines
-              `ENABLE_SGD_FUSION` for the Intel compiler and for g++ >= 4.9 (`Makefile` lines 387-403,
-              `CMakeLists.txt` lines 67-87; on by default since commit 57cda6d3 of 2017-09-07, two months
-              before LARS entered Intel Caffe in 59c0e69b of 2017-11-08), and then updates every parameter
-              of an "SGD" solver in CPU mode in `SGDFusion` (`src/caffe/solvers/sgd_solver.cpp` lines
-              217-225 choose it, lines 324-456 are the update
-              `history = local_rate * (decay * w + g) + momentum * history`, with no rate ratio). The
-              released LARS solvers (`models/intel_optimized_models/multinode/alexnet_bn_64nodes/` and
-              `alexnet_bn_32nodes/solver.prototxt`) are such solvers (no `type`, so "SGD" by
-              `src/caffe/proto/caffe.proto` line 389; `solver_mode: CPU`), and multi-node training
-              applies each update through the same `ApplyUpdate(param_id)`
-              (`include/caffe/multinode/multi_sync.hpp` line 230). The fused path is also the one whose
-              trust ratio is the published one: it measures `||g||` before weight decay (`GetLocalRate`,
-              line 345, precedes the fused decay), as `trust_ratio_mode="paper"` does, where the non-fused
-              path measures the gradient after `Regularize` has added `beta * w` (lines 232 and 587).
-              The authors' build is not public: a build with Clang or g++ < 4.9 (such as CentOS 7's
-              g++ 4.8.5) would have taken the non-fused path: `"warmup"` reproduces its momentum
-              correction (not its trust ratio's norm of the decayed gradient).
-            * `"warmup"`: Intel Caffe's non-fused `ComputeUpdateValue` (`sgd_solver.cpp` lines 589-595),
-              which builds with Clang or g++ < 4.9 ran: the momentum is multiplied by `lr_t / lr_{t-1}`
-              only while the update index `t` is below the schedule's `warmup_steps` (so not at the drop
-              at the end of the paper's warmup). Needs a `learning_rate` schedule with an int
-              `warmup_steps` (every `hvd_lars.optim.schedules` schedule).
-            * `"always"`: Goyal et al. 2017, section 2.1, eq. 10: at every update, so also at step
-              decays and at the end of warmup. With a per-step linear warmup the ratio stays within a
-              few percent of 1 after the first steps; it matters where the rate jumps
-              (`hvd_lars.optim.schedules` quantifies both).
-        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema,
-            gradient_accumulation_steps, ...).
+        nesterov: bool, Nesterov momentum (not in the paper).
+        exclude_from_weight_decay: regexes (`re.search` on `variable.path`), one regex, or None.
+        exclude_from_layer_adaptation: as above; None adapts every tensor (the paper);
+            `mlperf_exclusions()` leaves batch-norm parameters and biases out of both.
+        trust_ratio_mode: one of `TRUST_RATIO_MODES`.
+        momentum_correction: one of `MOMENTUM_CORRECTIONS` (False: "none", True: "always"): the velocity is
+            rescaled by `lr_t / lr_{t-1}` before the update never (`"none"`, the released solver's default
+            build), only during warmup (`"warmup"`, its non-fused path; needs a schedule with an int
+            `warmup_steps`) or always (`"always"`, Goyal et al. 2017, eq. 10).
+        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ...).
 
     Raises:
-        ValueError: a negative float `learning_rate`, `eta` <= 0, `momentum` outside [0, 1),
-            negative `weight_decay` or `epsilon`, a non-number for any of them, an unknown
-            `trust_ratio_mode` or `momentum_correction`, a correction with `trust_ratio_mode="update"`,
-            `"warmup"` without a schedule that has `warmup_steps`, or an exclusion pattern that is not
-            a valid regex; the message quotes the value received.
+        ValueError: a negative float `learning_rate`, `eta` <= 0, `momentum` outside [0, 1), negative
+            `weight_decay` or `epsilon`, a non-number for any of them, an unknown `trust_ratio_mode` or
+            `momentum_correction`, a correction with `trust_ratio_mode="update"`, `"warmup"` without a
+            schedule that has `warmup_steps`, or an invalid regex; the message quotes the value received.
+
+    Example:
+        >>> optimizer = LARS(WarmupPolynomialDecay(20.0, total_steps=1000, warmup_steps=100),
+        ...                  weight_decay=5e-4, exclude_from_layer_adaptation=mlperf_exclusions())
+
+    Source: You, Gitman, Ginsburg, arXiv 1708.03888, eqs. (6)-(7), in the form of the solver released with
+    You et al., ICPP 2018 (Intel Caffe 1.0.7); docs/fidelity.md gives the places in that code.
     """
 
     def __init__(

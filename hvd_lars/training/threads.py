@@ -228,11 +228,10 @@ def describe_placements(placements):
     return "cores per rank: " + "; ".join(parts)
 
 
-# Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms in blocking MPI calls; Open MPI polls
-# while it waits. With every core of the socket busy in the compute pool (the CPU case), the polling thread
-# takes a core from the step: at Horovod's default 1 ms cycle, 2 ranks x 1 thread trained ResNet-50 at 0.61
-# of 1 rank x 2 threads; with a 5 ms cycle (Horovod's default before 0.21) and MPI yielding while it waits,
-# 0.99 (results/scaling.md, section threads).
+# Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms in blocking MPI calls and Open MPI
+# polls while it waits: with every core busy in the compute pool, that polling takes a core from the step.
+# A 5 ms cycle (Horovod's default before 0.21) and MPI yielding while it waits give the core back
+# (results/scaling.md, section threads, measures both).
 HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 

@@ -108,7 +108,8 @@ find_missing() {
 
 find_missing
 if ((${#missing[@]})) && ((${#debs[@]})) && apt_usable; then
-  apt_install_missing "${debs[@]}"
+  # With them, as before: Debian's cmake for the build and git for the runs' provenance (when absent).
+  apt_install_missing "${debs[@]}" cmake git
   find_missing
 fi
 if ((${#missing[@]})); then

@@ -188,7 +188,9 @@ def test_hidden_compilers_are_named_when_horovod_must_be_built(cluster_user, tmp
 
 
 def _train(user, path, workdir):
-    env = dict(user["env"], PATH=path, RANKS_PER_SOCKET="2")
+    # The launcher takes the Python of the repository's .venv (launch/env.sh), not the set-up's PYTHON.
+    env = {k: v for k, v in user["env"].items() if k != "PYTHON"}
+    env.update(PATH=path, RANKS_PER_SOCKET="2")
     result, seconds = _as_user(
         ["launch/mpirun.sh", "localhost", "2", "flags/smoke.flags", f"--workdir={workdir}"],
         env,

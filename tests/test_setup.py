@@ -273,3 +273,31 @@ def test_mpich_build_runs_2_ranks_under_mpiexec_bit_identical_to_open_mpi(cluste
     assert got[kernel].shape == (3, 3, 3, 16) and not np.array_equal(
         _checkpoint(workdir, 3)[kernel], got[kernel]
     )
+
+
+def test_mpich_job_runs_under_slurm_srun_pmi2(cluster_user, openmpi_run, tmp_path):
+    # After the MPICH test, the user's environment holds the Horovod built against MPICH: train.sbatch
+    # starts its 2 ranks with `srun --mpi=pmi2` (SRUN_MPI), the PMI MPICH speaks (Slurm's pmix is Open MPI's).
+    from tests.support.slurm_cluster import SlurmCluster, slurm_available
+
+    venv = os.path.join(cluster_user["scratch"], ".venv")
+    if not open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("mpich-"):
+        pytest.skip("the MPICH build is not installed (its test did not pass)")
+    if not slurm_available():
+        pytest.skip("Slurm is not installed (install/test_services.sh)")
+    cluster = SlurmCluster(tmp_path / "slurm").start()
+    try:
+        path = cluster_user["mpich"] + ":" + cluster_user["plain"]
+        export = f"ALL,RANKS_PER_SOCKET=2,SRUN_MPI=pmi2,PYTHONPATH=,PATH={path}"
+        job = cluster.run(
+            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={cluster_user['scratch']}",
+             f"--output={tmp_path}/slurm-%j.out", f"--export={export}",
+             "launch/slurm/train.sbatch", "flags/smoke.flags", f"--workdir={tmp_path}"]
+        ).stdout.strip().split(";")[0]  # fmt: skip
+        state = cluster.wait(job, timeout=300)
+    finally:
+        cluster.stop()
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["local_size"] == 2 and summary["plan"]["total_steps"] == 6

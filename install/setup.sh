@@ -42,13 +42,14 @@ source "$ROOT/install/mpi.sh"
 mpi_key() { mpi_identify && echo "$MPI_FAMILY-$MPI_VERSION"; }
 python_xy() { "$PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])'; }
 # Horovod needs no compiling when the environment has it for this MPI already, or the cache holds a wheel
-# for this MPI, Python and TensorFlow 2.21 (requirements.txt's pin).
+# for this MPI, Python and the TensorFlow minor requirements.txt pins.
+TF_MINOR="$(sed -n 's/^tensorflow==\([0-9]*\.[0-9]*\).*/\1/p' "$ROOT/requirements.txt")"
 build_needed() {
   local key xy
   key="$(mpi_key)" || return 0
   [ "$(cat "$VENV/.hvd_lars_horovod" 2>/dev/null | cut -d' ' -f1)" = "$key" ] && return 1
   xy="$(python_xy 2>/dev/null)" || return 0
-  ! ls "$WHEEL_CACHE/$key"/tf-2.21.*-py"$xy"/horovod-"$HOROVOD_VERSION"-*.whl >/dev/null 2>&1
+  ! ls "$WHEEL_CACHE/$key"/tf-"${TF_MINOR:-none}".*-py"$xy"/horovod-"$HOROVOD_VERSION"-*.whl >/dev/null 2>&1
 }
 find_missing() {
   missing=() debs=()

@@ -288,7 +288,9 @@ def test_mpich_job_runs_under_slurm_srun_pmi2(cluster_user, openmpi_run, tmp_pat
     cluster = SlurmCluster(tmp_path / "slurm").start()
     try:
         path = cluster_user["mpich"] + ":" + cluster_user["plain"]
-        export = f"ALL,RANKS_PER_SOCKET=2,SRUN_MPI=pmi2,PYTHONPATH=,PATH={path}"
+        scratch = cluster_user["scratch"]
+        export = f"ALL,RANKS_PER_SOCKET=2,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch}"
+        export += f",PATH={path}"
         job = cluster.run(
             ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={cluster_user['scratch']}",
              f"--output={tmp_path}/slurm-%j.out", f"--export={export}",

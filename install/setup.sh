@@ -189,7 +189,9 @@ else
     # A cache this user cannot write (one shared read-only) still serves its wheels; a new one stays here.
     mkdir -p "$wheel_dir" 2>/dev/null && [ -w "$wheel_dir" ] || wheel_dir="$build/wheels"
     log "building Horovod $HOROVOD_VERSION against TensorFlow $tf_version and $key (4-8 minutes on 2 cores)"
-    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
+    # The source archive only (no wheel exists); its metadata from the environment's setuptools, so that
+    # pip needs nothing else from the index (a wheelhouse with --no-index serves too).
+    "$PY" -m pip download -q --no-deps --no-binary horovod --no-build-isolation "horovod==$HOROVOD_VERSION" -d "$build"
     tar -xzf "$build"/horovod-"$HOROVOD_VERSION".tar.gz -C "$build"
     src="$build/horovod-$HOROVOD_VERSION"
     # TF >= 2.16 no longer ships the XLA headers this file includes; it only serves XLA GPU graphs.

@@ -439,9 +439,7 @@ class _Session:
         if start_step and chief and self.attempts == 1:
             _check_same_plan(RunSummary.load(run_dir), plan, run_dir)
 
-        from hvd_lars.training.checkpoints import PeriodicCheckpoint
-
-        checkpointer = PeriodicCheckpoint(
+        checkpointer = cb.PeriodicCheckpoint(
             self.manager,
             config.checkpoint_every_steps,
             plan.accumulation_steps,
@@ -455,7 +453,7 @@ class _Session:
             self.watchdog,
             MetricAverageCallback(),
             cb.ImagesPerSecond(plan.per_rank_batch_size * world_size),
-            __import__("hvd_lars.optim.rate_callbacks", fromlist=["x"]).LearningRateLogger(),
+            cb.LearningRateLogger(),
             cb.ExactEvaluation(
                 data.eval,
                 data.num_eval_examples,

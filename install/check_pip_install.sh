@@ -15,8 +15,8 @@
 #      against the update rule computed with NumPy, the console scripts, and --dataset=imagenet2012
 #      refused naming the extra while tensorflow-datasets is missing;
 #   4. `pip install <tree>[imagenet]`: tensorflow-datasets arrives and its imagenet2012 builder answers;
-#   5. Horovod as the README says to bring it: the wheel install/setup.sh built for this TensorFlow and
-#      Python (from $HVD_LARS_WHEEL_CACHE; skipped when absent), `horovodrun --check-build`, then
+#   5. Horovod as the README says to bring it: the wheel install/setup.sh built for this TensorFlow, Python
+#      and the MPI on PATH (from $HVD_LARS_WHEEL_CACHE; skipped when absent), `horovodrun --check-build`, then
 #      examples/keras_horovod_lars.py on 2 ranks with that environment's horovodrun.
 set -euo pipefail
 
@@ -110,7 +110,11 @@ EOF
 
 # --- 5. Horovod as the README says to bring it, and the example on 2 ranks ----------------------------
 pyver="$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
-wheel="$(ls "$WHEEL_CACHE/tf-$TF_VERSION-py$pyver"/horovod-*.whl 2>/dev/null | head -1 || true)"
+# The wheel built for the MPI on PATH (install/setup.sh keys its cache by MPI family and version).
+source "$ROOT/install/mpi.sh"
+mpi_identify || MPI_FAMILY=none MPI_VERSION=none
+wheel_dir="$WHEEL_CACHE/$MPI_FAMILY-$MPI_VERSION/tf-$TF_VERSION-py$pyver"
+wheel="$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -1 || true)"
 if [ -n "$wheel" ]; then
   "$PY" -m pip install -q --no-deps "$wheel"
   "$PY" -m pip install -q cloudpickle psutil pyyaml packaging
@@ -125,7 +129,7 @@ if [ -n "$wheel" ]; then
     note "- examples/keras_horovod_lars.py not in this commit: the 2-rank example was not run"
   fi
 else
-  note "- no Horovod wheel in $WHEEL_CACHE/tf-$TF_VERSION-py$pyver (run install/setup.sh once): Horovod not checked"
+  note "- no Horovod wheel in $wheel_dir (run install/setup.sh once): Horovod not checked"
 fi
 
 # --- The record -------------------------------------------------------------------------------------

@@ -60,3 +60,9 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x "$HVD_LARS_ROOT/.venv/bin/python" ]; then PYTHON="$HVD_LARS_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 export PYTHON
+
+# Which MPI the launchers start (the first mpirun, else mpiexec, on PATH): MPI_FAMILY is openmpi, or mpich,
+# mvapich or intelmpi (their launcher is Hydra); MPI_VERSION, MPI_LAUNCHER (install/mpi.sh). Unset when
+# there is none.
+source "$HVD_LARS_ROOT/install/mpi.sh"
+mpi_identify || true

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Launch training with horovodrun: one rank per CPU socket, bound to that socket's cores (as mpirun.sh).
+# With MPICH, MVAPICH2 or Intel MPI first on PATH it hands over to launch/mpirun.sh (Hydra; see below).
 #
 # Usage: launch/horovodrun.sh HOSTS NUM_RANKS FLAGFILE [extra flags...]
 #   HOSTS      horovodrun host list "host1:slots,host2:slots" (e.g. localhost:2; slots = sockets)
@@ -11,7 +12,7 @@
 # Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/horovodrun.sh localhost:2 2 flags/smoke.flags
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,12p' "$0" >&2
   exit 2
 fi
 hosts=$1 ranks=$2 flagfile=$3
@@ -20,10 +21,21 @@ shift 3
 source "$(dirname "$0")/env.sh"
 horovodrun_bin="$(dirname "$PYTHON")/horovodrun"
 [ -x "$horovodrun_bin" ] || horovodrun_bin=horovodrun
-# horovodrun starts Open MPI's mpirun (its default launcher when Horovod has MPI) with --bind-to none unless
-# given --binding-args: the same placement as mpirun.sh, N ranks per socket, T cores each, bound.
-# (horovodrun --gloo has no binding option: its ranks run unbound and size their threads as node cores /
-# local ranks.)
+# horovodrun starts the mpirun on PATH (its default launcher when Horovod has MPI), Open MPI's with
+# --bind-to none unless given --binding-args: the same placement as mpirun.sh, N ranks per socket, T cores
+# each, bound. (horovodrun --gloo has no binding option: its ranks run unbound and size their threads as
+# node cores / local ranks.)
+# MPICH, MVAPICH2 and Intel MPI (Hydra): horovodrun 0.28.1 does not recognise MPICH 4's Hydra (`mpirun
+# --version` no longer says "MPICH": "Unknown MPI implementation") and ignores --binding-args for MPICH and
+# Intel MPI, so the ranks are started by launch/mpirun.sh, Hydra's mpiexec, bound as there, from the same
+# host list.
+if [ "${MPI_FAMILY:-openmpi}" != openmpi ]; then
+  hostfile="$(mktemp)"
+  trap 'rm -f "$hostfile"' EXIT
+  tr ',' '\n' <<<"$hosts" >"$hostfile"
+  "$(dirname "$0")/mpirun.sh" "$hostfile" "$ranks" "$flagfile" "$@"
+  exit
+fi
 if [ "${MPI_BIND:-core}" = none ]; then
   binding="--map-by ppr:${RANKS_PER_SOCKET}:socket --bind-to none"
 else

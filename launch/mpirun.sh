@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Launch training with Open MPI's mpirun: one rank per CPU socket, bound to that socket's cores.
+# Launch training with the MPI on PATH: one rank per CPU socket, bound to that socket's cores. Open MPI's
+# mpirun, or the Hydra mpiexec of MPICH, MVAPICH2 and Intel MPI (launch/env.sh tells them apart).
 #
 # Usage: launch/mpirun.sh HOSTFILE NUM_RANKS FLAGFILE [extra flags...]
-#   HOSTFILE   Open MPI hostfile ("node01 slots=2" per line; slots = sockets), or "localhost"
+#   HOSTFILE   hostfile ("node01 slots=2" per line, Open MPI's form, or "node01:2", Hydra's; slots =
+#              sockets), or "localhost"
 #   NUM_RANKS  total ranks
 #   FLAGFILE   e.g. flags/resnet50_bs32k_lars.flags; extra flags override it
 # Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...); MPI_BIND=none
@@ -11,17 +13,47 @@
 # Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/mpirun.sh localhost 2 flags/smoke.flags
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 fi
 hostfile=$1 ranks=$2 flagfile=$3
 shift 3
 [ -f "$flagfile" ] || { echo "launch/mpirun.sh: flagfile '$flagfile' not found" >&2; exit 2; }
 source "$(dirname "$0")/env.sh"
+[ -n "${MPI_FAMILY:-}" ] || { echo "launch/mpirun.sh: no MPI launcher (mpirun or mpiexec of Open MPI, MPICH, MVAPICH2 or Intel MPI) on PATH" >&2; exit 2; }
+[ "$hostfile" = localhost ] || [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
+if [ "$MPI_FAMILY" != openmpi ]; then
+  # Hydra (MPICH, MVAPICH2, Intel MPI). Hosts: -hosts, or -f with Hydra's "host:slots" lines (an Open MPI
+  # hostfile's "host slots=N" is rewritten so).
+  if [ "$hostfile" = localhost ]; then
+    hosts=(-hosts localhost)
+  else
+    hydra_hosts="$(mktemp)"
+    trap 'rm -f "$hydra_hosts"' EXIT
+    awk '!/^[[:space:]]*(#|$)/ { n = 1; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) n = substr($i, 7); print ($1 ~ /:/ || NF == 1 && n == 1 ? $1 : $1 ":" n) }' \
+      "$hostfile" >"$hydra_hosts"
+    hosts=(-f "$hydra_hosts")
+  fi
+  # Binding: MPICH's and MVAPICH2's Hydra place ranks over sockets and bind each to T cores (-bind-to
+  # core:T); Intel MPI's pins through I_MPI_PIN_DOMAIN (omp: OMP_NUM_THREADS cores per rank).
+  if [ "$MPI_FAMILY" = intelmpi ]; then
+    if [ "${MPI_BIND:-core}" = none ]; then placement=(-genv I_MPI_PIN 0); else placement=(-genv I_MPI_PIN_DOMAIN omp); fi
+  elif [ "${MPI_BIND:-core}" = none ]; then
+    placement=(-bind-to none)
+  else
+    placement=(-map-by socket -bind-to "core:${THREADS_PER_RANK}")
+  fi
+  # Environment: all of it (-genvall, Hydra's default made explicit): the thread settings env.sh exports,
+  # PATH, PYTHONPATH, Horovod's settings, and whatever `module load` set (LD_LIBRARY_PATH, I_MPI_*, UCX_*).
+  # -genvall, -genvlist and -genvnone exclude one another in Hydra; -genvlist would forward only the named.
+  # A rank that exits non-zero or on a signal ends the job: Hydra kills the others.
+  "$MPI_LAUNCHER" -n "$ranks" "${hosts[@]}" "${placement[@]}" -genvall \
+    "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" "$@"
+  exit
+fi
 if [ "$hostfile" = localhost ]; then
   hosts=(--host "localhost:$ranks")
 else
-  [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
   hosts=(--hostfile "$hostfile")
 fi
 # Passed on only when set: the caller's PYTHONPATH (e.g. a checkout other than the installed one),

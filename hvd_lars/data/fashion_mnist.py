@@ -1,8 +1,10 @@
-"""Fashion-MNIST read offline from Debian's `dataset-fashion-mnist` package (IDX files, gzip).
+"""Fashion-MNIST read offline from its four IDX files, gzipped or not (Debian's `dataset-fashion-mnist`).
 
 Xiao, Rasul, Vollgraf, arXiv 1708.07747: 60,000 training and 10,000 test images, 28x28 grey, 10 classes.
-The Debian files differ byte-for-byte from the archives tensorflow-datasets registers checksums for, so
-they are read here directly (the IDX format is four header fields and raw bytes).
+The files are the ones the authors publish (https://github.com/zalandoresearch/fashion-mnist, folder
+data/fashion); Debian's package installs them in `DEFAULT_DIR`. The Debian files differ byte-for-byte from
+the archives tensorflow-datasets registers checksums for, so they are read here directly (the IDX format
+is a magic number, the dimensions and raw bytes).
 """
 
 import gzip
@@ -12,6 +14,8 @@ import struct
 import numpy as np
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+# The names the authors publish; each may also be present uncompressed, without ".gz" (the .gz is read
+# when both are there).
 FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -32,7 +36,8 @@ def load(split, data_dir=None):
 
     Args:
         split: "train" or "test".
-        data_dir: folder holding the four `.gz` files; default `DEFAULT_DIR` (Debian's package).
+        data_dir: folder holding the split's two IDX files, each gzipped (`FILES`) or uncompressed (the
+            same name without `.gz`); default `DEFAULT_DIR` (Debian's package).
 
     Returns:
         (images, labels): uint8 array of shape (N, 28, 28, 1) and int32 array of shape (N,), N = 60,000
@@ -40,20 +45,13 @@ def load(split, data_dir=None):
 
     Raises:
         ValueError: unknown split.
-        FileNotFoundError: the files are missing (names the Debian package to install).
+        FileNotFoundError: a file is missing in both forms (says where to get the files).
         IOError: a file is not a valid IDX file.
     """
     if split not in FILES:
         raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
     data_dir = data_dir or DEFAULT_DIR
-    image_file, label_file = (os.path.join(data_dir, f) for f in FILES[split])
-    for path in (image_file, label_file):
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"Fashion-MNIST file {path} not found. Install it with "
-                "`apt-get install dataset-fashion-mnist` (Debian), or pass --data_dir=<folder with "
-                f"{FILES[split][0]} and {FILES[split][1]}>."
-            )
+    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
     images = _read_idx(image_file, _IDX_IMAGES_MAGIC)
     labels = _read_idx(label_file, _IDX_LABELS_MAGIC)
     if images.shape[0] != labels.shape[0]:
@@ -61,8 +59,24 @@ def load(split, data_dir=None):
     return images[..., None], labels.astype(np.int32)
 
 
+def _find(data_dir, name):
+    """The path of `name` (a `.gz` file) in `data_dir`, else of its uncompressed form."""
+    raw = name[: -len(".gz")]
+    for path in (os.path.join(data_dir, name), os.path.join(data_dir, raw)):
+        if os.path.exists(path):
+            return path
+    all_files = ", ".join(n for files in FILES.values() for n in files)
+    raise FileNotFoundError(
+        f"Fashion-MNIST file {name} (or {raw}, uncompressed) not found in {data_dir}. Install the four files "
+        f"with `apt-get install dataset-fashion-mnist` (Debian: into {DEFAULT_DIR}), or download them "
+        f"({all_files}) from https://github.com/zalandoresearch/fashion-mnist (folder data/fashion) into a "
+        "folder and pass --data_dir=<that folder>."
+    )
+
+
 def _read_idx(path, magic):
-    with gzip.open(path, "rb") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
         data = f.read()
     found, count = struct.unpack(">II", data[:8])
     if found != magic:

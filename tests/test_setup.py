@@ -1,0 +1,305 @@
+"""install/setup.sh as a user without root on a cluster would run it (issue 23.4).
+
+An unprivileged user made here (useradd, no sudo) runs the set-up in a git clone of this checkout that it
+owns, with a PATH of symlinks to the system's programs that leaves out dpkg, apt and sudo (a RHEL-like
+login node) while the system's packages stay installed. It gets an environment that trains 2 ranks under
+Open MPI; with MPICH's programs first on PATH (as `module load mpich` puts them) the same environment
+gets the Horovod built against MPICH and trains 2 ranks under Hydra's mpiexec to weights bit-identical
+to the Open MPI job's (same synthetic data and seed; a 2-rank sum does not depend on the order). With a
+needed tool hidden as well it gets one message naming it, exit status 1 and no environment.
+
+Shared with the user, so nothing is built or downloaded twice: the Horovod wheels (root's
+~/.cache/hvd_lars/wheels copied into SHARED/wheels, the user's HVD_LARS_WHEEL_CACHE; a wheel the user
+builds there is copied back into root's cache) and a wheelhouse of requirements.txt filled by root's pip
+(from root's pip cache once it has them) that the user's pip installs from with --no-index.
+Needs root, Debian's mpich and libmpich-dev (install/test_services.sh) and Fashion-MNIST.
+"""
+
+import glob
+import gzip
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.support import REPO
+
+pytestmark = pytest.mark.system
+
+USER = "hvdlarsuser"
+SHARED = "/var/cache/hvd_lars"  # readable by every user, unlike /root
+ROOT_WHEELS = os.path.expanduser("~/.cache/hvd_lars/wheels")
+HIDDEN = ("dpkg", "dpkg-query", "apt", "apt-get", "apt-cache", "sudo")
+# Debian's MPICH as a cluster's MPICH module puts it on PATH: its own names, first.
+MPICH_PROGRAMS = {
+    "mpicc": "mpicc.mpich", "mpicxx": "mpicxx.mpich", "mpic++": "mpicxx.mpich", "mpifort": "mpifort.mpich",
+    "mpirun": "mpirun.mpich", "mpiexec": "mpiexec.mpich", "mpichversion": "mpichversion",
+    "hydra_pmi_proxy": "hydra_pmi_proxy", "hydra_nameserver": "hydra_nameserver",
+    "hydra_persist": "hydra_persist",
+}  # fmt: skip
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+if os.geteuid() != 0:
+    pytest.skip("needs root (it makes a user)", allow_module_level=True)
+if not os.path.exists("/usr/bin/mpiexec.mpich") or not os.path.exists("/usr/include/x86_64-linux-gnu/mpich"):
+    pytest.skip("needs Debian's mpich and libmpich-dev (install/test_services.sh)", allow_module_level=True)
+
+
+def _as_user(cmd, env, timeout, cwd):
+    """Runs `cmd` (a list) as USER with exactly `env`; returns the CompletedProcess and the seconds taken."""
+    started = time.time()
+    result = subprocess.run(
+        ["runuser", "-u", USER, "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *cmd],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+    return result, time.time() - started
+
+
+def _path_farm(folder, leave_out=()):
+    """A folder of symlinks to the programs of /usr/local/bin, /usr/bin, /bin but HIDDEN and `leave_out`."""
+    os.makedirs(folder)
+    for source in ("/usr/local/bin", "/usr/bin", "/bin"):
+        for name in sorted(os.listdir(source)):
+            link = os.path.join(folder, name)
+            if name in HIDDEN or name in leave_out or os.path.lexists(link):
+                continue
+            os.symlink(os.path.join(source, name), link)
+    return folder
+
+
+def _chown_tree(path, uid, gid):
+    for base, dirs, files in os.walk(path):
+        for name in [base, *(os.path.join(base, n) for n in dirs + files)]:
+            os.lchown(name, uid, gid)
+
+
+@pytest.fixture(scope="module")
+def cluster_user(tmp_path_factory):
+    """The user, its scratch clone, PATH farms, the shared caches; yields a dict of them."""
+    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
+    account = pwd.getpwnam(USER)
+    home = account.pw_dir
+    work = os.path.join(home, "hvd_lars_test")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    scratch = os.path.join(work, "hvd_lars")
+    head = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", REPO, scratch], check=True)
+    subprocess.run(["git", "-C", scratch, "checkout", "--quiet", head.stdout.strip()], check=True)
+    # The data as a user downloads it, uncompressed (issue 23.3), in a folder of the user's.
+    data = os.path.join(work, "fashion-mnist")
+    os.makedirs(data)
+    for name in glob.glob(os.path.join(FASHION_MNIST, "*-ubyte.gz")):
+        with gzip.open(name, "rb") as f, open(os.path.join(data, os.path.basename(name)[:-3]), "wb") as out:
+            shutil.copyfileobj(f, out)
+    farms = os.path.join(work, "path")
+    plain = _path_farm(os.path.join(farms, "plain"))
+    no_launcher = _path_farm(os.path.join(farms, "no_launcher"), leave_out=("mpirun", "mpiexec"))
+    no_compilers = _path_farm(
+        os.path.join(farms, "no_compilers"), leave_out=("c++", "g++", "g++-12", "mpicxx", "mpic++", "mpiCC")
+    )
+    mpich = os.path.join(farms, "mpich_module")
+    os.makedirs(mpich)
+    for name, target in MPICH_PROGRAMS.items():
+        os.symlink(os.path.join("/usr/bin", target), os.path.join(mpich, name))
+    _chown_tree(work, account.pw_uid, account.pw_gid)
+
+    # Wheels: root's cache into the shared one (the user's), and a wheelhouse of the requirements.
+    wheels = os.path.join(SHARED, "wheels")
+    wheelhouse = os.path.join(SHARED, "wheelhouse")
+    os.makedirs(wheels, exist_ok=True)
+    os.makedirs(wheelhouse, exist_ok=True)
+    if os.path.isdir(ROOT_WHEELS):
+        shutil.copytree(ROOT_WHEELS, wheels, dirs_exist_ok=True)
+    _chown_tree(wheels, account.pw_uid, account.pw_gid)
+    started = time.time()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-d", wheelhouse,
+         "-r", os.path.join(REPO, "requirements.txt"), "pip", "wheel", "setuptools",
+         "cloudpickle", "psutil", "pyyaml", "packaging"],
+        check=True, capture_output=True, timeout=1800,
+    )  # fmt: skip
+    if not glob.glob(os.path.join(wheelhouse, "horovod-0.28.1.tar.gz")):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             "horovod==0.28.1", "-d", wheelhouse],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+    print(f"[test_setup] wheelhouse {wheelhouse} ready in {time.time() - started:.0f} s")
+    env = {
+        "HOME": home, "USER": USER, "LOGNAME": USER, "LANG": "C.UTF-8", "SHELL": "/bin/bash",
+        "PYTHON": "/usr/bin/python3", "HVD_LARS_WHEEL_CACHE": wheels, "FASHION_MNIST_DIR": data,
+        "PIP_FIND_LINKS": wheelhouse, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+    }  # fmt: skip
+    yield {
+        "scratch": scratch, "work": work, "data": data, "env": env, "plain": plain,
+        "no_launcher": no_launcher, "no_compilers": no_compilers, "mpich": mpich, "wheels": wheels,
+    }  # fmt: skip
+    # A wheel the user built (MPICH's, on a fresh machine) goes back into root's cache for the next run.
+    for wheel in glob.glob(os.path.join(wheels, "*", "*", "horovod-*.whl")):
+        target = os.path.join(ROOT_WHEELS, os.path.relpath(wheel, wheels))
+        if not os.path.exists(target):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(wheel, target)
+
+
+def _setup(user, path, extra_env=None, timeout=3600):
+    env = dict(user["env"], PATH=path, **(extra_env or {}))
+    return _as_user(["bash", "install/setup.sh"], env, timeout, user["scratch"])
+
+
+def test_hidden_launcher_stops_with_one_message_and_installs_nothing(cluster_user):
+    result, _ = _setup(cluster_user, cluster_user["no_launcher"])
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "  - an MPI launcher (mpirun or mpiexec): `module load openmpi`"
+    )
+    assert "conda install -c conda-forge openmpi-mpicxx" in lines[0]
+    assert "Nothing was installed." in result.stderr
+    assert "sudo" not in result.stderr.replace("or with sudo there", "")  # never tried
+    assert result.stdout == "" and not os.path.exists(os.path.join(cluster_user["scratch"], ".venv"))
+
+
+def test_hidden_compilers_are_named_when_horovod_must_be_built(cluster_user, tmp_path):
+    # An empty wheel cache: Horovod would have to be compiled, so the compilers are needed.
+    empty = os.path.join(cluster_user["work"], "empty_cache")
+    os.makedirs(empty, exist_ok=True)
+    shutil.chown(empty, USER)
+    result, _ = _setup(cluster_user, cluster_user["no_compilers"], {"HVD_LARS_WHEEL_CACHE": empty})
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
+    assert [line.split(" (")[0] for line in lines] == [
+        "  - a C++17 compiler",
+        "  - an MPI C++ compiler wrapper",
+    ]
+    assert "`module load gcc`" in lines[0] and "gxx_linux-64" in lines[0]
+    assert not os.path.exists(os.path.join(cluster_user["scratch"], ".venv")) and os.listdir(empty) == []
+
+
+def _train(user, path, workdir):
+    # The launcher takes the Python of the repository's .venv (launch/env.sh), not the set-up's PYTHON.
+    env = {k: v for k, v in user["env"].items() if k != "PYTHON"}
+    env.update(PATH=path, RANKS_PER_SOCKET="2")
+    result, seconds = _as_user(
+        ["launch/mpirun.sh", "localhost", "2", "flags/smoke.flags", f"--workdir={workdir}"],
+        env,
+        600,
+        user["scratch"],
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(open(os.path.join(workdir, "smoke", "summary.json")).read())
+    assert summary["world_size"] == 2 and summary["local_size"] == 2
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    assert summary["threads"]["cores_per_rank"] == [[c] for c in cores]  # bound, one core each
+    return result, seconds
+
+
+def _checkpoint(workdir, step=6):
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(os.path.join(workdir, "smoke", "checkpoints", f"ckpt-{step}"))
+    names = [n for n in reader.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+@pytest.fixture(scope="module")
+def openmpi_run(cluster_user):
+    """The user's set-up with the system's Open MPI, then a 2-rank smoke run; returns its workdir."""
+    result, seconds = _setup(cluster_user, cluster_user["plain"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"[test_setup] user's set-up with Open MPI: {seconds:.0f} s")
+    assert "[setup] MPI: openmpi " in result.stdout and "[apt]" not in result.stdout
+    venv = os.path.join(cluster_user["scratch"], ".venv")
+    assert open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("openmpi-")
+    workdir = os.path.join(cluster_user["work"], "run_openmpi")
+    _, seconds = _train(cluster_user, cluster_user["plain"], workdir)
+    print(f"[test_setup] 2-rank smoke run under Open MPI's mpirun: {seconds:.0f} s")
+    return workdir
+
+
+def test_user_without_root_sets_up_and_trains_2_ranks(cluster_user, openmpi_run):
+    summary = json.loads(open(os.path.join(openmpi_run, "smoke", "summary.json")).read())
+    assert summary["world_size"] == 2
+    # The user's own environment: owned by it, Horovod in it, not the system's or root's.
+    venv = os.path.join(cluster_user["scratch"], ".venv")
+    assert os.stat(venv).st_uid == pwd.getpwnam(USER).pw_uid
+    assert glob.glob(
+        os.path.join(venv, "lib", "python3*", "site-packages", "horovod", "tensorflow", "mpi_lib*.so")
+    )
+    # A second run changes nothing and takes seconds.
+    result, seconds = _setup(cluster_user, cluster_user["plain"])
+    assert result.returncode == 0 and "Horovod 0.28.1 for openmpi-" in result.stdout, result.stderr[-2000:]
+    assert "Python requirements present" in result.stdout and seconds < 120
+
+
+def test_mpich_build_runs_2_ranks_under_mpiexec_bit_identical_to_open_mpi(cluster_user, openmpi_run):
+    # Debian's alternatives still pick Open MPI for mpirun and mpicc with MPICH installed beside it.
+    for group, want in (("mpirun", "/usr/bin/mpirun.openmpi"), ("mpi", "/usr/bin/mpicc.openmpi")):
+        query = subprocess.run(["update-alternatives", "--query", group], capture_output=True, text=True)
+        assert f"Value: {want}" in query.stdout, query.stdout
+    path = cluster_user["mpich"] + ":" + cluster_user["plain"]
+    result, seconds = _setup(cluster_user, path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"[test_setup] user's set-up switched to MPICH: {seconds:.0f} s")
+    assert "[setup] MPI: mpich 4.0.2" in result.stdout
+    assert f"installing Horovod from {cluster_user['wheels']}/mpich-4.0.2/tf-" in result.stdout
+    venv = os.path.join(cluster_user["scratch"], ".venv")
+    assert open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("mpich-4.0.2 ")
+    (mpi_lib,) = glob.glob(
+        os.path.join(venv, "lib", "python3*", "site-packages", "horovod", "tensorflow", "mpi_lib*.so")
+    )
+    linked = subprocess.run(["ldd", mpi_lib], capture_output=True, text=True).stdout
+    assert "libmpich.so" in linked and "libmpi.so.40" not in linked, linked
+    workdir = os.path.join(cluster_user["work"], "run_mpich")
+    result, seconds = _train(cluster_user, path, workdir)
+    print(f"[test_setup] 2-rank smoke run under MPICH's mpiexec: {seconds:.0f} s")
+    want, got = _checkpoint(openmpi_run), _checkpoint(workdir)
+    assert sorted(got) == sorted(want) and int(got["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # Trained: the first convolution's kernel moved between steps 3 and 6 (in both runs alike).
+    kernel = "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"
+    assert got[kernel].shape == (3, 3, 3, 16) and not np.array_equal(
+        _checkpoint(workdir, 3)[kernel], got[kernel]
+    )
+
+
+def test_mpich_job_runs_under_slurm_srun_pmi2(cluster_user, openmpi_run, tmp_path):
+    # After the MPICH test, the user's environment holds the Horovod built against MPICH: train.sbatch
+    # starts its 2 ranks with `srun --mpi=pmi2` (SRUN_MPI), the PMI MPICH speaks (Slurm's pmix is Open MPI's).
+    from tests.support.slurm_cluster import SlurmCluster, slurm_available
+
+    venv = os.path.join(cluster_user["scratch"], ".venv")
+    if not open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("mpich-"):
+        pytest.skip("the MPICH build is not installed (its test did not pass)")
+    if not slurm_available():
+        pytest.skip("Slurm is not installed (install/test_services.sh)")
+    cluster = SlurmCluster(tmp_path / "slurm").start()
+    try:
+        path = cluster_user["mpich"] + ":" + cluster_user["plain"]
+        scratch = cluster_user["scratch"]
+        export = f"ALL,RANKS_PER_SOCKET=2,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch}"
+        export += f",PATH={path}"
+        job = cluster.run(
+            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={cluster_user['scratch']}",
+             f"--output={tmp_path}/slurm-%j.out", f"--export={export}",
+             "launch/slurm/train.sbatch", "flags/smoke.flags", f"--workdir={tmp_path}"]
+        ).stdout.strip().split(";")[0]  # fmt: skip
+        state = cluster.wait(job, timeout=300)
+    finally:
+        cluster.stop()
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["local_size"] == 2 and summary["plan"]["total_steps"] == 6

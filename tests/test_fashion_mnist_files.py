@@ -32,6 +32,7 @@ def _tiny_split(folder, compress_images, compress_labels):
     return images, labels
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("compress_images,compress_labels", [(True, True), (False, False), (False, True)])
 def test_tiny_split_read_in_either_form(tmp_path, compress_images, compress_labels):
     want_images, want_labels = _tiny_split(tmp_path, compress_images, compress_labels)
@@ -42,6 +43,7 @@ def test_tiny_split_read_in_either_form(tmp_path, compress_images, compress_labe
     assert images[1, 0, 0, 0] == 784 % 251 and images[1, 27, 27, 0] == (2 * 784 - 1) % 251
 
 
+@pytest.mark.unit
 def test_gzipped_file_is_read_when_both_forms_are_there(tmp_path):
     _tiny_split(tmp_path, True, True)
     # An uncompressed file of other contents beside the .gz: the .gz wins.
@@ -50,6 +52,7 @@ def test_gzipped_file_is_read_when_both_forms_are_there(tmp_path):
     assert images[1, 0, 0, 0] == 784 % 251
 
 
+@pytest.mark.unit
 def test_uncompressed_copy_of_the_real_test_split_reads_the_same(tmp_path):
     source = fashion_mnist.DEFAULT_DIR
     if not os.path.exists(os.path.join(source, IMAGES)):
@@ -66,6 +69,7 @@ def test_uncompressed_copy_of_the_real_test_split_reads_the_same(tmp_path):
     assert np.bincount(labels).tolist() == [1000] * 10
 
 
+@pytest.mark.unit
 def test_missing_file_names_both_forms_and_where_to_get_them(tmp_path):
     with pytest.raises(FileNotFoundError) as raised:
         fashion_mnist.load("test", str(tmp_path))
@@ -75,6 +79,7 @@ def test_missing_file_names_both_forms_and_where_to_get_them(tmp_path):
     assert "github.com/zalandoresearch/fashion-mnist" in message and "--data_dir" in message
 
 
+@pytest.mark.unit
 def test_bad_magic_number_is_refused(tmp_path):
     _tiny_split(tmp_path, False, False)
     _write_idx(tmp_path / LABELS[:-3], 2051, np.array([7, 3]), compress=False)

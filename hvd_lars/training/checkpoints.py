@@ -238,11 +238,11 @@ def restore_latest(checkpoint, manager, run_dir=None):
     """Restores into `checkpoint` the newest complete checkpoint of `manager`'s folder (rank 0 calls it);
     returns its path, or None when the folder holds none.
 
-    Candidates are the checkpoints the index names in that folder and every `ckpt-<step>.index` there,
-    newest first: a checkpoint cut short, empty, of another format or of another model is moved under
-    `<run_dir>/damaged/` with a one-line warning naming it and the next older one is tried. An index
-    file that cannot be read, or that names files outside the folder (another run's), is set aside the
-    same way and rewritten from the complete checkpoints found.
+    Candidates are the checkpoints the index names in that folder, newest first, then every other
+    `ckpt-<step>.index` there, newest first: a checkpoint cut short, empty, of another format or of
+    another model is moved under `<run_dir>/damaged/` with a one-line warning naming it and the next
+    older one is tried. An index file that cannot be read, or that names files outside the folder
+    (another run's), is set aside the same way and rewritten from the complete checkpoints found.
 
     Args:
         checkpoint: `tf.train.Checkpoint` (model and optimizer, all variables built).
@@ -261,8 +261,21 @@ def restore_latest(checkpoint, manager, run_dir=None):
     state_ok = _set_aside_damaged_index(folder, run_dir)
     if not state_ok:
         listed = []
+    else:
+        # What the index names (the manager's own list can be empty after a restart).
+        state = tf.train.get_checkpoint_state(folder)
+        if state is not None:
+            named_paths = [state.model_checkpoint_path, *state.all_model_checkpoint_paths]
+            listed += [
+                os.path.abspath(p if os.path.isabs(p) else os.path.join(folder, p)) for p in named_paths
+            ]
     on_disk = [os.path.join(folder, n[: -len(".index")]) for n in os.listdir(folder) if n.endswith(".index")]
-    candidates = sorted({p for p in listed + on_disk if _number(p) >= 0}, key=_number, reverse=True)
+    # The index is the record of what was committed: its checkpoints first (newest first), then any other
+    # on disk (the only ones when the index was damaged), so that files an index never named are used
+    # only when nothing it names can be restored.
+    named = sorted({p for p in listed if _number(p) >= 0}, key=_number, reverse=True)
+    others = sorted({p for p in on_disk if _number(p) >= 0} - set(named), key=_number, reverse=True)
+    candidates = named + others
     problems, restored = [], None
     for path in candidates:
         problem = _problem(checkpoint, path)

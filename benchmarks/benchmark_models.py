@@ -55,7 +55,7 @@ def build(name, kind):
     """(model, optimizer, loss) of a configuration: kind "keras" (baseline) or "ours"."""
     import keras
 
-    from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
+    from hvd_lars import DistributedOptimizer
     from hvd_lars.models import get_model
 
     shape = (IMAGE_SIZES[name], IMAGE_SIZES[name], 3)
@@ -68,13 +68,7 @@ def build(name, kind):
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return model, keras.optimizers.SGD(0.01, momentum=0.9), loss
     model = get_model(name, input_shape=shape)
-    lars = LARS(
-        0.1,
-        momentum=0.9,
-        weight_decay=1e-4,
-        exclude_from_weight_decay=mlperf_exclusions(),
-        exclude_from_layer_adaptation=mlperf_exclusions(),
-    )
+    lars = common.mlperf_lars()
     return model, DistributedOptimizer(lars), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 

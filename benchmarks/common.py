@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 
+from hvd_lars import LARS, mlperf_exclusions
 from hvd_lars.training import provenance
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,3 +237,15 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+def mlperf_lars(learning_rate=0.1):
+    """LARS as the benchmarks train with it: momentum 0.9, weight decay 1e-4, batch-norm parameters and
+    biases out of both the decay and the trust ratio (the MLPerf ResNet-50 recipe)."""
+    return LARS(
+        learning_rate,
+        momentum=0.9,
+        weight_decay=1e-4,
+        exclude_from_weight_decay=mlperf_exclusions(),
+        exclude_from_layer_adaptation=mlperf_exclusions(),
+    )

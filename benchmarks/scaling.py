@@ -99,7 +99,7 @@ def worker_overlap_compression(role, out, core=0):
     import keras
     import tensorflow as tf
 
-    from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
+    from hvd_lars import DistributedOptimizer
     from hvd_lars.models import get_model
     from hvd_lars.training.config import resolve_precision
 
@@ -127,13 +127,7 @@ def worker_overlap_compression(role, out, core=0):
         entry["parameters"] = int(sum(int(tf.size(v)) for v in model.trainable_variables))
         entry["tensors"] = len(model.trainable_variables)
         for mode in modes:
-            lars = LARS(
-                0.1,
-                momentum=0.9,
-                weight_decay=1e-4,
-                exclude_from_weight_decay=mlperf_exclusions(),
-                exclude_from_layer_adaptation=mlperf_exclusions(),
-            )
+            lars = common.mlperf_lars()
             optimizer = DistributedOptimizer(
                 lars, gradient_reduction="grouped" if mode == "compute" else mode
             )
@@ -457,7 +451,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     horovod_tids = set(_thread_cpu()) - before_init if role == "ranks" else set()
     import keras
 
-    from hvd_lars import LARS, DistributedOptimizer, mlperf_exclusions
+    from hvd_lars import DistributedOptimizer
     from hvd_lars.models import get_model
     from hvd_lars.training.config import TrainConfig, resolve_precision
     from hvd_lars.training.threads import applied_threads, configure_threads, placement
@@ -473,13 +467,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     images = tf.random.stateless_uniform((batch, *shape), seed=(1, 2))
     labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    lars = LARS(
-        0.1,
-        momentum=0.9,
-        weight_decay=1e-4,
-        exclude_from_weight_decay=mlperf_exclusions(),
-        exclude_from_layer_adaptation=mlperf_exclusions(),
-    )
+    lars = common.mlperf_lars()
     snapshots, stamps = [], []
 
     class Stamp(keras.callbacks.Callback):

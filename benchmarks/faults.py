@@ -216,7 +216,7 @@ def run_elastic(workdir):
     from tests.support.elastic_job import TOTAL_STEPS as ELASTIC_STEPS
     from tests.support.elastic_job import remove_and_add
 
-    status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir), pause_s=3)
+    status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir))
     run_dir = os.path.join(workdir, "r")
     ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in (0, 1)]
     same = all(np.array_equal(ranks[0][k], ranks[1][k]) for k in ranks[0].files if k.startswith("t"))

@@ -11,11 +11,16 @@
 #                     that does not divide it stops the job with a message naming the counts that do)
 # Elastic jobs run over Gloo (Horovod's requirement). NIC (default lo when every host is localhost, else
 # Horovod's own interface detection, which needs 2 hosts) names the network interface.
+# A host whose workers fail (killed, rebooted) is left out until it has cooled down: COOLDOWN_S="MIN MAX"
+# seconds (default "10 60"; Horovod 0.28.1 waits MIN x 2^failures plus up to MIN more, within MIN..MAX: the
+# first failure 20-30 s). Without a cooldown Horovod leaves a failed host out for good, even once the
+# discovery script lists it again. Across hosts, run this on one of them (ssh node1 launch/elastic.sh ...):
+# Gloo's rendezvous address must be one the hosts reach.
 # Example (this machine): printf '#!/bin/sh\necho localhost:2\n' >/tmp/hosts.sh; chmod +x /tmp/hosts.sh
 #          launch/elastic.sh /tmp/hosts.sh 1 2 flags/smoke.flags
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,20p' "$0" >&2
   exit 2
 fi
 discovery=$1 min_np=$2 max_np=$3 flagfile=$4
@@ -42,6 +47,10 @@ nic_args=()
 # send buffers of different sizes (gloo "op.preamble.length <= op.nbytes", abort). Without the cache only
 # rank 0 fuses and every rank follows. A caller's own HOROVOD_CACHE_CAPACITY is kept.
 export HOROVOD_CACHE_CAPACITY="${HOROVOD_CACHE_CAPACITY:-0}"
+read -r cooldown_min cooldown_max extra <<<"${COOLDOWN_S:-10 60}"
+[[ "$cooldown_min" =~ ^[0-9]+$ && "${cooldown_max:-}" =~ ^[0-9]+$ && -z "${extra:-}" ]] && ((cooldown_min <= cooldown_max)) ||
+  { echo "launch/elastic.sh: COOLDOWN_S must be two whole numbers of seconds MIN MAX with MIN <= MAX, got '${COOLDOWN_S:-}'" >&2; exit 2; }
 exec "$horovodrun_bin" -np "$min_np" --min-np "$min_np" --max-np "$max_np" \
   --host-discovery-script "$discovery" "${nic_args[@]}" \
+  --blacklist-cooldown-range "$cooldown_min" "$cooldown_max" \
   "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --elastic "$@"

@@ -106,14 +106,64 @@ class KerasState(_ObjectState):
 
 
 def run(func):
-    """`func(state)` under Horovod's elastic loop (`horovod.tensorflow.elastic.run`): synchronised from
-    rank 0 first, then retried on every rank after a membership change (Horovod shut down and
-    re-initialised with the new world size) or a worker's death (the committed state restored first).
-    `func` must start no collective before its own code runs on every rank, i.e. every collective of an
-    attempt belongs inside it."""
-    import horovod.tensorflow as hvd
+    """`func(state)` under Horovod's elastic loop (`horovod.common.elastic.run_fn`, as
+    `horovod.tensorflow.elastic.run`): synchronised from rank 0 first, then retried on every rank after a
+    membership change (Horovod shut down and re-initialised with the new world size) or a worker's death
+    (the committed state restored first). `func` must start no collective before its own code runs on
+    every rank, i.e. every collective of an attempt belongs inside it.
 
-    return hvd.elastic.run(func)
+    Unlike Horovod 0.28.1's TensorFlow wrapper, which turns a failed collective into a retry only when the
+    error names `HorovodAllreduce`, `HorovodAllgather` or `HorovodBroadcast` and otherwise returns None
+    (so a failure in a grouped allreduce, the op every gradient reduction here uses, ended the job with no
+    result and no error on the surviving ranks), every collective failure is retried
+    (`collective_failure`) and any other error is raised as it is.
+
+    Returns:
+        what `func` returns on the attempt that completes.
+    """
+    import horovod.tensorflow as hvd
+    from horovod.common.elastic import run_fn
+
+    def reset():
+        hvd.shutdown()
+        hvd.init()
+
+    return run_fn(retry_collective_failures(func), reset)
+
+
+def collective_failure(error):
+    """True when `error` (an exception) is a Horovod collective that failed, e.g. because a rank went
+    away: TensorFlow's `UnknownError` whose message names Horovod (any of its ops, `HorovodAllreduce`,
+    `HorovodGroupedAllreduce`, ..., or its shut-down background loop), its transports (Gloo, MPI), or one
+    of this project's collectives (every op `collectives` starts is named `hvd_lars.*`): a dead peer's
+    Gloo error reads "[.../gloo/transport/tcp/pair.cc:589] Read error [198.18.0.13]:41612: Connection
+    reset by peer [[{{node hvd_lars.gradient.17}}]]", naming no Horovod op."""
+    import re
+
+    import tensorflow as tf
+
+    if not isinstance(error, tf.errors.UnknownError):
+        return False
+    return re.search(r"horovod|gloo|\bmpi|hvd_lars\.", error.message or "", re.IGNORECASE) is not None
+
+
+def retry_collective_failures(func):
+    """`func` with every collective failure raised as `HorovodInternalError`, which Horovod's elastic
+    loop answers by restoring the last commit and retrying; other errors pass unchanged."""
+    import functools
+
+    from horovod.common.exceptions import HorovodInternalError
+
+    @functools.wraps(func)
+    def attempt(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised unless it is a collective's failure
+            if collective_failure(e):
+                raise HorovodInternalError(e) from e
+            raise
+
+    return attempt
 
 
 def at_update_boundary(optimizer):

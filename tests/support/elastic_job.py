@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from tests.support.emulated_cluster import shell_command
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs: 600 updates.
 FLAGS = [
@@ -53,19 +55,33 @@ class ElasticJob:
         *flags,
         flagfile="flags/fashion_mnist_lars.flags",
         base_flags=FLAGS,
+        on_host=None,
+        env=None,
     ):
+        """`on_host`: an emulated host (tests.support.emulated_cluster.Host) to launch from over ssh, as from
+        a cluster's first node; `tmp_path` must then be a folder every host sees (not under /tmp). `env`:
+        more environment variables for the launcher."""
         self.hosts = tmp_path / "hosts"
         self.hosts.write_text(hosts + "\n")
         discovery = tmp_path / "discover.sh"
         discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
         discovery.chmod(0o755)
-        env = dict(os.environ, PYTHON=_shim(tmp_path), RANKS_PER_SOCKET="2", PYTHONPATH=REPO)
-        env["HOROVODRUN"] = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        launcher_env = dict(PYTHON=_shim(tmp_path), RANKS_PER_SOCKET="2", PYTHONPATH=REPO, **(env or {}))
+        launcher_env["HOROVODRUN"] = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
         cmd += [flagfile, *base_flags]
         cmd += [f"--workdir={tmp_path}", *flags]
+        if on_host is not None:
+            launcher_env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+            cmd = ["ssh", "-o", "BatchMode=yes", on_host.name, shell_command(cmd, env=launcher_env)]
+            launcher_env = {}
         self.process = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd,
+            cwd=REPO,
+            env=dict(os.environ, **launcher_env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -88,6 +104,17 @@ class ElasticJob:
             time.sleep(0.2)
         raise JobFailed(f"no line with {text!r} after {timeout} s; output:\n{self.output()[-6000:]}")
 
+    def wait_for_file(self, path, timeout=180):
+        """Waits for `path` to exist (e.g. a checkpoint of update k: an event of the run, not a time)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if os.path.exists(path):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise JobFailed(f"no {path} after {timeout} s; output:\n{self.output()[-6000:]}")
+
     def finish(self, timeout=300):
         try:
             self.process.wait(timeout)
@@ -101,8 +128,9 @@ class ElasticJob:
         return "".join(self.lines)
 
 
-def remove_and_add(tmp_path, pause_s=1):
-    """2 workers, then 1 (after the first epoch), then 2 again (`pause_s` after the lone worker started).
+def remove_and_add(tmp_path):
+    """2 workers, then 1 (after the first epoch), then 2 again (once the lone worker has written its first
+    checkpoint, of update 300).
 
     Returns (exit status, output, [update each attempt started from], seconds from each membership
     change of the discovery script to the attempt that took it up)."""
@@ -115,9 +143,9 @@ def remove_and_add(tmp_path, pause_s=1):
         job.set_hosts("localhost:1")
         job.wait_for("elastic attempt 2: 1 worker(s) from update ")
         taken_up.append(time.time() - changed)
-        # The lone worker trains on meanwhile, and until the commit (every 5 updates) that takes up the
-        # addition; short, so that a fast machine cannot finish the run's 600 updates first.
-        time.sleep(pause_s)
+        # The lone worker trains on (a checkpoint every 100 updates: its first is of update 300, past the
+        # update it started from) and takes up the addition at the next commit (every 5 updates).
+        job.wait_for_file(tmp_path / "r" / "checkpoints" / "ckpt-300.index")
         changed = time.time()
         job.set_hosts("localhost:2")
         job.wait_for("elastic attempt 3: 2 worker(s) from update ")

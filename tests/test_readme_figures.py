@@ -297,6 +297,12 @@ def agrees(readme_figure, value):
     return round(value, decimals) == float(figure)
 
 
+def shown(value):
+    if isinstance(value, list):
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
 def check(readme, source_text):
     """Messages, one per README figure that its source does not give (empty: all agree).
 
@@ -331,7 +337,7 @@ def check(readme, source_text):
             if not agrees(figure, expected[group]):
                 messages.append(
                     f"{where} ({claim.name}): the README says {group} = {figure}, "
-                    f"results/{claim.source} gives {expected[group]!r}"
+                    f"results/{claim.source} gives {shown(expected[group])}"
                 )
     return messages
 
@@ -386,8 +392,8 @@ def remeasured(name, old, new):
          ["tuned = 0.99, results/scaling.md gives 0.91"]),
         ("communication.md", "| 1,150 | 0.93 |", "| 1,150 | 0.91 |",
          ["one_gbit = 0.93, results/communication.md gives [0.91, 0.93]"]),
-        ("faults.md", "| 37.5 / 38.5 / 39.7 |", "| 36.0 / 38.5 / 39.7 |",
-         ["low = 37.5, results/faults.md gives 36.0"]),
+        ("faults.md", "| 37.5 / 38.5 / 39.7 |", "| 36.1 / 38.5 / 39.7 |",
+         ["low = 37.5, results/faults.md gives 36.1"]),
         ("time_to_train.md", "| 5.1 min | 20 min |", "| 6.1 min | 20 min |",
          ["r_time = 5.1, results/time_to_train.md gives 6.1"]),
     ],

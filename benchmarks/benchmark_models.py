@@ -143,11 +143,21 @@ def raw_name(cpu, model):
 
 
 def cpu_section(cpu):
-    """The heading of a CPU's section: its short name and identity (records made before the identity
-    was kept say so)."""
+    """The heading of a CPU's section, "<short name>: <model name> (<key>)", e.g. "AMD EPYC with AVX-512
+    BF16: AMD EPYC 9R14 (AuthenticAMD family 25 model 17 stepping 1, flags 3f0c9a21)": records of one CPU
+    share it, records of two CPUs never do (`benchmarks.common.cpu`'s key). Records made before the key
+    was kept (their `cpu` has only `model`, `flags` and the short name, then stored as `family`) have
+    "(identity not recorded)" in its place."""
     if "key" in cpu:
         return f"{cpu['name']}: {cpu['model']} ({cpu['key']})"
-    return f"{cpu['family']}: {cpu['model']} (identity not recorded: vendor, family, model, stepping unknown)"
+    return f"{cpu['family']}: {cpu['model']} (identity not recorded)"
+
+
+def sections(text):
+    """{heading: body} of a models_throughput.md text: one entry per CPU (`## <cpu_section>`), its body
+    up to the next CPU's heading."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return {heading: body for heading, body in zip(parts[1::2], parts[2::2])}
 
 
 def measure(args):
@@ -247,6 +257,10 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
         "Earlier versions of this file counted 12.3 GFLOP per ResNet-50 image (multiply-adds taken for",
         'FLOPs), so their fractions of peak were half the true ones; their 64x64 "functional trial" (one',
         "timed step, fractions of peak above 1) is gone: every row now has 10 timed steps at full size.",
+        "",
+        "One section per CPU, headed `<short name>: <model name> (<vendor_id> family F model M stepping S,",
+        "flags <hash of the whole /proc/cpuinfo flag list>)`: a run replaces only its own CPU's tables.",
+        'Sections measured before that identity was recorded say "(identity not recorded)".',
     ]
     cpus = {}
     for record in records:

@@ -19,6 +19,10 @@ Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per e
              checkpoints it, status 75; the resumed run starts at k + 1 and must end where the
              uninterrupted run ends (weights and slots exactly; batch-norm moving statistics to 1e-5).
   usr1       the same with SIGUSR1 to rank 0 (Slurm's warning before the time limit).
+  damaged_checkpoint  rank 1 SIGKILLed after a random update k >= 3 with a checkpoint after every update
+             (synchronous saves), then the newest checkpoint's data file cut to half its size: the restart
+             must warn naming it, resume from the checkpoint before it and end where the uninterrupted run
+             ends.
   diverge    peak learning rate 1,000 (momentum SGD): every rank stops at the same update with status 3;
              every kept checkpoint is finite; summary.json is strict JSON.
   mismatch   rank 1's model has one more layer: an error naming the first difference, no hang.
@@ -29,6 +33,13 @@ Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per e
              each from a commit, with per-rank batches 32, 64, 32; the worker that joined must end with
              rank 0's weights bit for bit. Time to exit: from the discovery script's change to the
              attempt that took it up (removal / addition).
+
+  join_smoke   an elastic job on flags/smoke.flags (200 updates per epoch, 3 epochs, global batch 32):
+             1 worker, then 2 once the first has started; status 0, the final test line, the joined
+             worker with rank 0's weights (fc1's 1 MiB gradient among small ones: the case that aborted
+             in Gloo before the response cache was switched off).
+  join_resnet50  the same with ResNet-50 at 32 x 32 on synthetic data (global batch 16, 20 updates per
+             epoch, 2 epochs): 161 gradient tensors, 25.6 million weights.
 
   silent_host  2 emulated hosts (launch/emulated_cluster.sh; needs root) x 2 ranks, launch/horovodrun.sh:
              node2's link goes down (`ip link set ... down`: no packet, no reset, its ranks alive) after
@@ -65,7 +76,11 @@ FLAGS = [
     "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
 ]  # fmt: skip
 TOTAL_STEPS = 16
-SCENARIOS = ("sigkill", "sigterm", "usr1", "diverge", "mismatch", "exit", "elastic", "silent_host")
+SCENARIOS = (
+    "sigkill", "sigterm", "usr1", "damaged_checkpoint", "diverge", "mismatch", "exit", "elastic",
+    "join_smoke", "join_resnet50", "silent_host", "host_readd",
+)  # fmt: skip
+CLUSTER_SCENARIOS = {"silent_host": 2, "host_readd": 3}  # emulated hosts each needs
 TIMEOUT_S = 600
 ABOUT = (
     "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
@@ -77,7 +92,11 @@ ABOUT = (
     "`elastic`: 12,800 images, global batch 64, 600 updates, launch/elastic.sh (Gloo); it must finish, so "
     "it has no time to exit: its details give the seconds from each change of the discovery script to the "
     "attempt that took it up. `silent_host`: flags/smoke.flags on 2 emulated hosts x 2 ranks, "
-    "launch/horovodrun.sh; time to exit from the link going down."
+    "launch/horovodrun.sh; time to exit from the link going down. `damaged_checkpoint`: a checkpoint "
+    "after every update, the newest one's data file cut to half after the kill. `join_smoke`, "
+    "`join_resnet50`: launch/elastic.sh, 1 worker then 2 (flags/smoke.flags; ResNet-50 at 32 x 32). "
+    "`host_readd`: 3 emulated hosts, launch/elastic.sh from node1, Fashion-MNIST 9,600 images at global "
+    "batch 96, 400 updates; node3 killed and dropped, then booted and listed again."
 )
 
 
@@ -240,6 +259,106 @@ def run_elastic(workdir):
     return dict(ok=ok, to_exit=None, left=left, matched=None, moving=None, detail=detail, taken_up=taken_up)
 
 
+def run_damaged_checkpoint(workdir, reference):
+    k = random.randint(3, TOTAL_STEPS - 2)
+    flags = ["--checkpoint_every_steps=1", "--noasync_checkpoints"]
+    fault = [f"--kill_at_step={k}", "--kill_signal=KILL", "--kill_rank=1"]
+    status, _, _, _ = _train(workdir, *flags, fault=fault + [f"--kill_record={_record(workdir)}"])
+    run_dir = os.path.join(workdir, "r")
+    steps = _checkpoints(run_dir)
+    newest = max(steps, default=None)
+    if newest is None:
+        return dict(ok=False, to_exit=None, left=f"status {status}; no checkpoint", matched=None,
+                    moving=None, detail=f"killed after update {k}")  # fmt: skip
+    data = os.path.join(run_dir, "checkpoints", f"ckpt-{newest}.data-00000-of-00001")
+    os.truncate(data, os.path.getsize(data) // 2)
+    resumed_status, out2, _, _ = _train(workdir, *flags)
+    warned = [line for line in out2.splitlines() if "warning:" in line and f"ckpt-{newest}" in line]
+    found = re.search(r"\(step (\d+)\)", out2)
+    resumed_from = int(found.group(1)) if found else None
+    exact, moving = _compare(reference, _load(run_dir))
+    matched = resumed_status == 0 and exact and moving < 1e-5
+    ok = status != 0 and len(warned) == 1 and resumed_from is not None and resumed_from < newest and matched
+    left = f"status {status}, then {resumed_status}; ckpt-{newest} cut to half"
+    detail = (
+        f"killed after update {k}; resumed from step {resumed_from} with {len(warned)} warning line(s) "
+        f"naming ckpt-{newest}"
+    )
+    detail += "" if exact else ", WEIGHTS DIFFER"
+    return dict(ok=ok, to_exit=None, left=left, matched=matched, moving=moving, detail=detail)
+
+
+# The joining-worker scenarios: 1 worker, then 2 once the first has started (tests/test_elastic.py's).
+JOIN_SMOKE = [
+    "--steps_per_epoch=200", "--epochs=3", "--checkpoint_every_steps=100", "--elastic_commit_every_steps=5",
+    "--run_name=r", "--verbose=2",
+]  # fmt: skip
+JOIN_RESNET50 = [
+    "--model=resnet50", "--global_batch_size=16", "--steps_per_epoch=20", "--epochs=2",
+    "--max_eval_examples=32", "--checkpoint_every_steps=0", "--elastic_commit_every_steps=5", "--run_name=r",
+    "--verbose=2",
+]  # fmt: skip
+
+
+def run_join(workdir, flags):
+    import pathlib
+
+    from tests.support.elastic_job import ElasticJob
+
+    job = ElasticJob(
+        pathlib.Path(workdir), "localhost:1", 1, 2, flagfile="flags/smoke.flags", base_flags=flags
+    )
+    try:
+        job.wait_for("elastic attempt 1: 1 worker(s) from update 0", timeout=TIMEOUT_S)
+        changed = time.time()
+        job.set_hosts("localhost:2")
+        job.wait_for("elastic attempt 2: 2 worker(s) from update ", timeout=TIMEOUT_S)
+        taken_up = time.time() - changed
+        status = job.finish(timeout=TIMEOUT_S)
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    out = job.output()
+    run_dir = os.path.join(workdir, "r")
+    ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in (0, 1)]
+    trainable = [k for k in ranks[0].files if k.startswith("t")]
+    same = bool(trainable) and all(np.array_equal(ranks[0][k], ranks[1][k]) for k in trainable)
+    final = "[hvd_lars] final test top-1 " in out
+    aborted = "gloo::EnforceNotMet" in out
+    update = re.search(r"elastic attempt 2: 2 worker\(s\) from update (\d+)", out)
+    ok = status == 0 and final and same and not aborted
+    left = f"status {status}; final test line {'printed' if final else 'MISSING'}"
+    detail = (
+        f"2 workers from update {update.group(1) if update else '?'}, taken up after {taken_up:.0f} s; "
+        f"{len(trainable)} trainable tensors {'identical' if same else 'DIFFER'} on the joined worker"
+    )
+    detail += "; GLOO ABORT" if aborted else ""
+    return dict(ok=ok, to_exit=None, left=left, matched=None, moving=None, detail=detail)
+
+
+def run_host_readd(workdir, cluster):
+    import pathlib
+
+    from tests.support.elastic_job import HOSTS_TOTAL_STEPS, host_removed_and_added
+
+    status, out, attempts, taken_up = host_removed_and_added(cluster, pathlib.Path(workdir))
+    run_dir = os.path.join(workdir, "r")
+    ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in range(3)]
+    trainable = [k for k in ranks[0].files if k.startswith("t")]
+    same = all(np.array_equal(ranks[0][k], ranks[r][k]) for r in (1, 2) for k in trainable)
+    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    shape = [(w, b) for w, _, b in attempts]
+    ok = status == 0 and shape == [(3, 32), (2, 48), (3, 32)] and same and final == HOSTS_TOTAL_STEPS
+    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
+    left = f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
+    detail = (
+        f"attempts (workers, from update, per-rank batch) {attempts}; taken up after "
+        + " / ".join(f"{t:.0f}" for t in taken_up)
+        + f" s; every rank's weights {'identical' if same else 'DIFFER'}"
+    )
+    return dict(ok=ok, to_exit=None, left=left, matched=None, moving=None, detail=detail)
+
+
 def run_silent_host(workdir, cluster):
     from tests.support.emulated_cluster import silent_host_run
 
@@ -264,7 +383,7 @@ def _earlier_rows(out, rerun):
     if not os.path.exists(out):
         return [], []
     with open(out) as f:
-        text = f.read().splitlines()
+        text = f.read().split(common.HAND_WRITTEN)[0].splitlines()
     kept = set(SCENARIOS) - set(rerun)
     rows = [line for line in text if line.startswith("| ") and line.split("|")[1].strip() in kept]
     names = {row.split("|")[1].strip() for row in rows}
@@ -320,8 +439,7 @@ def report(results, args, out):
     header = lines.index("|---|---|---|---|---|---|---|") + 1
     order = {name: i for i, name in enumerate(SCENARIOS)}
     rows = sorted(lines[header:] + earlier_rows, key=lambda row: order[row.split("|")[1].strip()])
-    with open(out, "w") as f:
-        f.write("\n".join(lines[:header] + rows) + "\n")
+    common.write_report(out, "\n".join(lines[:header] + rows) + "\n")
 
 
 def main(argv=None):
@@ -337,12 +455,13 @@ def main(argv=None):
         parser.error(f"unknown scenarios {unknown}; valid: {', '.join(SCENARIOS)}")
     results = {}
     cluster = None
-    if "silent_host" in scenarios:
+    nodes = max((CLUSTER_SCENARIOS[name] for name in scenarios if name in CLUSTER_SCENARIOS), default=0)
+    if nodes:
         # The emulated hosts each have a /tmp of their own: their run directories live under /var/tmp.
         from tests.support.emulated_cluster import EmulatedCluster, require_root
 
         require_root()
-        cluster = EmulatedCluster(nodes=2)
+        cluster = EmulatedCluster(nodes=nodes)
         cluster.up()
     try:
         _run_scenarios(scenarios, args, results, cluster)
@@ -356,7 +475,7 @@ def main(argv=None):
 def _run_scenarios(scenarios, args, results, cluster):
     with tempfile.TemporaryDirectory(dir="/var/tmp" if cluster else None) as tmp:
         reference = None
-        if {"sigkill", "sigterm", "usr1"} & set(scenarios):
+        if {"sigkill", "sigterm", "usr1", "damaged_checkpoint"} & set(scenarios):
             status, *_ = _train(os.path.join(tmp, "reference"))
             assert status == 0, "the uninterrupted reference run failed"
             reference = _load(os.path.join(tmp, "reference", "r"))
@@ -367,8 +486,14 @@ def _run_scenarios(scenarios, args, results, cluster):
                 os.makedirs(workdir)
                 if name in ("sigkill", "sigterm", "usr1"):
                     r = run_signal(workdir, reference, name)
+                elif name == "damaged_checkpoint":
+                    r = run_damaged_checkpoint(workdir, reference)
+                elif name in ("join_smoke", "join_resnet50"):
+                    r = run_join(workdir, JOIN_SMOKE if name == "join_smoke" else JOIN_RESNET50)
                 elif name == "silent_host":
                     r = run_silent_host(workdir, cluster)
+                elif name == "host_readd":
+                    r = run_host_readd(workdir, cluster)
                 else:
                     runs = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}
                     r = {**runs, "elastic": run_elastic}[name](workdir)

@@ -2,7 +2,7 @@
 worker each); node3 dies (every one of its processes killed, as a host that fails) and is left out of the
 list, then boots again and is listed again. The job goes on with 2 workers, takes node3 back once its
 cooldown has passed (launch/elastic.sh's COOLDOWN_S), keeps the plan's global batch and schedule, and ends
-with rank 0's weights on every rank.
+with rank 0's weights on every rank (tests/support/elastic_job.py, `host_removed_and_added`).
 
 Needs root (launch/emulated_cluster.sh); without it the test fails with the reason, never skips. The
 launcher runs on node1, as from a cluster's first node: Gloo's rendezvous address must be on the cluster
@@ -18,19 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.elastic_job import ElasticJob
+from tests.support.elastic_job import HOSTS_TOTAL_STEPS, host_removed_and_added
 from tests.support.emulated_cluster import EmulatedCluster, require_root
 
 SHARED_BASE = "/var/tmp/hvd_lars_tests"
-ALL_HOSTS = "node1:1\nnode2:1\nnode3:1"
-# 9,600 Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 100 updates per epoch, 4 epochs.
-STEPS_PER_EPOCH, EPOCHS = 100, 4
-TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS
-FLAGS = [
-    "--max_train_examples=9600", "--max_eval_examples=500", "--global_batch_size=96",
-    f"--epochs={EPOCHS}", "--warmup_epochs=1", "--peak_learning_rate=2", "--checkpoint_every_steps=50",
-    "--elastic_commit_every_steps=5", "--run_name=r", "--verbose=2", "--intra_op_threads=1",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -52,54 +43,16 @@ def shared_dir(request):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _attempts(out):
-    """(workers, update, per-rank batch) of each attempt, from rank 0's 'elastic attempt' lines."""
-    found = []
-    for line in out.splitlines():
-        if "elastic attempt " in line:
-            text = line.split("elastic attempt ")[1]
-            workers = int(text.split(": ")[1].split(" worker(s)")[0])
-            update = int(text.split("from update ")[1].split(",")[0])
-            per_rank = int(text.split(", ")[1].split(" images per rank")[0])
-            assert "(global batch 96)" in text, line
-            found.append((workers, update, per_rank))
-    return found
-
-
 @pytest.mark.system
 def test_a_host_removed_and_added_back_keeps_the_plan_and_ends_with_identical_weights(cluster, shared_dir):
-    node3 = cluster.hosts[2]
-    job = ElasticJob(
-        shared_dir,
-        ALL_HOSTS,
-        2,
-        3,
-        flagfile="flags/fashion_mnist_lars.flags",
-        base_flags=FLAGS,
-        on_host=cluster.hosts[0],
-        # node3 is taken back 2-3 s after its failure (Horovod 0.28.1: the first cooldown is 2-3 x MIN).
-        env={"COOLDOWN_S": "1 5"},
-    )
-    try:
-        job.wait_for("elastic attempt 1: 3 worker(s) from update 0, 32 images per rank", timeout=240)
-        job.wait_for_file(shared_dir / "r" / "checkpoints" / "ckpt-50.index", timeout=240)
-        job.set_hosts("node1:1\nnode2:1")
-        node3.kill()  # the host dies: its rank, its sshd
-        job.wait_for("elastic attempt 2: 2 worker(s) from update ", timeout=240)
-        cluster.up()  # node3 boots again (its sshd), and is listed again
-        job.set_hosts(ALL_HOSTS)
-        job.wait_for("elastic attempt 3: 3 worker(s) from update ", timeout=240)
-        returncode = job.finish(timeout=400)
-    finally:
-        if job.process.poll() is None:
-            job.process.kill()
-    out = job.output()
+    returncode, out, attempts, _ = host_removed_and_added(cluster, shared_dir)
     assert returncode == 0, out[-6000:]
-    attempts = _attempts(out)
+    assert "(global batch 96)" in out and out.count("(global batch 96)") == len(attempts)
     assert [(w, b) for w, _, b in attempts] == [(3, 32), (2, 48), (3, 32)], attempts
     updates = [u for _, u, _ in attempts]
-    # Each attempt goes on from a commit (every 5 updates) after the last one's.
-    assert updates[0] == 0 and 50 <= updates[1] < updates[2] < TOTAL_STEPS, updates
+    # Each attempt goes on from a commit (every 5 updates) after the last one's: the 2 workers from the
+    # last commit before node3 died (after the checkpoint of update 50).
+    assert updates[0] == 0 and 50 <= updates[1] < updates[2] < HOSTS_TOTAL_STEPS, updates
     assert updates[1] % 5 == updates[2] % 5 == 0, updates
     run_dir = shared_dir / "r"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -120,4 +73,4 @@ def test_a_host_removed_and_added_back_keeps_the_plan_and_ends_with_identical_we
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
-    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == TOTAL_STEPS
+    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == HOSTS_TOTAL_STEPS

@@ -158,3 +158,62 @@ def remove_and_add(tmp_path):
     starts = [line.split("elastic attempt ")[1] for line in out.splitlines() if "elastic attempt " in line]
     updates = [int(s.split("from update ")[1].split(",")[0]) for s in starts]
     return returncode, out, updates, taken_up
+
+
+# Across emulated hosts (tests/test_elastic_hosts.py, benchmarks/faults.py's host_readd): 9,600
+# Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 100 updates per epoch, 4 epochs.
+HOSTS_TOTAL_STEPS = 400
+HOSTS_FLAGS = [
+    "--max_train_examples=9600", "--max_eval_examples=500", "--global_batch_size=96", "--epochs=4",
+    "--warmup_epochs=1", "--peak_learning_rate=2", "--checkpoint_every_steps=50",
+    "--elastic_commit_every_steps=5", "--run_name=r", "--verbose=2", "--intra_op_threads=1",
+]  # fmt: skip
+
+
+def host_removed_and_added(cluster, shared_dir):
+    """node1..node3 listed, 1 worker each, launched from node1; after the checkpoint of update 50 node3
+    dies (every one of its processes killed) and is dropped from the list; once the 2 workers go on
+    without it, node3 boots again and is listed again (taken back after its cooldown, COOLDOWN_S="1 5").
+
+    `shared_dir` must be seen by every host (not under /tmp). Returns (exit status, output, [(workers,
+    update, per-rank batch) of each attempt], seconds from node3's death to the 2-worker attempt and
+    from its return to the 3-worker one)."""
+    node3 = cluster.hosts[2]
+    job = ElasticJob(
+        shared_dir,
+        "node1:1\nnode2:1\nnode3:1",
+        2,
+        3,
+        base_flags=HOSTS_FLAGS,
+        on_host=cluster.hosts[0],
+        # Horovod 0.28.1 takes a failed host back 2-3 x MIN s after its first failure.
+        env={"COOLDOWN_S": "1 5"},
+    )
+    taken_up = []
+    try:
+        job.wait_for("elastic attempt 1: 3 worker(s) from update 0, 32 images per rank", timeout=240)
+        job.wait_for_file(shared_dir / "r" / "checkpoints" / "ckpt-50.index", timeout=240)
+        job.set_hosts("node1:1\nnode2:1")
+        changed = time.time()
+        node3.kill()  # the host dies: its rank, its sshd
+        job.wait_for("elastic attempt 2: 2 worker(s) from update ", timeout=240)
+        taken_up.append(time.time() - changed)
+        cluster.up()  # node3 boots again (its sshd), and is listed again
+        changed = time.time()
+        job.set_hosts("node1:1\nnode2:1\nnode3:1")
+        job.wait_for("elastic attempt 3: 3 worker(s) from update ", timeout=240)
+        taken_up.append(time.time() - changed)
+        returncode = job.finish(timeout=400)
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    out = job.output()
+    attempts = []
+    for line in out.splitlines():
+        if "elastic attempt " in line:
+            text = line.split("elastic attempt ")[1]
+            workers = int(text.split(": ")[1].split(" worker(s)")[0])
+            update = int(text.split("from update ")[1].split(",")[0])
+            per_rank = int(text.split(", ")[1].split(" images per rank")[0])
+            attempts.append((workers, update, per_rank))
+    return returncode, out, attempts, taken_up

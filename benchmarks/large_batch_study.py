@@ -665,6 +665,10 @@ def main(argv=None):
     outcomes = study(args)
     selected = groups(args, args.networks, args.arms)
     runs = sum(len(outcomes[g].records) for g in selected)
+    if args.report_only:
+        runs = sum(len(o.records) for o in outcomes.values())
+        print(f"[study] report rewritten from {runs} finished runs: {args.report}", flush=True)
+        return
     print(f"[study] done: {runs} runs of the selected part; report {args.report}", flush=True)
 
 

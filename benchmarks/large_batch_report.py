@@ -20,12 +20,13 @@ IMAGENET_EPOCHS = (90, 100)  # ResNet-50, AlexNet
 SAME_ACCURACY = 0.005
 
 
-def chosen_scores(records):
-    """{(arm, batch): [test top-1 of each seed of the chosen rate]}."""
+def chosen_scores(outcomes):
+    """{(network, arm, batch): [test top-1 of each seed of the chosen rate]} of the finished runs."""
     out = {}
-    for r in records:
-        if r["chosen"]:
-            out.setdefault((r["arm"], r["batch"]), []).append(r["test_top1"])
+    for group, outcome in outcomes.items():
+        values = [r["test_top1"] for r in outcome.records if r["chosen"]]
+        if values:
+            out[(group.network, group.arm, group.batch)] = values
     return out
 
 
@@ -34,67 +35,109 @@ def _summary(values):
     return mean, min(values), max(values)
 
 
-def _cell(values):
-    if not values:
-        return "pending"
-    mean, low, high = _summary(values)
-    spread = f" ({low:.4f}-{high:.4f})" if len(values) > 1 else ""
-    return f"**{mean:.4f}**{spread}, n={len(values)}"
+def status(args, group, outcome):
+    """A table cell: the chosen rate's mean test top-1 (min-max, n), or what is not done yet."""
+    chosen = [r["test_top1"] for r in outcome.records if r["chosen"]]
+    if outcome.chosen is not None and len(chosen) == args.seeds:
+        mean, low, high = _summary(chosen)
+        spread = f" ({low:.4f}-{high:.4f})" if len(chosen) > 1 else ""
+        return f"**{mean:.4f}**{spread}, n={len(chosen)}"
+    if outcome.blocked:
+        return f"not run yet ({outcome.blocked})"
+    if not outcome.records:
+        return "not run yet"
+    if outcome.chosen is None:
+        return f"not run yet (sweep: {len(outcome.records)} rate(s) done)"
+    return f"not run yet (seeds: {len(chosen)} of {args.seeds} done)"
 
 
 def _short(arm):
     return arm.label.split(" (")[0]
 
 
-def findings(records, arms, batches):
-    """Plain sentences: each arm at each batch against the best arm at the smallest batch, the arms
-    against each other, and which batches bear out the paper's claim (LARS holds the accuracy that
-    momentum SGD with linear scaling loses)."""
-    scores = chosen_scores(records)
+def _complete(args, outcome):
+    return outcome.chosen is not None and sum(r["chosen"] for r in outcome.records) == args.seeds
+
+
+def findings(args, network, outcomes, arms):
+    """Plain sentences for one network: each arm at each batch against the best arm at the smallest batch
+    ("holds" or "loses"), LARS against each momentum arm, and at which batches the paper's claim (LARS
+    holds the accuracy that the momentum arms lose) holds and where it breaks."""
+    mine = {(g.arm, g.batch): o for g, o in outcomes.items() if g.network == network and _complete(args, o)}
+    batches = sorted({g.batch for g in outcomes if g.network == network})
+    if not batches:
+        return ["Not in this study's grid."]
     smallest = min(batches)
-    reference = [scores[(a, smallest)] for a in arms if (a, smallest) in scores]
-    if len(reference) < len(arms):
-        return [f"Not enough finished runs yet: the smallest batch ({smallest}) is the reference."]
+    # The reference is the arms every batch has (an arm started from another's choice is an addition).
+    at_smallest = [
+        g.arm
+        for g in outcomes
+        if g.network == network and g.batch == smallest and not arms[g.arm].starts_from
+    ]
+    reference = [_scores(mine[(a, smallest)]) for a in at_smallest if (a, smallest) in mine]
+    if not reference or len(reference) < len(at_smallest):
+        return [
+            f"Not enough finished runs yet: the smallest batch ({smallest}) is the reference, not run yet."
+        ]
     best_small = max(_summary(v)[0] for v in reference)
     sentences = [
         f"Reference: the better arm at the smallest batch ({smallest}) reaches {best_small:.4f} mean test "
         f'top-1; an arm "holds" at a batch when its mean is at most {100 * SAME_ACCURACY:.1f} points below.'
     ]
     verdicts = {}
-    for batch in sorted(batches):
-        if any((a, batch) not in scores for a in arms) or batch == smallest:
+    for batch in batches:
+        if batch == smallest:
             continue
-        means = {a: _summary(scores[(a, batch)]) for a in arms}
-        holds = {a: best_small - means[a][0] <= SAME_ACCURACY for a in arms}
+        present = [a for a in arms if (a, batch) in mine]
+        planned = [g.arm for g in outcomes if g.network == network and g.batch == batch]
+        if not present:
+            sentences.append(f"Batch {batch}: not run yet.")
+            continue
+        means = {a: _summary(_scores(mine[(a, batch)])) for a in present}
+        holds = {a: best_small - means[a][0] <= SAME_ACCURACY for a in present}
         parts = [
             f"{_short(arms[a])} {means[a][0]:.4f} "
             + ("(holds)" if holds[a] else f"(loses {100 * (best_small - means[a][0]):.1f} points)")
-            for a in arms
+            for a in present
         ]
-        if {"lars", "momentum"} <= set(means):
-            lars, momentum = means["lars"], means["momentum"]
-            gap = lars[0] - momentum[0]
-            overlap = lars[1] <= momentum[2] and momentum[1] <= lars[2]
-            if abs(gap) <= SAME_ACCURACY or overlap:
-                parts.append("the arms are within 0.5 points or within the seeds' spread of each other")
-            else:
-                parts.append(f"LARS is {'ahead' if gap > 0 else 'behind'} by {100 * abs(gap):.1f} points")
-            verdicts[batch] = (holds["lars"], holds["momentum"])
+        parts += [f"{_short(arms[a])} not run yet" for a in planned if a not in present]
+        if "lars" in means:
+            lars = means["lars"]
+            for other in (a for a in present if a != "lars"):
+                gap = lars[0] - means[other][0]
+                overlap = lars[1] <= means[other][2] and means[other][1] <= lars[2]
+                if abs(gap) <= SAME_ACCURACY or overlap:
+                    parts.append(f"LARS and {_short(arms[other])} are within 0.5 points or the seeds' spread")
+                else:
+                    parts.append(
+                        f"LARS is {'ahead of' if gap > 0 else 'behind'} {_short(arms[other])} by "
+                        f"{100 * abs(gap):.1f} points"
+                    )
+            momenta = [a for a in present if a != "lars"]
+            if momenta:
+                missing = [_short(arms[a]) for a in planned if a not in present]
+                verdicts[batch] = _verdict(holds, momenta, arms) + (
+                    f" ({', '.join(missing)} not run yet)" if missing else ""
+                )
         sentences.append(f"Batch {batch}: " + "; ".join(parts) + ".")
     if verdicts:
-        groups = {
-            (True, False): "LARS held the accuracy and momentum SGD lost it (the paper's claim) at",
-            (True, True): "both held at",
-            (False, False): "both lost accuracy at",
-            (False, True): "momentum SGD held and LARS lost at",
-        }
-        said = [
-            f"{text} {', '.join(str(b) for b in sorted(verdicts) if verdicts[b] == key)}"
-            for key, text in groups.items()
-            if key in verdicts.values()
-        ]
-        sentences.append("In short: " + "; ".join(said) + ".")
+        sentences.append("In short: " + "; ".join(f"at {b}, {verdicts[b]}" for b in sorted(verdicts)) + ".")
     return sentences
+
+
+def _verdict(holds, momenta, arms):
+    held = [_short(arms[a]) for a in momenta if holds[a]]
+    if holds["lars"] and not held:
+        return "LARS held what the momentum arms lost (the paper's claim holds)"
+    if holds["lars"]:
+        return f"LARS held and so did {' and '.join(held)} (no case for LARS here)"
+    if held:
+        return f"{' and '.join(held)} held and LARS lost (the claim is reversed)"
+    return "every arm lost accuracy (the claim breaks here: LARS did not hold either)"
+
+
+def _scores(outcome):
+    return [r["test_top1"] for r in outcome.records if r["chosen"]]
 
 
 def why(args, train):
@@ -122,77 +165,108 @@ def why(args, train):
     ]
 
 
-def plot(records, arms, batches, path):
+def plot(args, outcomes, networks, arms, path):
+    """One panel per network (each its own y range: without batch norm a diverged arm sits near 10%):
+    mean test top-1 of each arm's chosen rate against the global batch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scores = chosen_scores(records)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for name, arm in arms.items():
-        xs = [b for b in sorted(batches) if (name, b) in scores]
-        if not xs:
-            continue
-        stats = [_summary(scores[(name, b)]) for b in xs]
-        means = [100 * s[0] for s in stats]
-        below = [100 * (s[0] - s[1]) for s in stats]
-        above = [100 * (s[2] - s[0]) for s in stats]
-        ax.errorbar(xs, means, yerr=[below, above], marker="o", capsize=4, label=arm.label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(batches), [str(b) for b in sorted(batches)])
-    ax.set_xlabel("global batch (images per update)")
-    ax.set_ylabel("test top-1 (%), mean and min-max over seeds")
-    ax.set_title("Fashion-MNIST, small_cnn, same epochs: test top-1 vs global batch")
-    ax.grid(True, which="both", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+    fig, axes = plt.subplots(1, len(networks), figsize=(5.2 * len(networks), 4.2), squeeze=False)
+    for ax, (network, info) in zip(axes[0], networks.items()):
+        batches = sorted({g.batch for g in outcomes if g.network == network})
+        for colour, (name, arm) in enumerate(arms.items()):
+            done = [
+                (g.batch, _summary(_scores(o)))
+                for g, o in sorted(outcomes.items(), key=lambda item: item[0].batch)
+                if g.network == network and g.arm == name and _complete(args, o)
+            ]
+            if not done:
+                continue
+            xs = [b for b, _ in done]
+            means = [100 * s[0] for _, s in done]
+            below = [100 * (s[0] - s[1]) for _, s in done]
+            above = [100 * (s[2] - s[0]) for _, s in done]
+            ax.errorbar(
+                xs, means, yerr=[below, above], marker="o", capsize=4, label=arm.label, color=f"C{colour}"
+            )
+        ax.set_xscale("log", base=2)
+        if batches:
+            ax.set_xlim(min(batches) / 1.4, max(batches) * 1.4)
+            ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("global batch (images per update)")
+        ax.set_title(info.label)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center", va="center")
+    axes[0][0].set_ylabel("test top-1 (%), mean and min-max over seeds")
+    fig.suptitle("Fashion-MNIST, same epochs: test top-1 of the chosen rate vs global batch")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def write(args, records, attempts, arms):
-    """Writes `args.report` (Markdown) and the PNG beside it (same name, .png)."""
+def write(args, outcomes, attempts, networks, arms):
+    """Writes `args.report` (Markdown) and the PNG beside it (same name, .png).
+
+    Args:
+        outcomes: {Group: Outcome} of every group of the study (`large_batch_study.collect`).
+        attempts: the run attempts of this output folder (`attempts.jsonl`'s entries).
+        networks, arms: `large_batch_study.NETWORKS` and `.ARMS`.
+    """
     png = os.path.splitext(args.report)[0] + ".png"
     os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
-    plot(records, {a: arms[a] for a in args.arms}, args.batches, png)
+    plot(args, outcomes, networks, arms, png)
+    records = [r for o in outcomes.values() for r in o.records]
     cpu = common.cpu()
-    shas = sorted({r["git_sha"] for r in records})
+    shas = sorted({r["git_sha"] for r in records if r["source"] == "run directory"})
+    recovered = [r for r in records if r["source"] != "run directory"]
     train = args.max_train_examples or 60000 - args.validation_examples
     seconds = sum(a["seconds"] for a in attempts)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    used = {a: arms[a] for a in args.arms}
+    commands = list(dict.fromkeys(a.get("command") for a in attempts if a.get("command")))
     lines = [
         "# Does LARS hold accuracy where momentum SGD loses it? (Fashion-MNIST, this machine)",
         "",
-        f"- Command (from the repository root; the same command resumes): `{args.command}`",
-        f"- Git SHA of the runs: {', '.join(f'`{s}`' for s in shas) or 'none yet'}; report written {now} "
-        "(UTC)",
-        f"- Machine: {cpu['model']}; bf16/AMX-related CPU flags: {', '.join(cpu['flags']) or 'none'} "
-        "(irrelevant to the results: every run is float32)",
-        f"- Wall time: {seconds / 3600:.2f} h over {len(attempts)} run attempts "
-        f"({len(records)} runs finished; run processes from start to exit, including any time paused by "
-        f"`bench` or shared with other work on the machine); runs: `{args.output_dir}`",
-        "",
-        "## Findings",
-        "",
-        *[f"- {s}" for s in findings(records, used, args.batches)],
-        "",
-        "Test top-1 of the chosen learning rate of each batch and arm (mean over seeds, min-max in "
-        "brackets):",
-        "",
-        "| global batch | " + " | ".join(used[a].label for a in args.arms) + " |",
-        "|---|" + "---|" * len(args.arms),
+        "- Commands (from the repository root; the same command resumes; `--networks`/`--arms` select a "
+        "part, the report always covers the whole study): "
+        + ", ".join(f"`{c}`" for c in commands or [args.command]),
+        f"- Git SHA of the runs in `{args.output_dir}`: {', '.join(f'`{s}`' for s in shas) or 'none yet'}; "
+        f"report written {now} (UTC) on {cpu['model']}",
+        f"- Wall time: {seconds / 3600:.2f} h over {len(attempts)} run attempts in that folder (run "
+        "processes from start to exit, including any time paused or shared with other work on the machine)",
     ]
-    scores = chosen_scores(records)
-    for batch in sorted(args.batches):
+    if recovered:
         lines.append(
-            f"| {batch} | " + " | ".join(_cell(scores.get((a, batch), [])) for a in args.arms) + " |"
+            f"- {len(recovered)} earlier runs are known only by their records in "
+            f"`{os.path.splitext(os.path.basename(args.report))[0]}.json`: {recovered[0]['source']}"
         )
+    lines.append("")
+    scores_line = (
+        "Test top-1 of the chosen learning rate of each batch and arm (mean over seeds, min-max in brackets; "
+        "`-`: not part of the study):"
+    )
+    for network, info in networks.items():
+        mine = {(g.arm, g.batch): (g, o) for g, o in outcomes.items() if g.network == network}
+        batches = sorted({b for _, b in mine})
+        lines += [f"## Findings: {info.label}", ""]
+        lines += [f"- {s}" for s in findings(args, network, outcomes, arms)]
+        lines += [
+            "",
+            scores_line,
+            "",
+            "| global batch | " + " | ".join(a.label for a in arms.values()) + " |",
+        ]
+        lines.append("|---|" + "---|" * len(arms))
+        for batch in batches:
+            cells = [status(args, *mine[(a, batch)]) if (a, batch) in mine else "-" for a in arms]
+            lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+        lines.append("")
     lines += [
-        "",
-        f"![test top-1 against global batch]({os.path.basename(png)})",
+        f"![test top-1 against global batch, one panel per network]({os.path.basename(png)})",
         "",
         "## Set-up",
         "",
@@ -200,23 +274,25 @@ def write(args, records, attempts, arms):
         f"training images, learning rates chosen on the last {args.validation_examples:,} (validation "
         "split, never trained on; `--validation_examples`), test top-1 on "
         f"{args.max_eval_examples or 10000:,} test images, "
-        "reported only for the chosen rates. No augmentation in either arm (the product's Fashion-MNIST "
+        "reported only for the chosen rates. No augmentation in any arm (the product's Fashion-MNIST "
         "pipeline has none).",
-        "- Network: `small_cnn` (4 convolutions 16-16-32-32 and dense 128, each with batch norm, momentum "
-        "0.9 so that the running statistics follow the few updates of the largest batches; 0.22M "
-        "parameters). One process per run (world size 1), so batch norm sees the whole global batch.",
-        f"- Both arms: {args.epochs} epochs, linear warmup from 0 over {args.warmup_epochs:g} epoch(s), then "
+        *[f"- Network `{n.name}`: {n.description}." for n in networks.values()],
+        "- One process per run (world size 1), so batch norm sees the whole global batch.",
+        f"- Every arm: {args.epochs} epochs, linear warmup from 0 over {args.warmup_epochs:g} epoch(s), then "
         "polynomial decay with power 2 to 0 over the remaining steps (`--schedule=mlperf_poly`: the paper's "
         "poly policy, decay counted after warmup), momentum 0.9, weight decay "
         f"{args.weight_decay:g} (L2 added to the gradient), float32, deterministic input order.",
         "- Momentum SGD: Goyal et al.'s linear scaling rule, peak = base rate x batch / 256, with the same "
-        "gradual warmup; poly decay instead of their step decay, so that the schedule is identical in both "
-        "arms and the one difference is LARS's layer-wise trust ratio.",
+        "gradual warmup; poly decay instead of their step decay, so that the schedule is identical in every "
+        "arm and the one difference from LARS is its layer-wise trust ratio.",
+        "- Nesterov momentum SGD (`--optimizer=nesterov`): the momentum arm with Keras's Nesterov step "
+        "(v = m v - lr d, w += m v - lr d, d = g + beta w); Nado et al. (2021) found Nesterov with a tuned "
+        "schedule matched LARS at batch 32K on ResNet-50.",
         "- LARS: the paper's rule on every tensor (eta 0.001, trust ratio eta ||w|| / (||g|| + beta ||w||)).",
         f"- Sweep: {args.sweep_points} rates a factor {args.sweep_ratio:g} apart around the centre below, on "
         f"seed 0; while the best validation top-1 is at an edge, one more rate past it (at most "
         f"{args.max_extensions}). The chosen rate is then trained with {args.seeds - 1} more seed(s).",
-        *[f"  - {a.label}: centre {a.centre_rule}." for a in used.values()],
+        *[f"  - {a.label}: centre {a.centre_rule}." for a in arms.values()],
         "- Images per epoch: steps per epoch = round(training images / batch), so every batch sees within 4% "
         "of the same images per epoch.",
         "",
@@ -228,7 +304,7 @@ def write(args, records, attempts, arms):
         "warmup updates |",
         "|---|---|---|---|---|",
     ]
-    for batch in sorted(args.batches):
+    for batch in sorted({g.batch for g in outcomes}):
         steps = max(1, round(train / batch))
         lines.append(
             f"| {batch} | {100 * batch / train:.2f}% | {steps} | {steps * args.epochs:,} | "
@@ -238,31 +314,58 @@ def write(args, records, attempts, arms):
         "",
         "## Learning-rate sweep (seed 0; chosen on validation top-1)",
         "",
-        "| arm | global batch | swept rate | peak rate | validation top-1 | validation loss | train loss | "
-        "images/s | chosen |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| network | arm | global batch | swept rate | peak rate | validation top-1 | validation loss | "
+        "train loss | images/s | chosen |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    ordered = sorted(records, key=lambda r: (r["arm"], r["batch"], r["rate"], r["seed"]))
+    order = {name: i for i, name in enumerate(networks)}
+    ordered = sorted(records, key=lambda r: (order[r["network"]], r["arm"], r["batch"], r["rate"], r["seed"]))
     for r in ordered:
         if r["role"] != "sweep":
             continue
         swept = f"{r['rate']:g}" + (" per 256" if r["rate_flag"] == "base_learning_rate" else "")
         mark = ("yes" + (" (at the sweep's edge)" if r["edge"] else "")) if r["chosen"] else ""
         lines.append(
-            f"| {r['arm']} | {r['batch']} | {swept} | {r['peak_learning_rate']:.4g} | {r['val_top1']:.4f} | "
-            f"{r['val_loss']:.4f} | {r['train_loss']:.4f} | {r['images_per_second'] or 0:.0f} | {mark} |"
+            f"| {r['network']} | {r['arm']} | {r['batch']} | {swept} | {r['peak_learning_rate']:.4g} | "
+            f"{r['val_top1']:.4f} | {r['val_loss']:.4f} | {r['train_loss']:.4f} | "
+            f"{r['images_per_second'] or 0:.0f} | {mark} |"
         )
     lines += [
         "",
         "## Chosen rates, every seed",
         "",
-        "| arm | global batch | peak rate | seed | validation top-1 | test top-1 | test top-5 | run |",
-        "|---|---|---|---|---|---|---|---|",
+        "| network | arm | global batch | peak rate | seed | validation top-1 | test top-1 | test top-5 | "
+        "run |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in ordered:
         if r["chosen"]:
             lines.append(
-                f"| {r['arm']} | {r['batch']} | {r['peak_learning_rate']:.4g} | {r['seed']} | "
-                f"{r['val_top1']:.4f} | {r['test_top1']:.4f} | {r['test_top5']:.4f} | `{r['run_name']}` |"
+                f"| {r['network']} | {r['arm']} | {r['batch']} | {r['peak_learning_rate']:.4g} | "
+                f"{r['seed']} | {r['val_top1']:.4f} | {r['test_top1']:.4f} | {r['test_top5']:.4f} | "
+                f"`{r['run_name']}` |"
             )
+    lines += [
+        "",
+        "## Provenance of the runs",
+        "",
+        "| git SHA | machine | dates (UTC) | source | runs |",
+        "|---|---|---|---|---|",
+    ]
+    sources = {}
+    for r in ordered:
+        key = (r["git_sha"], _machine(r["machine"]), r["source"])
+        sources.setdefault(key, []).append(r)
+    for (sha, machine, source), runs in sorted(sources.items(), key=lambda item: str(item[0])):
+        dates = sorted(str(r["date"])[:10] for r in runs if r["date"])
+        span = f"{dates[0]} to {dates[-1]}" if dates else "not recorded"
+        groups = sorted({f"{r['network']}/{r['arm']}" for r in runs})
+        lines.append(f"| `{sha}` | {machine} | {span} | {source} | {len(runs)} ({', '.join(groups)}) |")
     common.write_report(args.report, "\n".join(lines))
+
+
+def _machine(machine):
+    """A run's machine in one short phrase (summary.json holds a dict; recovered records a string)."""
+    if isinstance(machine, dict):
+        return machine.get("cpu_model") or machine.get("cpu") or machine.get("hostname") or str(machine)
+    return str(machine)

@@ -1,33 +1,51 @@
 """Does LARS hold accuracy where momentum SGD loses it? Fashion-MNIST, global batch 512 to 8,192.
 
-One command runs the whole study (from the repository root, about 3 hours of the 2-core machine alone;
-longer when shared), and the same command resumes it after an interruption:
+One command runs the whole study (from the repository root), and the same command resumes it after an
+interruption:
 
     python -m benchmarks.large_batch_study --output_dir=results/runs/hvd_lars_study
+
+`--networks` and `--arms` select the part to train now (the report always covers the whole study, cells
+not run yet included), so it can be run in parts:
+
+    python -m benchmarks.large_batch_study --networks=small_cnn_nobn --arms=momentum,lars   # 1.5-2.2 h
+    python -m benchmarks.large_batch_study --arms=nesterov                                  # 0.6-0.9 h
+
+(measured 2026-12-01 on an Intel Xeon, 2 cores: a 12-epoch run takes about 6.5 min at batch 512 and 4.5
+min at 8,192 with the machine to itself; 4-6 runs per group; shared as the first 34 runs were, 1.6x.)
 
 (`nice -n 19` in front lets other work on the machine go first; the wall time then grows with it.)
 
 512 takes a smaller share of the training set per update (0.9%) than the paper's 32K took of ImageNet
 (2.6%), so it stands for the small-batch baseline. A smaller batch adds the small end at a higher cost
-per epoch (`--batches=8192,2048,512,128`: about 10 more runs of 7 to 8 minutes each, beyond the 3 hours).
+per epoch (`--batches=8192,2048,512,128`: about 10 more runs of 7 to 8 minutes each).
 
-It trains `small_cnn` (batch norm, momentum 0.9) through the product's main program, one process per run
-(`python -m hvd_lars.main`, run name `hvd_lars_study_<arm>_b<batch>_lr<rate>_s<seed>`), for two arms at each
-global batch:
+Two networks, through the product's main program, one process per run (`python -m hvd_lars.main`, run
+name `hvd_lars_study_<network tag><arm>_b<batch>_lr<rate>_s<seed>`):
+  `small_cnn` (batch norm, momentum 0.9; at `--batches`, default 8,192, 2,048, 512) and
+  `small_cnn_nobn` (the same layers without batch norm, He-normal; at `--nobn_batches`, default 8,192 and
+  512; 2,048 is optional: `--nobn_batches=8192,2048,512`, about 1 h more);
+and three arms:
   (a) momentum SGD, linear scaling rule (peak = base rate x batch / 256) and gradual warmup (Goyal et al.
       2017, arXiv 1706.02677);
-  (b) LARS (You et al., ICPP 2018), eta 0.001, trust ratio on every tensor as in the released solver.
-Both: the same epochs, linear warmup from 0, polynomial decay power 2 to 0 after warmup, momentum 0.9,
-weight decay 5e-4, no augmentation, float32, deterministic input order. The learning rate of each batch
-and arm is chosen on a validation split (the last 5,000 of the 60,000 training images, never trained
-on): a sweep of 3 rates a factor 2 apart on seed 0, extended by one rate at a time (at most
-`--max_extensions`) while the best is at an edge; the chosen rate is then run with the other seeds. The
-test set is reported only for the chosen rates.
+  (b) LARS (You et al., ICPP 2018), eta 0.001, trust ratio on every tensor as in the released solver;
+  (c) Nesterov momentum SGD, otherwise as (a) (Nado et al. 2021, arXiv 2102.06356: the strongest
+      momentum baseline), at `--nesterov_batches` (default 8,192) for both networks.
+All: the same epochs, linear warmup from 0, polynomial decay power 2 to 0 after warmup, momentum 0.9,
+weight decay 5e-4 (L2 in the gradient), no augmentation, float32, deterministic input order. The learning
+rate of each network, batch and arm is chosen on a validation split (the last 5,000 of the 60,000 training
+images, never trained on): a sweep of 3 rates a factor 2 apart on seed 0, extended by one rate at a time
+(at most `--max_extensions`) while the best is at an edge; the chosen rate is then run with the other
+seeds. Nesterov's sweep is on the momentum arm's grid and centred on the momentum arm's chosen rate at the
+same network and batch (so that arm must have finished its sweep first). The test set is reported only for
+the chosen rates.
 
-A run is done when its summary.json holds every epoch with validation and test scores; a study started
-again skips done runs, resumes a half-finished one from its last checkpoint (the main program's
-`--resume`), and makes the same sweep decisions (they depend only on finished runs). After every run
-it rewrites the report (`--report`, a Markdown file, and the PNG plot beside it) from what is done.
+A run is done when its summary.json holds every epoch with validation and test scores, or when the records
+file beside the report (`<report>.json`) holds its record with the same settings (runs whose directories
+are gone: the first 34 runs' records were recovered from the report's tables). A study started again skips
+done runs, resumes a half-finished one from its last checkpoint (the main program's `--resume`), and makes
+the same sweep decisions (they depend only on finished runs). After every run it rewrites the report
+(`--report`, a Markdown file, the PNG plot and the records file beside it) from what is done.
 """
 
 import argparse
@@ -43,6 +61,7 @@ import time
 
 from benchmarks import common, large_batch_report
 from hvd_lars.training.strict_json import read as read_json
+from hvd_lars.training.strict_json import strict
 
 REPO = common.REPO
 # The study's name: its default output folder and the prefix of every run's name.
@@ -50,6 +69,36 @@ STUDY_TAG = "hvd_lars_study"
 FASHION_MNIST_TRAIN = 60000
 # Goyal et al.'s reference batch for the linear scaling rule (lr = base x batch / 256).
 REFERENCE_BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """One model of the study: `name` is its `hvd_lars.models.MODELS` key (`--model`), `tag` the infix of
+    its run names (empty for the first network, whose 34 runs were named before there was a second)."""
+
+    name: str
+    tag: str
+    label: str
+    description: str  # for the report's set-up
+
+
+NETWORKS = {
+    "small_cnn": Network(
+        "small_cnn",
+        "",
+        "small_cnn (batch norm)",
+        "4 convolutions 16-16-32-32 and dense 128, each with batch norm, momentum 0.9 so that the running "
+        "statistics follow the few updates of the largest batches; 0.22M parameters",
+    ),
+    "small_cnn_nobn": Network(
+        "small_cnn_nobn",
+        "nobn_",
+        "small_cnn_nobn (no batch norm)",
+        "the same layers without batch norm (a bias in each convolution in place of batch norm's shift), "
+        "He-normal kernels (variance 2 / fan_in, He et al. 2015) so that the signal keeps its scale through "
+        "the 5 ReLU layers without normalisation; 0.217M parameters",
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +111,11 @@ class Arm:
     rate_flag: str  # the main program's flag the swept rate goes to
     centre_rule: str  # how the sweep's centre follows the batch (for the report)
     extra_flags: tuple = ()
+    starts_from: str = ""  # an arm whose chosen grid index centres this arm's first sweep
 
     def centre(self, batch):
-        if self.name == "momentum":
+        """The rate of grid index 0 (the first sweep's centre unless `starts_from` moves it)."""
+        if self.rate_flag == "base_learning_rate":
             return 0.1  # per 256 images: Goyal et al.'s base rate, scaled linearly by the main program
         # LARS: square-root scaling from 10 at batch 512, between the paper's solver rates (2 at 1K,
         # 10 at 8K, 32 at 32K) and the project's recorded run (20 at 4K, results/fashion_mnist_lars.md).
@@ -91,17 +142,37 @@ ARMS = {
         "peak rate 10 x sqrt(batch / 512)",
         ("--eta=0.001", "--trust_ratio_mode=paper"),
     ),
+    "nesterov": Arm(
+        "nesterov",
+        "Nesterov momentum SGD (linear scaling + warmup)",
+        "nesterov",
+        "base_learning_rate",
+        "the momentum arm's chosen base rate at the same network and batch, on its grid 0.1 x 2^k per 256 "
+        "images; peak = base x batch / 256",
+        starts_from="momentum",
+    ),
 }
 
 
 @dataclasses.dataclass(frozen=True)
+class Group:
+    """The runs of one arm on one network at one global batch: its sweep, then the chosen rate's seeds."""
+
+    network: str
+    arm: str
+    batch: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Cell:
-    """One training run: an arm at a global batch, a swept rate (grid index k: centre x ratio**k), a seed."""
+    """One training run: an arm at a global batch, a swept rate (grid index k: centre x ratio**k), a seed,
+    on a network."""
 
     arm: str
     batch: int
     k: int
     seed: int
+    network: str = "small_cnn"
 
 
 def rate_of(args, cell):
@@ -111,7 +182,8 @@ def rate_of(args, cell):
 
 
 def run_name(args, cell):
-    return f"{STUDY_TAG}_{cell.arm}_b{cell.batch}_lr{rate_of(args, cell):g}_s{cell.seed}"
+    tag = NETWORKS[cell.network].tag
+    return f"{STUDY_TAG}_{tag}{cell.arm}_b{cell.batch}_lr{rate_of(args, cell):g}_s{cell.seed}"
 
 
 def train_examples(args):
@@ -131,7 +203,7 @@ def main_flags(args, cell):
     arm = ARMS[cell.arm]
     flags = [
         "--dataset=fashion_mnist",
-        "--model=small_cnn",
+        f"--model={NETWORKS[cell.network].name}",
         f"--optimizer={arm.optimizer}",
         f"--global_batch_size={cell.batch}",
         f"--steps_per_epoch={steps_per_epoch(args, cell.batch)}",
@@ -181,14 +253,10 @@ def is_complete(summary, epochs):
     return done == list(range(1, epochs + 1)) and "val_top1" in last and "test_top1" in last
 
 
-def check_same_run(args, cell, summary):
-    """Refuses to reuse a run directory trained with other settings (a changed grid or epoch budget).
-
-    Raises:
-        SystemExit: naming the directory and the differing setting.
-    """
-    config = summary["config"]
-    want = {
+def settings_of(args, cell):
+    """The settings a run's result depends on beyond its name, as its summary's config records them."""
+    return {
+        "model": NETWORKS[cell.network].name,
         "optimizer": ARMS[cell.arm].optimizer,
         "global_batch_size": cell.batch,
         "epochs": float(args.epochs),
@@ -200,12 +268,65 @@ def check_same_run(args, cell, summary):
         "max_train_examples": args.max_train_examples,
         "steps_per_epoch": steps_per_epoch(args, cell.batch),
     }
-    changed = {k: (config.get(k), v) for k, v in want.items() if config.get(k) != v}
+
+
+def check_same_run(args, cell, saved, where=None):
+    """Refuses to reuse a run trained with other settings (a changed grid or epoch budget).
+
+    Args:
+        saved: the run's recorded settings (its summary's "config", or a record's "settings").
+        where: what holds them, for the message (default: the run's directory).
+
+    Raises:
+        SystemExit: naming the directory (or file) and the differing setting.
+    """
+    changed = {k: (saved.get(k), v) for k, v in settings_of(args, cell).items() if saved.get(k) != v}
     if changed:
         raise SystemExit(
-            f"{run_dir(args, cell)} was trained with other settings ({changed}, as (saved, now)). Use "
-            "another --output_dir, or the settings it was made with."
+            f"{where or run_dir(args, cell)} holds {run_name(args, cell)} trained with other settings "
+            f"({changed}, as (saved, now)). Use another --output_dir (or --report), or the settings it was "
+            "made with."
         )
+
+
+def records_path(args):
+    """The records file beside the report: every finished run's record, kept when run directories go."""
+    return os.path.splitext(args.report)[0] + ".json"
+
+
+def load_records(args):
+    """{run name: record} from the records file ({} when there is none)."""
+    path = records_path(args)
+    if not os.path.exists(path):
+        return {}
+    return {r["run_name"]: r for r in read_json(path)["records"]}
+
+
+def save_records(args, store):
+    path = records_path(args)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ordered = [store[name] for name in sorted(store)]
+    with open(path + ".tmp", "w") as f:
+        json.dump(strict({"study": STUDY_TAG, "records": ordered}), f, indent=1, allow_nan=False)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def finished(args, cell, store):
+    """The record of `cell` if it is done (its summary complete, or its record in `store`), else None.
+
+    Raises:
+        SystemExit: the run directory or the record holds the run with other settings.
+    """
+    summary = load_summary(args, cell)
+    if summary:
+        check_same_run(args, cell, summary["config"])
+        if is_complete(summary, args.epochs):
+            return _record(args, cell, summary)
+    record = store.get(run_name(args, cell))
+    if record is not None:
+        check_same_run(args, cell, record["settings"], where=records_path(args))
+    return record
 
 
 def _die_with_parent():
@@ -226,7 +347,7 @@ def run_cell(args, cell, journal):
     """
     summary = load_summary(args, cell)
     if summary:
-        check_same_run(args, cell, summary)
+        check_same_run(args, cell, summary["config"])
     if is_complete(summary, args.epochs):
         return summary
     name = run_name(args, cell)
@@ -258,7 +379,16 @@ def run_cell(args, cell, journal):
     seconds = time.time() - start
     with open(journal, "a") as f:
         f.write(
-            json.dumps({"run": name, "start": start, "seconds": seconds, "returncode": returncode}) + "\n"
+            json.dumps(
+                {
+                    "run": name,
+                    "start": start,
+                    "seconds": seconds,
+                    "returncode": returncode,
+                    "command": args.command,
+                }
+            )
+            + "\n"
         )
     summary = load_summary(args, cell)
     if returncode != 0 or not is_complete(summary, args.epochs):
@@ -277,18 +407,19 @@ def run_cell(args, cell, journal):
     return summary
 
 
-def next_sweep_index(scores, points, max_extensions):
+def next_sweep_index(scores, points, max_extensions, start=0):
     """The grid index to train next in one sweep, or None when the sweep is finished.
 
     Args:
         scores: {k: validation top-1} of the finished runs (k: rate = centre x ratio**k).
-        points: rates in the first sweep, k in [-(points // 2), points - points // 2).
+        points: rates in the first sweep, k in [start - points // 2, start + points - points // 2).
         max_extensions: how many rates the sweep may add beyond the first, one at a time, each past
             the edge where the best rate lies.
+        start: the first sweep's centre on the grid.
 
     The best is the highest validation top-1; ties go to the smaller rate (the safer one).
     """
-    first = range(-(points // 2), points - points // 2)
+    first = range(start - points // 2, start + points - points // 2)
     for k in first:
         if k not in scores:
             return k
@@ -307,47 +438,130 @@ def chosen_index(scores):
     return max(scores, key=lambda k: (scores[k], -k))
 
 
+def groups(args, networks=None, arms=None):
+    """The study's groups in the order they run (of `networks` and `arms`; default: all): network by
+    network, largest batch first as `--batches` orders them, arms in `ARMS` order (momentum before the
+    Nesterov arm that starts from its choice)."""
+    out = []
+    for network in NETWORKS:
+        if networks is not None and network not in networks:
+            continue
+        for batch in args.network_batches[network]:
+            for arm in ARMS:
+                if arms is not None and arm not in arms:
+                    continue
+                if arm == "nesterov" and batch not in args.nesterov_batches:
+                    continue
+                out.append(Group(network, arm, batch))
+    return out
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What is done of one group: its records (sweep, then seeds; chosen ones marked), the chosen grid
+    index (None until the sweep is finished), and None or why it cannot start yet."""
+
+    records: list
+    chosen: object = None
+    blocked: str = ""
+
+
+def walk(args, group, obtain, store):
+    """Goes through `group`'s sweep and seeds; `obtain(cell)` gives a finished run's record (training it
+    first, when the study trains) or None, which stops the walk there; `store` ({run name: record}) holds
+    the records of runs whose directories are gone. Returns an `Outcome`."""
+    arm = ARMS[group.arm]
+    start = 0
+    if arm.starts_from:
+        before = walk(
+            args, Group(group.network, arm.starts_from, group.batch), obtain_done(args, store), store
+        )
+        if before.chosen is None:
+            return Outcome(
+                [],
+                blocked=f"waits for the {arm.starts_from} arm's sweep ({group.network}, batch {group.batch})",
+            )
+        start = before.chosen
+    scores, records = {}, []
+    while (k := next_sweep_index(scores, args.sweep_points, args.max_extensions, start)) is not None:
+        record = obtain(Cell(group.arm, group.batch, k, 0, group.network))
+        if record is None:
+            return Outcome(records)
+        records.append(dict(record, role="sweep", chosen=False, edge=False))
+        scores[k] = record["val_top1"]
+    best = chosen_index(scores)
+    edge = best in (min(scores), max(scores))
+    for r in records:
+        if r["k"] == best:
+            r.update(chosen=True, edge=edge)
+    for seed in range(1, args.seeds):
+        record = obtain(Cell(group.arm, group.batch, best, seed, group.network))
+        if record is None:
+            break
+        records.append(dict(record, role="seed", chosen=True, edge=edge))
+    return Outcome(records, best)
+
+
+def obtain_done(args, store):
+    """`walk`'s obtain that trains nothing: the record of a finished run, else None."""
+    return lambda cell: finished(args, cell, store)
+
+
+def collect(args, store):
+    """{Group: Outcome} of every group of the study (whatever `--networks`/`--arms` select), from the
+    finished runs only: what the report is made from."""
+    obtain = obtain_done(args, store)
+    return {group: walk(args, group, obtain, store) for group in groups(args)}
+
+
 def study(args):
-    """Runs (or resumes) the whole grid; returns the records the report is made from."""
+    """Trains (or resumes) the groups `--networks` and `--arms` select; returns the whole study's
+    {Group: Outcome} (the report's)."""
     journal = os.path.join(args.output_dir, "attempts.jsonl")
-    records = []
-    report = lambda: large_batch_report.write(args, records, _read_journal(journal), ARMS)
-    for batch in args.batches:
-        for arm in args.arms:
-            scores = {}
-            while (k := next_sweep_index(scores, args.sweep_points, args.max_extensions)) is not None:
-                cell = Cell(arm, batch, k, seed=0)
-                summary = run_cell(args, cell, journal)
-                scores[k] = summary["final_val_top1"]
-                records.append(_record(args, cell, summary, role="sweep"))
-                report()
-            best = chosen_index(scores)
-            for r in records:
-                if r["arm"] == arm and r["batch"] == batch and r["k"] == best:
-                    r["chosen"] = True
-                    r["edge"] = best in (min(scores), max(scores))
-            for seed in range(1, args.seeds):
-                cell = Cell(arm, batch, best, seed)
-                summary = run_cell(args, cell, journal)
-                records.append(_record(args, cell, summary, role="seed", chosen=True))
-                report()
-    report()
-    return records
+    store = load_records(args)
+
+    def report():
+        outcomes = collect(args, store)
+        for outcome in outcomes.values():
+            for r in outcome.records:
+                store[r["run_name"]] = _stored(r)
+        save_records(args, store)
+        large_batch_report.write(args, outcomes, _read_journal(journal), NETWORKS, ARMS)
+        return outcomes
+
+    def obtain(cell):
+        record = finished(args, cell, store)
+        if record is None:
+            record = _record(args, cell, run_cell(args, cell, journal))
+            store[record["run_name"]] = record
+            report()
+        return record
+
+    for group in [] if args.report_only else groups(args, args.networks, args.arms):
+        outcome = walk(args, group, obtain, store)
+        if outcome.blocked:
+            raise SystemExit(
+                f"[study] {group.arm} on {group.network} at batch {group.batch} {outcome.blocked}: add "
+                f"--arms={ARMS[group.arm].starts_from} (or run it first)."
+            )
+    return report()
 
 
-def _record(args, cell, summary, role, chosen=False):
+def _stored(record):
+    # The walk's marks (role, chosen, edge) are recomputed from the scores each time; not stored.
+    return {k: v for k, v in record.items() if k not in ("role", "chosen", "edge")}
+
+
+def _record(args, cell, summary):
     arm = ARMS[cell.arm]
-    rate = rate_of(args, cell)
     last = summary["epochs"][-1]
     return {
+        "network": cell.network,
         "arm": cell.arm,
         "batch": cell.batch,
         "k": cell.k,
         "seed": cell.seed,
-        "role": role,
-        "chosen": chosen,
-        "edge": False,
-        "rate": rate,
+        "rate": rate_of(args, cell),
         "rate_flag": arm.rate_flag,
         "peak_learning_rate": summary["plan"]["peak_learning_rate"],
         "val_top1": summary["final_val_top1"],
@@ -364,6 +578,8 @@ def _record(args, cell, summary, role, chosen=False):
         "date": summary["date"],
         "machine": summary["machine"],
         "run_name": run_name(args, cell),
+        "settings": settings_of(args, cell),
+        "source": "run directory",
     }
 
 
@@ -381,8 +597,20 @@ def parse_args(argv=None):
     ints = lambda text: [int(v) for v in text.split(",") if v]
     parser.add_argument("--output_dir", default=os.path.join("results", "runs", STUDY_TAG))
     parser.add_argument("--report", default=os.path.join("results", "large_batch_study.md"))
-    parser.add_argument("--batches", type=ints, default=[8192, 2048, 512], help="run in this order")
-    parser.add_argument("--arms", type=lambda t: t.split(","), default=["momentum", "lars"])
+    names = lambda text: [v for v in text.split(",") if v]
+    parser.add_argument(
+        "--batches", type=ints, default=[8192, 2048, 512], help="small_cnn's batches, run in this order"
+    )
+    parser.add_argument(
+        "--nobn_batches", type=ints, default=[8192, 512], help="small_cnn_nobn's (2,048 optional: ~1 h)"
+    )
+    parser.add_argument(
+        "--nesterov_batches", type=ints, default=[8192], help="where the Nesterov arm runs (both networks)"
+    )
+    parser.add_argument(
+        "--networks", type=names, default=list(NETWORKS), help="the networks to train now (report: all)"
+    )
+    parser.add_argument("--arms", type=names, default=list(ARMS), help="the arms to train now (report: all)")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--warmup_epochs", type=float, default=1.0)
     parser.add_argument("--weight_decay", type=float, default=5e-4)
@@ -398,14 +626,25 @@ def parse_args(argv=None):
         default="-m hvd_lars.main",
         help="what Python runs for each run (tests: the fault-injecting tests/support/kill_at_step.py)",
     )
+    parser.add_argument(
+        "--report_only", action="store_true", help="rewrite the report from what is done; train nothing"
+    )
     parser.add_argument("--max_train_examples", type=int, default=0, help="smoke tests only")
     parser.add_argument("--max_eval_examples", type=int, default=0, help="smoke tests only")
     args = parser.parse_args(argv)
-    unknown = [a for a in args.arms if a not in ARMS]
-    if unknown:
-        parser.error(f"--arms: unknown {unknown}; valid: {', '.join(ARMS)}.")
-    if not args.batches or min(args.batches) < 1 or args.ranks < 1 or args.seeds < 1 or args.sweep_points < 1:
-        parser.error("--batches, --ranks, --seeds and --sweep_points must be positive.")
+    for flag, given, valid in (("--arms", args.arms, ARMS), ("--networks", args.networks, NETWORKS)):
+        unknown = [a for a in given if a not in valid]
+        if unknown or not given:
+            parser.error(f"{flag}={','.join(given)}: unknown {unknown}; valid: {', '.join(valid)}.")
+    batches = (args.batches, args.nobn_batches, args.nesterov_batches)
+    if not all(batches) or min(min(b) for b in batches) < 1:
+        parser.error(
+            f"--batches={args.batches}, --nobn_batches={args.nobn_batches} and --nesterov_batches="
+            f"{args.nesterov_batches} must each be one or more positive batches."
+        )
+    if args.ranks < 1 or args.seeds < 1 or args.sweep_points < 1:
+        parser.error("--ranks, --seeds and --sweep_points must be positive.")
+    args.network_batches = {"small_cnn": args.batches, "small_cnn_nobn": args.nobn_batches}
     if not 0 < args.validation_examples < FASHION_MNIST_TRAIN:
         parser.error(f"--validation_examples must be in [1, {FASHION_MNIST_TRAIN - 1}].")
     args.output_dir = os.path.abspath(args.output_dir)
@@ -423,8 +662,14 @@ def main(argv=None):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise SystemExit(f"Another study is running in {args.output_dir}; wait for it or stop it.") from None
-    records = study(args)
-    print(f"[study] done: {len(records)} runs; report {args.report}", flush=True)
+    outcomes = study(args)
+    selected = groups(args, args.networks, args.arms)
+    runs = sum(len(outcomes[g].records) for g in selected)
+    if args.report_only:
+        runs = sum(len(o.records) for o in outcomes.values())
+        print(f"[study] report rewritten from {runs} finished runs: {args.report}", flush=True)
+        return
+    print(f"[study] done: {runs} runs of the selected part; report {args.report}", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def test_base_learning_rate_is_per_256_images():
     "kwargs, world, fragments",
     [
         (dict(global_batch_size=4095), 2, ["4095", "2 ranks"]),
-        (dict(optimizer="adam"), 1, ["'adam'", "lars, momentum"]),
+        (dict(optimizer="adam"), 1, ["'adam'", "lars, momentum, nesterov"]),
         (dict(warmup_epochs=12), 1, ["--warmup_epochs=12", "--epochs=12"]),
         (dict(base_learning_rate=1.0), 1, ["exactly one"]),
         (dict(peak_learning_rate=0.0), 1, ["exactly one"]),

@@ -245,3 +245,23 @@ def test_zero_pad_shortcut_subsamples_and_appends_zero_channels():
     assert y.shape == (2, 2, 2, 8)
     np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
     np.testing.assert_array_equal(y[..., 3:], 0.0)
+
+
+@pytest.mark.unit
+def test_small_cnn_nobn_is_small_cnn_without_its_normalisation():
+    with_bn = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
+    without = get_model("small_cnn_nobn", num_classes=10, input_shape=(28, 28, 1))
+    bn_layers = [layer for layer in with_bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert [layer.name for layer in bn_layers] == ["conv1_bn", "conv2_bn", "conv3_bn", "conv4_bn", "fc1_bn"]
+    assert [(layer.name, type(layer)) for layer in without.layers] == [
+        (layer.name, type(layer)) for layer in with_bn.layers if layer not in bn_layers
+    ]
+    assert not any("Normalization" in type(layer).__name__ for layer in without.layers)
+    # BN's gamma, beta, moving mean and variance: 4 * (16 + 16 + 32 + 32 + 128) = 896 numbers go; each
+    # convolution gains a bias in beta's place: 16 + 16 + 32 + 32 = 96.
+    assert with_bn.count_params() == 16272 + 896 + 200832 + 1290
+    assert without.count_params() == with_bn.count_params() - 896 + 96
+    for layer in without.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
+    assert without.output.dtype == "float32"

@@ -49,7 +49,7 @@ def test_every_numeric_setting_refuses_non_finite_and_negative_values_naming_its
         ("max_eval_examples", -1, "--max_eval_examples must be a whole number >= 0, got -1."),
         ("eta", math.inf, "--eta must be a finite number > 0, got inf."),
         ("epochs", 2.5, "--epochs must be a whole number > 0, got 2.5."),
-        ("optimizer", "adam", "--optimizer='adam'; valid: lars, momentum."),
+        ("optimizer", "adam", "--optimizer='adam'; valid: lars, momentum, nesterov."),
         ("decay_boundaries_epochs", (1.0, math.inf), "--decay_boundaries_epochs=[1.0, inf]: each must be"),
         ("allow_plan_change", ("workdir",), "--allow_plan_change names workdir, which are not settings"),
     ],
@@ -112,6 +112,16 @@ def test_a_resume_refuses_each_change_of_the_plan_unless_named(name):
     assert changes and changes[0].startswith(f"{name} "), changes
     allowed = dataclasses.replace(new, allow_plan_change=(name,))
     assert plan_changes(previous, allowed, plan) == []
+
+
+@pytest.mark.parametrize("old_optimizer, new_optimizer", [("momentum", "nesterov"), ("nesterov", "lars")])
+def test_a_resume_refuses_a_change_to_or_from_nesterov(old_optimizer, new_optimizer):
+    old = _config(optimizer=old_optimizer)
+    previous = _summary(old, make_plan(old, 1, 6400))
+    new = dataclasses.replace(old, optimizer=new_optimizer)
+    assert plan_changes(previous, new, make_plan(new, 1, 6400)) == [
+        f"optimizer {old_optimizer!r} -> {new_optimizer!r}"
+    ]
 
 
 def test_a_resume_compares_precision_as_resolved_and_names_every_change():

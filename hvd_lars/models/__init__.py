@@ -6,7 +6,7 @@ Every model is channels-last and returns float32 logits (B, num_classes), also u
 from hvd_lars.models.alexnet import alexnet, alexnet_bn
 from hvd_lars.models.cifar_resnet import resnet20
 from hvd_lars.models.resnet import resnet18, resnet34, resnet50
-from hvd_lars.models.small import small_cnn
+from hvd_lars.models.small import small_cnn, small_cnn_nobn
 
 MODELS = {
     "alexnet": alexnet,
@@ -16,6 +16,7 @@ MODELS = {
     "resnet50": resnet50,
     "resnet20": resnet20,
     "small_cnn": small_cnn,
+    "small_cnn_nobn": small_cnn_nobn,
 }
 
 
@@ -27,7 +28,7 @@ def get_model(name, num_classes=1000, input_shape=None, **options):
         num_classes: width of the logits.
         input_shape: (H, W, C) of the input images; None takes the model's nominal shape (227x227x3 for
             the AlexNets, 224x224x3 for the ImageNet ResNets, 32x32x3 for `resnet20`, 28x28x1 for
-            `small_cnn`).
+            `small_cnn` and `small_cnn_nobn`).
         **options: model-specific keyword arguments (e.g. `zero_init_residual`, `fused_batch_norm` for
             the ResNets).
 

@@ -16,7 +16,7 @@ from hvd_lars.optim.schedules import SCHEDULES
 from hvd_lars.parallel.collectives import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 from hvd_lars.training.settings import above, at_least, fraction, problem, setting
 
-OPTIMIZERS = ("lars", "momentum")
+OPTIMIZERS = ("lars", "momentum", "nesterov")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
 # CPU flags (/proc/cpuinfo) of native bfloat16 arithmetic; without them bfloat16 is emulated and slower.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -59,7 +59,10 @@ class TrainConfig:
         "small_cnn", "Model name (hvd_lars.models.MODELS).", choices=lambda: sorted(MODELS), plan=True
     )
     optimizer: str = setting(
-        "lars", "lars, or momentum (SGD with coupled L2 decay).", choices=OPTIMIZERS, plan=True
+        "lars",
+        "lars, momentum (SGD with coupled L2 decay) or nesterov (the same with Nesterov momentum).",
+        choices=OPTIMIZERS,
+        plan=True,
     )
     global_batch_size: int = setting(
         0, "Images per update over all ranks and micro-batches (0: derived).", check=_COUNT, plan=True
@@ -270,8 +273,8 @@ def _lars_only(config):
         for name in ("eta", "epsilon", "trust_ratio_mode")
         if getattr(config, name) != _FIELDS[name].default
     ]
-    if config.optimizer == "momentum" and changed:
-        return f"{', '.join(changed)} only apply to --optimizer=lars, not momentum."
+    if config.optimizer != "lars" and changed:
+        return f"{', '.join(changed)} only apply to --optimizer=lars, not {config.optimizer}."
     return None
 
 

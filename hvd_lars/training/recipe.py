@@ -31,8 +31,16 @@ def build_schedule(config, plan):
 
 
 def build_optimizer(config, plan):
-    """LARS or momentum SGD on the learning-rate schedule `config.schedule` over the steps of `plan`, held
-    by a `DistributedOptimizer` that averages each update's gradients over micro-batches and ranks."""
+    """LARS, momentum SGD or Nesterov momentum SGD on the learning-rate schedule `config.schedule` over the
+    steps of `plan`, held by a `DistributedOptimizer` that averages each update's gradients over
+    micro-batches and ranks.
+
+    `momentum` and `nesterov` are Keras's `SGD(momentum=m, nesterov=...)` update (velocity
+    `v = m * v - lr_t * d`, step `w += v`, Nesterov `w += m * v - lr_t * d`; Sutskever et al. 2013) on
+    the L2-decayed gradient `d = g + weight_decay * w`, both run by TensorFlow's `ResourceApplyKerasMomentum`
+    kernel, the one `keras.optimizers.SGD` runs. Keras's own `weight_decay` would be decoupled
+    (`w -= lr_t * weight_decay * w`, outside the momentum), a second difference from the momentum arm.
+    """
 
     schedule = build_schedule(config, plan)
     if config.optimizer == "lars":
@@ -50,15 +58,18 @@ def build_optimizer(config, plan):
         )
     else:
         # Momentum SGD with L2 weight decay added to the gradient (coupled), as in Caffe and Goyal et al.:
-        # exactly LARS with every tensor left out of layer adaptation (trust ratio 1).
+        # exactly LARS with every tensor left out of layer adaptation (trust ratio 1). Nesterov: the same,
+        # with the look-ahead step (Nado et al. 2021's strongest momentum baseline).
+        nesterov = config.optimizer == "nesterov"
         optimizer = LARS(
             schedule,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
+            nesterov=nesterov,
             exclude_from_weight_decay=mlperf_exclusions() if config.exclude_bn_and_bias else None,
             exclude_from_layer_adaptation=[""],
             momentum_correction=config.momentum_correction,
-            name="momentum_sgd",
+            name="nesterov_sgd" if nesterov else "momentum_sgd",
         )
     # Micro-batch gradients are averaged on the rank, then over ranks once per update; the schedule
     # follows applied updates.

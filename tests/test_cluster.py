@@ -32,7 +32,7 @@ from tests.support.emulated_cluster import (
     silent_host_run,
     wait_for_checkpoint,
 )
-from tests.support.slurm_cluster import SlurmCluster, slurm_available
+from tests.support.slurm_cluster import SlurmCluster, slurm_available, slurmstepd_pids
 
 PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -403,13 +403,25 @@ def slurm(cluster):
 
 
 def _release(slurm, job, log, timeout=120):
-    """Starts a requeued job now: Slurm holds it back (Reason=BeginTime), as a real pre-emption would."""
+    """Starts a requeued job now: Slurm holds it back (Reason=BeginTime), as a real pre-emption would.
+    Released once the last attempt is gone from every node: no slurmstepd of the job left (a requeued job's
+    steps keep their ids, and a step 0 started while a node's slurmstepd of the last attempt still
+    finalised its PMIx server failed there), every node idle, and the clock past the second in which that
+    was seen (a job started in the second its credential was revoked in is refused, "Job credential
+    revoked": Slurm compares whole seconds)."""
     deadline, states = time.time() + timeout, []
     while time.time() < deadline and slurm.job_state(job) != "PENDING":
         state = slurm.job_state(job)
         if not states or states[-1] != state:
             states.append(state)
         time.sleep(0.2)
+    while slurmstepd_pids(job):
+        assert time.time() < deadline, f"job {job}'s slurmstepd still running after {timeout} s"
+        time.sleep(0.2)
+    slurm.wait_idle(timeout)
+    second = int(time.time())
+    while int(time.time()) <= second:
+        time.sleep(0.05)
     result = slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
     assert result.returncode == 0, (
         f"job {job} could not be released: {result.stderr.strip()}; states seen: {states}; "
@@ -451,10 +463,7 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
     def running():
         return slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING")
 
-    # Not `scontrol requeue` here (tests/test_slurm.py covers it, and USR1, on one node): requeued while
-    # running, this 2-node job restarted at once, before node2's slurmd could launch again ("Task launch
-    # failed on node node2: Communication connection failure"), since its ranks now stop at an update
-    # boundary with a checkpoint instead of dying at once. Open: see the issue note.
+    # A requeue while running: test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both.
     second = wait_for_checkpoint(shared_dir, 0, running)
 
     killed_at = time.time()
@@ -480,3 +489,64 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
     summary = _summary(shared_dir)
     _assert_two_hosts(summary)
     assert summary["resumed_from_step"] >= second and summary["epochs"][-1]["epoch"] == 2
+
+
+@pytest.mark.system
+def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, slurm, shared_dir):
+    """`scontrol requeue` of a running 2-node job (issue 20, item 7): every rank stops at the next update
+    with a checkpoint; once the attempt's steps are gone from both nodes the job starts again on both and
+    resumes from that checkpoint (an earlier version of this job failed its relaunch on node2, "Task
+    launch failed on node node2: Communication connection failure"; the release now waits until no
+    slurmstepd of the job is left on either node, and the ranks, paused at an update, stop cleanly at the
+    next one)."""
+    from tests.support import python_shim
+
+    shim = python_shim(shared_dir, "tests/support/kill_at_step.py")
+    out = shared_dir / "slurm.out"
+    job = (
+        slurm.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--nodes=2",
+                f"--ntasks-per-node={RANKS_PER_HOST}",
+                f"--chdir={REPO}",
+                f"--output={out}",
+                f"--export=ALL,RANKS_PER_SOCKET=2,PYTHON={shim},PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1",
+                SBATCH,
+                "flags/smoke.flags",
+                f"--workdir={shared_dir}",
+                "--steps_per_epoch=10",
+                "--checkpoint_every_steps=5",
+                "--resume=true",
+                "--pause_at_step=7",
+                f"--pause_marker={shared_dir}/paused",
+            ]  # fmt: skip
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    # Every rank paused after update 7 (a marker each) until the requeue's SIGTERM reaches it.
+    markers = [shared_dir / f"paused.rank{r}" for r in range(WORLD_SIZE)]
+    deadline = time.time() + 300
+    while not all(m.exists() for m in markers):
+        state = slurm.job_state(job)
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), state + (
+            out.read_text()[-3000:] if out.exists() else ""
+        )
+        assert time.time() < deadline, "the ranks did not pause after update 7 within 300 s"
+        time.sleep(0.2)
+    slurm.run(["scontrol", "requeue", job])
+    # Slurm holds a requeued job back (Reason=BeginTime); released once both nodes are done with it.
+    _release(slurm, job, out)
+    try:
+        state = slurm.wait(job, timeout=300)
+    except TimeoutError as e:
+        state = str(e)
+    log = out.read_text()
+    node_logs = "".join(p.read_text()[-1500:] for p in sorted(Path(slurm.dir).glob("slurm*.log")))
+    assert state == "COMPLETED", log[-3000:] + node_logs
+    assert "restart 1" in log and "stopped at step 8, checkpoint" in log
+    summary = _summary(shared_dir)
+    _assert_two_hosts(summary)
+    assert summary["resumed_from_step"] == 8 and summary["epochs"][-1]["epoch"] == 2

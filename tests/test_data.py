@@ -1,9 +1,14 @@
 """Fashion-MNIST from the Debian files; per-rank shards; the registry; synthetic data."""
 
+import gzip
+import os
+import struct
+
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from hvd_lars.data import DATASETS, fashion_mnist, get_input
+from hvd_lars.data import DATASETS, SHAPES, InputShapes, describe_input, fashion_mnist, get_input, synthetic
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices, train_shard_range
 
 
@@ -180,3 +185,112 @@ def test_synthetic_stream_is_the_same_at_any_step():
     data = get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, image_size=8)
     first, later = next(iter(data.train)), next(iter(data.train_from(10**9)))
     np.testing.assert_array_equal(first[0].numpy(), later[0].numpy())
+
+
+def _shapes_of(data):
+    """The `InputShapes` fields of a built `InputPipeline`."""
+    return InputShapes(data.input_shape, data.num_classes, data.num_train_examples)
+
+
+def _write_idx(path, magic, array):
+    """A gzipped IDX file: magic, big-endian uint32 dimensions, then the bytes."""
+    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def tiny_fashion_mnist(tmp_path):
+    """A Fashion-MNIST folder of 12 training and 3 test images (the four files under their names)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 12), ("test", 3)):
+        images, labels = fashion_mnist.FILES[split]
+        _write_idx(tmp_path / images, 2051, rng.integers(0, 256, (count, 28, 28)))
+        _write_idx(tmp_path / labels, 2049, rng.integers(0, 10, count))
+    return str(tmp_path)
+
+
+COMMON_ARGS = dict(per_rank_batch=4, rank=0, world_size=1, seed=0)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"max_train_examples": 5},
+        {"validation_examples": 4},
+        {"validation_examples": 4, "max_train_examples": 5},
+    ],
+)
+def test_fashion_mnist_described_from_the_headers_as_built(tiny_fashion_mnist, kwargs, monkeypatch):
+    built = get_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS, **kwargs)
+    expected = {0: 12, 4: 8}[kwargs.get("validation_examples", 0)]
+    expected = min(expected, kwargs.get("max_train_examples") or expected)
+    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, expected)
+
+    def no_decoding(*args):
+        raise AssertionError("describe_input decoded an IDX file")
+
+    monkeypatch.setattr(fashion_mnist, "_read_idx", no_decoding)
+    described = describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS, **kwargs)
+    assert described == _shapes_of(built)
+
+
+@pytest.mark.unit
+def test_fashion_mnist_description_refuses_what_the_builder_refuses(tiny_fashion_mnist, tmp_path):
+    with pytest.raises(ValueError, match=r"validation_examples=12 .*must be in \[0, 11\]"):
+        describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, validation_examples=12, **COMMON_ARGS)
+    images, _ = fashion_mnist.FILES["train"]
+    path = os.path.join(tiny_fashion_mnist, images)
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">IIII", 2049, 12, 28, 28))  # a label file's magic under the image file's name
+    with pytest.raises(OSError, match="IDX magic number 2049, expected 2051"):
+        describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS)
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">II", 2051, 12))
+    with pytest.raises(OSError, match=r"8 bytes, shorter than an IDX header \(16\)"):
+        describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS)
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        describe_input("fashion_mnist", data_dir=str(tmp_path / "none"), **COMMON_ARGS)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"image_size": 32, "num_classes": 7, "num_train_examples": 40, "channels": 1},
+        {"image_size": 16, "max_train_examples": 9},
+    ],
+)
+def test_synthetic_described_as_built(kwargs):
+    built = get_input("synthetic", **{**COMMON_ARGS, "per_rank_batch": 2}, **kwargs)
+    assert describe_input("synthetic", **{**COMMON_ARGS, "per_rank_batch": 2}, **kwargs) == _shapes_of(built)
+
+
+@pytest.mark.unit
+def test_synthetic_description_at_a_32k_global_batch_makes_no_batch_and_no_dataset(monkeypatch):
+    """32,768 images of 224x224x3 float32 would be 19.7 GB: describing them allocates none of it."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError("describe_input built data")
+
+    monkeypatch.setattr(synthetic, "_batch", refused)
+    monkeypatch.setattr(tf.data.Dataset, "from_tensors", refused)
+    monkeypatch.setattr(tf, "constant", refused)
+    kwargs = dict(COMMON_ARGS, per_rank_batch=32768, image_size=224, index_dir="/unused")
+    assert describe_input("synthetic", **kwargs) == InputShapes((224, 224, 3), 1000, 1_281_167)
+    with pytest.raises(AssertionError, match="built data"):  # the spies are in the builder's way
+        get_input("synthetic", **kwargs)
+
+
+@pytest.mark.unit
+def test_describe_input_takes_the_arguments_get_input_takes():
+    with pytest.raises(ValueError, match="'imagenet9'.*fashion_mnist"):
+        describe_input("imagenet9", **COMMON_ARGS)
+    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes data_dir"):
+        describe_input("fashion_mnist", image_size=227, **COMMON_ARGS)
+    with pytest.raises(ValueError, match="synthetic data needs positive sizes.*per_rank_batch=0"):
+        describe_input("synthetic", **{**COMMON_ARGS, "per_rank_batch": 0})
+    assert sorted(SHAPES) == sorted(DATASETS)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.data import get_input
+from hvd_lars.data import InputShapes, describe_input, get_input, listing
 from hvd_lars.data import preprocessing as pp
 from tests.support.data_fixtures import PNG, encode, make_image_folder
 from tests.support.small_runs import train_small_cnn
@@ -200,3 +200,38 @@ def test_image_size_0_means_the_default_224(folder):
     # argument once shadowed the module that holds the default, so this raised AttributeError.
     data = _build(folder[0], image_size=0)
     assert data.input_shape == (224, 224, 3)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"max_train_examples": 5}, {"max_train_examples": 50, "image_size": 0}]
+)
+def test_described_as_built_listing_the_training_split_once(folder, tmp_path, monkeypatch, kwargs):
+    """describe_input lists train/ only and saves the index; the built input then reuses that index (it
+    lists validation/ alone), and a second description reads the index without listing."""
+    listed = []
+    list_split = listing.list_split
+    monkeypatch.setattr(listing, "list_split", lambda root, *a: listed.append(root) or list_split(root, *a))
+    index_dir = str(tmp_path / "index")
+    root = folder[0]
+    arguments = dict(per_rank_batch=2, rank=0, world_size=1, data_dir=root, index_dir=index_dir, **COMMON)
+    arguments.update(kwargs)
+    described = describe_input("image_folder", **arguments)
+    assert listed == [f"{root}/train"]
+    built = get_input("image_folder", **arguments)
+    assert listed == [f"{root}/train", f"{root}/validation"]
+    size = kwargs.get("image_size", 28) or pp.DEFAULT_IMAGE_SIZE
+    expected = InputShapes((size, size, 3), 4, min(12, kwargs.get("max_train_examples") or 12))
+    assert described == expected
+    assert InputShapes(built.input_shape, built.num_classes, built.num_train_examples) == expected
+    assert describe_input("image_folder", **arguments) == expected
+    assert len(listed) == 2  # read from the index
+
+
+@pytest.mark.unit
+def test_description_without_a_data_dir_or_folder_says_what_to_pass(tmp_path):
+    arguments = dict(per_rank_batch=2, rank=0, world_size=1, **COMMON)
+    with pytest.raises(ValueError, match="needs --data_dir"):
+        describe_input("image_folder", **arguments)
+    with pytest.raises(FileNotFoundError, match="train not found"):
+        describe_input("image_folder", data_dir=str(tmp_path), **arguments)

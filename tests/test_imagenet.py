@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
-from hvd_lars.data import get_input, imagenet
+from hvd_lars.data import InputShapes, describe_input, get_input, imagenet
 from tests.support.data_fixtures import make_ilsvrc_tars
 
 SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
@@ -198,3 +198,22 @@ def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, m
     # against 30 at step 0), so the bound allows two more windows; replaying the 22 epochs before element
     # 400 would read about 400 records.
     assert counts[200][1] <= counts[0][1] + 36 and counts[200][2] <= counts[0][2] + 8
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kwargs", [{}, {"max_train_examples": 5}])
+def test_described_from_the_dataset_info_as_built(prepared, kwargs):
+    data_dir, _, data = prepared
+    built = _build(data_dir, **kwargs) if kwargs else data
+    described = describe_input(
+        "imagenet2012",
+        per_rank_batch=2,
+        rank=0,
+        world_size=1,
+        seed=0,
+        data_dir=data_dir,
+        image_size=32,
+        **kwargs,
+    )
+    assert described == InputShapes((32, 32, 3), 1000, kwargs.get("max_train_examples", 18))
+    assert described == InputShapes(built.input_shape, built.num_classes, built.num_train_examples)

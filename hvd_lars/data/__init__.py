@@ -4,6 +4,8 @@ Every builder takes the common keywords `per_rank_batch, rank, world_size, seed,
 max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `preprocessing`,
 `manual_dir`, `skip_corrupt`, `validation_examples`, `index_dir`, ...), and returns an `InputPipeline`
 whose training stream can start at any batch (`InputPipeline.train_from`) without reading the ones before.
+`describe_input` takes the same arguments and says what the model and the plan need (`InputShapes`: the
+image shape, the classes, the training examples) without building the input.
 """
 
 import inspect
@@ -12,11 +14,11 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars.data import fashion_mnist, order, pipeline
-from hvd_lars.data.image_folder import image_folder_input
-from hvd_lars.data.imagenet import imagenet_input
-from hvd_lars.data.input_pipeline import InputPipeline
+from hvd_lars.data.image_folder import image_folder_input, image_folder_shapes
+from hvd_lars.data.imagenet import imagenet_input, imagenet_shapes
+from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices
-from hvd_lars.data.synthetic import synthetic_input
+from hvd_lars.data.synthetic import synthetic_input, synthetic_shapes
 
 
 def _in_memory(images, labels, normalize, shard, batch, deterministic=True, threads=0):
@@ -71,12 +73,7 @@ def fashion_mnist_input(
     """
     x_train, y_train = fashion_mnist.load("train", data_dir)
     x_test, y_test = fashion_mnist.load("test", data_dir)
-    if not 0 <= validation_examples < len(x_train):
-        raise ValueError(
-            f"validation_examples={validation_examples} (--validation_examples): Fashion-MNIST holds out "
-            f"the last N of its {len(x_train)} training images, so N must be in [0, {len(x_train) - 1}] "
-            "(e.g. 5000; 0: none)."
-        )
+    _check_validation_examples(validation_examples, len(x_train))
     split = len(x_train) - validation_examples
     x_val, y_val = x_train[split:], y_train[split:]
     x_train, y_train = x_train[:split], y_train[:split]
@@ -111,11 +108,46 @@ def fashion_mnist_input(
     )
 
 
+def _check_validation_examples(validation_examples, num_train):
+    if not 0 <= validation_examples < num_train:
+        raise ValueError(
+            f"validation_examples={validation_examples} (--validation_examples): Fashion-MNIST holds out "
+            f"the last N of its {num_train} training images, so N must be in [0, {num_train - 1}] "
+            "(e.g. 5000; 0: none)."
+        )
+
+
+def fashion_mnist_shapes(data_dir=None, max_train_examples=0, validation_examples=0):
+    """`InputShapes` of `fashion_mnist_input` with these arguments, from the IDX headers of the training
+    files (`fashion_mnist.count`): no image is decoded.
+
+    Raises:
+        As `fashion_mnist_input`.
+    """
+    num_train = fashion_mnist.count("train", data_dir)
+    _check_validation_examples(validation_examples, num_train)
+    num_train -= validation_examples
+    return InputShapes(
+        input_shape=fashion_mnist.IMAGE_SHAPE,
+        num_classes=fashion_mnist.NUM_CLASSES,
+        num_train_examples=min(num_train, max_train_examples or num_train),
+    )
+
+
 DATASETS = {
     "fashion_mnist": fashion_mnist_input,
     "imagenet2012": imagenet_input,
     "image_folder": image_folder_input,
     "synthetic": synthetic_input,
+}
+
+# What describes each input without building it (describe_input); each takes a subset of its builder's
+# keywords.
+SHAPES = {
+    "fashion_mnist": fashion_mnist_shapes,
+    "imagenet2012": imagenet_shapes,
+    "image_folder": image_folder_shapes,
+    "synthetic": synthetic_shapes,
 }
 
 # Keywords that only save work (see get_input).
@@ -133,6 +165,39 @@ def get_input(name, **kwargs):
     Raises:
         ValueError: unknown name (listing the valid ones), or a set keyword the dataset does not take.
     """
+    arguments = _arguments(name, kwargs)  # first: an unknown name is refused by name
+    return DATASETS[name](**arguments)
+
+
+def describe_input(name, **kwargs):
+    """`InputShapes` (image shape, classes, training examples) of the input `get_input(name, **kwargs)`
+    would build, without building it: nothing is allocated at the batch size, no image is decoded.
+
+    - synthetic: from the arguments alone;
+    - fashion_mnist: from the IDX headers of the training files;
+    - image_folder: from the training split's listing index in `index_dir` while it is valid
+      (`listing.listed`: a `stat` per folder), else from a listing of `data_dir/train`, saved there
+      for the run's later starts (the validation split, which the shapes do not need, is left unread);
+    - imagenet2012: from the prepared data's dataset info (prepared first from `manual_dir` if needed,
+      as rank 0 of `get_input` does).
+    In a job, one process describes and shares the result (`hvd_lars.training.elastic`), so a listing
+    is made once.
+
+    Raises:
+        ValueError: as `get_input` for the arguments; otherwise what the builder raises for the files
+            the description reads (missing data, an unreadable header or listing).
+    """
+    arguments = _arguments(name, kwargs)
+    accepted = inspect.signature(SHAPES[name]).parameters
+    return SHAPES[name](**{k: v for k, v in arguments.items() if k in accepted})
+
+
+def _arguments(name, kwargs):
+    """The keywords of `kwargs` that builder `name` takes (get_input's rules).
+
+    Raises:
+        ValueError: unknown name, or a set keyword the dataset does not take.
+    """
     if name not in DATASETS:
         raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}.")
     accepted = set(inspect.signature(DATASETS[name]).parameters)
@@ -143,4 +208,4 @@ def get_input(name, **kwargs):
             f"Dataset {name!r} does not take {', '.join(f'{k}={v!r}' for k, v in sorted(wrong.items()))}; "
             f"it takes {', '.join(sorted(accepted))}."
         )
-    return DATASETS[name](**{k: v for k, v in kwargs.items() if k in accepted})
+    return {k: v for k, v in kwargs.items() if k in accepted}

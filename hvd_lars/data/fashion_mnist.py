@@ -59,6 +59,38 @@ def load(split, data_dir=None):
     return images[..., None], labels.astype(np.int32)
 
 
+def count(split, data_dir=None):
+    """The number of images of one split, from its two IDX files' headers alone (their first 16 and 8
+    bytes: a gzipped file is decompressed only that far); `load` reads the data.
+
+    Raises:
+        As `load`, except that a file whose data are cut short is only found by `load`.
+    """
+    if split not in FILES:
+        raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
+    data_dir = data_dir or DEFAULT_DIR
+    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
+    images = _read_header(image_file, _IDX_IMAGES_MAGIC)[0]
+    labels = _read_header(label_file, _IDX_LABELS_MAGIC)[0]
+    if images != labels:
+        raise OSError(f"{image_file} has {images} images but {label_file} {labels} labels.")
+    return images
+
+
+def _read_header(path, magic):
+    """The dimensions an IDX file's header gives (3 for images, 1 for labels)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    size = 16 if magic == _IDX_IMAGES_MAGIC else 8
+    with opener(path, "rb") as f:
+        header = f.read(size)
+    if len(header) < size:
+        raise OSError(f"{path}: {len(header)} bytes, shorter than an IDX header ({size}).")
+    found, *dims = struct.unpack(f">{size // 4}I", header)
+    if found != magic:
+        raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
+    return dims
+
+
 def _find(data_dir, name):
     """The path of `name` (a `.gz` file) in `data_dir`, else of its uncompressed form."""
     raw = name[: -len(".gz")]

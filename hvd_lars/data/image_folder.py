@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars.data import listing, order, pipeline
-from hvd_lars.data.input_pipeline import InputPipeline
+from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_indices
 from hvd_lars.parallel import collectives
@@ -37,7 +37,7 @@ def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
         FileNotFoundError / ValueError: as `listing.list_split`, on every rank (rank 0's error is
             broadcast, so no rank waits for a listing that never comes).
     """
-    index = lambda split: os.path.join(index_dir, f"{split}.index.npz") if index_dir else None
+    index = lambda split: _index_path(index_dir, split)
     shared = world_size > 1 and collectives.size() == world_size
     blobs = None
     if not shared or rank == 0:
@@ -60,6 +60,37 @@ def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
         error = FileNotFoundError if blobs[0] == b"FileNotFoundError" else ValueError
         raise error(blobs[1].decode())
     return listing.Listing.from_bytes(blobs[0]), listing.Listing.from_bytes(blobs[1])
+
+
+def _index_path(index_dir, split):
+    return os.path.join(index_dir, f"{split}.index.npz") if index_dir else None
+
+
+def _check_data_dir(data_dir):
+    if not data_dir:
+        raise ValueError("--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>.")
+
+
+def image_folder_shapes(data_dir=None, max_train_examples=0, image_size=DEFAULT_IMAGE_SIZE, index_dir=None):
+    """`InputShapes` of `image_folder_input` with these arguments, from the training split's listing
+    alone: its index file in `index_dir` while valid (`listing.listed`: one `stat` per folder), else a
+    listing of `data_dir/train`, saved in `index_dir` for the run's later starts (the one
+    `image_folder_input` then reuses). The validation split is not read; what `image_folder_input`
+    refuses in it is refused when the input is built.
+
+    Raises:
+        ValueError: `data_dir` not given, or a training folder the listing refuses.
+        FileNotFoundError: no training folder or no images in it.
+    """
+    _check_data_dir(data_dir)
+    train, _ = listing.listed(os.path.join(data_dir, SPLITS["train"]), _index_path(index_dir, "train"))
+    num_train = len(train.files)
+    image_size = image_size or DEFAULT_IMAGE_SIZE
+    return InputShapes(
+        input_shape=(image_size, image_size, 3),
+        num_classes=len(train.classes),
+        num_train_examples=min(num_train, max_train_examples or num_train),  # as `_spread` keeps
+    )
 
 
 def _source(paths, labels):
@@ -159,8 +190,7 @@ def image_folder_input(
         FileNotFoundError: missing folders or no images.
     """
     check_rank(rank, world_size)
-    if not data_dir:
-        raise ValueError("--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>.")
+    _check_data_dir(data_dir)
     # `preprocessing`, the argument, names the views; the default size is the module's constant.
     image_size = image_size or DEFAULT_IMAGE_SIZE
     train_listing, eval_listing = list_splits(data_dir, index_dir, rank, world_size)

@@ -15,7 +15,7 @@ import tarfile
 import tensorflow as tf
 
 from hvd_lars.data import pipeline, records
-from hvd_lars.data.input_pipeline import InputPipeline
+from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
 from hvd_lars.parallel import collectives
@@ -176,6 +176,24 @@ def _split_sizes(splits, max_train_examples, max_eval_examples):
     """(training, validation) records used: each split's size, capped by its `max_*_examples` when > 0."""
     num_train, num_eval = splits["train"].num_examples, splits["validation"].num_examples
     return min(num_train, max_train_examples or num_train), min(num_eval, max_eval_examples or num_eval)
+
+
+def imagenet_shapes(data_dir=None, max_train_examples=0, image_size=DEFAULT_IMAGE_SIZE, manual_dir=None):
+    """`InputShapes` of `imagenet_input` with these arguments, from the prepared data's dataset info (split
+    sizes, label count): no record is read. Unprepared data are prepared first from `manual_dir`, as
+    rank 0 of `imagenet_input` does; describe in one process of a job only.
+
+    Raises:
+        As `builder`.
+    """
+    ds_builder = builder(data_dir, manual_dir)
+    num_train, _ = _split_sizes(ds_builder.info.splits, max_train_examples, 0)
+    image_size = image_size or DEFAULT_IMAGE_SIZE
+    return InputShapes(
+        input_shape=(image_size, image_size, 3),
+        num_classes=ds_builder.info.features["label"].num_classes,
+        num_train_examples=num_train,
+    )
 
 
 def _batches_from(stream, per_rank_batch, seed, skipped, views):

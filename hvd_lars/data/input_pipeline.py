@@ -1,4 +1,5 @@
-"""`InputPipeline`: what every dataset builder of `hvd_lars.data` returns for one rank."""
+"""`InputPipeline`: what every dataset builder of `hvd_lars.data` returns for one rank; `InputShapes`: what
+`hvd_lars.data.describe_input` says of an input without building it."""
 
 import dataclasses
 
@@ -38,3 +39,21 @@ class InputPipeline:
     skipped_corrupt: object = None
     validation: object = None
     num_validation_examples: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InputShapes:
+    """What a model and its plan need to know of an input, read without building it
+    (`hvd_lars.data.describe_input`): the fields of the same name of the `InputPipeline` the same
+    arguments build.
+
+    Attributes:
+        input_shape: (H, W, C) of one image.
+        num_classes: number of labels.
+        num_train_examples: training examples in the whole data set (all ranks), after
+            `max_train_examples` and any held-out validation split.
+    """
+
+    input_shape: tuple
+    num_classes: int
+    num_train_examples: int

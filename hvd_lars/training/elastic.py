@@ -11,11 +11,16 @@ change with `ElasticBatchError`, naming the figures.
 
 import os
 
-from hvd_lars.data import get_input
+from hvd_lars.data import describe_input, get_input
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel import elastic as hvd_elastic
-from hvd_lars.training import recipe, threads, train
+from hvd_lars.training import faults, recipe, threads, train
 from hvd_lars.training.plan import make_plan
+
+try:  # Horovod's framework-neutral elastic state (what its elastic loop drives)
+    from horovod.common.elastic import State as _State
+except ImportError:  # pragma: no cover - Horovod is part of this project's environment
+    _State = object
 
 
 class ElasticBatchError(ValueError):
@@ -26,9 +31,14 @@ def run(config, extra_callbacks=()):
     """Trains according to `config` (with `elastic` True) while workers leave and join; returns the summary.
 
     No collective comes before the elastic loop's first sync: a worker that joins later runs this code
-    while the others wait in that sync. The model is built from the data's shapes alone; each attempt
-    builds this rank's shard for the world size of the moment and re-traces the training step, whose
-    graph holds the last world size's decisions (no allreduce at all with one rank).
+    while the others wait in that sync. So rank 0 alone describes the input before the loop
+    (`hvd_lars.data.describe_input`: the image shape, the classes and the training examples, read
+    without building the input; an image folder is listed once, by rank 0, or read from the run's
+    listing index), and the description is the first thing every sync broadcasts (`_JobState`): each
+    rank builds its model, optimizer and plan from rank 0's description at its first sync, the joining
+    worker's included, then takes rank 0's variables. Each attempt builds this rank's shard for the
+    world size of the moment and re-traces the training step, whose graph holds the last world size's
+    decisions (no allreduce at all with one rank).
 
     Raises:
         ValueError: not launched by an elastic launcher, no `--global_batch_size`, or any error of
@@ -45,9 +55,23 @@ def run(config, extra_callbacks=()):
     config.validate(1)
     requested = threads.configure_threads(config, collectives.size())
     run_name, run_dir = train.run_directory(config, 1)
-    shapes = get_input(config.dataset, **recipe.input_kwargs(config, config.global_batch_size, 0, 1, run_dir))
-    job = train.start(config, run_name, run_dir, shapes, 1, requested, extra_callbacks, agree=False)
-    state = hvd_elastic.KerasState(job.model, step=int(job.model.optimizer.iterations)).state()
+    shapes = None
+    if collectives.is_chief():
+        try:
+            shapes = describe_input(
+                config.dataset, **recipe.input_kwargs(config, config.global_batch_size, 0, 1, run_dir)
+            )
+        except (ValueError, OSError) as e:
+            shapes = e  # every rank raises it at the first sync, rather than wait for a rank 0 gone
+    signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
+
+    def build(shapes):
+        job = train.start(config, run_name, run_dir, shapes, 1, requested, extra_callbacks, agree=False)
+        job.signals, job.watchdog = signals, watchdog
+        faults.heartbeat()  # building the model is this rank's progress while the others wait
+        return job
+
+    state = _JobState(shapes, build)
 
     def attempt(state):
         rank, world_size = collectives.rank(), collectives.size()
@@ -55,6 +79,7 @@ def run(config, extra_callbacks=()):
         data = get_input(
             config.dataset, **recipe.input_kwargs(config, per_rank_batch, rank, world_size, run_dir)
         )
+        job = state.job
         job.model.train_function = None  # traced anew for this world size
         if collectives.is_chief():
             plan = make_plan(config, world_size, data.num_train_examples)
@@ -67,8 +92,62 @@ def run(config, extra_callbacks=()):
         commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
         return train.attempt(job, data, commit=commit)
 
-    with job.signals, job.watchdog:
+    with signals, watchdog:
         return hvd_elastic.run(attempt)(state)
+
+
+class _JobState(_State):
+    """The elastic state of the main program's job, whose model is built at its first sync.
+
+    `sync()` broadcasts rank 0's `InputShapes` first (the first collective of every start and restart,
+    the same on a worker that joins as on those that wait for it), builds the job from them on a rank
+    that has none yet (`build(shapes)` -> `train.Job`), then syncs the model and optimizer
+    (`hvd_lars.parallel.elastic.KerasState`, with the update count as `step`). Commits, restores and
+    resets go to that `KerasState`; host updates are checked by this object, the one the loop listens to.
+
+    Args:
+        shapes: rank 0's `InputShapes`, or the error describing the input raised there (every rank
+            raises it at the sync); None on the other ranks.
+        build: callable(`InputShapes`) -> `train.Job`.
+    """
+
+    def __init__(self, shapes, build):
+        super().__init__(
+            bcast_object=lambda value: collectives.broadcast_object(value, name="hvd_lars.elastic.hosts"),
+            get_rank=collectives.rank,
+        )
+        self.shapes, self._build = shapes, build
+        self.job = self.keras = None
+
+    @property
+    def step(self):
+        return self.keras.step
+
+    @step.setter
+    def step(self, value):
+        self.keras.step = value
+
+    def sync(self):
+        self.shapes = collectives.broadcast_object(self.shapes, name="hvd_lars.elastic.shapes")
+        if isinstance(self.shapes, Exception):
+            raise self.shapes
+        if self.shapes is None:
+            raise RuntimeError("elastic sync: rank 0 holds no description of the input (it joined late?).")
+        if self.job is None:
+            self.job = self._build(self.shapes)
+            self.keras = hvd_elastic.KerasState(self.job.model, step=int(self.job.model.optimizer.iterations))
+        self.keras.sync()
+
+    def save(self):
+        self.keras.save()
+
+    def restore(self):
+        if self.keras is not None:  # a failure before the first sync finished: nothing committed yet
+            self.keras.restore()
+
+    def reset(self):
+        if self.keras is not None:
+            self.keras.reset()
 
 
 def check_launched(config, environ=None):

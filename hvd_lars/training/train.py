@@ -89,7 +89,8 @@ def start(config, run_name, run_dir, shapes, world_size, requested_threads, extr
     """Seeds, precision, the compiled model with its built optimizer, and rank 0's restored checkpoint.
 
     Args:
-        shapes: anything with `num_classes`, `input_shape` and `num_train_examples` (an `InputPipeline`).
+        shapes: anything with `num_classes`, `input_shape` and `num_train_examples` (an `InputPipeline`,
+            or the `hvd_lars.data.InputShapes` of `describe_input`).
         world_size: the world size the optimizer's plan is made for (1 for an elastic job's shapes).
         agree: rank 0's failure to read its checkpoints becomes every rank's error (a collective); False
             where no collective may run yet (before an elastic job's first sync).

@@ -124,7 +124,9 @@ def _wait_step_ended(cluster, job, timeout=120):
         assert time.time() < deadline, f"job {job}'s slurmstepd still running after {timeout} s"
         time.sleep(0.2)
     cluster.wait_idle(timeout)
-    time.sleep(1)
+    second = int(time.time())
+    while int(time.time()) <= second:  # into the next whole second
+        time.sleep(0.05)
 
 
 @pytest.mark.system

@@ -160,8 +160,11 @@ class SlurmCluster:
         """Shuts the daemons down and waits until their processes are gone."""
         self.run(["scontrol", "shutdown"], check=False)
         deadline = time.time() + timeout
-        # slurmctld asks each slurmd to stop, but may exit before an emulated node's slurmd hears it.
-        time.sleep(1)
+        # slurmctld asks each slurmd to stop, but may exit before an emulated node's slurmd hears it: once
+        # slurmctld is gone, a slurmd still running is stopped directly.
+        controller = os.path.join(self.dir, "slurmctld.pid")
+        while time.time() < deadline and _alive(controller):
+            time.sleep(0.1)
         for pid_file in glob.glob(os.path.join(self.dir, "slurmd*.pid")):
             if _alive(pid_file):
                 with open(pid_file) as f:

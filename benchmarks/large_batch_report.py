@@ -30,6 +30,13 @@ def chosen_scores(outcomes):
     return out
 
 
+def _loss(record, key):
+    """A loss for the tables: "diverged at step k" for a run the main program stopped as diverged."""
+    if record.get("diverged_at_step") is not None:
+        return f"diverged at step {record['diverged_at_step']}"
+    return f"{record[key]:.4f}"
+
+
 def _summary(values):
     mean = statistics.fmean(values)
     return mean, min(values), max(values)
@@ -327,7 +334,7 @@ def write(args, outcomes, attempts, networks, arms):
         mark = ("yes" + (" (at the sweep's edge)" if r["edge"] else "")) if r["chosen"] else ""
         lines.append(
             f"| {r['network']} | {r['arm']} | {r['batch']} | {swept} | {r['peak_learning_rate']:.4g} | "
-            f"{r['val_top1']:.4f} | {r['val_loss']:.4f} | {r['train_loss']:.4f} | "
+            f"{r['val_top1']:.4f} | {_loss(r, 'val_loss')} | {_loss(r, 'train_loss')} | "
             f"{r['images_per_second'] or 0:.0f} | {mark} |"
         )
     lines += [

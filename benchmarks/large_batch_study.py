@@ -244,10 +244,20 @@ def load_summary(args, cell):
     return read_json(path)  # strict JSON; a diverged run's "NaN" loss comes back as a float
 
 
+def diverged(summary):
+    """The step at which the main program stopped the run as diverged (exit status 3, summary.json's
+    "stopped"), or None."""
+    stopped = (summary or {}).get("stopped") or {}
+    return stopped.get("step") if stopped.get("reason") == "TrainingDiverged" else None
+
+
 def is_complete(summary, epochs):
-    """A run is done when its summary holds epochs 1..`epochs`, the last with validation and test scores."""
+    """A run is done when its summary holds epochs 1..`epochs`, the last with validation and test scores,
+    or when the main program stopped it as diverged (a result of the sweep: the rate is too high)."""
     if not summary:
         return False
+    if diverged(summary) is not None:
+        return True
     done = [e["epoch"] for e in summary.get("epochs", [])]
     last = summary["epochs"][-1] if done else {}
     return done == list(range(1, epochs + 1)) and "val_top1" in last and "test_top1" in last
@@ -391,6 +401,10 @@ def run_cell(args, cell, journal):
             + "\n"
         )
     summary = load_summary(args, cell)
+    if returncode == 3 and diverged(summary) is not None:
+        print(f"[study] {name}: diverged at step {diverged(summary)} (recorded at chance level), "
+              f"{seconds:.0f} s", flush=True)  # fmt: skip
+        return summary
     if returncode != 0 or not is_complete(summary, args.epochs):
         with open(log_path) as f:
             tail = f.read()[-3000:]
@@ -554,8 +568,18 @@ def _stored(record):
 
 def _record(args, cell, summary):
     arm = ARMS[cell.arm]
-    last = summary["epochs"][-1]
+    step = diverged(summary)
+    if step is not None:
+        # Stopped at its first non-finite update: its model predicts nothing, so it scores chance (1 in
+        # the 10 classes, top-5 5 in 10), as the first study's diverged runs did when trained on to the end.
+        classes = 10
+        last = {"val_loss": None, "loss": None, "top1": None}
+        summary = dict(summary, final_val_top1=1 / classes, final_test_top1=1 / classes,
+                       final_test_top5=5 / classes)  # fmt: skip
+    else:
+        last = summary["epochs"][-1]
     return {
+        "diverged_at_step": step,
         "network": cell.network,
         "arm": cell.arm,
         "batch": cell.batch,

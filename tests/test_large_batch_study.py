@@ -385,6 +385,24 @@ def test_complete_means_every_epoch_with_both_evaluations():
     assert not study.is_complete({"epochs": epochs[:1]}, 2) and not study.is_complete(None, 2)
 
 
+@pytest.mark.unit
+def test_a_diverged_run_is_a_result_at_chance_level(tmp_path):
+    # The main program stops a diverged run (exit status 3) and says so in summary.json; the sweep goes on.
+    args = _fake_args(tmp_path)
+    cell = study.Cell("momentum", 128, 0, 0, network="small_cnn_nobn")
+    summary = _fake_summary(args, cell)
+    summary["epochs"] = []
+    assert not study.is_complete(summary, 2) and study.diverged(summary) is None
+    summary["stopped"] = {"reason": "TrainingDiverged", "step": 8, "message": "training diverged at step 8"}
+    assert study.is_complete(summary, 2) and study.diverged(summary) == 8
+    record = study._record(args, cell, summary)
+    assert record["diverged_at_step"] == 8
+    assert (record["val_top1"], record["test_top1"], record["test_top5"]) == (0.1, 0.1, 0.5)
+    assert large_batch_report._loss(record, "val_loss") == "diverged at step 8"
+    summary["stopped"]["reason"] = "Preempted"  # stopped by a signal: not done, it resumes
+    assert not study.is_complete(summary, 2)
+
+
 def _study(tmp_path, *extra):
     command = [sys.executable, "-m", "benchmarks.large_batch_study", f"--output_dir={tmp_path / 'out'}"]
     command += [f"--report={tmp_path / 'r.md'}"]

@@ -159,17 +159,22 @@ def lars_step(text, _):
 
 
 def large_batch_study(text, _):
-    # The findings' table: test top-1 per batch and arm.
-    rows = table(text, "global batch", "LARS (warmup + poly decay)")
+    # The first network's (batch norm) findings table: test top-1 per batch and arm; its runs and hours
+    # from the line on the earlier runs (the second network and the Nesterov arm are still being run).
+    start = text.index("## Findings: small_cnn (batch norm)")
+    end = text.find("\n## ", start + 1)
+    rows = table(text[start : end if end >= 0 else None], "global batch", "LARS (warmup + poly decay)")
     batches = [first_number(r["global batch"]) for r in rows]
     seeds = {int(n) for n in re.findall(r"n=(\d+)", " ".join(" ".join(r.values()) for r in rows))}
-    wall = search(r"^- Wall time: ([\d.]+) h over (\d+) run attempts \((\d+) runs finished", text)
+    wall = search(
+        r"^- (\d+) earlier runs are known only by their records.*?; ([\d.]+) h over \d+ run attempts", text
+    )
     return {
         "low": min(batches),
         "high": max(batches),
         "seeds": seeds.pop() if len(seeds) == 1 else f"n={sorted(seeds)}",
-        "runs": float(wall.group(3)),
-        "hours": float(wall.group(1)),
+        "runs": float(wall.group(1)),
+        "hours": float(wall.group(2)),
     }
 
 
@@ -241,7 +246,7 @@ CLAIMS = [
           "lars_step.md", lars_step),
     Claim("large-batch study",
           r"global batch (?P<low>[\d,]+)-(?P<high>[\d,]+), rates tuned on a validation split, "
-          r"(?P<seeds>\d+) seeds: .*?its (?P<runs>\d+) runs took (?P<hours>[\d.]+) h here",
+          r"(?P<seeds>\d+) seeds: .*?the first network's (?P<runs>\d+) runs took (?P<hours>[\d.]+) h here",
           "large_batch_study.md", large_batch_study),
     Claim("time to train",
           r"AlexNet-BN, (?P<a_epochs>\d+) epochs on (?P<a_sockets>[\d,]+) (?P<a_cpu>[\w ]+?) sockets: "

@@ -8,6 +8,7 @@ Every test carries exactly one tier marker (README, "Tests"):
 """
 
 import os
+import platform
 import subprocess
 
 import pytest
@@ -18,6 +19,10 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 TIERS = ("unit", "horovod", "system")
+
+# Python's platform module runs `uname -p` the first time anything asks for the processor (h5py does,
+# when TensorFlow first imports its Keras 2 modules inside a unit test); asked once here, it is cached.
+platform.processor()
 
 
 def pytest_configure(config):

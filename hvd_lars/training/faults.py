@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -93,11 +94,25 @@ class StopSignals:
         return False
 
 
-def _all_finite(variables):
+# model -> (the ids of the variables checked, their traced check): traced once per model and variable list,
+# not at every fit. Tracing the check of ResNet-50's 1,000 variables took 2.5-5 s, paid by every `fit` call
+# (each attempt of an elastic job, a loop that fits per epoch: results/fit_overhead.md).
+_CHECKS = weakref.WeakKeyDictionary()
+
+
+def _all_finite(model, variables):
+    """A traced function returning True when every value of `variables` (live tf.Variables) is finite;
+    the same function for the same model and variables."""
+    key = tuple(id(v) for v in variables)
+    cached = _CHECKS.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+
     @tf.function(autograph=False)
     def check():
         return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
 
+    _CHECKS[model] = (key, check)
     return check
 
 
@@ -135,7 +150,7 @@ class FaultGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Weights, batch-norm moving statistics and optimizer slots: all of it goes into a checkpoint.
         variables = list(self.model.variables) + list(self.model.optimizer.variables)
-        self._finite = _all_finite([v.value for v in variables if "float" in str(v.dtype)])
+        self._finite = _all_finite(self.model, [v.value for v in variables if "float" in str(v.dtype)])
         self._scaled = isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer)
 
     def _boundary(self, batch):

@@ -200,9 +200,24 @@ def link_fit(sweep):
     return alpha, bandwidth
 
 
-def load_measurements():
+def cpu_label(record):
+    """What names a throughput record's CPU: its key (vendor, family, model, stepping, flags) where the
+    record has one, else its short name (records made before the key)."""
+    cpu = record.get("cpu", {})
+    return cpu.get("key") or cpu.get("family") or cpu.get("model") or "unknown CPU"
+
+
+def load_measurements(cpu=None):
     """Everything the model takes from results/: per model the float32 rate here and the matmul peak, the
-    gradient bytes, the link fits, and the overlapped/grouped runs of the emulated cluster."""
+    gradient bytes, the link fits, and the overlapped/grouped runs of the emulated cluster.
+
+    Args:
+        cpu: text contained in the CPU label (`cpu_label`) of the throughput records to use; None: the
+            only CPU there is.
+
+    Raises:
+        ValueError: records of several CPUs and no `cpu`, or none matching it; the message lists the CPUs.
+    """
     with open(os.path.join(RESULTS, "communication.json")) as f:
         communication = json.load(f)
     links = {
@@ -211,9 +226,21 @@ def load_measurements():
         if k.startswith("sweep|") and "mpi" in k
     }
     throughput = {}
+    records = []
     for path in sorted(glob.glob(os.path.join(RESULTS, "throughput", "*.json"))):
         with open(path) as f:
-            record = json.load(f)
+            records.append((path, json.load(f)))
+    labels = sorted({cpu_label(r) for _, r in records})
+    if cpu is not None:
+        records = [(p, r) for p, r in records if cpu in cpu_label(r)]
+        if not records:
+            raise ValueError(f"no throughput record of a CPU matching --cpu={cpu!r}; the CPUs: {labels}")
+    elif len(labels) > 1:
+        raise ValueError(
+            f"results/throughput/ holds records of {len(labels)} CPUs ({labels}): name one with --cpu "
+            "(the model's compute rates must all come from one CPU)"
+        )
+    for path, record in records:
         matmul = max(r["gflops"]["float32"] for r in record["runs"] if r["kind"] == "matmul")
         ours = [r for r in record["runs"] if r["kind"] == "ours" and r["precision"] == "float32"]
         throughput[record["model"]] = {
@@ -608,8 +635,14 @@ def main(argv=None):
         "--update_flagfiles", action="store_true", help="rewrite the paper flagfiles' Predicted:"
     )
     parser.add_argument("--out", default=MARKDOWN, help="the report; the plot goes beside it (.png)")
+    parser.add_argument(
+        "--cpu", default=None, help="the CPU whose throughput records to use (text of its label)"
+    )
     args = parser.parse_args(argv)
-    measurements = load_measurements()
+    try:
+        measurements = load_measurements(args.cpu)
+    except ValueError as e:
+        parser.error(str(e))
     missing = [m for m in MODEL_NAMES if m not in measurements["throughput"]]
     if missing:
         raise SystemExit(

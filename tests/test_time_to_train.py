@@ -1,5 +1,7 @@
 """benchmarks/time_to_train.py: the model's arithmetic, with hand-computed values."""
 
+import json
+
 import pytest
 
 from benchmarks import time_to_train as ttt
@@ -81,3 +83,38 @@ def test_validation_calibrates_on_resnet50_at_1gbit():
     assert overlap == pytest.approx(0.4)
     assert len(rows) == 4 and all(abs(r["error"]) < 1e-12 for r in rows)
     assert [r["calibration"] for r in rows].count(True) == 1
+
+
+@pytest.mark.unit
+def test_throughput_records_of_one_named_cpu_are_used(tmp_path, monkeypatch):
+    from benchmarks import time_to_train as ttt
+
+    (tmp_path / "throughput").mkdir()
+    (tmp_path / "communication.json").write_text("{}")
+
+    def record(name, key, rate):
+        runs = [
+            {"kind": "matmul", "gflops": {"float32": 200.0}},
+            {
+                "kind": "ours",
+                "precision": "float32",
+                "images_per_second": rate,
+                "train_gflop_per_image": 24.6,
+            },  # fmt: skip
+        ]
+        cpu = {"model": "AMD EPYC", "family": "AMD EPYC with AVX-512 BF16", "key": key}
+        (tmp_path / "throughput" / f"{name}.json").write_text(
+            json.dumps({"model": "resnet50", "cpu": cpu, "runs": runs})
+        )
+
+    monkeypatch.setattr(ttt, "RESULTS", str(tmp_path))
+    record("a", "AuthenticAMD family 25 model 17 stepping 1, flags 1a2b", 10.0)
+    assert ttt.load_measurements()["throughput"]["resnet50"]["images_per_second"] == 10.0
+    # Two EPYCs of different speed: one must be named, and only its records are used.
+    record("b", "AuthenticAMD family 25 model 1 stepping 1, flags 3c4d", 20.0)
+    with pytest.raises(ValueError, match=r"records of 2 CPUs .*name one with --cpu"):
+        ttt.load_measurements()
+    assert ttt.load_measurements("model 1 ")["throughput"]["resnet50"]["images_per_second"] == 20.0
+    assert ttt.load_measurements("model 17")["throughput"]["resnet50"]["images_per_second"] == 10.0
+    with pytest.raises(ValueError, match=r"no throughput record of a CPU matching --cpu='Xeon'"):
+        ttt.load_measurements("Xeon")

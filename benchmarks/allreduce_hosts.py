@@ -13,6 +13,7 @@ set it):
   mpi          Open MPI as horovodrun starts it, nothing else set
   mpi_yield    + OMPI_MCA_mpi_yield_when_idle=1 (a rank waiting in MPI yields its core instead of polling)
   mpi_ring     + Open MPI's tuned allreduce forced to the ring (coll_tuned_allreduce_algorithm=4)
+  mpi_rules    + launch/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below: Open MPI's)
   launch_env   launch/env.sh sourced first, as launch/horovodrun.sh, mpirun.sh and train.sbatch do
   gloo         horovodrun --gloo from node1 (Gloo's ring)
 Each size: 2 untimed allreduces, then `--repeats` timed ones, each after a barrier; the median is reported.
@@ -33,12 +34,17 @@ from benchmarks import common
 
 REPO = common.REPO
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
+RULES = os.path.join(REPO, "launch", "ompi_allreduce_rules.conf")
 VARIANTS = {
     "mpi": {},
     "mpi_yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
     "mpi_ring": {
         "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
         "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+    },
+    "mpi_rules": {
+        "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+        "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES,
     },
     "launch_env": {},
     "gloo": {},

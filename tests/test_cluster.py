@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,8 +25,9 @@ from tests.support.emulated_cluster import (
     CONTROLLER_ADDRESS,
     SCRIPT,
     SUBNET,
-    EmulatedCluster,
+    cluster_up,
     require_root,
+    shared_folder,
     shell_command,
     silent_host_run,
     wait_for_checkpoint,
@@ -65,29 +65,14 @@ SILENT_HOST_HANG_TIMEOUT_S = 60
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_root()
-    c = EmulatedCluster(nodes=2)
-    try:
-        c.up()
+    with cluster_up(2) as c:
         yield c
-    finally:
-        c.down()
-        if os.path.isdir(SHARED_BASE) and not os.listdir(SHARED_BASE):
-            os.rmdir(SHARED_BASE)
-
-
-SHARED_BASE = "/var/tmp/hvd_lars_tests"  # seen by every host, unlike /tmp
-
-
-def _shared_dir(name):
-    os.makedirs(SHARED_BASE, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=SHARED_BASE))
 
 
 @pytest.fixture
 def shared_dir(request):
     """A fresh folder every host sees (outside /tmp), removed afterwards."""
-    path = _shared_dir(request.node.name)
+    path = shared_folder(request.node.name)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -213,7 +198,7 @@ def test_status_lists_hosts_addresses_and_links(cluster):
 def mpi_run(cluster):
     """horovodrun -np 4 -H node1:2,node2:2 (MPI) on smoke.flags, each rank saving its final weights; with
     the bytes each host's link carried meanwhile."""
-    workdir = _shared_dir("mpi_run")
+    workdir = shared_folder("mpi_run")
     before = [h.link_bytes() for h in cluster.hosts]
     result = _run(
         [
@@ -393,7 +378,7 @@ def slurm(cluster):
     assert slurm_available(), (
         "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
     )
-    workdir = _shared_dir("slurm")
+    workdir = shared_folder("slurm")
     s = SlurmCluster(workdir, hosts=cluster.hosts, controller_address=CONTROLLER_ADDRESS)
     try:
         yield s.start()

@@ -16,18 +16,17 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.support import REPO
-from tests.support.emulated_cluster import EmulatedCluster, require_root, shell_command
+from tests.support.emulated_cluster import cluster_up, shared_folder, shell_command
 
 PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-SHARED_BASE = "/var/tmp/hvd_lars_tests"
+NODES = 8
 SMOKE = ["tests/support/rank_weights_main.py", "--flagfile=flags/smoke.flags", "--intra_op_threads=1"]
 WORLD_SIZE = 8
 # See tests/test_cluster.py: Gloo sums in another order than MPI.
@@ -37,19 +36,13 @@ ENV = {"PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_MCA_mpi_yield_when
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_root()
-    c = EmulatedCluster(nodes=8)
-    try:
-        c.up()
+    with cluster_up(NODES) as c:
         yield c
-    finally:
-        c.down()
 
 
 @pytest.fixture
 def shared_dir(request):
-    os.makedirs(SHARED_BASE, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f"{request.node.name[:40]}-", dir=SHARED_BASE))
+    path = shared_folder(request.node.name)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -10,35 +10,26 @@ network. The run directory is outside /tmp, which each host has of its own.
 """
 
 import json
-import os
 import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.support.elastic_job import HOSTS_TOTAL_STEPS, host_removed_and_added
-from tests.support.emulated_cluster import EmulatedCluster, require_root
+from tests.support.emulated_cluster import cluster_up, shared_folder
 
-SHARED_BASE = "/var/tmp/hvd_lars_tests"
+NODES = 3
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_root()
-    c = EmulatedCluster(nodes=3)
-    try:
-        c.up()
+    with cluster_up(NODES) as c:
         yield c
-    finally:
-        c.down()
 
 
 @pytest.fixture
 def shared_dir(request):
-    os.makedirs(SHARED_BASE, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f"{request.node.name[:40]}-", dir=SHARED_BASE))
+    path = shared_folder(request.node.name)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

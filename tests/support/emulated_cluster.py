@@ -5,18 +5,43 @@ Each host nodeK is a set of namespaces (network, UTS, mount with a private /tmp)
 process that runs "on" nodeK is in nodeK's network namespace, which is how `kill_host` finds them all.
 """
 
+import contextlib
 import os
 import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
 SUBNET = "198.18.0.0/24"
 CONTROLLER_ADDRESS = "198.18.0.1"  # the bridge: this machine as seen from the hosts
+SHARED_BASE = "/var/tmp/hvd_lars_tests"  # seen by every host, unlike /tmp
+
+
+def shared_folder(name):
+    """A fresh folder under SHARED_BASE, which every host sees (each has a /tmp of its own)."""
+    os.makedirs(SHARED_BASE, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=SHARED_BASE))
+
+
+@contextlib.contextmanager
+def cluster_up(nodes):
+    """An `EmulatedCluster` of `nodes` hosts, up for the block and down after it (an emptied SHARED_BASE
+    removed too). Fails, never skips, without root."""
+    require_root()
+    cluster = EmulatedCluster(nodes=nodes)
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()
+        if os.path.isdir(SHARED_BASE) and not os.listdir(SHARED_BASE):
+            os.rmdir(SHARED_BASE)
 
 
 def require_root():

@@ -416,6 +416,21 @@ def _release(slurm, job, log, timeout=120):
     )
 
 
+def _sbatch_two_nodes(slurm, shared_dir, out, *flags, python=None):
+    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (10 updates per epoch, resumed
+    from its checkpoints) with `flags`; `python`: the interpreter train.sbatch runs (a shim). Returns the
+    job id."""
+    export = f"ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
+    if python:
+        export += f",PYTHON={python}"
+    cmd = [
+        "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
+        f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
+        "--steps_per_epoch=10", "--resume=true", *flags,
+    ]  # fmt: skip
+    return slurm.run(cmd).stdout.strip().split(";")[0]
+
+
 @pytest.mark.system
 def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, slurm, shared_dir):
     """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags: 4 ranks through srun --mpi=pmix;
@@ -423,27 +438,7 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
     requeues it for node failure); once node2 is back the job resumes from its last checkpoint and
     completes."""
     out = shared_dir / "slurm.out"
-    job = (
-        slurm.run(
-            [
-                "sbatch",
-                "--parsable",
-                "--nodes=2",
-                f"--ntasks-per-node={RANKS_PER_HOST}",
-                f"--chdir={REPO}",
-                f"--output={out}",
-                f"--export=ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1",
-                SBATCH,
-                "flags/smoke.flags",
-                f"--workdir={shared_dir}",
-                "--steps_per_epoch=10",
-                "--checkpoint_every_steps=2",
-                "--resume=true",
-            ]
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
+    job = _sbatch_two_nodes(slurm, shared_dir, out, "--checkpoint_every_steps=2")
 
     def running():
         return slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING")
@@ -488,29 +483,10 @@ def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, 
 
     shim = python_shim(shared_dir, "tests/support/kill_at_step.py")
     out = shared_dir / "slurm.out"
-    job = (
-        slurm.run(
-            [
-                "sbatch",
-                "--parsable",
-                "--nodes=2",
-                f"--ntasks-per-node={RANKS_PER_HOST}",
-                f"--chdir={REPO}",
-                f"--output={out}",
-                f"--export=ALL,RANKS_PER_SOCKET=2,PYTHON={shim},PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1",
-                SBATCH,
-                "flags/smoke.flags",
-                f"--workdir={shared_dir}",
-                "--steps_per_epoch=10",
-                "--checkpoint_every_steps=5",
-                "--resume=true",
-                "--pause_at_step=7",
-                f"--pause_marker={shared_dir}/paused",
-            ]  # fmt: skip
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
+    job = _sbatch_two_nodes(
+        slurm, shared_dir, out, "--checkpoint_every_steps=5", "--pause_at_step=7",
+        f"--pause_marker={shared_dir}/paused", python=shim,
+    )  # fmt: skip
     # Every rank paused after update 7 (a marker each) until the requeue's SIGTERM reaches it.
     markers = [shared_dir / f"paused.rank{r}" for r in range(WORLD_SIZE)]
     deadline = time.time() + 300

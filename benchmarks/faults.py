@@ -161,6 +161,15 @@ def _strict(path):
         return None
 
 
+def _rank_weights_match(run_dir, ranks):
+    """(every rank's trainable weights equal rank 0's bit for bit, the names of those tensors), from the
+    files tests/support/rank_weights_main.py saved under `run_dir`/rank_weights."""
+    saved = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in range(ranks)]
+    trainable = [k for k in saved[0].files if k.startswith("t")]
+    same = all(np.array_equal(saved[0][k], saved[r][k]) for r in range(1, ranks) for k in trainable)
+    return same, trainable
+
+
 def _record(workdir):
     return os.path.join(workdir, "fault_time")
 
@@ -237,8 +246,7 @@ def run_elastic(workdir):
 
     status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir))
     run_dir = os.path.join(workdir, "r")
-    ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in (0, 1)]
-    same = all(np.array_equal(ranks[0][k], ranks[1][k]) for k in ranks[0].files if k.startswith("t"))
+    same, _ = _rank_weights_match(run_dir, 2)
     final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
     batches = re.findall(r"elastic attempt \d: \d worker\(s\) from update \d+, (\d+) images per rank", out)
     ok = (
@@ -320,9 +328,8 @@ def run_join(workdir, flags):
             job.process.kill()
     out = job.output()
     run_dir = os.path.join(workdir, "r")
-    ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in (0, 1)]
-    trainable = [k for k in ranks[0].files if k.startswith("t")]
-    same = bool(trainable) and all(np.array_equal(ranks[0][k], ranks[1][k]) for k in trainable)
+    same, trainable = _rank_weights_match(run_dir, 2)
+    same = same and bool(trainable)
     final = "[hvd_lars] final test top-1 " in out
     aborted = "gloo::EnforceNotMet" in out
     update = re.search(r"elastic attempt 2: 2 worker\(s\) from update (\d+)", out)
@@ -343,9 +350,7 @@ def run_host_readd(workdir, cluster):
 
     status, out, attempts, taken_up = host_removed_and_added(cluster, pathlib.Path(workdir))
     run_dir = os.path.join(workdir, "r")
-    ranks = [np.load(os.path.join(run_dir, "rank_weights", f"rank{r}.npz")) for r in range(3)]
-    trainable = [k for k in ranks[0].files if k.startswith("t")]
-    same = all(np.array_equal(ranks[0][k], ranks[r][k]) for r in (1, 2) for k in trainable)
+    same, _ = _rank_weights_match(run_dir, 3)
     final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
     shape = [(w, b) for w, _, b in attempts]
     ok = status == 0 and shape == [(3, 32), (2, 48), (3, 32)] and same and final == HOSTS_TOTAL_STEPS

@@ -47,17 +47,9 @@ export HOROVOD_GLOO_TIMEOUT_SECONDS="${HOROVOD_GLOO_TIMEOUT_SECONDS:-60}"
 # must be the longer of the two: when a rank's watchdog ends it first, mpirun starts aborting the job and
 # then waits for its daemon on the silent host (measured: still running 90 s after the silence, 4 of 4).
 export OMPI_MCA_plm_rsh_args="${OMPI_MCA_plm_rsh_args:--o ServerAliveInterval=10 -o ServerAliveCountMax=3}"
-# Open MPI's allreduce from 1 MiB up on 3 or more ranks can be the ring: OMPI_RING_ALLREDUCE=1 sets
-# launch/ompi_allreduce_rules.conf, a coll/tuned dynamic rules file (allreduce, communicators of 3 ranks
-# and more: below 1 MiB Open MPI's own choice, from 1 MiB algorithm 4, the ring). Open MPI 4.1's fixed
-# decision took 1.86x the bandwidth-optimal ring bound for 16 MiB at 4 emulated hosts, the rules 1.09x
-# (Gloo 0.97x); below 1 MiB its own choice is the faster (results/allreduce_hosts.md). Not yet the default:
-# with it, the launch scripts' weights were no longer bit-identical to a bare horovodrun's with the same
-# rules in tests/test_cluster.py (1e-7 relative), which is not explained yet.
-if [ "${OMPI_RING_ALLREDUCE:-0}" = 1 ]; then
-  export OMPI_MCA_coll_tuned_use_dynamic_rules="${OMPI_MCA_coll_tuned_use_dynamic_rules:-1}"
-  export OMPI_MCA_coll_tuned_dynamic_rules_filename="${OMPI_MCA_coll_tuned_dynamic_rules_filename:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ompi_allreduce_rules.conf}"
-fi
+# Open MPI's allreduce from 1 MiB up on 3 or more ranks is the ring: hvd_lars.main points each rank at
+# hvd_lars/training/ompi_allreduce_rules.conf before MPI starts (hvd_lars/training/threads.py says why;
+# export OMPI_MCA_coll_tuned_use_dynamic_rules=0 to keep Open MPI's own choice).
 # Open MPI refuses root unless told (containers, CI).
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

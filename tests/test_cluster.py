@@ -39,14 +39,21 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
 RANKS_PER_HOST = 2
 WORLD_SIZE = 4
-SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1"]
+# Grouped gradients: these runs are compared bit for bit with each other. With the ring from 1 MiB on 3+
+# Open MPI ranks (the main program's default, hvd_lars/training/threads.py) an element's summation order
+# depends on where it falls in Horovod's fusion buffer, which the overlapped reduction fills in the order
+# gradients arrive: two runs of one job then differ by float32 rounding (results/allreduce_order.md). One
+# grouped allreduce fuses every gradient in one fixed order (tests/test_cluster_wide.py runs the overlapped
+# reduction across hosts).
+SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1", "--gradient_reduction=grouped"]
 SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 # Open MPI on the cluster network only (this machine's own interfaces are not reachable from the hosts).
 # launch/mpirun.sh and launch/horovodrun.sh run with MPI_BIND=none: bound, both hosts' ranks sat on the same
 # 2 cores, and under the load of a shared machine a start-up took from 40 s to over 240 s (unbound: 31-34 s,
 # 4 runs of each).
 MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_include": SUBNET}
-# MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) reduce in the same order: identical weights.
+# MPI runs (horovodrun, launch/horovodrun.sh, launch/mpirun.sh) of grouped gradients reduce in the same
+# order: identical weights.
 # Gloo sums in another order: float32 rounding differences of the 4-rank sums (about 1e-7 relative), carried
 # through 6 LARS steps whose trust ratios divide by gradient norms and through the batch-norm statistics.
 # Elementwise they reached 5.8e-5 (4.3e-4 relative, a moving statistic, on a CI machine), so the check is
@@ -246,6 +253,7 @@ def test_launch_horovodrun_sh_with_a_host_list(cluster, mpi_run, shared_dir):
             str(WORLD_SIZE),
             "flags/smoke.flags",
             f"--workdir={shared_dir}",
+            "--gradient_reduction=grouped",
         ],
         RANKS_PER_SOCKET="2",
         MPI_BIND="none",
@@ -269,6 +277,7 @@ def test_launch_mpirun_sh_with_a_hostfile_gives_the_mpi_weights(cluster, mpi_run
             str(WORLD_SIZE),
             "flags/smoke.flags",
             f"--workdir={shared_dir}",
+            "--gradient_reduction=grouped",
         ],
         RANKS_PER_SOCKET="2",
         MPI_BIND="none",

@@ -91,11 +91,24 @@ def test_one_rank_per_node_under_srun_gets_all_its_cores():
 
 @pytest.mark.unit
 def test_horovod_cpu_defaults_fill_only_what_is_unset():
-    environ = {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin"}
+    environ = {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin", "OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}
     applied = threads.apply_horovod_cpu_defaults(environ)
-    assert applied == {"OMPI_MCA_mpi_yield_when_idle": "1"}
-    assert environ == {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    rules = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
+    assert applied == {
+        "OMPI_MCA_mpi_yield_when_idle": "1",
+        "OMPI_MCA_coll_tuned_dynamic_rules_filename": rules,
+    }
+    assert environ == {
+        "HOROVOD_CYCLE_TIME": "0.5",
+        "PATH": "/bin",
+        "OMPI_MCA_coll_tuned_use_dynamic_rules": "0",  # the user's opt-out is kept
+        **applied,
+    }
     assert threads.apply_horovod_cpu_defaults(environ) == {}
+    # The rules file Open MPI reads: allreduce (collective 2), one rule for communicators of 3 ranks and
+    # more: below 1 MiB algorithm 0 (Open MPI's own choice), from 1 MiB (1,048,576 B) algorithm 4, the ring.
+    with open(rules) as f:
+        assert f.read().split() == "1 2 1 3 2 0 0 0 0 1048576 4 0 0".split()
 
 
 @pytest.mark.horovod
@@ -105,7 +118,9 @@ def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
         "import os, sys; sys.argv = ['x', '--flagfile=flags/smoke.flags', '--workdir=' + sys.argv[1]];"
         "import hvd_lars.training.train as t\n"
         "def run(config, extra_callbacks=()):\n"
-        "    print('ENV', os.environ['HOROVOD_CYCLE_TIME'], os.environ['OMPI_MCA_mpi_yield_when_idle'])\n"
+        "    print('ENV', *(os.environ[k] for k in ('HOROVOD_CYCLE_TIME', 'OMPI_MCA_mpi_yield_when_idle',"
+        "                                          'OMPI_MCA_coll_tuned_use_dynamic_rules')))\n"
+        "    print('RULES', os.environ['OMPI_MCA_coll_tuned_dynamic_rules_filename'])\n"
         "t.run = run\n"
         "from hvd_lars import main; main.main()"
     )
@@ -118,4 +133,5 @@ def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
         text=True,
         timeout=120,
     )
-    assert "ENV 5 1" in out.stdout, out.stderr[-2000:]
+    assert "ENV 5 1 1" in out.stdout, out.stderr[-2000:]
+    assert f"RULES {os.path.join(REPO, 'hvd_lars', 'training', 'ompi_allreduce_rules.conf')}" in out.stdout

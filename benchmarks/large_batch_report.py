@@ -298,7 +298,10 @@ def write(args, outcomes, attempts, networks, arms):
         "- LARS: the paper's rule on every tensor (eta 0.001, trust ratio eta ||w|| / (||g|| + beta ||w||)).",
         f"- Sweep: {args.sweep_points} rates a factor {args.sweep_ratio:g} apart around the centre below, on "
         f"seed 0; while the best validation top-1 is at an edge, one more rate past it (at most "
-        f"{args.max_extensions}). The chosen rate is then trained with {args.seeds - 1} more seed(s).",
+        f"{args.max_extensions}); while no rate learned anything (validation top-1 at most "
+        f"{args.learned_above:g}, chance being 0.1), one more below the lowest (at most "
+        f"{args.untrained_extensions} more). The chosen rate is then trained with {args.seeds - 1} more "
+        "seed(s).",
         *[f"  - {a.label}: centre {a.centre_rule}." for a in arms.values()],
         "- Images per epoch: steps per epoch = round(training images / batch), so every batch sees within 4% "
         "of the same images per epoch.",

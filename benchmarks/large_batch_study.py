@@ -35,10 +35,11 @@ All: the same epochs, linear warmup from 0, polynomial decay power 2 to 0 after 
 weight decay 5e-4 (L2 in the gradient), no augmentation, float32, deterministic input order. The learning
 rate of each network, batch and arm is chosen on a validation split (the last 5,000 of the 60,000 training
 images, never trained on): a sweep of 3 rates a factor 2 apart on seed 0, extended by one rate at a time
-(at most `--max_extensions`) while the best is at an edge; the chosen rate is then run with the other
-seeds. Nesterov's sweep is on the momentum arm's grid and centred on the momentum arm's chosen rate at the
-same network and batch (so that arm must have finished its sweep first). The test set is reported only for
-the chosen rates.
+(at most `--max_extensions`) while the best is at an edge, and while no rate learned anything (validation
+top-1 at most `--learned_above`) one more below the lowest (at most `--untrained_extensions` more); the
+chosen rate is then run with the other seeds. Nesterov's sweep is on the momentum arm's grid and centred
+on the momentum arm's chosen rate at the same network and batch (so that arm must have finished its sweep
+first). The test set is reported only for the chosen rates.
 
 A run is done when its summary.json holds every epoch with validation and test scores, or when the records
 file beside the report (`<report>.json`) holds its record with the same settings (runs whose directories
@@ -421,7 +422,7 @@ def run_cell(args, cell, journal):
     return summary
 
 
-def next_sweep_index(scores, points, max_extensions, start=0):
+def next_sweep_index(scores, points, max_extensions, start=0, learned_above=None, untrained_extensions=0):
     """The grid index to train next in one sweep, or None when the sweep is finished.
 
     Args:
@@ -430,6 +431,11 @@ def next_sweep_index(scores, points, max_extensions, start=0):
         max_extensions: how many rates the sweep may add beyond the first, one at a time, each past
             the edge where the best rate lies.
         start: the first sweep's centre on the grid.
+        learned_above: a rate whose validation top-1 is at most this learned nothing (about chance); None:
+            no such rule.
+        untrained_extensions: while no rate of the sweep learned anything, it goes on below its lowest
+            rate (a rate too large diverges or stalls at chance; one too small still learns), one at a
+            time; each rate that learned nothing adds one to `max_extensions`, at most this many.
 
     The best is the highest validation top-1; ties go to the smaller rate (the safer one).
     """
@@ -437,8 +443,13 @@ def next_sweep_index(scores, points, max_extensions, start=0):
     for k in first:
         if k not in scores:
             return k
-    if len(scores) - points >= max_extensions:
+    budget = max_extensions
+    if learned_above is not None:
+        budget += min(untrained_extensions, sum(1 for v in scores.values() if v <= learned_above))
+    if len(scores) - points >= budget:
         return None
+    if learned_above is not None and max(scores.values()) <= learned_above:
+        return min(scores) - 1
     best = chosen_index(scores)
     if best == min(scores):
         return best - 1
@@ -497,7 +508,8 @@ def walk(args, group, obtain, store):
             )
         start = before.chosen
     scores, records = {}, []
-    while (k := next_sweep_index(scores, args.sweep_points, args.max_extensions, start)) is not None:
+    sweep = (args.sweep_points, args.max_extensions, start, args.learned_above, args.untrained_extensions)
+    while (k := next_sweep_index(scores, *sweep)) is not None:
         record = obtain(Cell(group.arm, group.batch, k, 0, group.network))
         if record is None:
             return Outcome(records)
@@ -642,6 +654,18 @@ def parse_args(argv=None):
     parser.add_argument("--sweep_points", type=int, default=3)
     parser.add_argument("--sweep_ratio", type=float, default=2.0)
     parser.add_argument("--max_extensions", type=int, default=2)
+    parser.add_argument(
+        "--learned_above",
+        type=float,
+        default=0.2,
+        help="validation top-1 at or below which a rate learned nothing (Fashion-MNIST's chance: 0.1)",
+    )
+    parser.add_argument(
+        "--untrained_extensions",
+        type=int,
+        default=3,
+        help="while no rate of a sweep learned anything, up to this many more rates below its lowest",
+    )
     parser.add_argument("--validation_examples", type=int, default=5000)
     parser.add_argument("--ranks", type=int, default=1, help="Horovod ranks per run (1: one process)")
     parser.add_argument("--run_timeout_s", type=float, default=6 * 3600)

@@ -39,6 +39,24 @@ def test_sweep_decisions(scores, max_extensions, expected):
 
 
 @pytest.mark.unit
+def test_a_sweep_where_no_rate_learned_goes_on_below_its_lowest():
+    # The no-batch-norm network's momentum sweep at 8,192: every rate at chance (0.1; 0.1044 at k = 0).
+    at_chance = {-1: 0.1, 0: 0.1044, 1: 0.1, 2: 0.1, 3: 0.1}
+    assert study.next_sweep_index(at_chance, 3, 2) is None  # the old rule: 0 is "inside", done
+    assert study.next_sweep_index(at_chance, 3, 2, 0, 0.2, 3) == -2
+    assert study.next_sweep_index({**at_chance, -2: 0.1}, 3, 2, 0, 0.2, 3) == -3
+    # Once one learns, the edge rule goes on with the budget the untrained rates added (2 + 3).
+    assert study.next_sweep_index({**at_chance, -2: 0.85}, 3, 2, 0, 0.2, 3) == -3
+    assert study.next_sweep_index({**at_chance, -2: 0.85, -3: 0.8}, 3, 2, 0, 0.2, 3) is None
+    # Spent: 3 + 2 + 3 rates, none learned.
+    spent = {**at_chance, -2: 0.1, -3: 0.1, -4: 0.1}
+    assert study.next_sweep_index(spent, 3, 2, 0, 0.2, 3) is None
+    # A sweep that learned is unchanged by the rule.
+    assert study.next_sweep_index({-1: 0.8, 0: 0.9, 1: 0.85}, 3, 2, 0, 0.2, 3) is None
+    assert study.next_sweep_index({-1: 0.9, 0: 0.85, 1: 0.1}, 3, 2, 0, 0.2, 3) == -2
+
+
+@pytest.mark.unit
 def test_a_sweep_started_elsewhere_on_the_grid_follows_the_same_rule():
     assert study.next_sweep_index({}, 3, 2, start=-2) == -3
     assert study.next_sweep_index({-3: 0.8, -2: 0.9}, 3, 2, start=-2) == -1

@@ -1,23 +1,32 @@
-"""Horovod's allreduce across p = 2, 4 and 8 emulated hosts (issue 22, items 2 and 3): the time of a plain
-`hvd.allreduce` of a float32 tensor against message size, per transport and setting, beside the
-bandwidth-optimal ring bound 2(p - 1)/p x S / (0.9 x link rate).
+"""Horovod's allreduce across 2, 4 and 8 emulated hosts (issue 22, items 2, 3 and 4).
+
+--mode=sizes (item 2, 3): the time of a plain `hvd.allreduce` of a float32 tensor against message size,
+per layout (hosts x ranks per host), transport and setting, beside the bandwidth-optimal ring bound
+2(p - 1)/p x S / (0.9 x link rate), and a fit per layout of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta.
+--mode=negotiation (item 4): a step of 161 separate small allreduce requests (as the overlapped
+reduction sends ResNet-50's gradients) against one grouped allreduce of the same tensors, no compute,
+with Horovod's response cache on and off: what the coordination of many requests costs per step.
 
 Run as root from the repository root with the machine to itself (it brings up launch/emulated_cluster.sh
-with NODES=8 at --link_rate, 1 rank per host, and takes it down at the end):
+with as many hosts as the largest layout, every link at --link_rate, and takes it down at the end):
 
-    python -m benchmarks.allreduce_hosts                                   # writes results/allreduce_hosts.md
-    python -m benchmarks.allreduce_hosts --ps=4 --sizes_mib=16 --variants=mpi,mpi_yield --out=/tmp/a.md
+    python -m benchmarks.allreduce_hosts                        # writes results/allreduce_hosts.md (+ .json)
+    python -m benchmarks.allreduce_hosts --mode=negotiation     # writes results/negotiation_hosts.md
+    python -m benchmarks.allreduce_hosts --layouts=4x1 --sizes_mib=16 --variants=mpi,mpi_yield --out=/tmp/a.md
 
-Variants (each a launch of p ranks, `horovodrun -H node1:1,...`, HOROVOD_CYCLE_TIME=5 as the launch scripts
-set it):
+Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_TIME=5):
   mpi          Open MPI as horovodrun starts it, nothing else set
   mpi_yield    + OMPI_MCA_mpi_yield_when_idle=1 (a rank waiting in MPI yields its core instead of polling)
   mpi_ring     + Open MPI's tuned allreduce forced to the ring (coll_tuned_allreduce_algorithm=4)
-  mpi_rules    + launch/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below: Open MPI's)
-  launch_env   launch/env.sh sourced first, as launch/horovodrun.sh, mpirun.sh and train.sbatch do
+  mpi_rules    + hvd_lars/training/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below:
+               Open MPI's own choice)
+  launch_env   launch/env.sh sourced first, as launch/horovodrun.sh, mpirun.sh and train.sbatch do, and each
+               rank sets what hvd_lars.main sets before MPI starts (hvd_lars.training.threads'
+               HOROVOD_CPU_DEFAULTS: the rules file, MPI yielding, a 5 ms cycle): a job of the launch scripts
+  main         a bare horovodrun, each rank setting what hvd_lars.main sets: `horovodrun python -m
+               hvd_lars.main`
   gloo         horovodrun --gloo from node1 (Gloo's ring)
 Each size: 2 untimed allreduces, then `--repeats` timed ones, each after a barrier; the median is reported.
-Raw timings: results/allreduce_hosts.json (--raw).
 """
 
 import argparse
@@ -34,7 +43,7 @@ from benchmarks import common
 
 REPO = common.REPO
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
-RULES = os.path.join(REPO, "launch", "ompi_allreduce_rules.conf")
+RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
 VARIANTS = {
     "mpi": {},
     "mpi_yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
@@ -47,8 +56,11 @@ VARIANTS = {
         "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES,
     },
     "launch_env": {},
+    "main": {},
     "gloo": {},
 }
+# Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
+AS_THE_MAIN_PROGRAM = ("launch_env", "main")
 LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 
 
@@ -58,7 +70,32 @@ def worker(args):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
+    if args.main_defaults:
+        from hvd_lars.training import threads
+
+        threads.apply_horovod_cpu_defaults()
     hvd.init()
+    if args.mode == "negotiation":
+        result = _negotiation(hvd, tf, args)
+    else:
+        result = _sizes(hvd, tf, args)
+    if hvd.rank() == 0:
+        result["controller"] = "mpi" if hvd.mpi_enabled() else "gloo"
+        result["size"], result["local_size"], result["cross_size"] = (
+            hvd.size(),
+            hvd.local_size(),
+            hvd.cross_size(),
+        )
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+
+
+def _barrier(hvd, tf):
+    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
+
+
+def _sizes(hvd, tf, args):
+    """One allreduce of each size in turn: 2 untimed, then `args.repeats` timed, each after a barrier."""
     result = {"sizes": [], "times_s": []}
     for size in [int(s) for s in args.sizes.split(",")]:
         x = tf.fill([size // 4], float(hvd.rank() + 1))
@@ -70,26 +107,70 @@ def worker(args):
             raise RuntimeError(f"allreduce of {size} B: wrong sum (expected {expected})")
         times = []
         for _ in range(args.repeats):
-            hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
+            _barrier(hvd, tf)
             start = time.perf_counter()
             hvd.allreduce(x, op=hvd.Sum, name=name)
             times.append(time.perf_counter() - start)
         result["sizes"].append(size)
         result["times_s"].append(times)
-    if hvd.rank() == 0:
-        result["controller"] = "mpi" if hvd.mpi_enabled() else "gloo"
-        with open(args.out, "w") as f:
-            json.dump(result, f)
+    return result
 
 
-def launch(variant, p, sizes, repeats, timeout=1200):
-    hosts = ",".join(f"node{k}:1" for k in range(1, p + 1))
+def _negotiation(hvd, tf, args):
+    """Steps of `args.tensors` separate allreduce requests of `args.tensor_bytes` each (as the overlapped
+    reduction sends a model's gradients: every request negotiated by Horovod's controller, then fused),
+    against steps of one grouped allreduce of the same tensors (one negotiation for all). Compute is nil:
+    the difference is what the requests' coordination costs per step."""
+    tensors = [tf.fill([args.tensor_bytes // 4], float(hvd.rank() + 1) + k) for k in range(args.tensors)]
+
+    @tf.function
+    def separate():
+        return [hvd.allreduce(t, op=hvd.Sum, name=f"g{k}") for k, t in enumerate(tensors)]
+
+    @tf.function
+    def grouped():
+        return hvd.grouped_allreduce(tensors, op=hvd.Sum, name="grouped")
+
+    result = {"tensors": args.tensors, "tensor_bytes": args.tensor_bytes}
+    for name, step in (("separate", separate), ("grouped", grouped)):
+        for _ in range(3):
+            out = step()
+        expected = hvd.size() * (hvd.size() + 1) / 2
+        if float(tf.reduce_max(tf.abs(out[0] - expected))) != 0.0:
+            raise RuntimeError(f"{name}: wrong sum")
+        times = []
+        for _ in range(args.repeats):
+            _barrier(hvd, tf)
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        result[f"{name}_s"] = times
+    return result
+
+
+def parse_layout(text):
+    """ "HxR" -> (hosts, ranks per host); ValueError naming the value otherwise."""
+    try:
+        hosts, ranks = (int(v) for v in text.split("x"))
+    except ValueError:
+        raise ValueError(f"layout {text!r}: expected HOSTSxRANKS, e.g. 4x1 or 4x2") from None
+    if not (1 <= hosts <= 8 and ranks >= 1 and hosts * ranks >= 2):
+        raise ValueError(f"layout {text!r}: 1-8 hosts (the emulated cluster's), 2 ranks or more in all")
+    return hosts, ranks
+
+
+def launch(variant, layout, worker_args, cache="on", timeout=1200):
+    hosts, ranks = layout
+    p = hosts * ranks
+    host_list = ",".join(f"node{k}:{ranks}" for k in range(1, hosts + 1))
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_allreduce_") as shared:
         out = os.path.join(shared, "result.json")
-        argv = [common.HOROVODRUN, *(["--gloo"] if variant == "gloo" else []), "-np", str(p), "-H", hosts]
-        argv += [sys.executable, "-m", "benchmarks.allreduce_hosts", "--worker", f"--sizes={sizes}"]
-        argv += [f"--repeats={repeats}", f"--out={out}"]
+        argv = [common.HOROVODRUN, *(["--gloo"] if variant == "gloo" else []), "-np", str(p), "-H", host_list]
+        argv += [sys.executable, "-m", "benchmarks.allreduce_hosts", "--worker", *worker_args, f"--out={out}"]
+        argv += ["--main_defaults"] if variant in AS_THE_MAIN_PROGRAM else []
         settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, "HOROVOD_CYCLE_TIME": "5"}
+        if cache == "off":
+            settings["HOROVOD_CACHE_CAPACITY"] = "0"
         settings.update(VARIANTS[variant])
         if variant == "gloo":
             assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
@@ -105,11 +186,37 @@ def launch(variant, p, sizes, repeats, timeout=1200):
         if result.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{shlex.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         with open(out) as f:
-            return json.load(f)
+            data = json.load(f)
+        if (data["size"], data["local_size"], data["cross_size"]) != (p, ranks, hosts):
+            raise RuntimeError(f"{host_list}: Horovod saw size/local/cross {data['size']}/"
+                               f"{data['local_size']}/{data['cross_size']}")  # fmt: skip
+        return data
 
 
 def bound_s(size, p, link_bits):
+    """The bandwidth-optimal ring's time for `size` bytes over p ranks: 2(p - 1)/p x S at 0.9 x the link.
+    With r ranks per host placed consecutively in the ring, each host's link still carries one ring edge
+    each way, so the bound for p ranks is the same."""
     return 2 * (p - 1) / p * size * 8 / (LINK_EFFICIENCY * link_bits)
+
+
+def fit_ring(p, sizes, times):
+    """Least-squares fit of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta to medians `times` (s) of allreduces
+    of `sizes` (bytes), each residual relative to its time so that small messages weigh as much as large.
+
+    Returns (alpha in s per ring step, beta in bytes/s, the largest |fit - t| / t). Raises ValueError with
+    fewer than 2 sizes or a non-positive fitted term."""
+    import numpy as np
+
+    if len(sizes) < 2:
+        raise ValueError(f"fit_ring: {len(sizes)} size(s); 2 or more needed")
+    t = np.asarray(times, dtype=float)
+    design = np.stack([np.full(len(sizes), 2.0 * (p - 1)), 2.0 * (p - 1) / p * np.asarray(sizes, float)], 1)
+    (alpha, inverse_beta), *_ = np.linalg.lstsq(design / t[:, None], np.ones(len(t)), rcond=None)
+    if alpha <= 0 or inverse_beta <= 0:
+        raise ValueError(f"fit_ring: p={p}: fitted alpha={alpha:.3g} s, 1/beta={inverse_beta:.3g} s/B")
+    worst = float(np.max(np.abs(design @ [alpha, inverse_beta] - t) / t))
+    return float(alpha), float(1.0 / inverse_beta), worst
 
 
 def _rate_bits(rate):
@@ -120,65 +227,172 @@ def _rate_bits(rate):
     raise ValueError(f"--link_rate={rate!r}: expected e.g. 200mbit or 1gbit")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ps", default="2,4,8")
-    parser.add_argument("--sizes_mib", default="0.001,0.0625,1,4,16,64")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--link_rate", default="200mbit")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--raw", default=os.path.join(common.RESULTS, "allreduce_hosts.json"))
-    parser.add_argument("--out", default=os.path.join(common.RESULTS, "allreduce_hosts.md"))
-    parser.add_argument("--worker", action="store_true", help="internal: run as one rank")
-    parser.add_argument("--sizes", default="", help="internal: bytes, for --worker")
-    args, _ = parser.parse_known_args(argv)
-    if args.worker:
-        worker(args)
-        return
-    variants = args.variants.split(",")
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; valid: {', '.join(VARIANTS)}")
-    ps = [int(p) for p in args.ps.split(",")]
-    sizes = [max(4, int(round(float(m) * 2**20 / 4)) * 4) for m in args.sizes_mib.split(",")]
-    link_bits = _rate_bits(args.link_rate)
-    env = dict(os.environ, NODES=str(max(ps)), LINK_RATE=args.link_rate)
+def _cluster(nodes, link_rate):
+    env = dict(os.environ, NODES=str(nodes), LINK_RATE=link_rate)
     up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=300)
     if up.returncode:
         raise RuntimeError(f"emulated_cluster.sh up: {up.stdout}{up.stderr}")
+    return env
+
+
+def _mib(size):
+    return f"{size / 2**20:.4g} MiB" if size >= 2**20 else f"{size / 2**10:.4g} KiB"
+
+
+def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command):
+    lines = [
+        "# Horovod's allreduce across 2, 4 and 8 emulated hosts (issue 22)",
+        "",
+        *common.provenance_lines(command, matmul),
+        f"- launch/emulated_cluster.sh, {max(h for h, _ in layouts)} hosts, every link shaped to "
+        f"{args.link_rate} (tc tbf, both directions); layouts hosts x ranks per host; HOROVOD_CYCLE_TIME=5; "
+        f"{args.repeats} timed allreduces after 2, each after a barrier. Bound: 2(p-1)/p x S / "
+        f"({LINK_EFFICIENCY} x link); p = hosts x ranks per host.",
+        "",
+        "## Time against size, p and variant",
+        "",
+        "| layout | p | variant | size | median s | bound s | median / bound |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['layout']} | {r['p']} | {r['variant']} | {_mib(r['size'])} | {r['median_s']:.4f} | "
+            f"{r['bound_s']:.4f} | {r['median_s'] / r['bound_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "## Fit per p: t = 2(p-1) alpha + 2(p-1)/p x S / beta",
+        "",
+        "alpha is the time per ring step (latency), beta the bandwidth each rank's ring edge reaches, beside "
+        f"the link's payload rate {LINK_EFFICIENCY} x {args.link_rate} = "
+        f"{LINK_EFFICIENCY * link_bits / 8e6:.1f} MB/s; fitted by least squares on relative residuals "
+        "over every size.",
+        "",
+        "| layout | p | variant | alpha ms | beta MB/s | beta / link payload | worst relative residual |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for layout in layouts:
+        name = f"{layout[0]}x{layout[1]}"
+        for variant in variants:
+            rows = [r for r in results if r["layout"] == name and r["variant"] == variant]
+            if len(rows) < 2:
+                continue
+            p = rows[0]["p"]
+            alpha, beta, worst = fit_ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
+            lines.append(
+                f"| {name} | {p} | {variant} | {alpha * 1e3:.3f} | {beta / 1e6:.1f} | "
+                f"{beta / (LINK_EFFICIENCY * link_bits / 8):.2f} | {worst:.2f} |"
+            )
+    return lines
+
+
+def negotiation_report(args, results, matmul, command):
+    lines = [
+        "# Horovod's per-step coordination of many small tensors against p (issue 22, item 4)",
+        "",
+        *common.provenance_lines(command, matmul),
+        f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate}; a step is {args.tensors} "
+        f"allreduce requests of {args.tensor_bytes} B each (ResNet-50 has 161 gradients), issued at once in "
+        "one tf.function as the overlapped reduction issues them, against one grouped allreduce of the same "
+        f"tensors; no compute. HOROVOD_CYCLE_TIME=5; {args.repeats} timed steps after 3, each after a "
+        "barrier; medians. Overhead = separate - grouped: what negotiating the requests one by one costs.",
+        "",
+        "| layout | p | variant | response cache | separate s | grouped s | overhead per step ms | "
+        "per request us |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        over = r["separate_s"] - r["grouped_s"]
+        lines.append(
+            f"| {r['layout']} | {r['p']} | {r['variant']} | {r['cache']} | {r['separate_s']:.4f} | "
+            f"{r['grouped_s']:.4f} | {over * 1e3:.1f} | {over / args.tensors * 1e6:.0f} |"
+        )
+    return lines
+
+
+def measure(args, layout, variant, cache, sizes, link_bits):
+    """One launch of `layout` for `variant`: its result rows (one per size, or one negotiation row)."""
+    p, name = layout[0] * layout[1], f"{layout[0]}x{layout[1]}"
+    if args.mode == "negotiation":
+        worker_args = ["--mode=negotiation", f"--tensors={args.tensors}"]
+        worker_args += [f"--tensor_bytes={args.tensor_bytes}", f"--repeats={args.repeats}"]
+        data = launch(variant, layout, worker_args, cache)
+        separate, grouped = statistics.median(data["separate_s"]), statistics.median(data["grouped_s"])
+        print(f"[allreduce_hosts] {name} {variant} cache {cache}: {separate:.4f} s, grouped {grouped:.4f} s")
+        row = dict(layout=name, p=p, variant=variant, cache=cache, separate_s=separate, grouped_s=grouped)
+        return [dict(row, raw=data)]
+    data = launch(
+        variant, layout, [f"--sizes={','.join(map(str, sizes))}", f"--repeats={args.repeats}"], cache
+    )
+    rows = []
+    for size, times in zip(data["sizes"], data["times_s"]):
+        median, bound = statistics.median(times), bound_s(size, p, link_bits)
+        rows.append(
+            dict(layout=name, p=p, variant=variant, size=size, times_s=times, median_s=median, bound_s=bound)
+        )
+        print(
+            f"[allreduce_hosts] {name} {variant} {size} B: {median:.4f} s ({median / bound:.2f}x the bound)"
+        )
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", default="sizes", choices=("sizes", "negotiation"))
+    parser.add_argument("--layouts", default="2x1,4x1,8x1,4x2", help="HOSTSxRANKS per host, comma-separated")
+    parser.add_argument("--sizes_mib", default="0.0009765625,0.015625,0.25,1,4,16,64")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--cache", default=None, help="on, off or on,off (default: on; negotiation: on,off)")
+    parser.add_argument("--tensors", type=int, default=161, help="negotiation: requests per step")
+    parser.add_argument("--tensor_bytes", type=int, default=4096, help="negotiation: bytes per request")
+    parser.add_argument("--link_rate", default="200mbit")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (sizes 5, negotiation 20)")
+    parser.add_argument("--raw", default=None, help="raw timings (default results/<report name>.json)")
+    parser.add_argument("--out", default=None, help="allreduce_hosts.md; negotiation: negotiation_hosts.md")
+    parser.add_argument("--worker", action="store_true", help="internal: run as one rank")
+    parser.add_argument("--sizes", default="", help="internal: bytes, for --worker")
+    parser.add_argument(
+        "--main_defaults", action="store_true", help="internal: as hvd_lars.main, for --worker"
+    )
+    args, _ = parser.parse_known_args(argv)
+    if args.repeats is None:
+        args.repeats = 20 if args.mode == "negotiation" else 5
+    if args.worker:
+        worker(args)
+        return
+    stem = "negotiation_hosts" if args.mode == "negotiation" else "allreduce_hosts"
+    args.out = args.out or os.path.join(common.RESULTS, f"{stem}.md")
+    args.raw = args.raw or os.path.splitext(args.out)[0] + ".json"
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    caches = (args.cache or ("on,off" if args.mode == "negotiation" else "on")).split(",")
+    if set(caches) - {"on", "off"}:
+        parser.error(f"--cache={args.cache!r}: expected on, off or on,off")
+    try:
+        layouts = [parse_layout(text) for text in args.layouts.split(",")]
+    except ValueError as e:
+        parser.error(f"--layouts: {e}")
+    sizes = [max(4, int(round(float(m) * 2**20 / 4)) * 4) for m in args.sizes_mib.split(",")]
+    link_bits = _rate_bits(args.link_rate)
+    env = _cluster(max(h for h, _ in layouts), args.link_rate)
     matmul = common.matmul_rate()
     results = []
     try:
-        for p in ps:
+        for layout in layouts:
             for variant in variants:
-                data = launch(variant, p, ",".join(map(str, sizes)), args.repeats)
-                for size, times in zip(data["sizes"], data["times_s"]):
-                    median = statistics.median(times)
-                    results.append(dict(p=p, variant=variant, size=size, times_s=times, median_s=median,
-                                        bound_s=bound_s(size, p, link_bits)))  # fmt: skip
-                    print(f"[allreduce_hosts] p={p} {variant} {size} B: {median:.4f} s "
-                          f"({median / bound_s(size, p, link_bits):.2f}x the bound)", flush=True)  # fmt: skip
+                for cache in caches:
+                    results += measure(args, layout, variant, cache, sizes, link_bits)
     finally:
         subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=300)
     command = common.command_line("allreduce_hosts", argv)
     with open(args.raw, "w") as f:
         json.dump({"command": command, "link_rate": args.link_rate, "results": results}, f, indent=1)
-    lines = [
-        "# Horovod's allreduce across 2, 4 and 8 emulated hosts (issue 22)",
-        "",
-        *common.provenance_lines(command, matmul),
-        f"- launch/emulated_cluster.sh, {max(ps)} hosts, every link shaped to {args.link_rate} (tc tbf, both "
-        f"directions), 1 rank per host; HOROVOD_CYCLE_TIME=5; {args.repeats} timed allreduces after 2, "
-        f"each after a barrier. Bound: 2(p-1)/p x S / ({LINK_EFFICIENCY} x link).",
-        "",
-        "| p | variant | size | median s | bound s | median / bound |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['p']} | {r['variant']} | {r['size'] / 2**20:.4g} MiB | {r['median_s']:.4f} | "
-            f"{r['bound_s']:.4f} | {r['median_s'] / r['bound_s']:.2f} |"
-        )
+    if args.mode == "negotiation":
+        lines = negotiation_report(args, results, matmul, command)
+    else:
+        lines = sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command)
     common.write_report(args.out, "\n".join(lines))
     print(f"[allreduce_hosts] wrote {args.out}", flush=True)
 

@@ -1,0 +1,234 @@
+"""The time-to-train model's step time, predicted against measured at p = 2, 4 and 8 emulated hosts
+(issue 22, item 5).
+
+benchmarks/time_to_train.py predicts a step as compute + the allreduce not hidden behind backprop (its
+eqs. 1, 4, 5). Its own validation ran on 2 hosts only, where the ring's 2(p - 1)/p is 1. This one runs
+the same check at 1 rank per host on p = 2, 4 and 8 hosts, for one model and per-rank batch:
+
+  compute     the training step of p processes of world size 1 at once, pinned as the ranks are (rank r
+              on core r mod 2), so the cores are as loaded as in training but nothing is communicated
+  allreduce   eq. (4) with this p's own fit, t = 2(p - 1) alpha + 2(p - 1)/p x n / beta, made by
+              benchmarks.allreduce_hosts' fit of allreduces of 64 KiB-4 MiB at this link rate, launched
+              here in the same run (the main program's settings, `main`)
+  measured    `horovodrun -np p -H node1:1,...` of the same step with hvd_lars.DistributedOptimizer(LARS),
+              gradients grouped (one allreduce after backprop) and overlapped (one per gradient)
+  predicted   grouped: compute + allreduce; overlapped: compute + max(0, allreduce - overlap x 2/3 x
+              compute), with time_to_train's overlap share as calibrated (ResNet-50 on 2 hosts at 1 Gbit/s;
+              nothing is fitted to these runs)
+
+The model is CIFAR ResNet-20 (`resnet20`, 32x32x3, per-rank batch 32, float32): 59 gradient tensors from
+convolutions and batch norm as ResNet-50's 161 are, 8 copies of its step fit in these 2 cores' memory and
+time, and at 50 Mbit/s its 1.03 MiB of gradients take about as long to average as its step to compute
+(1:1 at p = 2, up to 2-3:1 at p = 8, where 4 ranks share each core), as ResNet-50's and AlexNet-BN's do at
+the paper's per-socket batch on Omni-Path (results/time_to_train.md).
+
+    python -m benchmarks.validation_hosts        # as root, the machine to itself; results/validation_hosts.md
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks import allreduce_hosts, common
+
+MODEL, IMAGE_SIZE, PER_RANK_BATCH, CLASSES = "resnet20", 32, 32, 10
+# A process's first 15-20 s of steps ran up to 5x slower here (the first model's grouped steps at 2 local
+# ranks: 1.2-1.5 s against 0.25 s once warm, in either mode), so every mode warms up for 10 steps.
+WARMUP_STEPS, TIMED_STEPS = 10, 10
+FIT_SIZES_MIB = "0.0625,0.25,1,4"
+ERROR_GOAL = 0.15
+
+
+def _pin(core):
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[core % len(cores)]})
+
+
+def _step_times(model, optimizer, data, steps):
+    import keras
+
+    stamps = []
+
+    class Stamp(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                stamps.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Stamp()])
+    return [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
+
+
+def worker(role, out, core):
+    """role "compute": world size 1 on `core`; role "ranks": one Horovod rank, on core rank mod 2, set up
+    as the main program sets a rank (threads.apply_horovod_cpu_defaults before Horovod starts)."""
+    from hvd_lars.training import threads
+
+    if role == "ranks":
+        core = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        threads.apply_horovod_cpu_defaults()
+    _pin(core)
+    import keras
+    import tensorflow as tf
+
+    from hvd_lars import DistributedOptimizer
+    from hvd_lars.models import get_model
+    from hvd_lars.parallel import collectives
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    rank, size = collectives.init() if role == "ranks" else (0, 1)
+    shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
+    images = tf.random.stateless_uniform((PER_RANK_BATCH, *shape), seed=(1, 2))
+    labels = tf.random.stateless_uniform((PER_RANK_BATCH,), seed=(3, 4), maxval=CLASSES, dtype=tf.int32)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    result = {"role": role, "world_size": size, "host": os.uname().nodename, "modes": {}}
+    for mode in ("grouped",) if role == "compute" else ("grouped", "overlap"):
+        keras.utils.set_random_seed(0)
+        model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
+        optimizer = DistributedOptimizer(common.mlperf_lars(), gradient_reduction=mode)
+        result["modes"][mode] = _step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)
+        result["gradient_bytes"] = 4 * sum(int(tf.size(v)) for v in model.trainable_variables)
+        result["tensors"] = len(model.trainable_variables)
+        keras.backend.clear_session()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def _run(command, env, timeout=1800):
+    result = subprocess.run(
+        command, cwd=common.REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode:
+        raise RuntimeError(
+            f"{command[:6]}: exit {result.returncode}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
+
+
+def compute_busy(p, scratch, env):
+    """Mean step time of p world-size-1 processes at once, process r on core r mod 2."""
+    outs = [os.path.join(scratch, f"compute{r}.json") for r in range(p)]
+    procs = [
+        subprocess.Popen(
+            common.worker_command("validation_hosts", "--worker=compute", f"--out={o}", f"--core={r}"),
+            cwd=common.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for r, o in enumerate(outs)
+    ]  # fmt: skip
+    for proc in procs:
+        _, err = proc.communicate(timeout=1800)
+        if proc.returncode:
+            raise RuntimeError(f"compute process: exit {proc.returncode}\n{err[-3000:]}")
+    times = []
+    for o in outs:
+        with open(o) as f:
+            times += json.load(f)["modes"]["grouped"]
+    return times
+
+
+def ranks(p, scratch, env):
+    out = os.path.join(scratch, "ranks.json")
+    hosts = ",".join(f"node{k}:1" for k in range(1, p + 1))
+    command = [common.HOROVODRUN, "-np", str(p), "-H", hosts]
+    command += common.worker_command("validation_hosts", "--worker=ranks", f"--out={out}")
+    _run(command, env)
+    with open(out) as f:
+        return json.load(f)
+
+
+def overlap_share():
+    """time_to_train's overlap share, calibrated on ResNet-50's overlapped run on 2 hosts at 1 Gbit/s."""
+    from benchmarks import time_to_train
+
+    measurements = time_to_train.load_measurements()
+    grads = {m: time_to_train.gradient_bytes(m) for m in time_to_train.MODEL_NAMES}
+    _, share = time_to_train.validate(measurements, grads)
+    return share
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ps", default="2,4,8")
+    parser.add_argument("--link_rate", default="50mbit")
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "validation_hosts.md"))
+    parser.add_argument("--worker", choices=("compute", "ranks"), help="internal")
+    parser.add_argument("--core", type=int, default=0, help="internal")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.out, args.core)
+        return
+    ps = [int(p) for p in args.ps.split(",")]
+    share = overlap_share()
+    link_bits = allreduce_hosts._rate_bits(args.link_rate)
+    env = common.worker_env()
+    env = {k: v for k, v in env.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
+    cluster_env = allreduce_hosts._cluster(max(ps), args.link_rate)
+    matmul = common.matmul_rate()
+    rows, started = [], time.time()
+    fit_sizes = [int(float(m) * 2**20) for m in FIT_SIZES_MIB.split(",")]
+    fit_args = [f"--sizes={','.join(map(str, fit_sizes))}", "--repeats=5"]
+    try:
+        for p in ps:
+            with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_validation_") as scratch:
+                busy = compute_busy(p, scratch, env)
+                measured = ranks(p, scratch, env)
+            fit = allreduce_hosts.launch("main", (p, 1), fit_args)
+            medians = [statistics.median(t) for t in fit["times_s"]]
+            alpha, beta, _ = allreduce_hosts.fit_ring(p, fit["sizes"], medians)
+            n = measured["gradient_bytes"]
+            reduce = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / beta
+            compute = statistics.mean(busy)
+            for mode in ("grouped", "overlap"):
+                hidden = 0.0 if mode == "grouped" else share * (2.0 / 3.0) * compute
+                predicted = compute + max(0.0, reduce - hidden)
+                step = statistics.mean(measured["modes"][mode])
+                row = dict(p=p, mode=mode, compute_s=compute, allreduce_s=reduce, alpha_s=alpha, beta=beta)
+                row.update(predicted_s=predicted, measured_s=step, error=predicted / step - 1)
+                rows.append(dict(row, steps_s=measured["modes"][mode], compute_steps_s=busy))
+                print(f"[validation_hosts] p={p} {mode}: predicted {predicted:.3f} s, measured {step:.3f} s, "
+                      f"compute {compute:.3f} s, allreduce {reduce:.3f} s", flush=True)  # fmt: skip
+    finally:
+        subprocess.run([allreduce_hosts.SCRIPT, "down"], env=cluster_env, capture_output=True, timeout=300)
+    command = common.command_line("validation_hosts", argv)
+    lines = [
+        "# The step-time model at p = 2, 4 and 8 emulated hosts (issue 22, item 5)",
+        "",
+        *common.provenance_lines(command, matmul),
+        f"- {MODEL} ({IMAGE_SIZE}x{IMAGE_SIZE}x3, per-rank batch {PER_RANK_BATCH}, float32, "
+        f"{measured['tensors']} gradient tensors, {measured['gradient_bytes'] / 2**20:.2f} MiB), "
+        f"hvd_lars.DistributedOptimizer(LARS); 1 rank per host on core rank mod 2, links {args.link_rate} "
+        f"({link_bits / 1e6:g} Mbit/s); {TIMED_STEPS} timed steps after {WARMUP_STEPS}; wall time "
+        f"{time.time() - started:.0f} s.",
+        f"- Overlap share (time_to_train's calibration, ResNet-50 on 2 hosts at 1 Gbit/s): {share:.2f}.",
+        "",
+        "| p | gradients | compute s (all ranks busy) | allreduce s (eq. 4, this p's fit) | compute : "
+        "allreduce | alpha ms | beta MB/s | predicted s | measured s | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = "" if abs(r["error"]) <= ERROR_GOAL else " (over 15%)"
+        lines.append(
+            f"| {r['p']} | {r['mode']} | {r['compute_s']:.3f} | {r['allreduce_s']:.3f} | "
+            f"{r['compute_s'] / r['allreduce_s']:.1f} : 1 | {r['alpha_s'] * 1e3:.2f} | "
+            f"{r['beta'] / 1e6:.1f} | "
+            f"{r['predicted_s']:.3f} | {r['measured_s']:.3f} | {r['error']:+.1%}{ok} |"
+        )
+    common.write_report(args.out, "\n".join(lines))
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump({"command": command, "overlap_share": share, "rows": rows}, f, indent=1)
+    print(f"[validation_hosts] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,8 +13,10 @@ have no bfloat16 units), measured on every core of this machine by benchmarks/be
 the target the fraction of peak it reaches here of the best rate any kernel reached here (tf.matmul
 4096x4096).
 (4): n = the float32 gradient bytes, fused by Horovod into m = ceil(n / 128 MiB) messages (its default
-fusion buffer); alpha = Horovod's cost per message (its background cycle and negotiation), the median time
-of allreduces of 1-64 KiB between 2 emulated hosts over MPI (results/communication.json); B = the bandwidth a
+fusion buffer); alpha = Horovod's cost per message (its background cycle and negotiation: per fused message,
+not per tensor, since 161 separate requests cost the same as one grouped allreduce at p = 2-8,
+results/negotiation_hosts.md), the median time of allreduces of 1-64 KiB between 2 emulated hosts over MPI
+(results/communication.json); B = the bandwidth a
 rank reaches on the link, fitted to the allreduces of 1-128 MiB (the sizes of fused gradients; the
 all-sizes fit of results/communication.md is pulled up by the token bucket's burst at small sizes), as a
 fraction of the configured rate at 1 Gbit/s (where the link, not the 2 shared cores, is the limit), times

@@ -1,0 +1,191 @@
+"""Where a ResNet-50 training step spends its time on this CPU: TensorFlow's profiler, op by op, for ours
+(hvd_lars's ResNet-50 v1.5 + DistributedOptimizer(LARS)) and plain Keras (keras.applications.ResNet50 +
+SGD momentum), side by side in one run (issue 22, item 7).
+
+Each configuration runs in its own process: the configuration of benchmarks/benchmark_models.py (`build`,
+one synthetic batch of 32 at 224x224 repeated), WARMUP_STEPS steps of `fit`, then PROFILED_STEPS steps
+under `tf.profiler.experimental`. The trace (an XSpace protocol buffer) is read back with TensorFlow's own
+`xplane_pb2`: every op executed on TensorFlow's inter-op threads (`tf_Compute` lines) with its duration,
+named `scope/.../name:OpType`. Ops are put into categories:
+
+  conv forward       Conv2D (and the oneDNN fused forms: _FusedConv2D, _MklNativeConv2D...)
+  conv backward      Conv2DBackpropInput, Conv2DBackpropFilter
+  matmul             MatMul (the classifier, forward and backward)
+  batch norm         FusedBatchNorm* and its gradients
+  update             every op under the optimizer's scope (LARS's norms and trust ratios, momentum, the
+                     weight update), whatever its type
+  element-wise       everything else (ReLU and its gradient, the residual adds, casts, the loss)
+
+Reported per configuration and category: milliseconds per step (sum of op durations: ops that run at the
+same time on two inter-op threads are both counted, so the sum can exceed the step), its share, and for
+the convolutions and matmuls their GFLOP/s against `tf.matmul` in the same run (FLOPs from
+`hvd_lars.models.flops`: forward 1/3, backward 2/3 of the training FLOPs). The step's wall time is the
+mean over the profiled steps.
+
+    python -m benchmarks.step_profile                         # results/step_profile.md (about 5 minutes)
+    python -m benchmarks.step_profile --precision=mixed_bfloat16 --out=/tmp/p.md
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks import common
+
+WARMUP_STEPS, PROFILED_STEPS = 4, 5
+KINDS = {"ours": "hvd_lars: resnet50 (v1.5, fused BN) + DistributedOptimizer(LARS)",
+         "keras": "plain Keras: keras.applications.ResNet50 (v1) + SGD momentum"}  # fmt: skip
+CATEGORIES = ("conv forward", "conv backward", "matmul", "batch norm", "update", "element-wise")
+UPDATE_SCOPES = ("optimizer", "lars", "sgd", "momentum", "assignadd", "resourceapply")
+
+
+def category(name):
+    """The category (one of CATEGORIES) of a traced op `scope/.../name:OpType`."""
+    scope, _, op_type = name.rpartition(":")
+    lowered, kind = scope.lower(), op_type.lower()
+    if any(s in lowered for s in UPDATE_SCOPES[:4]) or kind.startswith(UPDATE_SCOPES[4:]):
+        return "update"
+    if "backprop" in kind and "conv" in kind:
+        return "conv backward"
+    if "conv" in kind:
+        return "conv forward"
+    if "matmul" in kind:
+        return "matmul"
+    if "batchnorm" in kind:
+        return "batch norm"
+    return "element-wise"
+
+
+def op_times(xspace_path):
+    """{op name: total picoseconds} of the ops on TensorFlow's inter-op threads in a trace."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    totals = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" in name and not name.startswith(("ExecutorState", "ThreadpoolListener")):
+                    totals[name] += event.duration_ps
+    return totals
+
+
+def worker(kind, precision, out):
+    import keras
+    import tensorflow as tf
+
+    from benchmarks import benchmark_models
+    from hvd_lars.models import flops
+
+    keras.mixed_precision.set_global_policy(precision)
+    model, optimizer, loss = benchmark_models.build("resnet50", kind)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    batch = benchmark_models.BATCH
+    images = tf.random.stateless_uniform((batch, 224, 224, 3), seed=(1, 2))
+    labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
+    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+    model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS, verbose=0)
+    logdir = tempfile.mkdtemp(prefix="hvd_lars_profile_")
+    tf.profiler.experimental.start(logdir)
+    start = time.perf_counter()
+    model.fit(data, epochs=1, steps_per_epoch=PROFILED_STEPS, verbose=0)
+    wall = (time.perf_counter() - start) / PROFILED_STEPS
+    tf.profiler.experimental.stop()
+    (trace,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    totals = op_times(trace)
+    by_category = collections.Counter()
+    for name, ps in totals.items():
+        by_category[category(name)] += ps / 1e9 / PROFILED_STEPS  # ms per step
+    top = [(n, ps / 1e9 / PROFILED_STEPS) for n, ps in totals.most_common(12)]
+    result = {
+        "kind": kind, "precision": precision, "step_ms": wall * 1e3, "by_category_ms": dict(by_category),
+        "top_ops_ms": top, "train_gflop_per_image": flops.training_flops_per_image(model) / 1e9,
+    }  # fmt: skip
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def markdown(results, matmul, command, precision):
+    lines = [
+        f"# Where ResNet-50's training step goes on this CPU ({precision}, batch 32): ours and plain Keras",
+        "",
+        *common.provenance_lines(command, matmul),
+        f"- {WARMUP_STEPS} steps of `fit` left out, then {PROFILED_STEPS} under TensorFlow's profiler; op "
+        "durations summed per category (ops run at once on two inter-op threads both count, so a sum can "
+        "exceed the step).",
+        "",
+        "| category | " + " | ".join(f"{KINDS[r['kind']]} ms/step (share)" for r in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    for c in CATEGORIES:
+        cells = []
+        for r in results:
+            ms = r["by_category_ms"].get(c, 0.0)
+            cells.append(f"{ms:.0f} ({ms / sum(r['by_category_ms'].values()):.0%})")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| sum of ops | " + " | ".join(f"{sum(r['by_category_ms'].values()):.0f}" for r in results) + " |"
+    )
+    lines.append("| step (wall) | " + " | ".join(f"{r['step_ms']:.0f}" for r in results) + " |")
+    rate = matmul["float32" if precision == "float32" else "bfloat16"]
+    lines += ["", f"Convolutions and matmuls against `tf.matmul` ({rate:.0f} GFLOP/s in this run):", ""]
+    for r in results:
+        gflop = r["train_gflop_per_image"] * 32
+        conv = sum(r["by_category_ms"].get(c, 0.0) for c in ("conv forward", "conv backward", "matmul"))
+        lines.append(
+            f"- {KINDS[r['kind']]}: {gflop:.0f} GFLOP per step in {conv:.0f} ms of conv/matmul ops = "
+            f"{gflop / conv * 1e3:.0f} GFLOP/s ({gflop / conv * 1e3 / rate:.2f} of tf.matmul); the whole "
+            f"step {gflop / r['step_ms'] * 1e3:.0f} GFLOP/s ({gflop / r['step_ms'] * 1e3 / rate:.2f})."
+        )
+    for r in results:
+        lines += ["", f"The 12 longest ops of {KINDS[r['kind']]} (ms per step):", ""]
+        lines += [f"- `{name}`: {ms:.1f}" for name, ms in r["top_ops_ms"]]
+    return lines
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--precision", default="float32", choices=("float32", "mixed_bfloat16"))
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "step_profile.md"))
+    parser.add_argument("--worker", choices=tuple(KINDS), help="internal")
+    parser.add_argument("--json", help="internal")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.precision, args.json)
+        return
+    matmul = common.matmul_rate()
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for kind in ("keras", "ours"):
+            out = os.path.join(scratch, f"{kind}.json")
+            command = common.worker_command(
+                "step_profile", f"--worker={kind}", f"--precision={args.precision}"
+            )
+            done = subprocess.run([*command, f"--json={out}"], cwd=common.REPO, env=common.worker_env(),
+                                  capture_output=True, text=True, timeout=1800)  # fmt: skip
+            if done.returncode:
+                raise RuntimeError(f"{kind}: exit {done.returncode}\n{done.stderr[-3000:]}")
+            with open(out) as f:
+                results.append(json.load(f))
+            print(f"[step_profile] {kind}: {results[-1]['step_ms']:.0f} ms/step", flush=True)
+    command = common.command_line("step_profile", argv)
+    common.write_report(args.out, "\n".join(markdown(results, matmul, command, args.precision)))
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump({"command": command, "results": results}, f, indent=1)
+    print(f"[step_profile] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

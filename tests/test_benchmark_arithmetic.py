@@ -1,0 +1,45 @@
+"""The arithmetic of the cluster and profile benchmarks: the ring bound, the fit per p, the layouts, and the
+profile's op categories."""
+
+import pytest
+
+
+@pytest.mark.unit
+def test_allreduce_fit_recovers_the_ring_terms_and_layouts_are_checked():
+    from benchmarks import allreduce_hosts
+
+    # p = 4: 2(p - 1) = 6 ring steps of 1 ms, and 2(p - 1)/p = 1.5 x S at 25 MB/s.
+    sizes = [1024, 2**20, 16 * 2**20]
+    times = [6e-3 + 1.5 * s / 25e6 for s in sizes]
+    assert times[2] == pytest.approx(1.01263, abs=1e-5)  # 0.006 + 1.5 x 16,777,216 / 25e6
+    alpha, beta, worst = allreduce_hosts.fit_ring(4, sizes, times)
+    assert alpha == pytest.approx(1e-3, rel=1e-9) and beta == pytest.approx(25e6, rel=1e-9)
+    assert worst < 1e-9
+    # 200 Mbit/s at 0.9 payload: 16 MiB over 4 ranks takes 1.5 x 16 MiB x 8 / 180e6 = 1.1185 s at best.
+    assert allreduce_hosts.bound_s(16 * 2**20, 4, 200e6) == pytest.approx(1.1185, abs=1e-4)
+    assert allreduce_hosts.parse_layout("4x2") == (4, 2)
+    for bad in ("4", "9x1", "1x1", "4xa"):
+        with pytest.raises(ValueError, match=bad):
+            allreduce_hosts.parse_layout(bad)
+    with pytest.raises(ValueError, match="2 or more"):
+        allreduce_hosts.fit_ring(4, [1024], [0.01])
+
+
+@pytest.mark.unit
+def test_step_profile_puts_traced_ops_into_their_categories():
+    from benchmarks import step_profile
+
+    cases = {
+        "x/resnet50_1/stage4_block1_proj_1/convolution:_MklNativeConv2D": "conv forward",
+        "x/gradient_tape/resnet50_1/conv1/convolution/Conv2DBackpropFilter:_MklNativeConv2DBackpropFilter": (
+            "conv backward"
+        ),
+        "x/gradient_tape/conv1/Conv2DBackpropInput:Conv2DBackpropInput": "conv backward",
+        "x/resnet50_1/fc/MatMul:_MklMatMul": "matmul",
+        "x/resnet50_1/bn1/FusedBatchNormV3:_MklFusedBatchNormV3": "batch norm",
+        "x/gradient_tape/bn1/FusedBatchNormGradV3:FusedBatchNormGradV3": "batch norm",
+        "x/distributed_optimizer/lars/Sqrt:Sqrt": "update",
+        "x/ResourceApplyKerasMomentum:ResourceApplyKerasMomentum": "update",
+        "x/resnet50_1/relu/Relu:_MklRelu": "element-wise",
+    }
+    assert {name: step_profile.category(name) for name in cases} == cases

@@ -11,7 +11,7 @@ So a result measured again and written to results/ without the README following 
 Covered (README section / line: file):
 - "Two commands": make train's test top-1, wall time and CPU: fashion_mnist_lars.md
 - "Running": 2 ranks x 1 thread against 1 rank x 2 threads, Horovod defaults and tuned: scaling.md, section
-  `threads`
+  `threads`; the allreduce of 16 MiB on 4-8 emulated hosts, Open MPI's choice and the ring: allreduce_hosts.md
 - "Faults": time to exit of a silent host with the ssh keepalive: faults.md, row silent_host; "Elastic
   training": the repetitions of 2 -> 1 -> 2 workers: faults.md, row elastic
 - "Results" table: models_throughput.md (the ResNet-50 ratios in the named CPU's section), lars_step.md
@@ -209,6 +209,21 @@ def communication(text, _):
     }
 
 
+def allreduce_hosts(text, _):
+    # 16 MiB on 4 and 8 ranks (4x1, 8x1, 4x2): Open MPI's own choice (`mpi`) against the project's settings
+    # through the launch scripts (`launch_env`) and a bare horovodrun of the main program (`main`).
+    rows = [r for r in table(text, "layout", "variant", "median / bound") if r["size"] == "16 MiB"]
+
+    def ratios(*variants):
+        return [float(r["median / bound"]) for r in rows if r["p"] in ("4", "8") and r["variant"] in variants]
+
+    default, ours = ratios("mpi"), ratios("launch_env", "main")
+    if len(default) != 3 or len(ours) != 6:
+        raise LookupError(f"want 3 + 6 rows of 16 MiB at p = 4 and 8, got {len(default)} + {len(ours)}")
+    return {"default_low": min(default), "default_high": max(default), "ours_low": min(ours),
+            "ours_high": max(ours)}  # fmt: skip
+
+
 def listing_index(text, _):
     rows = table(text, "caches")
     ratio = lambda caches: first_number(row(rows, caches=caches)["listing / index"])  # noqa: E731
@@ -259,6 +274,11 @@ CLAIMS = [
           r"\(128 MiB reaches (?P<one_gbit>[\d.]+) of a 1 Gbit/s link; unshaped and 10 Gbit/s stop at "
           r"(?P<fast_low>\d+)-(?P<fast_high>\d+) Gbit/s",
           "communication.md", communication),
+    Claim("allreduce past 2 hosts",
+          r"Open MPI 4.1's own choice took (?P<default_low>[\d.]+)-(?P<default_high>[\d.]+)x the "
+          r"bandwidth bound for 16 MiB on 4-8 emulated hosts; the ring takes "
+          r"(?P<ours_low>[\d.]+)-(?P<ours_high>[\d.]+)x",
+          "allreduce_hosts.md", allreduce_hosts),
     Claim("image-folder index",
           r"on (?P<files>[\d,]+) files: listing the folders vs reading the run's index "
           r"\((?P<warm>[\d.]+)x warm, (?P<cold>[\d.]+)x cold caches\)",
@@ -401,6 +421,9 @@ def remeasured(name, old, new):
          ["low = 37.5, results/faults.md gives 36.1"]),
         ("time_to_train.md", "| 5.1 min | 20 min |", "| 6.1 min | 20 min |",
          ["r_time = 5.1, results/time_to_train.md gives 6.1"]),
+        ("allreduce_hosts.md", "| 8x1 | 8 | main | 16 MiB | 1.5012 | 1.3049 | 1.15 |",
+         "| 8x1 | 8 | main | 16 MiB | 1.6312 | 1.3049 | 1.25 |",
+         ["ours_high = 1.15, results/allreduce_hosts.md gives 1.25"]),
     ],
 )  # fmt: skip
 def test_a_result_measured_again_without_the_readme_following_is_reported(name, old, new, reported):

@@ -8,7 +8,7 @@ the same check at 1 rank per host on p = 2, 4 and 8 hosts, for one model and per
   compute     the training step of p processes of world size 1 at once, pinned as the ranks are (rank r
               on core r mod 2), so the cores are as loaded as in training but nothing is communicated
   allreduce   eq. (4) with this p's own fit, t = 2(p - 1) alpha + 2(p - 1)/p x n / beta, made by
-              benchmarks.allreduce_hosts' fit of allreduces of 64 KiB-4 MiB at this link rate, launched
+              benchmarks.allreduce_hosts' fit of allreduces of 1 KiB-16 MiB at this link rate, launched
               here in the same run (the main program's settings, `main`)
   measured    `horovodrun -np p -H node1:1,...` of the same step with hvd_lars.DistributedOptimizer(LARS),
               gradients grouped (one allreduce after backprop) and overlapped (one per gradient)
@@ -40,7 +40,7 @@ MODEL, IMAGE_SIZE, PER_RANK_BATCH, CLASSES = "resnet20", 32, 32, 10
 # A process's first 15-20 s of steps ran up to 5x slower here (the first model's grouped steps at 2 local
 # ranks: 1.2-1.5 s against 0.25 s once warm, in either mode), so every mode warms up for 10 steps.
 WARMUP_STEPS, TIMED_STEPS = 10, 10
-FIT_SIZES_MIB = "0.0625,0.25,1,4"
+FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"
 ERROR_GOAL = 0.15
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -319,6 +320,84 @@ def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
     assert watchdog._thread is None and ended == [4]
     with pytest.raises(ValueError, match=r"hang timeout must be >= 0 seconds \(0: off\), got -1"):
         faults.ProgressWatchdog(-1)
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand (hvd_lars.training.faults reads `time.monotonic`)."""
+
+    def __init__(self, now):
+        self.now = now
+        self.reads = 0
+
+    def monotonic(self):
+        self.reads += 1
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def _until(condition, what, limit_s=60):
+    # Waits for an event of the watchdog's thread; the limit only keeps a broken build from hanging.
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < limit_s, f"the watchdog's thread never {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.unit
+def test_watchdog_does_not_count_the_time_its_process_was_stopped(monkeypatch):
+    from hvd_lars.training import faults
+
+    clock = _Clock(1000.0)
+    monkeypatch.setattr(faults, "time", clock)
+    ended = []
+    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:  # checks every 0.1 s
+        assert faults._last_progress == 1000.0
+        reads = clock.reads
+        _until(lambda: clock.reads >= reads + 2, "checked the clock")
+        # Stopped for 100 s: the thread wakes 100 s after its last check, far past 2 checks + 1 s.
+        clock.now = 1100.0
+        _until(lambda: faults._last_progress != 1000.0, "saw the stop")
+        assert faults._last_progress == pytest.approx(1099.9) and ended == []
+        # Then 0.5 s without progress while running (past the 0.4 s timeout, under 2 checks + 1 s): hung.
+        clock.now = 1100.5
+        _until(lambda: ended, "fired")
+    assert ended == [faults.EXIT_HUNG] and watchdog.fired
+
+
+@pytest.mark.horovod
+def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
+    # The real thing: a process under a 10 s watchdog reports progress, writes a marker and waits for a
+    # line on its stdin. It is SIGSTOPped at once for 15 s, past the timeout, then continued and sent the
+    # line: it must report progress and finish. Before the fix its watchdog, the first thread to run after
+    # SIGCONT, counted the 15 s as time without progress and ended it with status 4.
+    code = (
+        "import sys\n"
+        "from hvd_lars.training import faults\n"
+        "with faults.ProgressWatchdog(10.0):\n"
+        "    faults.heartbeat()\n"
+        "    open(sys.argv[1], 'w').close()\n"
+        "    sys.stdin.readline()\n"
+        "    faults.heartbeat()\n"
+        "print('finished')\n"
+    )
+    marker = tmp_path / "waiting"
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    command = [sys.executable, "-c", code, str(marker)]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, cwd=REPO, env=env, text=True, **pipes)
+    try:
+        _until(marker.exists, "started", limit_s=300)
+        proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < 15.0:  # the stop itself is what is tested: longer than 10 s
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate("go\n", timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "finished" in out, (proc.returncode, err[-2000:])
 
 
 @pytest.mark.unit

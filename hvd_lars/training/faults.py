@@ -297,6 +297,9 @@ class ProgressWatchdog(keras.callbacks.Callback):
     Use as a context manager around training (the thread is started on entry and stopped on exit,
     whatever happens), and as a Keras callback in `fit`.
 
+    Time the process spends stopped (SIGSTOP, `scontrol suspend`) is not counted: the watchdog's thread
+    notices that it did not run itself for longer than 2 checks + 1 s and discounts that gap.
+
     Args:
         timeout_s: float seconds > 0, or 0 / None for no watchdog.
         exit: the function called to end the process (default `os._exit`); its argument is `EXIT_HUNG`.
@@ -328,9 +331,18 @@ class ProgressWatchdog(keras.callbacks.Callback):
         return False
 
     def _watch(self):
+        global _last_progress
         period = min(5.0, self.timeout_s / 4)
+        woke = time.monotonic()
         while not self._stop.wait(period):
-            idle = time.monotonic() - _last_progress
+            now = time.monotonic()
+            if now - woke > 2 * period + 1.0:
+                # This thread itself did not run for that long: the whole process was stopped (SIGSTOP,
+                # Slurm's `scontrol suspend`, a paused VM), not waiting on a peer. The stopped time is not
+                # time without progress (the monotonic clock counts it).
+                _last_progress += now - woke - period
+            woke = now
+            idle = now - _last_progress
             if idle <= self.timeout_s:
                 continue
             step = "?"

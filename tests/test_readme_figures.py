@@ -158,14 +158,43 @@ def lars_step(text, _):
     }
 
 
-def large_batch_study(text, _):
-    # The first network's (batch norm) findings table: test top-1 per batch and arm; its runs and hours
-    # from the line on the earlier runs (the second network and the Nesterov arm are still being run).
-    start = text.index("## Findings: small_cnn (batch norm)")
+def _study_findings(text, network):
+    start = text.index(f"## Findings: {network}")
     end = text.find("\n## ", start + 1)
-    rows = table(text[start : end if end >= 0 else None], "global batch", "LARS (warmup + poly decay)")
+    return text[start : end if end >= 0 else None]
+
+
+def large_batch_study(text, _):
+    # The findings tables of both networks: the batch range and seeds, and test top-1 at 8,192 per arm; the
+    # points lost at 8,192 with batch norm (its findings line); how far below the linear scaling rule's
+    # base rate (the momentum arm's centre) the momentum sweep without batch norm chose; the earlier runs'
+    # count and hours from their line.
+    with_bn, without_bn = (
+        _study_findings(text, "small_cnn (batch norm)"),
+        _study_findings(text, "small_cnn_nobn"),
+    )
+    rows = table(with_bn, "global batch", "LARS (warmup + poly decay)")
     batches = [first_number(r["global batch"]) for r in rows]
     seeds = {int(n) for n in re.findall(r"n=(\d+)", " ".join(" ".join(r.values()) for r in rows))}
+
+    def top1(rows, arm):
+        return first_number(row(rows, **{"global batch": "8192"})[arm].strip("*"))
+
+    nobn_rows = table(without_bn, "global batch", "LARS (warmup + poly decay)")
+    momentum, lars = "momentum SGD (linear scaling + warmup)", "LARS (warmup + poly decay)"
+    nesterov = "Nesterov momentum SGD (linear scaling + warmup)"
+    lost = [
+        float(x)
+        for x in re.findall(r"\(loses ([\d.]+) points\)", search(r"^- Batch 8192: .*$", with_bn).group())
+    ]
+    centre = float(search(r"centre base rate per 256 images ([\d.]+) \(Goyal", text).group(1))
+    sweep = table(text, "network", "arm", "global batch", "swept rate")
+    cell = ("small_cnn_nobn", "momentum", "8192")
+    chosen = [
+        r
+        for r in sweep
+        if (r["network"], r["arm"], r["global batch"]) == cell and r["chosen"].startswith("yes")
+    ]
     wall = search(
         r"^- (\d+) earlier runs are known only by their records.*?; ([\d.]+) h over \d+ run attempts", text
     )
@@ -173,6 +202,16 @@ def large_batch_study(text, _):
         "low": min(batches),
         "high": max(batches),
         "seeds": seeds.pop() if len(seeds) == 1 else f"n={sorted(seeds)}",
+        "bn_lars": top1(rows, lars),
+        "bn_momentum": top1(rows, momentum),
+        "bn_nesterov": top1(rows, nesterov),
+        "loss_low": min(lost),
+        "loss_high": max(lost),
+        "nobn_lars": top1(nobn_rows, lars),
+        "nobn_momentum": top1(nobn_rows, momentum),
+        "below": centre / first_number(chosen[0]["swept rate"])
+        if len(chosen) == 1
+        else f"{len(chosen)} chosen",
         "runs": float(wall.group(1)),
         "hours": float(wall.group(2)),
     }
@@ -261,7 +300,12 @@ CLAIMS = [
           "lars_step.md", lars_step),
     Claim("large-batch study",
           r"global batch (?P<low>[\d,]+)-(?P<high>[\d,]+), rates tuned on a validation split, "
-          r"(?P<seeds>\d+) seeds: .*?the first network's (?P<runs>\d+) runs took (?P<hours>[\d.]+) h here",
+          r"(?P<seeds>\d+) seeds: at 8,192 with batch norm LARS (?P<bn_lars>[\d.]+), momentum SGD "
+          r"(?P<bn_momentum>[\d.]+), Nesterov (?P<bn_nesterov>[\d.]+) test top-1 \(every arm loses "
+          r"(?P<loss_low>[\d.]+)-(?P<loss_high>[\d.]+) points\); without batch norm LARS "
+          r"(?P<nobn_lars>[\d.]+), momentum SGD (?P<nobn_momentum>[\d.]+) \(its rate tuned (?P<below>\d+)x "
+          r"below the linear scaling rule's; .*?the first network's (?P<runs>\d+) runs took "
+          r"(?P<hours>[\d.]+) h here",
           "large_batch_study.md", large_batch_study),
     Claim("time to train",
           r"AlexNet-BN, (?P<a_epochs>\d+) epochs on (?P<a_sockets>[\d,]+) (?P<a_cpu>[\w ]+?) sockets: "

@@ -60,6 +60,9 @@ BACKWARD_SHARE = (
 FUSION_BYTES = 128 * 2**20  # Horovod 0.28.1's default HOROVOD_FUSION_THRESHOLD (horovodrun --help)
 SMALL_MESSAGES = (2**10, 2**16)  # alpha: the median time of these allreduce sizes
 LARGE_MESSAGES = 2**20  # B: fitted to allreduces of at least this many bytes
+# The CPU of the committed emulated-cluster runs (results/scaling/overlap_compression_*.json), on which
+# the model is validated; its throughput records are the model's compute rates unless --cpu names another.
+DEFAULT_CPU = "AMD EPYC"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -638,7 +641,10 @@ def main(argv=None):
     )
     parser.add_argument("--out", default=MARKDOWN, help="the report; the plot goes beside it (.png)")
     parser.add_argument(
-        "--cpu", default=None, help="the CPU whose throughput records to use (text of its label)"
+        "--cpu",
+        default=DEFAULT_CPU,
+        help="the CPU whose throughput records to use (text of its label); default: the CPU of the "
+        "committed emulated-cluster records (results/scaling/), so that one CPU's rates go into the model",
     )
     args = parser.parse_args(argv)
     try:

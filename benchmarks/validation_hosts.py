@@ -150,7 +150,7 @@ def overlap_share():
     """time_to_train's overlap share, calibrated on ResNet-50's overlapped run on 2 hosts at 1 Gbit/s."""
     from benchmarks import time_to_train
 
-    measurements = time_to_train.load_measurements()
+    measurements = time_to_train.load_measurements(time_to_train.DEFAULT_CPU)
     grads = {m: time_to_train.gradient_bytes(m) for m in time_to_train.MODEL_NAMES}
     _, share = time_to_train.validate(measurements, grads)
     return share

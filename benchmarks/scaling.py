@@ -57,13 +57,13 @@ TIMED_STEPS = 10
 # ------------------------------------------------------------------------------------------- the worker
 
 
-def _pin_to_core(core):
+def pin_to_core(core):
     """One core per rank, as one rank per host of a 1-core cluster (set before TensorFlow starts)."""
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[core % len(cores)]})
 
 
-def _step_times(model, optimizer, data, steps):
+def step_times(model, optimizer, data, steps):
     import keras
 
     stamps = []
@@ -89,7 +89,7 @@ def worker_overlap_compression(role, out, core=0):
     """Runs on every rank ("ranks") or as one process of world size 1 on core `core` ("compute"); rank 0
     writes the JSON `out`."""
     # Pinned before Horovod starts its background thread, which then shares the rank's core.
-    _pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
+    pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
     from hvd_lars.parallel import collectives
 
     if role == "ranks":
@@ -131,7 +131,7 @@ def worker_overlap_compression(role, out, core=0):
             optimizer = DistributedOptimizer(
                 lars, gradient_reduction="grouped" if mode == "compute" else mode
             )
-            times = _step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)
+            times = step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)
             entry["modes"][mode] = times[WARMUP_STEPS:]
             if rank == 0:
                 print(

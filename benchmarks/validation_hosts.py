@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import allreduce_hosts, common
+from benchmarks import allreduce_hosts, common, scaling
 
 MODEL, IMAGE_SIZE, PER_RANK_BATCH, CLASSES = "resnet20", 32, 32, 10
 # A process's first 15-20 s of steps ran up to 5x slower here (the first model's grouped steps at 2 local
@@ -42,30 +42,6 @@ MODEL, IMAGE_SIZE, PER_RANK_BATCH, CLASSES = "resnet20", 32, 32, 10
 WARMUP_STEPS, TIMED_STEPS = 10, 10
 FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"
 ERROR_GOAL = 0.15
-
-
-def _pin(core):
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[core % len(cores)]})
-
-
-def _step_times(model, optimizer, data, steps):
-    import keras
-
-    stamps = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if batch == 0:
-                stamps.append(time.perf_counter())
-
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
-    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Stamp()])
-    return [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
 
 
 def worker(role, out, core):
@@ -76,7 +52,7 @@ def worker(role, out, core):
     if role == "ranks":
         core = int(os.environ["OMPI_COMM_WORLD_RANK"])
         threads.apply_horovod_cpu_defaults()
-    _pin(core)
+    scaling.pin_to_core(core)
     import keras
     import tensorflow as tf
 
@@ -96,7 +72,9 @@ def worker(role, out, core):
         keras.utils.set_random_seed(0)
         model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
         optimizer = DistributedOptimizer(common.mlperf_lars(), gradient_reduction=mode)
-        result["modes"][mode] = _step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)
+        result["modes"][mode] = scaling.step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)[
+            WARMUP_STEPS:
+        ]
         result["gradient_bytes"] = 4 * sum(int(tf.size(v)) for v in model.trainable_variables)
         result["tensors"] = len(model.trainable_variables)
         keras.backend.clear_session()

@@ -42,7 +42,6 @@ import time
 from benchmarks import common
 
 REPO = common.REPO
-SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
 RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
 VARIANTS = {
     "mpi": {},
@@ -219,22 +218,6 @@ def fit_ring(p, sizes, times):
     return float(alpha), float(1.0 / inverse_beta), worst
 
 
-def _rate_bits(rate):
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, factor in units.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * factor
-    raise ValueError(f"--link_rate={rate!r}: expected e.g. 200mbit or 1gbit")
-
-
-def _cluster(nodes, link_rate):
-    env = dict(os.environ, NODES=str(nodes), LINK_RATE=link_rate)
-    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=300)
-    if up.returncode:
-        raise RuntimeError(f"emulated_cluster.sh up: {up.stdout}{up.stderr}")
-    return env
-
-
 def _mib(size):
     return f"{size / 2**20:.4g} MiB" if size >= 2**20 else f"{size / 2**10:.4g} KiB"
 
@@ -375,17 +358,17 @@ def main(argv=None):
     except ValueError as e:
         parser.error(f"--layouts: {e}")
     sizes = [max(4, int(round(float(m) * 2**20 / 4)) * 4) for m in args.sizes_mib.split(",")]
-    link_bits = _rate_bits(args.link_rate)
-    env = _cluster(max(h for h, _ in layouts), args.link_rate)
+    try:
+        link_bits = common.link_rate_bits(args.link_rate)
+    except ValueError as e:
+        parser.error(f"--link_rate: {e}")
     matmul = common.matmul_rate()
     results = []
-    try:
+    with common.emulated_cluster(max(h for h, _ in layouts), args.link_rate):
         for layout in layouts:
             for variant in variants:
                 for cache in caches:
                     results += measure(args, layout, variant, cache, sizes, link_bits)
-    finally:
-        subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=300)
     command = common.command_line("allreduce_hosts", argv)
     with open(args.raw, "w") as f:
         json.dump({"command": command, "link_rate": args.link_rate, "results": results}, f, indent=1)

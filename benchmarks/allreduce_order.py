@@ -33,7 +33,6 @@ import numpy as np
 from benchmarks import common
 
 REPO = common.REPO
-SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
 RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
 RULES_ENV = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
@@ -89,13 +88,9 @@ def main(argv=None):
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         parser.error(f"--arms: unknown {unknown}; valid: {', '.join(ARMS)}")
-    env = dict(os.environ, NODES="2")
-    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=300)
-    if up.returncode:
-        raise RuntimeError(f"emulated_cluster.sh up: {up.stdout}{up.stderr}")
     matmul = common.matmul_rate()
     weights = {arm: [] for arm in arms}
-    try:
+    with common.emulated_cluster(2):
         for repeat in range(args.repeats):
             for arm in arms:
                 workdir = tempfile.mkdtemp(prefix=f"hvd_lars_order_{arm}_", dir="/var/tmp")
@@ -104,8 +99,6 @@ def main(argv=None):
                 finally:
                     shutil.rmtree(workdir, ignore_errors=True)
                 print(f"[allreduce_order] {arm} repeat {repeat} done", flush=True)
-    finally:
-        subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=300)
     command = common.command_line("allreduce_order", argv)
     lines = [
         "# Two runs of one job with Open MPI's ring allreduce: bit-identical or not (issue 22, item 3)",

@@ -10,6 +10,7 @@ Reports keep what a person wrote. A whole-file report (`write_report`) keeps eve
     python -m benchmarks.common          # prints this machine's description (CPU and tf.matmul rate)
 """
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -25,6 +26,7 @@ from hvd_lars.training import provenance
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "results")
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+EMULATED_CLUSTER = os.path.join(REPO, "launch", "emulated_cluster.sh")
 
 # CPU flags that decide training speed here (/proc/cpuinfo): AVX-512, native bfloat16, AMX tiles.
 CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
@@ -158,6 +160,46 @@ def run(command, env=None, timeout=1200, **kwargs):
             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
     return result
+
+
+# ------------------------------------------------------------------------------------ emulated cluster
+
+
+def link_rate_bits(rate):
+    """Bits per second of a tc rate as launch/emulated_cluster.sh's LINK_RATE takes it ('200mbit' -> 2e8).
+
+    Raises:
+        ValueError: `rate` is not a number followed by kbit, mbit or gbit.
+    """
+    for unit, factor in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
+        if rate.endswith(unit):
+            try:
+                return float(rate[: -len(unit)]) * factor
+            except ValueError:
+                break
+    raise ValueError(f"link rate {rate!r}: expected a number and kbit, mbit or gbit, e.g. 200mbit or 1gbit")
+
+
+@contextlib.contextmanager
+def emulated_cluster(nodes, link_rate=""):
+    """Brings up launch/emulated_cluster.sh with `nodes` hosts (node1, node2, ...; needs root), each link
+    shaped to `link_rate` ('' leaves them unshaped), and takes it down when the block ends, however it ends.
+
+    Yields:
+        The environment the script was run with (NODES, LINK_RATE set).
+    Raises:
+        RuntimeError: `up` failed, with its output.
+    """
+    env = dict(os.environ, NODES=str(nodes), LINK_RATE=link_rate)
+    up = subprocess.run([EMULATED_CLUSTER, "up"], env=env, capture_output=True, text=True, timeout=300)
+    if up.returncode:
+        subprocess.run([EMULATED_CLUSTER, "down"], env=env, capture_output=True, text=True, timeout=300)
+        shaped = f"LINK_RATE={link_rate!r}"
+        raise RuntimeError(f"emulated_cluster.sh up (NODES={nodes}, {shaped}): {up.stdout}{up.stderr}")
+    try:
+        yield env
+    finally:
+        subprocess.run([EMULATED_CLUSTER, "down"], env=env, capture_output=True, text=True, timeout=300)
 
 
 # --------------------------------------------------------------------------------------------- reports

@@ -128,22 +128,15 @@ def main(argv=None):
     args, flags = parser.parse_known_args(argv)
     flags = flags or ["--flagfile=flags/smoke.flags"]
     ps = [int(p) for p in args.ps.split(",")]
-    script = os.path.join(common.REPO, "launch", "emulated_cluster.sh")
-    env = dict(os.environ, NODES=str(max(ps)), LINK_RATE=args.link_rate)
-    up = subprocess.run([script, "up"], env=env, capture_output=True, text=True, timeout=300)
-    if up.returncode:
-        raise RuntimeError(f"emulated_cluster.sh up: {up.stdout}{up.stderr}")
     matmul = common.matmul_rate()
     runs = {p: [] for p in ps}
-    try:
+    with common.emulated_cluster(max(ps), args.link_rate):
         for repeat in range(args.repeats):
             for p in ps:
                 with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_startup_") as workdir:
                     runs[p].append(launch(p, flags, workdir))
                 total = max(m["first"] for m in runs[p][-1]["ranks"]) - runs[p][-1]["launched"]
                 print(f"[startup_hosts] p={p} repeat {repeat}: first update {total:.1f} s after launch")
-    finally:
-        subprocess.run([script, "down"], env=env, capture_output=True, text=True, timeout=300)
     command = common.command_line("startup_hosts", argv)
     header = " | ".join(f"p={p} slowest rank | p={p} median rank" for p in ps)
     lines = [

@@ -148,15 +148,17 @@ def main(argv=None):
         return
     ps = [int(p) for p in args.ps.split(",")]
     share = overlap_share()
-    link_bits = allreduce_hosts._rate_bits(args.link_rate)
+    try:
+        link_bits = common.link_rate_bits(args.link_rate)
+    except ValueError as e:
+        parser.error(f"--link_rate: {e}")
     env = common.worker_env()
     env = {k: v for k, v in env.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
-    cluster_env = allreduce_hosts._cluster(max(ps), args.link_rate)
     matmul = common.matmul_rate()
     rows, started = [], time.time()
     fit_sizes = [int(float(m) * 2**20) for m in FIT_SIZES_MIB.split(",")]
     fit_args = [f"--sizes={','.join(map(str, fit_sizes))}", "--repeats=5"]
-    try:
+    with common.emulated_cluster(max(ps), args.link_rate):
         for p in ps:
             with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_validation_") as scratch:
                 busy = compute_busy(p, scratch, env)
@@ -176,8 +178,6 @@ def main(argv=None):
                 rows.append(dict(row, steps_s=measured["modes"][mode], compute_steps_s=busy))
                 print(f"[validation_hosts] p={p} {mode}: predicted {predicted:.3f} s, measured {step:.3f} s, "
                       f"compute {compute:.3f} s, allreduce {reduce:.3f} s", flush=True)  # fmt: skip
-    finally:
-        subprocess.run([allreduce_hosts.SCRIPT, "down"], env=cluster_env, capture_output=True, timeout=300)
     command = common.command_line("validation_hosts", argv)
     lines = [
         "# The step-time model at p = 2, 4 and 8 emulated hosts (issue 22, item 5)",

@@ -1,5 +1,5 @@
-"""The arithmetic of the cluster and profile benchmarks: the ring bound, the fit per p, the layouts, and the
-profile's op categories."""
+"""The arithmetic of the cluster and profile benchmarks: the ring bound, the fit per p, the layouts, link
+rates, and the profile's op categories."""
 
 import pytest
 
@@ -23,6 +23,19 @@ def test_allreduce_fit_recovers_the_ring_terms_and_layouts_are_checked():
             allreduce_hosts.parse_layout(bad)
     with pytest.raises(ValueError, match="2 or more"):
         allreduce_hosts.fit_ring(4, [1024], [0.01])
+
+
+@pytest.mark.unit
+def test_link_rates_are_read_as_tc_writes_them():
+    from benchmarks import common
+
+    assert common.link_rate_bits("200mbit") == 200e6
+    assert common.link_rate_bits("1gbit") == 1e9
+    assert common.link_rate_bits("2.5gbit") == 2.5e9
+    assert common.link_rate_bits("64kbit") == 64e3
+    for bad in ("200", "fastmbit", "1 tbit", ""):
+        with pytest.raises(ValueError, match=f"link rate {bad!r}: expected"):
+            common.link_rate_bits(bad)
 
 
 @pytest.mark.unit

@@ -663,7 +663,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--untrained_extensions",
         type=int,
-        default=3,
+        default=4,
         help="while no rate of a sweep learned anything, up to this many more rates below its lowest",
     )
     parser.add_argument("--validation_examples", type=int, default=5000)

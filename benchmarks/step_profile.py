@@ -23,7 +23,12 @@ the convolutions and matmuls their GFLOP/s against `tf.matmul` in the same run (
 mean over the profiled steps.
 
     python -m benchmarks.step_profile                         # results/step_profile.md (about 5 minutes)
-    python -m benchmarks.step_profile --precision=mixed_bfloat16 --out=/tmp/p.md
+    python -m benchmarks.step_profile --precision=mixed_bfloat16 --out=results/step_profile_bfloat16.md
+    python -m benchmarks.step_profile --inter_op_threads=1 --out=results/step_profile_inter_op_1.md
+
+`--inter_op_threads` and `--intra_op_threads` set TensorFlow's thread pools in both processes (0:
+TensorFlow's own choice, one thread per core for each pool). With 1 inter-op thread ops run one at a time,
+so each op's duration is its own and the category sums add up to the step.
 """
 
 import argparse
@@ -81,9 +86,12 @@ def op_times(xspace_path):
     return totals
 
 
-def worker(kind, precision, out):
+def worker(kind, precision, out, inter_op=0, intra_op=0):
     import keras
     import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
 
     from benchmarks import benchmark_models
     from hvd_lars.models import flops
@@ -111,19 +119,26 @@ def worker(kind, precision, out):
     result = {
         "kind": kind, "precision": precision, "step_ms": wall * 1e3, "by_category_ms": dict(by_category),
         "top_ops_ms": top, "train_gflop_per_image": flops.training_flops_per_image(model) / 1e9,
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
     }  # fmt: skip
     with open(out, "w") as f:
         json.dump(result, f)
 
 
-def markdown(results, matmul, command, precision):
+def _threads(n):
+    return str(n) if n else "TensorFlow's choice"
+
+
+def markdown(results, matmul, command, precision, inter_op=0, intra_op=0):
+    threads = f"inter-op threads {_threads(inter_op)}, intra-op threads {_threads(intra_op)}"
     lines = [
         f"# Where ResNet-50's training step goes on this CPU ({precision}, batch 32): ours and plain Keras",
         "",
         *common.provenance_lines(command, matmul),
         f"- {WARMUP_STEPS} steps of `fit` left out, then {PROFILED_STEPS} under TensorFlow's profiler; op "
         "durations summed per category (ops run at once on two inter-op threads both count, so a sum can "
-        "exceed the step).",
+        f"exceed the step). Threads: {threads}.",
         "",
         "| category | " + " | ".join(f"{KINDS[r['kind']]} ms/step (share)" for r in results) + " |",
         "|---|" + "---|" * len(results),
@@ -159,11 +174,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--precision", default="float32", choices=("float32", "mixed_bfloat16"))
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "step_profile.md"))
+    parser.add_argument("--inter_op_threads", type=int, default=0, help="0: TensorFlow's choice")
+    parser.add_argument("--intra_op_threads", type=int, default=0, help="0: TensorFlow's choice")
     parser.add_argument("--worker", choices=tuple(KINDS), help="internal")
     parser.add_argument("--json", help="internal")
     args = parser.parse_args(argv)
+    if min(args.inter_op_threads, args.intra_op_threads) < 0:
+        parser.error(
+            f"--inter_op_threads={args.inter_op_threads}, --intra_op_threads={args.intra_op_threads}: "
+            "each must be 0 (TensorFlow's choice) or a positive count."
+        )
+    threads = (args.inter_op_threads, args.intra_op_threads)
     if args.worker:
-        worker(args.worker, args.precision, args.json)
+        worker(args.worker, args.precision, args.json, *threads)
         return
     matmul = common.matmul_rate()
     results = []
@@ -171,8 +194,9 @@ def main(argv=None):
         for kind in ("keras", "ours"):
             out = os.path.join(scratch, f"{kind}.json")
             command = common.worker_command(
-                "step_profile", f"--worker={kind}", f"--precision={args.precision}"
-            )
+                "step_profile", f"--worker={kind}", f"--precision={args.precision}",
+                f"--inter_op_threads={args.inter_op_threads}", f"--intra_op_threads={args.intra_op_threads}",
+            )  # fmt: skip
             done = subprocess.run([*command, f"--json={out}"], cwd=common.REPO, env=common.worker_env(),
                                   capture_output=True, text=True, timeout=1800)  # fmt: skip
             if done.returncode:
@@ -181,7 +205,7 @@ def main(argv=None):
                 results.append(json.load(f))
             print(f"[step_profile] {kind}: {results[-1]['step_ms']:.0f} ms/step", flush=True)
     command = common.command_line("step_profile", argv)
-    common.write_report(args.out, "\n".join(markdown(results, matmul, command, args.precision)))
+    common.write_report(args.out, "\n".join(markdown(results, matmul, command, args.precision, *threads)))
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump({"command": command, "results": results}, f, indent=1)
     print(f"[step_profile] wrote {args.out}")

@@ -187,6 +187,9 @@ def large_batch_study(text, _):
         float(x)
         for x in re.findall(r"\(loses ([\d.]+) points\)", search(r"^- Batch 8192: .*$", with_bn).group())
     ]
+    nobn_line = search(r"^- Batch 8192: .*$", without_bn).group()
+    ahead = [float(x) for x in re.findall(r"LARS is ahead of [\w ]+? by ([\d.]+) points", nobn_line)]
+    nobn_lars_lost = float(search(r"LARS [\d.]+ \(loses ([\d.]+) points\)", nobn_line).group(1))
     centre = float(search(r"centre base rate per 256 images ([\d.]+) \(Goyal", text).group(1))
     sweep = table(text, "network", "arm", "global batch", "swept rate")
     cell = ("small_cnn_nobn", "momentum", "8192")
@@ -209,6 +212,10 @@ def large_batch_study(text, _):
         "loss_high": max(lost),
         "nobn_lars": top1(nobn_rows, lars),
         "nobn_momentum": top1(nobn_rows, momentum),
+        "nobn_nesterov": top1(nobn_rows, nesterov),
+        "ahead_low": min(ahead),
+        "ahead_high": max(ahead),
+        "nobn_lars_lost": nobn_lars_lost,
         "below": centre / first_number(chosen[0]["swept rate"])
         if len(chosen) == 1
         else f"{len(chosen)} chosen",
@@ -304,7 +311,10 @@ CLAIMS = [
           r"(?P<bn_momentum>[\d.]+), Nesterov (?P<bn_nesterov>[\d.]+) test top-1 \(every arm loses "
           r"(?P<loss_low>[\d.]+)-(?P<loss_high>[\d.]+) points\); without batch norm LARS "
           r"(?P<nobn_lars>[\d.]+), momentum SGD (?P<nobn_momentum>[\d.]+) \(its rate tuned (?P<below>\d+)x "
-          r"below the linear scaling rule's; .*?the first network's (?P<runs>\d+) runs took "
+          r"below the linear scaling rule's\), Nesterov (?P<nobn_nesterov>[\d.]+) \(LARS holds "
+          r"(?P<ahead_low>[\d.]+)-(?P<ahead_high>[\d.]+) of the points both momentum arms lose, and loses "
+          r"(?P<nobn_lars_lost>[\d.]+) itself\).*?the first network's "
+          r"(?P<runs>\d+) runs took "
           r"(?P<hours>[\d.]+) h here",
           "large_batch_study.md", large_batch_study),
     Claim("time to train",

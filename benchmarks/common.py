@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -183,7 +184,8 @@ def link_rate_bits(rate):
 @contextlib.contextmanager
 def emulated_cluster(nodes, link_rate=""):
     """Brings up launch/emulated_cluster.sh with `nodes` hosts (node1, node2, ...; needs root), each link
-    shaped to `link_rate` ('' leaves them unshaped), and takes it down when the block ends, however it ends.
+    shaped to `link_rate` ('' leaves them unshaped), and takes it down when the block ends, however it ends
+    (SIGTERM included: inside the block it raises SystemExit, so the benchmark's `finally` clauses run).
 
     Yields:
         The environment the script was run with (NODES, LINK_RATE set).
@@ -196,9 +198,15 @@ def emulated_cluster(nodes, link_rate=""):
         subprocess.run([EMULATED_CLUSTER, "down"], env=env, capture_output=True, text=True, timeout=300)
         shaped = f"LINK_RATE={link_rate!r}"
         raise RuntimeError(f"emulated_cluster.sh up (NODES={nodes}, {shaped}): {up.stdout}{up.stderr}")
+
+    def terminated(signum, _):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         yield env
     finally:
+        signal.signal(signal.SIGTERM, previous)
         subprocess.run([EMULATED_CLUSTER, "down"], env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -56,3 +56,32 @@ def test_step_profile_puts_traced_ops_into_their_categories():
         "x/resnet50_1/relu/Relu:_MklRelu": "element-wise",
     }
     assert {name: step_profile.category(name) for name in cases} == cases
+
+
+EMULATED = """
+import os, signal, sys
+from benchmarks import common
+common.EMULATED_CLUSTER = sys.argv[1]
+with common.emulated_cluster(4, "200mbit") as env:
+    assert env["NODES"] == "4" and env["LINK_RATE"] == "200mbit"
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("not reached")
+"""
+
+
+@pytest.mark.horovod  # a subprocess (the tier of tests that start processes); no root, no Horovod ranks
+def test_the_emulated_cluster_is_taken_down_when_the_benchmark_is_terminated(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+
+    log = tmp_path / "verbs"
+    script = tmp_path / "emulated_cluster.sh"
+    script.write_text(f'#!/bin/sh\necho "$1 $NODES $LINK_RATE" >> {log}\n')
+    script.chmod(0o755)
+    result = subprocess.run(
+        [sys.executable, "-c", EMULATED, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 128 + 15 and "not reached" not in result.stdout, result.stderr[-2000:]
+    assert log.read_text().splitlines() == ["up 4 200mbit", "down 4 200mbit"]

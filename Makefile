@@ -29,7 +29,7 @@ test: setup
 	bash install/test_services.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -v -rs --durations=15
+	$(PY) -m pytest -v -rs --durations=40
 
 lint:
 	$(PY) -m ruff check .

@@ -6,7 +6,8 @@ eqs. 1, 4, 5). Its own validation ran on 2 hosts only, where the ring's 2(p - 1)
 the same check at 1 rank per host on p = 2, 4 and 8 hosts, for one model and per-rank batch:
 
   compute     the training step of p processes of world size 1 at once, pinned as the ranks are (rank r
-              on core r mod 2), so the cores are as loaded as in training but nothing is communicated
+              on core r mod 2), so the cores are as loaded as in training but nothing is communicated;
+              their timed steps overlap (each waits for all to be warm, and steps on until all are done)
   allreduce   eq. (4) with this p's own fit, t = 2(p - 1) alpha + 2(p - 1)/p x n / beta, made by
               benchmarks.allreduce_hosts' fit of allreduces of 1 KiB-16 MiB at this link rate, launched
               here in the same run (the main program's settings, `main`)
@@ -26,6 +27,7 @@ ResNet-50's and AlexNet-BN's do at the paper's per-socket batch on Omni-Path (re
 """
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -44,7 +46,9 @@ MODEL, IMAGE_SIZE, CLASSES = "resnet20", 32, 10
 PER_RANK_BATCH, LINK_RATE = 32, "80mbit"
 # A process's first 15-20 s of steps ran up to 5x slower here (the first model's grouped steps at 2 local
 # ranks: 1.2-1.5 s against 0.25 s once warm, in either mode), so every mode warms up for 10 steps.
-WARMUP_STEPS, TIMED_STEPS = 10, 10
+# Medians of 30 timed steps: with 10 and their means, two runs of the same command differed by up to 15%
+# in one p's measured step (one slow step of 2x in ten moves a mean by a tenth).
+WARMUP_STEPS, TIMED_STEPS = 10, 30
 FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"
 ERROR_GOAL = 0.15
 
@@ -77,15 +81,67 @@ def worker(role, out, core, batch):
         keras.utils.set_random_seed(0)
         model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
         optimizer = DistributedOptimizer(common.mlperf_lars(), gradient_reduction=mode)
-        result["modes"][mode] = scaling.step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)[
-            WARMUP_STEPS:
-        ]
+        if role == "compute":
+            result["modes"][mode] = busy_step_times(model, optimizer, data, os.path.dirname(out), core)
+        else:
+            result["modes"][mode] = scaling.step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)[
+                WARMUP_STEPS:
+            ]
         result["gradient_bytes"] = 4 * sum(int(tf.size(v)) for v in model.trainable_variables)
         result["tensors"] = len(model.trainable_variables)
         keras.backend.clear_session()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
+
+
+def busy_step_times(model, optimizer, data, scratch, me, timeout_s=1200):
+    """TIMED_STEPS step times of one of the compute processes, all of whose timed steps overlap.
+
+    The processes start at different times (imports, tracing), so each, after WARMUP_STEPS, writes
+    `ready.<me>` in `scratch` and waits until every process's is there (their number: `count`), times its
+    steps, writes `done.<me>`, and keeps stepping until every process is done: the cores stay as loaded as
+    in training for every timed step. Raises TimeoutError when the others do not appear in `timeout_s`.
+    """
+    import keras
+
+    with open(os.path.join(scratch, "count")) as f:
+        count = int(f.read())
+    stamps = []
+
+    def wait_for(name):
+        deadline = time.monotonic() + timeout_s
+        while len(glob.glob(os.path.join(scratch, f"{name}.*"))) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"compute process {me}: fewer than {count} {name} files in {timeout_s} s")
+            time.sleep(0.02)
+
+    def mark(name):
+        with open(os.path.join(scratch, f"{name}.{me}"), "w"):
+            pass
+
+    class Busy(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == WARMUP_STEPS:
+                mark("ready")
+                wait_for("ready")
+                stamps.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            if WARMUP_STEPS <= batch < WARMUP_STEPS + TIMED_STEPS:
+                stamps.append(time.perf_counter())
+            if batch == WARMUP_STEPS + TIMED_STEPS - 1:
+                mark("done")
+            if batch >= WARMUP_STEPS + TIMED_STEPS - 1:
+                self.model.stop_training = len(glob.glob(os.path.join(scratch, "done.*"))) >= count
+
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    model.fit(data, epochs=1, steps_per_epoch=10**6, verbose=0, callbacks=[Busy()])
+    return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
 def _run(command, env, timeout=1800):
@@ -99,7 +155,12 @@ def _run(command, env, timeout=1800):
 
 
 def compute_busy(p, batch, scratch, env):
-    """Mean step time of p world-size-1 processes at once, process r on core r mod 2."""
+    """Step times of p world-size-1 processes at once, process r on core r mod 2, their timed steps
+    overlapping (`busy_step_times`)."""
+    scratch = os.path.join(scratch, "compute")
+    os.makedirs(scratch)
+    with open(os.path.join(scratch, "count"), "w") as f:
+        f.write(str(p))
     outs = [os.path.join(scratch, f"compute{r}.json") for r in range(p)]
     procs = [
         subprocess.Popen(
@@ -179,11 +240,11 @@ def main(argv=None):
             alpha, beta, _ = allreduce_hosts.fit_ring(p, fit["sizes"], medians)
             n = measured["gradient_bytes"]
             reduce = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / beta
-            compute = statistics.mean(busy)
+            compute = statistics.median(busy)
             for mode in ("grouped", "overlap"):
                 hidden = 0.0 if mode == "grouped" else share * (2.0 / 3.0) * compute
                 predicted = compute + max(0.0, reduce - hidden)
-                step = statistics.mean(measured["modes"][mode])
+                step = statistics.median(measured["modes"][mode])
                 row = dict(p=p, mode=mode, compute_s=compute, allreduce_s=reduce, alpha_s=alpha, beta=beta)
                 row.update(predicted_s=predicted, measured_s=step, error=predicted / step - 1)
                 rows.append(dict(row, steps_s=measured["modes"][mode], compute_steps_s=busy))
@@ -197,7 +258,7 @@ def main(argv=None):
         f"- {MODEL} ({IMAGE_SIZE}x{IMAGE_SIZE}x3, per-rank batch {args.per_rank_batch}, float32, "
         f"{measured['tensors']} gradient tensors, {measured['gradient_bytes'] / 2**20:.2f} MiB), "
         f"hvd_lars.DistributedOptimizer(LARS); 1 rank per host on core rank mod 2, links {args.link_rate} "
-        f"({link_bits / 1e6:g} Mbit/s); {TIMED_STEPS} timed steps after {WARMUP_STEPS}; wall time "
+        f"({link_bits / 1e6:g} Mbit/s); medians of {TIMED_STEPS} timed steps after {WARMUP_STEPS}; wall time "
         f"{time.time() - started:.0f} s.",
         f"- Overlap share (time_to_train's calibration, ResNet-50 on 2 hosts at 1 Gbit/s): {share:.2f}.",
         "",

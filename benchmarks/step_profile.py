@@ -25,6 +25,7 @@ mean over the profiled steps.
     python -m benchmarks.step_profile                         # results/step_profile.md (about 5 minutes)
     python -m benchmarks.step_profile --precision=mixed_bfloat16 --out=results/step_profile_bfloat16.md
     python -m benchmarks.step_profile --inter_op_threads=1 --out=results/step_profile_inter_op_1.md
+    python -m benchmarks.step_profile --wall_only=0,1 --out=results/step_threads.md   # no profiler
 
 `--inter_op_threads` and `--intra_op_threads` set TensorFlow's thread pools in both processes (0:
 TensorFlow's own choice, one thread per core for each pool). With 1 inter-op thread ops run one at a time,
@@ -44,6 +45,7 @@ import time
 from benchmarks import common
 
 WARMUP_STEPS, PROFILED_STEPS = 4, 5
+WALL_STEPS = 8  # --wall_only: steps timed one by one, without the profiler
 KINDS = {"ours": "hvd_lars: resnet50 (v1.5, fused BN) + DistributedOptimizer(LARS)",
          "keras": "plain Keras: keras.applications.ResNet50 (v1) + SGD momentum"}  # fmt: skip
 CATEGORIES = ("conv forward", "conv backward", "matmul", "batch norm", "update", "element-wise")
@@ -86,7 +88,7 @@ def op_times(xspace_path):
     return totals
 
 
-def worker(kind, precision, out, inter_op=0, intra_op=0):
+def worker(kind, precision, out, inter_op=0, intra_op=0, profile=True):
     import keras
     import tensorflow as tf
 
@@ -104,6 +106,22 @@ def worker(kind, precision, out, inter_op=0, intra_op=0):
     labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
     model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS, verbose=0)
+    if not profile:  # wall time alone: WALL_STEPS steps, each timed
+        stamps = [time.perf_counter()]
+        timer = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs=None: stamps.append(time.perf_counter())
+        )
+        model.fit(data, epochs=1, steps_per_epoch=WALL_STEPS, verbose=0, callbacks=[timer])
+        result = {
+            "kind": kind,
+            "precision": precision,
+            "steps_ms": [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])],
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        }
+        with open(out, "w") as f:
+            json.dump(result, f)
+        return
     logdir = tempfile.mkdtemp(prefix="hvd_lars_profile_")
     tf.profiler.experimental.start(logdir)
     start = time.perf_counter()
@@ -169,6 +187,52 @@ def markdown(results, matmul, command, precision, inter_op=0, intra_op=0):
     return lines
 
 
+def wall_times(args, inter_ops, argv):
+    """Step wall times without the profiler, for each inter-op thread count and both configurations, in
+    one run; a Markdown report at args.out."""
+    import statistics
+
+    matmul = common.matmul_rate()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for inter_op in inter_ops:
+            for kind in ("keras", "ours"):
+                out = os.path.join(scratch, f"{kind}{inter_op}.json")
+                command = common.worker_command(
+                    "step_profile", f"--worker={kind}", f"--precision={args.precision}", "--no_profile",
+                    f"--inter_op_threads={inter_op}", f"--intra_op_threads={args.intra_op_threads}",
+                    f"--json={out}",
+                )  # fmt: skip
+                common.run(command, timeout=1800)
+                with open(out) as f:
+                    rows.append(json.load(f))
+                median = statistics.median(rows[-1]["steps_ms"])
+                print(f"[step_profile] {kind}, inter-op {inter_op}: {median:.0f} ms/step", flush=True)
+    command = common.command_line("step_profile", argv)
+    lines = [
+        f"# ResNet-50's training step against TensorFlow's inter-op threads ({args.precision}, batch 32), "
+        "without the profiler",
+        "",
+        *common.provenance_lines(command, matmul),
+        f"- {WARMUP_STEPS} steps of `fit` left out, then {WALL_STEPS} timed one by one; intra-op threads "
+        f"{_threads(args.intra_op_threads)}.",
+        "",
+        "| configuration | inter-op threads (asked) | inter-op threads (TensorFlow) | median ms/step "
+        "| min-max ms/step | images/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for inter_op, row in zip([n for n in inter_ops for _ in (0, 1)], rows):
+        median = statistics.median(row["steps_ms"])
+        lines.append(
+            f"| {KINDS[row['kind']]} | {_threads(inter_op)} | {row['inter_op_threads']} | {median:.0f} | "
+            f"{min(row['steps_ms']):.0f}-{max(row['steps_ms']):.0f} | {32e3 / median:.2f} |"
+        )
+    common.write_report(args.out, "\n".join(lines))
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump({"command": command, "results": rows}, f, indent=1)
+    print(f"[step_profile] wrote {args.out}")
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -176,9 +240,24 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "step_profile.md"))
     parser.add_argument("--inter_op_threads", type=int, default=0, help="0: TensorFlow's choice")
     parser.add_argument("--intra_op_threads", type=int, default=0, help="0: TensorFlow's choice")
+    parser.add_argument(
+        "--wall_only",
+        default="",
+        help="inter-op thread counts to compare without the profiler, e.g. 0,1 (0: TensorFlow's choice): "
+        "step wall times only, side by side in one run",
+    )
     parser.add_argument("--worker", choices=tuple(KINDS), help="internal")
     parser.add_argument("--json", help="internal")
+    parser.add_argument("--no_profile", action="store_true", help="internal")
     args = parser.parse_args(argv)
+    try:
+        wall_only = [int(v) for v in args.wall_only.split(",") if v]
+    except ValueError:
+        parser.error(f"--wall_only={args.wall_only!r}: expected inter-op thread counts such as 0,1")
+    if any(n < 0 for n in wall_only):
+        parser.error(
+            f"--wall_only={args.wall_only!r}: each count must be 0 (TensorFlow's choice) or positive"
+        )
     if min(args.inter_op_threads, args.intra_op_threads) < 0:
         parser.error(
             f"--inter_op_threads={args.inter_op_threads}, --intra_op_threads={args.intra_op_threads}: "
@@ -186,7 +265,10 @@ def main(argv=None):
         )
     threads = (args.inter_op_threads, args.intra_op_threads)
     if args.worker:
-        worker(args.worker, args.precision, args.json, *threads)
+        worker(args.worker, args.precision, args.json, *threads, profile=not args.no_profile)
+        return
+    if wall_only:
+        wall_times(args, wall_only, argv)
         return
     matmul = common.matmul_rate()
     results = []

@@ -37,7 +37,6 @@ import collections
 import glob
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -279,10 +278,7 @@ def main(argv=None):
                 "step_profile", f"--worker={kind}", f"--precision={args.precision}",
                 f"--inter_op_threads={args.inter_op_threads}", f"--intra_op_threads={args.intra_op_threads}",
             )  # fmt: skip
-            done = subprocess.run([*command, f"--json={out}"], cwd=common.REPO, env=common.worker_env(),
-                                  capture_output=True, text=True, timeout=1800)  # fmt: skip
-            if done.returncode:
-                raise RuntimeError(f"{kind}: exit {done.returncode}\n{done.stderr[-3000:]}")
+            common.run([*command, f"--json={out}"], timeout=1800)
             with open(out) as f:
                 results.append(json.load(f))
             print(f"[step_profile] {kind}: {results[-1]['step_ms']:.0f} ms/step", flush=True)

@@ -144,16 +144,6 @@ def busy_step_times(model, optimizer, data, scratch, me, timeout_s=1200):
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def _run(command, env, timeout=1800):
-    result = subprocess.run(
-        command, cwd=common.REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if result.returncode:
-        raise RuntimeError(
-            f"{command[:6]}: exit {result.returncode}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
-        )
-
-
 def compute_busy(p, batch, scratch, env):
     """Step times of p world-size-1 processes at once, process r on core r mod 2, their timed steps
     overlapping (`busy_step_times`)."""
@@ -190,7 +180,7 @@ def ranks(p, batch, scratch, env):
     command += common.worker_command(
         "validation_hosts", "--worker=ranks", f"--out={out}", f"--per_rank_batch={batch}"
     )
-    _run(command, env)
+    common.run(command, env=env, timeout=1800)
     with open(out) as f:
         return json.load(f)
 

@@ -46,7 +46,7 @@ MODEL, IMAGE_SIZE, CLASSES = "resnet20", 32, 10
 PER_RANK_BATCH, LINK_RATE = 32, "80mbit"
 # A process's first 15-20 s of steps ran up to 5x slower here (the first model's grouped steps at 2 local
 # ranks: 1.2-1.5 s against 0.25 s once warm, in either mode), so every mode warms up for 10 steps.
-# Medians of 30 timed steps: with 10 and their means, two runs of the same command differed by up to 15%
+# Medians of 30 timed steps: with 10 and their means, two runs of the same command differed by up to 18%
 # in one p's measured step (one slow step of 2x in ten moves a mean by a tenth).
 WARMUP_STEPS, TIMED_STEPS = 10, 30
 FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"

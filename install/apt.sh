@@ -40,7 +40,9 @@ apt_install_missing() {
   done
 }
 
-# The file an alternatives group points to now (empty when the group does not exist).
+# The file an alternatives group points to now (empty when the group does not exist, as mpirun's does on a
+# machine with no MPI yet: update-alternatives then exits 2, which must not end a caller under set -e and
+# pipefail).
 _alternative_value() {
-  update-alternatives --query "$1" 2>/dev/null | sed -n 's/^Value: //p'
+  { update-alternatives --query "$1" 2>/dev/null || true; } | sed -n 's/^Value: //p'
 }

@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
 FLAGFILE ?= flags/fashion_mnist_lars.flags
+# pytest-xdist workers for make test: one per core (tests/conftest.py says how the tests are grouped).
+TEST_WORKERS ?= $(shell nproc)
 # The run directory the flagfile names (--run_name) and the record written from its summary.json.
 RUN_NAME ?= $(shell sed -n 's/^--run_name=//p' $(FLAGFILE))
 RECORD ?= results/$(basename $(notdir $(FLAGFILE))).md
@@ -29,7 +31,7 @@ test: setup
 	bash install/test_services.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -v -rs --durations=40
+	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint:
 	$(PY) -m ruff check .

@@ -30,13 +30,26 @@ def pytest_configure(config):
         TIERS, ("no subprocess", "real Horovod ranks or subprocesses", "root: hosts, Slurm")
     ):
         config.addinivalue_line("markers", f"{tier}: {what}")
+    config.addinivalue_line("markers", "xdist_group(name): the pytest-xdist group (loadgroup) of a test")
 
 
+# `make test` runs the suite on one pytest-xdist worker per core (`--dist loadgroup`): most tests start one
+# process (a main program, a script) that uses one core, or wait on a scheduler, ssh or a file, so a
+# second worker's test fills the idle core. The groups: every system test in one (emulated hosts and the
+# one Slurm are machine-wide: one such test at a time, run first, as they take longest), every other file
+# in its own (its module-scoped fixtures are built once). Without xdist the order is the same.
+SYSTEM_GROUP = "system"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} has tier markers {tiers}; give exactly one of {TIERS}.")
+        group = SYSTEM_GROUP if tiers == ["system"] else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("system") is None)
 
 
 @pytest.fixture(autouse=True)

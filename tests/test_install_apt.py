@@ -51,8 +51,12 @@ def _install(tmp_path, groups_before):
     bin_dir = tmp_path / "bin"
     _stand_ins(bin_dir, groups_before)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    script = f"set -euo pipefail; source {ROOT}/install/apt.sh; apt_install_missing openmpi-bin libopenmpi-dev"
-    return bin_dir, subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    script = (
+        f"set -euo pipefail; source {ROOT}/install/apt.sh; apt_install_missing openmpi-bin libopenmpi-dev"
+    )
+    return bin_dir, subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_install_on_a_machine_with_no_mpi_alternatives_yet_goes_through(tmp_path):
@@ -69,6 +73,9 @@ def test_install_on_a_machine_with_no_mpi_alternatives_yet_goes_through(tmp_path
 def test_install_keeps_the_mpirun_an_earlier_mpi_had_chosen(tmp_path, kept):
     bin_dir, result = _install(tmp_path, groups_before={"mpirun": kept})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"[apt] alternative mpirun: keeping {kept} (the install had chosen /usr/bin/mpirun.openmpi)" in result.stdout
+    assert (
+        f"[apt] alternative mpirun: keeping {kept} (the install had chosen /usr/bin/mpirun.openmpi)"
+        in result.stdout
+    )
     assert (bin_dir / "set.log").read_text().splitlines() == [f"mpirun {kept}"]
     assert (bin_dir / "state" / "mpirun").read_text().strip() == kept

@@ -41,14 +41,18 @@ def pytest_configure(config):
 SYSTEM_GROUP = "system"
 
 
+def pytest_itemcollected(item):
+    # Marked while collecting: xdist reads the group in its own pytest_collection_modifyitems.
+    group = SYSTEM_GROUP if item.get_closest_marker("system") else item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} has tier markers {tiers}; give exactly one of {TIERS}.")
-        group = SYSTEM_GROUP if tiers == ["system"] else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: item.get_closest_marker("system") is None)
 
 

@@ -16,6 +16,11 @@ the same check at 1 rank per host on p = 2, 4 and 8 hosts, for one model and per
   predicted   grouped: compute + allreduce; overlapped: compute + max(0, allreduce - overlap x 2/3 x
               compute), with time_to_train's overlap share as calibrated (ResNet-50 on 2 hosts at 1 Gbit/s;
               nothing is fitted to these runs)
+  predicted, no overlap on shared cores: the same, but with nothing hidden once p exceeds the cores
+              (p = 4 and 8 here): backprop then holds every core, and the allreduce's CPU work waits
+  beside them, not used by the model: the compute of the p Horovod ranks stepping unreduced ("unreduced":
+              does Horovod's background thread slow the step?) and the grouped allreduce of the model's
+              gradient tensors with no compute ("reduce_only": does the real tensor list take eq. 4's time?)
 
 The model is CIFAR ResNet-20 (`resnet20`, 32x32x3, per-rank batch 32, float32):
 59 gradient tensors from convolutions and batch norm as ResNet-50's 161 are, 8 copies of its step fit in
@@ -51,14 +56,19 @@ PER_RANK_BATCH, LINK_RATE = 32, "80mbit"
 WARMUP_STEPS, TIMED_STEPS = 10, 30
 FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"
 ERROR_GOAL = 0.15
+CORES = os.cpu_count()  # every emulated host's ranks share this machine's cores
 
 
 def worker(role, out, core, batch):
     """role "compute": world size 1 on `core`; role "ranks": one Horovod rank, on core rank mod 2, set up
-    as the main program sets a rank (threads.apply_horovod_cpu_defaults before Horovod starts)."""
+    as the main program sets a rank (threads.apply_horovod_cpu_defaults before Horovod starts); role
+    "unreduced": such a rank stepping with the plain LARS optimizer, its gradients never reduced, while
+    Horovod's background thread cycles beside it as in training; role "reduce_only": such a rank reducing
+    tensors of the model's gradients' shapes as the grouped step reduces them (one grouped allreduce,
+    `collectives.allreduce_gradients`), with no compute: what the step's allreduce takes by itself."""
     from hvd_lars.training import threads
 
-    if role == "ranks":
+    if role in ("ranks", "unreduced", "reduce_only"):
         core = int(os.environ["OMPI_COMM_WORLD_RANK"])
         threads.apply_horovod_cpu_defaults()
     scaling.pin_to_core(core)
@@ -71,18 +81,41 @@ def worker(role, out, core, batch):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    rank, size = collectives.init() if role == "ranks" else (0, 1)
+    rank, size = collectives.init() if role != "compute" else (0, 1)
     shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
     images = tf.random.stateless_uniform((batch, *shape), seed=(1, 2))
     labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=CLASSES, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
     result = {"role": role, "world_size": size, "host": os.uname().nodename, "modes": {}}
-    for mode in ("grouped",) if role == "compute" else ("grouped", "overlap"):
+    if role == "reduce_only":
+        model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
+        grads = [tf.ones_like(v) * 1e-3 for v in model.trainable_variables]
+
+        @tf.function
+        def reduce_step():
+            return collectives.allreduce_gradients(grads, reduction="grouped")[0][..., :1]
+
+        stamps = []
+        for _ in range(WARMUP_STEPS + TIMED_STEPS):
+            stamps.append(time.perf_counter())
+            reduce_step().numpy()
+        stamps.append(time.perf_counter())
+        result["modes"]["grouped"] = [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
+        result["gradient_bytes"] = 4 * sum(int(tf.size(v)) for v in model.trainable_variables)
+        result["tensors"] = len(model.trainable_variables)
+    for mode in ("grouped", "overlap") if role == "ranks" else ("grouped",) if role != "reduce_only" else ():
         keras.utils.set_random_seed(0)
         model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
         optimizer = DistributedOptimizer(common.mlperf_lars(), gradient_reduction=mode)
         if role == "compute":
             result["modes"][mode] = busy_step_times(model, optimizer, data, os.path.dirname(out), core)
+        elif role == "unreduced":
+            # Every rank steps UNREDUCED_EXTRA_STEPS past its timed ones, so each timed step has all p ranks
+            # busy; they start together (collectives.init waits for all).
+            times = scaling.step_times(model, common.mlperf_lars(), data, WARMUP_STEPS + TIMED_STEPS + 5)
+            result["modes"][mode] = times[WARMUP_STEPS : WARMUP_STEPS + TIMED_STEPS]
+            per_rank = collectives.gather_objects(result["modes"][mode], "validation_hosts.unreduced")
+            result["modes"][mode] = [t for ts in per_rank for t in ts]
         else:
             result["modes"][mode] = scaling.step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)[
                 WARMUP_STEPS:
@@ -173,12 +206,13 @@ def compute_busy(p, batch, scratch, env):
     return times
 
 
-def ranks(p, batch, scratch, env):
-    out = os.path.join(scratch, "ranks.json")
+def ranks(p, batch, scratch, env, role="ranks"):
+    """`horovodrun -np p` of `worker(role)`, 1 rank per host: rank 0's JSON."""
+    out = os.path.join(scratch, f"{role}.json")
     hosts = ",".join(f"node{k}:1" for k in range(1, p + 1))
     command = [common.HOROVODRUN, "-np", str(p), "-H", hosts]
     command += common.worker_command(
-        "validation_hosts", "--worker=ranks", f"--out={out}", f"--per_rank_batch={batch}"
+        "validation_hosts", f"--worker={role}", f"--out={out}", f"--per_rank_batch={batch}"
     )
     common.run(command, env=env, timeout=1800)
     with open(out) as f:
@@ -202,7 +236,7 @@ def main(argv=None):
     parser.add_argument("--link_rate", default=LINK_RATE)
     parser.add_argument("--per_rank_batch", type=int, default=PER_RANK_BATCH)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "validation_hosts.md"))
-    parser.add_argument("--worker", choices=("compute", "ranks"), help="internal")
+    parser.add_argument("--worker", choices=("compute", "ranks", "unreduced", "reduce_only"), help="internal")
     parser.add_argument("--core", type=int, default=0, help="internal")
     args = parser.parse_args(argv)
     if args.worker:
@@ -224,6 +258,8 @@ def main(argv=None):
         for p in ps:
             with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_validation_") as scratch:
                 busy = compute_busy(p, args.per_rank_batch, scratch, env)
+                unreduced = ranks(p, args.per_rank_batch, scratch, env, role="unreduced")
+                alone = ranks(p, args.per_rank_batch, scratch, env, role="reduce_only")
                 measured = ranks(p, args.per_rank_batch, scratch, env)
             fit = allreduce_hosts.launch("main", (p, 1), fit_args)
             medians = [statistics.median(t) for t in fit["times_s"]]
@@ -234,10 +270,20 @@ def main(argv=None):
             for mode in ("grouped", "overlap"):
                 hidden = 0.0 if mode == "grouped" else share * (2.0 / 3.0) * compute
                 predicted = compute + max(0.0, reduce - hidden)
+                # The same with no overlap once ranks share a core (p > cores): backprop then holds every
+                # core, and the allreduce's own CPU work (MPI progress, Horovod's thread, the TCP stack)
+                # waits for it rather than running beside it. A rank of a real cluster has its own cores.
+                shared_cores = p > CORES
+                predicted_shared = compute + reduce if shared_cores else predicted
                 step = statistics.median(measured["modes"][mode])
                 row = dict(p=p, mode=mode, compute_s=compute, allreduce_s=reduce, alpha_s=alpha, beta=beta)
+                row.update(unreduced_s=statistics.median(unreduced["modes"]["grouped"]))
+                row.update(reduce_only_s=statistics.median(alone["modes"]["grouped"]))
                 row.update(predicted_s=predicted, measured_s=step, error=predicted / step - 1)
-                rows.append(dict(row, steps_s=measured["modes"][mode], compute_steps_s=busy))
+                row.update(predicted_shared_s=predicted_shared, error_shared=predicted_shared / step - 1)
+                rows.append(dict(row, steps_s=measured["modes"][mode], compute_steps_s=busy,
+                                 unreduced_steps_s=unreduced["modes"]["grouped"],
+                                 reduce_only_steps_s=alone["modes"]["grouped"]))  # fmt: skip
                 print(f"[validation_hosts] p={p} {mode}: predicted {predicted:.3f} s, measured {step:.3f} s, "
                       f"compute {compute:.3f} s, allreduce {reduce:.3f} s", flush=True)  # fmt: skip
     command = common.command_line("validation_hosts", argv)
@@ -251,18 +297,26 @@ def main(argv=None):
         f"({link_bits / 1e6:g} Mbit/s); medians of {TIMED_STEPS} timed steps after {WARMUP_STEPS}; wall time "
         f"{time.time() - started:.0f} s.",
         f"- Overlap share (time_to_train's calibration, ResNet-50 on 2 hosts at 1 Gbit/s): {share:.2f}.",
+        "- Beside the model's inputs, two measurements it does not use, to place what it leaves out: the "
+        "compute of the p Horovod ranks stepping with their gradients unreduced (Horovod's background thread "
+        "cycling beside each step as in training), and the step's grouped allreduce of the model's gradient "
+        "tensors by itself (no compute), both medians of the same counts.",
         "",
         "| p | gradients | compute s (all ranks busy) | allreduce s (eq. 4, this p's fit) | compute : "
-        "allreduce | alpha ms | beta MB/s | predicted s | measured s | error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "allreduce | alpha ms | beta MB/s | predicted s | measured s | error | predicted s, no overlap on "
+        "shared cores | its error | compute s, ranks unreduced | grouped allreduce s by itself |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ok = "" if abs(r["error"]) <= ERROR_GOAL else " (over 15%)"
+        ok_shared = "" if abs(r["error_shared"]) <= ERROR_GOAL else " (over 15%)"
         lines.append(
             f"| {r['p']} | {r['mode']} | {r['compute_s']:.3f} | {r['allreduce_s']:.3f} | "
             f"{r['compute_s'] / r['allreduce_s']:.1f} : 1 | {r['alpha_s'] * 1e3:.2f} | "
             f"{r['beta'] / 1e6:.1f} | "
-            f"{r['predicted_s']:.3f} | {r['measured_s']:.3f} | {r['error']:+.1%}{ok} |"
+            f"{r['predicted_s']:.3f} | {r['measured_s']:.3f} | {r['error']:+.1%}{ok} | "
+            f"{r['predicted_shared_s']:.3f} | {r['error_shared']:+.1%}{ok_shared} | "
+            f"{r['unreduced_s']:.3f} | {r['reduce_only_s']:.3f} |"
         )
     common.write_report(args.out, "\n".join(lines))
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:

@@ -24,7 +24,8 @@ the same check at 1 rank per host on p = 2, 4 and 8 hosts, for one model and per
 
 The model is CIFAR ResNet-20 (`resnet20`, 32x32x3, per-rank batch 32, float32):
 59 gradient tensors from convolutions and batch norm as ResNet-50's 161 are, 8 copies of its step fit in
-these 2 cores' memory and time, and at 80 Mbit/s its 1.03 MiB of gradients take about as long to average
+these 2 cores' memory and time, and at the link rate chosen for the CPU at hand (--link_rate=auto: 80-140
+Mbit/s on this project's Xeons) its 1.03 MiB of gradients take about as long to average
 as its step to compute (about 1:1 at p = 2, up to 2-3:1 at p = 8, where 4 ranks share each core), as
 ResNet-50's and AlexNet-BN's do at the paper's per-socket batch on Omni-Path (results/time_to_train.md).
 
@@ -48,7 +49,12 @@ MODEL, IMAGE_SIZE, CLASSES = "resnet20", 32, 10
 # results/validation_hosts.md, commit a374a55), below the issue's 1:1 to 3:1 at p = 2 and 4; batch 48 did
 # not help (0.148 s of compute at p = 2 against 0.143 s: ResNet-20's step at this size is mostly per-op
 # cost). 80 Mbit/s cuts the allreduce instead: about 1.2, 1.4 and 2.5 : 1 expected.
-PER_RANK_BATCH, LINK_RATE = 32, "80mbit"
+# The link rate: "auto" (the default) picks it on the CPU at hand, since compute is what differs between
+# CPUs (0.118 s per step at p = 2 on one Xeon, 0.092 s on another, where 80 Mbit/s gave 0.74 : 1): the
+# rate, to 10 Mbit/s, at which eq. 4's ring term at the smallest p, 2(p - 1)/p x n at 0.9 x the link,
+# takes compute / AUTO_RATIO, compute measured first (before the hosts are up) at that p. With 1.1 there,
+# p = 8's compute : allreduce (4 ranks per core, eq. 4's growth) stays under 3 : 1.
+PER_RANK_BATCH, LINK_RATE, AUTO_RATIO = 32, "auto", 1.1
 # A process's first 15-20 s of steps ran up to 5x slower here (the first model's grouped steps at 2 local
 # ranks: 1.2-1.5 s against 0.25 s once warm, in either mode), so every mode warms up for 10 steps.
 # Medians of 30 timed steps: with 10 and their means, two runs of the same command differed by up to 18%
@@ -229,6 +235,21 @@ def overlap_share():
     return share
 
 
+def gradient_bytes():
+    """Bytes of MODEL's float32 gradients."""
+    from hvd_lars.models import get_model
+
+    model = get_model(MODEL, num_classes=CLASSES, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
+    return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+
+
+def auto_link_bits(p, compute_s, n_bytes):
+    """The link rate (bits/s, to 10 Mbit/s, at least 10) at which eq. 4's ring term 2(p - 1)/p x n at
+    0.9 x the link takes compute_s / AUTO_RATIO."""
+    bits = 2 * (p - 1) / p * n_bytes * 8 / (allreduce_hosts.LINK_EFFICIENCY * compute_s / AUTO_RATIO)
+    return max(10e6, round(bits / 10e6) * 10e6)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -244,20 +265,29 @@ def main(argv=None):
         return
     ps = [int(p) for p in args.ps.split(",")]
     share = overlap_share()
-    try:
-        link_bits = common.link_rate_bits(args.link_rate)
-    except ValueError as e:
-        parser.error(f"--link_rate: {e}")
+    if args.link_rate != "auto":
+        try:
+            link_bits = common.link_rate_bits(args.link_rate)
+        except ValueError as e:
+            parser.error(f"--link_rate: {e}")
     env = common.worker_env()
     env = {k: v for k, v in env.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
     matmul = common.matmul_rate()
     rows, started = [], time.time()
+    busy_at = {}
+    if args.link_rate == "auto":
+        with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_validation_") as scratch:
+            busy_at[ps[0]] = compute_busy(ps[0], args.per_rank_batch, scratch, env)
+        link_bits = auto_link_bits(ps[0], statistics.median(busy_at[ps[0]]), gradient_bytes())
+        args.link_rate = f"{link_bits / 1e6:.0f}mbit"
+        ratio = f"compute : ring term {AUTO_RATIO} : 1 at p = {ps[0]}"
+        print(f"[validation_hosts] link rate {args.link_rate}: {ratio}", flush=True)
     fit_sizes = [int(float(m) * 2**20) for m in FIT_SIZES_MIB.split(",")]
     fit_args = [f"--sizes={','.join(map(str, fit_sizes))}", "--repeats=5"]
     with common.emulated_cluster(max(ps), args.link_rate):
         for p in ps:
             with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_validation_") as scratch:
-                busy = compute_busy(p, args.per_rank_batch, scratch, env)
+                busy = busy_at.get(p) or compute_busy(p, args.per_rank_batch, scratch, env)
                 unreduced = ranks(p, args.per_rank_batch, scratch, env, role="unreduced")
                 alone = ranks(p, args.per_rank_batch, scratch, env, role="reduce_only")
                 measured = ranks(p, args.per_rank_batch, scratch, env)

@@ -26,6 +26,19 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
   main         a bare horovodrun, each rank setting what hvd_lars.main sets: `horovodrun python -m
                hvd_lars.main`
   gloo         horovodrun --gloo from node1 (Gloo's ring)
+  mpich        MPICH: `mpiexec.mpich -launcher ssh -hosts node1:r,...`, from node1, of the Python of
+               --mpich_venv, an environment whose Horovod install/setup.sh built against MPICH, each rank
+               set as the main program sets it (MPICH ignores the Open MPI settings among them). Not in
+               the default list;
+               make the environment once, with MPICH's programs first on PATH as `module load mpich` puts
+               them:
+                 mkdir -p /var/tmp/mpich_bin && for n in mpicc mpicxx mpirun mpiexec; do
+                   ln -sf /usr/bin/$n.mpich /var/tmp/mpich_bin/$n; done
+                 ln -sf /usr/bin/hydra_pmi_proxy /var/tmp/mpich_bin/   # what mpiexec starts next to it
+                 PATH=/var/tmp/mpich_bin:$PATH VENV=/var/tmp/hvd_lars_mpich_venv bash install/setup.sh
+                 python -m benchmarks.allreduce_hosts --variants=main,mpich,mpich_ring \\
+                   --mpich_venv=/var/tmp/hvd_lars_mpich_venv --out=results/allreduce_hosts_mpich.md
+  mpich_ring   mpich with MPICH's allreduce set to its ring (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring)
 Each size: 2 untimed allreduces, then `--repeats` timed ones, each after a barrier; the median is reported.
 """
 
@@ -57,9 +70,14 @@ VARIANTS = {
     "launch_env": {},
     "main": {},
     "gloo": {},
+    # MPICH's ch4:ucx (Debian's) moves data between processes of one kernel through shared memory, past
+    # the emulated links (16 MiB in 7-14 ms at 200 Mbit/s, 18 KB on the link); over TCP it takes the links.
+    "mpich": {"UCX_TLS": "tcp,self"},
+    "mpich_ring": {"UCX_TLS": "tcp,self", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"},
 }
+DEFAULT_VARIANTS = [v for v in VARIANTS if not v.startswith("mpich")]  # these need --mpich_venv
 # Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
-AS_THE_MAIN_PROGRAM = ("launch_env", "main")
+AS_THE_MAIN_PROGRAM = ("launch_env", "main", "mpich", "mpich_ring")
 LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 
 
@@ -158,20 +176,35 @@ def parse_layout(text):
     return hosts, ranks
 
 
-def launch(variant, layout, worker_args, cache="on", timeout=1200):
+def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=None):
     hosts, ranks = layout
     p = hosts * ranks
     host_list = ",".join(f"node{k}:{ranks}" for k in range(1, hosts + 1))
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_allreduce_") as shared:
         out = os.path.join(shared, "result.json")
-        argv = [common.HOROVODRUN, *(["--gloo"] if variant == "gloo" else []), "-np", str(p), "-H", host_list]
-        argv += [sys.executable, "-m", "benchmarks.allreduce_hosts", "--worker", *worker_args, f"--out={out}"]
+        if variant.startswith("mpich"):
+            python = os.path.join(mpich_venv, "bin", "python")
+            argv = ["mpiexec.mpich", "-launcher", "ssh", "-hosts", host_list, "-n", str(p), python]
+        else:
+            python = sys.executable
+            argv = [
+                common.HOROVODRUN,
+                *(["--gloo"] if variant == "gloo" else []),
+                "-np",
+                str(p),
+                "-H",
+                host_list,
+            ]
+            argv += [python]
+        argv += ["-m", "benchmarks.allreduce_hosts", "--worker", *worker_args, f"--out={out}"]
         argv += ["--main_defaults"] if variant in AS_THE_MAIN_PROGRAM else []
         settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, "HOROVOD_CYCLE_TIME": "5"}
         if cache == "off":
             settings["HOROVOD_CACHE_CAPACITY"] = "0"
         settings.update(VARIANTS[variant])
-        if variant == "gloo":
+        if variant == "gloo" or variant.startswith(
+            "mpich"
+        ):  # from node1: the hosts cannot reach this machine's own name
             assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
             cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]
         elif variant == "launch_env":
@@ -299,14 +332,13 @@ def measure(args, layout, variant, cache, sizes, link_bits):
     if args.mode == "negotiation":
         worker_args = ["--mode=negotiation", f"--tensors={args.tensors}"]
         worker_args += [f"--tensor_bytes={args.tensor_bytes}", f"--repeats={args.repeats}"]
-        data = launch(variant, layout, worker_args, cache)
+        data = launch(variant, layout, worker_args, cache, mpich_venv=args.mpich_venv)
         separate, grouped = statistics.median(data["separate_s"]), statistics.median(data["grouped_s"])
         print(f"[allreduce_hosts] {name} {variant} cache {cache}: {separate:.4f} s, grouped {grouped:.4f} s")
         row = dict(layout=name, p=p, variant=variant, cache=cache, separate_s=separate, grouped_s=grouped)
         return [dict(row, raw=data)]
-    data = launch(
-        variant, layout, [f"--sizes={','.join(map(str, sizes))}", f"--repeats={args.repeats}"], cache
-    )
+    worker_args = [f"--sizes={','.join(map(str, sizes))}", f"--repeats={args.repeats}"]
+    data = launch(variant, layout, worker_args, cache, mpich_venv=args.mpich_venv)
     rows = []
     for size, times in zip(data["sizes"], data["times_s"]):
         median, bound = statistics.median(times), bound_s(size, p, link_bits)
@@ -324,7 +356,10 @@ def main(argv=None):
     parser.add_argument("--mode", default="sizes", choices=("sizes", "negotiation"))
     parser.add_argument("--layouts", default="2x1,4x1,8x1,4x2", help="HOSTSxRANKS per host, comma-separated")
     parser.add_argument("--sizes_mib", default="0.0009765625,0.015625,0.25,1,4,16,64")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--mpich_venv", default=None, help="variant mpich: the environment built against MPICH"
+    )
     parser.add_argument("--cache", default=None, help="on, off or on,off (default: on; negotiation: on,off)")
     parser.add_argument("--tensors", type=int, default=161, help="negotiation: requests per step")
     parser.add_argument("--tensor_bytes", type=int, default=4096, help="negotiation: bytes per request")
@@ -350,6 +385,12 @@ def main(argv=None):
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    if any(v.startswith("mpich") for v in variants) and not (
+        args.mpich_venv and os.path.exists(os.path.join(args.mpich_venv, "bin", "python"))
+    ):
+        parser.error(
+            f"--variants=mpich needs --mpich_venv, an environment with bin/python (got {args.mpich_venv!r})"
+        )
     caches = (args.cache or ("on,off" if args.mode == "negotiation" else "on")).split(",")
     if set(caches) - {"on", "off"}:
         parser.error(f"--cache={args.cache!r}: expected on, off or on,off")

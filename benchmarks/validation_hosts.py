@@ -63,6 +63,15 @@ WARMUP_STEPS, TIMED_STEPS = 10, 30
 FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"
 ERROR_GOAL = 0.15
 CORES = os.cpu_count()  # every emulated host's ranks share this machine's cores
+# What each worker role times ("reduce_only" times its allreduce outside these modes), and the steps an
+# "unreduced" rank takes past its timed ones, so that each timed step has all p ranks busy.
+ROLE_MODES = {
+    "compute": ("grouped",),
+    "ranks": ("grouped", "overlap"),
+    "unreduced": ("grouped",),
+    "reduce_only": (),
+}
+UNREDUCED_EXTRA_STEPS = 5
 
 
 def worker(role, out, core, batch):
@@ -107,18 +116,18 @@ def worker(role, out, core, batch):
             reduce_step().numpy()
         stamps.append(time.perf_counter())
         result["modes"]["grouped"] = [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
-        result["gradient_bytes"] = 4 * sum(int(tf.size(v)) for v in model.trainable_variables)
+        result["gradient_bytes"] = _float32_bytes(model.trainable_variables)
         result["tensors"] = len(model.trainable_variables)
-    for mode in ("grouped", "overlap") if role == "ranks" else ("grouped",) if role != "reduce_only" else ():
+    for mode in ROLE_MODES[role]:
         keras.utils.set_random_seed(0)
         model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
         optimizer = DistributedOptimizer(common.mlperf_lars(), gradient_reduction=mode)
         if role == "compute":
             result["modes"][mode] = busy_step_times(model, optimizer, data, os.path.dirname(out), core)
         elif role == "unreduced":
-            # Every rank steps UNREDUCED_EXTRA_STEPS past its timed ones, so each timed step has all p ranks
-            # busy; they start together (collectives.init waits for all).
-            times = scaling.step_times(model, common.mlperf_lars(), data, WARMUP_STEPS + TIMED_STEPS + 5)
+            # They start together (collectives.init waits for all); the plain LARS: nothing reduced.
+            steps = WARMUP_STEPS + TIMED_STEPS + UNREDUCED_EXTRA_STEPS
+            times = scaling.step_times(model, common.mlperf_lars(), data, steps)
             result["modes"][mode] = times[WARMUP_STEPS : WARMUP_STEPS + TIMED_STEPS]
             per_rank = collectives.gather_objects(result["modes"][mode], "validation_hosts.unreduced")
             result["modes"][mode] = [t for ts in per_rank for t in ts]
@@ -126,7 +135,7 @@ def worker(role, out, core, batch):
             result["modes"][mode] = scaling.step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)[
                 WARMUP_STEPS:
             ]
-        result["gradient_bytes"] = 4 * sum(int(tf.size(v)) for v in model.trainable_variables)
+        result["gradient_bytes"] = _float32_bytes(model.trainable_variables)
         result["tensors"] = len(model.trainable_variables)
         keras.backend.clear_session()
     if rank == 0:
@@ -235,12 +244,17 @@ def overlap_share():
     return share
 
 
+def _float32_bytes(variables):
+    """Bytes of float32 gradients of `variables`."""
+    return 4 * sum(int(v.shape.num_elements()) for v in variables)
+
+
 def gradient_bytes():
     """Bytes of MODEL's float32 gradients."""
     from hvd_lars.models import get_model
 
     model = get_model(MODEL, num_classes=CLASSES, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3))
-    return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+    return _float32_bytes(model.trainable_variables)
 
 
 def auto_link_bits(p, compute_s, n_bytes):
@@ -257,7 +271,7 @@ def main(argv=None):
     parser.add_argument("--link_rate", default=LINK_RATE)
     parser.add_argument("--per_rank_batch", type=int, default=PER_RANK_BATCH)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "validation_hosts.md"))
-    parser.add_argument("--worker", choices=("compute", "ranks", "unreduced", "reduce_only"), help="internal")
+    parser.add_argument("--worker", choices=tuple(ROLE_MODES), help="internal")
     parser.add_argument("--core", type=int, default=0, help="internal")
     args = parser.parse_args(argv)
     if args.worker:

@@ -75,9 +75,12 @@ VARIANTS = {
     "mpich": {"UCX_TLS": "tcp,self"},
     "mpich_ring": {"UCX_TLS": "tcp,self", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"},
 }
-DEFAULT_VARIANTS = [v for v in VARIANTS if not v.startswith("mpich")]  # these need --mpich_venv
+MPICH_VARIANTS = ("mpich", "mpich_ring")  # these need --mpich_venv
+DEFAULT_VARIANTS = [v for v in VARIANTS if v not in MPICH_VARIANTS]
+# Launched from node1, since the hosts cannot reach this machine's own name.
+FROM_NODE1 = ("gloo", *MPICH_VARIANTS)
 # Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
-AS_THE_MAIN_PROGRAM = ("launch_env", "main", "mpich", "mpich_ring")
+AS_THE_MAIN_PROGRAM = ("launch_env", "main", *MPICH_VARIANTS)
 LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 
 
@@ -182,7 +185,7 @@ def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=No
     host_list = ",".join(f"node{k}:{ranks}" for k in range(1, hosts + 1))
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_allreduce_") as shared:
         out = os.path.join(shared, "result.json")
-        if variant.startswith("mpich"):
+        if variant in MPICH_VARIANTS:
             python = os.path.join(mpich_venv, "bin", "python")
             argv = ["mpiexec.mpich", "-launcher", "ssh", "-hosts", host_list, "-n", str(p), python]
         else:
@@ -202,9 +205,7 @@ def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=No
         if cache == "off":
             settings["HOROVOD_CACHE_CAPACITY"] = "0"
         settings.update(VARIANTS[variant])
-        if variant == "gloo" or variant.startswith(
-            "mpich"
-        ):  # from node1: the hosts cannot reach this machine's own name
+        if variant in FROM_NODE1:
             assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
             cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]
         elif variant == "launch_env":
@@ -385,7 +386,7 @@ def main(argv=None):
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
-    if any(v.startswith("mpich") for v in variants) and not (
+    if set(variants) & set(MPICH_VARIANTS) and not (
         args.mpich_venv and os.path.exists(os.path.join(args.mpich_venv, "bin", "python"))
     ):
         parser.error(

@@ -36,9 +36,12 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
                    ln -sf /usr/bin/$n.mpich /var/tmp/mpich_bin/$n; done
                  ln -sf /usr/bin/hydra_pmi_proxy /var/tmp/mpich_bin/   # what mpiexec starts next to it
                  PATH=/var/tmp/mpich_bin:$PATH VENV=/var/tmp/hvd_lars_mpich_venv bash install/setup.sh
-                 python -m benchmarks.allreduce_hosts --variants=main,mpich,mpich_ring \\
+                 python -m benchmarks.allreduce_hosts --variants=main,mpich,mpich_rsag,mpich_eager \\
                    --mpich_venv=/var/tmp/hvd_lars_mpich_venv --out=results/allreduce_hosts_mpich.md
-  mpich_ring   mpich with MPICH's allreduce set to its ring (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring)
+  mpich_rsag   mpich with MPICH's allreduce set to reduce-scatter + allgather, its bandwidth-optimal one
+               (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=reduce_scatter_allgather; MPICH 4.0.2 has no "ring" value)
+  mpich_eager  mpich with UCX_RNDV_THRESH=inf: UCX sends every message eagerly, never by rendezvous
+               (benchmarks/mpich_allreduce.py measures these settings on MPICH alone, without Horovod)
 Each size: 2 untimed allreduces, then `--repeats` timed ones, each after a barrier; the median is reported.
 """
 
@@ -73,9 +76,10 @@ VARIANTS = {
     # MPICH's ch4:ucx (Debian's) moves data between processes of one kernel through shared memory, past
     # the emulated links (16 MiB in 7-14 ms at 200 Mbit/s, 18 KB on the link); over TCP it takes the links.
     "mpich": {"UCX_TLS": "tcp,self"},
-    "mpich_ring": {"UCX_TLS": "tcp,self", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"},
+    "mpich_rsag": {"UCX_TLS": "tcp,self", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "reduce_scatter_allgather"},
+    "mpich_eager": {"UCX_TLS": "tcp,self", "UCX_RNDV_THRESH": "inf"},
 }
-MPICH_VARIANTS = ("mpich", "mpich_ring")  # these need --mpich_venv
+MPICH_VARIANTS = ("mpich", "mpich_rsag", "mpich_eager")  # these need --mpich_venv
 DEFAULT_VARIANTS = [v for v in VARIANTS if v not in MPICH_VARIANTS]
 # Launched from node1, since the hosts cannot reach this machine's own name.
 FROM_NODE1 = ("gloo", *MPICH_VARIANTS)

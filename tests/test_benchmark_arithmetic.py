@@ -85,3 +85,18 @@ def test_the_emulated_cluster_is_taken_down_when_the_benchmark_is_terminated(tmp
     )
     assert result.returncode == 128 + 15 and "not reached" not in result.stdout, result.stderr[-2000:]
     assert log.read_text().splitlines() == ["up 4 200mbit", "down 4 200mbit"]
+
+
+@pytest.mark.unit
+def test_mpich_benchmark_reads_a_launch_that_hung_in_finalize_as_such():
+    from benchmarks import mpi_allreduce
+
+    # As benchmarks/mpi_allreduce.c's rank 0 prints: one line per size, then "finalize", "finalized".
+    ended = "size 1024 p 4 times_s 0.010000 0.012000 0.011000\nsize 16777216 p 4 times_s 1.1 1.2 1.3\n"
+    times, reached, left = mpi_allreduce.parse(ended + "finalize\nfinalized\n")
+    assert times == {1024: [0.01, 0.012, 0.011], 16777216: [1.1, 1.2, 1.3]}
+    assert (reached, left) == (True, True)
+    # Killed in MPI_Finalize (the figures stand), and killed before it (a size unfinished is not counted).
+    assert mpi_allreduce.parse(ended + "finalize\n")[1:] == (True, False)
+    times, reached, left = mpi_allreduce.parse("size 1024 p 4 times_s 0.01\nsize 16777216 p 4 times_s")
+    assert times == {1024: [0.01]} and (reached, left) == (False, False)

@@ -106,9 +106,11 @@ def parse(stdout):
     return times, reached, left
 
 
-def launch(programs, hosts, setting, sizes, repeats, finalize_s, timeout_s):
-    """One launch over node1..node<hosts>, 1 rank each. Returns its record: times per size, the outcome
-    ('exited', 'hung in MPI_Finalize', 'failed', 'timed out'), the exit status and the end of its output."""
+def launch(programs, hosts, setting, sizes, repeats, finalize_s, timeout_s, ompi_bind_to=""):
+    """One launch over node1..node<hosts>, 1 rank each (Open MPI's ranks bound `--bind-to ompi_bind_to`, ""
+    for mpirun's own choice: to a core up to 2 ranks, to the socket beyond). Returns its record: times per
+    size, the outcome ('exited', 'hung in MPI_Finalize', 'failed', 'timed out'), the exit status and the end
+    of its output."""
     mpi, added = SETTINGS[setting]
     program = programs[mpi]
     settings = {**ON_TCP[mpi], **added}
@@ -117,7 +119,8 @@ def launch(programs, hosts, setting, sizes, repeats, finalize_s, timeout_s):
         argv = ["mpiexec.mpich", "-launcher", "ssh", "-hosts", host_list, "-n", str(hosts), program]
     else:
         settings.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        argv = ["mpirun.openmpi", "-H", host_list, "-np", str(hosts), program]
+        argv = ["mpirun.openmpi", "-H", host_list, "-np", str(hosts)]
+        argv += [*(["--bind-to", ompi_bind_to] if ompi_bind_to else []), program]
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
     argv += [str(repeats), *map(str, sizes)]
     cmd = ["ssh", "node1", f"env {assignments} {shlex.join(argv)}"]
@@ -162,6 +165,13 @@ def report(args, sizes, link_bits, records, matmul, command):
         f"Bound: 2(p-1)/p x S / ({LINK_EFFICIENCY} x link).",
         "- Settings: "
         + "; ".join(f"`{name}`: {_assignments(SETTINGS[name])}" for name in args.settings.split(",")),
+        "- Open MPI's ranks bound: "
+        + (
+            f"`--bind-to {args.ompi_bind_to}`"
+            if args.ompi_bind_to
+            else "mpirun's own choice (a core each up "
+            "to 2 ranks, the socket beyond; horovodrun passes `--bind-to none`)"
+        ),  # fmt: skip
         "",
         "| p | setting | size | median s per launch | median / bound per launch | how the launches ended |",
         "|---|---|---|---|---|---|",
@@ -200,6 +210,11 @@ def main(argv=None):
     parser.add_argument("--link_rate", default="200mbit")
     parser.add_argument("--finalize_s", type=float, default=10.0, help="how long MPI_Finalize may take")
     parser.add_argument("--timeout_s", type=float, default=300.0, help="how long one launch may take")
+    parser.add_argument(
+        "--ompi_bind_to",
+        default="",
+        help="Open MPI: mpirun --bind-to (none, as horovodrun passes); '' its own",
+    )
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "mpi_allreduce.md"))
     args = parser.parse_args(argv)
     unknown = sorted(set(args.settings.split(",")) - set(SETTINGS))
@@ -228,7 +243,16 @@ def main(argv=None):
             for p in hosts:
                 for setting in settings:
                     for _ in range(args.launches):
-                        r = launch(programs, p, setting, sizes, args.repeats, args.finalize_s, args.timeout_s)
+                        r = launch(
+                            programs,
+                            p,
+                            setting,
+                            sizes,
+                            args.repeats,
+                            args.finalize_s,
+                            args.timeout_s,
+                            args.ompi_bind_to,
+                        )
                         shown = {s: round(statistics.median(t) / bound_s(s, p, link_bits), 2)
                                  for s, t in r["times_s"].items()}  # fmt: skip
                         print(f"[mpi_allreduce] p={p} {setting}: x bound {shown}; {r['outcome']}")

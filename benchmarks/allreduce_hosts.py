@@ -219,7 +219,14 @@ def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=No
             cmd = argv
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
         env.update(settings, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        try:
+            result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Only the launcher was killed: its ranks (on this machine's one kernel) would keep spinning
+            # and take the cores from every later launch.
+            for pattern in ("benchmarks.allreduce_hosts --worker", "hydra_pmi_proxy", "mpiexec.mpich"):
+                subprocess.run(["pkill", "-9", "-f", pattern], capture_output=True)
+            raise
         if result.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{shlex.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         with open(out) as f:

@@ -18,8 +18,10 @@ if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
 fi
 export THREADS_PER_RANK="${THREADS_PER_RANK:-$(( $(_cores_per_socket) / RANKS_PER_SOCKET > 0 ? $(_cores_per_socket) / RANKS_PER_SOCKET : 1 ))}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS_PER_RANK}"
-# oneDNN kernels for convolutions and matmuls on x86 (TensorFlow's default on Linux x86; explicit here).
-export TF_ENABLE_ONEDNN_OPTS="${TF_ENABLE_ONEDNN_OPTS:-1}"
+# oneDNN kernels (TF_ENABLE_ONEDNN_OPTS): left to TensorFlow, which chooses per CPU (on by itself on the
+# AVX-512 Xeons and EPYCs here, off on an AVX2-only EPYC), so that a job of these scripts computes what a bare
+# `horovodrun python -m hvd_lars.main` computes on the same CPU: the two round differently. Export it to
+# choose; the launchers forward it when it is set.
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # Intel OpenMP: spin briefly, then sleep, so idle ranks do not steal the allreduce thread's core.
 export KMP_BLOCKTIME="${KMP_BLOCKTIME:-1}"

@@ -72,6 +72,6 @@ else
   placement=(--map-by "ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK}" --bind-to core)
 fi
 exec mpirun -np "$ranks" "${hosts[@]}" "${placement[@]}" \
-  -x OMP_NUM_THREADS -x TF_ENABLE_ONEDNN_OPTS -x TF_CPP_MIN_LOG_LEVEL -x KMP_BLOCKTIME \
+  -x OMP_NUM_THREADS ${TF_ENABLE_ONEDNN_OPTS:+-x TF_ENABLE_ONEDNN_OPTS} -x TF_CPP_MIN_LOG_LEVEL -x KMP_BLOCKTIME \
   -x PYTHONUNBUFFERED -x PATH "${forward[@]}" \
   "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" "$@"

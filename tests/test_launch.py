@@ -56,3 +56,19 @@ def test_usage_and_missing_flagfile(script):
     assert result.returncode == 2 and "Usage:" in result.stderr
     result = _launch(script, "localhost", "2", "flags/nope.flags")
     assert result.returncode == 2 and "flagfile 'flags/nope.flags' not found" in result.stderr
+
+
+@pytest.mark.horovod  # a subprocess (the tier of tests that start processes); no Horovod ranks
+@pytest.mark.parametrize("given", [None, "0", "1"])
+def test_env_sh_leaves_tensorflows_onednn_choice_alone(given):
+    # TensorFlow turns its oneDNN kernels on by itself on some CPUs and not on others (off on an AVX2-only
+    # EPYC): set by the launch scripts, a job of theirs rounded differently from a bare horovodrun's.
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if given is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = given
+    result = subprocess.run(
+        ["bash", "-c", 'source launch/env.sh && echo "[${TF_ENABLE_ONEDNN_OPTS-unset}]"'],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == f"[{given or 'unset'}]"

@@ -263,7 +263,17 @@ def fit_ring(p, sizes, times):
     return float(alpha), float(1.0 / inverse_beta), worst
 
 
-def _mib(size):
+def sizes_and_link_rate(parser, args):
+    """--sizes_mib as bytes (whole float32 elements, at least one) and --link_rate in bit/s; a bad link rate
+    ends the program through `parser.error`, naming it."""
+    sizes = [max(4, int(round(float(m) * 2**20 / 4)) * 4) for m in args.sizes_mib.split(",")]
+    try:
+        return sizes, common.link_rate_bits(args.link_rate)
+    except ValueError as e:
+        parser.error(f"--link_rate: {e}")
+
+
+def mib(size):
     return f"{size / 2**20:.4g} MiB" if size >= 2**20 else f"{size / 2**10:.4g} KiB"
 
 
@@ -284,7 +294,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
     ]
     for r in results:
         lines.append(
-            f"| {r['layout']} | {r['p']} | {r['variant']} | {_mib(r['size'])} | {r['median_s']:.4f} | "
+            f"| {r['layout']} | {r['p']} | {r['variant']} | {mib(r['size'])} | {r['median_s']:.4f} | "
             f"{r['bound_s']:.4f} | {r['median_s'] / r['bound_s']:.2f} |"
         )
     lines += [
@@ -410,11 +420,7 @@ def main(argv=None):
         layouts = [parse_layout(text) for text in args.layouts.split(",")]
     except ValueError as e:
         parser.error(f"--layouts: {e}")
-    sizes = [max(4, int(round(float(m) * 2**20 / 4)) * 4) for m in args.sizes_mib.split(",")]
-    try:
-        link_bits = common.link_rate_bits(args.link_rate)
-    except ValueError as e:
-        parser.error(f"--link_rate: {e}")
+    sizes, link_bits = sizes_and_link_rate(parser, args)
     matmul = common.matmul_rate()
     results = []
     with common.emulated_cluster(max(h for h, _ in layouts), args.link_rate):

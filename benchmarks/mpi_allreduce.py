@@ -42,7 +42,7 @@ import tempfile
 import time
 
 from benchmarks import common
-from benchmarks.allreduce_hosts import LINK_EFFICIENCY, bound_s
+from benchmarks.allreduce_hosts import LINK_EFFICIENCY, bound_s, mib, sizes_and_link_rate
 
 SOURCE = os.path.join(common.REPO, "benchmarks", "mpi_allreduce.c")
 RULES = os.path.join(common.REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
@@ -187,17 +187,13 @@ def report(args, sizes, link_bits, records, matmul, command):
             bound = bound_s(size, hosts, link_bits)
             shown = ", ".join(f"{m:.4f}" for m in medians) or "-"
             ratios = ", ".join(f"{m / bound:.2f}" for m in medians) or "-"
-            lines.append(f"| {hosts} | {setting} | {_size(size)} | {shown} | {ratios} | {ends} |")
+            lines.append(f"| {hosts} | {setting} | {mib(size)} | {shown} | {ratios} | {ends} |")
     return lines
 
 
 def _assignments(setting):
     mpi, added = setting
     return " ".join(f"{k}={v}" for k, v in {**ON_TCP[mpi], **added}.items())
-
-
-def _size(size):
-    return f"{size / 2**20:.4g} MiB" if size >= 2**20 else f"{size / 2**10:.4g} KiB"
 
 
 def main(argv=None):
@@ -228,11 +224,7 @@ def main(argv=None):
         parser.error(f"--hosts={args.hosts!r}: each 2-8 (the emulated cluster has up to 8 hosts)")
     if args.launches < 1 or args.repeats < 1:
         parser.error(f"--launches={args.launches}, --repeats={args.repeats}: each at least 1")
-    sizes = [max(4, int(round(float(m) * 2**20 / 4)) * 4) for m in args.sizes_mib.split(",")]
-    try:
-        link_bits = common.link_rate_bits(args.link_rate)
-    except ValueError as e:
-        parser.error(f"--link_rate: {e}")
+    sizes, link_bits = sizes_and_link_rate(parser, args)
     matmul = common.matmul_rate()
     records = []
     # The hosts share this machine's file system: a program under /var/tmp is on every one of them.

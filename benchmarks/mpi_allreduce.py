@@ -185,7 +185,7 @@ def report(args, sizes, link_bits, records, matmul, command):
         for size in sizes:
             medians = [statistics.median(r["times_s"][size]) for r in runs if size in r["times_s"]]
             bound = bound_s(size, hosts, link_bits)
-            shown = ", ".join(f"{m:.4f}" for m in medians) or "-"
+            shown = ", ".join(f"{m:.4g}" for m in medians) or "-"  # 1 KiB takes ~1e-4 s
             ratios = ", ".join(f"{m / bound:.2f}" for m in medians) or "-"
             lines.append(f"| {hosts} | {setting} | {mib(size)} | {shown} | {ratios} | {ends} |")
     return lines

@@ -25,7 +25,9 @@ the same check at 1 rank per host on p = 2, 4 and 8 hosts, for one model and per
   beside them, not used by the model: the compute of the p Horovod ranks stepping unreduced ("unreduced":
               does Horovod's background thread slow the step?) and the grouped allreduce of the model's
               gradient tensors with no compute ("reduce_only": does the real tensor list take eq. 4's time?
-              how many cores does it keep busy?)
+              how many cores does it keep busy?), and the grouped step taken in its three parts on every
+              rank (compute, allreduce, update, each a tf.function waited for: "split"), which places a
+              step's excess over its parts in one of them
 
 The model is CIFAR ResNet-20 (`resnet20`, 32x32x3, per-rank batch 32, float32):
 59 gradient tensors from convolutions and batch norm as ResNet-50's 161 are, 8 copies of its step fit in
@@ -73,6 +75,7 @@ ROLE_MODES = {
     "ranks": ("grouped", "overlap"),
     "unreduced": ("grouped",),
     "reduce_only": (),
+    "split": (),
 }
 UNREDUCED_EXTRA_STEPS = 5
 
@@ -83,10 +86,12 @@ def worker(role, out, core, batch):
     "unreduced": such a rank stepping with the plain LARS optimizer, its gradients never reduced, while
     Horovod's background thread cycles beside it as in training; role "reduce_only": such a rank reducing
     tensors of the model's gradients' shapes as the grouped step reduces them (one grouped allreduce,
-    `collectives.allreduce_gradients`), with no compute: what the step's allreduce takes by itself."""
+    `collectives.allreduce_gradients`), with no compute: what the step's allreduce takes by itself; role
+    "split": such a rank taking the grouped step in its three parts, each a tf.function waited for before
+    the next starts (`split_step_times`)."""
     from hvd_lars.training import threads
 
-    if role in ("ranks", "unreduced", "reduce_only"):
+    if role != "compute":
         core = int(os.environ["OMPI_COMM_WORLD_RANK"])
         threads.apply_horovod_cpu_defaults()
     scaling.pin_to_core(core)
@@ -126,6 +131,9 @@ def worker(role, out, core, batch):
         result["busy_cores"] = {k: (cpu["end"][k] - cpu["start"][k]) / wall for k in ("user", "kernel")}
         result["gradient_bytes"] = _float32_bytes(model.trainable_variables)
         result["tensors"] = len(model.trainable_variables)
+    if role == "split":
+        per_rank = collectives.gather_objects(split_step_times(images, labels), "validation_hosts.split")
+        result["split"] = per_rank
     for mode in ROLE_MODES[role]:
         keras.utils.set_random_seed(0)
         model = get_model(MODEL, num_classes=CLASSES, input_shape=shape)
@@ -152,6 +160,75 @@ def worker(role, out, core, batch):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
+
+
+def split_step_times(images, labels):
+    """This rank's grouped step in three parts, each a tf.function whose result is waited for before the
+    next starts: "compute" (forward and backprop: the gradients), "allreduce" (their grouped allreduce,
+    `collectives.allreduce_gradients`) and "update" (LARS applying the averaged gradients). The step of
+    the model's "measured" row does the same work in one tf.function.
+
+    Returns:
+        {"compute": [s], "allreduce": [s], "update": [s]}, TIMED_STEPS values each (after WARMUP_STEPS).
+        A rank that finishes its compute first waits for the others inside its "allreduce", so the
+        allreduce proper of step k is the smallest of the ranks' k-th "allreduce" values.
+    """
+    import keras
+    import tensorflow as tf
+
+    from hvd_lars.models import get_model
+    from hvd_lars.parallel import collectives
+
+    keras.utils.set_random_seed(0)
+    model = get_model(MODEL, num_classes=CLASSES, input_shape=tuple(images.shape[1:]))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = common.mlperf_lars()
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            value = loss(labels, model(images, training=True))
+        return tape.gradient(value, model.trainable_variables)
+
+    @tf.function
+    def allreduce(grads):
+        return collectives.allreduce_gradients(grads, reduction="grouped")
+
+    @tf.function
+    def update(grads):
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    parts = {"compute": [], "allreduce": [], "update": []}
+    for step in range(WARMUP_STEPS + TIMED_STEPS):
+        start = time.perf_counter()
+        grads = gradients()
+        grads[-1].numpy()
+        computed = time.perf_counter()
+        grads = allreduce(grads)
+        grads[-1].numpy()
+        reduced = time.perf_counter()
+        update(grads)
+        model.trainable_variables[-1].numpy()
+        if step >= WARMUP_STEPS:
+            parts["compute"].append(computed - start)
+            parts["allreduce"].append(reduced - computed)
+            parts["update"].append(time.perf_counter() - reduced)
+    return parts
+
+
+def split_parts(per_rank):
+    """Medians of `split_step_times` of every rank (rank order), step by step: {"compute": the slowest
+    rank's, "allreduce": the fastest rank's (the allreduce proper), "update": every rank's, "step": rank 0's
+    three parts together}, in seconds."""
+    steps = range(len(per_rank[0]["compute"]))
+    return {
+        "compute": statistics.median(max(r["compute"][k] for r in per_rank) for k in steps),
+        "allreduce": statistics.median(min(r["allreduce"][k] for r in per_rank) for k in steps),
+        "update": statistics.median(u for r in per_rank for u in r["update"]),
+        "step": statistics.median(sum(per_rank[0][part][k] for part in ("compute", "allreduce", "update"))
+                                  for k in steps),
+    }  # fmt: skip
 
 
 def busy_step_times(model, optimizer, data, scratch, me, timeout_s=1200):
@@ -331,6 +408,7 @@ def main(argv=None):
                 unreduced = ranks(p, args.per_rank_batch, scratch, env, role="unreduced")
                 alone = ranks(p, args.per_rank_batch, scratch, env, role="reduce_only")
                 measured = ranks(p, args.per_rank_batch, scratch, env)
+                parts = split_parts(ranks(p, args.per_rank_batch, scratch, env, role="split")["split"])
             fit = allreduce_hosts.launch("main", (p, 1), fit_args)
             medians = [statistics.median(t) for t in fit["times_s"]]
             alpha, beta, _ = allreduce_hosts.fit_ring(p, fit["sizes"], medians)
@@ -353,6 +431,7 @@ def main(argv=None):
                 row.update(predicted_s=predicted, measured_s=step, error=predicted / step - 1)
                 row.update(busy_cores=busy_cores, busy_cores_user=alone["busy_cores"]["user"])
                 row.update(predicted_idle_s=predicted_idle, error_idle=predicted_idle / step - 1)
+                row.update({f"split_{k}_s": v for k, v in parts.items()})
                 rows.append(dict(row, steps_s=measured["modes"][mode], compute_steps_s=busy,
                                  unreduced_steps_s=unreduced["modes"]["grouped"],
                                  reduce_only_steps_s=alone["modes"]["grouped"]))  # fmt: skip
@@ -395,6 +474,29 @@ def main(argv=None):
             f"{r['predicted_idle_s']:.3f} | {r['error_idle']:+.1%}{ok_idle} | "
             f"{r['unreduced_s']:.3f} | {r['reduce_only_s']:.3f} | {r['busy_cores']:.2f} "
             f"({r['busy_cores_user']:.2f}) |"
+        )
+    lines += [
+        "",
+        "The grouped step in its parts (role `split`, same counts): each rank takes the step as three "
+        "tf.functions, each waited for before the next starts. *compute*: forward and backprop, the "
+        "slowest rank's in each step; *allreduce*: the grouped allreduce proper, the smallest of the ranks' "
+        "times in each step (a rank that finishes its compute first waits for the others inside it); "
+        "*update*: LARS applying the averaged gradients; *split step*: rank 0's three parts together. "
+        "Medians over the timed steps.",
+        "",
+        "| p | measured grouped step s (one tf.function) | split step s | compute s (slowest rank) | "
+        "allreduce s (proper) | update s | compute + allreduce + update s | compute s, world size 1 (the "
+        "model's) | grouped allreduce s by itself |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["mode"] != "grouped":
+            continue
+        total = r["split_compute_s"] + r["split_allreduce_s"] + r["split_update_s"]
+        lines.append(
+            f"| {r['p']} | {r['measured_s']:.3f} | {r['split_step_s']:.3f} | {r['split_compute_s']:.3f} | "
+            f"{r['split_allreduce_s']:.3f} | {r['split_update_s']:.3f} | {total:.3f} | "
+            f"{r['compute_s']:.3f} | {r['reduce_only_s']:.3f} |"
         )
     common.write_report(args.out, "\n".join(lines))
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:

@@ -13,15 +13,18 @@ have no bfloat16 units), measured on every core of this machine by benchmarks/be
 the target the fraction of peak it reaches here of the best rate any kernel reached here (tf.matmul
 4096x4096).
 (4): n = the float32 gradient bytes, fused by Horovod into m = ceil(n / 128 MiB) messages (its default
-fusion buffer); alpha = Horovod's cost per message (its background cycle and negotiation: per fused message,
-not per tensor, since 161 separate requests cost the same as one grouped allreduce at p = 2-8,
-results/negotiation_hosts.md), the median time of allreduces of 1-64 KiB between 2 emulated hosts over MPI
-(results/communication.json); B = the bandwidth a
-rank reaches on the link, fitted to the allreduces of 1-128 MiB (the sizes of fused gradients; the
-all-sizes fit of results/communication.md is pulled up by the token bucket's burst at small sizes), as a
-fraction of the configured rate at 1 Gbit/s (where the link, not the 2 shared cores, is the limit), times
-100 Gbit/s for the paper's Omni-Path; lambda = one hop's network latency, 0 on the emulated links (veth
-pairs in one kernel) and LINK_LATENCY_S on Omni-Path. (5): backprop is 2 of a step's 3 passes
+fusion buffer). alpha (Horovod's cost per fused message: its background cycle and negotiation, per fused
+message, not per tensor, since 161 separate requests cost the same as one grouped allreduce at p = 2-8,
+results/negotiation_hosts.md) and B (the bandwidth a rank's ring edge reaches, as a share of the link's
+configured rate) come from one fit of eq. (4)'s own form, t = alpha + 2 (p - 1) lambda + 2 (p - 1)/p x S / B,
+to every allreduce that benchmarks/allreduce_hosts.py timed at 2, 4 and 8 emulated hosts (1 rank per host,
+shaped links, 1 KiB-64 MiB) under the settings hvd_lars.main runs with (results/allreduce_hosts.json,
+variant "main": the allreduce rules file, MPI yielding, a 5 ms Horovod cycle), so that the growth with p is
+the measured one (`hosts_fit`). The share times 100 Gbit/s is B on the paper's Omni-Path. lambda (one
+ring step's latency) fitted there is this machine's scheduling of up to 8 ranks on 2 cores, not a wire's:
+on Omni-Path it is LINK_LATENCY_S. Before issue 22 alpha and B came from 2 emulated hosts at Horovod's
+default 1 ms cycle (results/communication.json, `link_fit`); the report sets the predictions of both side
+by side. (5): backprop is 2 of a step's 3 passes
 (hvd_lars.models.flops); `overlap` is the share of the backward time during which gradients travel, from
 the overlapped runs of results/scaling.md (section overlap_compression): calibrated on ResNet-50 at 1 Gbit/s,
 checked on the others. (6): the updates per epoch of the paper's solvers (4,000 updates for 100 epochs at
@@ -30,7 +33,8 @@ checked on the others. (6): the updates per epoch of the paper's solvers (4,000 
 Validation (`validate`): the 2-host emulated cluster, 1 rank per host on 1 core, shaped links: predicted
 step time from the compute measured in the same run (one process per core, both cores busy), (4) with the
 link's own fit and (5), against the measured step time, grouped (no overlap: nothing calibrated) and
-overlapped.
+overlapped. At 2, 4 and 8 emulated hosts the same step model is checked by benchmarks/validation_hosts.py
+(results/validation_hosts.md).
 
 Usage (from the repository root; arithmetic on committed measurements, seconds):
     python -m benchmarks.time_to_train                      # results/time_to_train.md and .png
@@ -60,6 +64,10 @@ BACKWARD_SHARE = (
 FUSION_BYTES = 128 * 2**20  # Horovod 0.28.1's default HOROVOD_FUSION_THRESHOLD (horovodrun --help)
 SMALL_MESSAGES = (2**10, 2**16)  # alpha: the median time of these allreduce sizes
 LARGE_MESSAGES = 2**20  # B: fitted to allreduces of at least this many bytes
+# The multi-host allreduces eq. (4) is fitted to: benchmarks/allreduce_hosts.py's variant with the settings
+# hvd_lars.main runs with, at its layouts of 1 rank per host.
+HOSTS_JSON = "allreduce_hosts.json"
+HOSTS_VARIANT = "main"
 # The CPU of the committed emulated-cluster runs (results/scaling/overlap_compression_*.json), on which
 # the model is validated; its throughput records are the model's compute rates unless --cpu names another.
 DEFAULT_CPU = "AMD EPYC"
@@ -205,6 +213,56 @@ def link_fit(sweep):
     return alpha, bandwidth
 
 
+def hosts_fit(record, variant=HOSTS_VARIANT):
+    """Eq. (4)'s form fitted to benchmarks/allreduce_hosts.py's allreduces at every p at once.
+
+    Args:
+        record: results/allreduce_hosts.json ({"link_rate", "results": [{"layout", "p", "variant", "size",
+            "median_s"}, ...]}); only `variant` at layouts of 1 rank per host ("<p>x1") is used.
+
+    Returns:
+        dict: alpha_s (per message), lambda_s (per ring step), bandwidth (bytes/s), share (bandwidth over
+        the link's configured rate), link_bits, and per_p: {p: {"share": the share of a fit of
+        benchmarks.allreduce_hosts.fit_ring to that p alone, "worst": the joint fit's largest relative
+        residual at that p, "n": sizes}}. Least squares on relative residuals, so that every size weighs
+        alike.
+
+    Raises:
+        ValueError: fewer than 2 values of p, or a non-positive fitted term (the record does not follow
+        the ring's form).
+    """
+    import numpy as np
+
+    from benchmarks.allreduce_hosts import fit_ring
+
+    link_bits = common.link_rate_bits(record["link_rate"])
+    rows = [
+        r for r in record["results"]
+        if r["variant"] == variant and r["layout"] == f"{r['p']}x1" and r.get("median_s")
+    ]  # fmt: skip
+    ps = sorted({r["p"] for r in rows})
+    if len(ps) < 2:
+        raise ValueError(f"hosts_fit: variant {variant!r} was measured at p = {ps}; 2 or more p needed")
+    p = np.array([r["p"] for r in rows], float)
+    size = np.array([r["size"] for r in rows], float)
+    t = np.array([r["median_s"] for r in rows], float)
+    design = np.stack([np.ones_like(p), 2 * (p - 1), 2 * (p - 1) / p * size], 1)
+    (alpha, lam, inverse_b), *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
+    if min(alpha, lam, inverse_b) <= 0:
+        raise ValueError(f"hosts_fit: alpha={alpha:.3g} s, lambda={lam:.3g} s, 1/B={inverse_b:.3g} s/B")
+    residual = np.abs(design @ [alpha, lam, inverse_b] - t) / t
+    per_p = {}
+    for q in ps:
+        at = p == q
+        _, beta, _ = fit_ring(q, list(size[at]), list(t[at]))
+        per_p[q] = {"share": beta * 8 / link_bits, "worst": float(residual[at].max()), "n": int(at.sum())}
+    bandwidth = 1.0 / inverse_b
+    return {
+        "alpha_s": float(alpha), "lambda_s": float(lam), "bandwidth": float(bandwidth),
+        "share": float(bandwidth * 8 / link_bits), "link_bits": link_bits, "per_p": per_p,
+    }  # fmt: skip
+
+
 def cpu_label(record):
     """What names a throughput record's CPU: its key (vendor, family, model, stepping, flags) where the
     record has one, else its short name (records made before the key)."""
@@ -260,7 +318,11 @@ def load_measurements(cpu=None):
         with open(path) as f:
             record = json.load(f)
         scaling[record["label"]] = record
-    return {"links": links, "throughput": throughput, "scaling": scaling}
+    hosts = None
+    if os.path.exists(os.path.join(RESULTS, HOSTS_JSON)):
+        with open(os.path.join(RESULTS, HOSTS_JSON)) as f:
+            hosts = hosts_fit(json.load(f))
+    return {"links": links, "throughput": throughput, "scaling": scaling, "hosts": hosts}
 
 
 def gradient_bytes(model_name):
@@ -330,11 +392,27 @@ FLAGFILES = {
 }
 
 
-def target_link(measurements):
-    """(alpha, bandwidth, hop latency) of Omni-Path: alpha as measured, the 1 Gbit/s link's reached share
-    of its rate applied to 100 Gbit/s, LINK_LATENCY_S per hop."""
-    alpha, bandwidth_1g = measurements["links"]["1gbit"]
-    share = bandwidth_1g * 8 / 1e9
+def target_link(measurements, source="hosts"):
+    """(alpha, bandwidth, hop latency, share) of Omni-Path: alpha as measured, the reached share of the
+    link's rate applied to 100 Gbit/s, LINK_LATENCY_S per hop.
+
+    Args:
+        source: "hosts", the joint fit at 2, 4 and 8 emulated hosts under hvd_lars.main's settings
+            (`hosts_fit`; the model since issue 22); "2hosts", the 2-host 1 Gbit/s sweep at Horovod's
+            default cycle (`link_fit`; the model before).
+
+    Raises:
+        ValueError: an unknown source, or "hosts" with no results/allreduce_hosts.json.
+    """
+    if source == "2hosts":
+        alpha, bandwidth_1g = measurements["links"]["1gbit"]
+        share = bandwidth_1g * 8 / 1e9
+    elif source == "hosts":
+        if measurements.get("hosts") is None:
+            raise ValueError(f"no results/{HOSTS_JSON}: run python -m benchmarks.allreduce_hosts (as root)")
+        alpha, share = measurements["hosts"]["alpha_s"], measurements["hosts"]["share"]
+    else:
+        raise ValueError(f"target_link: source {source!r}; 'hosts' or '2hosts'")
     return alpha, share * LINK_RATE_BITS / 8, LINK_LATENCY_S, share
 
 
@@ -343,8 +421,8 @@ def _model_inputs(measurements, model):
     return t["images_per_second"], t["matmul_gflops"]
 
 
-def predictions(measurements, grads, overlap):
-    alpha, bandwidth, latency, _ = target_link(measurements)
+def predictions(measurements, grads, overlap, source="hosts"):
+    alpha, bandwidth, latency, _ = target_link(measurements, source)
     rows = []
     for model, socket_name, epochs, configs in PREDICTIONS:
         rate, matmul = _model_inputs(measurements, model)
@@ -354,6 +432,23 @@ def predictions(measurements, grads, overlap):
             paper = PAPER.get((model, sockets, batch, epochs))
             rows.append({"model": model, "socket": socket_name, "epochs": epochs, "sockets": sockets,
                          "global_batch": batch, "paper_minutes": paper and paper[0], **p})  # fmt: skip
+    return rows
+
+
+def falling_bandwidth(measurements, grads, overlap):
+    """`predictions` with B at each configuration's `extrapolated_share` (the pessimistic reading of the
+    fall of B from p = 2 to 8); each row also carries that share."""
+    alpha, _, latency, _ = target_link(measurements)
+    rows = []
+    for model, socket_name, epochs, configs in PREDICTIONS:
+        rate, matmul = _model_inputs(measurements, model)
+        for sockets, batch in configs:
+            share = extrapolated_share(measurements["hosts"], sockets)
+            link = (alpha, share * LINK_RATE_BITS / 8, latency)
+            p = predict(
+                rate, matmul, grads[model], SOCKETS[socket_name], sockets, batch, epochs, link, overlap
+            )
+            rows.append({"share": share, **p})
     return rows
 
 
@@ -452,7 +547,7 @@ def _wrap_comment(text, width=110):
     return lines + [current]
 
 
-def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN):
+def report(measurements, grads, rows, overlap, predicted, before, pessimistic, markdown=MARKDOWN):
     from hvd_lars.training import provenance
 
     alpha, bandwidth, latency, share = target_link(measurements)
@@ -464,7 +559,8 @@ def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN):
         "committed measurements; the model and its sources are in the script's docstring) at git",
         f"{prov['git_sha'][:12]}, {prov['date']}. Inputs: `results/throughput/*.json`",
         "(benchmarks/benchmark_models.py),",
-        "`results/communication.json`, `results/scaling/overlap_compression_*.json` (benchmarks/scaling.py).",
+        "`results/communication.json`, `results/scaling/overlap_compression_*.json` (benchmarks/scaling.py),",
+        f"`results/{HOSTS_JSON}` (benchmarks/allreduce_hosts.py).",
         "",
         "## Inputs",
         "",
@@ -495,11 +591,12 @@ def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN):
     ]
     for label, (a, b) in sorted(measurements["links"].items()):
         lines.append(f"| {label} | {a * 1e3:.2f} ms | {b * 8 / 1e9:.2f} Gbit/s |")
+    lines += [""] + hosts_section(measurements["hosts"])
     lines += [
         "",
-        f"Omni-Path in the model: alpha {alpha * 1e3:.2f} ms per fused message (Horovod's cycle, as",
-        f"measured), B = {share:.2f} (the share of 1 Gbit/s reached) x 100 Gbit/s =",
-        f"{bandwidth * 8 / 1e9:.0f} Gbit/s, and",
+        f"Omni-Path in the model: alpha {alpha * 1e3:.2f} ms per fused message (Horovod's cycle under the",
+        f"main program's settings, from the fit at p = 2-8), B = {share:.2f} (the share of the link's rate",
+        f"reached there) x 100 Gbit/s = {bandwidth * 8 / 1e9:.0f} Gbit/s, and",
         f"{latency * 1e6:.0f} us per ring step (2 (p - 1) steps per message).",
         "",
         "## Validation: the 2-host emulated cluster under shaped links",
@@ -576,9 +673,87 @@ def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN):
             f"{p['efficiency']:.2f} | {p['time_to_train_s'] / 60:.1f} min | {paper} |"
         )
     lines += ["", "![predicted time to train and scaling efficiency](time_to_train.png)", ""]
+    lines += changes(measurements, predicted, before, pessimistic)
     lines += disagreement(measurements, predicted)
     common.write_report(markdown, "\n".join(lines).rstrip())
     print(f"[time_to_train] wrote {markdown}", flush=True)
+
+
+def hosts_section(hosts):
+    """The report's lines on the allreduce's growth with p: the joint fit of eq. (4) at 2, 4 and 8 hosts."""
+    if hosts is None:
+        return [f"No results/{HOSTS_JSON}: the growth with p is eq. (4)'s form, not measured."]
+    lines = [
+        "## The allreduce's growth with p: 2, 4 and 8 emulated hosts (issue 22)",
+        "",
+        f"One fit of eq. (4)'s form to every allreduce of `results/{HOSTS_JSON}` under the settings",
+        f"hvd_lars.main runs with (variant `{HOSTS_VARIANT}`), 1 rank per host, links shaped to "
+        f"{hosts['link_bits'] / 1e6:.0f} Mbit/s, 1 KiB-64 MiB:",
+        f"t = alpha + 2 (p - 1) lambda + 2 (p - 1)/p x S / B with alpha = {hosts['alpha_s'] * 1e3:.2f} ms "
+        f"per message, lambda = {hosts['lambda_s'] * 1e3:.2f} ms",
+        f"per ring step and B = {hosts['share']:.2f} of the link's rate. Beside it, B of a fit to each p "
+        "alone (benchmarks.allreduce_hosts.fit_ring):",
+        "",
+        "| p | allreduces (sizes) | B / link rate, this p alone | the joint fit's largest miss at this p |",
+        "|---|---|---|---|",
+    ]
+    for p, f in sorted(hosts["per_p"].items()):
+        lines.append(f"| {p} | {f['n']} | {f['share']:.2f} | {f['worst']:.0%} |")
+    shares = [f["share"] for f in hosts["per_p"].values()]
+    lines += [
+        "",
+        f"B of each p alone falls from {shares[0]:.2f} of the link at p = {min(hosts['per_p'])} to "
+        f"{shares[-1]:.2f} at p = {max(hosts['per_p'])}; the joint fit's B lies between. Where that fall",
+        "comes from was measured: at p = 8 the 2 cores forward 8 shaped links and take the ranks' cores",
+        "(results/allreduce_hosts_amd_epyc_family25_model17_100mbit.md: p = 8 at 1.04-1.05x the bound at",
+        "100 Mbit/s, 1.23-1.30x at 200 Mbit/s), which a cluster's NICs do not. The model takes alpha and B",
+        "from the joint fit; the fall, carried on to 2,048 sockets, is set beside the predictions below as",
+        "the pessimistic reading. lambda is the time a ring step waits for a rank to get one of the 2 cores",
+        "(up to 8 ranks share them; results/negotiation_hosts.md), not a wire's latency: the model keeps",
+        "Omni-Path's per hop.",
+    ]
+    return lines
+
+
+def extrapolated_share(hosts, sockets):
+    """The share of the link B would keep at `sockets` ranks if it kept falling as measured from p = 2 to 8:
+    a least-squares line in log2(p) through the per-p shares, clipped to [0.05, 1]."""
+    import numpy as np
+
+    ps = sorted(hosts["per_p"])
+    slope, intercept = np.polyfit(np.log2(ps), [hosts["per_p"][p]["share"] for p in ps], 1)
+    return float(min(1.0, max(0.05, intercept + slope * math.log2(sockets))))
+
+
+def changes(measurements, predicted, before, pessimistic):
+    """Lines setting the predictions beside those of the model before issue 22 (2-host link fit)."""
+    a_old, b_old, _, share_old = target_link(measurements, "2hosts")
+    a_new, _, _, share_new = target_link(measurements)
+    lines = [
+        "### What the growth with p as measured changed",
+        "",
+        f"Before, alpha ({a_old * 1e3:.2f} ms) and B ({share_old:.2f} of the link) came from 2 emulated "
+        "hosts at 1 Gbit/s",
+        "and Horovod's default 1 ms cycle (results/communication.json); now from the fit at p = 2-8 under",
+        f"the main program's 5 ms cycle: alpha {a_new * 1e3:.2f} ms, B {share_new:.2f} of the link.",
+        "",
+        "The last two columns are the pessimistic reading: B falling on from p = 8 as it fell from p = 2",
+        "to 8 (a line in log2 p through the shares of each p alone), to the share given.",
+        "",
+        "| model | sockets | global batch | allreduce before | allreduce now | step before | step now "
+        "| time to train before | now | change | B falling on: share, step | time to train |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for new, old, low in zip(predicted, before, pessimistic):
+        lines.append(
+            f"| {MODEL_NAMES[new['model']]} | {new['sockets']:,} | {new['global_batch']:,} | "
+            f"{_fmt_s(old['allreduce_s'])} | {_fmt_s(new['allreduce_s'])} | {_fmt_s(old['step_s'])} | "
+            f"{_fmt_s(new['step_s'])} | {old['time_to_train_s'] / 60:.1f} min | "
+            f"{new['time_to_train_s'] / 60:.1f} min | "
+            f"{new['time_to_train_s'] / old['time_to_train_s'] - 1:+.1%} | "
+            f"{low['share']:.2f}, {_fmt_s(low['step_s'])} | {low['time_to_train_s'] / 60:.1f} min |"
+        )
+    return lines + [""]
 
 
 def disagreement(measurements, predicted):
@@ -661,8 +836,10 @@ def main(argv=None):
     rows, overlap = validate(measurements, grads)
     overlap = overlap or 0.0
     predicted = predictions(measurements, grads, overlap)
+    before = predictions(measurements, grads, overlap, source="2hosts")
+    pessimistic = falling_bandwidth(measurements, grads, overlap)
     plot(measurements, grads, overlap, os.path.splitext(args.out)[0] + ".png")
-    report(measurements, grads, rows, overlap, predicted, args.out)
+    report(measurements, grads, rows, overlap, predicted, before, pessimistic, args.out)
     if args.update_flagfiles:
         update_flagfiles(measurements, grads, overlap)
 

@@ -118,3 +118,65 @@ def test_throughput_records_of_one_named_cpu_are_used(tmp_path, monkeypatch):
     assert ttt.load_measurements("model 17")["throughput"]["resnet50"]["images_per_second"] == 10.0
     with pytest.raises(ValueError, match=r"no throughput record of a CPU matching --cpu='Xeon'"):
         ttt.load_measurements("Xeon")
+
+
+def _hosts_record(alpha, lam, bandwidth, ps=(2, 4, 8), link_rate="200mbit"):
+    """An allreduce_hosts.json whose `main` allreduces at 1 rank per host follow eq. (4) exactly, beside
+    rows the fit must leave out: another variant, and 2 ranks per host."""
+    sizes = [2**10, 2**16, 2**20, 2**24, 2**26]
+    results = [
+        {"layout": f"{p}x1", "p": p, "variant": "main", "size": s,
+         "median_s": alpha + 2 * (p - 1) * lam + 2 * (p - 1) / p * s / bandwidth}
+        for p in ps for s in sizes
+    ]  # fmt: skip
+    results += [
+        {"layout": "4x2", "p": 8, "variant": "main", "size": 2**20, "median_s": 99.0},
+        {"layout": "8x1", "p": 8, "variant": "mpi", "size": 2**20, "median_s": 99.0},
+    ]
+    return {"command": "test", "link_rate": link_rate, "results": results}
+
+
+@pytest.mark.unit
+def test_hosts_fit_recovers_eq4_at_every_p():
+    # 200 Mbit/s = 25e6 B/s; B = 20e6 B/s is 0.8 of it.
+    fit = ttt.hosts_fit(_hosts_record(1.5e-3, 2e-3, 20e6))
+    assert fit["alpha_s"] == pytest.approx(1.5e-3, rel=1e-6)
+    assert fit["lambda_s"] == pytest.approx(2e-3, rel=1e-6)
+    assert fit["bandwidth"] == pytest.approx(20e6, rel=1e-6) and fit["share"] == pytest.approx(0.8, rel=1e-6)
+    assert fit["link_bits"] == 200e6
+    assert sorted(fit["per_p"]) == [2, 4, 8]  # the 4x2 layout and the mpi variant are left out
+    assert all(f["n"] == 5 and f["worst"] < 1e-6 for f in fit["per_p"].values())
+    # With no per-message term, each p alone is the ring's own form: its B is the joint B.
+    alone = ttt.hosts_fit(_hosts_record(1e-9, 2e-3, 20e6))
+    assert all(f["share"] == pytest.approx(0.8, rel=1e-4) for f in alone["per_p"].values())
+
+
+@pytest.mark.unit
+def test_hosts_fit_needs_two_p():
+    with pytest.raises(ValueError, match=r"measured at p = \[4\]; 2 or more p needed"):
+        ttt.hosts_fit(_hosts_record(1e-3, 1e-3, 1e7, ps=(4,)))
+
+
+@pytest.mark.unit
+def test_target_link_from_hosts_and_from_2_hosts():
+    hosts = ttt.hosts_fit(_hosts_record(1.5e-3, 2e-3, 20e6))
+    measurements = {"hosts": hosts, "links": {"1gbit": (1e-3, 0.9e9 / 8)}}
+    alpha, bandwidth, latency, share = ttt.target_link(measurements)
+    assert (alpha, share, latency) == pytest.approx((1.5e-3, 0.8, 1e-6))
+    assert bandwidth == pytest.approx(0.8 * 100e9 / 8)  # 0.8 of Omni-Path's 100 Gbit/s
+    assert ttt.target_link(measurements, "2hosts") == pytest.approx((1e-3, 0.9 * 100e9 / 8, 1e-6, 0.9))
+    with pytest.raises(ValueError, match="no results/allreduce_hosts.json"):
+        ttt.target_link({"hosts": None, "links": {}})
+    with pytest.raises(ValueError, match="source 'x'"):
+        ttt.target_link(measurements, "x")
+
+
+@pytest.mark.unit
+def test_extrapolated_share_follows_the_fall_per_doubling():
+    # 0.9, 0.8, 0.7 at p = 2, 4, 8: 0.1 less per doubling of p.
+    hosts = {"per_p": {2: {"share": 0.9}, 4: {"share": 0.8}, 8: {"share": 0.7}}}
+    assert ttt.extrapolated_share(hosts, 16) == pytest.approx(0.6)
+    assert ttt.extrapolated_share(hosts, 64) == pytest.approx(0.4)
+    assert ttt.extrapolated_share(hosts, 2048) == 0.05  # 0.9 - 1.0 = -0.1: clipped
+    # A share that rose with p (0.15 per doubling): 1.5 at p = 32, clipped to the whole link.
+    assert ttt.extrapolated_share({"per_p": {2: {"share": 0.9}, 8: {"share": 1.2}}}, 32) == 1.0

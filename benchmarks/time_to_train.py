@@ -741,7 +741,7 @@ def changes(measurements, predicted, before, pessimistic):
         "to 8 (a line in log2 p through the shares of each p alone), to the share given.",
         "",
         "| model | sockets | global batch | allreduce before | allreduce now | step before | step now "
-        "| time to train before | now | change | B falling on: share, step | time to train |",
+        "| time to train before | now | change | B falling on: share, step | B falling on: time to train |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for new, old, low in zip(predicted, before, pessimistic):

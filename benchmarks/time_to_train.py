@@ -13,18 +13,20 @@ have no bfloat16 units), measured on every core of this machine by benchmarks/be
 the target the fraction of peak it reaches here of the best rate any kernel reached here (tf.matmul
 4096x4096).
 (4): n = the float32 gradient bytes, fused by Horovod into m = ceil(n / 128 MiB) messages (its default
-fusion buffer). alpha (Horovod's cost per fused message: its background cycle and negotiation, per fused
-message, not per tensor, since 161 separate requests cost the same as one grouped allreduce at p = 2-8,
-results/negotiation_hosts.md) and B (the bandwidth a rank's ring edge reaches, as a share of the link's
-configured rate) come from one fit of eq. (4)'s own form, t = alpha + 2 (p - 1) lambda + 2 (p - 1)/p x S / B,
-to every allreduce that benchmarks/allreduce_hosts.py timed at 2, 4 and 8 emulated hosts (1 rank per host,
-shaped links, 1 KiB-64 MiB) under the settings hvd_lars.main runs with (results/allreduce_hosts.json,
-variant "main": the allreduce rules file, MPI yielding, a 5 ms Horovod cycle), so that the growth with p is
-the measured one (`hosts_fit`). The share times 100 Gbit/s is B on the paper's Omni-Path. lambda (one
-ring step's latency) fitted there is this machine's scheduling of up to 8 ranks on 2 cores, not a wire's:
-on Omni-Path it is LINK_LATENCY_S. Before issue 22 alpha and B came from 2 emulated hosts at Horovod's
-default 1 ms cycle (results/communication.json, `link_fit`); the report sets the predictions of both side
-by side. (5): backprop is 2 of a step's 3 passes
+fusion buffer). Both link inputs come from the allreduces benchmarks/allreduce_hosts.py timed at 2, 4 and 8
+emulated hosts (1 rank per host, shaped links) under the settings hvd_lars.main runs every rank with
+(results/allreduce_hosts.json, variant "main": the allreduce rules file, MPI yielding, a 5 ms Horovod
+cycle; `hosts_fit`). alpha = Horovod's cost per fused message (its background cycle and negotiation, per
+fused message, not per tensor: 161 separate requests cost the same as one grouped allreduce at p = 2-8,
+results/negotiation_hosts.md), the median time of the 1-64 KiB allreduces at p = 2, where each rank has
+a core to itself. B = the bandwidth a rank's ring edge reaches as a share of the link's rate, one fit of
+t = c_p + 2 (p - 1)/p x S / B to the allreduces of 1 MiB and more at every p (the sizes of fused
+gradients), times 100 Gbit/s for the paper's Omni-Path; lambda = one hop's latency, LINK_LATENCY_S on
+Omni-Path. The small-message time grows with p on the emulated hosts, where from p = 4 on ranks outnumber
+the 2 cores; carried on as 2 (p - 1) lambda, that growth would make one message take seconds at
+p = 2,048, so it is not taken for a property of the ring. Before issue 22 alpha and B came from 2 emulated
+hosts at Horovod's default 1 ms cycle (results/communication.json, `link_fit`); the report sets the
+predictions of both side by side. (5): backprop is 2 of a step's 3 passes
 (hvd_lars.models.flops); `overlap` is the share of the backward time during which gradients travel, from
 the overlapped runs of results/scaling.md (section overlap_compression): calibrated on ResNet-50 at 1 Gbit/s,
 checked on the others. (6): the updates per epoch of the paper's solvers (4,000 updates for 100 epochs at
@@ -214,52 +216,75 @@ def link_fit(sweep):
 
 
 def hosts_fit(record, variant=HOSTS_VARIANT):
-    """Eq. (4)'s form fitted to benchmarks/allreduce_hosts.py's allreduces at every p at once.
+    """alpha and B of eq. (4) from benchmarks/allreduce_hosts.py's allreduces at 2, 4 and 8 emulated hosts.
 
     Args:
         record: results/allreduce_hosts.json ({"link_rate", "results": [{"layout", "p", "variant", "size",
             "median_s"}, ...]}); only `variant` at layouts of 1 rank per host ("<p>x1") is used.
 
     Returns:
-        dict: alpha_s (per message), lambda_s (per ring step), bandwidth (bytes/s), share (bandwidth over
-        the link's configured rate), link_bits, and per_p: {p: {"share": the share of a fit of
-        benchmarks.allreduce_hosts.fit_ring to that p alone, "worst": the joint fit's largest relative
-        residual at that p, "n": sizes}}. Least squares on relative residuals, so that every size weighs
-        alike.
+        dict: alpha_s, the median of the SMALL_MESSAGES allreduces at the smallest p (there every rank has
+        a core to itself: Horovod's cycle and the software path, no rank waiting for a core); bandwidth
+        (bytes/s) and share (of the link's configured rate), one B fitted to the allreduces of at least
+        LARGE_MESSAGES at every p at once, t = c_p + 2 (p - 1)/p x S / B with a latency c_p per p (least
+        squares on relative residuals); link_bits; per_p: {p: {"small_s": that p's median small-message
+        time, "share": B of the same form fitted to that p alone, "worst": the joint fit's largest
+        relative miss at that p, "n": the large allreduces at that p}}.
 
     Raises:
-        ValueError: fewer than 2 values of p, or a non-positive fitted term (the record does not follow
-        the ring's form).
+        ValueError: fewer than 2 values of p with 2 or more large sizes, no small message at the smallest
+        p, or a non-positive fitted B; the message names what was found.
     """
     import numpy as np
-
-    from benchmarks.allreduce_hosts import fit_ring
 
     link_bits = common.link_rate_bits(record["link_rate"])
     rows = [
         r for r in record["results"]
         if r["variant"] == variant and r["layout"] == f"{r['p']}x1" and r.get("median_s")
     ]  # fmt: skip
-    ps = sorted({r["p"] for r in rows})
+    large = [r for r in rows if r["size"] >= LARGE_MESSAGES]
+    ps = sorted(p for p in {r["p"] for r in large} if sum(r["p"] == p for r in large) >= 2)
     if len(ps) < 2:
-        raise ValueError(f"hosts_fit: variant {variant!r} was measured at p = {ps}; 2 or more p needed")
-    p = np.array([r["p"] for r in rows], float)
-    size = np.array([r["size"] for r in rows], float)
-    t = np.array([r["median_s"] for r in rows], float)
-    design = np.stack([np.ones_like(p), 2 * (p - 1), 2 * (p - 1) / p * size], 1)
-    (alpha, lam, inverse_b), *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
-    if min(alpha, lam, inverse_b) <= 0:
-        raise ValueError(f"hosts_fit: alpha={alpha:.3g} s, lambda={lam:.3g} s, 1/B={inverse_b:.3g} s/B")
-    residual = np.abs(design @ [alpha, lam, inverse_b] - t) / t
-    per_p = {}
-    for q in ps:
-        at = p == q
-        _, beta, _ = fit_ring(q, list(size[at]), list(t[at]))
-        per_p[q] = {"share": beta * 8 / link_bits, "worst": float(residual[at].max()), "n": int(at.sum())}
-    bandwidth = 1.0 / inverse_b
+        raise ValueError(
+            f"hosts_fit: variant {variant!r} has 2 or more allreduces of >= {LARGE_MESSAGES} B at p = {ps}; "
+            "2 or more p needed"
+        )
+    large = [r for r in large if r["p"] in ps]
+    lo, hi = SMALL_MESSAGES
+    small = {p: [r["median_s"] for r in rows if r["p"] == p and lo <= r["size"] <= hi] for p in ps}
+    if not small[ps[0]]:
+        raise ValueError(
+            f"hosts_fit: no allreduce of {SMALL_MESSAGES[0]}-{SMALL_MESSAGES[1]} B at p = {ps[0]}."
+        )
+
+    def fit(subset):
+        """(latencies per p, 1/B, relative residuals) of t = c_p + 2 (p - 1)/p x S / B over `subset`."""
+        p = np.array([r["p"] for r in subset], float)
+        t = np.array([r["median_s"] for r in subset], float)
+        design = np.stack(
+            [(p == q).astype(float) for q in sorted(set(p))]
+            + [2 * (p - 1) / p * np.array([r["size"] for r in subset], float)],
+            1,
+        )
+        x, *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
+        if x[-1] <= 0:
+            raise ValueError(f"hosts_fit: fitted 1/B = {x[-1]:.3g} s/B at p = {sorted(set(p))}")
+        return x[:-1], float(x[-1]), np.abs(design @ x - t) / t
+
+    _, inverse_b, residual = fit(large)
+    at = np.array([r["p"] for r in large])
+    per_p = {
+        p: {
+            "small_s": statistics.median(small[p]) if small[p] else None,
+            "share": 8 / fit([r for r in large if r["p"] == p])[1] / link_bits,
+            "worst": float(residual[at == p].max()),
+            "n": int((at == p).sum()),
+        }
+        for p in ps
+    }
     return {
-        "alpha_s": float(alpha), "lambda_s": float(lam), "bandwidth": float(bandwidth),
-        "share": float(bandwidth * 8 / link_bits), "link_bits": link_bits, "per_p": per_p,
+        "alpha_s": statistics.median(small[ps[0]]), "bandwidth": 1 / inverse_b,
+        "share": 8 / inverse_b / link_bits, "link_bits": link_bits, "per_p": per_p,
     }  # fmt: skip
 
 
@@ -318,11 +343,15 @@ def load_measurements(cpu=None):
         with open(path) as f:
             record = json.load(f)
         scaling[record["label"]] = record
-    hosts = None
+    hosts, hosts_error = None, f"no results/{HOSTS_JSON}"
     if os.path.exists(os.path.join(RESULTS, HOSTS_JSON)):
         with open(os.path.join(RESULTS, HOSTS_JSON)) as f:
-            hosts = hosts_fit(json.load(f))
-    return {"links": links, "throughput": throughput, "scaling": scaling, "hosts": hosts}
+            try:
+                hosts = hosts_fit(json.load(f))
+            except ValueError as e:  # only the predictions need it: `target_link` raises with this
+                hosts_error = f"results/{HOSTS_JSON} gives no fit: {e}"
+    return {"links": links, "throughput": throughput, "scaling": scaling, "hosts": hosts,
+            "hosts_error": hosts_error}  # fmt: skip
 
 
 def gradient_bytes(model_name):
@@ -409,7 +438,10 @@ def target_link(measurements, source="hosts"):
         share = bandwidth_1g * 8 / 1e9
     elif source == "hosts":
         if measurements.get("hosts") is None:
-            raise ValueError(f"no results/{HOSTS_JSON}: run python -m benchmarks.allreduce_hosts (as root)")
+            raise ValueError(
+                f"{measurements.get('hosts_error', f'no results/{HOSTS_JSON}')}: run python -m "
+                "benchmarks.allreduce_hosts (as root) at 2 or more layouts of 1 rank per host"
+            )
         alpha, share = measurements["hosts"]["alpha_s"], measurements["hosts"]["share"]
     else:
         raise ValueError(f"target_link: source {source!r}; 'hosts' or '2hosts'")
@@ -432,23 +464,6 @@ def predictions(measurements, grads, overlap, source="hosts"):
             paper = PAPER.get((model, sockets, batch, epochs))
             rows.append({"model": model, "socket": socket_name, "epochs": epochs, "sockets": sockets,
                          "global_batch": batch, "paper_minutes": paper and paper[0], **p})  # fmt: skip
-    return rows
-
-
-def falling_bandwidth(measurements, grads, overlap):
-    """`predictions` with B at each configuration's `extrapolated_share` (the pessimistic reading of the
-    fall of B from p = 2 to 8); each row also carries that share."""
-    alpha, _, latency, _ = target_link(measurements)
-    rows = []
-    for model, socket_name, epochs, configs in PREDICTIONS:
-        rate, matmul = _model_inputs(measurements, model)
-        for sockets, batch in configs:
-            share = extrapolated_share(measurements["hosts"], sockets)
-            link = (alpha, share * LINK_RATE_BITS / 8, latency)
-            p = predict(
-                rate, matmul, grads[model], SOCKETS[socket_name], sockets, batch, epochs, link, overlap
-            )
-            rows.append({"share": share, **p})
     return rows
 
 
@@ -547,7 +562,7 @@ def _wrap_comment(text, width=110):
     return lines + [current]
 
 
-def report(measurements, grads, rows, overlap, predicted, before, pessimistic, markdown=MARKDOWN):
+def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKDOWN):
     from hvd_lars.training import provenance
 
     alpha, bandwidth, latency, share = target_link(measurements)
@@ -595,8 +610,8 @@ def report(measurements, grads, rows, overlap, predicted, before, pessimistic, m
     lines += [
         "",
         f"Omni-Path in the model: alpha {alpha * 1e3:.2f} ms per fused message (Horovod's cycle under the",
-        f"main program's settings, from the fit at p = 2-8), B = {share:.2f} (the share of the link's rate",
-        f"reached there) x 100 Gbit/s = {bandwidth * 8 / 1e9:.0f} Gbit/s, and",
+        f"main program's settings), B = {share:.2f} (the share of the link's rate reached at p = 2-8)",
+        f"x 100 Gbit/s = {bandwidth * 8 / 1e9:.0f} Gbit/s, and",
         f"{latency * 1e6:.0f} us per ring step (2 (p - 1) steps per message).",
         "",
         "## Validation: the 2-host emulated cluster under shaped links",
@@ -673,85 +688,60 @@ def report(measurements, grads, rows, overlap, predicted, before, pessimistic, m
             f"{p['efficiency']:.2f} | {p['time_to_train_s'] / 60:.1f} min | {paper} |"
         )
     lines += ["", "![predicted time to train and scaling efficiency](time_to_train.png)", ""]
-    lines += changes(measurements, predicted, before, pessimistic)
+    lines += changes(measurements, predicted, before)
     lines += disagreement(measurements, predicted)
     common.write_report(markdown, "\n".join(lines).rstrip())
     print(f"[time_to_train] wrote {markdown}", flush=True)
 
 
 def hosts_section(hosts):
-    """The report's lines on the allreduce's growth with p: the joint fit of eq. (4) at 2, 4 and 8 hosts."""
-    if hosts is None:
-        return [f"No results/{HOSTS_JSON}: the growth with p is eq. (4)'s form, not measured."]
+    """The report's lines on the allreduce against p: `hosts_fit`'s figures, per p and jointly."""
+    ps = sorted(hosts["per_p"])
     lines = [
-        "## The allreduce's growth with p: 2, 4 and 8 emulated hosts (issue 22)",
+        f"## The allreduce at p = {', '.join(map(str, ps))} emulated hosts (issue 22)",
         "",
-        f"One fit of eq. (4)'s form to every allreduce of `results/{HOSTS_JSON}` under the settings",
-        f"hvd_lars.main runs with (variant `{HOSTS_VARIANT}`), 1 rank per host, links shaped to "
-        f"{hosts['link_bits'] / 1e6:.0f} Mbit/s, 1 KiB-64 MiB:",
-        f"t = alpha + 2 (p - 1) lambda + 2 (p - 1)/p x S / B with alpha = {hosts['alpha_s'] * 1e3:.2f} ms "
-        f"per message, lambda = {hosts['lambda_s'] * 1e3:.2f} ms",
-        f"per ring step and B = {hosts['share']:.2f} of the link's rate. Beside it, B of a fit to each p "
-        "alone (benchmarks.allreduce_hosts.fit_ring):",
+        f"`results/{HOSTS_JSON}`, the settings hvd_lars.main runs with (variant `{HOSTS_VARIANT}`), 1 rank",
+        f"per host, links shaped to {hosts['link_bits'] / 1e6:.0f} Mbit/s. B: one fit of "
+        f"t = c_p + 2 (p - 1)/p x S / B to the allreduces of {LARGE_MESSAGES // 2**20} MiB and",
+        f"more at every p (a latency c_p per p), **{hosts['share']:.2f} of the link's rate**; beside it the "
+        "same form fitted to each p alone. alpha:",
+        f"the median of the {SMALL_MESSAGES[0] // 2**10}-{SMALL_MESSAGES[1] // 2**10} KiB allreduces at "
+        f"p = {ps[0]}, **{hosts['alpha_s'] * 1e3:.2f} ms**.",
         "",
-        "| p | allreduces (sizes) | B / link rate, this p alone | the joint fit's largest miss at this p |",
+        f"| p | median {SMALL_MESSAGES[0] // 2**10}-{SMALL_MESSAGES[1] // 2**10} KiB allreduce "
+        "| B / link rate, this p alone | the joint B's largest miss at this p |",
         "|---|---|---|---|",
     ]
-    for p, f in sorted(hosts["per_p"].items()):
-        lines.append(f"| {p} | {f['n']} | {f['share']:.2f} | {f['worst']:.0%} |")
-    shares = [f["share"] for f in hosts["per_p"].values()]
-    lines += [
-        "",
-        f"B of each p alone falls from {shares[0]:.2f} of the link at p = {min(hosts['per_p'])} to "
-        f"{shares[-1]:.2f} at p = {max(hosts['per_p'])}; the joint fit's B lies between. Where that fall",
-        "comes from was measured: at p = 8 the 2 cores forward 8 shaped links and take the ranks' cores",
-        "(results/allreduce_hosts_amd_epyc_family25_model17_100mbit.md: p = 8 at 1.04-1.05x the bound at",
-        "100 Mbit/s, 1.23-1.30x at 200 Mbit/s), which a cluster's NICs do not. The model takes alpha and B",
-        "from the joint fit; the fall, carried on to 2,048 sockets, is set beside the predictions below as",
-        "the pessimistic reading. lambda is the time a ring step waits for a rank to get one of the 2 cores",
-        "(up to 8 ranks share them; results/negotiation_hosts.md), not a wire's latency: the model keeps",
-        "Omni-Path's per hop.",
-    ]
+    for p in ps:
+        f = hosts["per_p"][p]
+        small = f"{f['small_s'] * 1e3:.1f} ms" if f["small_s"] is not None else "-"
+        lines.append(f"| {p} | {small} | {f['share']:.2f} | {f['worst']:.0%} ({f['n']} sizes) |")
     return lines
 
 
-def extrapolated_share(hosts, sockets):
-    """The share of the link B would keep at `sockets` ranks if it kept falling as measured from p = 2 to 8:
-    a least-squares line in log2(p) through the per-p shares, clipped to [0.05, 1]."""
-    import numpy as np
-
-    ps = sorted(hosts["per_p"])
-    slope, intercept = np.polyfit(np.log2(ps), [hosts["per_p"][p]["share"] for p in ps], 1)
-    return float(min(1.0, max(0.05, intercept + slope * math.log2(sockets))))
-
-
-def changes(measurements, predicted, before, pessimistic):
+def changes(measurements, predicted, before):
     """Lines setting the predictions beside those of the model before issue 22 (2-host link fit)."""
-    a_old, b_old, _, share_old = target_link(measurements, "2hosts")
+    a_old, _, _, share_old = target_link(measurements, "2hosts")
     a_new, _, _, share_new = target_link(measurements)
     lines = [
-        "### What the growth with p as measured changed",
+        "### What the inputs from 2, 4 and 8 hosts changed",
         "",
-        f"Before, alpha ({a_old * 1e3:.2f} ms) and B ({share_old:.2f} of the link) came from 2 emulated "
-        "hosts at 1 Gbit/s",
-        "and Horovod's default 1 ms cycle (results/communication.json); now from the fit at p = 2-8 under",
-        f"the main program's 5 ms cycle: alpha {a_new * 1e3:.2f} ms, B {share_new:.2f} of the link.",
-        "",
-        "The last two columns are the pessimistic reading: B falling on from p = 8 as it fell from p = 2",
-        "to 8 (a line in log2 p through the shares of each p alone), to the share given.",
+        f"Before: alpha {a_old * 1e3:.2f} ms and B {share_old:.2f} of the link, from 2 emulated hosts at "
+        "1 Gbit/s under Horovod's default",
+        f"cycle (results/communication.json). Now: alpha {a_new * 1e3:.2f} ms and B {share_new:.2f}, "
+        "as above.",
         "",
         "| model | sockets | global batch | allreduce before | allreduce now | step before | step now "
-        "| time to train before | now | change | B falling on: share, step | B falling on: time to train |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| time to train before | now | change |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for new, old, low in zip(predicted, before, pessimistic):
+    for new, old in zip(predicted, before):
         lines.append(
             f"| {MODEL_NAMES[new['model']]} | {new['sockets']:,} | {new['global_batch']:,} | "
             f"{_fmt_s(old['allreduce_s'])} | {_fmt_s(new['allreduce_s'])} | {_fmt_s(old['step_s'])} | "
             f"{_fmt_s(new['step_s'])} | {old['time_to_train_s'] / 60:.1f} min | "
             f"{new['time_to_train_s'] / 60:.1f} min | "
-            f"{new['time_to_train_s'] / old['time_to_train_s'] - 1:+.1%} | "
-            f"{low['share']:.2f}, {_fmt_s(low['step_s'])} | {low['time_to_train_s'] / 60:.1f} min |"
+            f"{new['time_to_train_s'] / old['time_to_train_s'] - 1:+.1%} |"
         )
     return lines + [""]
 
@@ -832,14 +822,17 @@ def main(argv=None):
             f"results/throughput/ has no measurement of {missing}: "
             "run python -m benchmarks.benchmark_models first"
         )
+    try:
+        target_link(measurements)
+    except ValueError as e:
+        parser.error(str(e))
     grads = {m: gradient_bytes(m) for m in MODEL_NAMES}
     rows, overlap = validate(measurements, grads)
     overlap = overlap or 0.0
     predicted = predictions(measurements, grads, overlap)
     before = predictions(measurements, grads, overlap, source="2hosts")
-    pessimistic = falling_bandwidth(measurements, grads, overlap)
     plot(measurements, grads, overlap, os.path.splitext(args.out)[0] + ".png")
-    report(measurements, grads, rows, overlap, predicted, before, pessimistic, args.out)
+    report(measurements, grads, rows, overlap, predicted, before, args.out)
     if args.update_flagfiles:
         update_flagfiles(measurements, grads, overlap)
 

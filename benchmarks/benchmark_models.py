@@ -11,20 +11,21 @@ of 32 images repeated, WARMUP_STEPS steps left out, then TIMED_STEPS timed; peak
   `hvd_lars.DistributedOptimizer(hvd_lars.LARS)` (the MLPerf recipe: weight decay 1e-4, batch norm and
   biases excluded), the step the main program runs;
 
-each in float32 and in mixed_bfloat16, in the order B32 B16 O32 O16 B32 B16, so the baseline is measured
-before and after ours and slow drifts cancel. Ratio = ours / the baseline's best precision on this CPU (mean
-of its two runs). Fraction of peak = images/s x training FLOPs per image / the `tf.matmul` 4096x4096 rate of
-the same precision, measured at the start and end of the run (best). Training FLOPs per image come from the
-model's own layers (`hvd_lars.models.flops`: 3 x 2 x forward multiply-adds; ResNet-50 v1.5 4.09 G
-multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1.14 G, 6.8 GFLOP); the
-baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
+each in float32 and in mixed_bfloat16, in the order B32 B16 O32 O16 B32 B16 O32 O16: every configuration
+twice, once in each half of the run, so that slow drifts and a noisy neighbour weigh on both alike (records
+made before 2026-12-03 measured ours once, in the middle). Ratio = ours / the baseline's best precision on
+this CPU (each the mean of its runs). Fraction of peak = images/s x training FLOPs per image / the
+`tf.matmul` 4096x4096 rate of the same precision, measured at the start and end of the run (best). Training
+FLOPs per image come from the model's own layers (`hvd_lars.models.flops`: 3 x 2 x forward multiply-adds;
+ResNet-50 v1.5 4.09 G multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1.14 G,
+6.8 GFLOP); the baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
 
 Each run writes results/throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from every
 such file, one section per CPU, keyed by what identifies it (`benchmarks.common.cpu`: /proc/cpuinfo's
 vendor, family, model, stepping and flags; not the noisy matmul rate), so a run on one CPU never replaces
 another's figures.
 
-Usage (from the repository root; each about 5-10 minutes with the machine to itself, nothing else running):
+Usage (from the repository root; each about 7-14 minutes with the machine to itself, nothing else running):
     python -m benchmarks.benchmark_models --model resnet50
     python -m benchmarks.benchmark_models --model alexnet_bn
     python -m benchmarks.benchmark_models --report_only      # markdown from the JSON files (seconds)
@@ -72,8 +73,9 @@ def build(name, kind):
     return model, DistributedOptimizer(lars), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def train_throughput(name, kind, precision):
-    """Images/s of `model.fit` on one synthetic batch repeated, and the step times; in a fresh process."""
+def train_throughput(name, kind, precision, jit_compile=False):
+    """Images/s of `model.fit` on one synthetic batch repeated, the step times and the minor page faults
+    per timed step (RUSAGE_SELF); in a fresh process. `jit_compile`: the step compiled by XLA."""
     import keras
     import tensorflow as tf
 
@@ -82,22 +84,26 @@ def train_throughput(name, kind, precision):
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
     model, optimizer, loss = build(name, kind)
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     size = IMAGE_SIZES[name]
     images = tf.random.stateless_uniform((BATCH, size, size, 3), seed=(5, 6))
     labels = tf.random.stateless_uniform((BATCH,), seed=(7, 8), maxval=1000, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
     stamps = []
 
+    faults = []
+
     class Stamp(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             stamps.append(time.perf_counter())
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
     model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS + TIMED_STEPS, verbose=0, callbacks=[Stamp()])
     steps = [b - a for a, b in zip(stamps[WARMUP_STEPS - 1 :], stamps[WARMUP_STEPS:])]
     return {
         "images_per_second": BATCH * len(steps) / sum(steps),
         "step_s": steps,
+        "minor_faults_per_step": (faults[-1] - faults[WARMUP_STEPS - 1]) / len(steps),
         "train_gflop_per_image": training_flops_per_image(model) / 1e9,
         "threads": {
             "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
@@ -107,19 +113,21 @@ def train_throughput(name, kind, precision):
 
 
 def worker(spec):
-    result = train_throughput(spec["model"], spec["kind"], spec["precision"])
+    result = train_throughput(spec["model"], spec["kind"], spec["precision"], spec.get("jit_compile", False))
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(spec, timeout):
+def run_worker(spec, timeout, env=None):
+    """One configuration `spec` in a fresh process (env: `common.worker_env()` unless given): spec and its
+    result in one dict. Raises RuntimeError when the worker prints no result."""
     start = time.perf_counter()
     if spec["kind"] == "matmul":
         result = {"gflops": common.matmul_rate()}
         print(f"[benchmark] {spec}: {result} ({time.perf_counter() - start:.0f} s)", flush=True)
         return {**spec, **result}
     proc = common.run(
-        common.worker_command("benchmark_models", "--worker", json.dumps(spec)), timeout=timeout
+        common.worker_command("benchmark_models", "--worker", json.dumps(spec)), env=env, timeout=timeout
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
@@ -165,11 +173,7 @@ def measure(args):
 
     started = time.time()
     runs = [run_worker({"kind": "matmul"}, args.timeout)]
-    order = (
-        [("keras", p) for p in PRECISIONS]
-        + [("ours", p) for p in PRECISIONS]
-        + [("keras", p) for p in PRECISIONS]
-    )
+    order = 2 * ([("keras", p) for p in PRECISIONS] + [("ours", p) for p in PRECISIONS])
     for kind, precision in order:
         runs.append(run_worker({"kind": kind, "model": args.model, "precision": precision}, args.timeout))
     runs.append(run_worker({"kind": "matmul"}, args.timeout))

@@ -158,12 +158,15 @@ def test_hosts_fit_takes_alpha_at_the_smallest_p_and_one_b_from_every_p():
 
 @pytest.mark.unit
 def test_hosts_fit_keeps_each_p_alone_apart_from_the_others():
-    # p = 4's 16 MiB allreduce 10% slow: only p = 4's own B moves, and the joint fit misses there alone.
+    # p = 4's 16 MiB allreduce 10% slow: p = 4's own B drops, p = 2's and 8's stay; the joint B lies
+    # between, and misses p = 4 most.
     fit = ttt.hosts_fit(_hosts_record(20e6, scale={(4, 2**24): 1.1}))
-    assert fit["per_p"][4]["share"] < 0.79 and fit["per_p"][4]["worst"] > 0.01
+    four = fit["per_p"][4]
+    assert four["share"] < 0.79
     for p in (2, 8):
         assert fit["per_p"][p]["share"] == pytest.approx(0.8, rel=1e-9)
-    assert 0.79 < fit["share"] < 0.8
+        assert fit["per_p"][p]["worst"] < four["worst"]
+    assert four["share"] < fit["share"] < 0.8
 
 
 @pytest.mark.unit

@@ -4,8 +4,8 @@
 (tests/support/rank_weights_main.py).
 
 Right values: every rank of a run ends with rank 0's weights bit for bit; the run's summary names the hosts
-and the topology; Gloo's weights are MPI's up to the float32 rounding of another summation order (the
-bound of tests/test_cluster.py, relative to how far training moved each tensor).
+and the topology; Gloo's weights are MPI's up to where the float32 rounding of another summation order leads 6
+steps (GLOO_FRACTION_OF_MOVEMENT, relative to how far training moved the whole model).
 
 Needs root (launch/emulated_cluster.sh); without it the tests fail with the reason, never skip. 8 ranks
 share this machine's 2 cores: one intra-op thread per rank.
@@ -29,7 +29,15 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 NODES = 8
 SMOKE = ["tests/support/rank_weights_main.py", "--flagfile=flags/smoke.flags", "--intra_op_threads=1"]
 WORLD_SIZE = 8
-# See tests/test_cluster.py: Gloo sums in another order than MPI.
+# See tests/test_cluster.py: Gloo sums in another order than MPI. With 8 ranks of 4 images each, that
+# rounding sets some runs on a visibly different path through smoke.flags' 6 steps at learning rate 1:
+# on an AMD EPYC of family 26, 3 pairs of runs (8x1) put Gloo's convolution kernels and batch-norm scales
+# 0.1-0.2% from MPI's in one pair and 2.3-5.0% of their movement in two (the tensors that moved least,
+# 0.026-0.058 in norm). Over the whole model (every trainable tensor as one vector) they stayed within
+# 2.4e-5-7.6e-4 of the movement. So the check is on the whole model: |Gloo - MPI| at most
+# GLOO_FRACTION_OF_MOVEMENT x |MPI - initial|. A wrong reduction (a rank's gradient left out or counted
+# twice) changes every tensor's gradient by a sizeable part and moves the whole model off by far more;
+# a tensor left unreduced leaves the ranks of one run apart, which `_check_run` finds bit for bit.
 GLOO_FRACTION_OF_MOVEMENT = 0.02
 ENV = {"PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
@@ -89,10 +97,12 @@ def test_mpi_and_gloo_across_hosts_give_every_rank_the_same_weights(cluster, sha
     )
     assert gloo.returncode == 0, gloo.stdout[-3000:] + gloo.stderr[-3000:]
     ours = _check_run(gloo_dir, hosts, slots)
-    for name in sorted(k for k in reference if not k.startswith("init_")):
-        initial = reference[f"init_{name}"]
-        np.testing.assert_array_equal(ours[f"init_{name}"], initial, err_msg=name)
-        moved = np.linalg.norm(reference[name] - initial)
-        apart = np.linalg.norm(ours[name] - reference[name])
-        assert moved > 0, f"{name} did not move in training"
-        assert apart <= GLOO_FRACTION_OF_MOVEMENT * moved, (name, apart, moved)
+    names = sorted(k for k in reference if not k.startswith("init_"))
+    for name in names:
+        np.testing.assert_array_equal(ours[f"init_{name}"], reference[f"init_{name}"], err_msg=name)
+        assert np.any(reference[name] != reference[f"init_{name}"]), f"{name} did not move in training"
+    moved = np.sqrt(
+        sum(np.sum((reference[n] - reference[f"init_{n}"]) ** 2, dtype=np.float64) for n in names)
+    )
+    apart = np.sqrt(sum(np.sum((ours[n] - reference[n]) ** 2, dtype=np.float64) for n in names))
+    assert apart <= GLOO_FRACTION_OF_MOVEMENT * moved, (apart, moved)

@@ -431,7 +431,8 @@ def target_link(measurements, source="hosts"):
             default cycle (`link_fit`; the model before).
 
     Raises:
-        ValueError: an unknown source, or "hosts" with no results/allreduce_hosts.json.
+        ValueError: an unknown source, or "hosts" where results/allreduce_hosts.json is missing or gives
+            no fit (`load_measurements` keeps `hosts_fit`'s reason; the message names it).
     """
     if source == "2hosts":
         alpha, bandwidth_1g = measurements["links"]["1gbit"]

@@ -283,7 +283,8 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
         "",
         *common.provenance_lines(command, matmul),
         f"- launch/emulated_cluster.sh, {max(h for h, _ in layouts)} hosts, every link shaped to "
-        f"{args.link_rate} (tc tbf, both directions); layouts hosts x ranks per host; HOROVOD_CYCLE_TIME=5; "
+        f"{args.link_rate} (tc tbf, both directions, a {args.burst_ms} ms bucket); layouts hosts x ranks per "
+        "host; HOROVOD_CYCLE_TIME=5; "
         f"{args.repeats} timed allreduces after 2, each after a barrier. Bound: 2(p-1)/p x S / "
         f"({LINK_EFFICIENCY} x link); p = hosts x ranks per host.",
         "",
@@ -386,6 +387,12 @@ def main(argv=None):
     parser.add_argument("--tensors", type=int, default=161, help="negotiation: requests per step")
     parser.add_argument("--tensor_bytes", type=int, default=4096, help="negotiation: bytes per request")
     parser.add_argument("--link_rate", default="200mbit")
+    parser.add_argument(
+        "--burst_ms",
+        type=int,
+        default=10,
+        help="each link's token bucket in ms (emulated_cluster.sh's LINK_BURST_MS)",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (sizes 5, negotiation 20)")
     parser.add_argument("--raw", default=None, help="raw timings (default results/<report name>.json)")
     parser.add_argument("--out", default=None, help="allreduce_hosts.md; negotiation: negotiation_hosts.md")
@@ -423,14 +430,18 @@ def main(argv=None):
     sizes, link_bits = sizes_and_link_rate(parser, args)
     matmul = common.matmul_rate()
     results = []
-    with common.emulated_cluster(max(h for h, _ in layouts), args.link_rate):
+    with common.emulated_cluster(max(h for h, _ in layouts), args.link_rate, args.burst_ms):
         for layout in layouts:
             for variant in variants:
                 for cache in caches:
                     results += measure(args, layout, variant, cache, sizes, link_bits)
     command = common.command_line("allreduce_hosts", argv)
     with open(args.raw, "w") as f:
-        json.dump({"command": command, "link_rate": args.link_rate, "results": results}, f, indent=1)
+        json.dump(
+            {"command": command, "link_rate": args.link_rate, "burst_ms": args.burst_ms, "results": results},
+            f,
+            indent=1,
+        )
     if args.mode == "negotiation":
         lines = negotiation_report(args, results, matmul, command)
     else:

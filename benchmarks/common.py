@@ -182,9 +182,10 @@ def link_rate_bits(rate):
 
 
 @contextlib.contextmanager
-def emulated_cluster(nodes, link_rate=""):
+def emulated_cluster(nodes, link_rate="", burst_ms=None):
     """Brings up launch/emulated_cluster.sh with `nodes` hosts (node1, node2, ...; needs root), each link
-    shaped to `link_rate` ('' leaves them unshaped), and takes it down when the block ends, however it ends
+    shaped to `link_rate` ('' leaves them unshaped) with a token bucket `burst_ms` deep (None: the script's
+    default, LINK_BURST_MS=10), and takes it down when the block ends, however it ends
     (SIGTERM included: inside the block it raises SystemExit, so the benchmark's `finally` clauses run).
 
     Yields:
@@ -193,10 +194,12 @@ def emulated_cluster(nodes, link_rate=""):
         RuntimeError: `up` failed, with its output.
     """
     env = dict(os.environ, NODES=str(nodes), LINK_RATE=link_rate)
+    if burst_ms is not None:
+        env["LINK_BURST_MS"] = str(burst_ms)
     up = subprocess.run([EMULATED_CLUSTER, "up"], env=env, capture_output=True, text=True, timeout=300)
     if up.returncode:
         subprocess.run([EMULATED_CLUSTER, "down"], env=env, capture_output=True, text=True, timeout=300)
-        shaped = f"LINK_RATE={link_rate!r}"
+        shaped = f"LINK_RATE={link_rate!r} LINK_BURST_MS={env.get('LINK_BURST_MS', 'default')}"
         raise RuntimeError(f"emulated_cluster.sh up (NODES={nodes}, {shaped}): {up.stdout}{up.stderr}")
 
     def terminated(signum, _):

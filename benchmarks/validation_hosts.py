@@ -372,6 +372,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ps", default="2,4,8")
     parser.add_argument("--link_rate", default=LINK_RATE)
+    parser.add_argument(
+        "--burst_ms",
+        type=int,
+        default=10,
+        help="each link's token bucket in ms (emulated_cluster.sh's LINK_BURST_MS)",
+    )
     parser.add_argument("--per_rank_batch", type=int, default=PER_RANK_BATCH)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "validation_hosts.md"))
     parser.add_argument("--worker", choices=tuple(ROLE_MODES), help="internal")
@@ -401,7 +407,7 @@ def main(argv=None):
         print(f"[validation_hosts] link rate {args.link_rate}: {ratio}", flush=True)
     fit_sizes = [int(float(m) * 2**20) for m in FIT_SIZES_MIB.split(",")]
     fit_args = [f"--sizes={','.join(map(str, fit_sizes))}", "--repeats=5"]
-    with common.emulated_cluster(max(ps), args.link_rate):
+    with common.emulated_cluster(max(ps), args.link_rate, args.burst_ms):
         for p in ps:
             with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_validation_") as scratch:
                 busy = busy_at.get(p) or compute_busy(p, args.per_rank_batch, scratch, env)
@@ -445,7 +451,8 @@ def main(argv=None):
         f"- {MODEL} ({IMAGE_SIZE}x{IMAGE_SIZE}x3, per-rank batch {args.per_rank_batch}, float32, "
         f"{measured['tensors']} gradient tensors, {measured['gradient_bytes'] / 2**20:.2f} MiB), "
         f"hvd_lars.DistributedOptimizer(LARS); 1 rank per host on core rank mod 2, links {args.link_rate} "
-        f"({link_bits / 1e6:g} Mbit/s); medians of {TIMED_STEPS} timed steps after {WARMUP_STEPS}; wall time "
+        f"({link_bits / 1e6:g} Mbit/s, a {args.burst_ms} ms token bucket); medians of {TIMED_STEPS} timed "
+        f"steps after {WARMUP_STEPS}; wall time "
         f"{time.time() - started:.0f} s.",
         f"- Overlap share (time_to_train's calibration, ResNet-50 on 2 hosts at 1 Gbit/s): {share:.2f}.",
         "- Beside the model's inputs, two measurements it does not use, to place what it leaves out: the "
@@ -500,7 +507,9 @@ def main(argv=None):
         )
     common.write_report(args.out, "\n".join(lines))
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"command": command, "overlap_share": share, "rows": rows}, f, indent=1)
+        json.dump(
+            {"command": command, "burst_ms": args.burst_ms, "overlap_share": share, "rows": rows}, f, indent=1
+        )
     print(f"[validation_hosts] wrote {args.out}")
 
 

@@ -187,6 +187,9 @@ def test_script_refuses_non_root_and_bad_settings():
     )
     result = _script("up", LINK_RATE="fast")
     assert result.returncode == 1 and "LINK_RATE='fast': expected a tc rate such as" in result.stderr
+    result = _script("up", LINK_BURST_MS="0")
+    expected = "LINK_BURST_MS='0': expected a whole number of milliseconds from 1 to 1000"
+    assert result.returncode == 1 and expected in result.stderr
     result = _script("restart")
     assert result.returncode == 2 and "Usage: launch/emulated_cluster.sh up|down|status" in result.stderr
 

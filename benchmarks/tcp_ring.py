@@ -36,9 +36,9 @@ import threading
 import time
 
 from benchmarks import common
+from benchmarks.allreduce_hosts import bound_s
 
 PORT = 29517
-LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link, as benchmarks.allreduce_hosts takes it
 PATTERNS = ("stream", "steps")
 
 
@@ -50,11 +50,6 @@ def node_address(k):
 def cluster_addresses(p):
     """'host:port' of the p ranks, rank k on node k + 1 of the emulated cluster."""
     return [f"{node_address(k + 1)}:{PORT}" for k in range(p)]
-
-
-def bound_s(size, p, link_bits):
-    """The bandwidth-optimal ring's time for `size` bytes over p hosts at 0.9 x the link (seconds)."""
-    return 2 * (p - 1) / p * size * 8 / (LINK_EFFICIENCY * link_bits)
 
 
 def chunks(size, p, pattern):

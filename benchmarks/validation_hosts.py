@@ -65,7 +65,13 @@ PER_RANK_BATCH, LINK_RATE, AUTO_RATIO = 32, "auto", 1.1
 # Medians of 30 timed steps: with 10 and their means, two runs of the same command differed by up to 18%
 # in one p's measured step (one slow step of 2x in ten moves a mean by a tenth).
 WARMUP_STEPS, TIMED_STEPS = 10, 30
-FIT_SIZES_MIB = "0.0009765625,0.25,1,4,16"
+# Eq. 4's fit: alpha from 1 KiB, beta from 4 and 16 MiB. Each timed allreduce follows a barrier, so the
+# emulated link's token bucket (LINK_BURST_MS, 175 KB at 140 Mbit/s with 10 ms) is full when it starts and
+# passes that much at memory speed, which a real link does not: with 256 KiB and 1 MiB in the fit, beta
+# came out 1.33-1.38x the link's payload rate at p = 2 (results/validation_hosts_earlier/
+# amd_epyc_family26_140mbit_fit_from_256kib*.md; results/allreduce_p2_140mbit_bucket_*.md). From 4 MiB
+# the bucket is at most 4% of an allreduce at these rates.
+FIT_SIZES_MIB = "0.0009765625,4,16"
 ERROR_GOAL = 0.15
 CORES = os.cpu_count()  # every emulated host's ranks share this machine's cores
 # What each worker role times ("reduce_only" times its allreduce outside these modes), and the steps an
@@ -452,7 +458,8 @@ def main(argv=None):
         f"{measured['tensors']} gradient tensors, {measured['gradient_bytes'] / 2**20:.2f} MiB), "
         f"hvd_lars.DistributedOptimizer(LARS); 1 rank per host on core rank mod 2, links {args.link_rate} "
         f"({link_bits / 1e6:g} Mbit/s, a {args.burst_ms} ms token bucket); medians of {TIMED_STEPS} timed "
-        f"steps after {WARMUP_STEPS}; wall time "
+        f"steps after {WARMUP_STEPS}; eq. 4 fitted to allreduces of "
+        f"{FIT_SIZES_MIB.replace('0.0009765625', '1/1024')} MiB; wall time "
         f"{time.time() - started:.0f} s.",
         f"- Overlap share (time_to_train's calibration, ResNet-50 on 2 hosts at 1 Gbit/s): {share:.2f}.",
         "- Beside the model's inputs, two measurements it does not use, to place what it leaves out: the "

@@ -6,7 +6,8 @@ NP ?= 2
 FLAGFILE ?= flags/fashion_mnist_lars.flags
 # pytest-xdist workers for make test: one per core (tests/conftest.py says how the tests are grouped).
 TEST_WORKERS ?= $(shell nproc)
-# The run directory the flagfile names (--run_name) and the record written from its summary.json.
+# The run directory (--run_name; default the flagfile's) and the record written from its summary.json. A
+# finished run resumes as complete: `make train RUN_NAME=another` trains again in a new directory.
 RUN_NAME ?= $(shell sed -n 's/^--run_name=//p' $(FLAGFILE))
 RECORD ?= results/$(basename $(notdir $(FLAGFILE))).md
 
@@ -22,7 +23,8 @@ setup:
 	bash install/setup.sh
 
 train: setup
-	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE)
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE) \
+		--run_name=$(RUN_NAME)
 	$(PY) -m benchmarks.record_run results/runs/$(RUN_NAME)/summary.json $(RECORD) \
 		"make train FLAGFILE=$(FLAGFILE) NP=$(NP)"
 	@echo "record: $(RECORD)"

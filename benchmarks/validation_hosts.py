@@ -70,7 +70,7 @@ WARMUP_STEPS, TIMED_STEPS = 10, 30
 # passes that much at memory speed, which a real link does not: with 256 KiB and 1 MiB in the fit, beta
 # came out 1.33-1.38x the link's payload rate at p = 2 (results/validation_hosts_earlier/
 # amd_epyc_family26_140mbit_fit_from_256kib*.md; results/allreduce_p2_140mbit_bucket_*.md). From 4 MiB
-# the bucket is at most 4% of an allreduce at these rates.
+# the bucket is at most about 5% of an allreduce (p = 2, 160 Mbit/s), less at larger p and for 16 MiB.
 FIT_SIZES_MIB = "0.0009765625,4,16"
 ERROR_GOAL = 0.15
 CORES = os.cpu_count()  # every emulated host's ranks share this machine's cores

@@ -184,11 +184,11 @@ make_bridge() {
 
 # Token-bucket shaping of one device: up to 50 ms queued before drops; a burst of LINK_BURST_MS at the rate
 # (at least 64 KiB, a GSO segment, so that the bucket does not drop the large segments veth carries).
-# Why 10 ms and not 2: all the hosts' TCP senders share this machine's cores, so with 8 busy hosts on 2
-# cores a sender is off the CPU for several ms at a time, which a real host with cores of its own is not.
-# The bucket keeps at most one burst of the link time that passed while nothing was queued, so every
-# longer gap was lost link time. With 2 ms (64 KiB at 200 Mbit/s), a plain TCP ring of 8 hosts with no
-# MPI took 1.17-1.37x the ring bound; with 10 ms, 0.94-1.08x (results/tcp_ring*.md). The average rate is
+# Why 10 ms and not 2: the bucket keeps at most one burst of the link time that passes while nothing is
+# queued, and all the hosts' TCP senders share this machine's cores; with 8 busy hosts on 2 cores a sender
+# is likely off the CPU for longer than 2.6 ms at times (inferred, not traced), which a real host with
+# cores of its own is not. With 2 ms (64 KiB at 200 Mbit/s) a plain TCP ring of 8 hosts with no MPI took
+# 1.33-1.41x the ring bound (medians); with 10 ms 0.98-0.99x (results/tcp_ring.md). The average rate is
 # the same: over any t seconds a link carries at most rate x t + burst.
 shape() {
   local netns=$1 dev=$2 burst

@@ -387,12 +387,7 @@ def main(argv=None):
     parser.add_argument("--tensors", type=int, default=161, help="negotiation: requests per step")
     parser.add_argument("--tensor_bytes", type=int, default=4096, help="negotiation: bytes per request")
     parser.add_argument("--link_rate", default="200mbit")
-    parser.add_argument(
-        "--burst_ms",
-        type=int,
-        default=10,
-        help="each link's token bucket in ms (emulated_cluster.sh's LINK_BURST_MS)",
-    )
+    common.add_burst_ms_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (sizes 5, negotiation 20)")
     parser.add_argument("--raw", default=None, help="raw timings (default results/<report name>.json)")
     parser.add_argument("--out", default=None, help="allreduce_hosts.md; negotiation: negotiation_hosts.md")

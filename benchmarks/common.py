@@ -181,6 +181,21 @@ def link_rate_bits(rate):
     raise ValueError(f"link rate {rate!r}: expected a number and kbit, mbit or gbit, e.g. 200mbit or 1gbit")
 
 
+# The depth of each shaped link's token bucket, in ms at the rate: launch/emulated_cluster.sh's default
+# LINK_BURST_MS (results/tcp_ring.md says why 10 ms).
+LINK_BURST_MS = 10
+
+
+def add_burst_ms_argument(parser):
+    """Adds --burst_ms (int, default LINK_BURST_MS) to an argparse parser of an emulated-cluster benchmark."""
+    parser.add_argument(
+        "--burst_ms",
+        type=int,
+        default=LINK_BURST_MS,
+        help="each link's token bucket in ms (emulated_cluster.sh's LINK_BURST_MS)",
+    )
+
+
 @contextlib.contextmanager
 def emulated_cluster(nodes, link_rate="", burst_ms=None):
     """Brings up launch/emulated_cluster.sh with `nodes` hosts (node1, node2, ...; needs root), each link

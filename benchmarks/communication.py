@@ -136,9 +136,9 @@ def _finish(hvd, result, out):
 
 
 # --- driver ----------------------------------------------------------------------------------------------
-# The token bucket of each shaped link (launch/emulated_cluster.sh's LINK_BURST_MS; results/tcp_ring.md says
-# why it is 10 ms). Entries of communication.json measured before it was recorded had a 2 ms bucket.
-BURST_MS = 10
+# The token bucket of each shaped link (the emulated cluster's default). Entries of communication.json
+# measured before it was recorded had a 2 ms bucket.
+BURST_MS = common.LINK_BURST_MS
 BURST_MS_BEFORE_RECORDED = 2
 
 

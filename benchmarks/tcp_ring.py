@@ -236,7 +236,9 @@ def main(argv=None):
     parser.add_argument("--sizes_mib", default="16", help="allreduce sizes S in MiB")
     parser.add_argument("--patterns", default=",".join(PATTERNS), help=f"of {', '.join(PATTERNS)}")
     parser.add_argument("--link_rate", default="200mbit", help="each host's link, as emulated_cluster.sh")
-    parser.add_argument("--burst_ms", default="2,10", help="token bucket depths in ms, one cluster each")
+    parser.add_argument(
+        "--burst_ms", default=f"2,{common.LINK_BURST_MS}", help="token bucket depths in ms, one cluster each"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300, help="seconds a socket may wait")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "tcp_ring.md"))

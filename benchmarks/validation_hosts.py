@@ -378,12 +378,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ps", default="2,4,8")
     parser.add_argument("--link_rate", default=LINK_RATE)
-    parser.add_argument(
-        "--burst_ms",
-        type=int,
-        default=10,
-        help="each link's token bucket in ms (emulated_cluster.sh's LINK_BURST_MS)",
-    )
+    common.add_burst_ms_argument(parser)
     parser.add_argument("--per_rank_batch", type=int, default=PER_RANK_BATCH)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "validation_hosts.md"))
     parser.add_argument("--worker", choices=tuple(ROLE_MODES), help="internal")

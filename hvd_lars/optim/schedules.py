@@ -22,7 +22,7 @@ the MLPerf ResNet-50 LARS reference decays over the steps after warmup, from the
 Gradient accumulation: a schedule counts optimizer updates, never micro-batches. `hvd_lars.LARS` evaluates
 its schedule at `optimizer.iterations` (updates). Keras's own optimizers evaluate a schedule at their
 micro-batch counter when `gradient_accumulation_steps` is set; give those a float rate and the
-`hvd_lars.training.callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
+`hvd_lars.optim.rate_callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
 
 Momentum correction (`hvd_lars.LARS(momentum_correction="always")`, Goyal et al. section 2.1, eq. 10, or
 `"warmup"`, Intel Caffe's non-fused solver; the paper's runs used none: see `LARS`'s docstring): LARS keeps

@@ -111,6 +111,10 @@ def _exit(message, status):
 
 
 def main():
+    # Run as the console script hvd-lars-train, sys.argv[0] is that script, not this module, and absl's
+    # --help lists only the flags of sys.argv[0]'s module: these become that program's key flags.
+    for flag in FLAGS.get_flags_for_module(__name__):
+        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(_main)
 
 

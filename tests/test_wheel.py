@@ -1,0 +1,151 @@
+"""The wheel a user installs (`pip install .`), built from the committed tree and used from outside it.
+
+The editable install `make test` uses maps `hvd_lars` and every sub-package onto the checkout, so it hides
+a package folder or a data file the wheel leaves out (issue 33: `hvd_lars.optim`, `.parallel` and
+`.training` were missing from the wheel, and `import hvd_lars` failed). Here the wheel is built from
+`git archive HEAD` (nothing is written into the checkout), installed into a fresh virtual environment made
+for the test, and run from a folder outside the checkout. That environment borrows TensorFlow and the
+other requirements from the project's environment through a `.pth` line naming its site-packages: Python
+processes `.pth` files of its own site-packages only, so the project's editable-install hook is never
+loaded and `hvd_lars` can come from the wheel alone.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.support import REPO
+
+# What the installed package must show, run by the fresh environment's Python from outside the checkout.
+_CHECK = r"""
+import importlib, importlib.metadata, importlib.resources, json, pkgutil, sys
+import numpy as np
+import hvd_lars
+modules = sorted(m.name for m in pkgutil.walk_packages(hvd_lars.__path__, "hvd_lars."))
+for name in modules:
+    importlib.import_module(name)
+import keras
+from hvd_lars import LARS
+# One LARS step (paper rule: momentum 0.9 from zero velocity, weight decay 0.01, eta 0.001), one
+# bias-free Dense layer, mean squared error over 2 outputs.
+w0 = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
+x, y = np.array([[1.0, 2.0]], np.float32), np.zeros((1, 2), np.float32)
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, use_bias=False)])
+model.layers[0].kernel.assign(w0)
+model.compile(optimizer=LARS(0.1, momentum=0.9, weight_decay=0.01, eta=0.001), loss="mse")
+model.train_on_batch(x, y)
+g = x.T @ (x @ w0 - y)  # d/dw of mean((x w - y)^2) over 2 outputs
+trust = 0.001 * np.linalg.norm(w0) / (np.linalg.norm(g) + 0.01 * np.linalg.norm(w0))
+expected = w0 - 0.1 * trust * (g + 0.01 * w0)
+data = sorted(
+    str(p.relative_to(importlib.resources.files("hvd_lars")))
+    for p in importlib.resources.files("hvd_lars").rglob("*") if p.is_file() and "__pycache__" not in str(p)
+)
+print(json.dumps({
+    "file": hvd_lars.__file__,
+    "modules": modules,
+    "weights": model.layers[0].kernel.numpy().tolist(),
+    "expected": expected.tolist(),
+    "files": data,
+    "scripts": sorted(e.name for e in importlib.metadata.distribution("hvd_lars").entry_points
+                      if e.group == "console_scripts"),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(environment folder, wheel path, JSON of `_CHECK`) for the wheel of the committed tree."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src, dist, env = tmp / "src", tmp / "dist", tmp / "env"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", REPO, "archive", "HEAD"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    (wheel,) = dist.glob("hvd_lars-*.whl")
+    venv.EnvBuilder(with_pip=False).create(env)
+    python = env / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    # TensorFlow and the rest from the project's environment, after the wheel's own site-packages.
+    with open(os.path.join(site, "project_requirements.pth"), "w") as f:
+        f.write(sysconfig.get_path("purelib") + "\n")
+    installing = subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", str(wheel)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installing.returncode == 0, installing.stdout[-2000:] + installing.stderr[-3000:]
+    checked = subprocess.run(
+        [str(python), "-c", _CHECK], cwd=tmp, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-4000:]
+    return env, wheel, json.loads(checked.stdout.strip().splitlines()[-1])
+
+
+def _committed_package_files():
+    listed = subprocess.run(
+        ["git", "-C", REPO, "ls-files", "hvd_lars"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return sorted(os.path.relpath(p, "hvd_lars") for p in listed)
+
+
+@pytest.mark.horovod  # subprocesses: pip, and the environment's Python
+def test_wheel_holds_every_file_of_the_package(installed):
+    env, wheel, found = installed
+    with zipfile.ZipFile(wheel) as z:
+        in_wheel = sorted(os.path.relpath(n, "hvd_lars") for n in z.namelist() if n.startswith("hvd_lars/"))
+    committed = _committed_package_files()
+    assert in_wheel == committed  # every package folder, module and data file (the Open MPI rules)
+    assert found["files"] == committed
+    assert found["file"].startswith(str(env)), found["file"]  # from the wheel, not the checkout
+
+
+@pytest.mark.horovod
+def test_installed_package_imports_and_steps_by_the_lars_rule(installed):
+    _, _, found = installed
+    modules = [p[: -len(".py")].replace("/", ".") for p in _committed_package_files() if p.endswith(".py")]
+    expected = sorted("hvd_lars." + m.removesuffix(".__init__") for m in modules if m != "__init__")
+    assert found["modules"] == expected  # every module of the tree imported from the wheel
+    np.testing.assert_allclose(found["weights"], found["expected"], rtol=1e-5)
+    assert np.abs(np.subtract(found["weights"], [[0.5, -1.0], [2.0, 0.25]])).max() > 1e-5  # it moved
+
+
+@pytest.mark.horovod
+def test_console_scripts_answer_help(installed):
+    env, _, found = installed
+    declared = subprocess.run(
+        [sys.executable, "-c", "import configparser, sys; c = configparser.ConfigParser(); c.read(sys.argv[1]);"
+         "print(' '.join(sorted(l.split('=')[0].strip() for l in c['options.entry_points']"
+         "['console_scripts'].strip().splitlines())))", os.path.join(REPO, "setup.cfg")],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert found["scripts"] == declared and len(declared) >= 2
+    for script in declared:
+        result = subprocess.run(
+            [str(env / "bin" / script), "--help"], cwd=env, capture_output=True, text=True, timeout=300,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )  # fmt: skip
+        # absl's --help exits with status 1 after printing (argparse's with 0).
+        assert result.returncode in (0, 1), (script, result.stdout[-2000:], result.stderr[-3000:])
+        options = set(re.findall(r"--([a-z][a-z0-9_]+)", result.stdout)) - {"help", "helpfull", "helpshort"}
+        assert options, (script, result.stdout[-3000:])  # the program's own options, listed
+    help_text = subprocess.run(
+        [str(env / "bin" / "hvd-lars-train"), "--help"], cwd=env, capture_output=True, text=True, timeout=300
+    ).stdout
+    assert "--global_batch_size" in help_text and "--peak_learning_rate" in help_text

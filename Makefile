@@ -10,6 +10,14 @@ TEST_WORKERS ?= $(shell nproc)
 # finished run resumes as complete: `make train RUN_NAME=another` trains again in a new directory.
 RUN_NAME ?= $(shell sed -n 's/^--run_name=//p' $(FLAGFILE))
 RECORD ?= results/$(basename $(notdir $(FLAGFILE))).md
+# Where the run directories go (--workdir).
+WORKDIR ?= results/runs
+# The data folder (--data_dir; empty: the data set's default, Debian's /usr/share/datasets/fashion-mnist for
+# Fashion-MNIST). For a Fashion-MNIST flagfile it is also the folder install/setup.sh checks for the files.
+DATA_DIR ?=
+DATASET := $(or $(shell sed -n 's/^--dataset=//p' $(FLAGFILE)),fashion_mnist)
+# More flags for the main program, after the flagfile's (they override it), e.g. TRAIN_FLAGS="--epochs=2".
+TRAIN_FLAGS ?=
 
 # Quiet TensorFlow's C++ INFO lines; let Open MPI run as root (containers, CI).
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -20,13 +28,13 @@ export PYTHONUNBUFFERED ?= 1
 .PHONY: setup train test lint format clean
 
 setup:
-	bash install/setup.sh
+	$(if $(and $(DATA_DIR),$(filter fashion_mnist,$(DATASET))),FASHION_MNIST_DIR=$(DATA_DIR)) bash install/setup.sh
 
 train: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE) \
-		--run_name=$(RUN_NAME)
-	$(PY) -m benchmarks.record_run results/runs/$(RUN_NAME)/summary.json $(RECORD) \
-		"make train FLAGFILE=$(FLAGFILE) NP=$(NP)"
+		--run_name=$(RUN_NAME) --workdir=$(WORKDIR) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(TRAIN_FLAGS)
+	$(PY) -m benchmarks.record_run $(WORKDIR)/$(RUN_NAME)/summary.json $(RECORD) \
+		"make train FLAGFILE=$(FLAGFILE) NP=$(NP)$(if $(DATA_DIR), DATA_DIR=$(DATA_DIR))$(if $(TRAIN_FLAGS), TRAIN_FLAGS='$(TRAIN_FLAGS)')"
 	@echo "record: $(RECORD)"
 
 test: setup

@@ -32,6 +32,8 @@ for n in "$min_np" "$max_np"; do
 done
 (( min_np <= max_np )) || { echo "launch/elastic.sh: MIN_NP $min_np exceeds MAX_NP $max_np" >&2; exit 2; }
 source "$(dirname "$0")/env.sh"
+# Threads per rank from the most slots a host offers now (horovodrun --gloo cannot bind ranks).
+hvd_lars_place "$(hvd_lars_ranks_per_host "$("$discovery" | tr '\n' ',')" "$max_np")" || exit 2
 # HOROVODRUN: the launcher to use (default: the one beside $PYTHON, else the PATH's).
 horovodrun_bin="${HOROVODRUN:-$(dirname "$PYTHON")/horovodrun}"
 [ -x "$horovodrun_bin" ] || horovodrun_bin=horovodrun

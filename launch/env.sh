@@ -4,20 +4,53 @@
 # Why: each rank runs TensorFlow's intra-op pool on the cores of its own socket; OpenMP/oneDNN threads
 # must match that count and stay bound, or ranks on one node fight over cores.
 
-_cores_per_socket() {
-  local n
-  n=$(lscpu 2>/dev/null | awk -F: '/^Core\(s\) per socket/ {gsub(/ /, "", $2); print $2}')
-  echo "${n:-$(nproc)}"
+# The hosts' sockets and cores per socket: this machine's (lscpu), as a cluster's nodes are alike; export
+# SOCKETS_PER_NODE and CORES_PER_SOCKET when launching from a machine unlike them (a login node).
+_lscpu_field() { lscpu 2>/dev/null | awk -F: -v key="$1" '$1 == key {gsub(/ /, "", $2); print $2; exit}'; }
+export SOCKETS_PER_NODE="${SOCKETS_PER_NODE:-$(_lscpu_field 'Socket(s)')}"
+export SOCKETS_PER_NODE="${SOCKETS_PER_NODE:-1}"
+export CORES_PER_SOCKET="${CORES_PER_SOCKET:-$(_lscpu_field 'Core(s) per socket')}"
+export CORES_PER_SOCKET="${CORES_PER_SOCKET:-$(( $(nproc) / SOCKETS_PER_NODE ))}"
+
+# hvd_lars_place RANKS_PER_HOST: where the launchers put that many ranks on each host, unless exported:
+#   RANKS_PER_SOCKET = ceil(ranks per host / sockets): one rank per socket on real nodes (the paper's
+#                      layout), more when a host runs more ranks than it has sockets (this 2-core machine);
+#   THREADS_PER_RANK = the socket's cores / RANKS_PER_SOCKET (Slurm's --cpus-per-task when given);
+#   OMP_NUM_THREADS  = THREADS_PER_RANK.
+# Ranks that outnumber a socket's cores cannot each have cores of their own: then MPI_BIND=none and
+# MPI_OVERSUBSCRIBE=1 (one line says so), as MPI_BIND=none would ask.
+hvd_lars_place() {
+  local per_host=$1
+  [[ "$per_host" =~ ^[1-9][0-9]*$ ]] || { echo "launch: ranks per host must be a whole number >= 1, got '$per_host'" >&2; return 2; }
+  export RANKS_PER_SOCKET="${RANKS_PER_SOCKET:-$(( (per_host + SOCKETS_PER_NODE - 1) / SOCKETS_PER_NODE ))}"
+  if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export THREADS_PER_RANK="${THREADS_PER_RANK:-$SLURM_CPUS_PER_TASK}"
+  fi
+  export THREADS_PER_RANK="${THREADS_PER_RANK:-$(( CORES_PER_SOCKET / RANKS_PER_SOCKET > 0 ? CORES_PER_SOCKET / RANKS_PER_SOCKET : 1 ))}"
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS_PER_RANK}"
+  if (( RANKS_PER_SOCKET * THREADS_PER_RANK > CORES_PER_SOCKET )) && [ "${MPI_BIND:-core}" != none ]; then
+    echo "launch: $RANKS_PER_SOCKET ranks x $THREADS_PER_RANK threads per socket exceed its $CORES_PER_SOCKET cores: ranks run unbound" >&2
+    export MPI_BIND=none MPI_OVERSUBSCRIBE=1
+  fi
+  return 0
 }
 
-# Ranks per socket: 1 on real nodes (the paper's layout); more only for testing on small machines.
-export RANKS_PER_SOCKET="${RANKS_PER_SOCKET:-1}"
-# Cores (threads) each rank may use: Slurm's --cpus-per-task when given, else the socket's cores.
-if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
-  export THREADS_PER_RANK="${THREADS_PER_RANK:-$SLURM_CPUS_PER_TASK}"
-fi
-export THREADS_PER_RANK="${THREADS_PER_RANK:-$(( $(_cores_per_socket) / RANKS_PER_SOCKET > 0 ? $(_cores_per_socket) / RANKS_PER_SOCKET : 1 ))}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS_PER_RANK}"
+# hvd_lars_ranks_per_host HOSTS NUM_RANKS: the most ranks one host gets from a hostfile ("node01 slots=2",
+# Open MPI's form, or "node01:2", Hydra's), a horovodrun host list ("node01:2,node02:2") or "localhost":
+# the largest slot count (capped by NUM_RANKS), or NUM_RANKS spread evenly over hosts that give none.
+hvd_lars_ranks_per_host() {
+  local hosts=$1 ranks=$2 lines
+  if [ "$hosts" = localhost ]; then echo "$ranks"; return; fi
+  if [ -f "$hosts" ]; then lines="$(grep -v '^[[:space:]]*\(#\|$\)' "$hosts")"; else lines="$(tr ',' '\n' <<<"$hosts")"; fi
+  awk -v ranks="$ranks" '
+    NF { n++; s = 0
+         if ($1 ~ /:[0-9]+$/) { s = $1; sub(/.*:/, "", s) }
+         for (i = 2; i <= NF; i++) if ($i ~ /^(slots|max_slots)=/) { s = $i; sub(/.*=/, "", s) }
+         if (s + 0 > most) most = s + 0 }
+    END { even = n ? int((ranks + n - 1) / n) : ranks
+          if (!most) most = even
+          print (most > ranks ? ranks : most) }' <<<"$lines"
+}
 # oneDNN kernels (TF_ENABLE_ONEDNN_OPTS): left to TensorFlow, which chooses per CPU (on by itself on the
 # AVX-512 Xeons and EPYCs here, off on an AVX2-only EPYC), so that a job of these scripts computes what a bare
 # `horovodrun python -m hvd_lars.main` computes on the same CPU: the two round differently. Export it to

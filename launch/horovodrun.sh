@@ -6,19 +6,24 @@
 #   HOSTS      horovodrun host list "host1:slots,host2:slots" (e.g. localhost:2; slots = sockets)
 #   NUM_RANKS  total ranks (one per socket on real nodes)
 #   FLAGFILE   e.g. flags/fashion_mnist_lars.flags; extra flags override it
-# Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...); MPI_BIND=none
-# turns off binding ranks to cores. Each rank sizes its threads from the cores it is bound to (the run log
+# Placement comes from launch/env.sh (hvd_lars_place): a host's slots spread over its sockets, each rank
+# bound to an equal share of its socket's cores (override RANKS_PER_SOCKET, THREADS_PER_RANK,
+# SOCKETS_PER_NODE, CORES_PER_SOCKET); MPI_BIND=none turns off binding. Each rank sizes its threads from the cores it is bound to (the run log
 # prints them per rank); --intra_op_threads / --inter_op_threads / --input_threads override that.
-# Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/horovodrun.sh localhost:2 2 flags/smoke.flags
+# Example: launch/horovodrun.sh localhost:2 2 flags/smoke.flags   (on this 1-socket, 2-core machine: 2
+#          ranks of one core each)
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,14p' "$0" >&2
   exit 2
 fi
 hosts=$1 ranks=$2 flagfile=$3
 shift 3
 [ -f "$flagfile" ] || { echo "launch/horovodrun.sh: flagfile '$flagfile' not found" >&2; exit 2; }
 source "$(dirname "$0")/env.sh"
+[[ "$ranks" =~ ^[1-9][0-9]*$ ]] || { echo "launch/horovodrun.sh: NUM_RANKS must be a whole number >= 1, got '$ranks'" >&2; exit 2; }
+# Ranks per socket and cores per rank from the host list's slots and the sockets (launch/env.sh).
+hvd_lars_place "$(hvd_lars_ranks_per_host "$hosts" "$ranks")" || exit 2
 horovodrun_bin="$(dirname "$PYTHON")/horovodrun"
 [ -x "$horovodrun_bin" ] || horovodrun_bin=horovodrun
 # horovodrun starts the mpirun on PATH (its default launcher when Horovod has MPI), Open MPI's with

@@ -7,13 +7,15 @@
 #              sockets), or "localhost"
 #   NUM_RANKS  total ranks
 #   FLAGFILE   e.g. flags/resnet50_bs32k_lars.flags; extra flags override it
-# Thread settings come from launch/env.sh (override THREADS_PER_RANK, RANKS_PER_SOCKET, ...); MPI_BIND=none
-# turns off binding ranks to cores. Each rank sizes its threads from the cores it is bound to (the run log
+# Placement comes from launch/env.sh (hvd_lars_place): the ranks a host gets (its slots, or all of them on
+# localhost) spread over its sockets, each bound to an equal share of its socket's cores (override
+# RANKS_PER_SOCKET, THREADS_PER_RANK, SOCKETS_PER_NODE, CORES_PER_SOCKET); MPI_BIND=none turns off binding. Each rank sizes its threads from the cores it is bound to (the run log
 # prints them per rank); --intra_op_threads / --inter_op_threads / --input_threads override that.
-# Example (this 2-core test machine): RANKS_PER_SOCKET=2 launch/mpirun.sh localhost 2 flags/smoke.flags
+# Example: launch/mpirun.sh localhost 2 flags/smoke.flags   (on this 1-socket, 2-core machine: 2 ranks of
+#          one core each)
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,13p' "$0" >&2
+  sed -n '2,14p' "$0" >&2
   exit 2
 fi
 hostfile=$1 ranks=$2 flagfile=$3
@@ -22,6 +24,9 @@ shift 3
 source "$(dirname "$0")/env.sh"
 [ -n "${MPI_FAMILY:-}" ] || { echo "launch/mpirun.sh: no MPI launcher (mpirun or mpiexec of Open MPI, MPICH, MVAPICH2 or Intel MPI) on PATH" >&2; exit 2; }
 [ "$hostfile" = localhost ] || [ -f "$hostfile" ] || { echo "launch/mpirun.sh: hostfile '$hostfile' not found" >&2; exit 2; }
+[[ "$ranks" =~ ^[1-9][0-9]*$ ]] || { echo "launch/mpirun.sh: NUM_RANKS must be a whole number >= 1, got '$ranks'" >&2; exit 2; }
+# Ranks per socket and cores per rank from the hostfile's slots (or the ranks on localhost) and the sockets.
+hvd_lars_place "$(hvd_lars_ranks_per_host "$hostfile" "$ranks")" || exit 2
 if [ "$MPI_FAMILY" != openmpi ]; then
   # Hydra (MPICH, MVAPICH2, Intel MPI). Hosts: -hosts, or -f with Hydra's "host:slots" lines (an Open MPI
   # hostfile's "host slots=N" is rewritten so).
@@ -67,7 +72,7 @@ done
 # MPI_BIND=none leaves ranks unbound: for hosts that share one machine's cores (launch/emulated_cluster.sh),
 # where each host would bind its ranks to the same cores as the others.
 if [ "${MPI_BIND:-core}" = none ]; then
-  placement=(--map-by "ppr:${RANKS_PER_SOCKET}:socket" --bind-to none)
+  placement=(--map-by "ppr:${RANKS_PER_SOCKET}:socket" --bind-to none ${MPI_OVERSUBSCRIBE:+--oversubscribe})
 else
   placement=(--map-by "ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK}" --bind-to core)
 fi

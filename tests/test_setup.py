@@ -190,7 +190,7 @@ def test_hidden_compilers_are_named_when_horovod_must_be_built(cluster_user, tmp
 def _train(user, path, workdir):
     # The launcher takes the Python of the repository's .venv (launch/env.sh), not the set-up's PYTHON.
     env = {k: v for k, v in user["env"].items() if k != "PYTHON"}
-    env.update(PATH=path, RANKS_PER_SOCKET="2")
+    env.update(PATH=path)  # placement: launch/mpirun.sh's own from the machine, under Hydra too
     result, seconds = _as_user(
         ["launch/mpirun.sh", "localhost", "2", "flags/smoke.flags", f"--workdir={workdir}"],
         env,
@@ -289,7 +289,7 @@ def test_mpich_job_runs_under_slurm_srun_pmi2(cluster_user, openmpi_run, tmp_pat
     try:
         path = cluster_user["mpich"] + ":" + cluster_user["plain"]
         scratch = cluster_user["scratch"]
-        export = f"ALL,RANKS_PER_SOCKET=2,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch}"
+        export = f"ALL,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch}"
         export += f",PATH={path}"
         job = cluster.run(
             ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={cluster_user['scratch']}",

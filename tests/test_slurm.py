@@ -80,7 +80,7 @@ def _sbatch(cluster, tmp_path, *flags):
     cmd = [
         "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={REPO}",
         f"--output={tmp_path}/slurm-%j.out",
-        f"--export=ALL,RANKS_PER_SOCKET=2,PYTHON={shim},PYTHONPATH={REPO}",
+        f"--export=ALL,PYTHON={shim},PYTHONPATH={REPO}",  # placement: train.sbatch's own
         SBATCH, "flags/smoke.flags", f"--workdir={tmp_path}", *flags,
     ]  # fmt: skip
     return cluster.run(cmd).stdout.strip().split(";")[0]

@@ -76,7 +76,8 @@ def _placement(hosts, ranks, **env):
     # What launch/env.sh decides for `ranks` ranks over `hosts` (a hostfile, a host list or localhost).
     script = (
         'source launch/env.sh && hvd_lars_place "$(hvd_lars_ranks_per_host "$HOSTS" "$RANKS")" && '
-        'echo "$RANKS_PER_SOCKET $THREADS_PER_RANK $OMP_NUM_THREADS ${MPI_BIND:-core} ${MPI_OVERSUBSCRIBE:-0}"'
+        'echo "$RANKS_PER_SOCKET $THREADS_PER_RANK $OMP_NUM_THREADS ${MPI_BIND:-core} '
+        '${MPI_OVERSUBSCRIBE:-0}"'
     )
     clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
     result = subprocess.run(

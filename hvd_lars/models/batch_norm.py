@@ -31,7 +31,7 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     def _fusable(self, inputs, mask):
         return (
             mask is None
-            and not self.renorm
+            and not getattr(self, "renorm", False)  # Keras 3.14 added renorm; 3.12-3.13 have none
             and len(inputs.shape) == 4
             and self.axis in (-1, 3)
             and inputs.dtype in (tf.float32, tf.bfloat16, tf.float16)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs the unit tier (the Keras conformance tests among them: LARS, DistributedOptimizer, schedules,
+# callbacks, checkpoints held to what every Keras 3 optimizer promises) against each Keras release named,
+# with the project's TensorFlow, and writes results/keras_versions.md (override with OUT=...). The Keras
+# range setup.cfg and requirements.txt declare is the one whose every minor passed here
+# (tests/test_install_bounds.py holds them to it). About 3-5 minutes per release on 2 cores:
+#
+#   bash install/check_keras_versions.sh 3.12.4 3.13.2 3.14.1 3.15.1
+#
+# Each release is installed with `pip install --no-deps --target` into a temporary folder put first on
+# PYTHONPATH, so the project's environment is not changed; Keras's own requirements are the environment's.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="$ROOT/.venv/bin/python"
+OUT="${OUT:-$ROOT/results/keras_versions.md}"
+[ $# -ge 1 ] || { sed -n '2,8p' "$0" >&2; exit 2; }
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export TF_CPP_MIN_LOG_LEVEL=2
+rows=()
+for version in "$@"; do
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$WORK/$version" "keras==$version"
+  got="$(PYTHONPATH="$WORK/$version" "$PY" -c 'import keras; print(keras.__version__)' 2>/dev/null)"
+  [ "$got" = "$version" ] || { echo "keras $version did not install (imports as $got)" >&2; exit 1; }
+  log="$WORK/$version.log"
+  status=0
+  (cd "$ROOT" && PYTHONPATH="$WORK/$version" "$PY" -m pytest -q -m unit -p no:cacheprovider -n 0 \
+    >"$log" 2>&1) || status=$?
+  summary="$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
+  failed="$(grep -E '^FAILED ' "$log" | sed 's/^FAILED //; s/ - .*//' | head -20 | tr '\n' ' ')"
+  rows+=("| $version | $([ "$status" -eq 0 ] && echo pass || echo fail) | $summary | ${failed:-} |")
+  echo "keras $version: $summary" >&2
+done
+{
+  echo "# The unit tier against each Keras release"
+  echo
+  echo "Command: \`bash install/check_keras_versions.sh $*\`, git $(git -C "$ROOT" rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC')."
+  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') (vendor $(grep -m1 vendor_id /proc/cpuinfo | cut -d: -f2 | tr -d ' '), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(nproc) cores; TensorFlow $("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))'); the rate of tf.matmul does not bear on these results (pass or fail only)."
+  echo
+  echo "| Keras | unit tier | pytest's summary | tests that failed |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} >"$OUT"
+cat "$OUT"

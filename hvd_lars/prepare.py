@@ -97,7 +97,11 @@ def run(dataset, manual_dir="", data_dir=""):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="hvd-lars-prepare", description=__doc__.splitlines()[2])
+    parser = argparse.ArgumentParser(
+        prog="hvd-lars-prepare",
+        description="\n\n".join(__doc__.split("\n\n")[1:3]),  # what it does, and the example
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("dataset", help=f"the data set to prepare: {', '.join(sorted(DATASETS))}")
     parser.add_argument(
         "--manual_dir",

@@ -236,8 +236,8 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     # process and on each of two Horovod ranks, before it writes anything.
     expected = (
         f"hvd_lars: error: ImageNet is not prepared under --data_dir={data_dir} (there is no "
-        f"{dataset}/5.1.0; an interrupted preparation left {os.path.basename(left)}). Prepare it once, on "
-        "one node, before training: hvd-lars-prepare imagenet2012 --manual_dir=<folder holding "
+        f"{dataset}/5.1.0, only {os.path.basename(left)} of a preparation at work or interrupted). Prepare "
+        "it once, on one node, before training: hvd-lars-prepare imagenet2012 --manual_dir=<folder holding "
         f"ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={data_dir}; then train with the "
         "same --data_dir."
     )

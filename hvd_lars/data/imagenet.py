@@ -10,7 +10,7 @@ decoding) the records before it.
 import tensorflow as tf
 
 from hvd_lars.data import pipeline, records
-from hvd_lars.data.imagenet_preparation import NAME, prepared_builder, tfds_module
+from hvd_lars.data.imagenet_preparation import COMMAND, NAME, prepared_builder, tfds_module
 from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
@@ -42,7 +42,8 @@ def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_re
     if file_format != "tfrecord":
         raise ValueError(
             f"{ds_builder.data_dir} holds {NAME} as {file_format!r} files; this pipeline reads the TFRecord "
-            "files tensorflow-datasets prepares by default. Prepare it again with the default file format."
+            f"files tensorflow-datasets prepares by default, as {COMMAND} does: prepare it with that into "
+            "another --data_dir."
         )
     instructions = ds_builder.info.splits[split].file_instructions
     features = ds_builder.info.features

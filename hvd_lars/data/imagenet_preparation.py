@@ -84,14 +84,10 @@ def unfinished(ds_builder):
     folder = os.fspath(ds_builder.data_path)
     if not os.path.isdir(folder):
         parent = os.path.dirname(folder)
-        left = (
-            sorted(n for n in os.listdir(parent) if INCOMPLETE_FOLDER.match(n))
-            if os.path.isdir(parent)
-            else []
-        )
-        return f"there is no {folder}" + (
-            f"; an interrupted preparation left {', '.join(left)}" if left else ""
-        )
+        left = sorted(filter(INCOMPLETE_FOLDER.match, os.listdir(parent))) if os.path.isdir(parent) else []
+        if left:
+            return f"there is no {folder}, only {', '.join(left)} of a preparation at work or interrupted"
+        return f"there is no {folder}"
     present = set(os.listdir(folder))
     lacking = [name for name in INFO_FILES if name not in present]
     if lacking:

@@ -11,6 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
+from hvd_lars.data import imagenet_preparation
 from hvd_lars.parallel.collectives import WorldSizeMismatch
 from hvd_lars.training import elastic, threads, train
 from hvd_lars.training.checkpoints import CheckpointWriteError
@@ -43,6 +44,13 @@ def define_flags(config_class=TrainConfig, flag_values=FLAGS):
 
 
 define_flags()
+# Retired: training reads prepared data only, and ImageNet is prepared before the job (hvd_lars.prepare).
+# Still a flag so that a command line passing it is refused with the command that prepares, filled in.
+flags.DEFINE_string(
+    "manual_dir",
+    "",
+    "Retired: prepare ImageNet once with hvd-lars-prepare before training; a value is refused.",
+)
 
 
 def config_from_flags(flag_values=FLAGS):
@@ -84,6 +92,8 @@ def _raised_here(error):
 def _main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if FLAGS.manual_dir:
+        _exit(f"hvd_lars: error: {_retired_manual_dir(FLAGS.manual_dir, FLAGS.data_dir)}", EXIT_BAD_INPUT)
     # TensorFlow's checkpoint code logs every save at INFO through absl.
     logging.set_verbosity(logging.WARNING)
     # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported).
@@ -103,6 +113,14 @@ def _main(argv):
         # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
         print(f"[hvd_lars] {e}", flush=True)
         sys.exit(EXIT_PREEMPTED)
+
+
+def _retired_manual_dir(manual_dir, data_dir):
+    return (
+        f"--manual_dir={manual_dir}: training no longer converts the ILSVRC-2012 tars. Prepare them once, "
+        f"on one node: {imagenet_preparation.command(data_dir, manual_dir)}; then train with the same "
+        "--data_dir and without --manual_dir."
+    )
 
 
 def _exit(message, status):

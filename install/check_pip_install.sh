@@ -99,13 +99,13 @@ EOF
 note "- \`pip install .[imagenet]\` added: $(comm -13 "$WORK/with_hvd_lars.txt" "$WORK/with_imagenet.txt" | tr '\n' ' ')"
 "$PY" - <<'EOF' | tee -a "$LOG"
 import tempfile
-from hvd_lars.data import imagenet
+from hvd_lars.data import imagenet_preparation
 with tempfile.TemporaryDirectory() as tmp:
     try:
-        imagenet.builder(tmp, manual_dir=tmp)
-    except FileNotFoundError as e:
+        imagenet_preparation.prepare(tmp, tmp)
+    except imagenet_preparation.CannotPrepare as e:
         assert "ILSVRC2012_img_train.tar" in str(e)
-        print("- with the extra, the imagenet2012 builder loads and asks for the ILSVRC-2012 tars")
+        print("- with the extra, the imagenet2012 preparation loads and asks for the ILSVRC-2012 tars")
 EOF
 
 # --- 5. Horovod as the README says to bring it, and the example on 2 ranks ----------------------------

@@ -1,10 +1,16 @@
-"""imagenet2012 through tensorflow-datasets, prepared offline from a tiny ILSVRC-style pair of tars."""
+"""imagenet2012 through tensorflow-datasets: prepared before training (hvd_lars.data.imagenet_preparation,
+hvd-lars-prepare) from a tiny ILSVRC-style pair of tars, then read; unprepared data refused."""
 
 import collections
 import contextlib
 import itertools
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +18,8 @@ import tensorflow as tf
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from hvd_lars.data import InputShapes, describe_input, get_input, imagenet
+from hvd_lars.data import imagenet_preparation as preparation
+from tests.support import REPO
 from tests.support.data_fixtures import make_ilsvrc_tars
 
 SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
@@ -23,13 +31,16 @@ NUM_VAL = 6
 # six lines of its validation_labels.txt (n01751748, n09193705, n02105855, n04263257, n03125729, n01735189).
 TRAIN_LABELS = {0: PER_CLASS, 1: PER_CLASS, 59: PER_CLASS + 1, 230: PER_CLASS + 1}
 EVAL_LABELS = [65, 970, 230, 809, 516, 57]
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+# hvd-lars-prepare as its own process, with the fixture's short validation label file (the first argument).
+PREPARE = [sys.executable, "-m", "tests.support.prepare_fixture"]
 
 
 def _short_label_file(folder, lines):
     """The first `lines` lines of the builder's validation label file, which the builder and the check
     then read instead of all 50,000 (a test fixture cannot hold 50,000 images)."""
     path = os.path.join(folder, "validation_labels.txt")
-    with open(imagenet.validation_labels_path()) as f:
+    with open(preparation.validation_labels_path()) as f:
         head = f.read().splitlines()[:lines]
     with open(path, "w") as f:
         f.write("\n".join(head) + "\n")
@@ -50,8 +61,13 @@ def prepared(tmp_path_factory):
     manual, data_dir = str(root / "manual"), str(root / "tfds")
     make_ilsvrc_tars(manual, SYNSETS, PER_CLASS, NUM_VAL, cmyk_name=CMYK_NAME, png_name=PNG_NAME)
     with _labels_of_the_first(str(root), NUM_VAL):
-        data = _build(data_dir, manual_dir=manual)
-    return data_dir, manual, data
+        done = preparation.prepare(manual, data_dir)
+    assert done.converted and done.removed == []
+    return data_dir, manual, _build(data_dir)
+
+
+# What describe_input is given besides data_dir (as _build passes to get_input).
+_COMMON = dict(per_rank_batch=2, rank=0, world_size=1, seed=0, image_size=32)
 
 
 def _build(data_dir, rank=0, world_size=1, batch=2, **kwargs):
@@ -82,7 +98,7 @@ def test_prepared_sizes_and_labels(prepared):
     assert images.shape == (2, 32, 32, 3) and images.dtype == tf.float32
     assert sorted(_labels(data.eval)) == sorted(EVAL_LABELS)
     # Each validation file carries its own line's label (line i labels ILSVRC2012_val_<i>).
-    records = imagenet._source(imagenet.builder(data_dir, prepare=False), "validation", False, 0)
+    records = imagenet._source(preparation.builder(data_dir), "validation", False, 0)
     by_name = {name.numpy().decode(): int(label) for name, _, label in records}
     assert by_name == {f"ILSVRC2012_val_{i + 1:08d}.JPEG": label for i, label in enumerate(EVAL_LABELS)}
 
@@ -90,7 +106,7 @@ def test_prepared_sizes_and_labels(prepared):
 @pytest.mark.unit
 def test_builder_converted_cmyk_and_png_to_rgb_jpeg(prepared):
     data_dir, _, _ = prepared
-    records = imagenet._source(imagenet.builder(data_dir, prepare=False), "train", False, 0)
+    records = imagenet._source(preparation.builder(data_dir), "train", False, 0)
     found = {name.numpy().decode(): data for name, data, _ in records}
     for name in (CMYK_NAME, PNG_NAME):
         assert bool(tf.io.is_jpeg(found[name]))
@@ -109,19 +125,60 @@ def test_ranks_split_train_and_eval_exactly(prepared):
 
 
 @pytest.mark.unit
-def test_reuses_prepared_data_without_the_tars(prepared, tmp_path):
+def test_prepared_data_are_read_and_prepared_again_without_the_tars(prepared, tmp_path, capsys):
+    from hvd_lars import prepare
+
     data_dir, _, _ = prepared
     copy = str(tmp_path / "tfds")
     shutil.copytree(data_dir, copy)
-    data = _build(copy, manual_dir=str(tmp_path / "nothing_here"))
+    data = _build(copy)
     assert (data.num_train_examples, data.num_eval_examples) == (18, 6)
+    # The command on prepared data: nothing to do, and the tars are not looked for.
+    assert (
+        prepare.main(["imagenet2012", f"--manual_dir={tmp_path / 'nothing_here'}", f"--data_dir={copy}"]) == 0
+    )
+    assert capsys.readouterr().out.splitlines() == [
+        f"hvd_lars: imagenet2012 is prepared already under {copy}/imagenet2012/5.1.0: 18 training and 6 "
+        "validation images.",
+        f"hvd_lars: train on it with --dataset=imagenet2012 --data_dir={copy} (the ImageNet flagfiles set "
+        f"the dataset), e.g. launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir={copy}",
+    ]
     assert not os.path.exists(tmp_path / "nothing_here")
 
 
 @pytest.mark.unit
-def test_unprepared_without_tars_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar"):
-        _build(str(tmp_path / "tfds"), manual_dir=str(tmp_path))
+def test_training_refuses_unprepared_data_naming_the_command(tmp_path):
+    data_dir = str(tmp_path / "tfds")
+    expected = (
+        f"ImageNet is not prepared under --data_dir={data_dir} (there is no {data_dir}/imagenet2012/5.1.0). "
+        "Prepare it once, on one node, before training: hvd-lars-prepare imagenet2012 --manual_dir=<folder "
+        f"holding ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={data_dir}; then train "
+        "with the same --data_dir."
+    )
+    for refused in (_build, lambda d: describe_input("imagenet2012", **_COMMON, data_dir=d)):
+        with pytest.raises(preparation.NotPrepared) as info:
+            refused(data_dir)
+        assert str(info.value) == expected and isinstance(info.value, FileNotFoundError)
+    assert not os.path.exists(data_dir)  # nothing written, nothing converted
+
+
+@pytest.mark.unit
+def test_a_damaged_preparation_is_not_prepared_and_is_not_reused(prepared, tmp_path):
+    data_dir, manual, _ = prepared
+    copy = tmp_path / "tfds"
+    shutil.copytree(data_dir, copy)
+    variant = copy / "imagenet2012" / "5.1.0"
+    (variant / "imagenet2012-validation.tfrecord-00000-of-00001").unlink()
+    with pytest.raises(
+        preparation.NotPrepared, match=r"5\.1\.0 lacks 1 of its record files \(imagenet2012-valid"
+    ):
+        _build(str(copy))
+    # tensorflow-datasets would reuse the folder as it is: the preparation refuses, saying what to remove.
+    with pytest.raises(preparation.CannotPrepare, match=f"remove it \\(rm -r {variant}\\)"):
+        preparation.prepare(manual, str(copy))
+    (variant / "features.json").unlink()
+    with pytest.raises(preparation.NotPrepared, match="5.1.0 lacks features.json"):
+        _build(str(copy))
 
 
 @pytest.mark.horovod
@@ -135,6 +192,107 @@ def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
     assert abs(correct - round(correct)) < 1e-9
 
 
+def _wait_for(path, process, limit_s=300):
+    """Returns once `path` exists; fails if `process` ends first (or, a safety net only, after `limit_s`)."""
+    start = time.monotonic()
+    while not os.path.exists(path):
+        assert process.poll() is None, (
+            f"ended with {process.returncode} before {path}:\n{process.stdout.read()}"
+        )
+        assert time.monotonic() - start < limit_s, f"no {path} after {limit_s} s"
+        time.sleep(0.05)
+
+
+def _one_error_line(result):
+    """The stderr lines of the main program's own messages, with no traceback."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return [line for line in result.stderr.splitlines() if line.startswith("hvd_lars")]
+
+
+@pytest.mark.horovod
+def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepared, tmp_path):
+    reference, manual, _ = prepared
+    data_dir, dataset = str(tmp_path / "tfds"), tmp_path / "tfds" / "imagenet2012"
+    labels = _short_label_file(str(tmp_path), NUM_VAL)
+    arguments = ["imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}"]
+    # SIGKILLed (nothing can clean up after it) once the training split's records are written and before
+    # the validation split's: tests/support/prepare_fixture.py writes the marker and waits there.
+    marker = str(tmp_path / "first_records")
+    command = [*PREPARE, labels, f"--stop_after_first_records={marker}", "--", *arguments]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(marker, process)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.communicate()
+    assert process.returncode == -signal.SIGKILL
+    with open(marker) as f:
+        left = f.read()
+    assert os.listdir(left) == ["imagenet2012-train.tfrecord-00000-of-00001"]
+    assert sorted(os.listdir(dataset)) == sorted([preparation.LOCK_NAME, os.path.basename(left)])
+
+    # Nothing counts as prepared: training stops at once with one line naming the command, on one
+    # process and on each of two Horovod ranks, before it writes anything.
+    expected = (
+        f"hvd_lars: error: ImageNet is not prepared under --data_dir={data_dir} (there is no "
+        f"{dataset}/5.1.0, only {os.path.basename(left)} of a preparation at work or interrupted). Prepare "
+        "it once, on one node, before training: hvd-lars-prepare imagenet2012 --manual_dir=<folder holding "
+        f"ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={data_dir}; then train with the "
+        "same --data_dir."
+    )
+    train = [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}"]
+    train += ["--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=1"]
+    train += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'runs'}"]
+    alone = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 2 and _one_error_line(alone) == [expected], alone.stderr[-3000:]
+    two = subprocess.run(
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2", *train],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = two.stdout + two.stderr
+    assert two.returncode != 0 and "Traceback" not in output
+    for rank in (0, 1):
+        # horovodrun prefixes each rank's lines: [1,r]<stderr>: (MPI) or [r]<stderr>: (Gloo).
+        assert re.search(rf"\[(\d+,)?{rank}\]<stderr>:{re.escape(expected)}", output), output[-3000:]
+    assert not (tmp_path / "runs").exists()
+
+    # The same command again: it removes what the killed one left and prepares afresh, with progress bars,
+    # the same records as the uninterrupted preparation of the same tars.
+    again = subprocess.run([*PREPARE, labels, "--", *arguments], cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    said = [line for line in again.stdout.splitlines() if line.startswith("hvd_lars")]
+    assert said[0] == f"hvd_lars: removed what interrupted preparations left: {left}"
+    assert said[1].startswith(
+        f"hvd_lars: preparing imagenet2012 from --manual_dir={manual} into {dataset}/5.1.0"
+    )
+    assert re.fullmatch(
+        rf"hvd_lars: imagenet2012 prepared in \d+:\d\d:\d\d \(h:mm:ss\) under {dataset}/5\.1\.0: 18 training "
+        r"and 6 validation images\.",
+        said[2],
+    ), said
+    assert said[3].startswith(f"hvd_lars: train on it with --dataset=imagenet2012 --data_dir={data_dir} ")
+    assert "Generating train examples..." in again.stdout + again.stderr  # tensorflow-datasets' bars
+    assert sorted(os.listdir(dataset)) == sorted([preparation.LOCK_NAME, "5.1.0"])
+    preparation.prepared_builder(data_dir)
+    records = sorted(n for n in os.listdir(dataset / "5.1.0") if ".tfrecord-" in n)
+    assert records == [
+        "imagenet2012-train.tfrecord-00000-of-00001",
+        "imagenet2012-validation.tfrecord-00000-of-00001",
+    ]
+    for name, count in zip(records, (18, NUM_VAL)):
+        # Compared as examples: protobuf writes a map's entries (an Example's features) in an order that
+        # varies from process to process.
+        ours, uninterrupted = (
+            [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(os.fspath(path))]
+            for path in (dataset / "5.1.0" / name, os.path.join(reference, "imagenet2012", "5.1.0", name))
+        )
+        assert len(ours) == count and ours == uninterrupted
+
+
 @pytest.mark.unit
 def test_validation_tar_missing_images_is_refused_before_preparation(tmp_path):
     # The new user's case: a validation tar holding only images 2 and 3 would have been prepared with the
@@ -142,13 +300,13 @@ def test_validation_tar_missing_images_is_refused_before_preparation(tmp_path):
     manual, data_dir = str(tmp_path / "manual"), tmp_path / "tfds"
     names = ["ILSVRC2012_val_00000002.JPEG", "ILSVRC2012_val_00000003.JPEG"]
     make_ilsvrc_tars(manual, SYNSETS[:1], 1, 0, val_names=names)
-    with pytest.raises(ValueError) as info:
-        _build(str(data_dir), manual_dir=manual)
+    with pytest.raises(preparation.CannotPrepare) as info:
+        preparation.prepare(manual, str(data_dir))
     message = str(info.value)
     assert "does not hold exactly the 50,000 validation images" in message
     assert "missing 49,998 (ILSVRC2012_val_00000001.JPEG, ILSVRC2012_val_00000004.JPEG" in message
     assert "extra none" in message
-    assert not (data_dir / "imagenet2012").exists()  # refused before preparation
+    assert os.listdir(data_dir / "imagenet2012") == [preparation.LOCK_NAME]  # refused before converting
 
 
 @pytest.mark.unit
@@ -157,14 +315,14 @@ def test_validation_tar_with_extra_or_missing_entries_is_refused(tmp_path):
     make_ilsvrc_tars(str(tmp_path), SYNSETS[:1], 1, 0, val_names=names)
     labels = _short_label_file(str(tmp_path), NUM_VAL)
     with pytest.raises(ValueError) as info:
-        imagenet.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)
+        preparation.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)
     message = str(info.value)
     assert "the 6 validation images" in message
     assert "missing 1 (ILSVRC2012_val_00000004.JPEG)" in message
     assert "extra 3 (ILSVRC2012_val_00000007.JPEG, notes.txt, val)" in message
     # The complete set passes.
     make_ilsvrc_tars(str(tmp_path), SYNSETS[:1], 1, NUM_VAL)
-    imagenet.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels)
+    assert preparation.check_validation_tar(str(tmp_path / "ILSVRC2012_img_val.tar"), labels) == NUM_VAL
 
 
 @pytest.mark.unit
@@ -205,15 +363,6 @@ def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, m
 def test_described_from_the_dataset_info_as_built(prepared, kwargs):
     data_dir, _, data = prepared
     built = _build(data_dir, **kwargs) if kwargs else data
-    described = describe_input(
-        "imagenet2012",
-        per_rank_batch=2,
-        rank=0,
-        world_size=1,
-        seed=0,
-        data_dir=data_dir,
-        image_size=32,
-        **kwargs,
-    )
+    described = describe_input("imagenet2012", **_COMMON, data_dir=data_dir, **kwargs)
     assert described == InputShapes((32, 32, 3), 1000, kwargs.get("max_train_examples", 18))
     assert described == InputShapes(built.input_shape, built.num_classes, built.num_train_examples)

@@ -163,6 +163,15 @@ def test_two_ranks_subset(tmp_path):
         ("--per_rank_batch_size=100", ["--per_rank_batch_size=100 contradicts --global_batch_size=4096"]),
         ("--schedule=linear", ["'linear'", "mlperf_poly"]),
         ("--trust_ratio_mode=layer", ["'layer'", "decayed_gradient"]),
+        # Retired: ImageNet is prepared before the job, by the command this names.
+        (
+            "--manual_dir=/data/tars",
+            [
+                "--manual_dir=/data/tars: training no longer converts",
+                "on one node: hvd-lars-prepare imagenet2012 --manual_dir=/data/tars; then train",
+                "without --manual_dir.",
+            ],
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):

@@ -2,7 +2,7 @@
 
 Every builder takes the common keywords `per_rank_batch, rank, world_size, seed, data_dir,
 max_train_examples, max_eval_examples, deterministic` plus its own (`image_size`, `preprocessing`,
-`manual_dir`, `skip_corrupt`, `validation_examples`, `index_dir`, ...), and returns an `InputPipeline`
+`skip_corrupt`, `validation_examples`, `index_dir`, ...), and returns an `InputPipeline`
 whose training stream can start at any batch (`InputPipeline.train_from`) without reading the ones before.
 `describe_input` takes the same arguments and says what the model and the plan need (`InputShapes`: the
 image shape, the classes, the training examples) without building the input.
@@ -178,8 +178,8 @@ def describe_input(name, **kwargs):
     - image_folder: from the training split's listing index in `index_dir` while it is valid
       (`listing.listed`: a `stat` per folder), else from a listing of `data_dir/train`, saved there
       for the run's later starts (the validation split, which the shapes do not need, is left unread);
-    - imagenet2012: from the prepared data's dataset info (prepared first from `manual_dir` if needed,
-      as rank 0 of `get_input` does).
+    - imagenet2012: from the prepared data's dataset info (data that are not prepared are refused, as
+      `get_input` refuses them: `imagenet_preparation.NotPrepared`, naming the command that prepares).
     In a job, one process describes and shares the result (`hvd_lars.training.elastic`), so a listing
     is made once.
 

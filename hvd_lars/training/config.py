@@ -36,7 +36,6 @@ class TrainConfig:
         plan=True,
     )
     data_dir: str = setting("", "Data folder; empty: the dataset's default location.", plan=True)
-    manual_dir: str = setting("", "imagenet2012: folder with ILSVRC2012_img_train.tar and _val.tar.")
     image_size: int = setting(
         0,
         "Crop side in pixels (0: the dataset's own, 224 for ImageNet; 227 for AlexNet).",

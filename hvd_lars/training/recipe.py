@@ -139,7 +139,6 @@ def input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
         # Dataset-specific: get_input drops those the dataset does not take while they are unset.
-        manual_dir=config.manual_dir or None,
         image_size=config.image_size,
         preprocessing=config.preprocessing or None,
         deterministic=config.deterministic,

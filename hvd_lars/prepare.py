@@ -1,0 +1,134 @@
+"""Command line: `hvd-lars-prepare DATASET --manual_dir=DIR --data_dir=DIR` (or `python -m hvd_lars.prepare`).
+
+Prepares a data set once, on one node, before the training jobs that read it:
+
+    hvd-lars-prepare imagenet2012 --manual_dir=/data/imagenet-tars --data_dir=/data/tfds
+    launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir=/data/tfds
+
+For `imagenet2012` it converts the two ILSVRC-2012 tars into tensorflow-datasets records under `--data_dir`
+(`hvd_lars.data.imagenet_preparation.prepare`: hours on the full set, with tensorflow-datasets' progress
+bars on stderr); an interrupted run leaves nothing that counts as prepared, and the same command run again
+starts afresh. The other data sets need no preparation and say so in one line. The only reader of its
+arguments. Exit status: 0 when the data are prepared (now or before) or need no preparation, 2 on bad input
+(one line `hvd_lars: error: ...`), 130 when interrupted (Ctrl-C).
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+from hvd_lars.data import DATASETS
+from hvd_lars.data import imagenet_preparation as imagenet
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+class UnknownDataset(ValueError):
+    """A name that is not one of `hvd_lars.data.DATASETS`."""
+
+
+# Why the data sets without a preparation need none (one line each; every other name of DATASETS prepares).
+NO_PREPARATION = {
+    "fashion_mnist": "training reads the four IDX files of Debian's dataset-fashion-mnist as they are",
+    "image_folder": "training reads the JPEG folders (train/<class>/, validation/<class>/) as they are",
+    "synthetic": "its images are made in memory",
+}
+
+
+def prepare_imagenet(manual_dir, data_dir):
+    """Prepares `imagenet2012` (unless prepared); prints where the records are and how to train on them."""
+    ds_builder = imagenet.builder(data_dir)
+    root = os.path.abspath(ds_builder.data_dir_root)
+    if imagenet.unfinished(ds_builder) is None:
+        _report(ds_builder, root, "is prepared already")
+        return
+
+    def starting(folder, removed):
+        if removed:
+            print(f"hvd_lars: removed what interrupted preparations left: {', '.join(removed)}")
+        print(
+            f"hvd_lars: preparing imagenet2012 from --manual_dir={manual_dir} into {folder}, once: hours for "
+            "the full ILSVRC-2012 (1,281,167 training and 50,000 validation images; "
+            f"{imagenet.OPTIONAL_FILE}, unlabelled, is converted too when there). If it is interrupted, "
+            "nothing counts as prepared: run this command again.",
+            flush=True,
+        )
+
+    start = time.monotonic()
+    done = imagenet.prepare(manual_dir, data_dir, starting)
+    took = datetime.timedelta(seconds=round(time.monotonic() - start))
+    _report(done.builder, root, f"prepared in {took} (h:mm:ss)" if done.converted else "is prepared")
+
+
+def _report(ds_builder, root, what):
+    splits = ds_builder.info.splits
+    print(
+        f"hvd_lars: imagenet2012 {what} under {ds_builder.data_path}: {splits['train'].num_examples:,} "
+        f"training and {splits['validation'].num_examples:,} validation images."
+    )
+    print(
+        f"hvd_lars: train on it with --dataset=imagenet2012 --data_dir={root} (the ImageNet flagfiles set "
+        f"the dataset), e.g. launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir={root}"
+    )
+
+
+# The data sets this command prepares: name -> callable(manual_dir, data_dir).
+PREPARATIONS = {"imagenet2012": prepare_imagenet}
+
+
+def run(dataset, manual_dir="", data_dir=""):
+    """Prepares `dataset` (a name of `hvd_lars.data.DATASETS`), or says in one line that it needs nothing.
+
+    Raises:
+        UnknownDataset: an unknown name, listing the valid ones.
+        imagenet_preparation.CannotPrepare: the preparation refused, before anything is converted.
+        ImportError: tensorflow-datasets is not installed (imagenet2012).
+    """
+    if dataset not in DATASETS:
+        raise UnknownDataset(f"unknown data set {dataset!r}; valid: {', '.join(sorted(DATASETS))}.")
+    if dataset not in PREPARATIONS:
+        reason = NO_PREPARATION.get(dataset, "training reads its files as they are")
+        print(f"hvd_lars: {dataset} needs no preparation: {reason}.")
+        return
+    PREPARATIONS[dataset](manual_dir or None, data_dir or None)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="hvd-lars-prepare",
+        description="\n\n".join(__doc__.split("\n\n")[1:3]),  # what it does, and the example
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dataset", help=f"the data set to prepare: {', '.join(sorted(DATASETS))}")
+    parser.add_argument(
+        "--manual_dir",
+        default="",
+        help=f"imagenet2012: the folder holding {' and '.join(imagenet.MANUAL_FILES)} (from image-net.org)",
+    )
+    parser.add_argument(
+        "--data_dir",
+        default="",
+        help="where the prepared data go; training then reads them with the same --data_dir "
+        "(default: tensorflow-datasets' folder, ~/tensorflow_datasets, as for training)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        run(args.dataset, args.manual_dir, args.data_dir)
+    except (UnknownDataset, imagenet.CannotPrepare, ImportError) as e:
+        print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(
+            "hvd_lars: interrupted: nothing new counts as prepared; run the same command again.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

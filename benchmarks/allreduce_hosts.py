@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import alpha_beta, common
 
 REPO = common.REPO
 RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
@@ -244,25 +244,6 @@ def bound_s(size, p, link_bits):
     return 2 * (p - 1) / p * size * 8 / (LINK_EFFICIENCY * link_bits)
 
 
-def fit_ring(p, sizes, times):
-    """Least-squares fit of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta to medians `times` (s) of allreduces
-    of `sizes` (bytes), each residual relative to its time so that small messages weigh as much as large.
-
-    Returns (alpha in s per ring step, beta in bytes/s, the largest |fit - t| / t). Raises ValueError with
-    fewer than 2 sizes or a non-positive fitted term."""
-    import numpy as np
-
-    if len(sizes) < 2:
-        raise ValueError(f"fit_ring: {len(sizes)} size(s); 2 or more needed")
-    t = np.asarray(times, dtype=float)
-    design = np.stack([np.full(len(sizes), 2.0 * (p - 1)), 2.0 * (p - 1) / p * np.asarray(sizes, float)], 1)
-    (alpha, inverse_beta), *_ = np.linalg.lstsq(design / t[:, None], np.ones(len(t)), rcond=None)
-    if alpha <= 0 or inverse_beta <= 0:
-        raise ValueError(f"fit_ring: p={p}: fitted alpha={alpha:.3g} s, 1/beta={inverse_beta:.3g} s/B")
-    worst = float(np.max(np.abs(design @ [alpha, inverse_beta] - t) / t))
-    return float(alpha), float(1.0 / inverse_beta), worst
-
-
 def sizes_and_link_rate(parser, args):
     """--sizes_mib as bytes (whole float32 elements, at least one) and --link_rate in bit/s; a bad link rate
     ends the program through `parser.error`, naming it."""
@@ -317,7 +298,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
             if len(rows) < 2:
                 continue
             p = rows[0]["p"]
-            alpha, beta, worst = fit_ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
+            alpha, beta, worst = alpha_beta.ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
             lines.append(
                 f"| {name} | {p} | {variant} | {alpha * 1e3:.3f} | {beta / 1e6:.1f} | "
                 f"{beta / (LINK_EFFICIENCY * link_bits / 8):.2f} | {worst:.2f} |"

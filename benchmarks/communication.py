@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import alpha_beta, common
 
 REPO = common.REPO
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
@@ -242,18 +242,6 @@ def measure(args, raw):
 
 
 # --- report ------------------------------------------------------------------------------------------------
-def alpha_beta(sizes, times):
-    """Fits t = alpha + n / bandwidth (n in bytes) by least squares on the relative error (every size
-    weighs alike on the log scale). Returns (alpha s, bandwidth bytes/s, max relative residual)."""
-    import numpy as np
-
-    n, t = np.asarray(sizes, float), np.asarray(times, float)
-    a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    residual = np.max(np.abs(alpha + beta * n - t) / t)
-    return float(alpha), float(1 / beta), float(residual)
-
-
 def _prose(text):
     """A paragraph written as an indented triple-quoted string, as one markdown line."""
     return " ".join(text.split())
@@ -371,7 +359,7 @@ def _sweep_section(sweeps, np, plt):
                 continue
             sizes = entry["sizes"]
             medians = [statistics.median(t) for t in entry["times_s"]]
-            alpha, bandwidth, residual = alpha_beta(sizes, medians)
+            alpha, bandwidth, residual = alpha_beta.alpha_beta(sizes, medians)
             rate = LINK_RATE_BITS[link]
             configured, ratio = (f"{rate / 1e9:.0f}", f"{bandwidth * 8 / rate:.2f}") if rate else ("-", "-")
             at = dict(zip(sizes, medians))

@@ -52,7 +52,7 @@ import os
 import re
 import statistics
 
-from benchmarks import common
+from benchmarks import alpha_beta, common
 
 REPO = common.REPO
 RESULTS = common.RESULTS
@@ -203,7 +203,6 @@ def predict(
 
 def link_fit(sweep):
     """(alpha s, bandwidth bytes/s) of one entry of results/communication.json's sweeps (see docstring)."""
-    from benchmarks.communication import alpha_beta
 
     sizes = sweep["sizes"]
     medians = [statistics.median(t) for t in sweep["times_s"]]
@@ -211,7 +210,7 @@ def link_fit(sweep):
         m for s, m in zip(sizes, medians) if SMALL_MESSAGES[0] <= s <= SMALL_MESSAGES[1]
     )
     large = [(s, m) for s, m in zip(sizes, medians) if s >= LARGE_MESSAGES]
-    _, bandwidth, _ = alpha_beta([s for s, _ in large], [m for _, m in large])
+    _, bandwidth, _ = alpha_beta.alpha_beta([s for s, _ in large], [m for _, m in large])
     return alpha, bandwidth
 
 
@@ -259,17 +258,8 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
 
     def fit(subset):
         """(latencies per p, 1/B, relative residuals) of t = c_p + 2 (p - 1)/p x S / B over `subset`."""
-        p = np.array([r["p"] for r in subset], float)
-        t = np.array([r["median_s"] for r in subset], float)
-        design = np.stack(
-            [(p == q).astype(float) for q in sorted(set(p))]
-            + [2 * (p - 1) / p * np.array([r["size"] for r in subset], float)],
-            1,
-        )
-        x, *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
-        if x[-1] <= 0:
-            raise ValueError(f"hosts_fit: fitted 1/B = {x[-1]:.3g} s/B at p = {sorted(set(p))}")
-        return x[:-1], float(x[-1]), np.abs(design @ x - t) / t
+        columns = ([r["p"] for r in subset], [r["size"] for r in subset], [r["median_s"] for r in subset])
+        return alpha_beta.ring_per_p(*columns)
 
     _, inverse_b, residual = fit(large)
     at = np.array([r["p"] for r in large])

@@ -286,10 +286,11 @@ def report(raw):
         "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo, tensor fusion",
         "",
         f"- commands (as root, with the machine to itself, from the repository root): {distinct('command')}",
-        f"- git SHA: {distinct('git_sha')}",
+        f"- git SHA: {', '.join(common.sha_text(sha) for sha in sorted({e['git_sha'] for e in entries}))}",
         f"- dates: {distinct('date')}",
         f"- machine: {'; or '.join(machines)}",
-        f"- this report rendered from `results/communication/communication.json` at {common.git_sha()} "
+        f"- this report rendered from `results/communication/communication.json` at "
+        f"{common.sha_text(common.git_sha())} "
         "(`python -m benchmarks.communication --report_only`)",
         _prose(
             """

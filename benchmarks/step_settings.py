@@ -114,7 +114,9 @@ def rows(record):
     return out
 
 
-def report(record, markdown, raw):
+def report(record, markdown, raw=None):
+    """Writes `markdown` from `record` (its raw data at `raw`, default common.data_path(markdown))."""
+    raw = raw or common.data_path(markdown)
     precision = record.get("precision", "float32")
     dtype = MATMUL_DTYPE[precision]
     provenance = common.legacy_provenance(record["provenance"])

@@ -10,9 +10,12 @@ with Horovod's response cache on and off: what the coordination of many requests
 Run as root from the repository root with the machine to itself (it brings up launch/emulated_cluster.sh
 with as many hosts as the largest layout, every link at --link_rate, and takes it down at the end):
 
-    python -m benchmarks.allreduce_hosts                        # writes results/allreduce_hosts.md (+ .json)
-    python -m benchmarks.allreduce_hosts --mode=negotiation     # writes results/negotiation_hosts.md
+    python -m benchmarks.allreduce_hosts                    # results/allreduce_hosts.md, raw in its folder
+    python -m benchmarks.allreduce_hosts --mode=negotiation # results/negotiation_hosts.md, raw in its folder
     python -m benchmarks.allreduce_hosts --layouts=4x1 --sizes_mib=16 --variants=mpi,mpi_yield --out=/tmp/a.md
+
+A run on another CPU or with other settings goes into the question's folder, its raw timings beside it
+(`--out=results/allreduce_hosts/<cpu or setting>.md`), and results/allreduce_hosts.md links it.
 
 Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_TIME=5):
   mpi          Open MPI as horovodrun starts it, nothing else set
@@ -37,7 +40,7 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
                  ln -sf /usr/bin/hydra_pmi_proxy /var/tmp/mpich_bin/   # what mpiexec starts next to it
                  PATH=/var/tmp/mpich_bin:$PATH VENV=/var/tmp/hvd_lars_mpich_venv bash install/setup.sh
                  python -m benchmarks.allreduce_hosts --variants=main,mpich,mpich_rsag,mpich_eager \\
-                   --mpich_venv=/var/tmp/hvd_lars_mpich_venv --out=results/allreduce_hosts_mpich.md
+                   --mpich_venv=/var/tmp/hvd_lars_mpich_venv --out=results/allreduce_hosts/mpich.md
   mpich_rsag   mpich with MPICH's allreduce set to reduce-scatter + allgather, its bandwidth-optimal one
                (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=reduce_scatter_allgather; MPICH 4.0.2 has no "ring" value)
   mpich_eager  mpich with UCX_RNDV_THRESH=inf: UCX sends every message eagerly, never by rendezvous
@@ -55,7 +58,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import alpha_beta, common
 
 REPO = common.REPO
 RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
@@ -244,25 +247,6 @@ def bound_s(size, p, link_bits):
     return 2 * (p - 1) / p * size * 8 / (LINK_EFFICIENCY * link_bits)
 
 
-def fit_ring(p, sizes, times):
-    """Least-squares fit of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta to medians `times` (s) of allreduces
-    of `sizes` (bytes), each residual relative to its time so that small messages weigh as much as large.
-
-    Returns (alpha in s per ring step, beta in bytes/s, the largest |fit - t| / t). Raises ValueError with
-    fewer than 2 sizes or a non-positive fitted term."""
-    import numpy as np
-
-    if len(sizes) < 2:
-        raise ValueError(f"fit_ring: {len(sizes)} size(s); 2 or more needed")
-    t = np.asarray(times, dtype=float)
-    design = np.stack([np.full(len(sizes), 2.0 * (p - 1)), 2.0 * (p - 1) / p * np.asarray(sizes, float)], 1)
-    (alpha, inverse_beta), *_ = np.linalg.lstsq(design / t[:, None], np.ones(len(t)), rcond=None)
-    if alpha <= 0 or inverse_beta <= 0:
-        raise ValueError(f"fit_ring: p={p}: fitted alpha={alpha:.3g} s, 1/beta={inverse_beta:.3g} s/B")
-    worst = float(np.max(np.abs(design @ [alpha, inverse_beta] - t) / t))
-    return float(alpha), float(1.0 / inverse_beta), worst
-
-
 def sizes_and_link_rate(parser, args):
     """--sizes_mib as bytes (whole float32 elements, at least one) and --link_rate in bit/s; a bad link rate
     ends the program through `parser.error`, naming it."""
@@ -281,7 +265,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
     lines = [
         "# Horovod's allreduce across 2, 4 and 8 emulated hosts (issue 22)",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, args.raw),
         f"- launch/emulated_cluster.sh, {max(h for h, _ in layouts)} hosts, every link shaped to "
         f"{args.link_rate} (tc tbf, both directions, a {args.burst_ms} ms bucket); layouts hosts x ranks per "
         "host; HOROVOD_CYCLE_TIME=5; "
@@ -317,7 +301,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
             if len(rows) < 2:
                 continue
             p = rows[0]["p"]
-            alpha, beta, worst = fit_ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
+            alpha, beta, worst = alpha_beta.ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
             lines.append(
                 f"| {name} | {p} | {variant} | {alpha * 1e3:.3f} | {beta / 1e6:.1f} | "
                 f"{beta / (LINK_EFFICIENCY * link_bits / 8):.2f} | {worst:.2f} |"
@@ -329,7 +313,7 @@ def negotiation_report(args, results, matmul, command):
     lines = [
         "# Horovod's per-step coordination of many small tensors against p (issue 22, item 4)",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, args.raw),
         f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate}; a step is {args.tensors} "
         f"allreduce requests of {args.tensor_bytes} B each (ResNet-50 has 161 gradients), issued at once in "
         "one tf.function as the overlapped reduction issues them, against one grouped allreduce of the same "
@@ -389,7 +373,7 @@ def main(argv=None):
     parser.add_argument("--link_rate", default="200mbit")
     common.add_burst_ms_argument(parser)
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (sizes 5, negotiation 20)")
-    parser.add_argument("--raw", default=None, help="raw timings (default results/<report name>.json)")
+    parser.add_argument("--raw", default=None, help="raw timings (default: common.data_path of --out)")
     parser.add_argument("--out", default=None, help="allreduce_hosts.md; negotiation: negotiation_hosts.md")
     parser.add_argument("--worker", action="store_true", help="internal: run as one rank")
     parser.add_argument("--sizes", default="", help="internal: bytes, for --worker")
@@ -404,7 +388,7 @@ def main(argv=None):
         return
     stem = "negotiation_hosts" if args.mode == "negotiation" else "allreduce_hosts"
     args.out = args.out or os.path.join(common.RESULTS, f"{stem}.md")
-    args.raw = args.raw or os.path.splitext(args.out)[0] + ".json"
+    args.raw = args.raw or common.data_path(args.out)
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:

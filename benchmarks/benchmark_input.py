@@ -216,16 +216,14 @@ def main(argv=None):
             print(f"round {round_}: {model_name} training: {training[model_name][-1]}", flush=True)
     load_after = os.getloadavg()[0]
     record = provenance.record()
-    cpu = common.cpu()
     matmul = common.matmul_rate()
     consumed = {m: float(np.mean([r["per_core"] for r in runs])) for m, runs in training.items()}
     command = common.command_line("benchmark_input", argv)
     lines = [
         "# Input pipeline per core against what training consumes per core",
         "",
-        f"- command: `{command}`; git {record['git_sha']}; {record['date']}; {time.time() - started:.0f} s",
-        f"- CPU: {cpu['model']}; flags: {', '.join(cpu['flags']) or 'none'}; {common.machine(matmul)}; "
-        f"TensorFlow {record['tensorflow']}, Keras {record['keras']}",
+        *common.provenance_lines(command, matmul),
+        f"- {time.time() - started:.0f} s; TensorFlow {record['tensorflow']}, Keras {record['keras']}",
         f"- fixtures: {NUM_FILES} JPEGs each of "
         + ", ".join(f"{k} (mean {v / 1024:.0f} KiB)" for k, v in mean_bytes.items())
         + f", quality {JPEG_QUALITY} (Fashion-MNIST test images enlarged, tinted, noise std {NOISE_STD:g}; "

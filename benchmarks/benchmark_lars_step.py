@@ -152,10 +152,8 @@ def main(argv=None):
         lines = [
             "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",
             "",
-            f"- command: `{command}`",
-            f"- git SHA: {prov['git_sha']} ({_own_files_state()})",
-            f"- date: {prov['date']}",
-            f"- machine: {common.machine(common.matmul_rate())}",
+            *common.provenance_lines(command, common.matmul_rate()),
+            f"- {_own_files_state()}",
             f"- software: Python {prov['python']}, TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
             f"- tensors: {len(shapes)}, parameters: {n_params:,} (float32)",
             f"- repetitions: {args.repeats} interleaved steps per optimizer, {args.warmup} warm-up steps",

@@ -20,8 +20,8 @@ FLOPs per image come from the model's own layers (`hvd_lars.models.flops`: 3 x 2
 ResNet-50 v1.5 4.09 G multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1.14 G,
 6.8 GFLOP); the baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
 
-Each run writes results/throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from every
-such file, one section per CPU, keyed by what identifies it (`benchmarks.common.cpu`: /proc/cpuinfo's
+Each run writes results/models_throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from
+every such file, one section per CPU, keyed by what identifies it (`benchmarks.common.cpu`: /proc/cpuinfo's
 vendor, family, model, stepping and flags; not the noisy matmul rate), so a run on one CPU never replaces
 another's figures.
 
@@ -42,7 +42,7 @@ import time
 
 from benchmarks import common
 
-RAW_DIR = os.path.join(common.RESULTS, "throughput")
+RAW_DIR = os.path.join(common.RESULTS, "models_throughput")
 MARKDOWN = os.path.join(common.RESULTS, "models_throughput.md")
 BATCH = 32
 WARMUP_STEPS = 3  # tracing, oneDNN primitive creation, first allocations
@@ -256,7 +256,8 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
         "peak*: images/s x training GFLOP per image (counted from the model's own layers by",
         "`hvd_lars.models.flops`: 3 passes x 2 FLOPs per multiply-add; ResNet-50 v1.5 24.5 GFLOP, the",
         "baseline's ResNet-50 v1 23.1, AlexNet-BN (one tower, 227x227) 6.8) / the `tf.matmul` 4096x4096",
-        "GFLOP/s of the same precision in the same run. Raw figures: `results/throughput/*.json`.",
+        "GFLOP/s of the same precision in the same run. Raw figures: "
+        f"`{os.path.relpath(os.path.abspath(raw_dir), common.REPO)}/*.json`.",
         "",
         "Earlier versions of this file counted 12.3 GFLOP per ResNet-50 image (multiply-adds taken for",
         'FLOPs), so their fractions of peak were half the true ones; their 64x64 "functional trial" (one',
@@ -277,10 +278,10 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
             lines += [
                 f"### {NAMES[record['model']]}",
                 "",
-                f"- command: `{record['command']}`; git {prov['git_sha'][:12]}, {prov['date']}, "
+                f"- command: `{record['command']}`; git {common.sha_text(prov['git_sha'])}, {prov['date']}, "
                 f"{record['wall_time_s']} s; load average at the end {record['load_average'][0]:.1f}",
-                f"- CPU: {record['cpu']['model']}; flags: {', '.join(record['cpu']['flags']) or 'none'}; "
-                f"{prov['machine']}; TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
+                f"- Machine: {common.cpu_text(record['cpu'], prov['machine'])}; TensorFlow "
+                f"{prov['tensorflow']}, Keras {prov['keras']}",
                 f"- `tf.matmul` 4096x4096: {peak['float32']:.0f} GFLOP/s float32, "
                 f"{peak['mixed_bfloat16']:.0f} GFLOP/s bfloat16 (best of the start and the end of the run)",
                 "",

@@ -154,12 +154,9 @@ def markdown(record):
         "## Checkpoints that do not stop the job (issue 11, item 5)",
         "",
         f"- Command: `{record['command']}`",
-        f"- Git SHA `{prov['git_sha']}`, {prov['date']}; {prov['machine']}; CPU: {record['cpu']}"
-        + (
-            f"; tf.matmul {m['size']}^2: {m['float32']:.0f} GFLOP/s float32"
-            if (m := record.get("matmul"))
-            else ""
-        ),
+        f"- Git SHA {common.sha_text(prov['git_sha'])}, {prov['date']}; "
+        f"{common.describe(record['cpu'], record.get('matmul'), prov['machine'])}",
+        f"- Raw data: `{os.path.relpath(RAW, common.REPO)}`",
         f"- AlexNet-BN, 227x227, 1,000 classes, LARS, float32, batch {record['batch']}, one process on every "
         f"core; {record['steps']} updates per fit, a checkpoint every {record['every']} "
         f"({record['steps'] // record['every']} saves); model + optimizer state "
@@ -210,7 +207,7 @@ def main(argv=None):
         record.update(
             command=common.command_line("checkpoint_cost", argv),
             provenance=provenance.record(),
-            cpu=common.cpu_line(),
+            cpu=common.cpu(),
             matmul=common.matmul_rate(),
             batch=args.batch,
             steps=args.steps,

@@ -7,7 +7,8 @@ Reports keep what a person wrote. A whole-file report (`write_report`) keeps eve
 `HAND_WRITTEN` on; a report of sections (`write_section`) rewrites only the text between
 `<!-- section: NAME -->` and `<!-- end: NAME -->` and keeps everything outside the markers.
 
-    python -m benchmarks.common          # prints this machine's description (CPU and tf.matmul rate)
+    python -m benchmarks.common                  # prints this machine's description (CPU and tf.matmul rate)
+    python -m benchmarks.common --machine_line   # only the line a report names (install/*.sh use it)
 """
 
 import contextlib
@@ -31,6 +32,10 @@ EMULATED_CLUSTER = os.path.join(REPO, "launch", "emulated_cluster.sh")
 
 # CPU flags that decide training speed here (/proc/cpuinfo): AVX-512, native bfloat16, AMX tiles.
 CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
+# What a report says of a figure its run did not record (tests/test_results_files.py looks for it).
+NOT_RECORDED = "not recorded for this run"
+# ... and of a git SHA ending in "-dirty": no commit holds the code that ran.
+DIRTY = f"uncommitted changes when it ran: its exact source {NOT_RECORDED}"
 # The line from which a whole-file report's text is a person's and survives a regeneration.
 HAND_WRITTEN = "<!-- written by hand from here on: kept when the file is regenerated -->"
 
@@ -65,15 +70,10 @@ def cpu(cpuinfo_path="/proc/cpuinfo"):
     return {"model": model, **ident, "flags": have, "name": name, "key": f"{key}, flags {flag_hash}"}
 
 
-def cpu_line():
-    """ "<model name>; bf16/AMX flags: ..." for a report's line of provenance."""
-    c = cpu()
-    return f"{c['model']}; bf16/AMX flags: {', '.join(c['flags']) or 'none'}"
-
-
 def matmul_rate(size=4096, repeats=5):
-    """GFLOP/s of `tf.matmul` on (size, size) operands, {"float32": ..., "bfloat16": ...} (best of `repeats`,
-    2 size^3 FLOPs per product), measured in a fresh process so the caller's threads do not share it."""
+    """GFLOP/s of `tf.matmul` on (size, size) operands, {"float32": ..., "bfloat16": ..., "size": size} (best
+    of `repeats`, 2 size^3 FLOPs per product), measured in a fresh process so the caller's threads do not
+    share it. Every report names the rate of its own run through `machine` or `describe`."""
     result = run(worker_command("common", "--matmul", str(size), "--repeats", str(repeats)), timeout=600)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -97,17 +97,79 @@ def _matmul_worker(size, repeats):
     print(json.dumps({**rates, "size": size}))
 
 
-def machine(matmul=None):
-    """One line: CPU model, cores, memory, OS (hvd_lars.training.provenance.machine), the bf16/AMX flags
-    and, when `matmul` (a `matmul_rate` dict) is given, the tf.matmul rate."""
-    c = cpu()
-    line = f"{provenance.machine()}; CPU flags: {', '.join(c['flags']) or 'none of ' + ', '.join(CPU_FLAGS)}"
-    if matmul:
-        line += (
-            f"; tf.matmul {matmul['size']}^2: {matmul['float32']:.0f} GFLOP/s float32, "
-            f"{matmul['bfloat16']:.0f} bfloat16"
+def cpu_identity(c):
+    """ "GenuineIntel family 6 model 207 stepping 2" of a `cpu()` dict (/proc/cpuinfo's vendor_id, cpu
+    family, model, stepping); None for a record made before `cpu()` kept them (a dict without "vendor", or
+    a string)."""
+    if isinstance(c, dict) and c.get("vendor"):
+        return f"{c['vendor']} family {c['family']} model {c['model_number']} stepping {c['stepping']}"
+    return None
+
+
+def cpu_text(c, host=None):
+    """A CPU as a report names it, from a `cpu()` dict: "<model name>; CPU: <cpu_identity>; CPU flags: ...",
+    `host` (hvd_lars.training.provenance.machine's line, which begins with the model name) in place of the
+    model name where given. From an older record (a dict without the identity, or a string such as
+    "<model name>; bf16/AMX flags: ...") it is what the record holds, then "CPU vendor, family and model
+    NOT_RECORDED"."""
+    if isinstance(c, dict):
+        flags = ", ".join(c.get("flags", [])) or "none of " + ", ".join(CPU_FLAGS)
+        identity = cpu_identity(c)
+        head = host or c.get("model", "unknown")
+        if identity:
+            return f"{head}; CPU: {identity}; CPU flags: {flags}"
+        return f"{head}; CPU flags: {flags}; CPU vendor, family and model {NOT_RECORDED}"
+    head = f"{host}; {c}" if host else str(c)
+    return f"{head}; CPU vendor, family and model {NOT_RECORDED}"
+
+
+def matmul_text(matmul):
+    """ "tf.matmul 4096^2: 404 GFLOP/s float32, 726 bfloat16" of a `matmul_rate` dict (without the size
+    where the record lacks it); for a record made without a rate (None, {}), "tf.matmul rate NOT_RECORDED"."""
+    if not matmul:
+        return f"tf.matmul rate {NOT_RECORDED}"
+    size = f" {matmul['size']}^2" if matmul.get("size") else ""  # records made before 2026-12-01 lack it
+    return f"tf.matmul{size}: {matmul['float32']:.0f} GFLOP/s float32, {matmul['bfloat16']:.0f} bfloat16"
+
+
+def describe(c, matmul, host=None):
+    """The machine of a recorded run in one line: `cpu_text(c, host)`, then `matmul_text(matmul)`. What the
+    record lacks is said to be NOT_RECORDED, never filled in."""
+    if isinstance(c, str) and "tf.matmul" in c and not matmul:
+        return cpu_text(c, host)  # a string that holds its rate (benchmarks/scaling.py's, 2026-12-01/03)
+    return f"{cpu_text(c, host)}; {matmul_text(matmul)}"
+
+
+def machine(matmul):
+    """This machine in one line (`describe` of `cpu()` and hvd_lars.training.provenance.machine()) with the
+    tf.matmul rate `matmul` (a `matmul_rate` dict, measured in this run).
+
+    Raises:
+        ValueError: `matmul` is empty: a report names the rate of its own run, so the caller measures it.
+    """
+    if not matmul:
+        raise ValueError(f"machine: matmul={matmul!r}; pass this run's common.matmul_rate()")
+    return describe(cpu(), matmul, provenance.machine())
+
+
+def sha_text(sha):
+    """A git SHA for a report, in backticks; one with "-dirty" (or a list holding one) is followed by
+    "(DIRTY)"."""
+    return f"`{sha}` ({DIRTY})" if "-dirty" in sha else f"`{sha}`"
+
+
+def git_sha():
+    """This checkout's commit (hvd_lars.training.provenance.git_sha), "-dirty" when the tree has uncommitted
+    changes; then a warning on stderr: a report of a dirty tree does not name the code that made it
+    (tests/test_results_files.py refuses such a report in results/), so commit and run again."""
+    sha = provenance.git_sha(REPO)
+    if sha.endswith("-dirty"):
+        print(
+            f"[benchmarks] warning: git SHA {sha}: uncommitted changes; commit, then run again for a report "
+            "for results/",
+            file=sys.stderr,
         )
-    return line
+    return sha
 
 
 # --------------------------------------------------------------------------------------------- workers
@@ -236,13 +298,51 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def provenance_lines(command, matmul=None):
-    """Markdown list items: the command (run from the repository root), git SHA, date and machine."""
-    return [
+def provenance_lines(command, matmul, raw=None):
+    """Markdown list items: the command (run from the repository root), git SHA, date and machine (the
+    CPU's model name, identity and flags, cores, memory, OS, and `matmul`, this run's `matmul_rate()`),
+    and where the run's raw data is (`raw`, a path; see `data_path`) if it has any."""
+    lines = [
         f"- Command (from the repository root): `{command}`",
-        f"- Git SHA: `{provenance.git_sha(REPO)}`; date (UTC): {now()}",
+        f"- Git SHA: {sha_text(git_sha())}; date (UTC): {now()}",
         f"- Machine: {machine(matmul)}",
     ]
+    if raw:
+        lines.append(f"- Raw data: `{os.path.relpath(os.path.abspath(raw), REPO)}`")
+    return lines
+
+
+# The CPU identity a report's line names (cpu_identity), for `legacy_provenance`.
+_IDENTITY = re.compile(r"\b[A-Za-z]+ family \d+ model \d+")
+
+
+def legacy_provenance(lines):
+    """Provenance lines stored before issue 36 (by `provenance_lines`, in a record's JSON), with what their
+    run did not record said to be NOT_RECORDED: a "-dirty" SHA is followed by "(DIRTY)", a machine line
+    without the CPU's identity or the tf.matmul rate gets "CPU vendor, family and model NOT_RECORDED" and
+    "tf.matmul rate NOT_RECORDED". Lines that have them come back unchanged."""
+    out = []
+    for line in lines:
+        if "-dirty" in line and DIRTY not in line:
+            line = re.sub(r"([0-9a-f]{40}-dirty`?)", rf"\1 ({DIRTY})", line)
+        if line.startswith("- Machine:"):
+            if not _IDENTITY.search(line):
+                line += f"; CPU vendor, family and model {NOT_RECORDED}"
+            if "tf.matmul" not in line:
+                line += f"; tf.matmul rate {NOT_RECORDED}"
+        out.append(line)
+    return out
+
+
+def data_path(report, ext=".json"):
+    """Where the raw data of the report `report` goes (its folder made): a report at the top of results/
+    (results/NAME.md answers one question) keeps it in the question's folder, results/NAME/NAME.json; any
+    other report (a run in a question's folder, or outside results/) beside itself, <folder>/<stem>.json."""
+    folder, stem = os.path.split(os.path.splitext(os.path.abspath(report))[0])
+    if folder == os.path.abspath(RESULTS):
+        folder = os.path.join(folder, stem)
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, stem + ext)
 
 
 def hand_written(text):
@@ -296,10 +396,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matmul", type=int, default=0, help="worker: print the tf.matmul rate at this size")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--machine_line", action="store_true", help="print only this machine's line (for install/*.sh)"
+    )
     args = parser.parse_args(argv)
     if args.matmul:
         return _matmul_worker(args.matmul, args.repeats)
-    print(json.dumps(cpu(), indent=1))
+    if not args.machine_line:
+        print(json.dumps(cpu(), indent=1))
     print(machine(matmul_rate()))
 
 

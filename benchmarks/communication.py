@@ -8,11 +8,11 @@ root, with the machine to itself (nothing else running):
     python -m benchmarks.communication
 
 Writes results/communication.md and results/communication.png. Raw timings are kept in
-results/communication.json, one entry per (part, link, backend[, fusion setting]); a run measures only
-the entries missing there (--force: all it is asked for), so the work can be split into several shorter
-runs with --parts and --links (e.g. `--parts sweep --links 1gbit`); --report_only rewrites the .md and
-.png from the .json. Each measurement launches 2 ranks, one per host: horovodrun from this machine for
-MPI, `ssh node1 horovodrun --gloo` for Gloo (its rendezvous must be on the cluster network).
+results/communication/communication.json, one entry per (part, link, backend[, fusion setting]); a run
+measures only the entries missing there (--force: all it is asked for), so the work can be split into
+several shorter runs with --parts and --links (e.g. `--parts sweep --links 1gbit`); --report_only rewrites
+the .md and .png from the .json. Each measurement launches 2 ranks, one per host: horovodrun from this
+machine for MPI, `ssh node1 horovodrun --gloo` for Gloo (its rendezvous must be on the cluster network).
 """
 
 import argparse
@@ -26,11 +26,11 @@ import subprocess
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import alpha_beta, common
 
 REPO = common.REPO
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
-RAW = os.path.join(common.RESULTS, "communication.json")
+RAW = os.path.join(common.RESULTS, "communication", "communication.json")
 MD = os.path.join(common.RESULTS, "communication.md")
 PNG = os.path.join(common.RESULTS, "communication.png")
 HOROVODRUN = common.HOROVODRUN
@@ -193,6 +193,7 @@ def gradient_shapes():
 
 
 def _save(raw):
+    os.makedirs(os.path.dirname(RAW), exist_ok=True)
     tmp = RAW + ".tmp"
     with open(tmp, "w") as f:
         json.dump(raw, f, indent=1)
@@ -204,10 +205,11 @@ def measure(args, raw):
 
     stamp = {
         "command": common.command_line("communication", args.argv),
-        "git_sha": provenance.git_sha(REPO),
+        "git_sha": common.git_sha(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": common.cpu_line(),
-        "machine": common.machine(common.matmul_rate()),
+        "cpu": common.cpu(),
+        "matmul": common.matmul_rate(),
+        "machine": provenance.machine(),
         "burst_ms": BURST_MS,
     }
     if "fusion" in args.parts and "shapes" not in raw:
@@ -242,18 +244,6 @@ def measure(args, raw):
 
 
 # --- report ------------------------------------------------------------------------------------------------
-def alpha_beta(sizes, times):
-    """Fits t = alpha + n / bandwidth (n in bytes) by least squares on the relative error (every size
-    weighs alike on the log scale). Returns (alpha s, bandwidth bytes/s, max relative residual)."""
-    import numpy as np
-
-    n, t = np.asarray(sizes, float), np.asarray(times, float)
-    a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    residual = np.max(np.abs(alpha + beta * n - t) / t)
-    return float(alpha), float(1 / beta), float(residual)
-
-
 def _prose(text):
     """A paragraph written as an indented triple-quoted string, as one markdown line."""
     return " ".join(text.split())
@@ -276,8 +266,6 @@ def _size(n):
 def report(raw):
     import matplotlib
 
-    from hvd_lars.training import provenance
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
@@ -291,15 +279,18 @@ def report(raw):
     def distinct(key):
         return ", ".join(f"`{v}`" if key == "command" else v for v in sorted({e[key] for e in entries}))
 
+    # Entries measured before issue 36 hold the CPU as a string and no tf.matmul rate: `describe` says so.
+    machines = sorted({common.describe(e["cpu"], e.get("matmul"), e["machine"]) for e in entries})
+
     lines = [
         "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo, tensor fusion",
         "",
         f"- commands (as root, with the machine to itself, from the repository root): {distinct('command')}",
-        f"- git SHA: {distinct('git_sha')}",
+        f"- git SHA: {', '.join(common.sha_text(sha) for sha in sorted({e['git_sha'] for e in entries}))}",
         f"- dates: {distinct('date')}",
-        f"- CPU: {distinct('cpu')}",
-        f"- machine: {distinct('machine')}",
-        f"- this report rendered from `results/communication.json` at {provenance.git_sha(REPO)} "
+        f"- machine: {'; or '.join(machines)}",
+        f"- this report rendered from `results/communication/communication.json` at "
+        f"{common.sha_text(common.git_sha())} "
         "(`python -m benchmarks.communication --report_only`)",
         _prose(
             """
@@ -371,7 +362,7 @@ def _sweep_section(sweeps, np, plt):
                 continue
             sizes = entry["sizes"]
             medians = [statistics.median(t) for t in entry["times_s"]]
-            alpha, bandwidth, residual = alpha_beta(sizes, medians)
+            alpha, bandwidth, residual = alpha_beta.alpha_beta(sizes, medians)
             rate = LINK_RATE_BITS[link]
             configured, ratio = (f"{rate / 1e9:.0f}", f"{bandwidth * 8 / rate:.2f}") if rate else ("-", "-")
             at = dict(zip(sizes, medians))

@@ -17,13 +17,12 @@ batch begin to the last one's batch end. Reported per arm: the fastest fit's and
 seconds per update, and the ratios guard / none.
 
 Usage (from the repository root, with the machine to itself, nothing else running; about 6 minutes):
-    python -m benchmarks.fault_guard_cost       # writes results/fault_guard_cost.md
+    python -m benchmarks.fault_guard_cost       # writes results/fault_guard_cost.md (raw: its folder)
 
 `--cases=small_cnn --steps=2 --repeats=1 --raw=/tmp/fg.json --out=/tmp/fg.md` checks the script (a minute).
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -114,21 +113,15 @@ def worker(args):
 
 
 def report(args, raw, wall):
-    from hvd_lars.training import provenance
-
-    cpu = common.cpu()
     command = common.command_line("fault_guard_cost", args.argv)
-    now = datetime.datetime.now(datetime.timezone.utc)
     lines = [
         "# What the per-update fault check costs (FaultGuard, issue 13)",
         "",
-        f"- Command: `{command}` (from the repository root), {wall:.0f} s",
-        f"- Git SHA `{provenance.git_sha(REPO)}`; {now:%Y-%m-%d %H:%M} UTC; "
-        f"{common.machine(common.matmul_rate())}; CPU: {cpu['model']}",
-        f"- 2 Horovod ranks (horovodrun, Open MPI) on this machine's cores, {args.steps} timed updates per "
-        f"fit, arms alternated {args.repeats} times; synthetic data, LARS, float32; TensorFlow threads per "
-        f"rank (intra-op, inter-op) {raw.get('threads')}, as the main program sizes them. 1-minute load "
-        f"average at the end {os.getloadavg()[0]:.1f}.",
+        *common.provenance_lines(command, common.matmul_rate()),
+        f"- {wall:.0f} s; 2 Horovod ranks (horovodrun, Open MPI) on this machine's cores, {args.steps} "
+        f"timed updates per fit, arms alternated {args.repeats} times; synthetic data, LARS, float32; "
+        f"TensorFlow threads per rank (intra-op, inter-op) {raw.get('threads')}, as the main program "
+        f"sizes them. 1-minute load average at the end {os.getloadavg()[0]:.1f}.",
         "",
         "| model | per-rank batch | values checked per update | seconds per update, no check (fastest "
         "fit / median of fits) | with FaultGuard (fastest / median) | ratio of the fastest | of the "
@@ -149,7 +142,7 @@ def report(args, raw, wall):
         "Each fit's figure is the median of its updates, each timed from the first callback's batch begin "
         "to the last one's batch end (the guard's work included, the fit's start and end not: timing whole "
         "fits, an overhead of about 5 s per fit on 2 ranks swamped the updates); every figure is in "
-        "`results/fault_guard_cost.json`. The check is one "
+        f"`{os.path.relpath(args.raw, REPO)}`. The check is one "
         "pass over the variables (a `tf.function` reducing `is_finite`), the loss read from the step's logs, "
         "and one eager 2-number allreduce, which waits for Horovod's next cycle (5 ms).",
     ]
@@ -161,11 +154,12 @@ def main(argv=None):
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--raw", default=os.path.join(common.RESULTS, "fault_guard_cost.json"))
+    parser.add_argument("--raw", default=None, help="raw timings (default: common.data_path of --out)")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "fault_guard_cost.md"))
     parser.add_argument("--worker", action="store_true", help="internal: run as one of the ranks")
     args = parser.parse_args(argv)
     args.argv = argv
+    args.raw = args.raw or common.data_path(args.out)
     if args.worker:
         worker(args)
         return

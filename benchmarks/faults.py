@@ -408,14 +408,12 @@ def _earlier_rows(out, rerun):
 
 
 def report(results, args, out):
-    from hvd_lars.training import provenance
-
     command = common.command_line("faults", args.argv)
     earlier_made, earlier_rows = _earlier_rows(out, results)
     lines = [
         "# Faults on 2 Horovod ranks (issue 13)",
         "",
-        f"Rows {', '.join(results)}: made by `{command}` at git {provenance.git_sha()}, "
+        f"Rows {', '.join(results)}: made by `{command}` at git {common.sha_text(common.git_sha())}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on "
         f"{common.machine(common.matmul_rate())}; 1-minute load average at the "
         f"end {os.getloadavg()[0]:.1f} (2 cores: above 2, other work shared the machine and times to exit "

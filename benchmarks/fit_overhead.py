@@ -12,7 +12,7 @@ thread settings, ResNet-50 at 32 x 32 (8 images per rank) and the small CNN at 2
 synthetic data. Reported: the median seconds per fit call and the difference to "no guard".
 
 Usage (from the repository root, with the machine to itself; about 4 minutes):
-    python -m benchmarks.fit_overhead          # writes results/fit_overhead.md
+    python -m benchmarks.fit_overhead          # writes results/fit_overhead.md (raw: fit_overhead/)
 """
 
 import argparse
@@ -75,10 +75,11 @@ def worker(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fits", type=int, default=5)
-    parser.add_argument("--raw", default=os.path.join(common.RESULTS, "fit_overhead.json"))
+    parser.add_argument("--raw", default=None, help="raw timings (default: common.data_path of --out)")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "fit_overhead.md"))
     parser.add_argument("--worker", action="store_true", help="internal: run as one of the ranks")
     args = parser.parse_args(argv)
+    args.raw = args.raw or common.data_path(args.out)
     if args.worker:
         worker(args)
         return
@@ -96,7 +97,7 @@ def main(argv=None):
     lines = [
         "# What each model.fit call costs beyond its updates (2 Horovod ranks, issue 22)",
         "",
-        *common.provenance_lines(command, common.matmul_rate()),
+        *common.provenance_lines(command, common.matmul_rate(), args.raw),
         f"- {time.time() - start:.0f} s; 2 ranks (horovodrun, Open MPI) on this machine; {args.fits} timed "
         f"fit calls of 1 update per arm, arms interleaved; 1-minute load average at the end "
         f"{os.getloadavg()[0]:.1f}.",

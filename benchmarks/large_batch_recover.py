@@ -4,12 +4,12 @@ Those runs (small_cnn, momentum SGD and LARS at 512, 2,048 and 8,192) were made 
 run folder that was not kept, so their summaries are gone; the report's sweep table (validation top-1 and
 loss, train loss, images/s of every seed-0 run) and its chosen-rates table (validation, test top-1 and
 top-5 of every chosen run) are what is left. This writes them as the records file
-`benchmarks.large_batch_study` keeps beside its report, so that a study started again skips those runs
-instead of training them again (5.9 h) and its report still shows them. That report, as it was at commit
-52653ed (before the study grew a second network), is kept verbatim as
+`benchmarks.large_batch_study` keeps for its report (`records_path`), so that a study started again skips
+those runs instead of training them again (5.9 h) and its report still shows them. That report, as it was
+at commit 52653ed (before the study grew a second network), is kept verbatim as
 `tests/support/large_batch_study_first_report.md`. Run once, from the repository root:
 
-    python -m benchmarks.large_batch_recover --records=results/large_batch_study.json
+    python -m benchmarks.large_batch_recover     # writes results/large_batch_study/large_batch_study.json
 
 It refuses to overwrite an existing records file. Fields the tables do not give (train top-1, each run's own
 git SHA and date) are None; `source` says where each record came from.
@@ -111,13 +111,14 @@ def main(argv=None):
         help="the first report, whose tables are read",
     )
     parser.add_argument(
-        "--records",
-        default=os.path.join("results", "large_batch_study.json"),
-        help="the records file to write (refused if it exists)",
+        "--study_report",
+        default=os.path.join("results", "large_batch_study.md"),
+        help="the study's report whose records file (large_batch_study.records_path) is written; refused "
+        "if that file exists",
     )
     own = parser.parse_args(argv)
-    # The study's defaults (the grid those runs used), with its records file where --records says.
-    args = study.parse_args([f"--report={os.path.splitext(own.records)[0]}.md"])
+    # The study's defaults (the grid those runs used), with the records file of --study_report.
+    args = study.parse_args([f"--report={own.study_report}"])
     if os.path.exists(study.records_path(args)):
         raise SystemExit(f"{study.records_path(args)} exists; not overwritten.")
     inside = os.path.relpath(os.path.abspath(own.report), study.REPO)

@@ -228,8 +228,11 @@ def write(args, outcomes, attempts, networks, arms):
     os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
     plot(args, outcomes, networks, arms, png)
     records = [r for o in outcomes.values() for r in o.records]
-    cpu = common.cpu()
     shas = sorted({r["git_sha"] for r in records if r["source"] == "run directory"})
+    dirty = f" (`-dirty`: {common.DIRTY})" if any("-dirty" in s for s in shas) else ""
+    machines = {}
+    for r in records:
+        machines.setdefault(_run_machine(r), []).append(r)
     recovered = [r for r in records if r["source"] != "run directory"]
     train = args.max_train_examples or 60000 - args.validation_examples
     seconds = sum(a["seconds"] for a in attempts)
@@ -241,15 +244,17 @@ def write(args, outcomes, attempts, networks, arms):
         "- Commands (from the repository root; the same command resumes; `--networks`/`--arms` select a "
         "part, the report always covers the whole study): "
         + ", ".join(f"`{c}`" for c in commands or [args.command]),
-        f"- Git SHA of the runs in `{args.output_dir}`: {', '.join(f'`{s}`' for s in shas) or 'none yet'}; "
-        f"report written {now} (UTC) on {cpu['model']}",
+        f"- Git SHA of the runs in `{args.output_dir}`: {', '.join(f'`{s}`' for s in shas) or 'none yet'}"
+        f"{dirty}; report written {now} (UTC)",
+        "- Machines of the runs: "
+        + "; or ".join(f"{m} ({len(runs)} runs)" for m, runs in sorted(machines.items())),
         f"- Wall time: {seconds / 3600:.2f} h over {len(attempts)} run attempts in that folder (run "
         "processes from start to exit, including any time paused or shared with other work on the machine)",
     ]
     if recovered:
         lines.append(
             f"- {len(recovered)} earlier runs are known only by their records in "
-            f"`{os.path.splitext(os.path.basename(args.report))[0]}.json`: {recovered[0]['source']}"
+            f"`{os.path.relpath(common.data_path(args.report), common.REPO)}`: {recovered[0]['source']}"
         )
     lines.append("")
     scores_line = (
@@ -364,13 +369,15 @@ def write(args, outcomes, attempts, networks, arms):
     ]
     sources = {}
     for r in ordered:
-        key = (r["git_sha"], _machine(r["machine"]), r["source"])
+        key = (r["git_sha"], _run_machine(r), r["source"])
         sources.setdefault(key, []).append(r)
     for (sha, machine, source), runs in sorted(sources.items(), key=lambda item: str(item[0])):
         dates = sorted(str(r["date"])[:10] for r in runs if r["date"])
         span = f"{dates[0]} to {dates[-1]}" if dates else "not recorded"
         groups = sorted({f"{r['network']}/{r['arm']}" for r in runs})
-        lines.append(f"| `{sha}` | {machine} | {span} | {source} | {len(runs)} ({', '.join(groups)}) |")
+        lines.append(
+            f"| {common.sha_text(sha)} | {machine} | {span} | {source} | {len(runs)} ({', '.join(groups)}) |"
+        )
     common.write_report(args.report, "\n".join(lines))
 
 
@@ -379,3 +386,11 @@ def _machine(machine):
     if isinstance(machine, dict):
         return machine.get("cpu_model") or machine.get("cpu") or machine.get("hostname") or str(machine)
     return str(machine)
+
+
+def _run_machine(record):
+    """A run's machine, its CPU's identity and tf.matmul rate (`common.describe`): those the study measured
+    when it trained the run (`cpu`, `matmul`), or, for runs recorded before it did, said not recorded."""
+    if record.get("cpu"):
+        return common.describe(record["cpu"], record.get("matmul"), _machine(record["machine"]))
+    return common.describe(_machine(record["machine"]), None)

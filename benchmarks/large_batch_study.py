@@ -42,11 +42,11 @@ on the momentum arm's chosen rate at the same network and batch (so that arm mus
 first). The test set is reported only for the chosen rates.
 
 A run is done when its summary.json holds every epoch with validation and test scores, or when the records
-file beside the report (`<report>.json`) holds its record with the same settings (runs whose directories
+file of the report (`records_path`) holds its record with the same settings (runs whose directories
 are gone: the first 34 runs' records were recovered from the report's tables). A study started again skips
 done runs, resumes a half-finished one from its last checkpoint (the main program's `--resume`), and makes
 the same sweep decisions (they depend only on finished runs). After every run it rewrites the report
-(`--report`, a Markdown file, the PNG plot and the records file beside it) from what is done.
+(`--report`, a Markdown file, and the PNG plot beside it) and the records file from what is done.
 """
 
 import argparse
@@ -301,8 +301,10 @@ def check_same_run(args, cell, saved, where=None):
 
 
 def records_path(args):
-    """The records file beside the report: every finished run's record, kept when run directories go."""
-    return os.path.splitext(args.report)[0] + ".json"
+    """The records file of the report (`common.data_path`: results/large_batch_study/large_batch_study.json
+    for results/large_batch_study.md, beside any other report): every finished run's record, kept when run
+    directories go."""
+    return common.data_path(args.report)
 
 
 def load_records(args):
@@ -333,7 +335,12 @@ def finished(args, cell, store):
     if summary:
         check_same_run(args, cell, summary["config"])
         if is_complete(summary, args.epochs):
-            return _record(args, cell, summary)
+            record = _record(args, cell, summary)
+            # The machine the study measured when it trained this run is in its stored record only.
+            stored = store.get(record["run_name"], {})
+            if stored.get("date") == record["date"]:
+                record.update({k: stored[k] for k in ("cpu", "matmul") if k in stored})
+            return record
     record = store.get(run_name(args, cell))
     if record is not None:
         check_same_run(args, cell, record["settings"], where=records_path(args))
@@ -555,10 +562,18 @@ def study(args):
         large_batch_report.write(args, outcomes, _read_journal(journal), NETWORKS, ARMS)
         return outcomes
 
+    measured = {}
+
+    def machine_of_this_run():
+        """This machine's CPU and tf.matmul rate, measured once, the first time a run is trained."""
+        if not measured:
+            measured.update(cpu=common.cpu(), matmul=common.matmul_rate())
+        return measured
+
     def obtain(cell):
         record = finished(args, cell, store)
         if record is None:
-            record = _record(args, cell, run_cell(args, cell, journal))
+            record = {**_record(args, cell, run_cell(args, cell, journal)), **machine_of_this_run()}
             store[record["run_name"]] = record
             report()
         return record

@@ -1,7 +1,7 @@
 """MPI_Allreduce alone, no Horovod, MPICH and Open MPI, across 2, 4 and 8 emulated hosts (issue 22, item 3).
 
 Horovod's allreduce at p >= 4 took ~1.85x the ring bound on Open MPI's own choices, and on MPICH (Debian's
-4.0.2, ch4:ucx) 1.65x at p = 4 and hung at p >= 4 (`results/allreduce_hosts_mpich.md`). This measures the MPI
+4.0.2, ch4:ucx) 1.65x at p = 4 and hung at p >= 4 (`results/allreduce_hosts/mpich.md`). This measures the MPI
 libraries alone, to tell their part from Horovod's and to find the mechanism: benchmarks/mpi_allreduce.c,
 built with each MPI's `mpicc`, launched from node1 (the hosts cannot reach this machine's own name), one rank
 per host, under each setting below, `--launches` times each.
@@ -27,7 +27,7 @@ MPI_Finalize, its figures kept, and every process of it killed (they run on this
 Run as root from the repository root with the machine to itself, after `bash install/test_services.sh`
 (which installs MPICH beside Open MPI):
 
-    python -m benchmarks.mpi_allreduce                  # writes results/mpi_allreduce.md (+ .json)
+    python -m benchmarks.mpi_allreduce                  # results/mpi_allreduce.md, raw in its folder
     python -m benchmarks.mpi_allreduce --hosts=4 --settings=mpich,mpich_eager --launches=1 --out=/tmp/m.md
 """
 
@@ -152,12 +152,11 @@ def launch(programs, hosts, setting, sizes, repeats, finalize_s, timeout_s, ompi
     return dict(hosts=hosts, setting=setting, times_s=times, outcome=outcome, rc=rc, tail=text[-1500:])
 
 
-def report(args, sizes, link_bits, records, matmul, command):
+def report(args, sizes, link_bits, records, matmul, command, raw):
     lines = [
         "# MPICH's and Open MPI's own MPI_Allreduce across emulated hosts, no Horovod (issue 22, item 3)",
         "",
-        *common.provenance_lines(command, matmul),
-        f"- CPU: {common.cpu()['key']}",
+        *common.provenance_lines(command, matmul, raw),
         f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate}; mpi_allreduce.c "
         "built with each MPI's `mpicc -O2`, run from node1: `ssh node1 env <setting> mpiexec.mpich -launcher "
         "ssh -hosts node1:1,... -n p` (MPICH 4.0.2, ch4:ucx) or `mpirun.openmpi -H node1:1,... -np p`; "
@@ -250,10 +249,11 @@ def main(argv=None):
                         print(f"[mpi_allreduce] p={p} {setting}: x bound {shown}; {r['outcome']}")
                         records.append(r)
     command = common.command_line("mpi_allreduce", argv)
-    raw = os.path.splitext(args.out)[0] + ".json"
+    raw = common.data_path(args.out)
     with open(raw, "w") as f:
         json.dump({"command": command, "link_rate": args.link_rate, "records": records}, f, indent=1)
-    common.write_report(args.out, "\n".join(report(args, sizes, link_bits, records, matmul, command)))
+    lines = report(args, sizes, link_bits, records, matmul, command, raw)
+    common.write_report(args.out, "\n".join(lines))
     print(f"[mpi_allreduce] wrote {args.out}", flush=True)
 
 

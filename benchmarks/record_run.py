@@ -1,12 +1,31 @@
 """Writes a Markdown record of one training run from its summary.json (command, SHA, date, machine, table).
 
+summary.json names the machine by its CPU's model name (hvd_lars.training.provenance.machine); the record
+adds the CPU's identity (vendor, family, model, stepping) and its tf.matmul rate, measured here right after
+the run (`make train` runs this on the machine that trained). A summary.json from another machine gets
+neither: the record says they were not recorded for that run.
+
 Usage (from the repository root; `make train` calls it):
     python -m benchmarks.record_run results/runs/<run>/summary.json results/<name>.md "<command that ran>"
 """
 
 import sys
 
+from benchmarks import common
+from hvd_lars.training import provenance
 from hvd_lars.training.strict_json import read as read_json
+
+
+def machine_line(summary_machine):
+    """The record's machine: `common.describe` of this machine with its tf.matmul rate when summary.json's
+    machine line is this machine's; else summary.json's line, the rest said to be not recorded."""
+    if summary_machine == provenance.machine():
+        line = common.describe(common.cpu(), common.matmul_rate(), summary_machine)
+        return f"{line} (tf.matmul measured by benchmarks/record_run.py right after the run)"
+    return (
+        f"{summary_machine}; CPU vendor, family and model {common.NOT_RECORDED}; tf.matmul rate "
+        f"{common.NOT_RECORDED} (this record was written on another machine)"
+    )
 
 
 def main(summary_path, out_path, command):
@@ -15,8 +34,8 @@ def main(summary_path, out_path, command):
         f"# {s['run_name']}",
         "",
         f"- Command: `{command}`",
-        f"- Git SHA: `{s['git_sha']}`; date (UTC): {s['date']}",
-        f"- Machine: {s['machine']}",
+        f"- Git SHA: {common.sha_text(s['git_sha'])}; date (UTC): {s['date']}",
+        f"- Machine: {machine_line(s['machine'])}",
         f"- Software: Python {s['python']}, TensorFlow {s['tensorflow']}, Keras {s['keras']}, "
         f"Horovod {s['horovod']}",
         f"- World size {s['world_size']}, global batch {s['global_batch_size']}, per-rank batch "

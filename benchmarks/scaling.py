@@ -24,6 +24,7 @@ root: they bring up the emulated cluster, launch/emulated_cluster.sh, and take i
     python -m benchmarks.scaling overlap_compression --local   # 2 ranks here, no shaping, no root
     python -m benchmarks.scaling threads                       # no root
     python -m benchmarks.scaling threads --report_only         # the section from the JSON (seconds)
+    python -m benchmarks.scaling overlap_compression --report_only   # from every link's JSON (seconds)
 """
 
 import argparse
@@ -208,14 +209,16 @@ def _run_together(commands, env, timeout=1200):
             raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
 
 
-def _machine():
-    """The CPU line of a record: model, bf16/AMX flags and the tf.matmul rate."""
-    m = common.matmul_rate()
-    return f"{common.cpu_line()}; tf.matmul {m['size']}^2 {m['float32']:.0f} GFLOP/s float32"
+def _machine(run):
+    """The machine of a run's record for its section: `common.describe` of its CPU (a `common.cpu()` dict;
+    a string in records made before issue 36) and its tf.matmul rate (absent from those records)."""
+    return common.describe(run["cpu"], run.get("matmul"), run["provenance"]["machine"])
 
 
 def overlap_compression(args):
     """Section `overlap_compression`: see the module docstring."""
+    if args.report_only:
+        return write_section("overlap_compression", _overlap_compression_markdown(), args.out)
     from hvd_lars.training import provenance
 
     label = "local" if args.local else args.link_rate
@@ -286,7 +289,8 @@ def overlap_compression(args):
         "label": label,
         "command": common.command_line("scaling", args.argv),
         "provenance": provenance.record(),
-        "cpu": _machine(),
+        "cpu": common.cpu(),
+        "matmul": common.matmul_rate(),
         "hosts": hosts,
         "link": link,
         "horovod_settings": f"HOROVOD_CYCLE_TIME={args.cycle_time_ms} ms, Open MPI mpi_yield_when_idle=1",
@@ -299,7 +303,7 @@ def overlap_compression(args):
         json.dump(record, f, indent=1)
     for path in (compute_json, busy_json, busy_json + ".core1", ranks_json):
         os.remove(path)
-    write_section("overlap_compression", _overlap_compression_markdown())
+    write_section("overlap_compression", _overlap_compression_markdown(), args.out)
 
 
 def _mean(xs):
@@ -329,7 +333,7 @@ def _overlap_compression_markdown():
         "one core with Horovod's background thread, which negotiates in blocking MPI calls every cycle: the",
         "runs use a 5 ms cycle (Horovod's default before 0.21; now 1 ms) and MPI yielding while it waits, so",
         "that this polling does not take the core from the step (issue 11 item 3 measures that cost).",
-        "Raw figures: `results/scaling/overlap_compression_<link>.json`.",
+        "Raw figures: `results/scaling/overlap_compression_*.json` (one per link).",
         "",
     ]
     for run in runs:
@@ -337,9 +341,10 @@ def _overlap_compression_markdown():
         lines += [
             f"### {run['label']}: {run['link']}",
             "",
-            f"`{run['command']}` at git {prov['git_sha'][:12]}, {prov['date']}; {run['cpu']}; hosts: "
-            f"{run['hosts']}; precision {ranks['precision']}; Horovod {prov['horovod']}, TensorFlow "
-            f"{prov['tensorflow']}; {run['horovod_settings']}; whole run {run['wall_time_s']} s.",
+            f"`{run['command']}` at git {common.sha_text(prov['git_sha'])}, {prov['date']}; "
+            f"{_machine(run)}; hosts: {run['hosts']}; precision {ranks['precision']}; Horovod "
+            f"{prov['horovod']}, TensorFlow {prov['tensorflow']}; {run['horovod_settings']}; whole run "
+            f"{run['wall_time_s']} s.",
             "",
             "| model (parameters) | per-rank batch | compute alone | compute, both busy | grouped "
             "| overlap | exposed grouped | exposed overlap | overlap / grouped |",
@@ -608,7 +613,8 @@ def threads(args):
         "label": "local",
         "command": common.command_line("scaling", args.argv),
         "provenance": provenance.record(),
-        "cpu": _machine(),
+        "cpu": common.cpu(),
+        "matmul": common.matmul_rate(),
         "model": THREADS_MODEL,
         "global_batch": THREADS_GLOBAL_BATCH,
         "warmup_steps": WARMUP_STEPS,
@@ -644,8 +650,9 @@ def _threads_markdown(record):
     lines = [
         "## 2 ranks x 1 thread against 1 rank x 2 threads (issue 11, item 3)",
         "",
-        f"`{record['command']}` at git {prov['git_sha'][:12]}, {prov['date']}; {record['cpu']}; "
-        f"TensorFlow {prov['tensorflow']}, Horovod {prov['horovod']}; whole run {record['wall_time_s']} s.",
+        f"`{record['command']}` at git {common.sha_text(prov['git_sha'])}, {prov['date']}; "
+        f"{_machine(record)}; TensorFlow {prov['tensorflow']}, Horovod {prov['horovod']}; whole run "
+        f"{record['wall_time_s']} s. Raw figures: `results/scaling/threads_local.json`.",
         "",
         f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
         "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
@@ -710,7 +717,7 @@ def main(argv=None):
     parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
     parser.add_argument("--cycle_time_ms", type=float, default=5.0, help="HOROVOD_CYCLE_TIME of the ranks")
-    parser.add_argument("--report_only", action="store_true", help="threads: section from JSON")
+    parser.add_argument("--report_only", action="store_true", help="the section from its JSON files")
     parser.add_argument("--out", default=MARKDOWN, help="the markdown file whose section is rewritten")
     args = parser.parse_args(argv)
     args.argv = argv

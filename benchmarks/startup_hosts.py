@@ -138,11 +138,12 @@ def main(argv=None):
                 total = max(m["first"] for m in runs[p][-1]["ranks"]) - runs[p][-1]["launched"]
                 print(f"[startup_hosts] p={p} repeat {repeat}: first update {total:.1f} s after launch")
     command = common.command_line("startup_hosts", argv)
+    raw = common.data_path(args.out)
     header = " | ".join(f"p={p} slowest rank | p={p} median rank" for p in ps)
     lines = [
         "# Start-up across 2, 4 and 8 emulated hosts: launch to the first update (issue 22, item 8)",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, raw),
         f"- `{' '.join(flags)}`, 1 rank per host (Open MPI via horovodrun), links {args.link_rate}; "
         f"{args.repeats} launches per p, p alternated; each cell the median over launches of the slowest "
         "(or the median) rank's seconds in that phase, counted from the end of the phase before.",
@@ -165,7 +166,7 @@ def main(argv=None):
         totals.append(f"**{first:.2f}** | ")
     lines.append(f"| launch -> first update of every rank | {' | '.join(totals)} |")
     common.write_report(args.out, "\n".join(lines))
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+    with open(raw, "w") as f:
         json.dump({"command": command, "runs": {str(p): runs[p] for p in ps}}, f, indent=1)
     print(f"[startup_hosts] wrote {args.out}")
 

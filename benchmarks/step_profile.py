@@ -23,9 +23,13 @@ the convolutions and matmuls their GFLOP/s against `tf.matmul` in the same run (
 mean over the profiled steps.
 
     python -m benchmarks.step_profile                         # results/step_profile.md (about 5 minutes)
-    python -m benchmarks.step_profile --precision=mixed_bfloat16 --out=results/step_profile_bfloat16.md
-    python -m benchmarks.step_profile --inter_op_threads=1 --out=results/step_profile_inter_op_1.md
+    python -m benchmarks.step_profile --precision=mixed_bfloat16 --out=results/step_profile/bfloat16.md
+    python -m benchmarks.step_profile --inter_op_threads=1 --out=results/step_profile/inter_op_1.md
     python -m benchmarks.step_profile --wall_only=0,1 --out=results/step_threads.md   # no profiler
+
+Each report's raw data goes to common.data_path of --out (results/step_profile/step_profile.json for the
+first; beside any other); a run in another precision, thread setting or on another CPU goes into the
+question's folder, results/step_profile/, and results/step_profile.md links it.
 
 `--inter_op_threads` and `--intra_op_threads` set TensorFlow's thread pools in both processes (0:
 TensorFlow's own choice, one thread per core for each pool). With 1 inter-op thread ops run one at a time,
@@ -147,12 +151,12 @@ def _threads(n):
     return str(n) if n else "TensorFlow's choice"
 
 
-def markdown(results, matmul, command, precision, inter_op=0, intra_op=0):
+def markdown(results, matmul, command, precision, inter_op=0, intra_op=0, raw=None):
     threads = f"inter-op threads {_threads(inter_op)}, intra-op threads {_threads(intra_op)}"
     lines = [
         f"# Where ResNet-50's training step goes on this CPU ({precision}, batch 32): ours and plain Keras",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, raw),
         f"- {WARMUP_STEPS} steps of `fit` left out, then {PROFILED_STEPS} under TensorFlow's profiler; op "
         "durations summed per category (ops run at once on two inter-op threads both count, so a sum can "
         f"exceed the step). Threads: {threads}.",
@@ -208,11 +212,12 @@ def wall_times(args, inter_ops, argv):
                 median = statistics.median(rows[-1]["steps_ms"])
                 print(f"[step_profile] {kind}, inter-op {inter_op}: {median:.0f} ms/step", flush=True)
     command = common.command_line("step_profile", argv)
+    raw = common.data_path(args.out)
     lines = [
         f"# ResNet-50's training step against TensorFlow's inter-op threads ({args.precision}, batch 32), "
         "without the profiler",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, raw),
         f"- {WARMUP_STEPS} steps of `fit` left out, then {WALL_STEPS} timed one by one; intra-op threads "
         f"{_threads(args.intra_op_threads)}.",
         "",
@@ -227,7 +232,7 @@ def wall_times(args, inter_ops, argv):
             f"{min(row['steps_ms']):.0f}-{max(row['steps_ms']):.0f} | {32e3 / median:.2f} |"
         )
     common.write_report(args.out, "\n".join(lines))
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+    with open(raw, "w") as f:
         json.dump({"command": command, "results": rows}, f, indent=1)
     print(f"[step_profile] wrote {args.out}")
 
@@ -283,8 +288,10 @@ def main(argv=None):
                 results.append(json.load(f))
             print(f"[step_profile] {kind}: {results[-1]['step_ms']:.0f} ms/step", flush=True)
     command = common.command_line("step_profile", argv)
-    common.write_report(args.out, "\n".join(markdown(results, matmul, command, args.precision, *threads)))
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+    raw = common.data_path(args.out)
+    lines = markdown(results, matmul, command, args.precision, *threads, raw=raw)
+    common.write_report(args.out, "\n".join(lines))
+    with open(raw, "w") as f:
         json.dump({"command": command, "results": results}, f, indent=1)
     print(f"[step_profile] wrote {args.out}")
 

@@ -19,12 +19,15 @@ rate in the same precision (measured at the start and the end, best) and the min
 (the cost the allocators are meant to remove). A setting whose library is not installed is reported as
 such, not run.
 
-Writes results/step_settings.json and .md (the hand-written reading after the marker is kept).
+Writes results/step_settings.md (the hand-written reading after the marker is kept) and its raw data,
+results/step_settings/step_settings.json (common.data_path of --out: beside any other report). A run of other
+settings, rounds or precision goes into the question's folder, results/step_settings/, and
+results/step_settings.md links it.
 
     python -m benchmarks.step_settings                    # about 20 minutes, the machine to itself
     python -m benchmarks.step_settings --settings=default,jemalloc --rounds=1
     python -m benchmarks.step_settings --settings=default,tf_bfc --rounds=4 --precision=mixed_bfloat16 \
-        --json=results/step_settings_bfloat16.json --out=results/step_settings_bfloat16.md
+        --out=results/step_settings/bfloat16.md
 """
 
 import argparse
@@ -53,7 +56,6 @@ MATMUL_DTYPE = {
     "float32": "float32",
     "mixed_bfloat16": "bfloat16",
 }  # the tf.matmul rate a precision is held to
-JSON = os.path.join(common.RESULTS, "step_settings.json")
 MARKDOWN = os.path.join(common.RESULTS, "step_settings.md")
 
 
@@ -112,14 +114,19 @@ def rows(record):
     return out
 
 
-def report(record, markdown):
+def report(record, markdown, raw=None):
+    """Writes `markdown` from `record` (its raw data at `raw`, default common.data_path(markdown))."""
+    raw = raw or common.data_path(markdown)
     precision = record.get("precision", "float32")
     dtype = MATMUL_DTYPE[precision]
+    provenance = common.legacy_provenance(record["provenance"])
+    if not any(line.startswith("- Raw data:") for line in provenance):  # records made before issue 36
+        provenance.append(f"- Raw data: `{os.path.relpath(os.path.abspath(raw), common.REPO)}`")
     lines = [
         f"# Process-wide settings against ResNet-50's {precision} training step on this CPU "
         "(issue 22, item 7)",
         "",
-        *record["provenance"],
+        *provenance,
         f"- hvd_lars's ResNet-50 v1.5 + DistributedOptimizer(LARS), batch {benchmark_models.BATCH}, "
         f"{precision}, "
         f"{benchmark_models.WARMUP_STEPS} steps of `fit` left out then {benchmark_models.TIMED_STEPS} timed; "
@@ -151,13 +158,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2, help="times every setting runs, in turn")
     parser.add_argument("--precision", default="float32", choices=tuple(MATMUL_DTYPE))
     parser.add_argument("--timeout", type=int, default=900, help="seconds per worker process")
-    parser.add_argument("--json", default=JSON)
+    parser.add_argument("--json", default=None, help="raw data (default: common.data_path of --out)")
     parser.add_argument("--out", default=MARKDOWN)
     parser.add_argument("--report_only", action="store_true", help="the markdown from --json")
     args = parser.parse_args(argv)
+    args.json = args.json or common.data_path(args.out)
     if args.report_only:
         with open(args.json) as f:
-            return report(json.load(f), args.out)
+            return report(json.load(f), args.out, args.json)
     try:
         names = parse_settings(args.settings)
     except ValueError as e:
@@ -173,10 +181,10 @@ def main(argv=None):
         **measure(names, args.rounds, args.timeout, args.precision),
     }
     record["wall_time_s"] = round(time.time() - started)
-    record["provenance"] = common.provenance_lines(record["command"], record["matmul"][-1])
+    record["provenance"] = common.provenance_lines(record["command"], record["matmul"][-1], args.json)
     with open(args.json, "w") as f:
         json.dump(record, f, indent=1)
-    report(record, args.out)
+    report(record, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -204,11 +204,11 @@ def combine(p, outputs, link_bits):
     return rows
 
 
-def report(args, rows, matmul, command):
+def report(args, rows, matmul, command, raw=None):
     lines = [
         "# Plain TCP rings across emulated hosts: what the links carry without MPI (issue 22, item 3)",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, raw),
         f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate} (tc tbf, both directions, "
         "a token bucket as deep as the row says, in ms at the rate, at least 64 KiB); one "
         "process per host; host k sends to k + 1 and receives from k - 1 at once over TCP. `stream`: one "
@@ -274,9 +274,10 @@ def main(argv=None):
                           f"{r['median_s']:.4f} s ({r['ratio']:.2f}x the bound)", flush=True)  # fmt: skip
                 rows += new
     command = common.command_line("tcp_ring", argv)
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+    raw = common.data_path(args.out)
+    with open(raw, "w") as f:
         json.dump({"command": command, "link_rate": args.link_rate, "rows": rows}, f, indent=1)
-    common.write_report(args.out, "\n".join(report(args, rows, matmul, command)))
+    common.write_report(args.out, "\n".join(report(args, rows, matmul, command, raw)))
     print(f"[tcp_ring] wrote {args.out}", flush=True)
 
 

@@ -15,9 +15,9 @@ the target the fraction of peak it reaches here of the best rate any kernel reac
 (4): n = the float32 gradient bytes, fused by Horovod into m = ceil(n / 128 MiB) messages (its default
 fusion buffer). Both link inputs come from the allreduces benchmarks/allreduce_hosts.py timed at 2, 4 and 8
 emulated hosts (1 rank per host, shaped links) under the settings hvd_lars.main runs every rank with
-(results/allreduce_hosts.json, variant "main": the allreduce rules file, MPI yielding, a 5 ms Horovod
-cycle; `hosts_fit`). alpha = Horovod's cost per fused message (its background cycle and negotiation, per
-fused message, not per tensor: 161 separate requests cost the same as one grouped allreduce at p = 2-8,
+(results/allreduce_hosts/allreduce_hosts.json, variant "main": the allreduce rules file, MPI yielding, a 5 ms
+Horovod cycle; `hosts_fit`). alpha = Horovod's cost per fused message (its background cycle and negotiation,
+per fused message, not per tensor: 161 separate requests cost the same as one grouped allreduce at p = 2-8,
 results/negotiation_hosts.md), the median time of the 1-64 KiB allreduces at p = 2, where each rank has
 a core to itself. B = the bandwidth a rank's ring edge reaches as a share of the link's rate, one fit of
 t = c_p + 2 (p - 1)/p x S / B to the allreduces of 1 MiB and more at every p (the sizes of fused
@@ -25,7 +25,8 @@ gradients), times 100 Gbit/s for the paper's Omni-Path; lambda = one hop's laten
 Omni-Path. The small-message time grows with p on the emulated hosts, where from p = 4 on ranks outnumber
 the 2 cores; carried on as 2 (p - 1) lambda, that growth would make one message take seconds at
 p = 2,048, so it is not taken for a property of the ring. Before issue 22 alpha and B came from 2 emulated
-hosts at Horovod's default 1 ms cycle (results/communication.json, `link_fit`); the report sets the
+hosts at Horovod's default 1 ms cycle (results/communication/communication.json, `link_fit`); the report
+sets the
 predictions of both side by side. (5): backprop is 2 of a step's 3 passes
 (hvd_lars.models.flops); `overlap` is the share of the backward time during which gradients travel, from
 the overlapped runs of results/scaling.md (section overlap_compression): calibrated on ResNet-50 at 1 Gbit/s,
@@ -52,7 +53,7 @@ import os
 import re
 import statistics
 
-from benchmarks import common
+from benchmarks import alpha_beta, common
 
 REPO = common.REPO
 RESULTS = common.RESULTS
@@ -68,7 +69,12 @@ SMALL_MESSAGES = (2**10, 2**16)  # alpha: the median time of these allreduce siz
 LARGE_MESSAGES = 2**20  # B: fitted to allreduces of at least this many bytes
 # The multi-host allreduces eq. (4) is fitted to: benchmarks/allreduce_hosts.py's variant with the settings
 # hvd_lars.main runs with, at its layouts of 1 rank per host.
-HOSTS_JSON = "allreduce_hosts.json"
+HOSTS_JSON = "allreduce_hosts/allreduce_hosts.json"
+# The other inputs, under RESULTS: benchmarks/communication.py's sweeps, benchmarks/benchmark_models.py's
+# throughput records, benchmarks/scaling.py's emulated-cluster runs.
+COMMUNICATION_JSON = "communication/communication.json"
+THROUGHPUT_GLOB = "models_throughput/*.json"
+SCALING_GLOB = "scaling/overlap_compression_*.json"
 HOSTS_VARIANT = "main"
 # The CPU of the committed emulated-cluster runs (results/scaling/overlap_compression_*.json), on which
 # the model is validated; its throughput records are the model's compute rates unless --cpu names another.
@@ -202,8 +208,7 @@ def predict(
 
 
 def link_fit(sweep):
-    """(alpha s, bandwidth bytes/s) of one entry of results/communication.json's sweeps (see docstring)."""
-    from benchmarks.communication import alpha_beta
+    """(alpha s, bandwidth bytes/s) of one entry of COMMUNICATION_JSON's sweeps (see docstring)."""
 
     sizes = sweep["sizes"]
     medians = [statistics.median(t) for t in sweep["times_s"]]
@@ -211,7 +216,7 @@ def link_fit(sweep):
         m for s, m in zip(sizes, medians) if SMALL_MESSAGES[0] <= s <= SMALL_MESSAGES[1]
     )
     large = [(s, m) for s, m in zip(sizes, medians) if s >= LARGE_MESSAGES]
-    _, bandwidth, _ = alpha_beta([s for s, _ in large], [m for _, m in large])
+    _, bandwidth, _ = alpha_beta.alpha_beta([s for s, _ in large], [m for _, m in large])
     return alpha, bandwidth
 
 
@@ -219,8 +224,9 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
     """alpha and B of eq. (4) from benchmarks/allreduce_hosts.py's allreduces at 2, 4 and 8 emulated hosts.
 
     Args:
-        record: results/allreduce_hosts.json ({"link_rate", "results": [{"layout", "p", "variant", "size",
-            "median_s"}, ...]}); only `variant` at layouts of 1 rank per host ("<p>x1") is used.
+        record: results/allreduce_hosts/allreduce_hosts.json ({"link_rate", "results": [{"layout", "p",
+            "variant", "size", "median_s"}, ...]}); only `variant` at layouts of 1 rank per host ("<p>x1") is
+            used.
 
     Returns:
         dict: alpha_s, the median of the SMALL_MESSAGES allreduces at the smallest p (there every rank has
@@ -259,17 +265,8 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
 
     def fit(subset):
         """(latencies per p, 1/B, relative residuals) of t = c_p + 2 (p - 1)/p x S / B over `subset`."""
-        p = np.array([r["p"] for r in subset], float)
-        t = np.array([r["median_s"] for r in subset], float)
-        design = np.stack(
-            [(p == q).astype(float) for q in sorted(set(p))]
-            + [2 * (p - 1) / p * np.array([r["size"] for r in subset], float)],
-            1,
-        )
-        x, *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
-        if x[-1] <= 0:
-            raise ValueError(f"hosts_fit: fitted 1/B = {x[-1]:.3g} s/B at p = {sorted(set(p))}")
-        return x[:-1], float(x[-1]), np.abs(design @ x - t) / t
+        columns = ([r["p"] for r in subset], [r["size"] for r in subset], [r["median_s"] for r in subset])
+        return alpha_beta.ring_per_p(*columns)
 
     _, inverse_b, residual = fit(large)
     at = np.array([r["p"] for r in large])
@@ -306,7 +303,7 @@ def load_measurements(cpu=None):
     Raises:
         ValueError: records of several CPUs and no `cpu`, or none matching it; the message lists the CPUs.
     """
-    with open(os.path.join(RESULTS, "communication.json")) as f:
+    with open(os.path.join(RESULTS, COMMUNICATION_JSON)) as f:
         communication = json.load(f)
     links = {
         k.split("|")[1]: link_fit(v)
@@ -315,7 +312,7 @@ def load_measurements(cpu=None):
     }
     throughput = {}
     records = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "throughput", "*.json"))):
+    for path in sorted(glob.glob(os.path.join(RESULTS, THROUGHPUT_GLOB))):
         with open(path) as f:
             records.append((path, json.load(f)))
     labels = sorted({cpu_label(r) for _, r in records})
@@ -325,21 +322,23 @@ def load_measurements(cpu=None):
             raise ValueError(f"no throughput record of a CPU matching --cpu={cpu!r}; the CPUs: {labels}")
     elif len(labels) > 1:
         raise ValueError(
-            f"results/throughput/ holds records of {len(labels)} CPUs ({labels}): name one with --cpu "
-            "(the model's compute rates must all come from one CPU)"
+            f"results/{os.path.dirname(THROUGHPUT_GLOB)}/ holds records of {len(labels)} CPUs ({labels}): "
+            "name one with --cpu (the model's compute rates must all come from one CPU)"
         )
     for path, record in records:
-        matmul = max(r["gflops"]["float32"] for r in record["runs"] if r["kind"] == "matmul")
+        rates = [r["gflops"] for r in record["runs"] if r["kind"] == "matmul"]
         ours = [r for r in record["runs"] if r["kind"] == "ours" and r["precision"] == "float32"]
         throughput[record["model"]] = {
             "images_per_second": statistics.mean(r["images_per_second"] for r in ours),
-            "matmul_gflops": matmul,
+            "matmul_gflops": max(r["float32"] for r in rates),
+            # The run's tf.matmul rates for its report line (the best of its start and end, as its own).
+            "matmul": {d: max(r.get(d, 0.0) for r in rates) for d in ("float32", "bfloat16")},
             "gflop_per_image": ours[0]["train_gflop_per_image"],
             "cpu": record["cpu"],
             "source": os.path.relpath(path, REPO),
         }
     scaling = {}
-    for path in sorted(glob.glob(os.path.join(RESULTS, "scaling", "overlap_compression_*.json"))):
+    for path in sorted(glob.glob(os.path.join(RESULTS, SCALING_GLOB))):
         with open(path) as f:
             record = json.load(f)
         scaling[record["label"]] = record
@@ -431,8 +430,8 @@ def target_link(measurements, source="hosts"):
             default cycle (`link_fit`; the model before).
 
     Raises:
-        ValueError: an unknown source, or "hosts" where results/allreduce_hosts.json is missing or gives
-            no fit (`load_measurements` keeps `hosts_fit`'s reason; the message names it).
+        ValueError: an unknown source, or "hosts" where results/allreduce_hosts/allreduce_hosts.json is
+            missing or gives no fit (`load_measurements` keeps `hosts_fit`'s reason; the message names it).
     """
     if source == "2hosts":
         alpha, bandwidth_1g = measurements["links"]["1gbit"]
@@ -563,20 +562,26 @@ def _wrap_comment(text, width=110):
     return lines + [current]
 
 
-def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKDOWN):
-    from hvd_lars.training import provenance
-
+def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKDOWN, command=None):
     alpha, bandwidth, latency, share = target_link(measurements)
-    prov = provenance.record()
+    command = command or common.command_line("time_to_train", [])
     lines = [
         "# Time to train at the paper's scale: a model from this project's measurements",
         "",
-        "Rebuilt by `python -m benchmarks.time_to_train --update_flagfiles` (arithmetic on the",
-        "committed measurements; the model and its sources are in the script's docstring) at git",
-        f"{prov['git_sha'][:12]}, {prov['date']}. Inputs: `results/throughput/*.json`",
-        "(benchmarks/benchmark_models.py),",
-        "`results/communication.json`, `results/scaling/overlap_compression_*.json` (benchmarks/scaling.py),",
-        f"`results/{HOSTS_JSON}` (benchmarks/allreduce_hosts.py).",
+        f"- Command (from the repository root): `{command}` (arithmetic on the committed measurements, "
+        "seconds; the model and its sources are in the script's docstring)",
+        f"- Git SHA: {common.sha_text(common.git_sha())}; date (UTC): {common.now()}",
+        "- Machine: the figures do not depend on the machine that computes them; the compute rates (eq. 3) "
+        "are those of "
+        + "; ".join(
+            f"{MODEL_NAMES[m]} on {common.describe(t['cpu'], t['matmul'])} (`{t['source']}`)"
+            for m, t in sorted(measurements["throughput"].items())
+        ),
+        f"- Inputs: `results/{THROUGHPUT_GLOB}` (benchmarks/benchmark_models.py), "
+        f"`results/{COMMUNICATION_JSON}` (benchmarks/communication.py), `results/{SCALING_GLOB}` "
+        f"(benchmarks/scaling.py), `results/{HOSTS_JSON}` (benchmarks/allreduce_hosts.py); each report "
+        "(`results/models_throughput.md`, `results/communication.md`, `results/scaling.md`, "
+        "`results/allreduce_hosts.md`) names the machine of its runs.",
         "",
         "## Inputs",
         "",
@@ -729,7 +734,7 @@ def changes(measurements, predicted, before):
         "",
         f"Before: alpha {a_old * 1e3:.2f} ms and B {share_old:.2f} of the link, from 2 emulated hosts at "
         "1 Gbit/s under Horovod's default",
-        f"cycle (results/communication.json). Now: alpha {a_new * 1e3:.2f} ms and B {share_new:.2f}, "
+        f"cycle (results/{COMMUNICATION_JSON}). Now: alpha {a_new * 1e3:.2f} ms and B {share_new:.2f}, "
         "as above.",
         "",
         "| model | sockets | global batch | allreduce before | allreduce now | step before | step now "
@@ -820,7 +825,7 @@ def main(argv=None):
     missing = [m for m in MODEL_NAMES if m not in measurements["throughput"]]
     if missing:
         raise SystemExit(
-            f"results/throughput/ has no measurement of {missing}: "
+            f"results/{os.path.dirname(THROUGHPUT_GLOB)}/ has no measurement of {missing}: "
             "run python -m benchmarks.benchmark_models first"
         )
     try:
@@ -833,7 +838,8 @@ def main(argv=None):
     predicted = predictions(measurements, grads, overlap)
     before = predictions(measurements, grads, overlap, source="2hosts")
     plot(measurements, grads, overlap, os.path.splitext(args.out)[0] + ".png")
-    report(measurements, grads, rows, overlap, predicted, before, args.out)
+    command = common.command_line("time_to_train", argv)
+    report(measurements, grads, rows, overlap, predicted, before, args.out, command)
     if args.update_flagfiles:
         update_flagfiles(measurements, grads, overlap)
 

@@ -37,6 +37,10 @@ as its step to compute (about 1:1 at p = 2, up to 2-3:1 at p = 8, where 4 ranks 
 ResNet-50's and AlexNet-BN's do at the paper's per-socket batch on Omni-Path (results/time_to_train.md).
 
     python -m benchmarks.validation_hosts        # as root, the machine to itself; results/validation_hosts.md
+
+Its raw data goes to results/validation_hosts/validation_hosts.json (common.data_path of --out); a run kept
+beside the current one (another CPU, link rate or fit) goes into results/validation_hosts/, and
+results/validation_hosts.md links it.
 """
 
 import argparse
@@ -49,7 +53,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import allreduce_hosts, common, scaling
+from benchmarks import allreduce_hosts, alpha_beta, common, scaling
 
 MODEL, IMAGE_SIZE, CLASSES = "resnet20", 32, 10
 # The link rate: "auto" (the default) picks it on the CPU at hand, since compute is what differs between
@@ -68,8 +72,9 @@ WARMUP_STEPS, TIMED_STEPS = 10, 30
 # Eq. 4's fit: alpha from 1 KiB, beta from 4 and 16 MiB. Each timed allreduce follows a barrier, so the
 # emulated link's token bucket (LINK_BURST_MS, 175 KB at 140 Mbit/s with 10 ms) is full when it starts and
 # passes that much at memory speed, which a real link does not: with 256 KiB and 1 MiB in the fit, beta
-# came out 1.33-1.38x the link's payload rate at p = 2 (results/validation_hosts_earlier/
-# amd_epyc_family26_140mbit_fit_from_256kib*.md; results/allreduce_p2_140mbit_bucket_*.md). From 4 MiB
+# came out 1.33-1.38x the link's payload rate at p = 2 (results/validation_hosts/earlier/
+# amd_epyc_family26_140mbit_fit_from_256kib*.md; results/validation_hosts/allreduce_p2_140mbit_bucket_*.md).
+# From 4 MiB
 # the bucket is at most about 5% of an allreduce (p = 2, 160 Mbit/s), less at larger p and for 16 MiB.
 FIT_SIZES_MIB = "0.0009765625,4,16"
 ERROR_GOAL = 0.15
@@ -418,7 +423,7 @@ def main(argv=None):
                 parts = split_parts(ranks(p, args.per_rank_batch, scratch, env, role="split")["split"])
             fit = allreduce_hosts.launch("main", (p, 1), fit_args)
             medians = [statistics.median(t) for t in fit["times_s"]]
-            alpha, beta, _ = allreduce_hosts.fit_ring(p, fit["sizes"], medians)
+            alpha, beta, _ = alpha_beta.ring(p, fit["sizes"], medians)
             n = measured["gradient_bytes"]
             reduce = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / beta
             compute = statistics.median(busy)
@@ -445,10 +450,11 @@ def main(argv=None):
                 print(f"[validation_hosts] p={p} {mode}: predicted {predicted:.3f} s, measured {step:.3f} s, "
                       f"compute {compute:.3f} s, allreduce {reduce:.3f} s", flush=True)  # fmt: skip
     command = common.command_line("validation_hosts", argv)
+    raw = common.data_path(args.out)
     lines = [
         "# The step-time model at p = 2, 4 and 8 emulated hosts (issue 22, item 5)",
         "",
-        *common.provenance_lines(command, matmul),
+        *common.provenance_lines(command, matmul, raw),
         f"- {MODEL} ({IMAGE_SIZE}x{IMAGE_SIZE}x3, per-rank batch {args.per_rank_batch}, float32, "
         f"{measured['tensors']} gradient tensors, {measured['gradient_bytes'] / 2**20:.2f} MiB), "
         f"hvd_lars.DistributedOptimizer(LARS); 1 rank per host on core rank mod 2, links {args.link_rate} "
@@ -508,7 +514,7 @@ def main(argv=None):
             f"{r['compute_s']:.3f} | {r['reduce_only_s']:.3f} |"
         )
     common.write_report(args.out, "\n".join(lines))
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+    with open(raw, "w") as f:
         json.dump(
             {"command": command, "burst_ms": args.burst_ms, "overlap_share": share, "rows": rows}, f, indent=1
         )

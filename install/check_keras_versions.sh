@@ -34,8 +34,12 @@ done
 {
   echo "# The unit tier against each Keras release"
   echo
-  echo "Command: \`bash install/check_keras_versions.sh $*\`, git $(git -C "$ROOT" rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC')."
-  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') (vendor $(grep -m1 vendor_id /proc/cpuinfo | cut -d: -f2 | tr -d ' '), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(nproc) cores; TensorFlow $("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))'); the rate of tf.matmul does not bear on these results (pass or fail only)."
+  # -dirty: the tests ran on uncommitted changes, which no commit holds (tests/test_results_files.py refuses it).
+  dirty="$(git -C "$ROOT" status --porcelain --untracked-files=no | grep -q . && echo -dirty || true)"
+  echo "Command: \`bash install/check_keras_versions.sh $*\`, git $(git -C "$ROOT" rev-parse HEAD)$dirty, $(date -u '+%Y-%m-%d %H:%M UTC')."
+  # The CPU's identity and the tf.matmul rate through the one helper every benchmark's report uses (the
+  # rate does not bear on these results, pass or fail only; every record in results/ names it).
+  echo "Machine: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m benchmarks.common --machine_line 2>/dev/null); TensorFlow $("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')."
   echo
   echo "| Keras | unit tier | pytest's summary | tests that failed |"
   echo "|---|---|---|---|"

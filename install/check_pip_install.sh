@@ -138,7 +138,9 @@ elapsed=$(( $(date +%s) - started ))
   echo "# pip install . into a fresh environment with TensorFlow"
   echo
   echo "Command: \`bash install/check_pip_install.sh\` (this script), git $(git -C "$ROOT" rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'), $elapsed s."
-  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $("$PYTHON" --version 2>&1); environment made with \`python -m venv\` (no system site packages), then \`pip install $TF_SPEC\`."
+  # The CPU's identity and the tf.matmul rate through the one helper every benchmark's report uses.
+  echo "Machine: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$PROJECT_PY" -m benchmarks.common --machine_line 2>/dev/null)"
+  echo "Environment: $("$PYTHON" --version 2>&1), made with \`python -m venv\` (no system site packages), then \`pip install $TF_SPEC\`."
   echo
   cat "$LOG"
 } > "$OUT"

@@ -6,13 +6,13 @@ import pytest
 
 @pytest.mark.unit
 def test_allreduce_fit_recovers_the_ring_terms_and_layouts_are_checked():
-    from benchmarks import allreduce_hosts
+    from benchmarks import allreduce_hosts, alpha_beta
 
     # p = 4: 2(p - 1) = 6 ring steps of 1 ms, and 2(p - 1)/p = 1.5 x S at 25 MB/s.
     sizes = [1024, 2**20, 16 * 2**20]
     times = [6e-3 + 1.5 * s / 25e6 for s in sizes]
     assert times[2] == pytest.approx(1.01263, abs=1e-5)  # 0.006 + 1.5 x 16,777,216 / 25e6
-    alpha, beta, worst = allreduce_hosts.fit_ring(4, sizes, times)
+    alpha, beta, worst = alpha_beta.ring(4, sizes, times)
     assert alpha == pytest.approx(1e-3, rel=1e-9) and beta == pytest.approx(25e6, rel=1e-9)
     assert worst < 1e-9
     # 200 Mbit/s at 0.9 payload: 16 MiB over 4 ranks takes 1.5 x 16 MiB x 8 / 180e6 = 1.1185 s at best.
@@ -22,7 +22,7 @@ def test_allreduce_fit_recovers_the_ring_terms_and_layouts_are_checked():
         with pytest.raises(ValueError, match=bad):
             allreduce_hosts.parse_layout(bad)
     with pytest.raises(ValueError, match="2 or more"):
-        allreduce_hosts.fit_ring(4, [1024], [0.01])
+        alpha_beta.ring(4, [1024], [0.01])
 
 
 @pytest.mark.unit

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from benchmarks import common
+from hvd_lars.training import provenance
 from tests.support import REPO
 
 pytestmark = pytest.mark.horovod  # subprocesses; listing_index starts 2 Horovod ranks
@@ -26,7 +28,16 @@ def _run(*args, timeout=300):
 
 def _provenance(text, command):
     assert f"- Command (from the repository root): `python -m {command}" in text
-    assert re.search(r"- Git SHA: `[0-9a-f]{40}(-dirty)?`; date \(UTC\): 20\d\d-", text)
+    assert re.search(
+        r"- Git SHA: `[0-9a-f]{40}(-dirty` \(uncommitted changes.*?\)|`); date \(UTC\): 20\d\d-", text
+    )
+    _machine(text)
+
+
+def _machine(text):
+    """The machine line names this CPU's identity and a tf.matmul rate measured in the run."""
+    cpu = common.cpu()
+    assert f"CPU: {cpu['vendor']} family {cpu['family']} model {cpu['model_number']} stepping " in text
     rate = re.search(r"tf\.matmul 4096\^2: (\d+) GFLOP/s float32, (\d+) bfloat16", text)
     assert rate and float(rate.group(1)) > 1 and float(rate.group(2)) > 1, text[:600]
 
@@ -48,6 +59,19 @@ def test_record_run_writes_the_runs_table(tmp_path):
     text = out.read_text()
     assert "- Command: `make train`" in text and "**Final test top-1 0.9244**" in text
     assert "| 1 | 0.5000 | 0.8000 | 0.9244 | 0.9990 | 20 | 3000 |" in text
+    # A summary from another machine: its CPU's identity and rate are not measured here, and the record
+    # says so.
+    assert (
+        f"- Machine: a CPU; CPU vendor, family and model {common.NOT_RECORDED}; tf.matmul rate "
+        f"{common.NOT_RECORDED} (this record was written on another machine)"
+    ) in text
+    # A summary of this machine (make train runs record_run where it trained): both, measured here.
+    summary["machine"] = provenance.machine()
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    _run("benchmarks.record_run", str(tmp_path / "summary.json"), str(out), "make train")
+    text = out.read_text()
+    assert f"- Machine: {provenance.machine()}; CPU: " in text
+    _machine(text)
 
 
 @pytest.mark.horovod
@@ -82,7 +106,7 @@ def test_time_to_train_predicts_minutes(tmp_path):
     out = tmp_path / "time_to_train.md"
     _run("benchmarks.time_to_train", f"--out={out}")
     text = out.read_text()
-    assert "Rebuilt by `python -m benchmarks.time_to_train" in text
+    assert "- Command (from the repository root): `python -m benchmarks.time_to_train --out=" in text
     minutes = [float(m) for m in re.findall(r"\| ([\d.]+) min \|", text)]
     assert minutes and all(m > 0 for m in minutes)
     assert (tmp_path / "time_to_train.png").read_bytes()[:4] == b"\x89PNG"

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import large_batch_recover, large_batch_report
 from benchmarks import large_batch_study as study
-from benchmarks.common import HAND_WRITTEN
+from benchmarks.common import HAND_WRITTEN, NOT_RECORDED
 from tests.support import REPO
 
 
@@ -211,7 +211,15 @@ def fake_training(monkeypatch):
 
     monkeypatch.setattr(study, "run_cell", run_cell)
     monkeypatch.setattr(large_batch_report, "write", lambda *a: reports.append(a))
+    # The machine the study measures once when it trains (no subprocess in the unit tier).
+    monkeypatch.setattr(study.common, "cpu", lambda: dict(TEST_CPU))
+    monkeypatch.setattr(study.common, "matmul_rate", lambda: dict(TEST_MATMUL))
     return trained, reports
+
+
+TEST_CPU = {"model": "a test CPU", "vendor": "GenuineIntel", "family": "6", "model_number": "207",
+            "stepping": "2", "flags": ["amx_bf16"], "name": "Intel Xeon with AMX", "key": "k"}  # fmt: skip
+TEST_MATMUL = {"float32": 100.0, "bfloat16": 200.0, "size": 4096}
 
 
 @pytest.mark.unit
@@ -322,8 +330,19 @@ def test_the_report_of_a_half_done_study(tmp_path, fake_training):
     )
     assert "Reference: the better arm at the smallest batch (128) reaches 0.8910" in text
     assert "Wall time: 2.00 h over 1 run attempts" in text and "`abc123`" in text
-    provenance = "| `abc123` | a test CPU | 2026-12-01 to 2026-12-01 | run directory | 10 (small_cnn/lars, "
-    assert provenance + "small_cnn/momentum, small_cnn_nobn/momentum) |" in text
+    # The 9 runs the study trained carry the machine it measured; the one it found done does not.
+    measured = (
+        "a test CPU; CPU: GenuineIntel family 6 model 207 stepping 2; CPU flags: amx_bf16; tf.matmul "
+        "4096^2: 100 GFLOP/s float32, 200 bfloat16"
+    )
+    found = f"a test CPU; CPU vendor, family and model {NOT_RECORDED}; tf.matmul rate {NOT_RECORDED}"
+    assert f"- Machines of the runs: {found} (1 runs); or {measured} (9 runs)\n" in text
+    provenance = f"| `abc123` | {measured} | 2026-12-01 to 2026-12-01 | run directory | 9 (small_cnn/lars, "
+    assert provenance + "small_cnn/momentum) |" in text
+    assert (
+        f"| `abc123` | {found} | 2026-12-01 to 2026-12-01 | run directory | 1 (small_cnn_nobn/momentum) |"
+        in text
+    )
     assert text.endswith(f"{HAND_WRITTEN}\n## Plainly\n\nBy hand.\n") and "old\n" not in text
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -388,7 +407,7 @@ def test_the_first_reports_runs_are_recovered_from_its_tables():
     ]
     assert all(r["edge"] for r in outcome.records if r["chosen"])
     # The committed records file holds the same records (beside the runs made since).
-    with open(os.path.join(REPO, "results", "large_batch_study.json")) as f:
+    with open(os.path.join(REPO, "results", "large_batch_study", "large_batch_study.json")) as f:
         committed = {r["run_name"]: r for r in json.load(f)["records"]}
     recovered = {n: r for n, r in committed.items() if r["source"].startswith("recovered from")}
     assert len(recovered) == 34

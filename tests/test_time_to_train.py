@@ -89,8 +89,9 @@ def test_validation_calibrates_on_resnet50_at_1gbit():
 def test_throughput_records_of_one_named_cpu_are_used(tmp_path, monkeypatch):
     from benchmarks import time_to_train as ttt
 
-    (tmp_path / "throughput").mkdir()
-    (tmp_path / "communication.json").write_text("{}")
+    (tmp_path / "models_throughput").mkdir()
+    (tmp_path / "communication").mkdir()
+    (tmp_path / "communication" / "communication.json").write_text("{}")
 
     def record(name, key, rate):
         runs = [
@@ -103,7 +104,7 @@ def test_throughput_records_of_one_named_cpu_are_used(tmp_path, monkeypatch):
             },  # fmt: skip
         ]
         cpu = {"model": "AMD EPYC", "family": "AMD EPYC with AVX-512 BF16", "key": key}
-        (tmp_path / "throughput" / f"{name}.json").write_text(
+        (tmp_path / "models_throughput" / f"{name}.json").write_text(
             json.dumps({"model": "resnet50", "cpu": cpu, "runs": runs})
         )
 
@@ -183,7 +184,7 @@ def test_target_link_from_hosts_and_from_2_hosts():
     assert (alpha, share, latency) == pytest.approx((5e-3, 0.8, 1e-6))
     assert bandwidth == pytest.approx(0.8 * 100e9 / 8)  # 0.8 of Omni-Path's 100 Gbit/s
     assert ttt.target_link(measurements, "2hosts") == pytest.approx((1e-3, 0.9 * 100e9 / 8, 1e-6, 0.9))
-    with pytest.raises(ValueError, match="no results/allreduce_hosts.json"):
+    with pytest.raises(ValueError, match="no results/allreduce_hosts/allreduce_hosts.json"):
         ttt.target_link({"hosts": None, "links": {}})
     with pytest.raises(ValueError, match="source 'x'"):
         ttt.target_link(measurements, "x")
@@ -191,13 +192,16 @@ def test_target_link_from_hosts_and_from_2_hosts():
 
 @pytest.mark.unit
 def test_an_allreduce_record_with_one_p_leaves_the_rest_of_the_model_working(tmp_path, monkeypatch):
-    (tmp_path / "throughput").mkdir()
-    (tmp_path / "communication.json").write_text("{}")
-    (tmp_path / "allreduce_hosts.json").write_text(json.dumps(_hosts_record(2e7, ps=(8,))))
+    for folder in ("models_throughput", "communication", "allreduce_hosts"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "communication" / "communication.json").write_text("{}")
+    (tmp_path / "allreduce_hosts" / "allreduce_hosts.json").write_text(
+        json.dumps(_hosts_record(2e7, ps=(8,)))
+    )
     monkeypatch.setattr(ttt, "RESULTS", str(tmp_path))
     measurements = ttt.load_measurements()  # validation_hosts reads the overlap share through this
     assert measurements["hosts"] is None
     with pytest.raises(ValueError, match=r"allreduce_hosts.json gives no fit: .*at p = \[8\]; 2 or more p"):
         ttt.target_link(measurements)
-    (tmp_path / "allreduce_hosts.json").write_text(json.dumps(_hosts_record(2e7)))
+    (tmp_path / "allreduce_hosts" / "allreduce_hosts.json").write_text(json.dumps(_hosts_record(2e7)))
     assert ttt.load_measurements()["hosts"]["share"] == pytest.approx(0.8)

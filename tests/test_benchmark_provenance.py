@@ -1,0 +1,109 @@
+"""What a benchmark's report says of its run (benchmarks.common): the CPU's identity and the tf.matmul rate
+of that run, what an older record did not keep said to be not recorded, and where the raw data goes."""
+
+import os
+
+import pytest
+
+from benchmarks import common
+
+CPU = {"model": "AMD EPYC", "vendor": "AuthenticAMD", "family": "26", "model_number": "2", "stepping": "1",
+       "flags": ["avx512f", "avx512_bf16"], "name": "AMD EPYC with AVX-512 BF16", "key": "k"}  # fmt: skip
+MATMUL = {"float32": 404.4, "bfloat16": 725.9, "size": 4096}
+HOST = "AMD EPYC, 2 logical cores, 24 GiB, Linux 6.18"
+NOT = common.NOT_RECORDED
+
+
+@pytest.mark.unit
+def test_a_run_is_described_by_its_cpu_identity_and_matmul_rate():
+    assert common.describe(CPU, MATMUL, HOST) == (
+        f"{HOST}; CPU: AuthenticAMD family 26 model 2 stepping 1; CPU flags: avx512f, avx512_bf16; "
+        "tf.matmul 4096^2: 404 GFLOP/s float32, 726 bfloat16"
+    )
+    assert common.describe(CPU, MATMUL).startswith("AMD EPYC; CPU: AuthenticAMD family 26 model 2 ")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "cpu, matmul, described",
+    [
+        # A throughput record made before the identity was kept: model name and flags only.
+        ({"model": "AMD EPYC", "flags": ["avx512f"], "family": "AMD EPYC with AVX-512 BF16"}, None,
+         f"AMD EPYC; CPU flags: avx512f; CPU vendor, family and model {NOT}; tf.matmul rate {NOT}"),
+        # The string benchmarks kept before (common.cpu_line), and a rate without its size.
+        ("AMD EPYC; bf16/AMX flags: avx512_bf16", {"float32": 217.2, "bfloat16": 390.1},
+         f"AMD EPYC; bf16/AMX flags: avx512_bf16; CPU vendor, family and model {NOT}; tf.matmul: 217 GFLOP/s "
+         "float32, 390 bfloat16"),
+        # A string that holds its own rate (benchmarks/scaling.py's for a while) is not told it lacks one.
+        ("AMD EPYC; bf16/AMX flags: avx512_bf16; tf.matmul 4096^2 400 GFLOP/s float32", None,
+         f"AMD EPYC; bf16/AMX flags: avx512_bf16; tf.matmul 4096^2 400 GFLOP/s float32; CPU vendor, family "
+         f"and model {NOT}"),
+    ],
+)  # fmt: skip
+def test_what_an_older_record_did_not_keep_is_said_not_filled_in(cpu, matmul, described):
+    assert common.describe(cpu, matmul) == described
+
+
+@pytest.mark.unit
+def test_this_machine_is_named_only_with_a_rate_measured_in_the_run():
+    for missing in (None, {}):
+        with pytest.raises(ValueError, match=r"machine: matmul=.*; pass this run's common.matmul_rate\(\)"):
+            common.machine(missing)
+    line = common.machine(MATMUL)
+    c = common.cpu()
+    assert (
+        f"; CPU: {c['vendor']} family {c['family']} model {c['model_number']} stepping {c['stepping']};"
+        in line
+    )
+    assert line.endswith("; tf.matmul 4096^2: 404 GFLOP/s float32, 726 bfloat16")
+
+
+@pytest.mark.unit
+def test_a_dirty_sha_says_its_source_is_not_recorded():
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    assert common.sha_text(sha) == f"`{sha}`"
+    assert (
+        common.sha_text(sha + "-dirty")
+        == f"`{sha}-dirty` (uncommitted changes when it ran: its exact source {NOT})"
+    )
+
+
+@pytest.mark.unit
+def test_stored_provenance_lines_of_older_runs_say_what_they_lack():
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    old = [
+        "- Command (from the repository root): `python -m benchmarks.step_settings`",
+        f"- Git SHA: `{sha}-dirty`; date (UTC): 2026-12-03T06:34:31+00:00",
+        "- Machine: AMD EPYC, 2 logical cores; CPU flags: avx512f; tf.matmul 4096^2: 393 GFLOP/s float32, "
+        "643 bfloat16",
+    ]  # fmt: skip
+    assert common.legacy_provenance(old) == [
+        old[0],
+        f"- Git SHA: `{sha}-dirty` ({common.DIRTY}); date (UTC): 2026-12-03T06:34:31+00:00",
+        old[2] + f"; CPU vendor, family and model {NOT}",
+    ]
+    new = [
+        old[0],
+        f"- Git SHA: `{sha}`; date (UTC): 2026-12-03",
+        f"- Machine: {common.describe(CPU, MATMUL)}",
+    ]
+    assert common.legacy_provenance(new) == new
+    assert common.legacy_provenance(["- Machine: AMD EPYC"]) == [
+        f"- Machine: AMD EPYC; CPU vendor, family and model {NOT}; tf.matmul rate {NOT}"
+    ]
+
+
+@pytest.mark.unit
+def test_raw_data_goes_to_the_question_folder_of_a_top_report_and_beside_any_other(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path / "results"))
+    top = common.data_path(str(tmp_path / "results" / "tcp_ring.md"))
+    assert top == str(tmp_path / "results" / "tcp_ring" / "tcp_ring.json") and os.path.isdir(
+        os.path.dirname(top)
+    )
+    run = common.data_path(str(tmp_path / "results" / "tcp_ring" / "amd_epyc.md"))
+    assert run == str(tmp_path / "results" / "tcp_ring" / "amd_epyc.json")
+    assert common.data_path(str(tmp_path / "x.md")) == str(tmp_path / "x.json")
+    monkeypatch.setattr(common, "git_sha", lambda: "0123456789abcdef0123456789abcdef01234567")  # no git here
+    lines = common.provenance_lines("python -m benchmarks.tcp_ring", MATMUL, top)
+    assert lines[1].startswith("- Git SHA: `0123456789abcdef0123456789abcdef01234567`; date (UTC): 20")
+    assert lines[-1] == f"- Raw data: `{os.path.relpath(top, common.REPO)}`"

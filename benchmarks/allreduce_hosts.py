@@ -18,7 +18,7 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
   mpi          Open MPI as horovodrun starts it, nothing else set
   mpi_yield    + OMPI_MCA_mpi_yield_when_idle=1 (a rank waiting in MPI yields its core instead of polling)
   mpi_ring     + Open MPI's tuned allreduce forced to the ring (coll_tuned_allreduce_algorithm=4)
-  mpi_rules    + hvd_lars/training/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below:
+  mpi_rules    + hvd_lars/parallel/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below:
                Open MPI's own choice)
   launch_env   launch/env.sh sourced first, as launch/horovodrun.sh, mpirun.sh and train.sbatch do, and each
                rank sets what hvd_lars.main sets before MPI starts (hvd_lars.training.threads'
@@ -58,7 +58,7 @@ import time
 from benchmarks import common
 
 REPO = common.REPO
-RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
+RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
 VARIANTS = {
     "mpi": {},
     "mpi_yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},

@@ -37,11 +37,11 @@ def momentum_slots(optimizer):
     if isinstance(inner, LARS):
         reason = "LARS rescales its own velocity: LARS(..., momentum_correction='always' or 'warmup')"
     elif type(inner) is keras.optimizers.SGD and not inner.nesterov:
-        return list(inner.momentums)
+        return list(getattr(inner, "momentums", []))  # none before it is built (nothing to rescale)
     elif type(inner) is keras.optimizers.RMSprop:
         # Keras 3's RMSprop keeps its momentum buffers (m = momentum m + lr g / rms) in `_momentums`
-        # (a private name, checked with Keras 3.15).
-        return list(inner._momentums)
+        # (a private name, checked with Keras 3.15); none before it is built.
+        return list(getattr(inner, "_momentums", []))
     elif type(inner) is keras.optimizers.SGD:
         reason = "Nesterov's look-ahead step uses the momentum too, so rescaling the velocity is not exact"
     else:

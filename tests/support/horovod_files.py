@@ -3,8 +3,8 @@ Keras 3 by its import: `horovod.tensorflow.keras` (and `horovod.keras`, which Ho
 too) is `hvd_lars.parallel.horovod_keras` in `sys.modules`; `keras.datasets.mnist.load_data` returns local
 Fashion-MNIST of MNIST's shapes and dtypes (there is no internet here); the Keras 3 renames of `RENAMES`
 are applied to the file's text when it is read, each a rename the README's Horovod table lists. Nothing
-else of the file changes; nothing of it is copied into the repository (tests/test_horovod_files.py says
-where the files are).
+else of the file changes; nothing of it is copied into the repository (`HOROVOD_FILES` says where the files
+are).
 
 Usage:
   horovod_files.py example OUT_DIR FILE [--steps-per-epoch=S] [ARGS...]
@@ -20,6 +20,13 @@ Usage:
 import os
 import re
 import sys
+
+# Where Horovod 0.28.1's own files are: beside the checkout (shared/horovod-0.28.1, whose README says where
+# they come from), or where HVD_LARS_HOROVOD_FILES says.
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOROVOD_FILES = os.environ.get("HVD_LARS_HOROVOD_FILES") or os.path.normpath(
+    os.path.join(_REPO, "..", "shared", "horovod-0.28.1")
+)
 
 # (pattern, replacement, the rename as the README's Horovod table gives it, why): what Keras 3 itself no
 # longer accepts in Horovod's files.

@@ -64,6 +64,8 @@ def correct_momentum(optimizer, old_rate, new_rate):
 
 def _float_rate(optimizer, who):
     """The optimizer's rate as a float; ValueError when it is a schedule or callable (it cannot be set)."""
+    # Keras 3 optimizers keep a float rate as a variable in `_learning_rate` (private; Keras 3.12-3.15, as
+    # hvd_lars.optim.rate_callbacks reads it): the public `learning_rate` evaluates schedules instead.
     if not isinstance(innermost_optimizer(optimizer)._learning_rate, keras.Variable):
         raise ValueError(
             f"{who} sets a float learning rate; {optimizer.name!r} has a schedule or callable. Build the "

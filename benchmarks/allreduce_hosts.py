@@ -21,7 +21,7 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
   mpi          Open MPI as horovodrun starts it, nothing else set
   mpi_yield    + OMPI_MCA_mpi_yield_when_idle=1 (a rank waiting in MPI yields its core instead of polling)
   mpi_ring     + Open MPI's tuned allreduce forced to the ring (coll_tuned_allreduce_algorithm=4)
-  mpi_rules    + hvd_lars/training/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below:
+  mpi_rules    + hvd_lars/parallel/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below:
                Open MPI's own choice)
   launch_env   launch/env.sh sourced first, as launch/horovodrun.sh, mpirun.sh and train.sbatch do, and each
                rank sets what hvd_lars.main sets before MPI starts (hvd_lars.training.threads'
@@ -29,6 +29,10 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
   main         a bare horovodrun, each rank setting what hvd_lars.main sets: `horovodrun python -m
                hvd_lars.main`
   gloo         horovodrun --gloo from node1 (Gloo's ring)
+  horovod_keras  a ported Horovod Keras script: a bare horovodrun, Horovod's own cycle time, each rank
+               starting Horovod with `hvd_lars.parallel.horovod_keras.init()` (which gives a CPU-only Open
+               MPI job the rules file unless the user or site chose an allreduce; issue 34 item 4)
+  horovod_keras_off  the same with `init(ompi_allreduce_rules=False)`: Open MPI's own choice, the baseline
   mpich        MPICH: `mpiexec.mpich -launcher ssh -hosts node1:r,...`, from node1, of the Python of
                --mpich_venv, an environment whose Horovod install/setup.sh built against MPICH, each rank
                set as the main program sets it (MPICH ignores the Open MPI settings among them). Not in
@@ -61,7 +65,7 @@ import time
 from benchmarks import alpha_beta, common
 
 REPO = common.REPO
-RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
+RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
 VARIANTS = {
     "mpi": {},
     "mpi_yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
@@ -76,6 +80,8 @@ VARIANTS = {
     "launch_env": {},
     "main": {},
     "gloo": {},
+    "horovod_keras": {},
+    "horovod_keras_off": {},
     # MPICH's ch4:ucx (Debian's) moves data between processes of one kernel through shared memory, past
     # the emulated links (16 MiB in 7-14 ms at 200 Mbit/s, 18 KB on the link); over TCP it takes the links.
     "mpich": {"UCX_TLS": "tcp,self"},
@@ -88,6 +94,8 @@ DEFAULT_VARIANTS = [v for v in VARIANTS if v not in MPICH_VARIANTS]
 FROM_NODE1 = ("gloo", *MPICH_VARIANTS)
 # Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
 AS_THE_MAIN_PROGRAM = ("launch_env", "main", *MPICH_VARIANTS)
+# Variants whose ranks start Horovod as a ported Horovod script does (horovod_keras.init, Horovod's cycle).
+AS_A_PORTED_SCRIPT = {"horovod_keras": "on", "horovod_keras_off": "off"}
 LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 
 
@@ -101,12 +109,20 @@ def worker(args):
         from hvd_lars.training import threads
 
         threads.apply_horovod_cpu_defaults()
-    hvd.init()
+    if args.horovod_keras_init:
+        import hvd_lars.parallel.horovod_keras as horovod_keras
+
+        horovod_keras.init(ompi_allreduce_rules=args.horovod_keras_init == "on")
+        result_rules = os.environ.get("OMPI_MCA_coll_tuned_dynamic_rules_filename")
+    else:
+        hvd.init()
+        result_rules = None
     if args.mode == "negotiation":
         result = _negotiation(hvd, tf, args)
     else:
         result = _sizes(hvd, tf, args)
     if hvd.rank() == 0:
+        result["rules_file"] = result_rules
         result["controller"] = "mpi" if hvd.mpi_enabled() else "gloo"
         result["size"], result["local_size"], result["cross_size"] = (
             hvd.size(),
@@ -208,7 +224,12 @@ def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=No
             argv += [python]
         argv += ["-m", "benchmarks.allreduce_hosts", "--worker", *worker_args, f"--out={out}"]
         argv += ["--main_defaults"] if variant in AS_THE_MAIN_PROGRAM else []
-        settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, "HOROVOD_CYCLE_TIME": "5"}
+        argv += (
+            [f"--horovod_keras_init={AS_A_PORTED_SCRIPT[variant]}"] if variant in AS_A_PORTED_SCRIPT else []
+        )
+        settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
+        if variant not in AS_A_PORTED_SCRIPT:
+            settings["HOROVOD_CYCLE_TIME"] = "5"  # a ported script keeps Horovod's own
         if cache == "off":
             settings["HOROVOD_CACHE_CAPACITY"] = "0"
         settings.update(VARIANTS[variant])
@@ -268,7 +289,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
         *common.provenance_lines(command, matmul, args.raw),
         f"- launch/emulated_cluster.sh, {max(h for h, _ in layouts)} hosts, every link shaped to "
         f"{args.link_rate} (tc tbf, both directions, a {args.burst_ms} ms bucket); layouts hosts x ranks per "
-        "host; HOROVOD_CYCLE_TIME=5; "
+        "host; HOROVOD_CYCLE_TIME=5 (horovod_keras variants: Horovod's own); "
         f"{args.repeats} timed allreduces after 2, each after a barrier. Bound: 2(p-1)/p x S / "
         f"({LINK_EFFICIENCY} x link); p = hosts x ranks per host.",
         "",
@@ -282,6 +303,12 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
             f"| {r['layout']} | {r['p']} | {r['variant']} | {mib(r['size'])} | {r['median_s']:.4f} | "
             f"{r['bound_s']:.4f} | {r['median_s'] / r['bound_s']:.2f} |"
         )
+    ported = sorted(
+        {(r["variant"], r.get("rules_file")) for r in results if r["variant"] in AS_A_PORTED_SCRIPT}
+    )
+    if ported:
+        lines += ["", "Open MPI's rules file after `horovod_keras.init()`, as rank 0 saw it:"]
+        lines += [f"- {variant}: `{rules or 'none (Open MPI chooses)'}`" for variant, rules in ported]
     lines += [
         "",
         "## Fit per p: t = 2(p-1) alpha + 2(p-1)/p x S / beta",
@@ -350,7 +377,16 @@ def measure(args, layout, variant, cache, sizes, link_bits):
     for size, times in zip(data["sizes"], data["times_s"]):
         median, bound = statistics.median(times), bound_s(size, p, link_bits)
         rows.append(
-            dict(layout=name, p=p, variant=variant, size=size, times_s=times, median_s=median, bound_s=bound)
+            dict(
+                layout=name,
+                p=p,
+                variant=variant,
+                size=size,
+                times_s=times,
+                median_s=median,
+                bound_s=bound,
+                rules_file=data.get("rules_file"),
+            )
         )
         print(
             f"[allreduce_hosts] {name} {variant} {size} B: {median:.4f} s ({median / bound:.2f}x the bound)"
@@ -379,6 +415,9 @@ def main(argv=None):
     parser.add_argument("--sizes", default="", help="internal: bytes, for --worker")
     parser.add_argument(
         "--main_defaults", action="store_true", help="internal: as hvd_lars.main, for --worker"
+    )
+    parser.add_argument(
+        "--horovod_keras_init", default="", help="internal: on/off, horovod_keras.init's rules, for --worker"
     )
     args, _ = parser.parse_known_args(argv)
     if args.repeats is None:

@@ -1,6 +1,6 @@
 """Are two runs of the same job bit-identical when Open MPI's allreduce is the ring? (issue 22, item 3)
 
-With the allreduce rules file (hvd_lars/training/ompi_allreduce_rules.conf) set by launch/env.sh, two
+With the allreduce rules file (hvd_lars/parallel/ompi_allreduce_rules.conf) set by launch/env.sh, two
 tests of tests/test_cluster.py found the launch scripts' weights 1e-7 relative away from a bare
 horovodrun's, with the same rules given to both. This runs
 one job several times over, changing nothing, to tell "the launch scripts train differently" from "the
@@ -33,7 +33,7 @@ import numpy as np
 from benchmarks import common
 
 REPO = common.REPO
-RULES = os.path.join(REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
+RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
 RULES_ENV = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
     "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES,

@@ -18,7 +18,7 @@ Open MPI: `mpirun`, OMPI_MCA_btl=tcp,self for the same reason):
   mpich_eager_yield  eager and yield
   ompi               Open MPI's own choices
   ompi_yield         OMPI_MCA_mpi_yield_when_idle=1
-  ompi_rules         hvd_lars/training/ompi_allreduce_rules.conf (the ring from 1 MiB on 3+ ranks)
+  ompi_rules         hvd_lars/parallel/ompi_allreduce_rules.conf (the ring from 1 MiB on 3+ ranks)
   ompi_rules_yield   the rules file and yielding: what hvd_lars.main sets for Open MPI
 
 A launch whose rank 0 printed "finalize" but did not end within --finalize_s is recorded as hung in
@@ -45,7 +45,7 @@ from benchmarks import common
 from benchmarks.allreduce_hosts import LINK_EFFICIENCY, bound_s, mib, sizes_and_link_rate
 
 SOURCE = os.path.join(common.REPO, "benchmarks", "mpi_allreduce.c")
-RULES = os.path.join(common.REPO, "hvd_lars", "training", "ompi_allreduce_rules.conf")
+RULES = os.path.join(common.REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
 ON_TCP = {"mpich": {"UCX_TLS": "tcp,self"}, "ompi": {"OMPI_MCA_btl": "tcp,self"}}
 RSAG = {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "reduce_scatter_allgather"}
 EAGER = {"UCX_RNDV_THRESH": "inf"}

@@ -96,7 +96,8 @@ def _main(argv):
         _exit(f"hvd_lars: error: {_retired_manual_dir(FLAGS.manual_dir, FLAGS.data_dir)}", EXIT_BAD_INPUT)
     # TensorFlow's checkpoint code logs every save at INFO through absl.
     logging.set_verbosity(logging.WARNING)
-    # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported).
+    # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported), and Open
+    # MPI's allreduce rules of the library (hvd_lars.parallel.ompi_allreduce_rules).
     threads.apply_horovod_cpu_defaults()
     try:
         run_training(config_from_flags())

@@ -165,8 +165,8 @@ def test_allreduce_arguments_are_checked_even_on_one_rank():
 
 @pytest.mark.unit
 def test_warmup_callback_arguments():
-    with pytest.raises(ValueError, match="momentum_correction=True"):
-        LearningRateWarmupCallback(initial_lr=0.1, momentum_correction=True)
+    # Horovod's default momentum_correction=True is accepted (tests/test_horovod_keras.py tests it).
+    assert LearningRateWarmupCallback(initial_lr=0.1).momentum_correction is True
     with pytest.raises(ValueError, match="initial_lr must be a number > 0, got 0"):
         LearningRateWarmupCallback(initial_lr=0)
     with pytest.raises(ValueError, match="warmup_epochs must be a number > 0, got 'five'"):

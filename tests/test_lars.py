@@ -597,3 +597,17 @@ def test_bfloat16_variables_follow_the_reference_loosely():
         assert np.abs(w - rounded(start)).max() > 0.2
     # One bfloat16 ulp at |w| ~ 1 is 2**-8 relative; five steps of rounding stay within a few ulps.
     _assert_close([v.numpy().astype(np.float32) for v in variables], want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.unit
+def test_two_lars_in_one_program_have_their_own_names_and_variable_paths():
+    # Issue 34 item 5: name=None is Keras's automatic name ("lars", "lars_1", ...), as for two SGD, so
+    # the paths that exclusions, logs and summaries match on are unique.
+    first, second = LARS(0.1), LARS(0.1)
+    assert first.name != second.name and first.name.startswith("lars") and second.name.startswith("lars")
+    for optimizer in (first, second):
+        optimizer.build([keras.Variable(np.zeros(3, np.float32), name="kernel")])
+    paths = [v.path for o in (first, second) for v in o.variables]
+    assert len(paths) == len(set(paths)) == 6  # iteration, learning_rate and one velocity each
+    assert {p.split("/")[0] for p in paths} == {first.name, second.name}
+    assert LARS(0.1, name="mine").name == "mine"

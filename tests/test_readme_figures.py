@@ -12,6 +12,7 @@ Covered (README section / line: file):
 - "Two commands": make train's test top-1, wall time and CPU: fashion_mnist_lars.md
 - "Running": 2 ranks x 1 thread against 1 rank x 2 threads, Horovod defaults and tuned: scaling.md, section
   `threads`; the allreduce of 16 MiB on 4-8 emulated hosts, Open MPI's choice and the ring: allreduce_hosts.md
+- "With Horovod": a ported script's 16 MiB allreduce on 4 hosts, rules on and off: horovod_keras_allreduce.md
 - "Faults": time to exit of a silent host with the ssh keepalive: faults.md, row silent_host; "Elastic
   training": the repetitions of 2 -> 1 -> 2 workers: faults.md, row elastic
 - "Results" table: models_throughput.md (the ResNet-50 ratios in the named CPU's section), lars_step.md
@@ -270,6 +271,15 @@ def allreduce_hosts(text, _):
             "ours_high": max(ours)}  # fmt: skip
 
 
+def horovod_keras_allreduce(text, _):
+    # 16 MiB on 4 hosts, a ported script after horovod_keras.init(), with the rules and without.
+    rows = [r for r in table(text, "layout", "variant", "median / bound") if r["size"] == "16 MiB"]
+    return {
+        "rules": float(row(rows, variant="horovod_keras")["median / bound"]),
+        "off": float(row(rows, variant="horovod_keras_off")["median / bound"]),
+    }
+
+
 def listing_index(text, _):
     rows = table(text, "caches")
     ratio = lambda caches: first_number(row(rows, caches=caches)["listing / index"])  # noqa: E731
@@ -333,6 +343,10 @@ CLAIMS = [
           r"bandwidth bound for 16 MiB on 4-8 emulated hosts; the ring takes "
           r"(?P<ours_low>[\d.]+)-(?P<ours_high>[\d.]+)x",
           "allreduce_hosts.md", allreduce_hosts),
+    Claim("horovod_keras allreduce",
+          r"16 MiB allreduce then took (?P<rules>[\d.]+)x the ring bound, against (?P<off>[\d.]+)x with the "
+          r"rules off",
+          "horovod_keras_allreduce.md", horovod_keras_allreduce),
     Claim("image-folder index",
           r"on (?P<files>[\d,]+) files: listing the folders vs reading the run's index "
           r"\((?P<warm>[\d.]+)x warm, (?P<cold>[\d.]+)x cold caches\)",

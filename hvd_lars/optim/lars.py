@@ -83,7 +83,9 @@ class LARS(keras.optimizers.Optimizer):
             rescaled by `lr_t / lr_{t-1}` before the update never (`"none"`, the released solver's default
             build), only during warmup (`"warmup"`, its non-fused path; needs a schedule with an int
             `warmup_steps`) or always (`"always"`, Goyal et al. 2017, eq. 10).
-        name, **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ...).
+        name: str, or None for Keras's automatic name ("lars", then "lars_1", ... in one program), which
+            prefixes the paths of the optimizer's variables (`lars/iteration`, `lars_1/iteration`).
+        **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ...).
 
     Raises:
         ValueError: a negative float `learning_rate`, `eta` <= 0, `momentum` outside [0, 1), negative
@@ -111,7 +113,7 @@ class LARS(keras.optimizers.Optimizer):
         exclude_from_layer_adaptation=None,
         trust_ratio_mode="paper",
         momentum_correction="none",
-        name="lars",
+        name=None,
         **kwargs,
     ):
         shared_rate = learning_rate if isinstance(learning_rate, keras.Variable) else None

@@ -1,5 +1,6 @@
 """The callbacks of `horovod.tensorflow.keras`, for Keras 3 (Horovod's own use `var.ref()`, `optimizer.lr`
-and `keras.backend.get_value`, which Keras 3 lacks; Horovod issue 4290).
+and `keras.backend.get_value`, which Keras 3 lacks; Horovod issue 4290). The learning-rate ones are in
+`hvd_lars.parallel.learning_rate_callbacks`, and here by name too.
 
 Same names and arguments as Horovod's, so a Horovod Keras script changes its imports only:
 
@@ -18,10 +19,11 @@ import zlib
 
 import keras
 
-from hvd_lars.optim.rate_callbacks import LearningRateWarmup
-from hvd_lars.optim.wrapping import to_float
 from hvd_lars.parallel import collectives
-from hvd_lars.parallel.optimizer import accumulation_steps
+from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401  (hvd.callbacks.*)
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+)
 
 
 def broadcast_model_and_optimizer(model, root_rank=0, local_variables=()):
@@ -80,6 +82,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: int, the rank whose state wins (0).
+        device: "" or a TensorFlow device for the broadcasts (Horovod's argument).
         local_variables: a `keras.Variable` or a list of them, model variables left out of the
             broadcast (Horovod's argument): each rank keeps its own values. The optimizer's variables
             are all broadcast, as Horovod's callback does.
@@ -88,9 +91,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         ValueError: an entry of `local_variables` that is not a `keras.Variable`.
     """
 
-    def __init__(self, root_rank=0, local_variables=None):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        self.device = device
         if isinstance(local_variables, keras.Variable):
             local_variables = [local_variables]
         self.local_variables = list(local_variables or [])
@@ -121,7 +125,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         model.train_function = first_step
 
     def _broadcast(self):
-        broadcast_model_and_optimizer(self.model, self.root_rank, local_variables=self.local_variables)
+        with collectives.device_scope(self.device):
+            broadcast_model_and_optimizer(self.model, self.root_rank, local_variables=self.local_variables)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -133,12 +138,20 @@ class MetricAverageCallback(keras.callbacks.Callback):
     the same size, as sharded data-parallel input does. For `model.evaluate(..., return_dict=True)`
     (whose result callbacks cannot change), use `average_metrics`.
 
+    Args:
+        device: "" or a TensorFlow device for the allreduce (Horovod's argument).
+
     Raises:
         RuntimeError: the ranks' logs hold different keys (named in the message).
     """
 
+    def __init__(self, device=""):
+        super().__init__()
+        self.device = device
+
     def on_epoch_end(self, epoch, logs=None):
-        average_metrics(logs)
+        with collectives.device_scope(self.device):
+            average_metrics(logs)
 
 
 def average_metrics(logs):
@@ -173,80 +186,31 @@ def _is_number(value):
     return not isinstance(value, (str, bytes))
 
 
-class LearningRateWarmupCallback(LearningRateWarmup):
-    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2): the rate grows linearly from about
-    `initial_lr / size` to `initial_lr` over the first `warmup_epochs` epochs, set before every batch.
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True`.
 
-    Before update `t` (from 0), with `U` updates per epoch and `W = warmup_epochs`:
-    `lr = initial_lr / size * (e * (size - 1) / W + 1)` with `e = min((t + 1) / U, W)`, the formula of
-    Horovod 0.28.1's code (`horovod/_keras/callbacks.py`: epoch + (batch + 1) / steps, so that each epoch
-    ends on a round value), whose docstring describes `e = t / U`. So the first update uses
-    `initial_lr / size * (1 + (size - 1) / (U * W))` and the last warmup update `initial_lr`
-    (initial_lr 0.2, W 5, U 5, 2 ranks: 0.104, then 0.200 at update 24). Here `t` is the optimizer's update
-    counter, so a run resumed from a checkpoint continues the ramp exactly. After the warmup the callback
-    leaves the rate to the user's other schedule callbacks (the last warmup rate, `initial_lr`, stays
-    until one changes it; unlike Horovod's, it never exceeds `initial_lr` when `W` is fractional). The
-    optimizer needs a float learning rate.
+    Horovod's takes no file path (its Spark estimators set one afterwards); Keras 3's ModelCheckpoint
+    checks the path when it is made, so here `filepath` is a keyword argument and required. Use it on
+    rank 0 only, after `MetricAverageCallback`, so that the best epoch is judged on the ranks' mean.
 
     Args:
-        initial_lr: float > 0, the rate after warmup (already scaled for the global batch).
-        warmup_epochs: float > 0 (5, Goyal et al.).
-        momentum_correction: False. Horovod's default True rescales the optimizer's momentum for one
-            batch when the rate changes; Keras 3 optimizers bake their momentum into the compiled step,
-            so a callback cannot change it: True raises ValueError (use `hvd_lars.LARS(...,
-            momentum_correction=True)`, which rescales its velocity itself).
-        steps_per_epoch: batches per epoch; None: from `fit` (its `steps`). Updates per epoch are batches
-            divided by the optimizer's gradient accumulation.
-        verbose: 1 prints on rank 0 when the warmup ends.
+        monitor, verbose, save_weights_only, mode, save_freq: Horovod's and Keras's.
+        filepath: str, ending in ".keras" (or ".weights.h5" with `save_weights_only`).
 
     Raises:
-        ValueError: `initial_lr` or `warmup_epochs` not > 0, or `momentum_correction=True`; at train begin,
-            unknown steps per epoch, or an optimizer whose rate is a schedule or callable.
+        ValueError: no `filepath`; Keras's own for a path it refuses.
     """
 
     def __init__(
-        self, initial_lr, warmup_epochs=5, momentum_correction=False, steps_per_epoch=None, verbose=0
-    ):
-        if not _is_number(initial_lr) or not float(initial_lr) > 0:
-            raise ValueError(f"initial_lr must be a number > 0, got {initial_lr!r}.")
-        if not _is_number(warmup_epochs) or not float(warmup_epochs) > 0:
-            raise ValueError(f"warmup_epochs must be a number > 0, got {warmup_epochs!r}.")
-        if momentum_correction:
+        self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch", *,
+        filepath=None,
+    ):  # fmt: skip
+        if filepath is None:
             raise ValueError(
-                "momentum_correction=True: Keras 3 optimizers compile their momentum into the training step, "
-                "so a callback cannot rescale it; use hvd_lars.LARS(..., momentum_correction=True), which "
-                "rescales its velocity by the rate ratio itself, and momentum_correction=False here."
+                "BestModelCheckpoint needs filepath=... (e.g. 'best.keras'): Keras 3's ModelCheckpoint "
+                "checks its path when it is made, where Horovod's Spark estimator set it afterwards."
             )
-        super().__init__(self._warmup_rate)
-        self.initial_lr = float(initial_lr)
-        self.warmup_epochs = float(warmup_epochs)
-        self.steps_per_epoch = steps_per_epoch
-        self.verbose = verbose
-        self._updates_per_epoch = None
-        self._finished = False
-
-    def on_train_begin(self, logs=None):
-        batches = self.steps_per_epoch or (self.params or {}).get("steps")
-        if not batches:
-            raise ValueError("LearningRateWarmupCallback needs steps_per_epoch (fit could not tell it).")
-        self._updates_per_epoch = max(1, batches // accumulation_steps(self.model.optimizer))
-        self._finished = self._epoch() >= self.warmup_epochs
-        super().on_train_begin(logs)
-
-    def _epoch(self):
-        return to_float(self.model.optimizer.iterations) / self._updates_per_epoch
-
-    def _warmup_rate(self, step):
-        size = collectives.size()
-        epoch = min((step + 1) / self._updates_per_epoch, self.warmup_epochs)
-        return self.initial_lr / size * (epoch * (size - 1) / self.warmup_epochs + 1)
-
-    def _set_rate(self):
-        if self._finished:
-            return
-        super()._set_rate()
-        # This update's rate was the last of the warmup (epoch + 1 / U reached W).
-        if (to_float(self.model.optimizer.iterations) + 1) / self._updates_per_epoch >= self.warmup_epochs:
-            self._finished = True
-            if self.verbose and collectives.is_chief():
-                print(f"LearningRateWarmupCallback: warmup finished at rate {self.initial_lr:g}.", flush=True)
+        super().__init__(
+            filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+            save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
+        )  # fmt: skip

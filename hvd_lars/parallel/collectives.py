@@ -41,8 +41,12 @@ def launcher_world_size(environ=None):
     return None, None
 
 
-def init():
-    """Initialises Horovod (once) and returns (rank, world size).
+def init(comm=None, process_sets=None):
+    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`) and returns (rank, world size).
+
+    Args:
+        comm, process_sets: Horovod's `hvd.init` arguments (an MPI communicator or list of ranks; process
+            sets to register), passed on; None for every rank of the launcher's job.
 
     Raises:
         RuntimeError: a launcher started several ranks but Horovod cannot be imported.
@@ -52,7 +56,7 @@ def init():
             rank 0 and write the same run directory. The message names both figures.
     """
     global _hvd
-    if _hvd is None:
+    if _hvd is None or not _hvd.is_initialized():
         variable, launched = launcher_world_size()
         try:
             import horovod.tensorflow as hvd
@@ -63,9 +67,11 @@ def init():
                     f"is not importable: {e}. Run `make setup` (install/setup.sh) to build it."
                 ) from e
             return 0, 1
-        hvd.init()
+        hvd.init(comm=comm, process_sets=process_sets)
         # Elastic jobs change their size by design; their launcher's variables describe the first start.
-        if launched and launched != hvd.size() and os.environ.get("HOROVOD_ELASTIC") != "1":
+        # A `comm` of some ranks makes a smaller world on purpose.
+        elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        if launched and launched != hvd.size() and not elastic and comm is None:
             raise WorldSizeMismatch(
                 f"the launcher started {launched} processes ({variable}={launched}) but Horovod "
                 f"initialised a world of {hvd.size()} rank(s), so each process would train on its own. "
@@ -75,6 +81,24 @@ def init():
             )
         _hvd = hvd
     return rank(), size()
+
+
+def horovod_tensorflow():
+    """The `horovod.tensorflow` module, imported (without initialising it): for
+    `hvd_lars.parallel.horovod_keras`, which forwards Horovod's own names that need no Keras
+    (`shutdown`, `is_initialized`, `Average`, `Compression`, the process sets, ...) unchanged.
+
+    Raises:
+        ImportError: Horovod is not installed, saying how to build it.
+    """
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as e:
+        raise ImportError(
+            f"hvd_lars.parallel.horovod_keras needs Horovod (horovod.tensorflow): {e}. Run `make setup` "
+            "(install/setup.sh) to build it."
+        ) from e
+    return hvd
 
 
 def rank():
@@ -101,6 +125,12 @@ def cross_size():
     """Number of hosts holding a rank with this process's local rank (the host count when every host
     runs the same number of ranks); 1 without Horovod."""
     return _hvd.cross_size() if _hvd else 1
+
+
+def cross_rank():
+    """This process's host index among the hosts holding a rank with its local rank (Horovod's
+    `cross_rank`); 0 without Horovod."""
+    return _hvd.cross_rank() if _hvd else 0
 
 
 def host_names():
@@ -130,13 +160,57 @@ def is_chief():
     return rank() == 0
 
 
-# How gradients travel (DistributedOptimizer's `gradient_reduction` and `compression` arguments).
+# How gradients travel (DistributedOptimizer's `gradient_reduction`, `compression` and `op` arguments).
 GRADIENT_REDUCTIONS = ("overlap", "grouped")
 GRADIENT_COMPRESSIONS = ("none", "fp16")
+GRADIENT_OPS = ("average", "sum")
+# Horovod's two compressors (`horovod.tensorflow.Compression.none`, `.fp16`), known by their module and
+# class names so that recognising one needs no import of Horovod.
+_HOROVOD_COMPRESSORS = {"NoneCompressor": "none", "FP16Compressor": "fp16"}
 
 
-def allreduce_gradients(grads, reduction="overlap", compression="none"):
-    """Averages a list of gradients over ranks; identity with world size 1.
+def compression_name(compression):
+    """ "none" or "fp16" for `compression`: one of those strings, or Horovod's `Compression.none` /
+    `Compression.fp16` (the classes `horovod.tensorflow.Compression` holds, or instances of them).
+
+    Raises:
+        ValueError: anything else (another compressor class included), quoted, with what is accepted.
+    """
+    if isinstance(compression, str) and compression in GRADIENT_COMPRESSIONS:
+        return compression
+    cls = compression if isinstance(compression, type) else type(compression)
+    if cls.__module__ == "horovod.tensorflow.compression" and cls.__name__ in _HOROVOD_COMPRESSORS:
+        return _HOROVOD_COMPRESSORS[cls.__name__]
+    raise ValueError(
+        f"compression={compression!r}; valid: {', '.join(GRADIENT_COMPRESSIONS)}, hvd.Compression.none "
+        "or hvd.Compression.fp16."
+    )
+
+
+def op_name(op):
+    """ "average" or "sum" for `op`: one of those strings, or Horovod's `hvd.Average` / `hvd.Sum`.
+
+    Raises:
+        ValueError: any other value (Horovod's Adasum, Min, Max, Product included), quoted.
+    """
+    if isinstance(op, str) and op in GRADIENT_OPS:
+        return op
+    if not isinstance(op, str) and op is not None:
+        hvd = horovod_tensorflow()  # a Horovod constant can only come from an imported Horovod
+        if op == hvd.Average:
+            return "average"
+        if op == hvd.Sum:
+            return "sum"
+    raise ValueError(
+        f"op={op!r}; valid: {', '.join(GRADIENT_OPS)}, hvd.Average or hvd.Sum (Horovod's Keras "
+        "optimizer takes only these two)."
+    )
+
+
+def allreduce_gradients(
+    grads, reduction="overlap", compression="none", op="average", predivide=1.0, groups=None, device=""
+):
+    """Averages (or sums) a list of gradients over ranks; identity with world size 1.
 
     Args:
         grads: list of tensors (any shape; float16, bfloat16, float32 or float64) or `None` (a variable
@@ -147,7 +221,8 @@ def allreduce_gradients(grads, reduction="overlap", compression="none"):
             gradient, and Horovod's background thread fuses those that are ready together into few ring
             allreduces (as Horovod's own `DistributedGradientTape` does); "grouped": one grouped
             allreduce of all tensors, which starts only when the last gradient exists.
-        compression: "none", or "fp16": each tensor is divided by the world size in its own precision,
+        compression: "none", or "fp16" (or Horovod's `Compression` classes, `compression_name`): each
+            tensor is divided by the world size in its own precision,
             cast to float16, summed over ranks and cast back, halving the bytes on the wire. Dividing
             before the sum (Horovod's `prescale_factor`) keeps the sum of N ranks at the size of one
             rank's gradient, so it cannot overflow float16 (max 65,504) at 2,048 ranks as a sum of
@@ -159,45 +234,97 @@ def allreduce_gradients(grads, reduction="overlap", compression="none"):
             A bfloat16 route is not offered: Horovod 0.28.1's allreduce refuses bfloat16, bfloat16 sends
             the same 16 bits per value as float16, and its only gain (range, so no prescaling) would
             need either an allgather (N times the bytes) or new reduction kernels in Horovod.
+        op: "average" (the mean over ranks) or "sum" (or Horovod's `Average` / `Sum`, `op_name`).
+        predivide: float > 0, Horovod's `gradient_predivide_factor` f for "average": each tensor is
+            multiplied by 1 / f before the sum and by f / N after it (the same mean; f = N moves all of
+            the division before the sum). 1.0: Horovod's default; with "fp16" the division by N then
+            happens before the sum, as above. Ignored with "sum", as Horovod ignores it.
+        groups: None, or a list of lists of positions in `grads` (Horovod's `groups`): each list one
+            grouped allreduce, every position in no list an allreduce of its own; replaces `reduction`.
+        device: "" (TensorFlow's placement) or a device for the collectives (Horovod's `device_dense`).
 
     Returns:
-        A list of the same length: the mean over ranks of each gradient, in its own dtype (bfloat16
-        gradients travel as float32, since Horovod has no bfloat16 reduction).
+        A list of the same length: the mean (or sum) over ranks of each gradient, in its own dtype
+        (bfloat16 gradients travel as float32, since Horovod has no bfloat16 reduction).
 
     Raises:
-        ValueError: an unknown `reduction` or `compression`, naming the accepted values.
+        ValueError: an unknown `reduction`, `compression` or `op`, or `predivide` not > 0, naming the
+            accepted values.
     """
     if reduction not in GRADIENT_REDUCTIONS:
         raise ValueError(f"gradient reduction {reduction!r}; valid: {', '.join(GRADIENT_REDUCTIONS)}.")
-    if compression not in GRADIENT_COMPRESSIONS:
-        raise ValueError(f"gradient compression {compression!r}; valid: {', '.join(GRADIENT_COMPRESSIONS)}.")
+    compression, op = compression_name(compression), op_name(op)
+    if isinstance(predivide, bool) or not isinstance(predivide, (int, float)) or not predivide > 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}.")
     if size() == 1:
         return list(grads)
     import tensorflow as tf
 
     present = [i for i, g in enumerate(grads) if g is not None]
-    dense = [tf.convert_to_tensor(grads[i]) for i in present]
-    if compression == "fp16":
-        # Divided by N in the gradient's precision, then one rounding to float16; summed, not averaged.
-        wire = [tf.cast(g / tf.cast(size(), g.dtype), tf.float16) for g in dense]
-        op = _hvd.Sum
+    dense = {i: tf.convert_to_tensor(grads[i]) for i in present}
+    grouped = groups is not None or reduction == "grouped"
+    if groups is None:
+        groups = [present] if grouped else [[i] for i in present]
     else:
-        wire = [tf.cast(g, tf.float32) if g.dtype == tf.bfloat16 else g for g in dense]
-        op = _hvd.Average
-    # Named by position, not by the graph's tensor and scope names: those carry Keras's automatic layer
-    # names, which differ between ranks that created different numbers of layers (broadcast_variables).
-    if reduction == "grouped":
-        # One op: waits for every gradient, then Horovod fuses them into few messages.
-        reduced = _hvd.grouped_allreduce(wire, op=op, name="hvd_lars.gradients", ignore_name_scope=True)
-    else:
-        # One op per tensor: each is enqueued with Horovod as soon as its gradient exists.
-        reduced = [
-            _hvd.allreduce(w, op=op, name=f"hvd_lars.gradient.{i}", ignore_name_scope=True)
-            for i, w in zip(present, wire)
+        listed = {i for group in groups for i in group}
+        groups = [[i for i in group if i in dense] for group in groups] + [
+            [i] for i in present if i not in listed
         ]
     out = list(grads)
-    for i, g, r in zip(present, dense, reduced):
-        out[i] = tf.cast(r, g.dtype) if r.dtype != g.dtype else r
+    with device_scope(device):
+        for k, group in enumerate(g for g in groups if g):
+            tensors = [dense[i] for i in group]
+            reduced = _reduce_group(tensors, group, grouped, op, compression, float(predivide), k)
+            for i, r in zip(group, reduced):
+                out[i] = r
+    return out
+
+
+def device_scope(device):
+    """`tf.device(device)` for Horovod's `device`/`device_dense` arguments; no scope for "" (TensorFlow's
+    own placement, unchanged inside a caller's scope)."""
+    import contextlib
+
+    import tensorflow as tf
+
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
+    """One allreduce of `tensors` (a grouped one when `grouped`, else of the one tensor), in their dtypes.
+
+    Named by position, not by the graph's tensor and scope names: those carry Keras's automatic layer
+    names, which differ between ranks that created different numbers of layers (broadcast_variables).
+    """
+    import tensorflow as tf
+
+    n = size()
+    pre, post = 1.0, 1.0
+    if compression == "fp16":
+        # Divided before the rounding to float16 (by N, or by Horovod's predivide factor f, the rest
+        # after), in the gradient's precision; summed, not averaged.
+        if op == "average":
+            pre, post = (predivide, predivide / n) if predivide != 1.0 else (n, 1.0)
+        wire = [tf.cast(g / tf.cast(pre, g.dtype), tf.float16) for g in tensors]
+        scale = {"op": _hvd.Sum}
+    else:
+        wire = [tf.cast(g, tf.float32) if g.dtype == tf.bfloat16 else g for g in tensors]
+        scale = {"op": _hvd.Average if op == "average" else _hvd.Sum}
+        if op == "average" and predivide != 1.0:
+            # Horovod's split of the mean: 1 / f before the sum, f after it (its C++ adds the 1 / N).
+            scale.update(prescale_factor=1.0 / predivide, postscale_factor=predivide)
+    if not grouped:
+        # One op per tensor: enqueued with Horovod as soon as its gradient exists.
+        name = f"hvd_lars.gradient.{positions[0]}"
+        reduced = [_hvd.allreduce(wire[0], name=name, ignore_name_scope=True, **scale)]
+    else:
+        # One op: waits for every gradient of the group, then Horovod fuses them into few messages.
+        name = "hvd_lars.gradients" if k == 0 else f"hvd_lars.gradients.{k}"
+        reduced = _hvd.grouped_allreduce(wire, name=name, ignore_name_scope=True, **scale)
+    out = []
+    for g, r in zip(tensors, reduced):
+        r = tf.cast(r, g.dtype) if r.dtype != g.dtype else r
+        out.append(r * tf.cast(post, g.dtype) if post != 1.0 else r)
     return out
 
 
@@ -373,3 +500,49 @@ def broadcast_bytes(data, name, root_rank=0):
     else:
         array = np.zeros(length, np.uint8)
     return _hvd.broadcast(tf.constant(array), root_rank, name=f"{name}.data").numpy().tobytes()
+
+
+# Horovod's collectives on tensor-compatible values, as `horovod.tensorflow.keras` offers them (its own
+# evaluate eagerly through Keras 2's `backend.get_session()` when not executing eagerly, which Keras 3 lacks):
+# here the tensor is returned, eagerly or inside a `tf.function`. Horovod initialised first (`init`).
+
+
+def _as_tensor(value):
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(value)  # lists, NumPy arrays, tensors, tf and Keras variables
+
+
+def allreduce_value(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
+                    compression=None):  # fmt: skip
+    """`hvd.allreduce(value, ...)`: `value` reduced over ranks by `op` (Horovod's `Average` when None;
+    `Sum`, `Min`, `Max`, `Product`, `Adasum`), scaled by `prescale_factor` before and `postscale_factor`
+    after; `compression` one of Horovod's compressors (None: none). Returns a tf.Tensor of the value's
+    shape and dtype."""
+    hvd = horovod_tensorflow()
+    # Horovod's own allreduce, unchanged: its op, scaling and compression semantics.
+    return hvd.allreduce(
+        _as_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, compression=compression or hvd.Compression.none, name=name,
+    )  # fmt: skip
+
+
+def allgather_value(value, name=None):
+    """`hvd.allgather(value)`: the ranks' values concatenated along the first axis, in rank order (they
+    may differ in that axis only)."""
+    # Horovod's own allgather.
+    return horovod_tensorflow().allgather(_as_tensor(value), name=name)
+
+
+def broadcast_value(value, root_rank, name=None):
+    """`hvd.broadcast(value, root_rank)`: rank `root_rank`'s value on every rank (same shape on all)."""
+    # Horovod's own broadcast.
+    return horovod_tensorflow().broadcast(_as_tensor(value), root_rank, name=name)
+
+
+def reducescatter_value(value, name=None, op=None):
+    """`hvd.reducescatter(value, op=Average)`: `value` reduced over ranks, then split along the first
+    axis, each rank keeping its part (rank r the r-th of `size()` near-equal parts)."""
+    hvd = horovod_tensorflow()
+    # Horovod's own reducescatter.
+    return hvd.reducescatter(_as_tensor(value), op=hvd.Average if op is None else op, name=name)

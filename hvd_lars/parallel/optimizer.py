@@ -62,7 +62,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             `gradient_accumulation_steps`, or 1.
         compression: "none" or "fp16" (gradients cast to float16 on the wire, divided by the world size
             before the sum so that it cannot overflow; see
-            `hvd_lars.parallel.collectives.allreduce_gradients`).
+            `hvd_lars.parallel.collectives.allreduce_gradients`), or Horovod's `Compression.none` /
+            `Compression.fp16` (`hvd_lars.parallel.horovod_keras.Compression`).
         gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
             Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
         name: str; default "distributed_<name of optimizer>".
@@ -77,6 +78,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             slices instead, and applies the same mean gradient.
         process_set: None or Horovod's global process set (`horovod.tensorflow.global_process_set`),
             which is every rank, as here; any other set is refused (ValueError).
+        op: "average" (the mean over ranks) or "sum", or Horovod's `Average` / `Sum`.
+        gradient_predivide_factor: float > 0 (1.0), Horovod's split of the mean: gradients times 1 / f
+            before the sum, f / world size after it; ignored with op "sum", as Horovod does.
+        groups: None, an int k >= 1 (the gradients in k grouped allreduces of consecutive variables), or
+            a list of lists of variables (or their paths), each list one grouped allreduce and every
+            other variable one of its own: Horovod's `groups`, in place of `gradient_reduction`.
+        device_dense: "" or a TensorFlow device for the collectives (Horovod's argument).
+        device_sparse: accepted and ignored (sparse gradients are made dense, see `sparse_as_dense`).
 
     Local variables (Horovod's `register_local_var`): their gradients are not averaged over ranks;
     each rank applies its own (divided by the world size when `scale_local_gradients`). Register them
@@ -86,7 +95,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         ValueError: `optimizer` is not a Keras 3 optimizer or is already distributed; a
             `backward_passes_per_step` that is not an int >= 1 or contradicts the optimizer's
             `gradient_accumulation_steps`; an accumulating optimizer that is already built; an unknown
-            `compression` or `gradient_reduction`. Each message quotes the value received.
+            `compression`, `op` or `gradient_reduction`, `groups` that are neither, or both `groups` and
+            `gradient_reduction="grouped"`. Each message quotes the value received.
 
     Compile models with `jit_compile=False` (Horovod's XLA ops are not built here); on CPU-only machines
     Keras's "auto" already chooses that.
@@ -110,6 +120,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         scale_local_gradients=True,
         sparse_as_dense=False,
         process_set=None,
+        op="average",
+        gradient_predivide_factor=1.0,
+        groups=None,
+        device_dense="",
+        device_sparse="",
     ):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise ValueError(
@@ -118,24 +133,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             )
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError(f"{optimizer.name!r} already averages over ranks; wrap the optimizer only once.")
-        if compression not in collectives.GRADIENT_COMPRESSIONS:
-            raise ValueError(
-                f"compression={compression!r}; valid: {', '.join(collectives.GRADIENT_COMPRESSIONS)}."
-            )
-        if gradient_reduction not in collectives.GRADIENT_REDUCTIONS:
-            raise ValueError(
-                f"gradient_reduction={gradient_reduction!r}; valid: "
-                f"{', '.join(collectives.GRADIENT_REDUCTIONS)}."
-            )
+        compression = collectives.compression_name(compression)
+        op = collectives.op_name(op)
+        _check_arguments(
+            gradient_reduction, groups, gradient_predivide_factor, device_dense, device_sparse,
+            average_aggregated_gradients=average_aggregated_gradients,
+            scale_local_gradients=scale_local_gradients, sparse_as_dense=sparse_as_dense,
+        )  # fmt: skip
         _check_process_set(process_set)
-        if not isinstance(sparse_as_dense, bool):
-            raise ValueError(f"sparse_as_dense must be a bool, got {sparse_as_dense!r}.")
-        for flag, value in (
-            ("average_aggregated_gradients", average_aggregated_gradients),
-            ("scale_local_gradients", scale_local_gradients),
-        ):
-            if not isinstance(value, bool):
-                raise ValueError(f"{flag} must be a bool, got {value!r}.")
         accumulating = innermost_optimizer(optimizer)
         own_steps = accumulating.gradient_accumulation_steps
         steps = _accumulation_steps(backward_passes_per_step, own_steps)
@@ -155,7 +160,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.gradient_reduction = gradient_reduction
         self.average_aggregated_gradients = average_aggregated_gradients
         self.scale_local_gradients = scale_local_gradients
-        self._local_paths = set()  # paths of variables whose gradients stay on their rank
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.groups = groups if groups is None or isinstance(groups, int) else _group_keys(groups)
+        self.device_dense = device_dense
+        self._local_keys = set()  # `_variable_key`s of variables whose gradients stay on their rank
         self._local_layers = []  # PartialDistributedOptimizer's layers, resolved at the first step
         if own_steps:
             accumulating.gradient_accumulation_steps = None  # taken over: ranks talk once per update
@@ -217,16 +226,21 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._iterations.assign_add(1)
 
     def _average(self, grads, variables=None):
+        variables = self._trainable_variables if variables is None else variables
         local = self._local_mask(variables)
-        if not any(local):
-            return collectives.allreduce_gradients(
-                grads, reduction=self.gradient_reduction, compression=self.compression
-            )
-        # Local variables' gradients stay out of the allreduce (None there keeps the positions).
-        shared = collectives.allreduce_gradients(
-            [None if is_local else g for g, is_local in zip(grads, local)],
+        how = dict(
             reduction=self.gradient_reduction,
             compression=self.compression,
+            op=self.op,
+            predivide=self.gradient_predivide_factor,
+            groups=self._group_positions(grads, variables),
+            device=self.device_dense,
+        )
+        if not any(local):
+            return collectives.allreduce_gradients(grads, **how)
+        # Local variables' gradients stay out of the allreduce (None there keeps the positions).
+        shared = collectives.allreduce_gradients(
+            [None if is_local else g for g, is_local in zip(grads, local)], **how
         )
         scale = collectives.size() if self.scale_local_gradients else 1
         return [
@@ -234,24 +248,39 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             for g, r, is_local in zip(grads, shared, local)
         ]
 
+    def _group_positions(self, grads, variables):
+        """Horovod's `groups` as lists of positions in `grads`, or None."""
+        if self.groups is None:
+            return None
+        if isinstance(self.groups, int):
+            # Horovod's split of the present gradients into k near-equal runs (its common.util.split_list).
+            present = [i for i, g in enumerate(grads) if g is not None]
+            d, r = divmod(len(present), self.groups)
+            return [present[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(self.groups)]
+        where = {_variable_key(v): i for i, v in enumerate(variables)}
+        return [[where[key] for key in group if key in where] for group in self.groups]
+
     def register_local_var(self, var):
         """Keeps `var`'s gradient on its rank (Horovod's `register_local_var`): not averaged over ranks,
         divided by the world size when `scale_local_gradients`. Call before the first step.
 
         Args:
-            var: a `keras.Variable` (a trainable weight of the model).
+            var: a `keras.Variable` (a trainable weight of the model) or a `tf.Variable` (one that the
+                optimizer is applied to as it is, e.g. through `apply_gradients`).
+
+        Raises:
+            ValueError: `var` is neither.
         """
-        if not isinstance(var, keras.Variable):
-            raise ValueError(f"register_local_var needs a keras.Variable, got {var!r}.")
-        self._local_paths.add(var.path)
+        if not (isinstance(var, keras.Variable) or _is_tf_variable(var)):
+            raise ValueError(f"register_local_var needs a keras.Variable or a tf.Variable, got {var!r}.")
+        self._local_keys.add(_variable_key(var))
 
     def _local_mask(self, variables):
-        if not (self._local_paths or self._local_layers):
-            return [False] * (len(variables) if variables is not None else len(self._trainable_variables))
-        paths = set(self._local_paths)
-        paths.update(v.path for layer in self._local_layers for v in layer.trainable_weights)
-        variables = self._trainable_variables if variables is None else variables
-        return [v.path in paths for v in variables]
+        if not (self._local_keys or self._local_layers):
+            return [False] * len(variables)
+        keys = set(self._local_keys)
+        keys.update(_variable_key(v) for layer in self._local_layers for v in layer.trainable_weights)
+        return [_variable_key(v) in keys for v in variables]
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -328,6 +357,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "gradient_reduction": self.gradient_reduction,
             "average_aggregated_gradients": self.average_aggregated_gradients,
             "scale_local_gradients": self.scale_local_gradients,
+            "op": self.op,
+            "gradient_predivide_factor": self.gradient_predivide_factor,
+            "groups": self.groups
+            if self.groups is None or isinstance(self.groups, int)
+            else [list(group) for group in self.groups],
+            "device_dense": self.device_dense,
         }
 
     @classmethod
@@ -420,6 +455,67 @@ def PartialDistributedOptimizer(optimizer, local_layers=None, scale_local_gradie
     distributed = DistributedOptimizer(optimizer, scale_local_gradients=scale_local_gradients, **kwargs)
     distributed._local_layers = list(local_layers)
     return distributed
+
+
+def _check_arguments(gradient_reduction, groups, predivide, device_dense, device_sparse, **flags):
+    """Raises ValueError, quoting the value, for any argument of DistributedOptimizer out of range."""
+    if gradient_reduction not in collectives.GRADIENT_REDUCTIONS:
+        raise ValueError(
+            f"gradient_reduction={gradient_reduction!r}; valid: {', '.join(collectives.GRADIENT_REDUCTIONS)}."
+        )
+    if groups is not None:
+        kind = isinstance(groups, (int, list, tuple)) and not isinstance(groups, bool)
+        if not kind or (isinstance(groups, int) and groups < 1):
+            raise ValueError(
+                f"groups must be None, an int >= 1 or a list of lists of variables, got {groups!r}."
+            )
+        if gradient_reduction != "overlap":
+            raise ValueError(
+                f"groups={groups!r} and gradient_reduction={gradient_reduction!r}: groups say how the "
+                "gradients are grouped; give one of them."
+            )
+        if not isinstance(groups, int):
+            _group_keys(groups)  # raises on entries that are not variables or paths
+    if isinstance(predivide, bool) or not isinstance(predivide, (int, float)) or not predivide > 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}.")
+    for arg, value in (("device_dense", device_dense), ("device_sparse", device_sparse)):
+        if not isinstance(value, str):
+            raise ValueError(f"{arg} must be a device string ('' for TensorFlow's placement), got {value!r}.")
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{flag} must be a bool, got {value!r}.")
+
+
+def _is_tf_variable(value):
+    import tensorflow as tf
+
+    return isinstance(value, tf.Variable)
+
+
+def _variable_key(variable):
+    """What names a variable across calls: a Keras variable's (or a given) path, a tf.Variable's ref()."""
+    if isinstance(variable, str):
+        return variable
+    if isinstance(variable, keras.Variable):
+        return variable.path
+    return variable.ref()
+
+
+def _group_keys(groups):
+    """Horovod's list of lists of variables as lists of `_variable_key`s (paths for Keras variables).
+
+    Raises:
+        ValueError: an entry that is not a list, or a member that is not a variable or a path.
+    """
+    keys = []
+    for group in groups:
+        if not isinstance(group, (list, tuple)):
+            raise ValueError(f"groups must be a list of lists of variables; an entry is {group!r}.")
+        bad = [v for v in group if not (isinstance(v, (str, keras.Variable)) or _is_tf_variable(v))]
+        if bad:
+            raise ValueError(f"groups hold variables (or their paths); got {bad[0]!r}.")
+        keys.append([_variable_key(v) for v in group])
+    return keys
 
 
 def _check_process_set(process_set):

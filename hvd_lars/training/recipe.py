@@ -78,6 +78,8 @@ def build_optimizer(config, plan):
         backward_passes_per_step=plan.accumulation_steps,
         compression=config.gradient_compression,
         gradient_reduction=config.gradient_reduction,
+        average_aggregated_gradients=True,
+        op="average",
     )
 
 

@@ -20,7 +20,7 @@ import os
 
 import tensorflow as tf
 
-from hvd_lars.parallel import collectives
+from hvd_lars.parallel import collectives, ompi_allreduce_rules
 
 # Where cgroups keep the CPUs and CPU time a process's group may use (v2, then v1).
 _CGROUP_ROOT = "/sys/fs/cgroup"
@@ -231,32 +231,28 @@ def describe_placements(placements):
 # Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms in blocking MPI calls and Open MPI
 # polls while it waits: with every core busy in the compute pool, that polling takes a core from the step.
 # A 5 ms cycle (Horovod's default before 0.21) and MPI yielding while it waits give the core back
-# (results/scaling.md, section threads, measures both).
-#
-# Open MPI's allreduce: its fixed decision (coll/tuned, Open MPI 4.1) picks, for 1-64 MiB on 4-8 ranks,
-# an algorithm that took 1.86-2.15x the bandwidth-optimal ring bound on emulated hosts; the ring itself
-# 1.07-1.37x (results/allreduce_hosts.md). OMPI_ALLREDUCE_RULES is a coll/tuned dynamic rules file:
-# allreduce on communicators of 3 ranks and more, below 1 MiB Open MPI's own choice (the faster there),
-# from 1 MiB algorithm 4, the ring; communicators of 2 ranks keep Open MPI's choice. The cost: with the
-# ring an element's summation order depends on where it falls in Horovod's fusion buffer, which the
-# overlapped reduction fills in the order gradients arrive, so two runs of one job on 3+ Open MPI ranks
-# can differ by float32 rounding (1e-7 relative; results/allreduce_order.md). --gradient_reduction=grouped
-# fuses in one fixed order and stays bit-reproducible; OMPI_MCA_coll_tuned_use_dynamic_rules=0 exported
-# before launching restores Open MPI's choice. Other MPIs and Gloo ignore these variables.
-OMPI_ALLREDUCE_RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ompi_allreduce_rules.conf")
+# (results/scaling.md, section threads, measures both). Open MPI's allreduce rules are the library's
+# (hvd_lars.parallel.ompi_allreduce_rules, which says why and when a job gets them).
+OMPI_ALLREDUCE_RULES = ompi_allreduce_rules.RULES_FILE
 HOROVOD_CPU_DEFAULTS = {
     "HOROVOD_CYCLE_TIME": "5",
     "OMPI_MCA_mpi_yield_when_idle": "1",
-    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-    "OMPI_MCA_coll_tuned_dynamic_rules_filename": OMPI_ALLREDUCE_RULES,
+    **ompi_allreduce_rules.RULES_SETTINGS,
 }
 
 
 def apply_horovod_cpu_defaults(environ=None):
-    """Sets each of `HOROVOD_CPU_DEFAULTS` in `environ` (default `os.environ`) that is not set already;
-    returns {name: value} of those set. Call before Horovod initialises MPI (`collectives.init()`): both
-    are read there. A value the user or the launcher exported is kept."""
+    """Sets Horovod's cycle time and Open MPI's yielding of `HOROVOD_CPU_DEFAULTS` in `environ` (default
+    `os.environ`) where they are not set already, and the allreduce rules where
+    `hvd_lars.parallel.ompi_allreduce_rules.apply` gives them (a CPU-only Open MPI job whose user and site
+    chose no allreduce); returns {name: value} of those set. Call before Horovod initialises MPI
+    (`collectives.init()`): all are read there. A value the user or the launcher exported is kept."""
     environ = os.environ if environ is None else environ
-    applied = {k: v for k, v in HOROVOD_CPU_DEFAULTS.items() if k not in environ}
+    applied = {
+        k: v
+        for k, v in HOROVOD_CPU_DEFAULTS.items()
+        if k not in environ and k not in ompi_allreduce_rules.RULES_SETTINGS
+    }
     environ.update(applied)
+    applied.update(ompi_allreduce_rules.apply(environ)[0])
     return applied

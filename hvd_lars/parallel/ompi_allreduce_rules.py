@@ -1,0 +1,145 @@
+"""Open MPI's allreduce for CPU ranks: the coll/tuned rules file beside this module and when a job gets it.
+
+Open MPI's fixed decision (coll/tuned, Open MPI 4.1) picks, for 1-64 MiB on 4-8 ranks, an algorithm that
+took 1.86-2.15x the bandwidth-optimal ring bound on emulated hosts; the ring itself 1.07-1.37x
+(results/allreduce_hosts.md). `RULES_FILE` is a coll/tuned dynamic rules file: allreduce on communicators
+of 3 ranks and more, below 1 MiB Open MPI's own choice (the faster there), from 1 MiB algorithm 4, the
+ring; communicators of 2 ranks keep Open MPI's choice. The cost: with the ring an element's summation
+order depends on where it falls in Horovod's fusion buffer, which the overlapped reduction fills in the
+order gradients arrive, so two runs of one job on 3+ Open MPI ranks can differ by float32 rounding (1e-7
+relative; results/allreduce_order.md); one grouped reduction fuses in one fixed order and stays
+bit-reproducible.
+
+`apply` points Open MPI at the file (`RULES_SETTINGS`, read when MPI starts, i.e. before Horovod's init)
+on CPU-only Open MPI jobs, unless the user or the site chose an allreduce (`chosen_allreduce`); GPU jobs
+(Horovod reduces on the GPU there), Gloo jobs and other MPIs are left alone.
+`hvd_lars.parallel.horovod_keras.init()` and the main program (`hvd_lars.training.threads`) call it;
+exporting `OMPI_MCA_coll_tuned_use_dynamic_rules=0` restores Open MPI's choice for both.
+"""
+
+import os
+import shutil
+
+RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ompi_allreduce_rules.conf")
+RULES_SETTINGS = {
+    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+    "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES_FILE,
+}
+# Open MPI's names for choosing collectives: the tuned component's parameters, and the component list.
+_CHOICE_PREFIX, _COMPONENT_CHOICE = "coll_tuned_", "coll"
+
+
+def parameter_files(environ=None):
+    """The Open MPI parameter files (`name = value` lines) that exist, in the order Open MPI reads them:
+    the list in `OMPI_MCA_mca_base_param_files` when set, else `$HOME/.openmpi/mca-params.conf` and
+    `openmpi-mca-params.conf` of Open MPI's configuration folder (`$OPAL_SYSCONFDIR`,
+    `$OPAL_PREFIX/etc`, `<prefix>/etc` of the `mpirun` on PATH, Debian's `/etc/openmpi`)."""
+    environ = os.environ if environ is None else environ
+    listed = environ.get("OMPI_MCA_mca_base_param_files")
+    if listed is not None:
+        candidates = listed.split(os.pathsep)
+    else:
+        home = environ.get("HOME") or os.path.expanduser("~")
+        folders = [environ.get("OPAL_SYSCONFDIR", "")]
+        if environ.get("OPAL_PREFIX"):
+            folders.append(os.path.join(environ["OPAL_PREFIX"], "etc"))
+        mpirun = shutil.which("mpirun", path=environ.get("PATH"))
+        if mpirun:
+            folders.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(mpirun))), "etc"))
+        folders.append("/etc/openmpi")
+        candidates = [os.path.join(home, ".openmpi", "mca-params.conf")]
+        candidates += [os.path.join(f, "openmpi-mca-params.conf") for f in folders if f]
+    seen, files = set(), []
+    for path in candidates:
+        path = os.path.expanduser(path.strip())
+        if path and path not in seen and os.path.isfile(path):
+            seen.add(path)
+            files.append(path)
+    return files
+
+
+def _chosen_in_file(path):
+    """'name' of the first line of the parameter file `path` that chooses collectives, or None."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    for line in lines:
+        name = line.split("#", 1)[0].split("=", 1)[0].strip()
+        if name.startswith(_CHOICE_PREFIX) or name == _COMPONENT_CHOICE:
+            return name
+    return None
+
+
+def chosen_allreduce(environ=None, files=None):
+    """Where the user or the site chose Open MPI's collectives, or None: the first `OMPI_MCA_coll_tuned_*`
+    (or `OMPI_MCA_coll`) variable of `environ` (default `os.environ`), e.g.
+    "OMPI_MCA_coll_tuned_use_dynamic_rules=0", else the first `coll_tuned_*` (or `coll`) line of a
+    parameter file (`files`, default `parameter_files(environ)`), e.g. "coll_tuned_allreduce_algorithm in
+    /etc/openmpi/openmpi-mca-params.conf"."""
+    environ = os.environ if environ is None else environ
+    for name in sorted(environ):
+        if name.startswith("OMPI_MCA_" + _CHOICE_PREFIX) or name == "OMPI_MCA_" + _COMPONENT_CHOICE:
+            return f"{name}={environ[name]}"
+    for path in parameter_files(environ) if files is None else files:
+        name = _chosen_in_file(path)
+        if name:
+            return f"{name} in {path}"
+    return None
+
+
+def open_mpi_job(environ=None):
+    """True when Horovod would reduce through Open MPI: Horovod's MPI library is Open MPI (its
+    libopen-pal is loaded with `horovod.tensorflow`, or Open MPI's launcher set `OMPI_COMM_WORLD_SIZE`)
+    and Horovod's controller is not Gloo (`HOROVOD_CONTROLLER=gloo`, horovodrun --gloo's rendezvous)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo" or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ:
+        return False
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return True
+    try:
+        import horovod.tensorflow  # noqa: F401  (loads Horovod's MPI library, without starting MPI)
+    except ImportError:
+        return False
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libopen-pal" in line for line in f)
+    except OSError:  # no /proc (not Linux): only the launcher's variable tells
+        return False
+
+
+def gpu_job():
+    """True when TensorFlow sees a GPU (Horovod then reduces GPU tensors with NCCL, not Open MPI)."""
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def apply(environ=None, open_mpi=None, gpu=None, files=None):
+    """Sets `RULES_SETTINGS` in `environ` (default `os.environ`) for a CPU-only Open MPI job whose user
+    and site chose no allreduce. Call before Horovod initialises MPI, which reads them.
+
+    Args:
+        environ: a dict of environment variables.
+        open_mpi, gpu: bools; None: `open_mpi_job(environ)`, `gpu_job()`.
+        files: Open MPI parameter files to read; None: `parameter_files(environ)`.
+
+    Returns:
+        (applied, line): {name: value} of what was set ({} when nothing), and the one log line that says
+        what was done and how to turn it off, or why the rules were left out (None for a job that is not
+        a CPU-only Open MPI job, which has nothing to say).
+    """
+    environ = os.environ if environ is None else environ
+    if not (open_mpi_job(environ) if open_mpi is None else open_mpi):
+        return {}, None
+    if gpu_job() if gpu is None else gpu:
+        return {}, None
+    chosen = chosen_allreduce(environ, files)
+    if chosen:
+        return {}, f"hvd_lars: Open MPI's allreduce as chosen ({chosen}); {RULES_FILE} not applied."
+    environ.update(RULES_SETTINGS)
+    return dict(RULES_SETTINGS), (
+        f"hvd_lars: Open MPI allreduce from 1 MiB on 3+ ranks: the ring ({RULES_FILE}); "
+        "OMPI_MCA_coll_tuned_use_dynamic_rules=0 keeps Open MPI's own choice."
+    )

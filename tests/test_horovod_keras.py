@@ -1,0 +1,336 @@
+"""`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` (issue 34): Horovod's defaults
+(`DistributedOptimizer` sums micro-batches, `LearningRateWarmupCallback` corrects momentum), `load_model`
+that wraps whatever optimizer a file holds, `register_local_var` of a `tf.Variable`, the value
+collectives, `op` / `gradient_predivide_factor` / `groups`, Horovod's own gradient-aggregation numbers
+in Keras 3's API, and when Open MPI gets the allreduce rules. Hand-computed or NumPy right values; the
+2-rank cases run once in tests/support/horovod_keras_worker.py.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_lars
+from hvd_lars.parallel import collectives, horovod_keras, ompi_allreduce_rules
+from hvd_lars.parallel.learning_rate_callbacks import LearningRateScheduleCallback, LearningRateWarmupCallback
+from tests.support import REPO
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def _apply_twice(optimizer):
+    """Gradient 1.0 on two micro-batches of one update; returns the change of w (from 0)."""
+    w = keras.Variable(0.0)
+    for _ in range(2):
+        optimizer.apply([keras.ops.ones(())], [w])
+    return float(w.numpy())
+
+
+@pytest.mark.unit
+def test_horovods_distributed_optimizer_sums_micro_batches_as_horovods_does():
+    # Issue 34 item 3: SGD(1.0), gradient 1.0 twice in one update of backward_passes_per_step=2.
+    assert (
+        _apply_twice(
+            horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+        )
+        == -2.0
+    )
+    # hvd_lars.DistributedOptimizer keeps its documented mean, as Keras's gradient_accumulation_steps.
+    assert (
+        _apply_twice(hvd_lars.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2))
+        == -1.0
+    )
+    assert not isinstance(horovod_keras.DistributedOptimizer, type)  # a function, as Horovod's
+    wrapper = horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    assert (wrapper.average_aggregated_gradients, wrapper.op, wrapper.compression) == (
+        False,
+        "average",
+        "none",
+    )
+    assert type(wrapper).from_config(wrapper.get_config()).get_config() == wrapper.get_config()
+
+
+@pytest.mark.unit
+def test_an_infinite_cycle_does_not_leak_into_the_next():
+    # What Horovod's test_grad_aggregation_with_inf_grad checks: the accumulators start the next update
+    # from 0 after an update whose gradients were infinite.
+    optimizer = horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+    w = keras.Variable(0.0)
+    for g in (np.inf, np.inf):
+        optimizer.apply([keras.ops.convert_to_tensor(g)], [w])
+    w.assign(0.0)
+    for g in (1.0, 1.0):
+        optimizer.apply([keras.ops.convert_to_tensor(g)], [w])
+    assert float(w.numpy()) == -2.0
+
+
+@pytest.mark.unit
+def test_compression_objects_and_ops_are_accepted_by_both_optimizers():
+    fp16 = horovod_keras.Compression.fp16
+    assert horovod_keras.Compression is collectives.horovod_tensorflow().Compression  # Horovod's own
+    for make in (hvd_lars.DistributedOptimizer, horovod_keras.DistributedOptimizer):
+        assert make(keras.optimizers.SGD(), compression=fp16).compression == "fp16"
+        assert make(keras.optimizers.SGD(), compression=horovod_keras.Compression.none).compression == "none"
+        assert make(keras.optimizers.SGD(), op=horovod_keras.Sum).op == "sum"
+    assert hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), compression="fp16").compression == "fp16"
+    with pytest.raises(ValueError, match=r"op=.*valid: average, sum, hvd.Average or hvd.Sum"):
+        horovod_keras.DistributedOptimizer(keras.optimizers.SGD(), op=collectives.horovod_tensorflow().Adasum)
+    with pytest.raises(ValueError, match="compression=<class 'object'>"):
+        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), compression=object)
+    with pytest.raises(
+        ValueError, match="groups must be None, an int >= 1 or a list of lists of variables, got 0"
+    ):
+        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), groups=0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor must be a number > 0, got -1"):
+        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), gradient_predivide_factor=-1)
+    with pytest.raises(ValueError, match="give one of them"):
+        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), groups=2, gradient_reduction="grouped")
+
+
+@pytest.mark.unit
+def test_register_local_var_takes_a_tf_variable():
+    # Issue 34 item 3: Horovod accepts a tf.Variable.
+    optimizer = horovod_keras.DistributedOptimizer(keras.optimizers.SGD())
+    optimizer.register_local_var(tf.Variable(1.0))
+    optimizer.register_local_var(keras.Variable(1.0))
+    with pytest.raises(ValueError, match="needs a keras.Variable or a tf.Variable, got 1.0"):
+        optimizer.register_local_var(1.0)
+
+
+def _fit_epochs(optimizer, callbacks, epochs=2):
+    """Dense(1, use_bias=False) from w = 1, one batch x = 1, y = 0 per epoch (gradient 2 w); w per epoch."""
+    model = keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+    )
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    trace = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: trace.append(float(model.trainable_variables[0].numpy()[0, 0]))
+    )
+    history = model.fit(
+        np.ones((1, 1)), np.zeros((1, 1)), epochs=epochs, verbose=0, callbacks=[*callbacks, record]
+    )
+    return trace, history
+
+
+def _halving(**kwargs):
+    return LearningRateScheduleCallback(initial_lr=0.1, multiplier=lambda epoch: [1.0, 0.5][epoch], **kwargs)
+
+
+@pytest.mark.unit
+def test_momentum_correction_rescales_the_velocity_where_the_rate_changes():
+    # SGD(0.1, momentum=0.9), m = 0.9 m - lr g, w += m, g = 2 w. Epoch 0 at 0.1: m = -0.2, w = 0.8.
+    # Epoch 1 at 0.05: corrected, m = 0.9 * (0.5 * -0.2) - 0.05 * 1.6 = -0.17, w = 0.63 (Horovod's
+    # momentum 0.45 for that batch: 0.45 * -0.2 - 0.08, the same); uncorrected m = -0.26, w = 0.54.
+    trace, history = _fit_epochs(
+        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), [_halving()]
+    )
+    assert trace == pytest.approx([0.8, 0.63], abs=1e-6)
+    assert history.history["lr"] == pytest.approx([0.1, 0.05])  # Horovod's callbacks log the rate
+    trace, _ = _fit_epochs(keras.optimizers.SGD(0.1, momentum=0.9), [_halving(momentum_correction=False)])
+    assert trace == pytest.approx([0.8, 0.54], abs=1e-6)
+    # RMSprop's momentum buffer carries the rate too: m = 0.9 m + lr g / rms (rms of g = 2 w).
+    trace, _ = _fit_epochs(keras.optimizers.RMSprop(0.1, rho=0.0, momentum=0.9, epsilon=0.0), [_halving()])
+    assert trace == pytest.approx([0.9, 0.9 - (0.9 * 0.5 * 0.1 + 0.05)], abs=1e-5)
+    # Without momentum (Adam, Horovod's hasattr check): nothing to correct, the same as without.
+    with_correction, _ = _fit_epochs(keras.optimizers.Adam(0.1), [_halving()])
+    without, _ = _fit_epochs(keras.optimizers.Adam(0.1), [_halving(momentum_correction=False)])
+    assert with_correction == without
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: hvd_lars.LARS(0.1, momentum=0.9), "LARS rescales its own velocity"),
+        (lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), "Nesterov's look-ahead"),
+    ],
+)
+def test_momentum_correction_is_refused_where_it_is_not_horovods(make, message):
+    for callback in (_halving(), LearningRateWarmupCallback(initial_lr=0.1, steps_per_epoch=1)):
+        with pytest.raises(
+            ValueError, match=f"momentum_correction=True with .*{message}.*momentum_correction=False"
+        ):
+            _fit_epochs(hvd_lars.DistributedOptimizer(make()), [callback])
+    trace, _ = _fit_epochs(make(), [_halving(momentum_correction=False)])  # accepted without
+    assert len(trace) == 2
+
+
+@pytest.mark.unit
+def test_learning_rate_schedule_callback_as_horovods():
+    rates = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: rates.append(float(model.optimizer.learning_rate.numpy()))
+    )
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)
+    # Not a staircase: initial_lr * multiplier(epoch + batch / steps) before each of 2 batches per epoch,
+    # from epoch 1 on (start_epoch), until epoch 3 (end_epoch excluded).
+    smooth = LearningRateScheduleCallback(1.0, lambda e: e / 10, start_epoch=1, end_epoch=3, staircase=False)
+    model.fit(np.ones((4, 1)), np.ones((4, 1)), batch_size=2, epochs=4, verbose=0, callbacks=[smooth, record])
+    assert rates == pytest.approx([0.1, 0.1, 0.1, 0.15, 0.2, 0.25, 0.25, 0.25])
+    with pytest.raises(ValueError, match="initial_lr must be a number > 0, got None"):
+        LearningRateScheduleCallback(None, 0.5)
+
+
+@pytest.mark.unit
+def test_best_model_checkpoint_needs_its_path_in_keras_3(tmp_path):
+    with pytest.raises(ValueError, match="BestModelCheckpoint needs filepath="):
+        horovod_keras.callbacks.BestModelCheckpoint(monitor="loss")
+    best = horovod_keras.callbacks.BestModelCheckpoint(monitor="loss", filepath=str(tmp_path / "best.keras"))
+    assert best.save_best_only and best.monitor == "loss"
+
+
+@pytest.mark.unit
+def test_broadcast_global_variables_without_a_model_says_what_to_use():
+    with pytest.raises(ValueError, match=r"pass the model .*BroadcastGlobalVariablesCallback\(0\)"):
+        horovod_keras.broadcast_global_variables(0)
+    with pytest.raises(ValueError, match=r"load_model\(legacy_opts=True\): Keras 3 has no legacy optimizers"):
+        horovod_keras.load_model("model.keras", legacy_opts=True)
+
+
+@pytest.mark.unit
+def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
+    site = tmp_path / "openmpi-mca-params.conf"
+    site.write_text("btl = ^openib\n# coll_tuned_use_dynamic_rules = 1 (a comment)\n")
+    environ = {"PATH": "/bin"}
+    applied, line = ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False, files=[str(site)])
+    assert (
+        applied
+        == ompi_allreduce_rules.RULES_SETTINGS
+        == {
+            "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+            "OMPI_MCA_coll_tuned_dynamic_rules_filename": os.path.join(
+                REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf"
+            ),
+        }
+    )
+    assert environ == {"PATH": "/bin", **applied}
+    assert "the ring" in line and "OMPI_MCA_coll_tuned_use_dynamic_rules=0" in line
+    # Chosen by the user (any coll_tuned variable) or the site (a coll_tuned line of a parameter file).
+    for environ, files, chosen in (
+        ({"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}, [], "OMPI_MCA_coll_tuned_allreduce_algorithm=4"),
+        ({"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}, [], "OMPI_MCA_coll_tuned_use_dynamic_rules=0"),
+        ({}, [str(tmp_path / "user.conf")], "coll_tuned_allreduce_algorithm in "),
+    ):
+        (tmp_path / "user.conf").write_text("coll_tuned_allreduce_algorithm = 2\n")
+        got, line = ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False, files=files)
+        assert got == {} and chosen in line and "not applied" in line
+        assert "OMPI_MCA_coll_tuned_dynamic_rules_filename" not in environ
+    # Open MPI's list of parameter files, when the user sets it.
+    environ = {"OMPI_MCA_mca_base_param_files": f"{tmp_path / 'user.conf'}:{tmp_path / 'absent.conf'}"}
+    assert ompi_allreduce_rules.parameter_files(environ) == [str(tmp_path / "user.conf")]
+    assert ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False)[0] == {}
+    # GPU jobs and jobs not on Open MPI are left alone, silently.
+    assert ompi_allreduce_rules.apply({}, open_mpi=True, gpu=True, files=[]) == ({}, None)
+    assert ompi_allreduce_rules.apply({}, open_mpi=False, gpu=False, files=[]) == ({}, None)
+    assert not ompi_allreduce_rules.open_mpi_job({"HOROVOD_CONTROLLER": "gloo", "OMPI_COMM_WORLD_SIZE": "4"})
+    assert ompi_allreduce_rules.open_mpi_job({"OMPI_COMM_WORLD_SIZE": "4"})
+    # The rules: allreduce (collective 2), one rule for communicators of 3 ranks and more: below 1 MiB
+    # algorithm 0 (Open MPI's own choice), from 1 MiB (1,048,576 B) algorithm 4, the ring.
+    with open(ompi_allreduce_rules.RULES_FILE) as f:
+        assert f.read().split() == "1 2 1 3 2 0 0 0 0 1048576 4 0 0".split()
+
+
+@pytest.mark.unit
+def test_init_applies_the_rules_unless_switched_off(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: calls.append("apply") or ({}, None))
+    monkeypatch.setattr(
+        collectives, "init", lambda comm=None, process_sets=None: calls.append("init") or (0, 1)
+    )
+    assert horovod_keras.init(ompi_allreduce_rules=False) == (0, 1)
+    assert calls == ["init"]
+    horovod_keras.init()
+    assert calls == ["init", "apply", "init"]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("horovod_keras")
+    worker = os.path.join(REPO, "tests", "support", "horovod_keras_worker.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
+    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=dict(env, PYTHONPATH=REPO), cwd=out
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], result.stdout
+
+
+@pytest.mark.horovod
+def test_init_says_it_gave_open_mpi_the_ring_once(ranks):
+    results, stdout = ranks
+    assert stdout.count("hvd_lars: Open MPI allreduce from 1 MiB on 3+ ranks: the ring") == 1  # rank 0
+    for r, result in enumerate(results):
+        rules = ompi_allreduce_rules.RULES_FILE
+        assert result["init"] == {"rank": r, "size": 2, "cross_rank": 0, "initialized": True, "rules": rules}
+
+
+@pytest.mark.horovod
+def test_load_model_wraps_the_files_plain_optimizer(ranks):
+    # Issue 34 item 2: mean gradient (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, SGD(0.1): w = 1.2 on both ranks
+    # (Keras's own load_model left SGD unwrapped: 1.0 and 1.4).
+    for result in ranks[0]:
+        assert result["load_model"] == {
+            "w": pytest.approx(1.2, abs=1e-6),
+            "optimizer": "DistributedOptimizer",
+            "inner": "SGD",
+        }
+
+
+@pytest.mark.horovod
+def test_op_predivide_compression_and_groups_on_two_ranks(ranks):
+    # Gradients 0 and -4 at w = 1: mean -2 (w = 1.2), sum -4 (w = 1.4); a predivide factor, float16 on
+    # the wire and explicit groups give the same mean.
+    for result in ranks[0]:
+        got = result["optimizer_arguments"]
+        assert got["sum"] == pytest.approx(1.4, abs=1e-6)
+        for case in ("average", "predivide", "fp16_predivide", "groups_int", "groups_list"):
+            assert got[case] == pytest.approx(1.2, abs=1e-6), case
+
+
+@pytest.mark.horovod
+def test_value_collectives_on_two_ranks(ranks):
+    for r, result in enumerate(ranks[0]):
+        got = result["value_collectives"]
+        assert got["allreduce"] == [1.5] and got["allreduce_sum"] == 3.0
+        assert got["allreduce_variable"] == [1.0] and got["allreduce_graph"] == [3.0]
+        assert got["allgather"] == [[0], [1]] and got["broadcast"] == 15
+        # [1, 2, 3, 4] + [2, 4, 6, 8] = [3, 6, 9, 12], split between the ranks.
+        assert got["reducescatter"] == [[3.0, 6.0], [9.0, 12.0]][r]
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("average", [True, False])
+def test_horovods_gradient_aggregation_with_local_vars_numbers(ranks, average):
+    # Horovod's compute_expected_value: after pass k (from 0), n = (k + 1) // 4 updates; d loss / dx = 1,
+    # d loss / dy_0 = -(rank + 1); shared variables get the mean over ranks (y: -1.5), local ones their
+    # rank's own divided by the world size; summed over the 4 passes when not averaging.
+    results, _ = ranks
+    for r, result in enumerate(results):
+        for k, row in enumerate(result["aggregation_with_local_vars"][str(average)]):
+            n = (k + 1) // 4 * (1 if average else 4)
+            x = [n / 2] * 4 + [float(n)] * 4
+            y = [1.0 - n * (r + 1) / 2] * 4 + [1.0 - 1.5 * n] * 4
+            assert row == pytest.approx(x + y, abs=1e-6), (r, k)
+
+
+@pytest.mark.horovod
+def test_warmup_corrects_momentum_on_two_ranks(ranks):
+    # Warmup to 0.2 over 1 epoch of 2 updates on 2 ranks: rates 0.15, 0.2, 0.2, 0.2; at the change
+    # (update 1) the velocity is multiplied by 0.2 / 0.15. x = 1, y = 0: g = 2 w on both ranks.
+    w, m, want = 1.0, 0.0, []
+    for lr, ratio in ((0.15, 1.0), (0.2, 0.2 / 0.15), (0.2, 1.0), (0.2, 1.0)):
+        m = 0.9 * m * ratio - lr * 2 * w
+        w += m
+        want.append(w)
+    for result in ranks[0]:
+        assert result["warmup_momentum_correction"]["w"] == pytest.approx(want, abs=1e-5)
+        assert result["warmup_momentum_correction"]["lr_logs"] == pytest.approx([0.2, 0.2])

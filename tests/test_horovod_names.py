@@ -1,0 +1,115 @@
+"""Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, its `callbacks` and its `elastic` is in
+`hvd_lars.parallel.horovod_keras` (issue 34 item 1), with Horovod's arguments (same order, same defaults),
+and the README's Horovod table names each.
+
+Horovod's names are read from Horovod's installed sources with `ast` (its Keras layer does not import
+under Keras 3): the functions and classes each file defines, the names `__init__.py` takes from
+`horovod.tensorflow` and its modules (its own `horovod.common.util` version helper aside), and `elastic`'s
+`__all__`. So a name Horovod has cannot be forgotten here.
+"""
+
+import ast
+import importlib.util
+import inspect
+import os
+import re
+
+import pytest
+
+from hvd_lars.parallel import horovod_keras
+from tests.support import REPO
+
+pytestmark = pytest.mark.unit
+
+HOROVOD = importlib.util.find_spec("horovod").submodule_search_locations[0]
+SOURCES = {
+    "": os.path.join(HOROVOD, "tensorflow", "keras", "__init__.py"),
+    "callbacks": os.path.join(HOROVOD, "tensorflow", "keras", "callbacks.py"),
+    "elastic": os.path.join(HOROVOD, "tensorflow", "keras", "elastic.py"),
+}
+
+
+def horovod_names(path):
+    """{name: ast node of its def or class, or None for an imported name} of Horovod's public names."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    names = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            names[node.name] = node
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horovod.tensorflow"):
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                if not bound.startswith("_"):
+                    names[bound] = None
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            exported = set(ast.literal_eval(node.value))
+            names = {k: v for k, v in names.items() if k in exported}
+            names.update({k: None for k in exported if k not in names})
+    return names
+
+
+def _module(part):
+    return getattr(horovod_keras, part) if part else horovod_keras
+
+
+ALL = sorted(
+    (part, name, node) for part, path in SOURCES.items() for name, node in horovod_names(path).items()
+)
+
+
+def test_horovods_names_were_read():
+    # What Horovod 0.28.1's files hold (a changed Horovod shows here first).
+    names = {(part, name) for part, name, _ in ALL}
+    assert len(names) == 47  # 37 in the module, 5 callbacks, 5 in elastic
+    assert {
+        ("", "Compression"),
+        ("", "reducescatter"),
+        ("", "remove_process_set"),
+        ("callbacks", "BestModelCheckpoint"),
+        ("callbacks", "LearningRateScheduleCallback"),
+        ("elastic", "run"),
+    } <= names
+
+
+@pytest.mark.parametrize("part, name, node", ALL, ids=[f"{p or 'hvd'}.{n}" for p, n, _ in ALL])
+def test_every_horovod_name_is_here_with_its_arguments(part, name, node):
+    ours = getattr(_module(part), name, None)
+    assert ours is not None, f"horovod_keras{'.' + part if part else ''} lacks Horovod's {name}"
+    if node is None:
+        return
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is None:
+            return
+        arguments, ours = init.args, ours.__init__
+    else:
+        arguments = node.args
+    theirs = [a.arg for a in arguments.args if a.arg != "self"]
+    defaults = dict(zip(reversed(theirs), reversed(arguments.defaults)))
+    parameters = [p for p in inspect.signature(ours).parameters.values() if p.name != "self"]
+    positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional[: len(theirs)] == theirs, f"{name}: Horovod's arguments {theirs}, ours {positional}"
+    for arg, default in defaults.items():
+        want = eval(compile(ast.Expression(default), "<horovod default>", "eval"), vars(horovod_keras))  # noqa: S307
+        got = inspect.signature(ours).parameters[arg].default
+        assert got is want or got == want, (
+            f"{name}({arg}=...): Horovod's default {ast.unparse(default)}, ours {got!r}"
+        )
+
+
+def test_horovods_own_names_are_horovods():
+    import horovod.tensorflow as hvd
+
+    own = "shutdown is_initialized Average Sum Compression ProcessSet global_process_set add_process_set"
+    for name in (own + " remove_process_set start_timeline mpi_threads_supported gloo_enabled").split():
+        assert getattr(horovod_keras, name) is getattr(hvd, name), name
+
+
+def test_the_readmes_horovod_table_names_every_horovod_name():
+    with open(os.path.join(REPO, "README.md")) as f:
+        section = f.read().split("### With Horovod: the `horovod.tensorflow.keras` names for Keras 3", 1)[1]
+    table = "\n".join(line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("|"))
+    cells = re.findall(r"`([^`]*)`", table)
+    for _part, name, _ in ALL:
+        assert any(re.search(rf"\b{re.escape(name)}\b", cell) for cell in cells), f"README table lacks {name}"

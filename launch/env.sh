@@ -83,7 +83,7 @@ export HOROVOD_GLOO_TIMEOUT_SECONDS="${HOROVOD_GLOO_TIMEOUT_SECONDS:-60}"
 # then waits for its daemon on the silent host (measured: still running 90 s after the silence, 4 of 4).
 export OMPI_MCA_plm_rsh_args="${OMPI_MCA_plm_rsh_args:--o ServerAliveInterval=10 -o ServerAliveCountMax=3}"
 # Open MPI's allreduce from 1 MiB up on 3 or more ranks is the ring: hvd_lars.main points each rank at
-# hvd_lars/training/ompi_allreduce_rules.conf before MPI starts (hvd_lars/training/threads.py says why;
+# hvd_lars/parallel/ompi_allreduce_rules.conf before MPI starts (hvd_lars/parallel/ompi_allreduce_rules.py says why;
 # export OMPI_MCA_coll_tuned_use_dynamic_rules=0 to keep Open MPI's own choice).
 # Open MPI refuses root unless told (containers, CI).
 if [ "$(id -u)" -eq 0 ]; then

@@ -74,9 +74,9 @@ class MetricsCSV(keras.callbacks.Callback):
             try:
                 rows = _read_rows(path)
             except ValueError as e:
-                rows = self._rebuilt(path, str(e), steps_per_epoch)
-            if lineage is not None:
-                rows = self._own(rows, lineage)
+                rows = self._rebuilt(path, str(e), steps_per_epoch)  # from summary.json: this run's
+            else:
+                rows = self._own(rows, lineage) if lineage is not None else rows
         elif lineage is not None and start_step:
             rows = _rows_of_summary(os.path.dirname(os.path.abspath(path)), steps_per_epoch)
             known = bool(rows)

@@ -76,7 +76,7 @@ class MetricsCSV(keras.callbacks.Callback):
             except ValueError as e:
                 rows = self._rebuilt(path, str(e), steps_per_epoch)  # from summary.json: this run's
             else:
-                rows = self._own(rows, lineage) if lineage is not None else rows
+                rows = self._own(rows, lineage, steps_per_epoch) if lineage is not None else rows
         elif lineage is not None and start_step:
             rows = _rows_of_summary(os.path.dirname(os.path.abspath(path)), steps_per_epoch)
             known = bool(rows)
@@ -92,18 +92,23 @@ class MetricsCSV(keras.callbacks.Callback):
         if known and lineage is not None:
             self._write()  # at once: the file holds this run's rows only, each with its run id
 
-    def _own(self, rows, lineage):
-        """The rows of `lineage`; a file holding others is moved under earlier_runs/ (one warning)."""
+    def _own(self, rows, lineage, steps_per_epoch):
+        """The rows of `lineage`; a file holding others is moved under earlier_runs/ (one warning) and
+        this run's epochs it lacks are taken from its summary.json."""
         foreign = [r.get("run_id") or None for r in rows if not lineage.owns(r.get("run_id") or None)]
         if not foreign:
             return rows
         run_dir = os.path.dirname(os.path.abspath(self.path))
         kept = set_aside([self.path], run_dir, foreign[0])
+        own = [r for r in rows if lineage.owns(r.get("run_id") or None)]
+        # The epochs the other run's rows stood for come back from this run's summary.json.
+        epochs = {int(r["epoch"]) for r in own}
+        own += [r for r in _rows_of_summary(run_dir, steps_per_epoch) if int(r["epoch"]) not in epochs]
         damaged.warn(
             f"{self.path} holds {len(foreign)} row(s) of another run ({foreign[0] or UNRECORDED}): kept in "
-            f"{kept}; this run's {len(rows) - len(foreign)} row(s) are written anew"
+            f"{kept}; written anew with this run's {len(own)} row(s)"
         )
-        return [r for r in rows if lineage.owns(r.get("run_id") or None)]
+        return sorted(own, key=lambda r: int(r["epoch"]))
 
     @staticmethod
     def _rebuilt(path, problem, steps_per_epoch):

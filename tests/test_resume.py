@@ -1,5 +1,7 @@
 """A run SIGKILLed after its checkpoint at step k and restarted ends bit for bit where an uninterrupted run
-ends, in one process and on 2 Horovod ranks.
+ends, in one process; and on 2 Horovod ranks, one run stopped five times (SIGKILL of one rank, of all
+ranks, SIGTERM, SIGUSR1) and restarted each time with the same command ends tensor for tensor where the
+uninterrupted run ends, with every epoch's row once.
 
 Why 2 ranks are exact too: every rank averages its batch-norm moving statistics over the ranks before each
 checkpoint (`PeriodicCheckpoint`), so at the checkpoint the resumed run starts from (rank 0's, broadcast
@@ -17,9 +19,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support import REPO
+from tests.support import REPO, small_runs
+from tests.test_main import _scalars
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 FLAGS = [
     "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048",
@@ -69,6 +71,37 @@ def test_single_process_resume_is_exact(tmp_path):
     _check_resume(tmp_path, ())
 
 
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    """The 2-rank run of `small_runs.STOPS`: (its run directory, its starts), and the uninterrupted run's
+    directory."""
+    workdir, straight = tmp_path_factory.mktemp("restarted"), tmp_path_factory.mktemp("straight")
+    result = subprocess.run(
+        small_runs.uninterrupted_command(straight), cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir / "smoke", small_runs.run_restart_sequence(workdir), straight / "smoke"
+
+
 @pytest.mark.horovod
-def test_two_rank_resume_is_exact(tmp_path):
-    _check_resume(tmp_path, (HOROVODRUN, "-np", "2", "-H", "localhost:2"))
+def test_two_ranks_stopped_five_times_and_restarted_end_as_the_uninterrupted_run(restarted):
+    run, starts, straight = restarted
+    # Each start resumed where the stop before it left the run, and the last one finished.
+    assert [s["resumed"] for s in starts] == [None] + [resumed for _, resumed in small_runs.STOPS]
+    assert [s["returncode"] == 0 for s in starts] == [False] * 5 + [True], [
+        s["output"][-2000:] for s in starts
+    ]
+    assert [s["stopped"] for s in starts] == [None, None, 10, 12, None, None]  # TERM and USR1 save the next
+    ours, theirs = small_runs.final_tensors(run), small_runs.final_tensors(straight)
+    assert ours.keys() == theirs.keys() and len(ours) > 40
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    # Every epoch's row once, of this run, each evaluated as the uninterrupted run evaluated it.
+    rows, expected = small_runs.metrics_rows(run), small_runs.metrics_rows(straight)
+    assert [(r["epoch"], r["step"]) for r in rows] == [("0", "4"), ("1", "8"), ("2", "12"), ("3", "16")]
+    assert len({r["run_id"] for r in rows}) == 1
+    assert [(r["test_loss"], r["test_top1"]) for r in rows] == [
+        (r["test_loss"], r["test_top1"]) for r in expected
+    ]
+    steps = sorted(step for tag, step in _scalars(run / "tensorboard") if tag == "test_loss")
+    assert steps == [4, 8, 12, 16]

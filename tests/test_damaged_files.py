@@ -415,8 +415,8 @@ STATES = {
     ),
     "an older version's run without summary.json": State(
         [((), "refused was written by an older version of hvd_lars, which recorded no plan in it, and {run} "
-               "holds no summary.json to check the plan against: the plan cannot be checked. Resume it with "
-               "--allow_plan_change=any"),
+               "holds no readable summary.json to check the plan against: the plan cannot be checked. Resume "
+               "it with --allow_plan_change=any"),
          (("--allow_plan_change=any",), "resumed ckpt-4")],
         _remove("summary.json"), base="older_version",
     ),

@@ -11,6 +11,7 @@ Before statistics were averaged at checkpoints, rank 1 resumed with rank 0's sta
 uninterrupted rank 1 kept its own, and the runs differed after the resume.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -105,3 +106,88 @@ def test_two_ranks_stopped_five_times_and_restarted_end_as_the_uninterrupted_run
     ]
     steps = sorted(step for tag, step in _scalars(run / "tensorboard") if tag == "test_loss")
     assert steps == [4, 8, 12, 16]
+
+
+# ------------------------------------------------------------------------------ in one process
+def _built(config, plan):
+    """The compiled model and its optimizer (not built) as `train.start` makes them, and its build."""
+    import keras
+
+    from hvd_lars.models import get_model
+    from hvd_lars.training import recipe
+
+    keras.utils.set_random_seed(0)
+    model = get_model("small_cnn", num_classes=10, input_shape=(8, 8, 3))
+    optimizer = recipe.build_optimizer(config, plan)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    return model, optimizer, lambda: optimizer.build(model.trainable_variables)
+
+
+def _config(**changes):
+    from hvd_lars.training.config import TrainConfig
+
+    base = dict(dataset="synthetic", image_size=8, global_batch_size=8, steps_per_epoch=4, epochs=2,
+                peak_learning_rate=1.0, precision="float32")  # fmt: skip
+    return TrainConfig(**{**base, **changes})
+
+
+@pytest.mark.unit
+def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_at_zero(tmp_path):
+    from hvd_lars.training import lineage, resume
+    from hvd_lars.training.plan import make_plan
+
+    # A checkpoint of update 5 under the plan without accumulation or momentum correction, every variable
+    # holding a value of its own.
+    old = _config()
+    model, optimizer, build = _built(old, make_plan(old, 1, 64, (8, 8, 3)))
+    build()
+    rng = np.random.default_rng(0)
+    for v in model.variables + optimizer.variables:
+        if "iteration" not in v.path:
+            v.assign(rng.normal(size=v.shape).astype(v.dtype))
+    optimizer.iterations.assign(5)
+    record = lineage.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
+    record.assign("20261201T000000Z-abcdef")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
+    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+    saved = {v.path: v.numpy() for v in model.variables + optimizer.variables}
+
+    new = _config(accumulation_steps=2, momentum_correction="always")
+    plan = make_plan(new, 1, 64, (8, 8, 3))
+    model, optimizer, build = _built(new, plan)
+    refused = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, new)
+    assert isinstance(refused.error, lineage.LineageRefused) and refused.restored is None
+    assert "(accumulation_steps 1 -> 2; momentum_correction 'none' -> 'always')" in str(refused.error)
+
+    allowed = dataclasses.replace(new, allow_plan_change=("accumulation_steps", "momentum_correction"))
+    model, optimizer, build = _built(allowed, plan)
+    resumed = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, allowed)
+    assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
+    assert resumed.run_id == "20261201T000000Z-abcdef" and not resumed.adopted
+    new_ones = [v for v in optimizer.variables if v.path not in saved]
+    # 18 gradient accumulators (one per trainable tensor) and the previous learning rate, at zero.
+    assert sorted({v.path.rsplit("_", 1)[-1] for v in new_ones}) == ["accumulator", "rate"]
+    assert len(new_ones) == 19 and all(not np.any(v.numpy()) for v in new_ones)
+    restored = [v for v in model.variables + optimizer.variables if v.path in saved]
+    assert len(restored) == len(saved) > 40
+    for v in restored:
+        np.testing.assert_array_equal(v.numpy(), saved[v.path], err_msg=v.path)
+
+
+@pytest.mark.unit
+def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_rest(tmp_path):
+    from hvd_lars.training import resume
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (2, 3, 4, 7, 9):
+        (folder / f"ckpt-{step}.index").write_bytes(b"")
+    # As the version before run records left it after --noresume: A's ckpt-7 listed before B's 2, 3, 4.
+    lines = [
+        'model_checkpoint_path: "ckpt-3"',
+        *(f'all_model_checkpoint_paths: "ckpt-{s}"' for s in (7, 2, 4, 3)),
+    ]
+    (folder / "checkpoint").write_text("\n".join(lines) + "\n")
+    assert [os.path.basename(p) for p in resume.candidates(str(folder))] == [
+        "ckpt-3", "ckpt-4", "ckpt-2", "ckpt-7", "ckpt-9",
+    ]  # fmt: skip

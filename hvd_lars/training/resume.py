@@ -160,9 +160,9 @@ def _recorded_plan(record, path, run_dir, config):
         return {}, lineage.new_run_id()
     raise LineageRefused(
         f"the checkpoint {path} was written by an older version of hvd_lars, which recorded no plan in it, "
-        f"and {run_dir} holds no summary.json to check the plan against: the plan cannot be checked. "
-        f"Resume it with --allow_plan_change={ANY_PLAN_CHANGE} if these are the run's own settings, or start "
-        "afresh with --noresume or another --run_name."
+        f"and {run_dir} holds no readable summary.json to check the plan against: the plan cannot be "
+        f"checked. Resume it with --allow_plan_change={ANY_PLAN_CHANGE} if these are the run's own settings, "
+        "or start afresh with --noresume or another --run_name."
     )
 
 
@@ -238,9 +238,13 @@ def _name_in_index(folder, path):
     kept = [
         os.path.basename(p) for p in listed if os.path.exists(f"{p}.index") and os.path.abspath(p) != path
     ]
-    tf.compat.v1.train.update_checkpoint_state(
-        folder, os.path.basename(path), all_model_checkpoint_paths=[*kept, os.path.basename(path)]
-    )
+    # The index format tf.train.CheckpointManager reads (a CheckpointState text proto), names relative.
+    lines = [f'model_checkpoint_path: "{os.path.basename(path)}"']
+    lines += [f'all_model_checkpoint_paths: "{name}"' for name in [*kept, os.path.basename(path)]]
+    index = os.path.join(folder, "checkpoint")
+    with open(f"{index}.tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(f"{index}.tmp", index)
 
 
 def _earlier_run_id(run_dir):

@@ -64,7 +64,7 @@ def uninterrupted_command(workdir):
     return [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *RESTART_FLAGS, f"--workdir={workdir}"]
 
 
-def run_restart_sequence(workdir, timeout=400):
+def run_restart_sequence(workdir, timeout=400, env=None):
     """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times); returns one dict per start:
     returncode, resumed (the update it resumed from, or None), stopped (the update a stop signal ended
     it at, or None), output (stdout + stderr), seconds (its wall time)."""
@@ -72,7 +72,7 @@ def run_restart_sequence(workdir, timeout=400):
     for _ in range(len(STOPS) + 1):
         began = time.monotonic()
         result = subprocess.run(
-            restart_command(workdir), cwd=REPO, capture_output=True, text=True, timeout=timeout
+            restart_command(workdir), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
         )
         output = result.stdout + result.stderr
         resumed = re.search(r"resumed from \S+/ckpt-(\d+) \(step (\d+)\)", output)

@@ -117,7 +117,8 @@ class _JobState(_State):
 
     `sync()` broadcasts rank 0's `InputShapes` first (the first collective of every start and restart,
     the same on a worker that joins as on those that wait for it), builds the job from them on a rank
-    that has none yet (`build(shapes)` -> `train.Job`), then syncs the model and optimizer
+    that has none yet (`build(shapes)` -> `train.Job`), gives every rank rank 0's lineage or its refusal
+    of the run directory's checkpoint (`train.Job.agree`), then syncs the model and optimizer
     (`hvd_lars.parallel.elastic.KerasState`, with the update count as `step`). Commits, restores and
     resets go to that `KerasState`; host updates are checked by this object, the one the loop listens to.
 

@@ -462,5 +462,12 @@ def test_a_run_directory_in_any_state_resumes_the_right_checkpoint_refuses_or_st
         rows = _rows(run)
         assert [(r["epoch"], r["step"]) for r in rows] == [("0", "3"), ("1", "6")]
         assert {r["run_id"] for r in rows} == {_run_id(run)}
+        # The checkpoint records the run and the one plan of the attempt, as summary.json does.
+        from hvd_lars.training.lineage import read_record
+
+        with open(run / "summary.json") as f:
+            summary = json.load(f)
+        record = read_record(str(run / "checkpoints" / "ckpt-6"))
+        assert record == {"run_id": summary["run_id"], "plan": summary["plan"]["settings"]}
     if spec.check:
         spec.check(run, runs, outputs)

@@ -85,8 +85,8 @@ def _resume_or_begin(model, optimizer, build, run_dir, plan, config):
     refusal = refuse_plan_changes(plan_changes(recorded, plan, config.allow_plan_change), run_dir, path)
     if refusal:
         raise LineageRefused(refusal)
-    _set_aside_damaged(unreadable, run_dir)
     _restore(model, optimizer, build, path, partial=not recorded or changed_settings(recorded, plan))
+    _set_aside_damaged(unreadable, run_dir)  # only once nothing is refused: a refusal leaves every file
     _set_aside_other_lineages(folder, path, run_id, run_dir)
     _name_in_index(folder, path)
     lineage.say(f"resumed from {path} (step {int(optimizer.iterations)})")

@@ -3,6 +3,7 @@
 import collections
 import itertools
 import os
+import re
 import subprocess
 import sys
 
@@ -191,10 +192,11 @@ def test_a_work_directory_that_is_a_file_is_one_line_on_every_rank(folder, tmp_p
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     run_dir = tmp_path / "file" / "r"
     line = f"hvd_lars: error: cannot write the run directory {run_dir}: [Errno 20] Not a directory"
-    errors = [x for x in (result.stdout + result.stderr).splitlines() if "hvd_lars: error:" in x]
-    assert len(errors) == ranks and all(line in x for x in errors), errors
-    if ranks == 2:
-        assert {x.split("]")[0] for x in errors} == {"[1,0", "[1,1"}  # one line from each rank
+    output = result.stdout + result.stderr
+    assert output.count("hvd_lars: error:") == output.count(line) == ranks, output[-3000:]
+    for rank in range(ranks if ranks > 1 else 0):
+        # Open MPI forwards what it reads, not whole lines: one rank's line can run on into the other's.
+        assert re.search(rf"\[1,{rank}\]<stderr>:{re.escape(line)}", output), (rank, output[-3000:])
 
 
 @pytest.mark.horovod

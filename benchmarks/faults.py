@@ -41,6 +41,14 @@ Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per e
   join_resnet50  the same with ResNet-50 at 32 x 32 on synthetic data (global batch 16, 20 updates per
              epoch, 2 epochs): 161 gradient tensors, 25.6 million weights.
 
+  restarts   one 2-rank run of flags/smoke.flags (4 epochs of 4 updates, a checkpoint every 2) stopped five
+             times by tests/support/kill_at_step.py's --stop_schedule (SIGKILL of rank 1 after update 3,
+             of every rank after 8, SIGTERM to rank 0 after 9, SIGUSR1 to rank 1 after 11, SIGKILL of
+             every rank after 14) and restarted each time with the same command (tests/support/small_runs.py,
+             as tests/test_resume.py runs it): each start must resume where the stop left it (2, 6, 10, 12,
+             14), the last must finish, and the run must end tensor for tensor equal to an uninterrupted one
+             with every epoch's row once.
+
   silent_host  2 emulated hosts (launch/emulated_cluster.sh; needs root) x 2 ranks, launch/horovodrun.sh:
              node2's link goes down (`ip link set ... down`: no packet, no reset, its ranks alive) after
              the first checkpoint. The job must end non-zero within 90 s, node2's ranks within
@@ -53,6 +61,7 @@ the line saying which run made them.
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import random
@@ -78,7 +87,7 @@ FLAGS = [
 TOTAL_STEPS = 16
 SCENARIOS = (
     "sigkill", "sigterm", "usr1", "damaged_checkpoint", "diverge", "mismatch", "exit", "elastic",
-    "join_smoke", "join_resnet50", "silent_host", "host_readd",
+    "join_smoke", "join_resnet50", "silent_host", "host_readd", "restarts",
 )  # fmt: skip
 CLUSTER_SCENARIOS = {"silent_host": 2, "host_readd": 3}  # emulated hosts each needs
 TIMEOUT_S = 600
@@ -96,7 +105,10 @@ ABOUT = (
     "after every update, the newest one's data file cut to half after the kill. `join_smoke`, "
     "`join_resnet50`: launch/elastic.sh, 1 worker then 2 (flags/smoke.flags; ResNet-50 at 32 x 32). "
     "`host_readd`: 3 emulated hosts, launch/elastic.sh from node1, Fashion-MNIST 9,600 images at global "
-    "batch 96, 400 updates; node3 killed and dropped, then booted and listed again."
+    "batch 96, 400 updates; node3 killed and dropped, then booted and listed again. `restarts`: "
+    "flags/smoke.flags on 2 ranks, 16 updates, stopped five times (SIGKILL of one rank and of all, SIGTERM, "
+    "SIGUSR1, SIGKILL of all) and restarted with one command; matched: every tensor equal to an "
+    "uninterrupted run's, every epoch's metrics row once; its details give each start's seconds."
 )
 
 
@@ -382,6 +394,32 @@ def run_silent_host(workdir, cluster):
     return dict(ok=ok, to_exit=r["ended_after"], left=left, matched=None, moving=None, detail=detail)
 
 
+def run_restarts(workdir, reference):
+    from tests.support import small_runs
+
+    starts = small_runs.run_restart_sequence(workdir, env=common.worker_env())
+    run_dir = os.path.join(workdir, "smoke")
+    resumed = [s["resumed"] for s in starts]
+    stopped = [s["stopped"] for s in starts if s["stopped"] is not None]
+    expected = [None] + [step for _, step in small_runs.STOPS]
+    finished = [s["returncode"] == 0 for s in starts] == [False] * len(small_runs.STOPS) + [True]
+    ours = small_runs.final_tensors(run_dir) if finished else {}
+    theirs = reference()
+    equal = ours.keys() == theirs.keys() and all(np.array_equal(ours[n], theirs[n]) for n in ours)
+    rows = [(r["epoch"], r["step"]) for r in small_runs.metrics_rows(run_dir)] if finished else []
+    once = rows == [("0", "4"), ("1", "8"), ("2", "12"), ("3", "16")]
+    ok = finished and resumed == expected and stopped == [10, 12] and equal and once
+    seconds = ", ".join(f"{s['seconds']:.0f}" for s in starts)
+    detail = (
+        f"resumed from {resumed[1:]}, stopped at {stopped}; {len(ours)} tensors "
+        f"{'equal' if equal else 'DIFFER'}; rows {'once' if once else rows}; starts of {seconds} s"
+    )
+    left = f"status {starts[-1]['returncode']} after {len(starts)} starts"
+    return dict(
+        ok=ok, to_exit=None, left=left, matched=equal and once, moving=0.0 if equal else None, detail=detail
+    )
+
+
 def _earlier_rows(out, rerun):
     """(the earlier report's provenance lines, each reduced to its rows that stay; its table rows of the
     scenarios not in `rerun`)."""
@@ -482,6 +520,21 @@ def _run_scenarios(scenarios, args, results, cluster):
             status, *_ = _train(os.path.join(tmp, "reference"))
             assert status == 0, "the uninterrupted reference run failed"
             reference = _load(os.path.join(tmp, "reference", "r"))
+
+        @functools.cache
+        def restart_reference():
+            from tests.support import small_runs
+
+            workdir = os.path.join(tmp, "restart_reference")
+            command = small_runs.uninterrupted_command(workdir)
+            result = subprocess.run(
+                command, cwd=REPO, env=common.worker_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+            )
+            assert result.returncode == 0, (
+                f"the uninterrupted restart reference failed: {result.stderr[-2000:]}"
+            )
+            return small_runs.final_tensors(os.path.join(workdir, "smoke"))
+
         for name in scenarios:
             results[name] = []
             for i in range(args.repetitions):
@@ -497,6 +550,8 @@ def _run_scenarios(scenarios, args, results, cluster):
                     r = run_silent_host(workdir, cluster)
                 elif name == "host_readd":
                     r = run_host_readd(workdir, cluster)
+                elif name == "restarts":
+                    r = run_restarts(workdir, restart_reference)
                 else:
                     runs = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}
                     r = {**runs, "elastic": run_elastic}[name](workdir)

@@ -129,12 +129,47 @@ def _exit(message, status):
     sys.exit(status)
 
 
+def _parse_flags(argv):
+    # absl's own parsing; a flagfile that is not text of the locale's encoding is one line, not a traceback.
+    try:
+        return app.parse_flags_with_usage(argv)
+    except UnicodeDecodeError as e:
+        _exit(f"hvd_lars: error: {_undecodable_flagfile(argv, e)}", EXIT_BAD_INPUT)
+
+
+def _undecodable_flagfile(argv, error):
+    """Where the first flagfile of `argv` (or one it names) fails to decode as `error.encoding`."""
+    pending = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("-").startswith("flagfile=")]
+    seen = set()
+    while pending:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(lines, 1):
+            try:
+                text = line.decode(error.encoding).strip()
+            except UnicodeDecodeError as e:
+                return (
+                    f"--flagfile={path}: line {number} is not {error.encoding} text (byte "
+                    f"{line[e.start]:#04x} at column {e.start + 1}); save the file as {error.encoding}."
+                )
+            if text.lstrip("-").startswith("flagfile="):
+                pending.append(text.split("=", 1)[1])
+    return f"a flagfile is not {error.encoding} text ({error})."
+
+
 def main():
     # Run as the console script hvd-lars-train, sys.argv[0] is that script, not this module, and absl's
     # --help lists only the flags of sys.argv[0]'s module: these become that program's key flags.
     for flag in FLAGS.get_flags_for_module(__name__):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(_main)
+    app.run(_main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

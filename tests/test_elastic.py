@@ -228,3 +228,47 @@ def test_a_worker_joining_smoke_flags_ends_with_rank_0s_weights(tmp_path):
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+
+
+# smoke.flags as a resumable run with a checkpoint after every update (synchronous).
+RESUMABLE = ["--run_name=r", "--resume=true", "--checkpoint_every_steps=1", "--noasync_checkpoints",
+             "--precision=float32", "--verbose=0"]  # fmt: skip
+
+
+@pytest.mark.horovod
+def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resumes_under_its_own(tmp_path):
+    # Issue 35: the plan check meets the elastic job's first sync (no collective may come before it).
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import REPO
+
+    killer = [sys.executable, "tests/support/kill_at_step.py", "--flagfile=flags/smoke.flags", *RESUMABLE]
+    killed = subprocess.run(
+        [*killer, "--kill_at_step=4", f"--workdir={tmp_path}"], cwd=REPO, capture_output=True
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    folder = tmp_path / "r" / "checkpoints"
+
+    def digests():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+    before = digests()
+    job = ElasticJob(tmp_path, "localhost:2", 2, 2, "--peak_learning_rate=2", flagfile="flags/smoke.flags",
+                     base_flags=RESUMABLE)  # fmt: skip
+    returncode, out = job.finish(), job.output()
+    assert returncode != 0 and ">:Traceback" not in out, out[
+        -6000:
+    ]  # none from a worker (horovodrun has its own)
+    refusal = "holds a run with another plan (peak_learning_rate 1.0 -> 2.0), the plan of its checkpoint "
+    refusals = [line for line in out.splitlines() if "hvd_lars: error:" in line and refusal in line]
+    assert sorted(line.split("]")[0] for line in refusals) == ["[0", "[1"], out[-6000:]  # each rank once
+    assert digests() == before and os.listdir(tmp_path / "r").count("earlier_runs") == 0
+    # Its own flags: rank 0 resumes the checkpoint of update 4 and both workers finish the run.
+    job = ElasticJob(tmp_path, "localhost:2", 2, 2, flagfile="flags/smoke.flags", base_flags=RESUMABLE)
+    returncode, out = job.finish(), job.output()
+    assert returncode == 0, out[-6000:]
+    assert f"resumed from {folder}/ckpt-4 (step 4)" in out
+    assert "elastic attempt 1: 2 worker(s) from update 4, 16 images per rank" in out

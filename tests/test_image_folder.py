@@ -3,6 +3,9 @@
 import collections
 import itertools
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,8 +13,9 @@ import tensorflow as tf
 
 from hvd_lars.data import InputShapes, describe_input, get_input, listing, order, pipeline
 from hvd_lars.data import preprocessing as pp
+from tests.support import REPO
 from tests.support.data_fixtures import PNG, encode, make_image_folder
-from tests.support.small_runs import train_small_cnn
+from tests.support.small_runs import HOROVODRUN, train_small_cnn
 
 TRAIN_COUNTS, EVAL_COUNTS = [3, 3, 3, 3], [2, 2, 2, 1]
 COMMON = dict(seed=0, image_size=28, deterministic=True)
@@ -174,6 +178,25 @@ def test_main_program_trains_on_an_image_folder(folder, tmp_path):
     assert [2048, 128] in reader.get_variable_to_shape_map().values()
     correct = summary["final_test_top1"] * 7  # exact counts over the 7 validation images
     assert abs(correct - round(correct)) < 1e-9
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_work_directory_that_is_a_file_is_one_line_on_every_rank(folder, tmp_path, ranks):
+    (tmp_path / "file").write_text("")
+    launcher = [HOROVODRUN, "-np", "2", "-H", "localhost:2"] if ranks == 2 else []
+    cmd = [*launcher, sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder",
+           f"--data_dir={folder[0]}", "--global_batch_size=4", "--peak_learning_rate=0.1",
+           f"--workdir={tmp_path / 'file'}", "--run_name=r"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    run_dir = tmp_path / "file" / "r"
+    line = f"hvd_lars: error: cannot write the run directory {run_dir}: [Errno 20] Not a directory"
+    output = result.stdout + result.stderr
+    assert output.count("hvd_lars: error:") == output.count(line) == ranks, output[-3000:]
+    for rank in range(ranks if ranks > 1 else 0):
+        # Open MPI forwards what it reads, not whole lines: one rank's line can run on into the other's.
+        assert re.search(rf"\[1,{rank}\]<stderr>:{re.escape(line)}", output), (rank, output[-3000:])
 
 
 @pytest.mark.horovod

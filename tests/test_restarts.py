@@ -44,6 +44,18 @@ def test_a_bad_flag_is_exit_2_with_one_line_and_nothing_written(flag, line, tmp_
     assert not workdir.exists()
 
 
+def test_a_flagfile_with_a_latin1_byte_is_one_line_naming_the_file_and_the_line(tmp_path):
+    flagfile = tmp_path / "mine.flags"
+    flagfile.write_bytes(b"--flagfile=flags/smoke.flags\n# caf\xe9 au lait (Latin-1)\n--epochs=1\n")
+    result = _run([f"--flagfile={flagfile}"], tmp_path / "w")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"hvd_lars: error: --flagfile={flagfile}: line 2 is not utf-8 text (byte 0xe9 at column 6); save the "
+        "file as utf-8."
+    )
+    assert not (tmp_path / "w").exists()
+
+
 PLAN = [
     "--steps_per_epoch=2",
     "--epochs=3",

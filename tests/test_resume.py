@@ -1,5 +1,7 @@
 """A run SIGKILLed after its checkpoint at step k and restarted ends bit for bit where an uninterrupted run
-ends, in one process and on 2 Horovod ranks.
+ends, in one process; and on 2 Horovod ranks, one run stopped five times (SIGKILL of one rank, of all
+ranks, SIGTERM, SIGUSR1) and restarted each time with the same command ends tensor for tensor where the
+uninterrupted run ends, with every epoch's row once.
 
 Why 2 ranks are exact too: every rank averages its batch-norm moving statistics over the ranks before each
 checkpoint (`PeriodicCheckpoint`), so at the checkpoint the resumed run starts from (rank 0's, broadcast
@@ -9,6 +11,7 @@ Before statistics were averaged at checkpoints, rank 1 resumed with rank 0's sta
 uninterrupted rank 1 kept its own, and the runs differed after the resume.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support import REPO
+from tests.support import REPO, small_runs
+from tests.test_main import _scalars
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 FLAGS = [
     "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048",
@@ -69,6 +72,122 @@ def test_single_process_resume_is_exact(tmp_path):
     _check_resume(tmp_path, ())
 
 
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    """The 2-rank run of `small_runs.STOPS`: (its run directory, its starts), and the uninterrupted run's
+    directory."""
+    workdir, straight = tmp_path_factory.mktemp("restarted"), tmp_path_factory.mktemp("straight")
+    result = subprocess.run(
+        small_runs.uninterrupted_command(straight), cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir / "smoke", small_runs.run_restart_sequence(workdir), straight / "smoke"
+
+
 @pytest.mark.horovod
-def test_two_rank_resume_is_exact(tmp_path):
-    _check_resume(tmp_path, (HOROVODRUN, "-np", "2", "-H", "localhost:2"))
+def test_two_ranks_stopped_five_times_and_restarted_end_as_the_uninterrupted_run(restarted):
+    run, starts, straight = restarted
+    # Each start resumed where the stop before it left the run, and the last one finished.
+    assert [s["resumed"] for s in starts] == [None] + [resumed for _, resumed in small_runs.STOPS]
+    assert [s["returncode"] == 0 for s in starts] == [False] * 5 + [True], [
+        s["output"][-2000:] for s in starts
+    ]
+    assert [s["stopped"] for s in starts] == [None, None, 10, 12, None, None]  # TERM and USR1 save the next
+    ours, theirs = small_runs.final_tensors(run), small_runs.final_tensors(straight)
+    assert ours.keys() == theirs.keys() and len(ours) > 40
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    # Every epoch's row once, of this run, each evaluated as the uninterrupted run evaluated it.
+    rows, expected = small_runs.metrics_rows(run), small_runs.metrics_rows(straight)
+    assert [(r["epoch"], r["step"]) for r in rows] == [("0", "4"), ("1", "8"), ("2", "12"), ("3", "16")]
+    assert len({r["run_id"] for r in rows}) == 1
+    assert [(r["test_loss"], r["test_top1"]) for r in rows] == [
+        (r["test_loss"], r["test_top1"]) for r in expected
+    ]
+    steps = sorted(step for tag, step in _scalars(run / "tensorboard") if tag == "test_loss")
+    assert steps == [4, 8, 12, 16]
+
+
+# ------------------------------------------------------------------------------ in one process
+def _built(config, plan):
+    """The compiled model and its optimizer (not built) as `train.start` makes them, and its build."""
+    import keras
+
+    from hvd_lars.models import get_model
+    from hvd_lars.training import recipe
+
+    keras.utils.set_random_seed(0)
+    model = get_model("small_cnn", num_classes=10, input_shape=(8, 8, 3))
+    optimizer = recipe.build_optimizer(config, plan)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    return model, optimizer, lambda: optimizer.build(model.trainable_variables)
+
+
+def _config(**changes):
+    from hvd_lars.training.config import TrainConfig
+
+    base = dict(dataset="synthetic", image_size=8, global_batch_size=8, steps_per_epoch=4, epochs=2,
+                peak_learning_rate=1.0, precision="float32")  # fmt: skip
+    return TrainConfig(**{**base, **changes})
+
+
+@pytest.mark.unit
+def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_at_zero(tmp_path):
+    from hvd_lars.training import lineage, resume
+    from hvd_lars.training.plan import make_plan
+
+    # A checkpoint of update 5 under the plan without accumulation or momentum correction, every variable
+    # holding a value of its own.
+    old = _config()
+    model, optimizer, build = _built(old, make_plan(old, 1, 64, (8, 8, 3)))
+    build()
+    rng = np.random.default_rng(0)
+    for v in model.variables + optimizer.variables:
+        if "iteration" not in v.path:
+            v.assign(rng.normal(size=v.shape).astype(v.dtype))
+    optimizer.iterations.assign(5)
+    record = lineage.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
+    record.assign("20261201T000000Z-abcdef")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
+    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+    saved = {v.path: v.numpy() for v in model.variables + optimizer.variables}
+
+    new = _config(accumulation_steps=2, momentum_correction="always")
+    plan = make_plan(new, 1, 64, (8, 8, 3))
+    model, optimizer, build = _built(new, plan)
+    refused = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, new)
+    assert isinstance(refused.error, lineage.LineageRefused) and refused.restored is None
+    assert "(accumulation_steps 1 -> 2; momentum_correction 'none' -> 'always')" in str(refused.error)
+
+    allowed = dataclasses.replace(new, allow_plan_change=("accumulation_steps", "momentum_correction"))
+    model, optimizer, build = _built(allowed, plan)
+    resumed = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, allowed)
+    assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
+    assert resumed.run_id == "20261201T000000Z-abcdef" and not resumed.adopted
+    new_ones = [v for v in optimizer.variables if v.path not in saved]
+    # 18 gradient accumulators (one per trainable tensor) and the previous learning rate, at zero.
+    assert sorted({v.path.rsplit("_", 1)[-1] for v in new_ones}) == ["accumulator", "rate"]
+    assert len(new_ones) == 19 and all(not np.any(v.numpy()) for v in new_ones)
+    restored = [v for v in model.variables + optimizer.variables if v.path in saved]
+    assert len(restored) == len(saved) > 40
+    for v in restored:
+        np.testing.assert_array_equal(v.numpy(), saved[v.path], err_msg=v.path)
+
+
+@pytest.mark.unit
+def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_rest(tmp_path):
+    from hvd_lars.training import resume
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (2, 3, 4, 7, 9):
+        (folder / f"ckpt-{step}.index").write_bytes(b"")
+    # As the version before run records left it after --noresume: A's ckpt-7 listed before B's 2, 3, 4.
+    lines = [
+        'model_checkpoint_path: "ckpt-3"',
+        *(f'all_model_checkpoint_paths: "ckpt-{s}"' for s in (7, 2, 4, 3)),
+    ]
+    (folder / "checkpoint").write_text("\n".join(lines) + "\n")
+    assert [os.path.basename(p) for p in resume.candidates(str(folder))] == [
+        "ckpt-3", "ckpt-4", "ckpt-2", "ckpt-7", "ckpt-9",
+    ]  # fmt: skip

@@ -13,7 +13,8 @@ from hvd_lars import main
 from hvd_lars.optim.scaling import steps_in_epochs
 from hvd_lars.training import callbacks, epoch_logs, faults
 from hvd_lars.training.config import TrainConfig, plan_settings
-from hvd_lars.training.plan import make_plan, plan_changes
+from hvd_lars.training.lineage import Lineage
+from hvd_lars.training.plan import make_plan, plan_changes, settings_in_summary
 from hvd_lars.training.train import callbacks_in_order, fit
 
 pytestmark = pytest.mark.unit
@@ -82,7 +83,7 @@ def test_which_settings_are_part_of_the_plan():
 
 # A value other than the default for each setting of the plan (precision: compared as resolved).
 CHANGED = {
-    "dataset": "synthetic", "data_dir": "/elsewhere", "image_size": 28, "preprocessing": "caffe",
+    "dataset": "synthetic", "data_dir": "/elsewhere", "image_size": 32, "preprocessing": "caffe",
     "deterministic": False, "model": "resnet20", "optimizer": "momentum", "global_batch_size": 128,
     "accumulation_steps": 2, "gradient_compression": "fp16", "label_smoothing": 0.1, "epochs": 4,
     "warmup_epochs": 2, "base_learning_rate": 0.1, "peak_learning_rate": 3.0, "warmup_start_learning_rate":
@@ -94,48 +95,114 @@ CHANGED = {
 }  # fmt: skip
 
 
-def _summary(config, plan):
-    # As summary.json holds them: tuples come back as lists.
-    return {
-        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(config).items()},
-        "plan": vars(plan),
-    }
+def _plan(config, world_size=1):
+    # The plan of `config` over a data set of 6,400 images of 28 x 28 x 1 (or --image_size), as the input
+    # pipeline would give them: --validation_examples held out, then --max_train_examples kept.
+    examples = min(6400 - config.validation_examples, config.max_train_examples or 6400)
+    side = config.image_size or 28
+    return make_plan(config, world_size, examples, input_shape=(side, side, 1))
+
+
+# The entry of the resolved settings through which a change of a setting shows.
+ENTRY = {
+    "image_size": "input_shape", "max_train_examples": "train_examples", "warmup_epochs": "warmup_steps",
+    "decay_boundaries_epochs": "decay_boundaries_steps", "base_learning_rate": "peak_learning_rate",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(set(plan_settings()) - {"precision"}))
 def test_a_resume_refuses_each_change_of_the_plan_unless_named(name):
     old = _config()
-    previous = _summary(old, make_plan(old, 1, 6400))
+    recorded = _plan(old).settings
     new = dataclasses.replace(old, **{name: CHANGED[name]})
-    plan = make_plan(dataclasses.replace(new, base_learning_rate=0, peak_learning_rate=2.0), 1, 6400)
-    changes = plan_changes(previous, new, plan)
-    assert changes and changes[0].startswith(f"{name} "), changes
-    allowed = dataclasses.replace(new, allow_plan_change=(name,))
-    assert plan_changes(previous, allowed, plan) == []
+    if name == "base_learning_rate":
+        new = dataclasses.replace(new, peak_learning_rate=0.0)
+    plan = _plan(new)
+    changes = plan_changes(recorded, plan)
+    entry = ENTRY.get(name, name)
+    assert any(c.startswith(f"{entry} ") for c in changes), changes
+    assert plan_changes(recorded, plan, allowed=(name,)) == []
+    assert plan_changes(recorded, plan, allowed=("any",)) == []
 
 
 @pytest.mark.parametrize("old_optimizer, new_optimizer", [("momentum", "nesterov"), ("nesterov", "lars")])
 def test_a_resume_refuses_a_change_to_or_from_nesterov(old_optimizer, new_optimizer):
     old = _config(optimizer=old_optimizer)
-    previous = _summary(old, make_plan(old, 1, 6400))
     new = dataclasses.replace(old, optimizer=new_optimizer)
-    assert plan_changes(previous, new, make_plan(new, 1, 6400)) == [
+    assert plan_changes(_plan(old).settings, _plan(new)) == [
         f"optimizer {old_optimizer!r} -> {new_optimizer!r}"
     ]
 
 
 def test_a_resume_compares_precision_as_resolved_and_names_every_change():
     old = _config(precision="float32")
-    previous = _summary(old, make_plan(old, 1, 6400))
     new = _config(precision="mixed_bfloat16", schedule="cosine", weight_decay=0.0)
-    changes = plan_changes(previous, new, make_plan(new, 1, 6400))
-    assert changes == [
+    assert plan_changes(_plan(old).settings, _plan(new)) == [
         "precision 'float32' -> 'mixed_bfloat16'",
         "schedule 'mlperf_poly' -> 'cosine'",
         "weight_decay 0.0005 -> 0.0",
     ]
-    assert plan_changes(previous, old, make_plan(old, 1, 6400)) == []
-    assert plan_changes(None, new, make_plan(new, 1, 6400)) == []
+    assert plan_changes(_plan(old).settings, _plan(old)) == []
+    assert plan_changes({}, _plan(new)) == []  # nothing recorded: nothing to compare
+
+
+def test_plans_are_compared_by_meaning_not_by_spelling(tmp_path):
+    # Item 4 of issue 35: the same plan spelled otherwise is the same plan.
+    old = _config(global_batch_size=32, data_dir=str(tmp_path), warmup_epochs=1, peak_learning_rate=0.125)
+    recorded = _plan(old).settings
+    (tmp_path / "link").symlink_to(tmp_path)
+    same = [
+        dict(global_batch_size=0, per_rank_batch_size=32),  # on 1 rank: a global batch of 32
+        dict(data_dir=f"{tmp_path}/link/"),  # the same folder
+        dict(peak_learning_rate=0.0, base_learning_rate=1.0),  # 1.0 per 256 images at 32: 0.125
+        dict(max_train_examples=6400),  # all of them
+        dict(image_size=28),  # the data set's own
+        dict(warmup_epochs=200 / 200),
+        # Logging, checkpoint and thread settings are not part of the plan.
+        dict(
+            verbose=0, checkpoint_every_steps=7, keep_checkpoints=9, intra_op_threads=1, max_eval_examples=5
+        ),
+        dict(workdir="/elsewhere", run_name="r", eval_every_epochs=2, async_checkpoints=False),
+    ]
+    for change in same:
+        assert plan_changes(recorded, _plan(dataclasses.replace(old, **change))) == [], change
+    # On 2 ranks the same per-rank batch is a global batch of 64: another plan.
+    two_ranks = _plan(dataclasses.replace(old, global_batch_size=0, per_rank_batch_size=32), world_size=2)
+    assert plan_changes(recorded, two_ranks)[0] == "global_batch_size 32 -> 64"
+
+
+def test_naming_a_setting_accepts_what_it_explains_and_nothing_else():
+    old = _config(global_batch_size=32)
+    recorded = _plan(old).settings
+    bigger = _plan(dataclasses.replace(old, global_batch_size=64))
+    assert plan_changes(recorded, bigger) == [
+        "global_batch_size 32 -> 64",
+        "steps_per_epoch 200 -> 100",
+        "warmup_steps 200 -> 100 (set by warmup_epochs, steps_per_epoch, global_batch_size, dataset, "
+        "data_dir, max_train_examples, validation_examples)",
+    ]
+    assert plan_changes(recorded, bigger, allowed=("global_batch_size",)) == []
+    # A smaller data set as well: the global batch explains neither it nor the steps it changes.
+    smaller = _plan(dataclasses.replace(old, global_batch_size=64, max_train_examples=3200))
+    changes = plan_changes(recorded, smaller, allowed=("global_batch_size",))
+    assert changes == ["train_examples 6400 -> 3200 (set by dataset, data_dir, max_train_examples, "
+                       "validation_examples)"]  # fmt: skip
+
+
+def test_an_older_summary_is_compared_through_what_it_recorded():
+    # summary.json as the version before run records wrote it: the config's fields and the plan's figures.
+    old = _config(global_batch_size=32)
+    plan = _plan(old)
+    figures = {k: v for k, v in vars(plan).items() if k not in ("settings", "num_train_examples")}
+    summary = {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(old).items()},
+               "plan": figures}  # fmt: skip
+    recorded = settings_in_summary(summary)
+    assert "input_shape" not in recorded and "train_examples" not in recorded  # not recorded then
+    assert plan_changes(recorded, plan) == []
+    changed = _plan(dataclasses.replace(old, peak_learning_rate=4.0, accumulation_steps=2))
+    assert plan_changes(recorded, changed) == ["accumulation_steps 1 -> 2", "peak_learning_rate 2.0 -> 4.0"]
+    # This version's summary.json carries the settings themselves.
+    assert settings_in_summary({"plan": {"settings": plan.settings}}) == plan.settings
 
 
 @pytest.mark.parametrize(
@@ -156,7 +223,11 @@ def test_the_callbacks_run_in_this_order(tmp_path):
     marker = keras.callbacks.Callback()
     watchdog = faults.ProgressWatchdog(0)
     job = types.SimpleNamespace(
-        config=config, run_dir=str(tmp_path), watchdog=watchdog, extra_callbacks=[marker]
+        config=config,
+        run_dir=str(tmp_path),
+        watchdog=watchdog,
+        extra_callbacks=[marker],
+        lineage=Lineage("r"),
     )
     data = types.SimpleNamespace(
         eval=None, num_eval_examples=10, validation="v", num_validation_examples=5, skipped_corrupt=None

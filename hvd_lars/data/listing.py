@@ -268,7 +268,9 @@ def list_split(root, classes=None):
 
 def listed(root, index_path=None, classes=None):
     """The listing of `root`: read from `index_path` when that index is still valid, else listed anew
-    (`list_split`) and saved there (atomically: a temporary file, then a rename).
+    (`list_split`) and saved there (atomically: a temporary file, then a rename). An index cut short,
+    empty, of another format or a folder is listed again with a one-line warning, and so is an index that
+    cannot be written (it only saves work).
 
     Valid means: written under this `INDEX_VERSION`, for the same folder and `classes`, and
     `Listing.unchanged()`.
@@ -280,18 +282,21 @@ def listed(root, index_path=None, classes=None):
         As `list_split`.
     """
     classes = tuple(classes) if classes is not None else None
-    if index_path and os.path.exists(index_path):
-        with open(index_path, "rb") as f:
-            try:
+    keep = bool(index_path)
+    if index_path and os.path.isdir(index_path):
+        keep = False  # never removed: a folder is no file of ours
+        _warn(f"the listing index {index_path} is a folder, not a listing index; {root} is listed again "
+              "and its listing is not kept there")  # fmt: skip
+    elif index_path and os.path.exists(index_path):
+        try:
+            with open(index_path, "rb") as f:
                 old = Listing.from_bytes(f.read())
-            except (ValueError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
-                old = None  # cut short, empty or another format: listed again, and written anew
-                print(
-                    f"[hvd_lars] warning: the listing index {index_path} is cut short, empty or not a "
-                    f"listing index ({type(e).__name__}: {e}); {root} is listed again",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        except (ValueError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
+            old = None  # cut short, empty or another format: listed again, and written anew
+            _warn(
+                f"the listing index {index_path} is cut short, empty or not a listing index "
+                f"({type(e).__name__}: {e}); {root} is listed again"
+            )
         if (
             old is not None
             and old.root == root
@@ -301,10 +306,21 @@ def listed(root, index_path=None, classes=None):
         ):
             return old, True
     listing = list_split(root, classes)
-    if index_path:
-        os.makedirs(os.path.dirname(index_path) or ".", exist_ok=True)
+    if keep:
         tmp = f"{index_path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(listing.to_bytes())
-        os.replace(tmp, index_path)
+        try:
+            os.makedirs(os.path.dirname(index_path) or ".", exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(listing.to_bytes())
+            os.replace(tmp, index_path)
+        except OSError as e:  # the index only saves work: the listing is good without it
+            _warn(
+                f"could not keep the listing of {root} in {index_path} ({e}); the next start lists it again"
+            )
+            if os.path.isfile(tmp):
+                os.remove(tmp)
     return listing, False
+
+
+def _warn(message):
+    print(f"[hvd_lars] warning: {message}", file=sys.stderr, flush=True)

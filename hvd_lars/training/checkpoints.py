@@ -1,6 +1,5 @@
 """Periodic checkpoints of model and optimizer through `tf.train.CheckpointManager`, on rank 0."""
 
-import glob
 import os
 import time
 
@@ -160,38 +159,11 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
 
 class CheckpointReadError(ValueError):
-    """No checkpoint of the run could be read back (each is cut short, empty or another run's); the
-    message names every file and why (the main program: one line, exit status 2)."""
+    """No checkpoint of the run could be read back (each is cut short, empty or missing); the message
+    names every file and why (the main program: one line, exit status 2)."""
 
 
-def _number(path):
-    try:
-        return int(os.path.basename(path).rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
-
-
-def _problem(checkpoint, path):
-    """Why the checkpoint at prefix `path` cannot be restored into `checkpoint`, or None once it is
-    restored (every tensor read and its checksum checked first, so a damaged file changes no variable)."""
-    if not os.path.exists(f"{path}.index"):
-        return "its index file is missing"
-    try:
-        reader = tf.train.load_checkpoint(path)
-        for name in reader.get_variable_to_shape_map():
-            reader.get_tensor(name)  # reads the data file; TensorFlow checks each tensor's CRC32C
-    except (tf.errors.OpError, ValueError, IndexError, OSError) as e:
-        return f"unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    try:
-        status = checkpoint.restore(path)
-        status.assert_existing_objects_matched()
-        status.expect_partial()
-    except (AssertionError, ValueError, tf.errors.OpError) as e:
-        return f"not this run's model and optimizer ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-    return None
-
-
-def _set_aside_damaged_index(folder, run_dir):
+def set_aside_damaged_index(folder, run_dir):
     """False when `folder`'s index file `checkpoint` was cut short, empty or another run's (it is then
     moved under `<run_dir>/damaged/`, with a warning); True when it is sound or absent."""
     index = os.path.join(folder, "checkpoint")
@@ -219,11 +191,11 @@ def _set_aside_damaged_index(folder, run_dir):
 
 def open_manager(checkpoint, directory, max_to_keep, run_dir=None, wait_s=120):
     """`tf.train.CheckpointManager(checkpoint, directory, max_to_keep)`, also when the index file there is
-    damaged: rank 0 first sets a damaged index aside (see `restore_latest`); the other ranks, whose
+    damaged: rank 0 first sets a damaged index aside (`set_aside_damaged_index`); the other ranks, whose
     managers never write, wait up to `wait_s` seconds for rank 0 to have done so."""
     folder = os.path.abspath(directory)
     if collectives.is_chief() and os.path.isdir(folder):
-        _set_aside_damaged_index(folder, run_dir or os.path.dirname(folder))
+        set_aside_damaged_index(folder, run_dir or os.path.dirname(folder))
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -232,83 +204,3 @@ def open_manager(checkpoint, directory, max_to_keep, run_dir=None, wait_s=120):
             if collectives.is_chief() or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-
-
-def restore_latest(checkpoint, manager, run_dir=None):
-    """Restores into `checkpoint` the newest complete checkpoint of `manager`'s folder (rank 0 calls it);
-    returns its path, or None when the folder holds none.
-
-    Candidates are the checkpoints the index names in that folder, newest first, then every other
-    `ckpt-<step>.index` there, newest first: a checkpoint cut short, empty, of another format or of
-    another model is moved under `<run_dir>/damaged/` with a one-line warning naming it and the next
-    older one is tried. An index file that cannot be read, or that names files outside the folder
-    (another run's), is set aside the same way and rewritten from the complete checkpoints found.
-
-    Args:
-        checkpoint: `tf.train.Checkpoint` (model and optimizer, all variables built).
-        manager: `tf.train.CheckpointManager` of the run's checkpoint folder; its list of checkpoints is
-            brought in line with what is left.
-        run_dir: the run directory (default: the folder above the checkpoint folder).
-
-    Raises:
-        CheckpointReadError (a ValueError): checkpoints exist, none can be restored; names each and why.
-    """
-    folder = os.path.abspath(manager.directory)
-    run_dir = run_dir or os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        return None
-    listed = [os.path.abspath(p) for p in manager.checkpoints]
-    state_ok = _set_aside_damaged_index(folder, run_dir)
-    if not state_ok:
-        listed = []
-    else:
-        # What the index names (the manager's own list can be empty after a restart).
-        state = tf.train.get_checkpoint_state(folder)
-        if state is not None:
-            named_paths = [state.model_checkpoint_path, *state.all_model_checkpoint_paths]
-            listed += [
-                os.path.abspath(p if os.path.isabs(p) else os.path.join(folder, p)) for p in named_paths
-            ]
-    on_disk = [os.path.join(folder, n[: -len(".index")]) for n in os.listdir(folder) if n.endswith(".index")]
-    # The index is the record of what was committed: its checkpoints first (newest first), then any other
-    # on disk (the only ones when the index was damaged), so that files an index never named are used
-    # only when nothing it names can be restored.
-    named = sorted({p for p in listed if _number(p) >= 0}, key=_number, reverse=True)
-    others = sorted({p for p in on_disk if _number(p) >= 0} - set(named), key=_number, reverse=True)
-    candidates = named + others
-    problems, restored = [], None
-    for path in candidates:
-        problem = _problem(checkpoint, path)
-        if problem is None:
-            restored = path
-            break
-        problems.append(f"{path} ({problem})")
-        kept = [damaged.set_aside(p, run_dir) for p in sorted(glob.glob(f"{glob.escape(path)}.*"))]
-        older = "an older one is tried" if path != candidates[-1] else "no older one is left"
-        damaged.warn(
-            f"the checkpoint {path} cannot be restored: {problem}; its files "
-            f"({', '.join(os.path.basename(k) for k in kept)}) are kept under "
-            f"{os.path.join(run_dir, damaged.FOLDER, 'checkpoints')} and {older}"
-        )
-        # The manager forgets it (TensorFlow has no public API for that), so that it never lists it again.
-        for key in list(manager._maybe_delete):
-            if os.path.abspath(key) == path:
-                manager._maybe_delete.pop(key)
-    if candidates and restored is None:
-        raise CheckpointReadError(
-            f"no checkpoint in {folder} can be restored: {'; '.join(problems)}. The files are kept under "
-            f"{os.path.join(run_dir, damaged.FOLDER)}; start afresh (--noresume or another --run_name)."
-        )
-    index = os.path.join(folder, "checkpoint")
-    if restored and (problems or not state_ok or restored not in listed):
-        good = sorted(
-            {p for p in listed + on_disk if _number(p) >= 0 and os.path.exists(f"{p}.index")}, key=_number
-        )
-        # The index format tf.train.CheckpointManager reads (a CheckpointState text proto), names relative.
-        lines = [f'model_checkpoint_path: "{os.path.basename(restored)}"']
-        lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for p in good]
-        with open(f"{index}.tmp", "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(f"{index}.tmp", index)
-        manager._latest_checkpoint = restored
-    return restored

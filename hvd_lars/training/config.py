@@ -18,6 +18,8 @@ from hvd_lars.training.settings import above, at_least, fraction, problem, setti
 
 OPTIMIZERS = ("lars", "momentum", "nesterov")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
+# The --allow_plan_change value that accepts every change of the plan.
+ANY_PLAN_CHANGE = "any"
 # CPU flags (/proc/cpuinfo) of native bfloat16 arithmetic; without them bfloat16 is emulated and slower.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -157,8 +159,9 @@ class TrainConfig:
     resume: bool = setting(True, "Resume from the run directory's latest checkpoint.")
     allow_plan_change: tuple = setting(
         (),
-        "Settings of the plan a resumed run may change from the run that wrote its checkpoints, by name "
-        "(e.g. weight_decay,schedule); any other change is refused.",
+        "Settings of the plan a resumed run may change from the plan its checkpoint records, by name "
+        "(e.g. weight_decay,schedule); any other change is refused. any: every change, and a checkpoint "
+        "of an older version whose plan cannot be checked.",
     )
     eval_every_epochs: int = setting(
         1, "Evaluate every N epochs (and after the last).", check=at_least(1, whole=True)
@@ -252,11 +255,11 @@ class TrainConfig:
             message = problem(field, getattr(self, field.name))
             if message:
                 raise ValueError(message)
-        unknown = sorted(set(self.allow_plan_change) - set(plan_settings()))
+        unknown = sorted(set(self.allow_plan_change) - set(plan_settings()) - {ANY_PLAN_CHANGE})
         if unknown:
             raise ValueError(
                 f"--allow_plan_change names {', '.join(unknown)}, which are not settings of the plan; valid: "
-                f"{', '.join(plan_settings())}."
+                f"{', '.join(plan_settings())}, or {ANY_PLAN_CHANGE}."
             )
         self.resolve_batch(world_size)
         for rule in _RULES:

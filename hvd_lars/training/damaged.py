@@ -1,7 +1,8 @@
-"""Files a run reads back at a start that are found cut short, empty or foreign (checkpoints and their
-index, summary.json, metrics.csv, TensorBoard event files): each is moved under `<run_dir>/damaged/`, never
-deleted, with a one-line warning naming it and saying what the run does instead (falls back to an older
-checkpoint, rebuilds the file); the readers call `set_aside`."""
+"""Files a run reads back at a start that are found cut short, empty or of another format (checkpoints that
+cannot be read and their index, summary.json, metrics.csv, TensorBoard event files): each is moved under
+`<run_dir>/damaged/`, never deleted, with a one-line warning naming it and saying what the run does instead
+(falls back to an older checkpoint, rebuilds the file); the readers call `set_aside`. Sound files of another
+run are no damage: `hvd_lars.training.lineage` keeps them under `earlier_runs/`."""
 
 import os
 import shutil

@@ -9,13 +9,14 @@ each rank's shard of the data. A world size that does not divide the global batc
 change with `ElasticBatchError`, naming the figures.
 """
 
+import itertools
 import os
 
 from hvd_lars.data import describe_input, get_input
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel import elastic as hvd_elastic
 from hvd_lars.training import faults, recipe, threads, train
-from hvd_lars.training.plan import make_plan
+from hvd_lars.training.plan import batch_sizes, make_plan
 
 try:  # Horovod's framework-neutral elastic state (what its elastic loop drives)
     from horovod.common.elastic import State as _State
@@ -54,10 +55,13 @@ def run(config, extra_callbacks=()):
     # The world size is checked against the global batch in each attempt, on every rank together.
     config.validate(1)
     requested = threads.configure_threads(config, collectives.size())
-    run_name, run_dir = train.run_directory(config, 1)
+    run_name, run_dir = train.run_directory(config, config.global_batch_size)
     shapes = None
     if collectives.is_chief():
         try:
+            problem = faults.run_dir_problem(run_dir, 0)
+            if problem:
+                raise ValueError(problem)
             shapes = describe_input(
                 config.dataset, **recipe.input_kwargs(config, config.global_batch_size, 0, 1, run_dir)
             )
@@ -66,31 +70,43 @@ def run(config, extra_callbacks=()):
     signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
 
     def build(shapes):
-        job = train.start(config, run_name, run_dir, shapes, 1, requested, extra_callbacks, agree=False)
-        job.signals, job.watchdog = signals, watchdog
+        # The optimizer and the checkpoint's plan from the plan for 1 worker: the global batch, the steps
+        # and the schedule are the same for every worker count that divides the global batch.
+        plan = make_plan(config, 1, shapes)
+        job = train.start(
+            config,
+            plan,
+            run_name,
+            run_dir,
+            shapes,
+            requested,
+            signals,
+            watchdog,
+            extra_callbacks,
+            agree=False,
+        )
         faults.heartbeat()  # building the model is this rank's progress while the others wait
         return job
 
     state = _JobState(shapes, build)
+    attempts = itertools.count(1)
 
     def attempt(state):
         rank, world_size = collectives.rank(), collectives.size()
-        _, per_rank_batch = resolve_batch(config, world_size)
+        resolve_batch(config, world_size)  # ElasticBatchError, naming the worker counts that fit
+        plan = make_plan(config, world_size, state.shapes)
         data = get_input(
-            config.dataset, **recipe.input_kwargs(config, per_rank_batch, rank, world_size, run_dir)
+            config.dataset, **recipe.input_kwargs(config, plan.per_rank_batch_size, rank, world_size, run_dir)
         )
-        job = state.job
-        job.model.train_function = None  # traced anew for this world size
         if collectives.is_chief():
-            plan = make_plan(config, world_size, data.num_train_examples)
             print(
-                f"[hvd_lars] elastic attempt {job.attempts + 1}: {world_size} worker(s) from update "
-                f"{int(job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank per "
-                f"micro-batch (global batch {plan.global_batch_size})",
+                f"[hvd_lars] elastic attempt {next(attempts)}: {world_size} worker(s) from update "
+                f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank "
+                f"per micro-batch (global batch {plan.global_batch_size})",
                 flush=True,
             )
         commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
-        return train.attempt(job, data, commit=commit)
+        return train.attempt(state.job, plan, data, commit=commit)
 
     with signals, watchdog:
         return hvd_elastic.run(attempt)(state)
@@ -101,7 +117,8 @@ class _JobState(_State):
 
     `sync()` broadcasts rank 0's `InputShapes` first (the first collective of every start and restart,
     the same on a worker that joins as on those that wait for it), builds the job from them on a rank
-    that has none yet (`build(shapes)` -> `train.Job`), then syncs the model and optimizer
+    that has none yet (`build(shapes)` -> `train.Job`), gives every rank rank 0's lineage or its refusal
+    of the run directory's checkpoint (`train.Job.agree`), then syncs the model and optimizer
     (`hvd_lars.parallel.elastic.KerasState`, with the update count as `step`). Commits, restores and
     resets go to that `KerasState`; host updates are checked by this object, the one the loop listens to.
 
@@ -136,6 +153,7 @@ class _JobState(_State):
         if self.job is None:
             self.job = self._build(self.shapes)
             self.keras = hvd_elastic.KerasState(self.job.model, step=int(self.job.model.optimizer.iterations))
+        self.job.agree()  # rank 0's lineage (or its refusal of the checkpoint) on every rank
         self.keras.sync()
 
     def save(self):
@@ -174,15 +192,15 @@ def check_launched(config, environ=None):
 
 
 def resolve_batch(config, world_size):
-    """(global batch, per-rank batch) for `world_size` workers: `config.resolve_batch`, with an error
-    that says it is the elastic job's new worker count that does not fit.
+    """(global batch, per-rank batch) for `world_size` workers: `plan.batch_sizes`, with an error that
+    says it is the elastic job's new worker count that does not fit.
 
     Raises:
         ElasticBatchError: global batch % (world size x accumulation steps) != 0, naming the three
             figures and the worker counts that would divide it.
     """
     try:
-        return config.resolve_batch(world_size)
+        return batch_sizes(config, world_size)
     except ValueError as e:
         divisor = config.accumulation_steps
         fits = [n for n in range(1, 65) if config.global_batch_size % (n * divisor) == 0]

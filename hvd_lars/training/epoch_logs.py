@@ -28,6 +28,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from hvd_lars.training import damaged
+from hvd_lars.training.lineage import UNRECORDED, events_suffix, run_id_of_events, set_aside
 from hvd_lars.training.run_summary import RunSummary
 
 
@@ -63,34 +64,59 @@ class MetricsCSV(keras.callbacks.Callback):
 
     FIXED = ("epoch", "step")
 
-    def __init__(self, path, start_step=0, steps_per_epoch=1):
+    def __init__(self, path, start_step=0, steps_per_epoch=1, lineage=None):
         super().__init__()
         self.path = path
+        self.run_id = lineage.run_id if lineage is not None else None
         self.rows = []
-        if os.path.exists(path):
+        rows, known = [], os.path.exists(path)
+        if known:
             try:
                 rows = _read_rows(path)
             except ValueError as e:
-                rows = self._rebuilt(path, str(e), start_step, steps_per_epoch)
-            for row in rows:
-                epoch = int(row["epoch"])
-                step = int(row["step"]) if row.get("step") else None
-                if _kept(epoch, step, start_step, steps_per_epoch):
-                    # "NA": what Keras's CSVLogger wrote for a key an epoch lacked.
-                    self.rows.append({k: v for k, v in row.items() if v not in ("", "NA", None)})
+                rows = self._rebuilt(path, str(e), steps_per_epoch)  # from summary.json: this run's
+            else:
+                rows = self._own(rows, lineage, steps_per_epoch) if lineage is not None else rows
+        elif lineage is not None and start_step:
+            rows = _rows_of_summary(os.path.dirname(os.path.abspath(path)), steps_per_epoch)
+            known = bool(rows)
+            if rows:
+                damaged.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
+        for row in rows:
+            epoch = int(row["epoch"])
+            step = int(row["step"]) if row.get("step") else None
+            if _kept(epoch, step, start_step, steps_per_epoch):
+                # "NA": what Keras's CSVLogger wrote for a key an epoch lacked.
+                kept = {k: v for k, v in row.items() if v not in ("", "NA", None)}
+                self.rows.append({**kept, "run_id": self.run_id} if self.run_id else kept)
+        if known and lineage is not None:
+            self._write()  # at once: the file holds this run's rows only, each with its run id
+
+    def _own(self, rows, lineage, steps_per_epoch):
+        """The rows of `lineage`; a file holding others is moved under earlier_runs/ (one warning) and
+        this run's epochs it lacks are taken from its summary.json."""
+        foreign = [r.get("run_id") or None for r in rows if not lineage.owns(r.get("run_id") or None)]
+        if not foreign:
+            return rows
+        run_dir = os.path.dirname(os.path.abspath(self.path))
+        kept = set_aside([self.path], run_dir, foreign[0])
+        own = [r for r in rows if lineage.owns(r.get("run_id") or None)]
+        # The epochs the other run's rows stood for come back from this run's summary.json.
+        epochs = {int(r["epoch"]) for r in own}
+        own += [r for r in _rows_of_summary(run_dir, steps_per_epoch) if int(r["epoch"]) not in epochs]
+        damaged.warn(
+            f"{self.path} holds {len(foreign)} row(s) of another run ({foreign[0] or UNRECORDED}): kept in "
+            f"{kept}; written anew with this run's {len(own)} row(s)"
+        )
+        return sorted(own, key=lambda r: int(r["epoch"]))
 
     @staticmethod
-    def _rebuilt(path, problem, start_step, steps_per_epoch):
+    def _rebuilt(path, problem, steps_per_epoch):
         # The damaged file is kept aside; its epochs come back from summary.json beside it, which holds
         # the same epoch logs (its epochs count from 1).
         run_dir = os.path.dirname(os.path.abspath(path))
         kept = damaged.set_aside(path, run_dir)
-        saved = RunSummary.load(run_dir) or {}
-        rows = [
-            {**{k: v for k, v in e.items() if k != "epoch"}, "epoch": e["epoch"] - 1,
-             "step": e["epoch"] * steps_per_epoch}
-            for e in saved.get("epochs", [])
-        ]  # fmt: skip
+        rows = _rows_of_summary(run_dir, steps_per_epoch)
         damaged.warn(
             f"{path} is {problem}; kept as {kept}, and rebuilt with the {len(rows)} epoch(s) of summary.json"
         )
@@ -98,18 +124,31 @@ class MetricsCSV(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         row = {"epoch": epoch, "step": _step(self.model), **(logs or {})}
+        if self.run_id:
+            row["run_id"] = self.run_id
         self.rows = [r for r in self.rows if int(r["epoch"]) != epoch] + [row]
         self._write()
 
     def _write(self):
-        keys = sorted({k for r in self.rows for k in r} - set(self.FIXED))
+        fixed = [*self.FIXED, *(["run_id"] if any("run_id" in r for r in self.rows) else [])]
+        keys = sorted({k for r in self.rows for k in r} - set(fixed))
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=[*self.FIXED, *keys], restval="")
+            writer = csv.DictWriter(f, fieldnames=[*fixed, *keys], restval="")
             writer.writeheader()
             for row in self.rows:
                 writer.writerow({k: _text(v) for k, v in row.items()})
         os.replace(tmp, self.path)
+
+
+def _rows_of_summary(run_dir, steps_per_epoch):
+    """metrics.csv's rows of the epochs summary.json in `run_dir` holds (its epochs count from 1)."""
+    saved = RunSummary.load(run_dir) or {}
+    return [
+        {**{k: v for k, v in e.items() if k != "epoch"}, "epoch": e["epoch"] - 1,
+         "step": e["epoch"] * steps_per_epoch}
+        for e in saved.get("epochs", [])
+    ]  # fmt: skip
 
 
 def _read_rows(path):
@@ -161,20 +200,28 @@ class TensorBoardScalars(keras.callbacks.Callback):
     epochs it trains again appear once. An events file cut short by a kill keeps its complete records; one
     that is not an event file is moved under `<run_dir>/damaged/`, with a one-line warning naming it.
 
+    With a `lineage`, the event files' names end with its run id (`lineage.events_suffix`); files of
+    another run found in `log_dir` are moved under `<run_dir>/earlier_runs/<their run id>/` (one warning),
+    and those of an older version (no run id) are this run's when it continues such a run (`adopted`).
+
     Args:
         log_dir: folder of the event files.
         start_step: updates already applied (0 for a fresh run: any scalars there are dropped).
+        lineage: the run's `hvd_lars.training.lineage.Lineage`, or None.
     """
 
-    def __init__(self, log_dir, start_step=0):
+    def __init__(self, log_dir, start_step=0, lineage=None):
         super().__init__()
         self.log_dir = log_dir
         self._writer = None
+        self._suffix = events_suffix(lineage.run_id) if lineage is not None else None
+        if lineage is not None:
+            _own_event_files(log_dir, lineage)
         prune_events(log_dir, start_step)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir)
+            self._writer = tf.summary.create_file_writer(self.log_dir, filename_suffix=self._suffix)
         step = _step(self.model)
         with self._writer.as_default():
             tf.summary.scalar("epoch", epoch + 1, step=step)
@@ -185,6 +232,26 @@ class TensorBoardScalars(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self._writer is not None:
             self._writer.flush()
+
+
+def _own_event_files(log_dir, lineage):
+    """Moves the event files in `log_dir` of other runs under earlier_runs/ (one warning per run); names
+    an adopted run's files without a run id with its own."""
+    run_dir = os.path.dirname(os.path.abspath(log_dir))
+    foreign = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+        run_id = run_id_of_events(os.path.basename(path))
+        if run_id == lineage.run_id:
+            continue
+        if lineage.owns(run_id):
+            os.replace(path, path + events_suffix(lineage.run_id))
+        else:
+            foreign.setdefault(run_id, []).append(path)
+    for run_id, paths in sorted(foreign.items()):
+        kept = set_aside(paths, run_dir, run_id)
+        damaged.warn(
+            f"{len(paths)} TensorBoard event file(s) of another run ({run_id}) in {log_dir}: kept in {kept}"
+        )
 
 
 def prune_events(log_dir, last_step):

@@ -1,19 +1,28 @@
-"""The run's plan in optimizer steps, made from the configuration's epochs and rates, and the check that a
-resumed run follows the plan its checkpoint belongs to.
+"""The run's plan in optimizer steps, made once per attempt from the configuration and the world size, and
+the comparison a resume makes between the plan a checkpoint was written under and this one.
 
 Flags speak in epochs and in learning rates per 256 images; the training loop speaks in optimizer steps.
-`make_plan` is the one place that converts, and its `describe()` is the run log's first line.
+`make_plan` is the one place that converts, and its `describe()` is the run log's first line. Its
+`settings` are the plan's settings as the run resolves them (the global batch, the precision, the warmup in
+steps, the data folder as a real path, ...): what each checkpoint records and what a resume compares, so
+that two spellings of one plan are one plan and one spelling of two plans is not.
 """
 
 import dataclasses
+import inspect
+import json
+import os
 
+from hvd_lars.data import DATASETS
+from hvd_lars.data.preprocessing import DEFAULT_PREPROCESSING
 from hvd_lars.optim.scaling import REFERENCE_BATCH, scaled_learning_rate, steps_in_epochs
-from hvd_lars.training.config import plan_settings, resolve_precision
+from hvd_lars.training.config import ANY_PLAN_CHANGE, plan_settings, resolve_precision
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Batch and step arithmetic of one run, in optimizer steps; `precision` as resolved for this CPU."""
+    """Batch and step arithmetic of one attempt, in optimizer steps; `precision` as resolved for this CPU;
+    `settings` ({name: JSON value}) the plan's settings as resolved (`resolved_settings`)."""
 
     world_size: int
     global_batch_size: int
@@ -25,6 +34,8 @@ class Plan:
     warmup_steps: int
     peak_learning_rate: float
     precision: str = "float32"
+    num_train_examples: int = 0
+    settings: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def describe(self):
         return (
@@ -40,13 +51,27 @@ class Plan:
         return steps_in_epochs(epochs, self.steps_per_epoch)
 
 
-def make_plan(config, world_size, num_train_examples):
-    """Converts the config's epochs and per-256 rates into steps and a peak rate.
+def batch_sizes(config, world_size):
+    """(global batch, per-rank micro-batch) of `config` on `world_size` ranks: the one place the plan's
+    batch is resolved (`TrainConfig.resolve_batch`; its errors)."""
+    return config.resolve_batch(world_size)
+
+
+def make_plan(config, world_size, num_train_examples, input_shape=None):
+    """Converts the config's epochs and per-256 rates into steps and a peak rate, for `world_size` ranks.
+
+    Args:
+        num_train_examples: the training images the input holds (after --max_train_examples and
+            --validation_examples), or anything with `num_train_examples` and `input_shape` (an
+            `InputPipeline` or `InputShapes`), whose image shape then joins the settings.
 
     Raises:
-        ValueError: the global batch exceeds the training set.
+        ValueError: the global batch exceeds the training set (or `batch_sizes`' errors).
     """
-    global_batch, per_rank = config.resolve_batch(world_size)
+    if hasattr(num_train_examples, "num_train_examples"):
+        input_shape = num_train_examples.input_shape
+        num_train_examples = num_train_examples.num_train_examples
+    global_batch, per_rank = batch_sizes(config, world_size)
     if global_batch > num_train_examples:
         raise ValueError(
             f"--global_batch_size={global_batch} exceeds the {num_train_examples} training examples."
@@ -56,69 +81,127 @@ def make_plan(config, world_size, num_train_examples):
     peak = config.peak_learning_rate or scaled_learning_rate(
         config.base_learning_rate, global_batch, REFERENCE_BATCH
     )
-    return Plan(
-        world_size=world_size,
+    figures = dict(
         global_batch_size=global_batch,
-        per_rank_batch_size=per_rank,
-        accumulation_steps=config.accumulation_steps,
         steps_per_epoch=steps_per_epoch,
         epochs=epochs,
-        total_steps=steps_per_epoch * epochs,
         warmup_steps=steps_in_epochs(config.warmup_epochs, steps_per_epoch),
         peak_learning_rate=peak,
         precision=resolve_precision(config.precision),
     )
+    settings = resolved_settings(vars(config), figures, input_shape, num_train_examples)
+    return Plan(
+        world_size=world_size,
+        per_rank_batch_size=per_rank,
+        accumulation_steps=config.accumulation_steps,
+        total_steps=steps_per_epoch * epochs,
+        num_train_examples=num_train_examples,
+        settings=settings,
+        **figures,
+    )
 
 
-# Figures derived from the settings and the data that a resumed run must share too (a data set of another
-# size changes them); a change explained by a setting named in --allow_plan_change is accepted.
-_DERIVED = ("global_batch_size", "steps_per_epoch", "total_steps", "warmup_steps", "peak_learning_rate")
+# The entries of a plan's settings resolved from more than one flag, with the settings whose change explains
+# theirs (what --allow_plan_change must name); every other entry is the setting of its own name.
+_DATA_SIZE = ("dataset", "data_dir", "max_train_examples", "validation_examples")
+_STEPS = ("steps_per_epoch", "global_batch_size", *_DATA_SIZE)
+SET_BY = {
+    "global_batch_size": ("global_batch_size",),
+    "train_examples": _DATA_SIZE,
+    "input_shape": ("image_size", "dataset", "model"),
+    "preprocessing": ("preprocessing", "dataset"),
+    "steps_per_epoch": _STEPS,
+    "warmup_steps": ("warmup_epochs", *_STEPS),
+    "decay_boundaries_steps": ("decay_boundaries_epochs", *_STEPS),
+    "peak_learning_rate": ("peak_learning_rate", "base_learning_rate", "global_batch_size"),
+}
+# Settings that appear in the resolved settings only through an entry above.
+_RESOLVED_INTO = ("image_size", "max_train_examples", "warmup_epochs", "decay_boundaries_epochs")
+_RESOLVED_INTO += ("base_learning_rate",)
 
 
-def plan_changes(previous, config, plan):
-    """What differs, in the settings of the plan, between the run that wrote a checkpoint and this one.
+def resolved_settings(config, figures, input_shape=None, train_examples=None):
+    """The plan's settings as resolved: {name: JSON value}, one entry per setting of the plan
+    (`plan_settings()`), the global batch, steps, warmup, peak rate and precision as the plan resolved them
+    (`figures`), the data folder as its real path, the preprocessing as the input pipeline reads it, the
+    image shape and the training images the input holds. Keys missing from `config` or `figures` (a
+    summary.json of an older version) are left out, and so are `input_shape` and `train_examples` when None.
 
     Args:
-        previous: the earlier run's summary dict (`RunSummary.load`), with its "config" and "plan".
-        config: this run's `TrainConfig`; its `allow_plan_change` names the settings that may change.
+        config: dict of `TrainConfig` fields (`vars(config)`, or summary.json's "config").
+        figures: dict with global_batch_size, steps_per_epoch, epochs, warmup_steps, peak_learning_rate and
+            precision (a `Plan`'s, or summary.json's "plan").
+    """
+    settings = {name: config[name] for name in plan_settings() if name in config}
+    for name in _RESOLVED_INTO:
+        settings.pop(name, None)
+    names = ("global_batch_size", "steps_per_epoch", "epochs", "warmup_steps", "peak_learning_rate")
+    settings.update({name: figures[name] for name in (*names, "precision") if name in figures})
+    if settings.get("data_dir"):
+        settings["data_dir"] = os.path.realpath(settings["data_dir"])
+    builder = DATASETS.get(config.get("dataset"))
+    if "preprocessing" in settings and builder is not None:
+        takes = "preprocessing" in inspect.signature(builder).parameters
+        settings["preprocessing"] = settings["preprocessing"] or (DEFAULT_PREPROCESSING if takes else "")
+    if "decay_boundaries_epochs" in config and "steps_per_epoch" in figures:
+        boundaries = config["decay_boundaries_epochs"] or ()
+        settings["decay_boundaries_steps"] = [
+            steps_in_epochs(e, figures["steps_per_epoch"]) for e in boundaries
+        ]
+    if input_shape is not None:
+        settings["input_shape"] = list(input_shape)
+    if train_examples is not None:
+        settings["train_examples"] = train_examples
+    return json.loads(json.dumps(settings))  # as a checkpoint's record gives them back (lists, not tuples)
+
+
+def settings_in_summary(summary):
+    """The resolved settings of the run a summary.json describes: its "plan"'s "settings" (this version),
+    or those `resolved_settings` can rebuild from the "config" and "plan" an older version wrote."""
+    plan = summary.get("plan") or {}
+    if isinstance(plan.get("settings"), dict):
+        return plan["settings"]
+    return resolved_settings(summary.get("config") or {}, plan)
+
+
+def plan_changes(recorded, plan, allowed=()):
+    """What differs between the plan a checkpoint was written under and this one, and is not allowed.
+
+    Args:
+        recorded: the earlier run's resolved settings (a checkpoint's record, or `settings_in_summary`).
         plan: this run's `Plan`.
+        allowed: the setting names of --allow_plan_change (`ANY_PLAN_CHANGE`: all of them).
 
     Returns:
-        list of "name old -> new", one per setting of the plan (`plan_settings()`; `precision` compared as
-        resolved) and per derived figure that changed and is not allowed to; [] without a previous summary.
+        list of "name old -> new", one per resolved setting that changed and that no allowed setting
+        explains (`SET_BY`); entries only one side has (recorded by another version) are not compared.
     """
-    if not previous:
+    if ANY_PLAN_CHANGE in allowed:
         return []
-    allowed = set(config.allow_plan_change)
-    old_config, old_plan = previous.get("config") or {}, previous.get("plan") or {}
-    changes, allowed_changed = [], False
-    for name in plan_settings():
-        source, new = (
-            (old_plan, plan.precision) if name == "precision" else (old_config, getattr(config, name))
-        )
-        if name not in source:
-            continue  # a summary written before the setting existed
-        old = tuple(source[name] or ()) if isinstance(new, tuple) else source[name]
-        if old != new:
-            if name in allowed:
-                allowed_changed = True
-            else:
-                changes.append(f"{name} {old!r} -> {new!r}")
-    if not allowed_changed:
-        new_plan = vars(plan)
-        for name in _DERIVED:
-            if name in old_plan and old_plan[name] != new_plan[name]:
-                changes.append(f"{name} {old_plan[name]!r} -> {new_plan[name]!r}")
+    changes = []
+    for name, new in plan.settings.items():
+        if name not in recorded or recorded[name] == new:
+            continue
+        by = SET_BY.get(name, (name,))
+        if set(by) & set(allowed):
+            continue
+        explained = "" if name in plan_settings() else f" (set by {', '.join(by)})"
+        changes.append(f"{name} {recorded[name]!r} -> {new!r}{explained}")
     return changes
 
 
-def refuse_plan_changes(changes, run_dir):
+def changed_settings(recorded, plan):
+    """True when any resolved setting differs from `recorded` (allowed or not)."""
+    return any(name in recorded and recorded[name] != new for name, new in plan.settings.items())
+
+
+def refuse_plan_changes(changes, run_dir, checkpoint):
     """The error for `plan_changes`' list, or None when it is empty."""
     if not changes:
         return None
     return (
-        f"{run_dir} holds a run with another plan ({'; '.join(changes)}). Resume it with its own "
-        "flags, name the settings to change in --allow_plan_change, or start afresh with another "
-        "--run_name or "
-        "--noresume."
+        f"{run_dir} holds a run with another plan ({'; '.join(changes)}), the plan of its checkpoint "
+        f"{checkpoint}. Resume it with its own flags, name the settings to change in --allow_plan_change, "
+        "or start afresh with another --run_name or --noresume (the earlier run is then kept under "
+        f"{os.path.join(run_dir, 'earlier_runs')})."
     )

@@ -7,6 +7,7 @@ The file is strict JSON (`strict_json`: a non-finite number, such as the loss of
 written as the string "NaN", "Infinity" or "-Infinity"); read it with `strict_json.read`.
 """
 
+import dataclasses
 import json
 import os
 import time
@@ -15,6 +16,7 @@ import keras
 
 from hvd_lars.parallel import collectives
 from hvd_lars.training import damaged, provenance
+from hvd_lars.training.lineage import UNRECORDED, set_aside
 from hvd_lars.training.strict_json import read as read_json
 from hvd_lars.training.strict_json import strict
 
@@ -22,7 +24,8 @@ from hvd_lars.training.strict_json import strict
 class RunSummary(keras.callbacks.Callback):
     """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
 
-    Keys: run_name, config, plan, world_size, hosts (sorted host names of all ranks), local_size (ranks on
+    Keys: run_name, run_id (the lineage, `hvd_lars.training.lineage`), config, plan (the `Plan`, with its
+    resolved settings), world_size, hosts (sorted host names of all ranks), local_size (ranks on
     rank 0's host), cross_size (hosts), global_batch_size, per_rank_batch_size, accumulation_steps,
     threads (the thread settings read back from TensorFlow, `hvd_lars.training.train.applied_threads`),
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
@@ -31,20 +34,28 @@ class RunSummary(keras.callbacks.Callback):
     evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
     one), stopped (only when training stopped early: reason "TrainingDiverged" or "Preempted", step,
     message), git_sha, date, machine and software versions.
+
+    Args:
+        lineage: the run's `hvd_lars.training.lineage.Lineage`, or None (no run id). A resumed run keeps the
+            epochs of a summary.json of its own lineage; one of another lineage is moved under
+            `earlier_runs/<its run id>/`, with one line saying so.
     """
 
-    def __init__(self, run_dir, run_name, config, plan, start_step, threads=None):
+    def __init__(self, run_dir, run_name, config, plan, start_step, threads=None, lineage=None):
         super().__init__()
         self.path = os.path.join(run_dir, "summary.json")
         finished_epochs = start_step // plan.steps_per_epoch
         previous = []
         if start_step:
             saved = RunSummary.load(run_dir) or {}
+            if saved and lineage is not None and not lineage.owns(saved.get("run_id")):
+                saved = self._set_aside(run_dir, saved.get("run_id"))
             previous = [e for e in saved.get("epochs", []) if e["epoch"] <= finished_epochs]
         self.summary = {
             "run_name": run_name,
+            "run_id": lineage.run_id if lineage is not None else None,
             "config": vars(config),
-            "plan": vars(plan),
+            "plan": dataclasses.asdict(plan),
             "world_size": plan.world_size,
             # A collective: every rank builds its RunSummary at the same point of the run.
             "hosts": collectives.host_names(),
@@ -70,6 +81,15 @@ class RunSummary(keras.callbacks.Callback):
         self._attempt_epochs = []
         self._start = time.perf_counter()
         self._update()
+
+    def _set_aside(self, run_dir, run_id):
+        if collectives.is_chief():
+            kept = set_aside([self.path], run_dir, run_id)
+            damaged.warn(
+                f"{self.path} belongs to another run ({run_id or UNRECORDED}): kept in {kept}, and "
+                "written anew"
+            )
+        return {}
 
     @staticmethod
     def load(run_dir):

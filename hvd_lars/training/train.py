@@ -1,12 +1,14 @@
 """The training loop: data-parallel `model.fit` with LARS (or momentum SGD) and a warmup schedule.
 
 `run(config)` trains on every rank of a job of fixed size and returns the run summary (rank 0 writes it to
-`<workdir>/<run_name>/summary.json`), in three steps read top to bottom: `start` (threads, seeds, model,
-optimizer, the checkpoint to resume from), `callbacks_in_order` (one list, in the order Keras runs it) and
-`fit`. Elastic jobs wrap the same steps from `hvd_lars.training.elastic`. Reads no flags.
+`<workdir>/<run_name>/summary.json`), in steps read top to bottom: the plan (`make_plan`, once per attempt),
+`start` (seeds, model, optimizer, the checkpoint to resume from or the new lineage), `callbacks_in_order`
+(one list, in the order Keras runs it) and `fit`. Elastic jobs wrap the same steps from
+`hvd_lars.training.elastic`. Reads no flags.
 """
 
 import dataclasses
+import functools
 import os
 
 import keras
@@ -19,30 +21,40 @@ from hvd_lars.parallel import collectives
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
 from hvd_lars.training import epoch_logs, faults, recipe, threads
 from hvd_lars.training.callbacks import ExactEvaluation, ImagesPerSecond
-from hvd_lars.training.checkpoints import (
-    CheckpointReadError,
-    PeriodicCheckpoint,
-    open_manager,
-    restore_latest,
-)
-from hvd_lars.training.plan import make_plan, plan_changes, refuse_plan_changes
+from hvd_lars.training.checkpoints import PeriodicCheckpoint, open_manager
+from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.lineage import Lineage, RunRecord
+from hvd_lars.training.plan import batch_sizes, make_plan
+from hvd_lars.training.resume import resume_or_begin
 from hvd_lars.training.run_summary import RunSummary
 
 
 @dataclasses.dataclass
 class Job:
-    """What one run keeps across its training attempts (one attempt for a fixed world size)."""
+    """What one run keeps across its training attempts (one attempt for a fixed world size): the model
+    with its optimizer, the checkpoint manager and the lineage rank 0 resumed or began. The plan is not
+    here: each attempt makes its own (`make_plan`) and hands it down."""
 
-    config: object
+    config: TrainConfig
     run_name: str
     run_dir: str
     model: keras.Model
     manager: tf.train.CheckpointManager
+    lineage: Lineage
+    record: RunRecord
     requested_threads: tuple
     extra_callbacks: list
-    signals: faults.StopSignals = dataclasses.field(default_factory=faults.StopSignals)
-    watchdog: faults.ProgressWatchdog = None
-    attempts: int = 0
+    signals: faults.StopSignals
+    watchdog: faults.ProgressWatchdog
+
+    def agree(self):
+        """Rank 0's lineage on every rank, in every rank's checkpoint record (a collective).
+
+        Raises:
+            ValueError: rank 0 refused the run directory's checkpoint (`Lineage.share`), on every rank.
+        """
+        self.lineage.share()
+        self.record.assign(self.lineage.run_id)
 
 
 def run(config, extra_callbacks=()):
@@ -56,7 +68,8 @@ def run(config, extra_callbacks=()):
 
     Raises:
         ValueError: bad configuration (before any data is read or model built), a run directory that is not
-            writable or lacks the space for a few checkpoints, or a resume under another plan (every rank).
+            writable or lacks the space for a few checkpoints, or a checkpoint of another plan or run
+            (`hvd_lars.training.resume`; every rank).
         FileNotFoundError: missing data.
         hvd_lars.training.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank
             raises it after the same update; summary.json records it).
@@ -67,91 +80,100 @@ def run(config, extra_callbacks=()):
     rank, world_size = collectives.init()
     config.validate(world_size)
     requested = threads.configure_threads(config, world_size)
-    _, per_rank_batch = config.resolve_batch(world_size)
-    run_name, run_dir = run_directory(config, world_size)
+    global_batch, per_rank_batch = batch_sizes(config, world_size)
+    run_name, run_dir = run_directory(config, global_batch)
+    faults.check_run_dir(run_dir, 0, 0)  # writable, before anything of the run is read or made
     data = get_input(config.dataset, **recipe.input_kwargs(config, per_rank_batch, rank, world_size, run_dir))
-    job = start(config, run_name, run_dir, data, world_size, requested, extra_callbacks)
+    plan = make_plan(config, world_size, data)
+    signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
+    job = start(config, plan, run_name, run_dir, data, requested, signals, watchdog, extra_callbacks)
     # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed state),
     # before the step counter plans the rest of the run.
     broadcast_model_and_optimizer(job.model)
     with job.signals, job.watchdog:
-        return attempt(job, data)
+        return attempt(job, plan, data)
 
 
-def run_directory(config, world_size):
-    """(run name, run directory): `--run_name`, or a name made of the data set, model, optimizer and batch."""
-    global_batch, _ = config.resolve_batch(world_size)
+def run_directory(config, global_batch):
+    """(run name, run directory): `--run_name`, or a name made of the data set, model, optimizer and the
+    global batch."""
     run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
     return run_name, os.path.join(config.workdir, run_name)
 
 
-def start(config, run_name, run_dir, shapes, world_size, requested_threads, extra_callbacks=(), agree=True):
-    """Seeds, precision, the compiled model with its built optimizer, and rank 0's restored checkpoint.
+def start(
+    config,
+    plan,
+    run_name,
+    run_dir,
+    shapes,
+    requested_threads,
+    signals,
+    watchdog,
+    extra_callbacks=(),
+    agree=True,
+):
+    """Seeds, precision, the compiled model with its built optimizer, and the checkpoint rank 0 resumed
+    from or the new lineage it began (`hvd_lars.training.resume.resume_or_begin`).
 
     Args:
-        shapes: anything with `num_classes`, `input_shape` and `num_train_examples` (an `InputPipeline`,
-            or the `hvd_lars.data.InputShapes` of `describe_input`).
-        world_size: the world size the optimizer's plan is made for (1 for an elastic job's shapes).
-        agree: rank 0's failure to read its checkpoints becomes every rank's error (a collective); False
-            where no collective may run yet (before an elastic job's first sync).
+        plan: the `Plan` the optimizer and its schedule are built for and the checkpoint is compared with
+            (an elastic job's for 1 worker: its settings are those of any world size).
+        shapes: anything with `num_classes` and `input_shape` (an `InputPipeline`, or the
+            `hvd_lars.data.InputShapes` of `describe_input`).
+        signals, watchdog: the `faults.StopSignals` and `faults.ProgressWatchdog` of the run.
+        agree: rank 0's outcome becomes every rank's now (`Job.agree`, a collective); False where no
+            collective may run yet (before an elastic job's first sync, which calls `Job.agree`).
 
     Returns:
         `Job`.
+
+    Raises:
+        ValueError: (with `agree`) rank 0 refused the run directory's checkpoint, on every rank.
     """
     rank = collectives.rank()
     # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the initial
     # weights are rank 0's, broadcast before training. Input shuffling is seeded per rank in the pipeline.
     keras.utils.set_random_seed(config.seed + rank)
-    plan = make_plan(config, world_size, shapes.num_train_examples)
     keras.mixed_precision.set_global_policy(plan.precision)
     model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
     optimizer = recipe.build_optimizer(config, plan)
     loss, metrics = recipe.loss_and_metrics(config, shapes.num_classes)
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
-    optimizer.build(model.trainable_variables)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    build = functools.partial(optimizer.build, model.trainable_variables)  # a no-op once built
+    # Before the manager opens the folder: a fresh start moves an earlier run's checkpoints away first.
+    lineage = Lineage()
+    if collectives.is_chief():
+        lineage = resume_or_begin(model, optimizer, build, run_dir, plan, config)
+    build()
+    record = RunRecord(plan.settings)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
     manager = open_manager(checkpoint, os.path.join(run_dir, "checkpoints"), config.keep_checkpoints, run_dir)
-    _resume(config, checkpoint, manager, run_dir, agree)
-    return Job(
+    job = Job(
         config,
         run_name,
         run_dir,
         model,
         manager,
+        lineage,
+        record,
         requested_threads,
         list(extra_callbacks),
-        watchdog=faults.ProgressWatchdog(config.hang_timeout_s),
+        signals,
+        watchdog,
     )
-
-
-def _resume(config, checkpoint, manager, run_dir, agree):
-    """Rank 0 restores the newest complete checkpoint (`restore_latest`: damaged ones are set aside, named).
-
-    Raises:
-        CheckpointReadError: checkpoints exist and none can be read back (on every rank with `agree`).
-    """
-    error = None
-    if config.resume and collectives.is_chief():
-        try:
-            restored = restore_latest(checkpoint, manager, run_dir)
-        except CheckpointReadError as e:
-            error = str(e)
-        else:
-            if restored:
-                step = int(checkpoint.optimizer.iterations)
-                print(f"[hvd_lars] resumed from {restored} (step {step})", flush=True)
     if agree:
-        error = collectives.broadcast_object(error, name="hvd_lars.resume")
-    if error:
-        raise CheckpointReadError(error)
+        job.agree()
+    return job
 
 
-def attempt(job, data, commit=None):
+def attempt(job, plan, data, commit=None):
     """Trains from the optimizer's update count to the plan's end with the current world size.
 
     Args:
         job: `Job` from `start`.
+        plan: this attempt's `Plan` (`make_plan` for the current world size and `data`).
         data: this rank's `InputPipeline` for the current rank and world size.
         commit: an elastic job's callback that commits its state, or None.
 
@@ -159,8 +181,7 @@ def attempt(job, data, commit=None):
         the summary dict.
     """
     config, model, run_dir, chief = job.config, job.model, job.run_dir, collectives.is_chief()
-    job.attempts += 1
-    plan = make_plan(config, collectives.size(), data.num_train_examples)
+    model.train_function = None  # traced for this attempt's world size (an elastic job's changes)
     applied = threads.applied_threads(data.train)
     _announce(job, plan, applied)
     # Before anything is written: the run directory is writable and holds a few checkpoints.
@@ -168,19 +189,20 @@ def attempt(job, data, commit=None):
         run_dir, faults.checkpoint_bytes(model.variables + model.optimizer.variables), config.keep_checkpoints
     )
     note = recipe.batch_norm_note(model, plan)
-    if note and chief and job.attempts == 1:
+    if note and chief:
         print(f"[hvd_lars] {note}", flush=True)
     start_step = int(model.optimizer.iterations)
-    _check_same_plan(job, plan, start_step)
     if start_step >= plan.total_steps:
-        if chief and job.attempts == 1:
+        if chief:
             print(
                 f"[hvd_lars] {run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to do. "
                 "Train again with another --run_name or --noresume.",
                 flush=True,
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, job.run_name, config, plan, start_step, threads=applied)
+    summary = RunSummary(
+        run_dir, job.run_name, config, plan, start_step, threads=applied, lineage=job.lineage
+    )
     checkpointer = PeriodicCheckpoint(
         job.manager,
         config.checkpoint_every_steps,
@@ -222,8 +244,10 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
     if chief:
         # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
         loggers = [
-            epoch_logs.MetricsCSV(os.path.join(job.run_dir, "metrics.csv"), start_step, plan.steps_per_epoch),
-            epoch_logs.TensorBoardScalars(os.path.join(job.run_dir, "tensorboard"), start_step),
+            epoch_logs.MetricsCSV(
+                os.path.join(job.run_dir, "metrics.csv"), start_step, plan.steps_per_epoch, job.lineage
+            ),
+            epoch_logs.TensorBoardScalars(os.path.join(job.run_dir, "tensorboard"), start_step, job.lineage),
         ]
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
@@ -301,25 +325,6 @@ def _announce(job, plan, applied):
             flush=True,
         )
     print(f"[hvd_lars] run directory {job.run_dir}", flush=True)
-
-
-def _check_same_plan(job, plan, start_step):
-    """Refuses, on every rank, to continue a checkpoint under another plan: rank 0 reads summary.json in the
-    run's first attempt when it resumed. A collective in every attempt (a worker that joins an elastic job
-    later is in its own first attempt while the others are not).
-
-    Raises:
-        ValueError: naming every setting that changed, with its saved and its new value.
-    """
-    message = None
-    if collectives.is_chief() and start_step and job.attempts == 1:
-        message = refuse_plan_changes(
-            plan_changes(RunSummary.load(job.run_dir), job.config, plan), job.run_dir
-        )
-    # One rank's finding, every rank's error: the others would otherwise wait in the next collective.
-    message = collectives.broadcast_object(message, name="hvd_lars.plan_check")
-    if message:
-        raise ValueError(message)
 
 
 def _print_final(summary):

@@ -15,6 +15,9 @@ Usage: python tests/support/kill_at_step.py --kill_at_step=N [--kill_signal=KILL
  file exists: a test signals a job that is certainly still training, at a known update, on any machine.)
 (also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
 update; FILE receives the time.time() of the signal.)
+(--stop_schedule=STEP:SIGNAL:RANK,... --stop_record=FILE: the stops of a run restarted with this same
+ command each time, e.g. 3:KILL:1,8:KILL:-1,9:TERM:0; each start takes the first stop no earlier start took
+ (FILE.rank<r> lists them) after the update it resumed from.)
 """
 
 import functools
@@ -39,6 +42,8 @@ flags.DEFINE_integer("pause_at_step", 0, "Pause every rank after this update (0:
 flags.DEFINE_string("pause_marker", "", "The pause writes <this>.rank<r> once it has begun.")
 flags.DEFINE_string("pause_until", "", "The pause also ends when this file exists.")
 flags.DEFINE_float("pause_limit_s", 600, "A pause longer than this ends the process (status 1).")
+flags.DEFINE_list("stop_schedule", [], "STEP:SIGNAL:RANK stops; each start takes the next one (see above).")
+flags.DEFINE_string("stop_record", "", "--stop_schedule: FILE.rank<r> lists the stops taken.")
 flags.DEFINE_integer(
     "block_checkpoints_at_step", 0, "Replace the checkpoint folder by a file after this update (0: never)."
 )
@@ -80,6 +85,40 @@ class KillAtStep(keras.callbacks.Callback):
                 with open(self.record, "w") as f:
                     f.write(repr(time.time()))
             os.kill(os.getpid(), self.signum)
+
+
+class ScheduledStop(KillAtStep):
+    """The first stop of `schedule` ([(step, signum, rank)]) that no earlier start took (`record`.rank<r>
+    lists them) and that comes after the update this start resumed from, by the rank it names (-1: every
+    rank); none when none is left. Every rank keeps its own record, so all choose the same stop."""
+
+    def __init__(self, schedule, record):
+        super().__init__(step=None)
+        self.schedule = schedule
+        self.path = f"{record}.rank{collectives.init()[0]}"
+
+    def on_train_begin(self, logs=None):
+        if self.step is not None:
+            return  # chosen at this process's first fit
+        taken = open(self.path).read().split() if os.path.exists(self.path) else []
+        start = int(self.model.optimizer.iterations)
+        left = [(k, stop) for k, stop in enumerate(self.schedule) if str(k) not in taken and stop[0] > start]
+        if not left:
+            self.step, self._sent = float("inf"), True
+            return
+        k, (self.step, self.signum, rank) = left[0]
+        self._sent = rank not in (-1, collectives.rank())
+        with open(self.path, "a") as f:
+            f.write(f"{k}\n")
+
+
+def parse_schedule(entries):
+    """[(step, signum, rank)] of --stop_schedule's STEP:SIGNAL:RANK entries."""
+    stops = []
+    for entry in entries:
+        step, name, rank = entry.split(":")
+        stops.append((int(step), getattr(signal, f"SIG{name}"), int(rank)))
+    return stops
 
 
 class PauseAtStep(keras.callbacks.Callback):
@@ -141,11 +180,19 @@ class _RecordedPeriodicCheckpoint(checkpoints.PeriodicCheckpoint):
             fault.set_model(self.model)
             fault.on_train_batch_end(batch, logs)
 
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        for fault in _faults:
+            fault.set_model(self.model)
+            fault.on_train_begin(logs)
+
 
 def _run_with_fault(config, extra_callbacks=(), run=None):
     f = flags.FLAGS
     if f.kill_at_step and f.kill_rank in (-1, collectives.init()[0]):
         _faults.append(KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record))
+    if f.stop_schedule:
+        _faults.append(ScheduledStop(parse_schedule(f.stop_schedule), f.stop_record))
     if f.pause_at_step:
         _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until, f.pause_limit_s))
     if f.block_checkpoints_at_step and collectives.init()[0] == 0:

@@ -1,11 +1,18 @@
-"""A short run of the main program on a test data set, for the data tests."""
+"""Short runs of the main program: a small CNN on a test data set (the data tests), and one run stopped
+five times and restarted each time with the same command (the resume tests and benchmarks/faults.py)."""
 
+import csv
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 from tests.support import REPO
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
 
 def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, *extra):
@@ -24,3 +31,76 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
     assert result.returncode == 0, result.stderr[-3000:]
     with open(os.path.join(workdir, run_name, "summary.json")) as f:
         return json.load(f)
+
+
+# flags/smoke.flags on 2 ranks, 4 epochs of 4 updates (epoch ends at 4, 8, 12, 16), a synchronous
+# checkpoint every 2 updates: every stop below lands on a checkpoint the uninterrupted run writes too, so
+# both runs average the ranks' batch-norm statistics at the same updates and end tensor for tensor equal.
+RESTART_FLAGS = [
+    "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=4",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--verbose=0",
+]  # fmt: skip
+TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+# (after update, signal, rank: -1 every rank) and the update the next start resumes from.
+STOPS = [
+    ((3, "KILL", 1), 2),  # one rank dies mid-epoch: back to its checkpoint of update 2
+    ((8, "KILL", -1), 6),  # every rank dies after epoch 1's last update, before its logs: back to 6
+    ((9, "TERM", 0), 10),  # pre-emption: every rank stops after the next update, which is saved
+    ((11, "USR1", 1), 12),  # the time-limit warning; the next update ends epoch 2, logged first
+    ((14, "KILL", -1), 14),  # every rank dies just after its checkpoint
+]
+SCHEDULE = "--stop_schedule=" + ",".join(f"{s}:{n}:{r}" for (s, n, r), _ in STOPS)
+
+
+def restart_command(workdir):
+    """The one command of the restart sequence: 2 ranks, tests/support/kill_at_step.py with `SCHEDULE`
+    (the stops taken are recorded beside `workdir`)."""
+    record = f"--stop_record={os.path.join(workdir, 'stops')}"
+    return [*TWO_RANKS, sys.executable, KILLER, *RESTART_FLAGS, SCHEDULE, record, f"--workdir={workdir}"]
+
+
+def uninterrupted_command(workdir):
+    return [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *RESTART_FLAGS, f"--workdir={workdir}"]
+
+
+def run_restart_sequence(workdir, timeout=400, env=None):
+    """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times); returns one dict per start:
+    returncode, resumed (the update it resumed from, or None), stopped (the update a stop signal ended
+    it at, or None), output (stdout + stderr), seconds (its wall time)."""
+    starts = []
+    for _ in range(len(STOPS) + 1):
+        began = time.monotonic()
+        result = subprocess.run(
+            restart_command(workdir), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        output = result.stdout + result.stderr
+        resumed = re.search(r"resumed from \S+/ckpt-(\d+) \(step (\d+)\)", output)
+        stopped = re.search(r"stopped at step (\d+), checkpoint", output)
+        starts.append(
+            dict(
+                returncode=result.returncode,
+                resumed=int(resumed.group(2)) if resumed else None,
+                stopped=int(stopped.group(1)) if stopped else None,
+                output=output,
+                seconds=time.monotonic() - began,
+            )
+        )
+        if result.returncode == 0:
+            break
+    return starts
+
+
+def metrics_rows(run_dir):
+    """The rows of `run_dir`/metrics.csv (dicts of strings)."""
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def final_tensors(run_dir):
+    """{name: value} of the model and optimizer tensors of `run_dir`'s latest checkpoint (not its record)."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith(("model/", "optimizer/"))]
+    return {n: reader.get_tensor(n) for n in names}

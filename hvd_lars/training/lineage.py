@@ -1,0 +1,146 @@
+"""The identity of a run's lineage: a run id made at its fresh start, recorded in each of its checkpoints
+(with the plan it was written under) and in each of its logs, and the folder where a run directory keeps
+the files of its earlier lineages.
+
+A lineage is one run from its fresh start on, across every kill, pre-emption and resume. Its run id
+(`new_run_id`: UTC time and 6 random hex digits) is written
+- into every checkpoint, as the JSON string variable "run" of the `tf.train.Checkpoint` (`RunRecord`:
+  {"run_id", "plan": the plan's resolved settings}), so it is written atomically with the weights and read
+  back (`read_record`) before anything is restored;
+- into summary.json ("run_id"), every metrics.csv row (column `run_id`) and the TensorBoard event files'
+  names (`events_suffix`).
+Files of another lineage found in a run directory are moved (never deleted) under
+`<run_dir>/earlier_runs/<their run id>/` (`set_aside`), named in one line of the log. Files written by a
+version of this package before run ids existed carry none (`UNRECORDED`).
+"""
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+
+import tensorflow as tf
+
+from hvd_lars.parallel import collectives
+
+FOLDER = "earlier_runs"
+UNRECORDED = "unrecorded"
+# The name of the record in a checkpoint, as tf.train.Checkpoint(run=variable) saves it.
+RECORD_KEY = "run/.ATTRIBUTES/VARIABLE_VALUE"
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
+
+
+def new_run_id():
+    """A new run id, e.g. "20261201T142301Z-3fa9c2" (UTC start time, then 24 random bits)."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class LineageRefused(ValueError):
+    """Rank 0 refused to start: the run directory's checkpoint belongs to another plan or run, or records
+    no plan that can be checked (one line, exit status 2 from the main program; nothing is moved)."""
+
+
+@dataclasses.dataclass
+class Lineage:
+    """The lineage a start continues or begins, as rank 0 decided it (`hvd_lars.training.resume`).
+
+    Attributes:
+        run_id: the run id; None until decided (and, on the other ranks, until `share`).
+        adopted: the run continues a checkpoint of an older version, which records no run id: files
+            without one (metrics rows, event files, summary.json) are this run's and are stamped with it.
+        restored: the checkpoint prefix restored, or None for a fresh start.
+        error: rank 0's refusal (a `LineageRefused` or `CheckpointReadError`), raised on every rank by
+            `share`.
+    """
+
+    run_id: str = None
+    adopted: bool = False
+    restored: str = None
+    error: ValueError = None
+
+    def owns(self, run_id):
+        """Whether a file recorded with `run_id` (None: recorded by an older version) is this run's."""
+        return run_id == self.run_id or (run_id in (None, UNRECORDED) and self.adopted)
+
+    def share(self):
+        """Rank 0's lineage on every rank (a collective); raises rank 0's refusal on every rank.
+
+        Raises:
+            LineageRefused, or `hvd_lars.training.checkpoints.CheckpointReadError` (both ValueErrors).
+        """
+        shared = collectives.broadcast_object(
+            dataclasses.astuple(self) if collectives.is_chief() else None, name="hvd_lars.lineage"
+        )
+        self.run_id, self.adopted, self.restored, self.error = shared
+        if self.error is not None:
+            raise self.error
+
+
+class RunRecord:
+    """The record a checkpoint carries: which run (`run_id`) and which plan (`settings`) it belongs to.
+
+    `variable` (a string `tf.Variable` holding the record as JSON) is what the run's `tf.train.Checkpoint`
+    holds under "run"; `assign(run_id)` sets it. Restores never read it back into the variable: a run
+    resumed under an allowed change of plan records its own plan from then on.
+    """
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.run_id = None
+        self.variable = tf.Variable("", dtype=tf.string, trainable=False, name="run_record")
+
+    def assign(self, run_id):
+        self.run_id = run_id
+        self.variable.assign(json.dumps({"run_id": run_id, "plan": self.settings}, sort_keys=True))
+
+
+def read_record(prefix):
+    """The record ({"run_id": str, "plan": {name: value}}) of the checkpoint at `prefix`, or None for a
+    checkpoint written before records existed.
+
+    Raises:
+        ValueError: the record is there and is not such JSON (the checkpoint is damaged).
+        tf.errors.OpError: the checkpoint cannot be read.
+    """
+    reader = tf.train.load_checkpoint(prefix)
+    if not reader.has_tensor(RECORD_KEY):
+        return None
+    record = json.loads(reader.get_tensor(RECORD_KEY).decode())
+    if not isinstance(record, dict) or not isinstance(record.get("plan"), dict) or "run_id" not in record:
+        raise ValueError(f"a run record that is not one ({str(record)[:100]})")
+    return record
+
+
+def events_suffix(run_id):
+    """The end of the names of the TensorBoard event files of run `run_id` (`filename_suffix`)."""
+    return f".{run_id}"
+
+
+def run_id_of_events(name):
+    """The run id an event file's name ends with, or `UNRECORDED`."""
+    found = _RUN_ID.search(name)
+    return found.group(0) if found and name.endswith(found.group(0)) else UNRECORDED
+
+
+def set_aside(paths, run_dir, run_id):
+    """Moves each of `paths` (files or folders inside `run_dir`) to the same relative path under
+    `<run_dir>/earlier_runs/<run_id>/` (a name taken there gets `.1`, `.2`, ... appended); returns
+    that folder."""
+    target = os.path.join(run_dir, FOLDER, run_id or UNRECORDED)
+    for path in paths:
+        rel = os.path.relpath(path, run_dir)
+        destination, n = os.path.join(target, rel), 0
+        while os.path.exists(destination):
+            n += 1
+            destination = f"{os.path.join(target, rel)}.{n}"
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        shutil.move(path, destination)
+    return target
+
+
+def say(message):
+    """One line of the run log: `[hvd_lars] <message>`."""
+    print(f"[hvd_lars] {message}", flush=True)

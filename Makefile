@@ -25,7 +25,7 @@ export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 export PYTHONUNBUFFERED ?= 1
 
-.PHONY: setup train test lint format clean
+.PHONY: setup train test test-quick lint format clean
 
 setup:
 	$(if $(and $(DATA_DIR),$(filter fashion_mnist,$(DATASET))),FASHION_MNIST_DIR=$(DATA_DIR)) bash install/setup.sh
@@ -42,6 +42,11 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The unit tier (no subprocess): the edit-test loop's few minutes.
+test-quick: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m unit -n $(TEST_WORKERS) --dist loadgroup
 
 lint:
 	$(PY) -m ruff check .

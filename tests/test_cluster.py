@@ -523,3 +523,32 @@ def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, 
     summary = _summary(shared_dir)
     _assert_two_hosts(summary)
     assert summary["resumed_from_step"] == 8 and summary["epochs"][-1]["epoch"] == 2
+
+
+@pytest.mark.system
+def test_readme_cluster_sbatch_command_on_two_emulated_nodes(cluster, slurm, shared_dir):
+    """The README's `sbatch --nodes=2 --ntasks-per-node=2 launch/slurm/train.sbatch flags/fashion_mnist_lars
+    .flags --data_dir=$HOME/data/fashion-mnist`, as written (issue 33): its $HOME holds the Fashion-MNIST
+    files, the flags that make the run small are appended, and Slurm's output goes to the run's folder
+    (SBATCH_OUTPUT, which overrides the script's #SBATCH line). 4 ranks on node1 and node2, placed by
+    train.sbatch itself (no placement exported)."""
+    from tests.support import readme
+    from tests.test_readme_code import FASHION_MNIST, RUN_SECTIONS, SMALL_FASHION_MNIST
+
+    command = readme.find_command("README.md", RUN_SECTIONS[1], "sbatch --nodes=2")
+    data = shared_dir / "home" / "data" / "fashion-mnist"
+    data.mkdir(parents=True)
+    for name in os.listdir(FASHION_MNIST):
+        os.symlink(os.path.join(FASHION_MNIST, name), data / name)
+    line = " ".join([command, *SMALL_FASHION_MNIST, f"--workdir={shared_dir}", "--intra_op_threads=1"])
+    env = {k: v for k, v in slurm.env.items() if k not in ("RANKS_PER_SOCKET", "THREADS_PER_RANK")}
+    env.update(HOME=str(shared_dir / "home"), SBATCH_OUTPUT=str(shared_dir / "slurm-%j.out"))
+    submitted = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.split()[-1]  # "Submitted batch job N"
+    state = slurm.wait(job, timeout=600)
+    log = (shared_dir / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    summary = json.loads((shared_dir / "fashion_mnist_lars_b4096" / "summary.json").read_text())
+    _assert_two_hosts(summary)
+    assert summary["config"]["data_dir"] == str(data) and summary["plan"]["total_steps"] == 2

@@ -1,4 +1,4 @@
-"""Every figure README.md quotes from results/ equals what its results file gives.
+"""Every figure README.md and docs/*.md quote from results/ equals what its results file gives.
 
 The rule: each claim in CLAIMS is a pattern of README text whose named groups are figures, the results file
 they come from, and a function that reads that file's text and returns the same figures. A README figure
@@ -8,12 +8,13 @@ Ratios the README quotes and the file does not print are computed from the file'
 So a result measured again and written to results/ without the README following fails
 `test_readme_figures_match_their_results_files`, with the README line, the file and both values.
 
-Covered (README section / line: file):
+Covered (README or docs section / line: file):
 - "Two commands": make train's test top-1, wall time and CPU: fashion_mnist_lars.md
-- "Running": 2 ranks x 1 thread against 1 rank x 2 threads, Horovod defaults and tuned: scaling.md, section
-  `threads`; the allreduce of 16 MiB on 4-8 emulated hosts, Open MPI's choice and the ring: allreduce_hosts.md
+- docs/cluster.md, "Where the launchers put ranks": 2 ranks x 1 thread against 1 rank x 2 threads,
+  Horovod defaults and tuned: scaling.md, section `threads`; the allreduce of 16 MiB on 4-8 emulated hosts,
+  Open MPI's choice and the ring: allreduce_hosts.md
 - "With Horovod": a ported script's 16 MiB allreduce on 4 hosts, rules on and off: horovod_keras_allreduce.md
-- "Faults": time to exit of a silent host with the ssh keepalive: faults.md, row silent_host; "Elastic
+- docs/faults.md: time to exit of a silent host with the ssh keepalive: faults.md, row silent_host; "Elastic
   training": the repetitions of 2 -> 1 -> 2 workers: faults.md, row elastic
 - "Results" table: models_throughput.md (the ResNet-50 ratios in the named CPU's section), lars_step.md
   (tensors, graph-mode ratio), large_batch_study.md (batch range, seeds, runs and wall time),
@@ -441,8 +442,14 @@ def read_results(name):
 
 
 def read_readme():
-    with open(os.path.join(REPO, "README.md")) as f:
-        return f.read()
+    """README.md, then docs/*.md: the figures follow wherever the text that quotes them moves."""
+    from tests.support import readme
+
+    texts = []
+    for path in readme.documents():
+        with open(os.path.join(REPO, path)) as f:
+            texts.append(f.read())
+    return "\n".join(texts)
 
 
 # ----------------------------------------------------------------------------------------------- tests

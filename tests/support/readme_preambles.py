@@ -27,6 +27,26 @@ model = keras.Sequential(
 """
 
 PREAMBLES = {
+    # A fragment run on every rank of a job: `model` (uncompiled) and this rank's shard of the training and
+    # validation batches; afterwards every rank's weights must be rank 0's.
+    "model_and_shards": Preamble(
+        before=_MODEL_AND_DATA
+        + """
+from hvd_lars.parallel import collectives
+
+_rank, _size = collectives.init()
+shard_of_this_rank = data.shard(_size, _rank)
+val_shard = data.take(2).shard(_size, _rank)
+""",
+        after="""
+import horovod.tensorflow as _hvd
+
+_sums = _hvd.allgather_object([float(np.sum(w)) for w in model.get_weights()])
+assert all(s == _sums[0] for s in _sums), _sums
+print("readme fragment: every rank holds rank 0's weights")
+""",
+        expect="readme fragment: every rank holds rank 0's weights",
+    ),
     # A fragment that compiles `model` with its optimizer; one epoch of `data` follows.
     "model": Preamble(
         before=_MODEL_AND_DATA,

@@ -29,7 +29,7 @@ for version in "$@"; do
     --dist loadgroup --deselect tests/test_install_bounds.py::test_keras_range_is_what_the_unit_tier_passed_on \
     >"$log" 2>&1) || status=$?
   summary="$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
-  failed="$(grep -E '^FAILED ' "$log" | sed 's/^FAILED //; s/ - .*//' | head -20 | tr '\n' ' ')"
+  failed="$(grep -E '^FAILED ' "$log" | sed 's/^FAILED //; s/ - .*//' | head -20 | tr '\n' ' ' || true)"
   rows+=("| $version | $([ "$status" -eq 0 ] && echo pass || echo fail) | $summary | ${failed:-} |")
   echo "keras $version: $summary" >&2
 done

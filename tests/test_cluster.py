@@ -134,12 +134,10 @@ def _initial_weights(workdir):
 
 
 def _checkpoint_values(workdir, step):
-    """Every variable of checkpoint `step` (model and optimizer), by name."""
-    import tensorflow as tf
+    """Every variable of checkpoint `step` (model and optimizer), by name; not its run record."""
+    from tests.support.small_runs import final_tensors
 
-    reader = tf.train.load_checkpoint(str(Path(workdir) / "smoke" / "checkpoints" / f"ckpt-{step}"))
-    names = [n for n in reader.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
-    return {n: reader.get_tensor(n) for n in names}
+    return final_tensors(str(Path(workdir) / "smoke"), step)
 
 
 def _restore_last_checkpoint(workdir):

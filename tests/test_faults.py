@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
+from tests.support.small_runs import final_tensors
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
@@ -145,13 +146,9 @@ def _checkpoint_steps(run_dir):
 
 def _checkpoint(run_dir, step=None):
     """{name: value} of the model and optimizer tensors of the latest checkpoint, or of `step`'s."""
-    import tensorflow as tf
-
-    folder = os.path.join(run_dir, "checkpoints")
-    reader = tf.train.load_checkpoint(os.path.join(folder, f"ckpt-{step}") if step else folder)
-    names = [n for n in reader.get_variable_to_shape_map() if "model" in n or "optimizer" in n]
-    assert len(names) > 20
-    return {n: reader.get_tensor(n) for n in names}
+    tensors = final_tensors(run_dir, step)
+    assert len(tensors) > 20
+    return tensors
 
 
 def _check_diverged(tmp_path, launcher):

@@ -97,10 +97,13 @@ def metrics_rows(run_dir):
         return list(csv.DictReader(f))
 
 
-def final_tensors(run_dir):
-    """{name: value} of the model and optimizer tensors of `run_dir`'s latest checkpoint (not its record)."""
+def final_tensors(run_dir, step=None):
+    """{name: value} of the model and optimizer tensors of `run_dir`'s latest checkpoint, or of update
+    `step`'s: every weight, slot, counter and batch-norm statistic, not the run record (whose run id
+    differs between runs)."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints"))
+    folder = os.path.join(run_dir, "checkpoints")
+    reader = tf.train.load_checkpoint(os.path.join(folder, f"ckpt-{step}") if step else folder)
     names = [n for n in reader.get_variable_to_shape_map() if n.startswith(("model/", "optimizer/"))]
     return {n: reader.get_tensor(n) for n in names}

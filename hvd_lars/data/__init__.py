@@ -22,6 +22,7 @@ __all__ = [
     "InputPipeline",
     "InputRequest",
     "InputShapes",
+    "dataset",
     "describe_input",
     "get_input",
 ]

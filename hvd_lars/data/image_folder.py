@@ -138,7 +138,7 @@ def _warn_missing_classes(train_listing, eval_listing):
             f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
             f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
             "evaluation covers the classes it has.",
-            stacklevel=3,  # the caller of image_folder_input
+            stacklevel=4,  # the caller of hvd_lars.data.get_input (which calls image_folder_input)
         )
 
 

@@ -1,6 +1,6 @@
 """The input pipeline against what training consumes, both measured in one run on this machine.
 
-Pipelines (`hvd_lars.data.pipeline.train_dataset`, as `--dataset=image_folder` builds it: read file,
+Pipelines (`hvd_lars.data.encoded_images.train_dataset`, as `--dataset=image_folder` builds it: read file,
 decode, crop, resize, flip, normalise, batch) each run in a subprocess pinned to ONE core with a private
 tf.data pool of one thread, on JPEG fixtures made from Fashion-MNIST test images enlarged, tinted per channel
 and with pixel noise added so that they weigh about what ImageNet's weigh (smooth enlarged images would
@@ -68,9 +68,9 @@ def make_fixtures(root, width, height):
     """Writes NUM_FILES JPEGs under root/train/<class>/; returns their mean size in bytes."""
     from PIL import Image
 
-    from hvd_lars.data import fashion_mnist
+    from hvd_lars.data import fashion_mnist_files
 
-    images, labels = fashion_mnist.load("test")
+    images, labels = fashion_mnist_files.load("test")
     rng = np.random.default_rng(0)
     tint = rng.uniform(0.5, 1.0, size=(CLASSES, 3))
     sizes = []
@@ -106,7 +106,7 @@ def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from hvd_lars.data import order, pipeline
+    from hvd_lars.data import encoded_images, order, tfdata_options
 
     paths, labels = _files(root)
     source = tf.data.Dataset.from_tensor_slices((paths, paths, tf.constant(labels, tf.int32)))
@@ -116,13 +116,13 @@ def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **
         stream = order.index_stream(len(paths), 0).map(
             lambda i: (tf.gather(paths_t, i), tf.gather(paths_t, i), tf.gather(labels_t, i))
         )
-        ds = pipeline.train_dataset(
+        ds = encoded_images.train_dataset(
             stream, batch, 0, size, read=tf.io.read_file, threads=1, preprocessing=preprocessing
         )
     else:
         ds = source.repeat().map(lambda name, path, label: tf.io.decode_jpeg(tf.io.read_file(path)))
         ds = ds.map(lambda image: tf.reduce_sum(tf.cast(image[0, 0], tf.int32))).batch(batch)
-        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline.options(True, threads=1))
+        ds = ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(True, threads=1))
     iterator = iter(ds)
     for _ in range(3):  # warm-up: tracing, AUTOTUNE's first decisions
         next(iterator)

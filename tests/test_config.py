@@ -47,6 +47,28 @@ def test_base_learning_rate_is_per_256_images():
         (dict(preprocessing="vgg"), 1, ["--preprocessing='vgg'", "caffe, caffe_scaled, inception"]),
         (dict(momentum_correction="goyal"), 1, ["--momentum_correction='goyal'", "none, warmup, always"]),
         (dict(validation_examples=-5), 1, ["--validation_examples must be a whole number >= 0", "-5"]),
+        # A data set's settings come from its registry entry (`Dataset.settings`): another's, set, is refused.
+        (
+            dict(image_size=227, preprocessing="caffe"),
+            1,
+            [
+                "Dataset 'fashion_mnist' does not take --image_size=227, --preprocessing='caffe'; of the "
+                "data-set settings it takes --validation_examples."
+            ],
+        ),
+        (
+            dict(dataset="synthetic", validation_examples=100, skip_corrupt=True),
+            1,
+            [
+                "'synthetic' does not take --skip_corrupt=True, --validation_examples=100;",
+                "takes --image_size.",
+            ],
+        ),
+        (
+            dict(dataset="image_folder", validation_examples=5),
+            1,
+            ["--image_size, --preprocessing, --skip_corrupt"],
+        ),
     ],
 )
 def test_invalid_configs(kwargs, world, fragments):
@@ -101,3 +123,30 @@ def test_no_checkpoint_at_all_is_refused():
     with pytest.raises(ValueError, match="--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0"):
         _config(checkpoint_at_epoch_end=False).validate(1)
     _config(checkpoint_at_epoch_end=False, checkpoint_every_steps=5).validate(1)
+
+
+@pytest.mark.unit
+def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
+    import dataclasses
+
+    from hvd_lars.data import DATASETS, InputRequest, get_input
+    from hvd_lars.training import recipe, threads
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for name, entry in DATASETS.items():
+        assert set(entry.settings) <= fields, name
+        # Left at their defaults, the settings other data sets read pass, and are not given.
+        config = _config(dataset=name)
+        config.validate(1)
+        assert recipe.input_options(config) == {s: getattr(config, s) for s in entry.settings}
+    config = _config(image_size=0, preprocessing="", skip_corrupt=False, max_train_examples=64, seed=3)
+    assert recipe.input_options(config) == {"validation_examples": 0}
+    request = recipe.input_request(config, 8, 1, 2, "/runs/r")
+    assert request == InputRequest(
+        per_rank_batch=8, rank=1, world_size=2, seed=3, data_dir=None, max_train_examples=64,
+        input_threads=threads.threads_per_rank(), run_dir="/runs/r",
+    )  # fmt: skip
+    data = get_input(config.dataset, request, **recipe.input_options(config))
+    assert (data.input_shape, data.num_train_examples) == ((28, 28, 1), 64)
+    synthetic = recipe.input_options(_config(dataset="synthetic", image_size=16))
+    assert synthetic == {"image_size": 16}

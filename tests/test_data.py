@@ -1,5 +1,6 @@
 """Fashion-MNIST from the Debian files; per-rank shards; the registry; synthetic data."""
 
+import dataclasses
 import gzip
 import os
 import struct
@@ -8,38 +9,49 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.data import DATASETS, SHAPES, InputShapes, describe_input, fashion_mnist, get_input, synthetic
+from hvd_lars.data import (
+    DATASETS,
+    Dataset,
+    InputRequest,
+    InputShapes,
+    describe_input,
+    fashion_mnist_files,
+    get_input,
+    synthetic,
+)
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices, train_shard_range
+
+REQUEST = InputRequest(per_rank_batch=4, rank=0, world_size=1, seed=0)
 
 
 @pytest.mark.unit
 def test_fashion_mnist_splits():
-    x, y = fashion_mnist.load("train")
+    x, y = fashion_mnist_files.load("train")
     assert x.shape == (60000, 28, 28, 1) and x.dtype == np.uint8
     assert y.shape == (60000,) and sorted(np.unique(y)) == list(range(10))
     assert np.bincount(y).tolist() == [6000] * 10  # balanced classes (Xiao et al. 2017)
-    x, y = fashion_mnist.load("test")
+    x, y = fashion_mnist_files.load("test")
     assert x.shape == (10000, 28, 28, 1) and np.bincount(y).tolist() == [1000] * 10
 
 
 @pytest.mark.unit
 def test_fashion_mnist_statistics():
-    x, _ = fashion_mnist.load("train")
+    x, _ = fashion_mnist_files.load("train")
     x = x.astype(np.float64) / 255.0
-    assert x.mean() == pytest.approx(fashion_mnist.MEAN, abs=5e-5)
-    assert x.std() == pytest.approx(fashion_mnist.STD, abs=5e-5)
+    assert x.mean() == pytest.approx(fashion_mnist_files.MEAN, abs=5e-5)
+    assert x.std() == pytest.approx(fashion_mnist_files.STD, abs=5e-5)
 
 
 @pytest.mark.unit
 def test_missing_data_names_the_package(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        fashion_mnist.load("train", str(tmp_path))
+        fashion_mnist_files.load("train", str(tmp_path))
 
 
 @pytest.mark.unit
 def test_unknown_dataset_lists_valid_names():
     with pytest.raises(ValueError, match="'imagenet9'.*fashion_mnist"):
-        get_input("imagenet9")
+        get_input("imagenet9", REQUEST)
 
 
 @pytest.mark.unit
@@ -60,8 +72,7 @@ def test_eval_shards_cover_every_example_once(n, world):
 
 @pytest.mark.unit
 def test_pipeline_batches_and_normalisation():
-    data = get_input(
-        "fashion_mnist",
+    request = InputRequest(
         per_rank_batch=64,
         rank=1,
         world_size=2,
@@ -70,14 +81,15 @@ def test_pipeline_batches_and_normalisation():
         max_eval_examples=100,
         eval_batch=30,
     )
+    data = get_input("fashion_mnist", request)
     images, labels = next(iter(data.train))
     assert images.shape == (64, 28, 28, 1) and labels.shape == (64,)
     assert images.dtype == "float32"
     eval_sizes = [int(b[1].shape[0]) for b in data.eval]
     assert eval_sizes == [30, 20]  # rank 1 of 2 evaluates images 50..99
-    x, _ = fashion_mnist.load("test")
+    x, _ = fashion_mnist_files.load("test")
     first = next(iter(data.eval))[0].numpy()
-    want = (x[50:80].astype(np.float32) / 255.0 - fashion_mnist.MEAN) / fashion_mnist.STD
+    want = (x[50:80].astype(np.float32) / 255.0 - fashion_mnist_files.MEAN) / fashion_mnist_files.STD
     np.testing.assert_allclose(first, want, rtol=1e-6)
 
 
@@ -94,14 +106,16 @@ def test_contiguous_train_ranges_disjoint_and_equal(n, world):
 
 def _pixels(images):
     # Back from standardised float32 to the file's uint8 pixels (exact: the error is ~1e-4 of a level).
-    return np.rint((images.numpy() * fashion_mnist.STD + fashion_mnist.MEAN) * 255).astype(np.uint8)
+    return np.rint((images.numpy() * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255).astype(
+        np.uint8
+    )
 
 
 @pytest.mark.unit
 def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
-    x, y = fashion_mnist.load("train")
+    x, y = fashion_mnist_files.load("train")
     data = get_input(
-        "fashion_mnist", per_rank_batch=1000, rank=0, world_size=1, seed=0, validation_examples=5000
+        "fashion_mnist", dataclasses.replace(REQUEST, per_rank_batch=1000), validation_examples=5000
     )
     assert (data.num_train_examples, data.num_validation_examples) == (55000, 5000)
     assert data.num_train_examples + data.num_validation_examples == 60000
@@ -122,13 +136,15 @@ def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
 @pytest.mark.parametrize("n", [-1, 60000, 70000])
 def test_fashion_mnist_validation_split_out_of_range_is_refused(n):
     with pytest.raises(ValueError, match=rf"validation_examples={n} .*must be in \[0, 59999\]"):
-        get_input("fashion_mnist", per_rank_batch=8, rank=0, world_size=1, seed=0, validation_examples=n)
+        get_input("fashion_mnist", REQUEST, validation_examples=n)
 
 
 @pytest.mark.unit
 def test_validation_split_refused_where_the_dataset_has_none():
-    with pytest.raises(ValueError, match="'synthetic' does not take validation_examples=100"):
-        get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, validation_examples=100)
+    with pytest.raises(
+        ValueError, match="'synthetic' does not take validation_examples=100; it takes image_size,"
+    ):
+        get_input("synthetic", REQUEST, validation_examples=100)
 
 
 @pytest.mark.unit
@@ -137,20 +153,61 @@ def test_registry_names():
 
 
 @pytest.mark.unit
-def test_unset_dataset_options_are_dropped_set_ones_refused():
-    common = dict(per_rank_batch=8, rank=0, world_size=1, seed=0, max_train_examples=64, max_eval_examples=16)
-    data = get_input("fashion_mnist", image_size=0, manual_dir=None, skip_corrupt=False, **common)
+def test_each_entry_declares_its_options_and_the_settings_it_reads():
+    takes = {name: (entry.option_names(), entry.settings) for name, entry in DATASETS.items()}
+    assert takes == {
+        "fashion_mnist": (("validation_examples",), ("validation_examples",)),
+        "imagenet2012": (
+            ("image_size", "preprocessing", "skip_corrupt", "shuffle_buffer", "block_records"),
+            ("image_size", "preprocessing", "skip_corrupt"),
+        ),
+        "image_folder": (
+            ("image_size", "preprocessing", "skip_corrupt"),
+            ("image_size", "preprocessing", "skip_corrupt"),
+        ),
+        "synthetic": (
+            ("image_size", "channels", "num_classes", "num_train_examples", "num_eval_examples"),
+            ("image_size",),
+        ),
+    }
+    for entry in DATASETS.values():
+        assert dataclasses.is_dataclass(entry.options) and entry.options.__dataclass_params__.frozen
+    entry = DATASETS["synthetic"]
+    with pytest.raises(ValueError, match="settings validation_examples are not fields of SyntheticOptions"):
+        Dataset(entry.build, entry.describe, entry.options, settings=("image_size", "validation_examples"))
+
+
+@pytest.mark.unit
+def test_an_option_the_dataset_does_not_take_is_refused_naming_those_it_takes():
+    request = dataclasses.replace(REQUEST, per_rank_batch=8, max_train_examples=64, max_eval_examples=16)
+    data = get_input("fashion_mnist", request)
     assert data.input_shape == (28, 28, 1)
-    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes data_dir"):
-        get_input("fashion_mnist", image_size=227, **common)
-    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take preprocessing='caffe'"):
-        get_input("fashion_mnist", preprocessing="caffe", **common)
+    for build in (get_input, describe_input):
+        refusal = r"^Dataset 'fashion_mnist' does not take image_size=227; it takes validation_examples\.$"
+        with pytest.raises(ValueError, match=refusal):
+            build("fashion_mnist", request, image_size=227)
+        with pytest.raises(ValueError, match=r"'fashion_mnist' does not take preprocessing='caffe'"):
+            build("fashion_mnist", request, preprocessing="caffe")
+        # The library takes what it is given: any value of an option not taken is refused, 0 too.
+        with pytest.raises(
+            ValueError, match=r"'fashion_mnist' does not take image_size=0, skip_corrupt=False;"
+        ):
+            build("fashion_mnist", request, skip_corrupt=False, image_size=0)
+        with pytest.raises(
+            ValueError, match=r"does not take seed=3; .* \(seed is a field of InputRequest\)\.$"
+        ):
+            build("synthetic", request, seed=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.rank = 1
 
 
 @pytest.mark.unit
 def test_synthetic_shapes_and_exact_eval_count():
-    kwargs = dict(per_rank_batch=4, seed=0, image_size=16, num_classes=7, max_eval_examples=10, eval_batch=3)
-    ranks = [get_input("synthetic", rank=r, world_size=3, **kwargs) for r in range(3)]
+    request = dict(per_rank_batch=4, seed=0, max_eval_examples=10, eval_batch=3)
+    ranks = [
+        get_input("synthetic", InputRequest(rank=r, world_size=3, **request), image_size=16, num_classes=7)
+        for r in range(3)
+    ]
     images, labels = next(iter(ranks[0].train))
     assert images.shape == (4, 16, 16, 3) and images.dtype == "float32"
     assert labels.dtype == "int32" and 0 <= int(labels.numpy().min()) and int(labels.numpy().max()) < 7
@@ -164,8 +221,8 @@ def test_synthetic_shapes_and_exact_eval_count():
 def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
     from hvd_lars.data import order
 
-    kwargs = dict(per_rank_batch=100, rank=1, world_size=2, seed=3, max_train_examples=1000)
-    data = get_input("fashion_mnist", **kwargs)
+    request = InputRequest(per_rank_batch=100, rank=1, world_size=2, seed=3, max_train_examples=1000)
+    data = get_input("fashion_mnist", request)
     straight = [(x.numpy(), y.numpy()) for x, y in data.train.take(23)]  # 4.6 epochs of 500 images
     for step in (0, 3, 5, 17):
         for (x, y), (want_x, want_y) in zip(data.train_from(step).take(23 - step), straight[step:]):
@@ -173,7 +230,7 @@ def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
             np.testing.assert_array_equal(y, want_y)
     # Step 10^9 (epoch 2 * 10^8): computed, not iterated to; its batch is that epoch's permutation there.
     _, labels = next(iter(data.train_from(10**9)))
-    x, y = fashion_mnist.load("train")
+    x, y = fashion_mnist_files.load("train")
     shard = train_shard_indices(1000, 1, 2)
     epoch, offset = divmod(10**9 * 100, 500)
     want = y[shard][order.epoch_permutation(500, 3 + 1, epoch).numpy()[offset : offset + 100]]
@@ -182,7 +239,7 @@ def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
 
 @pytest.mark.unit
 def test_synthetic_stream_is_the_same_at_any_step():
-    data = get_input("synthetic", per_rank_batch=4, rank=0, world_size=1, seed=0, image_size=8)
+    data = get_input("synthetic", REQUEST, image_size=8)
     first, later = next(iter(data.train)), next(iter(data.train_from(10**9)))
     np.testing.assert_array_equal(first[0].numpy(), later[0].numpy())
 
@@ -204,69 +261,64 @@ def tiny_fashion_mnist(tmp_path):
     """A Fashion-MNIST folder of 12 training and 3 test images (the four files under their names)."""
     rng = np.random.default_rng(0)
     for split, count in (("train", 12), ("test", 3)):
-        images, labels = fashion_mnist.FILES[split]
+        images, labels = fashion_mnist_files.FILES[split]
         _write_idx(tmp_path / images, 2051, rng.integers(0, 256, (count, 28, 28)))
         _write_idx(tmp_path / labels, 2049, rng.integers(0, 10, count))
     return str(tmp_path)
 
 
-COMMON_ARGS = dict(per_rank_batch=4, rank=0, world_size=1, seed=0)
-
-
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {},
-        {"max_train_examples": 5},
-        {"validation_examples": 4},
-        {"validation_examples": 4, "max_train_examples": 5},
-    ],
-)
-def test_fashion_mnist_described_from_the_headers_as_built(tiny_fashion_mnist, kwargs, monkeypatch):
-    built = get_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS, **kwargs)
-    expected = {0: 12, 4: 8}[kwargs.get("validation_examples", 0)]
-    expected = min(expected, kwargs.get("max_train_examples") or expected)
+@pytest.mark.parametrize("max_train_examples", [0, 5])
+@pytest.mark.parametrize("validation_examples", [0, 4])
+def test_fashion_mnist_described_from_the_headers_as_built(
+    tiny_fashion_mnist, max_train_examples, validation_examples, monkeypatch
+):
+    request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=max_train_examples)
+    built = get_input("fashion_mnist", request, validation_examples=validation_examples)
+    expected = {0: 12, 4: 8}[validation_examples]
+    expected = min(expected, max_train_examples or expected)
     assert _shapes_of(built) == InputShapes((28, 28, 1), 10, expected)
 
     def no_decoding(*args):
         raise AssertionError("describe_input decoded an IDX file")
 
-    monkeypatch.setattr(fashion_mnist, "_read_idx", no_decoding)
-    described = describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS, **kwargs)
+    monkeypatch.setattr(fashion_mnist_files, "_read_idx", no_decoding)
+    described = describe_input("fashion_mnist", request, validation_examples=validation_examples)
     assert described == _shapes_of(built)
 
 
 @pytest.mark.unit
 def test_fashion_mnist_description_refuses_what_the_builder_refuses(tiny_fashion_mnist, tmp_path):
+    request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist)
     with pytest.raises(ValueError, match=r"validation_examples=12 .*must be in \[0, 11\]"):
-        describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, validation_examples=12, **COMMON_ARGS)
-    images, _ = fashion_mnist.FILES["train"]
+        describe_input("fashion_mnist", request, validation_examples=12)
+    images, _ = fashion_mnist_files.FILES["train"]
     path = os.path.join(tiny_fashion_mnist, images)
     with gzip.open(path, "wb") as f:
         f.write(struct.pack(">IIII", 2049, 12, 28, 28))  # a label file's magic under the image file's name
     with pytest.raises(OSError, match="IDX magic number 2049, expected 2051"):
-        describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS)
+        describe_input("fashion_mnist", request)
     with gzip.open(path, "wb") as f:
         f.write(struct.pack(">II", 2051, 12))
     with pytest.raises(OSError, match=r"8 bytes, shorter than an IDX header \(16\)"):
-        describe_input("fashion_mnist", data_dir=tiny_fashion_mnist, **COMMON_ARGS)
+        describe_input("fashion_mnist", request)
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        describe_input("fashion_mnist", data_dir=str(tmp_path / "none"), **COMMON_ARGS)
+        describe_input("fashion_mnist", dataclasses.replace(REQUEST, data_dir=str(tmp_path / "none")))
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "kwargs",
+    "max_train_examples, options",
     [
-        {},
-        {"image_size": 32, "num_classes": 7, "num_train_examples": 40, "channels": 1},
-        {"image_size": 16, "max_train_examples": 9},
+        (0, {}),
+        (0, {"image_size": 32, "num_classes": 7, "num_train_examples": 40, "channels": 1}),
+        (9, {"image_size": 16}),
     ],
 )
-def test_synthetic_described_as_built(kwargs):
-    built = get_input("synthetic", **{**COMMON_ARGS, "per_rank_batch": 2}, **kwargs)
-    assert describe_input("synthetic", **{**COMMON_ARGS, "per_rank_batch": 2}, **kwargs) == _shapes_of(built)
+def test_synthetic_described_as_built(max_train_examples, options):
+    request = dataclasses.replace(REQUEST, per_rank_batch=2, max_train_examples=max_train_examples)
+    built = get_input("synthetic", request, **options)
+    assert describe_input("synthetic", request, **options) == _shapes_of(built)
 
 
 @pytest.mark.unit
@@ -279,18 +331,19 @@ def test_synthetic_description_at_a_32k_global_batch_makes_no_batch_and_no_datas
     monkeypatch.setattr(synthetic, "_batch", refused)
     monkeypatch.setattr(tf.data.Dataset, "from_tensors", refused)
     monkeypatch.setattr(tf, "constant", refused)
-    kwargs = dict(COMMON_ARGS, per_rank_batch=32768, image_size=224, index_dir="/unused")
-    assert describe_input("synthetic", **kwargs) == InputShapes((224, 224, 3), 1000, 1_281_167)
+    request = dataclasses.replace(REQUEST, per_rank_batch=32768, run_dir="/unused")
+    assert describe_input("synthetic", request, image_size=224) == InputShapes((224, 224, 3), 1000, 1_281_167)
     with pytest.raises(AssertionError, match="built data"):  # the spies are in the builder's way
-        get_input("synthetic", **kwargs)
+        get_input("synthetic", request, image_size=224)
 
 
 @pytest.mark.unit
 def test_describe_input_takes_the_arguments_get_input_takes():
     with pytest.raises(ValueError, match="'imagenet9'.*fashion_mnist"):
-        describe_input("imagenet9", **COMMON_ARGS)
-    with pytest.raises(ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes data_dir"):
-        describe_input("fashion_mnist", image_size=227, **COMMON_ARGS)
+        describe_input("imagenet9", REQUEST)
+    with pytest.raises(
+        ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes validation_"
+    ):
+        describe_input("fashion_mnist", REQUEST, image_size=227)
     with pytest.raises(ValueError, match="synthetic data needs positive sizes.*per_rank_batch=0"):
-        describe_input("synthetic", **{**COMMON_ARGS, "per_rank_batch": 0})
-    assert sorted(SHAPES) == sorted(DATASETS)
+        describe_input("synthetic", dataclasses.replace(REQUEST, per_rank_batch=0))

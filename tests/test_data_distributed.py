@@ -57,4 +57,4 @@ def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
     for r in (r0, r1):
         assert "files that are not images this pipeline reads" in str(r["refusal"])
         assert f"{tmp_path}/bad/train/n00000001/notes.txt" in str(r["refusal"])
-    assert sorted(os.listdir(tmp_path / "index")) == ["train.index.npz", "validation.index.npz"]
+    assert sorted(os.listdir(tmp_path / "image_folder_index")) == ["train.index.npz", "validation.index.npz"]

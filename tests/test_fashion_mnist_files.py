@@ -8,9 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from hvd_lars.data import fashion_mnist
+from hvd_lars.data import fashion_mnist_files
 
-IMAGES, LABELS = fashion_mnist.FILES["test"]
+IMAGES, LABELS = fashion_mnist_files.FILES["test"]
 
 
 def _write_idx(path, magic, array, compress):
@@ -36,7 +36,7 @@ def _tiny_split(folder, compress_images, compress_labels):
 @pytest.mark.parametrize("compress_images,compress_labels", [(True, True), (False, False), (False, True)])
 def test_tiny_split_read_in_either_form(tmp_path, compress_images, compress_labels):
     want_images, want_labels = _tiny_split(tmp_path, compress_images, compress_labels)
-    images, labels = fashion_mnist.load("test", str(tmp_path))
+    images, labels = fashion_mnist_files.load("test", str(tmp_path))
     assert images.shape == (2, 28, 28, 1) and images.dtype == np.uint8
     np.testing.assert_array_equal(images[..., 0], want_images)
     assert labels.dtype == np.int32 and labels.tolist() == [7, 3]
@@ -48,20 +48,20 @@ def test_gzipped_file_is_read_when_both_forms_are_there(tmp_path):
     _tiny_split(tmp_path, True, True)
     # An uncompressed file of other contents beside the .gz: the .gz wins.
     _write_idx(tmp_path / IMAGES[:-3], 2051, np.zeros((2, 28, 28)), compress=False)
-    images, _ = fashion_mnist.load("test", str(tmp_path))
+    images, _ = fashion_mnist_files.load("test", str(tmp_path))
     assert images[1, 0, 0, 0] == 784 % 251
 
 
 @pytest.mark.unit
 def test_uncompressed_copy_of_the_real_test_split_reads_the_same(tmp_path):
-    source = fashion_mnist.DEFAULT_DIR
+    source = fashion_mnist_files.DEFAULT_DIR
     if not os.path.exists(os.path.join(source, IMAGES)):
         pytest.skip(f"Fashion-MNIST not installed in {source}")
     for name in (IMAGES, LABELS):
         with gzip.open(os.path.join(source, name), "rb") as f, open(tmp_path / name[:-3], "wb") as out:
             shutil.copyfileobj(f, out)
-    images, labels = fashion_mnist.load("test", str(tmp_path))
-    want_images, want_labels = fashion_mnist.load("test")
+    images, labels = fashion_mnist_files.load("test", str(tmp_path))
+    want_images, want_labels = fashion_mnist_files.load("test")
     assert images.shape == (10_000, 28, 28, 1)
     np.testing.assert_array_equal(images, want_images)
     np.testing.assert_array_equal(labels, want_labels)
@@ -72,7 +72,7 @@ def test_uncompressed_copy_of_the_real_test_split_reads_the_same(tmp_path):
 @pytest.mark.unit
 def test_missing_file_names_both_forms_and_where_to_get_them(tmp_path):
     with pytest.raises(FileNotFoundError) as raised:
-        fashion_mnist.load("test", str(tmp_path))
+        fashion_mnist_files.load("test", str(tmp_path))
     message = str(raised.value)
     assert f"{IMAGES} (or {IMAGES[:-3]}, uncompressed) not found in {tmp_path}" in message
     assert "apt-get install dataset-fashion-mnist" in message
@@ -84,4 +84,4 @@ def test_bad_magic_number_is_refused(tmp_path):
     _tiny_split(tmp_path, False, False)
     _write_idx(tmp_path / LABELS[:-3], 2051, np.array([7, 3]), compress=False)
     with pytest.raises(OSError, match="IDX magic number 2051, expected 2049"):
-        fashion_mnist.load("test", str(tmp_path))
+        fashion_mnist_files.load("test", str(tmp_path))

@@ -11,14 +11,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.data import InputShapes, describe_input, get_input, listing, order, pipeline
+from hvd_lars.data import (
+    InputRequest,
+    InputShapes,
+    describe_input,
+    encoded_images,
+    get_input,
+    image_folder,
+    listing,
+    order,
+)
 from hvd_lars.data import preprocessing as pp
 from tests.support import REPO
 from tests.support.data_fixtures import PNG, encode, make_image_folder
 from tests.support.small_runs import HOROVODRUN, train_small_cnn
 
 TRAIN_COUNTS, EVAL_COUNTS = [3, 3, 3, 3], [2, 2, 2, 1]
-COMMON = dict(seed=0, image_size=28, deterministic=True)
+SEED = 0
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +43,19 @@ def one_per_class(tmp_path_factory):
     return str(root), make_image_folder(str(root), [1] * 13, [1] * 5, odd={})
 
 
-def _build(root, rank=0, world_size=1, batch=2, **kwargs):
-    kwargs = {**COMMON, **kwargs}
-    return get_input(
-        "image_folder", per_rank_batch=batch, rank=rank, world_size=world_size, data_dir=root, **kwargs
-    )
+def _request(root, rank=0, world_size=1, batch=2, **fields):
+    """An `InputRequest` for `root` (other fields as given: seed, max_*_examples, run_dir)."""
+    fields = {"seed": SEED, "deterministic": True, **fields}
+    return InputRequest(per_rank_batch=batch, rank=rank, world_size=world_size, data_dir=root, **fields)
+
+
+def _build(
+    root, rank=0, world_size=1, batch=2, image_size=28, preprocessing=None, skip_corrupt=False, **fields
+):
+    """The image-folder input of `root` with these options (`fields`: of the `InputRequest`)."""
+    request = _request(root, rank, world_size, batch, **fields)
+    options = dict(image_size=image_size, preprocessing=preprocessing, skip_corrupt=skip_corrupt)
+    return get_input("image_folder", request, **options)
 
 
 def _labels(dataset, batches):
@@ -128,7 +145,7 @@ def test_corrupt_training_file_skipped_and_counted(corrupt):
     # image; how far tf.data's read-ahead has gone beyond is its own (the exact count: the next test).
     paths = listing.list_split(os.path.join(corrupt, "train")).paths()
     broken = [i for i, path in enumerate(paths) if path.endswith(b"broken.JPEG")]
-    stream = list(itertools.islice(order.index_stream(len(paths), COMMON["seed"]).as_numpy_iterator(), 21))
+    stream = list(itertools.islice(order.index_stream(len(paths), SEED).as_numpy_iterator(), 21))
     before_18th_readable = stream[: [i for i, k in enumerate(stream) if k not in broken][17]]
     assert int(data.skipped_corrupt.numpy()) >= sum(k in broken for k in before_18th_readable) >= 2
 
@@ -140,8 +157,8 @@ def test_skipped_count_is_exact_once_the_stream_is_read_to_its_end():
     datas = [good[0], b"not an image", good[1], good[2]]
     epochs = 4  # a finite stream: read to its end, read-ahead has nothing left to run ahead to
     stream = tf.data.Dataset.from_tensor_slices((names, datas, [0, 1, 1, 2])).repeat(epochs)
-    skipped = pipeline.skipped_counter()
-    batches = pipeline.train_dataset(stream, per_rank_batch=1, seed=0, image_size=8, skipped=skipped)
+    skipped = encoded_images.skipped_counter()
+    batches = encoded_images.train_dataset(stream, per_rank_batch=1, seed=0, image_size=8, skipped=skipped)
     labels = [int(y.numpy()[0]) for _, y in batches]
     assert labels == [0, 1, 2] * epochs and int(skipped.numpy()) == epochs
 
@@ -254,26 +271,25 @@ def test_described_as_built_listing_the_training_split_once(folder, tmp_path, mo
     listed = []
     list_split = listing.list_split
     monkeypatch.setattr(listing, "list_split", lambda root, *a: listed.append(root) or list_split(root, *a))
-    index_dir = str(tmp_path / "index")
     root = folder[0]
-    arguments = dict(per_rank_batch=2, rank=0, world_size=1, data_dir=root, index_dir=index_dir, **COMMON)
-    arguments.update(kwargs)
-    described = describe_input("image_folder", **arguments)
+    request = _request(root, run_dir=str(tmp_path), max_train_examples=kwargs.get("max_train_examples", 0))
+    options = {"image_size": kwargs.get("image_size", 28)}
+    described = describe_input("image_folder", request, **options)
     assert listed == [f"{root}/train"]
-    built = get_input("image_folder", **arguments)
+    assert os.listdir(tmp_path / image_folder.INDEX_FOLDER) == ["train.index.npz"]
+    built = get_input("image_folder", request, **options)
     assert listed == [f"{root}/train", f"{root}/validation"]
     size = kwargs.get("image_size", 28) or pp.DEFAULT_IMAGE_SIZE
     expected = InputShapes((size, size, 3), 4, min(12, kwargs.get("max_train_examples") or 12))
     assert described == expected
     assert InputShapes(built.input_shape, built.num_classes, built.num_train_examples) == expected
-    assert describe_input("image_folder", **arguments) == expected
+    assert describe_input("image_folder", request, **options) == expected
     assert len(listed) == 2  # read from the index
 
 
 @pytest.mark.unit
 def test_description_without_a_data_dir_or_folder_says_what_to_pass(tmp_path):
-    arguments = dict(per_rank_batch=2, rank=0, world_size=1, **COMMON)
     with pytest.raises(ValueError, match="needs --data_dir"):
-        describe_input("image_folder", **arguments)
+        describe_input("image_folder", _request(None), image_size=28)
     with pytest.raises(FileNotFoundError, match="train not found"):
-        describe_input("image_folder", data_dir=str(tmp_path), **arguments)
+        describe_input("image_folder", _request(str(tmp_path)), image_size=28)

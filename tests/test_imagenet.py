@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
-from hvd_lars.data import InputShapes, describe_input, get_input, imagenet
+from hvd_lars.data import InputRequest, InputShapes, describe_input, get_input, imagenet
 from hvd_lars.data import imagenet_preparation as preparation
 from tests.support import REPO
 from tests.support.data_fixtures import make_ilsvrc_tars
@@ -66,22 +66,22 @@ def prepared(tmp_path_factory):
     return data_dir, manual, _build(data_dir)
 
 
-# What describe_input is given besides data_dir (as _build passes to get_input).
-_COMMON = dict(per_rank_batch=2, rank=0, world_size=1, seed=0, image_size=32)
-
-
-def _build(data_dir, rank=0, world_size=1, batch=2, **kwargs):
-    return get_input(
-        "imagenet2012",
+def _request(data_dir, rank=0, world_size=1, batch=2, max_train_examples=0):
+    return InputRequest(
         per_rank_batch=batch,
         rank=rank,
         world_size=world_size,
         seed=0,
         data_dir=data_dir,
-        image_size=32,
+        max_train_examples=max_train_examples,
         deterministic=True,
-        **kwargs,
     )
+
+
+def _build(data_dir, rank=0, world_size=1, batch=2, max_train_examples=0, **options):
+    """The imagenet2012 input of `data_dir` at 32x32 (`options`: of `imagenet.ImagenetOptions`)."""
+    request = _request(data_dir, rank, world_size, batch, max_train_examples)
+    return get_input("imagenet2012", request, **{"image_size": 32, **options})
 
 
 def _labels(dataset, batches=None):
@@ -155,7 +155,7 @@ def test_training_refuses_unprepared_data_naming_the_command(tmp_path):
         f"holding ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={data_dir}; then train "
         "with the same --data_dir."
     )
-    for refused in (_build, lambda d: describe_input("imagenet2012", **_COMMON, data_dir=d)):
+    for refused in (_build, lambda d: describe_input("imagenet2012", _request(d), image_size=32)):
         with pytest.raises(preparation.NotPrepared) as info:
             refused(data_dir)
         assert str(info.value) == expected and isinstance(info.value, FileNotFoundError)
@@ -364,6 +364,6 @@ def test_resume_at_step_200_reads_and_decodes_no_more_than_at_step_0(prepared, m
 def test_described_from_the_dataset_info_as_built(prepared, kwargs):
     data_dir, _, data = prepared
     built = _build(data_dir, **kwargs) if kwargs else data
-    described = describe_input("imagenet2012", **_COMMON, data_dir=data_dir, **kwargs)
+    described = describe_input("imagenet2012", _request(data_dir, **kwargs), image_size=32)
     assert described == InputShapes((32, 32, 3), 1000, kwargs.get("max_train_examples", 18))
     assert described == InputShapes(built.input_shape, built.num_classes, built.num_train_examples)

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from hvd_lars import LARS, WarmupPolynomialDecay
-from hvd_lars.data import fashion_mnist
+from hvd_lars.data import fashion_mnist_files
 
 NUM_TRAIN, NUM_TEST, BATCH, EPOCHS, WIDTH = 16384, 2000, 2048, 8, 256
 STEPS = NUM_TRAIN // BATCH * EPOCHS
@@ -37,9 +37,9 @@ WARMUP = STEPS // 5
 
 
 def _load():
-    x, y = fashion_mnist.load("train")
-    xt, yt = fashion_mnist.load("test")
-    norm = lambda a: (a.astype(np.float32) / 255.0 - fashion_mnist.MEAN) / fashion_mnist.STD
+    x, y = fashion_mnist_files.load("train")
+    xt, yt = fashion_mnist_files.load("test")
+    norm = lambda a: (a.astype(np.float32) / 255.0 - fashion_mnist_files.MEAN) / fashion_mnist_files.STD
     return norm(x[:NUM_TRAIN]), y[:NUM_TRAIN], norm(xt[:NUM_TEST]), yt[:NUM_TEST]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_lars.data import get_input, listing
+from hvd_lars.data import InputRequest, get_input, listing
 from tests.support.data_fixtures import encode, source_images
 
 PICTURE = source_images(1)[0]  # 28x28 RGB
@@ -35,17 +35,9 @@ def _refusal(root, classes=None):
     return str(info.value)
 
 
-def _build(root, **kwargs):
-    return get_input(
-        "image_folder",
-        per_rank_batch=1,
-        rank=0,
-        world_size=1,
-        seed=0,
-        data_dir=str(root),
-        image_size=28,
-        **kwargs,
-    )
+def _build(root, **options):
+    request = InputRequest(per_rank_batch=1, rank=0, world_size=1, seed=0, data_dir=str(root))
+    return get_input("image_folder", request, **{"image_size": 28, **options})
 
 
 @pytest.mark.unit
@@ -90,9 +82,8 @@ def test_image_extensions_in_any_letter_case_are_read(tmp_path):
         _write(tmp_path, {f"train/x/{name}": out.getvalue(), f"validation/x/{name}": out.getvalue()})
     found = listing.list_split(str(tmp_path / "train"))
     assert found.files == tuple(f"x/{n}" for n in sorted(formats))
-    data = get_input(
-        "image_folder", per_rank_batch=8, rank=0, world_size=1, seed=0, data_dir=str(tmp_path), image_size=28
-    )
+    request = InputRequest(per_rank_batch=8, rank=0, world_size=1, seed=0, data_dir=str(tmp_path))
+    data = get_input("image_folder", request, image_size=28)
     images, _ = next(iter(data.eval))
     assert images.shape == (8, 28, 28, 3)
     # The lossless formats decode to the same pixels (one view of each, compared with the PNG's).

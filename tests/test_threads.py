@@ -49,12 +49,12 @@ _RANK = """
 import json
 from hvd_lars.parallel import collectives
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.data import pipeline
+from hvd_lars.data import tfdata_options
 from hvd_lars.training.threads import applied_threads, configure_threads
 import tensorflow as tf
 rank, size = collectives.init()
 configure_threads(TrainConfig(), size)
-ds = tf.data.Dataset.range(4).with_options(pipeline.options(True))
+ds = tf.data.Dataset.range(4).with_options(tfdata_options.options(True))
 print("THREADS " + json.dumps(applied_threads(ds)))
 """
 

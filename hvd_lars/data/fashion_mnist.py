@@ -1,123 +1,149 @@
-"""Fashion-MNIST read offline from its four IDX files, gzipped or not (Debian's `dataset-fashion-mnist`).
+"""Fashion-MNIST in memory: 60,000 training and 10,000 test images (28x28x1, 10 classes), a validation
+split held out of the training images on request, each rank's shard in a fresh order every epoch.
 
-Xiao, Rasul, Vollgraf, arXiv 1708.07747: 60,000 training and 10,000 test images, 28x28 grey, 10 classes.
-The files are the ones the authors publish (https://github.com/zalandoresearch/fashion-mnist, folder
-data/fashion); Debian's package installs them in `DEFAULT_DIR`. The Debian files differ byte-for-byte from
-the archives tensorflow-datasets registers checksums for, so they are read here directly (the IDX format
-is a magic number, the dimensions and raw bytes).
+The images come from Debian's IDX files (`fashion_mnist_files`), standardised with fixed constants; no
+augmentation (as in Xiao et al. 2017's benchmarks).
 """
 
-import gzip
-import os
-import struct
+import dataclasses
 
 import numpy as np
+import tensorflow as tf
 
-DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
-# The names the authors publish; each may also be present uncompressed, without ".gz" (the .gz is read
-# when both are there).
-FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
-NUM_CLASSES = 10
-IMAGE_SHAPE = (28, 28, 1)
-# Per-pixel mean and standard deviation of the 60,000 training images scaled to [0, 1]
-# (computed by tests/test_data.py::test_fashion_mnist_statistics from the Debian files).
-MEAN = 0.2860
-STD = 0.3530
+from hvd_lars.data import fashion_mnist_files as files
+from hvd_lars.data import order, tfdata_options
+from hvd_lars.data.interface import InputPipeline, InputShapes
+from hvd_lars.data.sharding import eval_shard_range, train_shard_indices
 
-_IDX_IMAGES_MAGIC = 2051
-_IDX_LABELS_MAGIC = 2049
+# Images per evaluation batch when the request gives none: 10 batches for the test set.
+EVAL_BATCH = 1000
 
 
-def load(split, data_dir=None):
-    """Reads one split into memory.
+@dataclasses.dataclass(frozen=True)
+class FashionMnistOptions:
+    """The options of `fashion_mnist`.
+
+    Attributes:
+        validation_examples: N > 0 holds out the last N of the 60,000 training images as a validation
+            split (never trained on, evaluated like the test set); 0: none.
+    """
+
+    validation_examples: int = 0
+
+
+def _in_memory(images, labels, normalize, shard, batch, deterministic, threads):
+    """Finite batches of `images[shard]` in order, the last smaller (evaluation)."""
+    ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
+    ds = ds.batch(batch, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
+
+
+def _in_memory_train(images, labels, normalize, batch, seed, deterministic, threads):
+    """`train_from` of this rank's shard (`images`, `labels`): endless batches, a fresh permutation each
+    epoch (`order.index_stream`), gathered per batch from the arrays."""
+    images, labels = tf.constant(images), tf.constant(labels)
+
+    def train_from(start_batch=0):
+        ds = order.index_stream(len(labels), seed, start=start_batch * batch)
+        ds = ds.batch(batch, drop_remainder=True)
+        ds = ds.map(
+            lambda i: (normalize(tf.gather(images, i)), tf.gather(labels, i)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
+
+    return train_from
+
+
+def _normalize(x):
+    return (tf.cast(x, tf.float32) / 255.0 - files.MEAN) / files.STD
+
+
+def fashion_mnist_input(request, options):
+    """Fashion-MNIST from the Debian package (`request.data_dir`: the folder of the four IDX files; None:
+    Debian's), this rank's shard.
+
+    With `options.validation_examples` = N > 0 the last N of the 60,000 training images are the
+    validation split (`InputPipeline.validation`); training uses the first 60,000 - N.
+    `request.max_train_examples` / `max_eval_examples` > 0 then keep only the first that many training
+    images and the first that many images of each evaluation split (smoke tests). Pixels are scaled to
+    [0, 1] and standardised with the mean and std of all 60,000 training images (fixed constants,
+    `fashion_mnist_files.MEAN` / `STD`; no label information). Evaluation batches hold
+    `request.eval_batch` images (0: `EVAL_BATCH`).
 
     Args:
-        split: "train" or "test".
-        data_dir: folder holding the split's two IDX files, each gzipped (`FILES`) or uncompressed (the
-            same name without `.gz`); default `DEFAULT_DIR` (Debian's package).
-
-    Returns:
-        (images, labels): uint8 array of shape (N, 28, 28, 1) and int32 array of shape (N,), N = 60,000
-        for "train" and 10,000 for "test".
+        request: `InputRequest`.
+        options: `FashionMnistOptions`.
 
     Raises:
-        ValueError: unknown split.
-        FileNotFoundError: a file is missing in both forms (says where to get the files).
-        IOError: a file is not a valid IDX file.
+        ValueError: `validation_examples` outside [0, 60,000); bad rank/world size.
+        FileNotFoundError / OSError: as `fashion_mnist_files.load`.
     """
-    if split not in FILES:
-        raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
-    data_dir = data_dir or DEFAULT_DIR
-    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
-    images = _read_idx(image_file, _IDX_IMAGES_MAGIC)
-    labels = _read_idx(label_file, _IDX_LABELS_MAGIC)
-    if images.shape[0] != labels.shape[0]:
-        raise OSError(f"{image_file} has {images.shape[0]} images but {label_file} {labels.shape[0]} labels.")
-    return images[..., None], labels.astype(np.int32)
+    x_train, y_train = files.load("train", request.data_dir)
+    x_test, y_test = files.load("test", request.data_dir)
+    _check_validation_examples(options.validation_examples, len(x_train))
+    split = len(x_train) - options.validation_examples
+    x_val, y_val = x_train[split:], y_train[split:]
+    x_train, y_train = x_train[:split], y_train[:split]
+    if request.max_train_examples:
+        x_train, y_train = x_train[: request.max_train_examples], y_train[: request.max_train_examples]
+    if request.max_eval_examples:
+        x_test, y_test = x_test[: request.max_eval_examples], y_test[: request.max_eval_examples]
+        x_val, y_val = x_val[: request.max_eval_examples], y_val[: request.max_eval_examples]
+    rank, world_size, threads = request.rank, request.world_size, request.input_threads
 
+    def evaluation(images, labels):
+        start, stop = eval_shard_range(len(images), rank, world_size)
+        batch = request.eval_batch or EVAL_BATCH
+        return _in_memory(
+            images, labels, _normalize, np.arange(start, stop), batch, request.deterministic, threads
+        )
 
-def count(split, data_dir=None):
-    """The number of images of one split, from its two IDX files' headers alone (their first 16 and 8
-    bytes: a gzipped file is decompressed only that far); `load` reads the data.
-
-    Raises:
-        As `load`, except that a file whose data are cut short is only found by `load`.
-    """
-    if split not in FILES:
-        raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
-    data_dir = data_dir or DEFAULT_DIR
-    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
-    images = _read_header(image_file, _IDX_IMAGES_MAGIC)[0]
-    labels = _read_header(label_file, _IDX_LABELS_MAGIC)[0]
-    if images != labels:
-        raise OSError(f"{image_file} has {images} images but {label_file} {labels} labels.")
-    return images
-
-
-def _read_header(path, magic):
-    """The dimensions an IDX file's header gives (3 for images, 1 for labels)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    size = 16 if magic == _IDX_IMAGES_MAGIC else 8
-    with opener(path, "rb") as f:
-        header = f.read(size)
-    if len(header) < size:
-        raise OSError(f"{path}: {len(header)} bytes, shorter than an IDX header ({size}).")
-    found, *dims = struct.unpack(f">{size // 4}I", header)
-    if found != magic:
-        raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
-    return dims
-
-
-def _find(data_dir, name):
-    """The path of `name` (a `.gz` file) in `data_dir`, else of its uncompressed form."""
-    raw = name[: -len(".gz")]
-    for path in (os.path.join(data_dir, name), os.path.join(data_dir, raw)):
-        if os.path.exists(path):
-            return path
-    all_files = ", ".join(n for files in FILES.values() for n in files)
-    raise FileNotFoundError(
-        f"Fashion-MNIST file {name} (or {raw}, uncompressed) not found in {data_dir}. Install the four files "
-        f"with `apt-get install dataset-fashion-mnist` (Debian: into {DEFAULT_DIR}), or download them "
-        f"({all_files}) from https://github.com/zalandoresearch/fashion-mnist (folder data/fashion) into a "
-        "folder and pass --data_dir=<that folder>."
+    shard = train_shard_indices(len(x_train), rank, world_size)
+    train_from = _in_memory_train(
+        x_train[shard],
+        y_train[shard],
+        _normalize,
+        request.per_rank_batch,
+        request.seed + rank,
+        request.deterministic,
+        threads,
+    )
+    return InputPipeline(
+        train=train_from(0),
+        train_from=train_from,
+        eval=evaluation(x_test, y_test),
+        num_train_examples=len(x_train),
+        num_eval_examples=len(x_test),
+        num_classes=files.NUM_CLASSES,
+        input_shape=files.IMAGE_SHAPE,
+        validation=evaluation(x_val, y_val) if len(x_val) else None,
+        num_validation_examples=len(x_val),
     )
 
 
-def _read_idx(path, magic):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    found, count = struct.unpack(">II", data[:8])
-    if found != magic:
-        raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
-    dims = [count]
-    if magic == _IDX_IMAGES_MAGIC:
-        dims += list(struct.unpack(">II", data[8:16]))
-    offset = 8 + 4 * (len(dims) - 1)
-    array = np.frombuffer(data, dtype=np.uint8, offset=offset)
-    if array.size != int(np.prod(dims)):
-        raise OSError(f"{path}: {array.size} bytes of data for shape {dims}.")
-    return array.reshape(dims)
+def _check_validation_examples(validation_examples, num_train):
+    if not 0 <= validation_examples < num_train:
+        raise ValueError(
+            f"validation_examples={validation_examples} (--validation_examples): Fashion-MNIST holds out "
+            f"the last N of its {num_train} training images, so N must be in [0, {num_train - 1}] "
+            "(e.g. 5000; 0: none)."
+        )
+
+
+def fashion_mnist_shapes(request, options):
+    """`InputShapes` of `fashion_mnist_input(request, options)`, from the IDX headers of the training files
+    (`fashion_mnist_files.count`): no image is decoded.
+
+    Raises:
+        As `fashion_mnist_input`.
+    """
+    num_train = files.count("train", request.data_dir)
+    _check_validation_examples(options.validation_examples, num_train)
+    num_train -= options.validation_examples
+    return InputShapes(
+        input_shape=files.IMAGE_SHAPE,
+        num_classes=files.NUM_CLASSES,
+        num_train_examples=min(num_train, request.max_train_examples or num_train),
+    )

@@ -4,22 +4,48 @@ The other common ImageNet layout (what `ILSVRC2012_img_train.tar` unpacks to, wi
 sorted into class folders). Labels are the class folders' indices in sorted order, the same for both
 splits, so `n01440764` is label 0 as in tensorflow-datasets' `imagenet2012`. Which files count as images
 (hidden files, links, odd names, empty folders) is `listing`'s business; the listing is made once per
-run, by rank 0, and kept in `index_dir` for the run's later starts.
+run, by rank 0, and kept in the run directory for its later starts (`index_folder`).
 """
 
+import dataclasses
 import os
 import warnings
 
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars.data import listing, order, pipeline
-from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
+from hvd_lars.data import encoded_images, listing, order
+from hvd_lars.data.interface import InputPipeline, InputShapes
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_indices
 from hvd_lars.parallel import collectives
 
 SPLITS = {"train": "train", "eval": "validation"}
+# The folder of `InputRequest.run_dir` where the listings are kept for the run's later starts.
+INDEX_FOLDER = "image_folder_index"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFolderOptions:
+    """The options of `image_folder`.
+
+    Attributes:
+        image_size: side of the square crops in pixels (0: `DEFAULT_IMAGE_SIZE`).
+        preprocessing: the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception" when
+            None or "", "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
+        skip_corrupt: leave out and count training images that cannot be decoded
+            (`InputPipeline.skipped_corrupt`); False: such an image stops training, naming it.
+    """
+
+    image_size: int = DEFAULT_IMAGE_SIZE
+    preprocessing: str | None = None
+    skip_corrupt: bool = False
+
+
+def index_folder(run_dir):
+    """Where the listings of a run with run directory `run_dir` are kept: `<run_dir>/INDEX_FOLDER`;
+    None (list every time) when `run_dir` is None."""
+    return os.path.join(run_dir, INDEX_FOLDER) if run_dir else None
 
 
 def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
@@ -71,10 +97,10 @@ def _check_data_dir(data_dir):
         raise ValueError("--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>.")
 
 
-def image_folder_shapes(data_dir=None, max_train_examples=0, image_size=DEFAULT_IMAGE_SIZE, index_dir=None):
-    """`InputShapes` of `image_folder_input` with these arguments, from the training split's listing
-    alone: its index file in `index_dir` while valid (`listing.listed`: one `stat` per folder), else a
-    listing of `data_dir/train`, saved in `index_dir` for the run's later starts (the one
+def image_folder_shapes(request, options):
+    """`InputShapes` of `image_folder_input(request, options)`, from the training split's listing alone:
+    its index file in `index_folder(request.run_dir)` while valid (`listing.listed`: one `stat` per folder),
+    else a listing of `data_dir/train`, saved there for the run's later starts (the one
     `image_folder_input` then reuses). The validation split is not read; what `image_folder_input`
     refuses in it is refused when the input is built.
 
@@ -82,14 +108,15 @@ def image_folder_shapes(data_dir=None, max_train_examples=0, image_size=DEFAULT_
         ValueError: `data_dir` not given, or a training folder the listing refuses.
         FileNotFoundError: no training folder or no images in it.
     """
-    _check_data_dir(data_dir)
-    train, _ = listing.listed(os.path.join(data_dir, SPLITS["train"]), _index_path(index_dir, "train"))
+    _check_data_dir(request.data_dir)
+    train_index = _index_path(index_folder(request.run_dir), "train")
+    train, _ = listing.listed(os.path.join(request.data_dir, SPLITS["train"]), train_index)
     num_train = len(train.files)
-    image_size = image_size or DEFAULT_IMAGE_SIZE
+    image_size = options.image_size or DEFAULT_IMAGE_SIZE
     return InputShapes(
         input_shape=(image_size, image_size, 3),
         num_classes=len(train.classes),
-        num_train_examples=min(num_train, max_train_examples or num_train),  # as `_spread` keeps
+        num_train_examples=min(num_train, request.max_train_examples or num_train),  # as `_spread` keeps
     )
 
 
@@ -111,14 +138,14 @@ def _warn_missing_classes(train_listing, eval_listing):
             f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
             f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
             "evaluation covers the classes it has.",
-            stacklevel=3,  # the caller of image_folder_input
+            stacklevel=4,  # the caller of hvd_lars.data.get_input (which calls image_folder_input)
         )
 
 
 def _train_shard(paths, labels, rank, world_size, per_rank_batch, seed, skipped, views):
     """`InputPipeline.train_from` over rank `rank`'s files `rank::world_size` of `paths` (`labels` their
     int labels): a fresh permutation of the shard each epoch (`order.index_stream` from `seed`), no file
-    opened before batch `start_batch`. `skipped` as in `pipeline.train_dataset`; `views` holds its
+    opened before batch `start_batch`. `skipped` as in `encoded_images.train_dataset`; `views` holds its
     keywords image_size, deterministic, threads, preprocessing."""
     shard = train_shard_indices(len(paths), rank, world_size)
     shard_paths = tf.constant([paths[i] for i in shard])
@@ -130,7 +157,7 @@ def _train_shard(paths, labels, rank, world_size, per_rank_batch, seed, skipped,
         stream = indices.map(
             lambda i: (tf.gather(shard_paths, i), tf.gather(shard_paths, i), tf.gather(shard_labels, i))
         )
-        return pipeline.train_dataset(
+        return encoded_images.train_dataset(
             stream,
             per_rank_batch=per_rank_batch,
             seed=seed,
@@ -147,40 +174,26 @@ def _eval_shard(paths, labels, rank, world_size, batch, views):
     """`InputPipeline.eval` over rank `rank`'s contiguous range of `paths` (`eval_shard_range`), batches of
     `batch`; `views` as in `_train_shard`."""
     start, stop = eval_shard_range(len(paths), rank, world_size)
-    return pipeline.eval_dataset(
+    return encoded_images.eval_dataset(
         _source(paths[start:stop], labels[start:stop]), batch=batch, read=_read_file, **views
     )
 
 
-def image_folder_input(
-    per_rank_batch,
-    rank,
-    world_size,
-    seed,
-    data_dir=None,
-    max_train_examples=0,
-    max_eval_examples=0,
-    image_size=DEFAULT_IMAGE_SIZE,
-    deterministic=True,
-    skip_corrupt=False,
-    eval_batch=0,
-    input_threads=0,
-    preprocessing=None,
-    index_dir=None,
-):
+def image_folder_input(request, options):
     """Images from `data_dir/train/<class>/` and `data_dir/validation/<class>/`, ImageNet-preprocessed.
 
     Training: rank r reads the files `r::world_size` of the sorted list (first `world_size *
     (n // world_size)` only; disjoint, equal sizes) in a fresh permutation of its shard each epoch
     (`order.index_stream`, so `train_from(k)` opens no file before its batch k). Evaluation: rank r
-    reads a contiguous range; together the ranks read every file once. `max_*_examples` > 0 keep
-    that many files spread evenly over the sorted list (so every class stays represented).
+    reads a contiguous range; together the ranks read every file once. `request.max_*_examples` > 0
+    keep that many files spread evenly over the sorted list (so every class stays represented).
+    The listings are kept in `index_folder(request.run_dir)` for the run's later starts (`list_splits`);
+    without a `run_dir` the folders are listed on every call. Classes missing from the validation split
+    are named in a warning (rank 0).
 
-    `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
-    when None, "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
-    `index_dir`: where the listings are kept for the run's later starts (`list_splits`; the main program
-    passes `<run dir>/image_folder_index`); None lists the folders on every call. Classes missing from
-    the validation split are named in a warning (rank 0).
+    Args:
+        request: `InputRequest` (`data_dir`: the folder holding train/ and validation/).
+        options: `ImageFolderOptions`.
 
     Returns:
         `InputPipeline` with images float32 (B, image_size, image_size, 3).
@@ -189,24 +202,32 @@ def image_folder_input(
         ValueError: `data_dir` not given, bad rank/world size, or a folder the listing refuses.
         FileNotFoundError: missing folders or no images.
     """
+    rank, world_size, batch = request.rank, request.world_size, request.per_rank_batch
     check_rank(rank, world_size)
-    _check_data_dir(data_dir)
-    # `preprocessing`, the argument, names the views; the default size is the module's constant.
-    image_size = image_size or DEFAULT_IMAGE_SIZE
-    train_listing, eval_listing = list_splits(data_dir, index_dir, rank, world_size)
+    _check_data_dir(request.data_dir)
+    # `options.preprocessing` names the views; the default size is the module's constant.
+    image_size = options.image_size or DEFAULT_IMAGE_SIZE
+    train_listing, eval_listing = list_splits(
+        request.data_dir, index_folder(request.run_dir), rank, world_size
+    )
     if rank == 0:
         _warn_missing_classes(train_listing, eval_listing)
-    train_paths, train_labels = _spread(train_listing.paths(), train_listing.labels, max_train_examples)
-    eval_paths, eval_labels = _spread(eval_listing.paths(), eval_listing.labels, max_eval_examples)
-    skipped = pipeline.skipped_counter() if skip_corrupt else None
+    train_paths, train_labels = _spread(
+        train_listing.paths(), train_listing.labels, request.max_train_examples
+    )
+    eval_paths, eval_labels = _spread(eval_listing.paths(), eval_listing.labels, request.max_eval_examples)
+    skipped = encoded_images.skipped_counter() if options.skip_corrupt else None
     # What the training and the evaluation views share.
     views = dict(
-        image_size=image_size, deterministic=deterministic, threads=input_threads, preprocessing=preprocessing
+        image_size=image_size,
+        deterministic=request.deterministic,
+        threads=request.input_threads,
+        preprocessing=options.preprocessing,
     )
     train_from = _train_shard(
-        train_paths, train_labels, rank, world_size, per_rank_batch, seed + rank, skipped, views
+        train_paths, train_labels, rank, world_size, batch, request.seed + rank, skipped, views
     )
-    evaluation = _eval_shard(eval_paths, eval_labels, rank, world_size, eval_batch or per_rank_batch, views)
+    evaluation = _eval_shard(eval_paths, eval_labels, rank, world_size, request.eval_batch or batch, views)
     return InputPipeline(
         train=train_from(0),
         train_from=train_from,

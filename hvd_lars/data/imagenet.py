@@ -7,11 +7,13 @@ files in `records.record_stream`'s order, so a resumed run starts at its step wi
 decoding) the records before it.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
-from hvd_lars.data import pipeline, records
+from hvd_lars.data import encoded_images, records
 from hvd_lars.data.imagenet_preparation import COMMAND, NAME, prepared_builder, tfds_module
-from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
+from hvd_lars.data.interface import InputPipeline, InputShapes
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
 from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_range
 
@@ -19,6 +21,27 @@ from hvd_lars.data.sharding import check_rank, eval_shard_range, train_shard_ran
 # record files are also read in a fresh order every epoch. 10,000 as the shuffle buffer of the TensorFlow
 # ResNet reference.
 SHUFFLE_BUFFER = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagenetOptions:
+    """The options of `imagenet2012`.
+
+    Attributes:
+        image_size: side of the square crops in pixels (0: `DEFAULT_IMAGE_SIZE`).
+        preprocessing: the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception" when
+            None or "", "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
+        skip_corrupt: leave out and count training images that cannot be decoded
+            (`InputPipeline.skipped_corrupt`); False: such an image stops training, naming it.
+        shuffle_buffer: records permuted together in memory (`records.record_stream`'s window).
+        block_records: > 0 cuts the record files into blocks of that many records for the epoch order.
+    """
+
+    image_size: int = DEFAULT_IMAGE_SIZE
+    preprocessing: str | None = None
+    skip_corrupt: bool = False
+    shuffle_buffer: int = SHUFFLE_BUFFER
+    block_records: int = 0
 
 
 def _source(ds_builder, split, shuffle_files, seed):
@@ -73,17 +96,17 @@ def _split_sizes(splits, max_train_examples, max_eval_examples):
     return min(num_train, max_train_examples or num_train), min(num_eval, max_eval_examples or num_eval)
 
 
-def imagenet_shapes(data_dir=None, max_train_examples=0, image_size=DEFAULT_IMAGE_SIZE):
-    """`InputShapes` of `imagenet_input` with these arguments, from the prepared data's dataset info (split
+def imagenet_shapes(request, options):
+    """`InputShapes` of `imagenet_input(request, options)`, from the prepared data's dataset info (split
     sizes, label count): no record is read.
 
     Raises:
         As `imagenet_preparation.prepared_builder` (`NotPrepared`, a FileNotFoundError, naming the command
         that prepares the data).
     """
-    ds_builder = prepared_builder(data_dir)
-    num_train, _ = _split_sizes(ds_builder.info.splits, max_train_examples, 0)
-    image_size = image_size or DEFAULT_IMAGE_SIZE
+    ds_builder = prepared_builder(request.data_dir)
+    num_train, _ = _split_sizes(ds_builder.info.splits, request.max_train_examples, 0)
+    image_size = options.image_size or DEFAULT_IMAGE_SIZE
     return InputShapes(
         input_shape=(image_size, image_size, 3),
         num_classes=ds_builder.info.features["label"].num_classes,
@@ -94,45 +117,32 @@ def imagenet_shapes(data_dir=None, max_train_examples=0, image_size=DEFAULT_IMAG
 def _batches_from(stream, per_rank_batch, seed, skipped, views):
     """`InputPipeline.train_from` over `stream` (start record -> records, as `_train_from` returns):
     batch k starts at record k * per_rank_batch, and nothing before it is read. `skipped` as in
-    `pipeline.train_dataset`; `views` holds its keywords image_size, deterministic, threads, preprocessing."""
+    `encoded_images.train_dataset`; `views` holds its keywords image_size, deterministic, threads,
+    preprocessing."""
 
     def train_from(start_batch=0):
         start = start_batch * per_rank_batch
-        return pipeline.train_dataset(
+        return encoded_images.train_dataset(
             stream(start), per_rank_batch=per_rank_batch, seed=seed, start=start, skipped=skipped, **views
         )
 
     return train_from
 
 
-def imagenet_input(
-    per_rank_batch,
-    rank,
-    world_size,
-    seed,
-    data_dir=None,
-    max_train_examples=0,
-    max_eval_examples=0,
-    image_size=DEFAULT_IMAGE_SIZE,
-    deterministic=True,
-    skip_corrupt=False,
-    eval_batch=0,
-    input_threads=0,
-    preprocessing=None,
-    shuffle_buffer=SHUFFLE_BUFFER,
-    block_records=0,
-):
+def imagenet_input(request, options):
     """ILSVRC-2012: 1,281,167 training and 50,000 validation images, 1,000 classes, preprocessed.
 
     Rank r trains on the contiguous slice `train[r * m : (r + 1) * m]`, m = n // world_size (the prepared
     records are already in a shuffled order), read in `records.record_stream`'s order: its shard files in
-    a fresh order each epoch, `shuffle_buffer` records at a time permuted in memory (`block_records` > 0
-    cuts the files into smaller blocks). It evaluates `validation[a_r : b_r]`, the ranges tiling the
-    set. `max_*_examples` > 0 keep the first that many records. The data must be prepared before
-    (`imagenet_preparation.prepare`); each rank checks on its own, so none waits for another.
+    a fresh order each epoch, `options.shuffle_buffer` records at a time permuted in memory
+    (`options.block_records` > 0 cuts the files into smaller blocks). It evaluates
+    `validation[a_r : b_r]`, the ranges tiling the set. `request.max_*_examples` > 0 keep the first that
+    many records. The data must be prepared before (`imagenet_preparation.prepare`); each rank checks on
+    its own, so none waits for another.
 
-    `preprocessing` names the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception"
-    when None, "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
+    Args:
+        request: `InputRequest` (`data_dir`: where the data were prepared).
+        options: `ImagenetOptions`.
 
     Returns:
         `InputPipeline` with images float32 (B, image_size, image_size, 3).
@@ -142,25 +152,35 @@ def imagenet_input(
             the message names the command that makes one.
         ValueError: data prepared in another file format than TFRecord.
     """
+    rank, world_size, seed, batch = request.rank, request.world_size, request.seed, request.per_rank_batch
     check_rank(rank, world_size)
-    # `preprocessing`, the argument, names the views; the default size is the module's constant.
-    image_size = image_size or DEFAULT_IMAGE_SIZE
-    ds_builder = prepared_builder(data_dir)
-    num_train, num_eval = _split_sizes(ds_builder.info.splits, max_train_examples, max_eval_examples)
+    # `options.preprocessing` names the views; the default size is the module's constant.
+    image_size = options.image_size or DEFAULT_IMAGE_SIZE
+    ds_builder = prepared_builder(request.data_dir)
+    splits = ds_builder.info.splits
+    num_train, num_eval = _split_sizes(splits, request.max_train_examples, request.max_eval_examples)
     t_start, t_stop = train_shard_range(num_train, rank, world_size)
     e_start, e_stop = eval_shard_range(num_eval, rank, world_size)
     stream = _train_from(
-        ds_builder, f"train[{t_start}:{t_stop}]", seed + rank, deterministic, shuffle_buffer, block_records
+        ds_builder,
+        f"train[{t_start}:{t_stop}]",
+        seed + rank,
+        request.deterministic,
+        options.shuffle_buffer,
+        options.block_records,
     )
-    skipped = pipeline.skipped_counter() if skip_corrupt else None
+    skipped = encoded_images.skipped_counter() if options.skip_corrupt else None
     # What the training and the evaluation views share.
     views = dict(
-        image_size=image_size, deterministic=deterministic, threads=input_threads, preprocessing=preprocessing
+        image_size=image_size,
+        deterministic=request.deterministic,
+        threads=request.input_threads,
+        preprocessing=options.preprocessing,
     )
-    train_from = _batches_from(stream, per_rank_batch, seed + rank, skipped, views)
-    evaluation = pipeline.eval_dataset(
+    train_from = _batches_from(stream, batch, seed + rank, skipped, views)
+    evaluation = encoded_images.eval_dataset(
         _source(ds_builder, f"validation[{e_start}:{e_stop}]", shuffle_files=False, seed=seed),
-        batch=eval_batch or per_rank_batch,
+        batch=request.eval_batch or batch,
         **views,
     )
     return InputPipeline(

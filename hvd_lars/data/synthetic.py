@@ -5,11 +5,13 @@ stream for every k. By default the epoch has
 ImageNet-1k's sizes, so steps per epoch match a real ImageNet run with the same batch.
 """
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
-from hvd_lars.data import pipeline, preprocessing
-from hvd_lars.data.input_pipeline import InputPipeline, InputShapes
+from hvd_lars.data import preprocessing, tfdata_options
+from hvd_lars.data.interface import InputPipeline, InputShapes
 from hvd_lars.data.sharding import check_rank, eval_shard_range
 
 IMAGENET_TRAIN_EXAMPLES = 1_281_167  # ILSVRC-2012 training images (Russakovsky et al. 2015)
@@ -23,102 +25,76 @@ def _batch(size, image_size, channels, num_classes, rng):
     return images, labels
 
 
-def _sizes(
-    per_rank_batch,
-    max_train_examples,
-    max_eval_examples,
-    image_size,
-    channels,
-    num_classes,
-    num_train_examples,
-    num_eval_examples,
-):
+@dataclasses.dataclass(frozen=True)
+class SyntheticOptions:
+    """The options of `synthetic`: the image side (0: `preprocessing.DEFAULT_IMAGE_SIZE`), channels,
+    classes and the nominal training / evaluation sizes of an epoch (ImageNet-1k's by default)."""
+
+    image_size: int = preprocessing.DEFAULT_IMAGE_SIZE
+    channels: int = 3
+    num_classes: int = IMAGENET_CLASSES
+    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
+    num_eval_examples: int = IMAGENET_EVAL_EXAMPLES
+
+
+def _sizes(request, options):
     """(image size, training examples, evaluation examples) after the defaults and caps; checked."""
-    image_size = image_size or preprocessing.DEFAULT_IMAGE_SIZE
-    num_train = min(num_train_examples, max_train_examples or num_train_examples)
-    num_eval = min(num_eval_examples, max_eval_examples or num_eval_examples)
-    if min(image_size, channels, num_classes, num_train, num_eval, per_rank_batch) <= 0:
+    image_size = options.image_size or preprocessing.DEFAULT_IMAGE_SIZE
+    num_train = min(options.num_train_examples, request.max_train_examples or options.num_train_examples)
+    num_eval = min(options.num_eval_examples, request.max_eval_examples or options.num_eval_examples)
+    sizes = (image_size, options.channels, options.num_classes, num_train, num_eval, request.per_rank_batch)
+    if min(sizes) <= 0:
         raise ValueError(
-            f"synthetic data needs positive sizes, got image_size={image_size}, channels={channels}, "
-            f"num_classes={num_classes}, examples={num_train}/{num_eval}, per_rank_batch={per_rank_batch}."
+            f"synthetic data needs positive sizes, got image_size={image_size}, channels={options.channels}, "
+            f"num_classes={options.num_classes}, examples={num_train}/{num_eval}, "
+            f"per_rank_batch={request.per_rank_batch}."
         )
     return image_size, num_train, num_eval
 
 
-def synthetic_shapes(
-    per_rank_batch,
-    max_train_examples=0,
-    max_eval_examples=0,
-    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
-    channels=3,
-    num_classes=IMAGENET_CLASSES,
-    num_train_examples=IMAGENET_TRAIN_EXAMPLES,
-    num_eval_examples=IMAGENET_EVAL_EXAMPLES,
-):
-    """`InputShapes` of `synthetic_input` with these arguments, from the arguments alone: no batch is
-    made (a global batch of 32,768 at 224x224 would be 19.7 GB of float32).
+def synthetic_shapes(request, options):
+    """`InputShapes` of `synthetic_input(request, options)`, from the arguments alone: no batch is made
+    (a global batch of 32,768 at 224x224 would be 19.7 GB of float32).
 
     Raises:
         ValueError: a non-positive size, as `synthetic_input`.
     """
-    image_size, num_train, _ = _sizes(
-        per_rank_batch,
-        max_train_examples,
-        max_eval_examples,
-        image_size,
-        channels,
-        num_classes,
-        num_train_examples,
-        num_eval_examples,
-    )
-    return InputShapes((image_size, image_size, channels), num_classes, num_train)
+    image_size, num_train, _ = _sizes(request, options)
+    return InputShapes((image_size, image_size, options.channels), options.num_classes, num_train)
 
 
-def synthetic_input(
-    per_rank_batch,
-    rank,
-    world_size,
-    seed,
-    data_dir=None,
-    max_train_examples=0,
-    max_eval_examples=0,
-    image_size=preprocessing.DEFAULT_IMAGE_SIZE,
-    channels=3,
-    num_classes=IMAGENET_CLASSES,
-    num_train_examples=IMAGENET_TRAIN_EXAMPLES,
-    num_eval_examples=IMAGENET_EVAL_EXAMPLES,
-    deterministic=True,
-    eval_batch=0,
-    input_threads=0,
-):
+def synthetic_input(request, options):
     """Standard-normal float32 images (B, image_size, image_size, channels), uniform int32 labels.
 
-    `max_*_examples` > 0 cap the nominal sizes. Evaluation covers exactly `num_eval_examples` images
-    across ranks (contiguous ranges, as for real data), so `ExactEvaluation`'s count check holds.
+    `request.max_*_examples` > 0 cap the nominal sizes; `data_dir` is not read. Evaluation covers exactly
+    `num_eval_examples` images across ranks (contiguous ranges, as for real data), so `ExactEvaluation`'s
+    count check holds; its batches are `request.eval_batch` images (0: `per_rank_batch`).
+
+    Args:
+        request: `InputRequest`.
+        options: `SyntheticOptions`.
 
     Raises:
         ValueError: bad rank/world size, or a non-positive size.
     """
-    check_rank(rank, world_size)
-    image_size, num_train, num_eval = _sizes(
-        per_rank_batch,
-        max_train_examples,
-        max_eval_examples,
-        image_size,
-        channels,
-        num_classes,
-        num_train_examples,
-        num_eval_examples,
+    rank, world_size, channels, classes = (
+        request.rank,
+        request.world_size,
+        options.channels,
+        options.num_classes,
     )
-    rng = np.random.default_rng(seed + rank)
+    check_rank(rank, world_size)
+    image_size, num_train, num_eval = _sizes(request, options)
+    rng = np.random.default_rng(request.seed + rank)
     # Nothing to compute per element: one thread is enough unless asked otherwise.
-    opts = pipeline.options(deterministic, threads=input_threads or 1)
-    train = tf.data.Dataset.from_tensors(_batch(per_rank_batch, image_size, channels, num_classes, rng))
+    opts = tfdata_options.options(request.deterministic, threads=request.input_threads or 1)
+    train = tf.data.Dataset.from_tensors(_batch(request.per_rank_batch, image_size, channels, classes, rng))
     train = train.repeat().with_options(opts)
     start, stop = eval_shard_range(num_eval, rank, world_size)
-    eval_batch = eval_batch or per_rank_batch
-    one = tf.data.Dataset.from_tensors(_batch(1, image_size, channels, num_classes, rng)).unbatch()
-    evaluation = one.repeat(stop - start).batch(eval_batch).with_options(opts)
+    one = tf.data.Dataset.from_tensors(_batch(1, image_size, channels, classes, rng)).unbatch()
+    evaluation = (
+        one.repeat(stop - start).batch(request.eval_batch or request.per_rank_batch).with_options(opts)
+    )
     return InputPipeline(
         train=train,
         # Every batch is the same one: the stream is where a resumed run left it at any batch.
@@ -126,6 +102,6 @@ def synthetic_input(
         eval=evaluation,
         num_train_examples=num_train,
         num_eval_examples=num_eval,
-        num_classes=num_classes,
+        num_classes=classes,
         input_shape=(image_size, image_size, channels),
     )

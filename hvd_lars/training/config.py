@@ -306,8 +306,26 @@ def _some_checkpoint(config):
     return None
 
 
+def _read_by_the_dataset(config):
+    # The settings some data set reads (`Dataset.settings`), given a value other than their declared
+    # default for a data set that does not read them: refused rather than ignored.
+    takes = DATASETS[config.dataset].settings
+    everyone = sorted({name for entry in DATASETS.values() for name in entry.settings})
+    ignored = [
+        f"--{name}={getattr(config, name)!r}"
+        for name in everyone
+        if name not in takes and getattr(config, name) != _FIELDS[name].default
+    ]
+    if ignored:
+        return (
+            f"Dataset {config.dataset!r} does not take {', '.join(ignored)}; of the data-set settings it "
+            f"takes {', '.join(f'--{name}' for name in takes) or 'none'}."
+        )
+    return None
+
+
 # The rules between settings, checked after each setting on its own.
-_RULES = (_lars_only, _one_learning_rate, _warmup_within_training, _some_checkpoint)
+_RULES = (_lars_only, _one_learning_rate, _warmup_within_training, _some_checkpoint, _read_by_the_dataset)
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 

@@ -62,9 +62,8 @@ def run(config, extra_callbacks=()):
             problem = faults.run_dir_problem(run_dir, 0)
             if problem:
                 raise ValueError(problem)
-            shapes = describe_input(
-                config.dataset, **recipe.input_kwargs(config, config.global_batch_size, 0, 1, run_dir)
-            )
+            request = recipe.input_request(config, config.global_batch_size, 0, 1, run_dir)
+            shapes = describe_input(config.dataset, request, **recipe.input_options(config))
         except (ValueError, OSError) as e:
             shapes = e  # every rank raises it at the first sync, rather than wait for a rank 0 gone
     signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
@@ -95,9 +94,8 @@ def run(config, extra_callbacks=()):
         rank, world_size = collectives.rank(), collectives.size()
         resolve_batch(config, world_size)  # ElasticBatchError, naming the worker counts that fit
         plan = make_plan(config, world_size, state.shapes)
-        data = get_input(
-            config.dataset, **recipe.input_kwargs(config, plan.per_rank_batch_size, rank, world_size, run_dir)
-        )
+        request = recipe.input_request(config, plan.per_rank_batch_size, rank, world_size, run_dir)
+        data = get_input(config.dataset, request, **recipe.input_options(config))
         if collectives.is_chief():
             print(
                 f"[hvd_lars] elastic attempt {next(attempts)}: {world_size} worker(s) from update "

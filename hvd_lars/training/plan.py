@@ -9,7 +9,6 @@ that two spellings of one plan are one plan and one spelling of two plans is not
 """
 
 import dataclasses
-import inspect
 import json
 import os
 
@@ -139,9 +138,9 @@ def resolved_settings(config, figures, input_shape=None, train_examples=None):
     settings.update({name: figures[name] for name in (*names, "precision") if name in figures})
     if settings.get("data_dir"):
         settings["data_dir"] = os.path.realpath(settings["data_dir"])
-    builder = DATASETS.get(config.get("dataset"))
-    if "preprocessing" in settings and builder is not None:
-        takes = "preprocessing" in inspect.signature(builder).parameters
+    entry = DATASETS.get(config.get("dataset"))
+    if "preprocessing" in settings and entry is not None:
+        takes = "preprocessing" in entry.settings
         settings["preprocessing"] = settings["preprocessing"] or (DEFAULT_PREPROCESSING if takes else "")
     if "decay_boundaries_epochs" in config and "steps_per_epoch" in figures:
         boundaries = config["decay_boundaries_epochs"] or ()

@@ -3,10 +3,9 @@
 Each function reads a `TrainConfig` and a `Plan` (steps, not epochs) and returns library objects.
 """
 
-import os
-
 import keras
 
+from hvd_lars.data import InputRequest, dataset
 from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
 from hvd_lars.optim.schedules import make_schedule
@@ -130,9 +129,10 @@ def loss_and_metrics(config, num_classes):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
 
 
-def input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
-    """The keyword arguments of `hvd_lars.data.get_input` for this rank's shard of `config.dataset`."""
-    return dict(
+def input_request(config, per_rank_batch, rank, world_size, run_dir):
+    """The `hvd_lars.data.InputRequest` of this rank's shard of `config.dataset`: what every data set
+    reads from the configuration (its own options: `input_options`)."""
+    return InputRequest(
         per_rank_batch=per_rank_batch,
         rank=rank,
         world_size=world_size,
@@ -140,13 +140,18 @@ def input_kwargs(config, per_rank_batch, rank, world_size, run_dir):
         data_dir=config.data_dir or None,
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
-        # Dataset-specific: get_input drops those the dataset does not take while they are unset.
-        image_size=config.image_size,
-        preprocessing=config.preprocessing or None,
         deterministic=config.deterministic,
-        skip_corrupt=config.skip_corrupt,
         input_threads=config.input_threads or threads.threads_per_rank(),
-        validation_examples=config.validation_examples,
-        # The image-folder listing, made once per run by rank 0 and kept for the run's later starts.
-        index_dir=os.path.join(run_dir, "image_folder_index"),
+        run_dir=run_dir,
     )
+
+
+def input_options(config):
+    """The options of `config.dataset` taken from the configuration: the settings its `DATASETS` entry
+    declares (`Dataset.settings`), by name. `TrainConfig.validate` refuses the other data sets' settings
+    when set, so nothing given is dropped.
+
+    Raises:
+        ValueError: unknown data set, listing the valid ones.
+    """
+    return {name: getattr(config, name) for name in dataset(config.dataset).settings}

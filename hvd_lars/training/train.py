@@ -83,7 +83,8 @@ def run(config, extra_callbacks=()):
     global_batch, per_rank_batch = batch_sizes(config, world_size)
     run_name, run_dir = run_directory(config, global_batch)
     faults.check_run_dir(run_dir, 0, 0)  # writable, before anything of the run is read or made
-    data = get_input(config.dataset, **recipe.input_kwargs(config, per_rank_batch, rank, world_size, run_dir))
+    request = recipe.input_request(config, per_rank_batch, rank, world_size, run_dir)
+    data = get_input(config.dataset, request, **recipe.input_options(config))
     plan = make_plan(config, world_size, data)
     signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
     job = start(config, plan, run_name, run_dir, data, requested, signals, watchdog, extra_callbacks)

@@ -14,7 +14,7 @@ import tarfile
 import numpy as np
 from PIL import Image
 
-from hvd_lars.data import fashion_mnist
+from hvd_lars.data import fashion_mnist_files
 
 # Kinds of file written, by position in each class folder; everything else is an RGB JPEG.
 CMYK, GREY, PNG = "cmyk", "grey", "png"
@@ -23,7 +23,7 @@ JPEG_QUALITY = 95
 
 def source_images(count, size=None, offset=0):
     """`count` Fashion-MNIST test images as uint8 (count, S, S, 3) RGB (grey replicated), S = 28 or `size`."""
-    images, _ = fashion_mnist.load("test")
+    images, _ = fashion_mnist_files.load("test")
     images = images[offset : offset + count, :, :, 0]
     if size:
         images = np.stack(

@@ -25,7 +25,7 @@ def main(data_dir, out_dir):
 
     import keras
 
-    from hvd_lars.data import get_input, listing
+    from hvd_lars.data import InputRequest, get_input, listing
     from hvd_lars.training.callbacks import ExactEvaluation
 
     listings = []
@@ -36,17 +36,11 @@ def main(data_dir, out_dir):
         return list_split(root, classes)
 
     listing.list_split = counted
-    build = lambda folder: get_input(
-        "image_folder",
-        per_rank_batch=PER_RANK_BATCH,
-        rank=rank,
-        world_size=size,
-        seed=0,
-        data_dir=folder,
-        image_size=32,
-        deterministic=True,
-        index_dir=os.path.join(out_dir, "index"),
+    # The listings are kept in <out>/image_folder_index, as in a run directory.
+    request = lambda folder: InputRequest(
+        per_rank_batch=PER_RANK_BATCH, rank=rank, world_size=size, seed=0, data_dir=folder, run_dir=out_dir
     )
+    build = lambda folder: get_input("image_folder", request(folder), image_size=32)
     data = build(data_dir)
     first_listings = list(listings)
     resumed = build(data_dir)  # a later start of the run: the index, no listing

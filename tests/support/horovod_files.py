@@ -101,10 +101,10 @@ def point_mnist_at_fashion_mnist():
     import numpy as np
     import tensorflow as tf
 
-    from hvd_lars.data import fashion_mnist
+    from hvd_lars.data import fashion_mnist_files
 
     def load_data(path="mnist.npz"):
-        splits = [fashion_mnist.load(split) for split in ("train", "test")]
+        splits = [fashion_mnist_files.load(split) for split in ("train", "test")]
         return tuple((images[..., 0], labels.astype(np.uint8)) for images, labels in splits)
 
     keras.datasets.mnist.load_data = load_data
@@ -171,9 +171,9 @@ def run_example(out_dir, path, *args):
         size=collectives.size(),
     )
     if collectives.rank() == 0 and model.input_shape[1:] == (28, 28, 1):
-        from hvd_lars.data import fashion_mnist
+        from hvd_lars.data import fashion_mnist_files
 
-        images, labels = fashion_mnist.load("test")
+        images, labels = fashion_mnist_files.load("test")
         predictions = model.predict(images / 255.0, batch_size=1000, verbose=0)
         record["test_top1"] = float((predictions.argmax(axis=1) == labels).mean())
     np.savez(os.path.join(out_dir, f"rank{collectives.rank()}.npz"), **record)

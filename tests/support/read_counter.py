@@ -2,7 +2,7 @@
 
 `ReadCounter(monkeypatch)` patches the three places the pipelines touch data: `image_folder._read_file`
 (every image file opened), `records._read_records` (every TFRecord record read, skipped ones included)
-and the training views of `pipeline.get_preprocessing` (every image decoded, by its element index in the
+and the training views of `encoded_images.get_preprocessing` (every image decoded, by its element index in the
 rank's stream). Pipelines built afterwards report into `files`, `records` and `decoded`.
 """
 
@@ -12,7 +12,7 @@ import time
 
 import tensorflow as tf
 
-from hvd_lars.data import image_folder, pipeline, records
+from hvd_lars.data import encoded_images, image_folder, records
 
 
 class ReadCounter:
@@ -22,7 +22,7 @@ class ReadCounter:
         read_file, read_records, get_preprocessing = (
             image_folder._read_file,
             records._read_records,
-            pipeline.get_preprocessing,
+            encoded_images.get_preprocessing,
         )
 
         def note(store, value):
@@ -56,7 +56,7 @@ class ReadCounter:
 
         monkeypatch.setattr(image_folder, "_read_file", counted_read_file)
         monkeypatch.setattr(records, "_read_records", counted_read_records)
-        monkeypatch.setattr(pipeline, "get_preprocessing", counted_preprocessing)
+        monkeypatch.setattr(encoded_images, "get_preprocessing", counted_preprocessing)
 
     def reset(self):
         with self._lock:

@@ -10,37 +10,16 @@ Evaluation never skips: every evaluation image must be counted exactly once.
 
 Deterministic mode (the default) keeps the element order fixed, so a pipeline started at element k gives
 exactly the elements from k on of the one started at 0 (tests, exact mid-epoch resume); otherwise elements
-may leave
-the parallel decode out of order, so one slow file does not hold up the rest. Either way the work runs
-on a private pool of `threads` threads, so AUTOTUNE cannot take the cores the training step uses.
+may leave the parallel decode out of order, so one slow file does not hold up the rest. Either way the
+work runs on a private pool of `threads` threads (`tfdata_options.options`).
 """
 
-import os
 import sys
 
 import tensorflow as tf
 
+from hvd_lars.data import tfdata_options
 from hvd_lars.data.preprocessing import get_preprocessing
-from hvd_lars.parallel import collectives
-
-
-def default_threads():
-    """Input threads per rank when none are given: the CPUs of this process's affinity mask
-    (`os.sched_getaffinity`) divided among the ranks of its host (Horovod's `collectives.local_size()`),
-    at least 1. The training program passes its own figure (`hvd_lars.training.threads.threads_per_rank`,
-    which also reads cgroup limits and launcher bindings)."""
-    return max(1, len(os.sched_getaffinity(0)) // collectives.local_size())
-
-
-def options(deterministic, threads=0):
-    """`tf.data.Options`: order fixed or not; a private pool of `threads` (0: `default_threads()`)."""
-    opts = tf.data.Options()
-    opts.deterministic = bool(deterministic)
-    opts.threading.private_threadpool_size = threads or default_threads()
-    # One thread per op: parallelism comes from parallel elements, not from threads inside one decode.
-    opts.threading.max_intra_op_parallelism = 1
-    opts.autotune.enabled = True
-    return opts
 
 
 def _guarded(decode, read, image_size):
@@ -108,7 +87,7 @@ def train_dataset(
     else:
         ds = ds.map(_fail_on_corrupt)
     ds = ds.batch(per_rank_batch, drop_remainder=True)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads))
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
 
 
 def skipped_counter():
@@ -128,4 +107,4 @@ def eval_dataset(
     decode = lambda data, s: views.eval(data, image_size)
     ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.map(_fail_on_corrupt).batch(batch)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options(deterministic, threads))
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))

@@ -1,0 +1,123 @@
+"""Fashion-MNIST read offline from its four IDX files, gzipped or not (Debian's `dataset-fashion-mnist`).
+
+Xiao, Rasul, Vollgraf, arXiv 1708.07747: 60,000 training and 10,000 test images, 28x28 grey, 10 classes.
+The files are the ones the authors publish (https://github.com/zalandoresearch/fashion-mnist, folder
+data/fashion); Debian's package installs them in `DEFAULT_DIR`. The Debian files differ byte-for-byte from
+the archives tensorflow-datasets registers checksums for, so they are read here directly (the IDX format
+is a magic number, the dimensions and raw bytes).
+"""
+
+import gzip
+import os
+import struct
+
+import numpy as np
+
+DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+# The names the authors publish; each may also be present uncompressed, without ".gz" (the .gz is read
+# when both are there).
+FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+NUM_CLASSES = 10
+IMAGE_SHAPE = (28, 28, 1)
+# Per-pixel mean and standard deviation of the 60,000 training images scaled to [0, 1]
+# (computed by tests/test_data.py::test_fashion_mnist_statistics from the Debian files).
+MEAN = 0.2860
+STD = 0.3530
+
+_IDX_IMAGES_MAGIC = 2051
+_IDX_LABELS_MAGIC = 2049
+
+
+def load(split, data_dir=None):
+    """Reads one split into memory.
+
+    Args:
+        split: "train" or "test".
+        data_dir: folder holding the split's two IDX files, each gzipped (`FILES`) or uncompressed (the
+            same name without `.gz`); default `DEFAULT_DIR` (Debian's package).
+
+    Returns:
+        (images, labels): uint8 array of shape (N, 28, 28, 1) and int32 array of shape (N,), N = 60,000
+        for "train" and 10,000 for "test".
+
+    Raises:
+        ValueError: unknown split.
+        FileNotFoundError: a file is missing in both forms (says where to get the files).
+        IOError: a file is not a valid IDX file.
+    """
+    if split not in FILES:
+        raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
+    data_dir = data_dir or DEFAULT_DIR
+    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
+    images = _read_idx(image_file, _IDX_IMAGES_MAGIC)
+    labels = _read_idx(label_file, _IDX_LABELS_MAGIC)
+    if images.shape[0] != labels.shape[0]:
+        raise OSError(f"{image_file} has {images.shape[0]} images but {label_file} {labels.shape[0]} labels.")
+    return images[..., None], labels.astype(np.int32)
+
+
+def count(split, data_dir=None):
+    """The number of images of one split, from its two IDX files' headers alone (their first 16 and 8
+    bytes: a gzipped file is decompressed only that far); `load` reads the data.
+
+    Raises:
+        As `load`, except that a file whose data are cut short is only found by `load`.
+    """
+    if split not in FILES:
+        raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
+    data_dir = data_dir or DEFAULT_DIR
+    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
+    images = _read_header(image_file, _IDX_IMAGES_MAGIC)[0]
+    labels = _read_header(label_file, _IDX_LABELS_MAGIC)[0]
+    if images != labels:
+        raise OSError(f"{image_file} has {images} images but {label_file} {labels} labels.")
+    return images
+
+
+def _read_header(path, magic):
+    """The dimensions an IDX file's header gives (3 for images, 1 for labels)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    size = 16 if magic == _IDX_IMAGES_MAGIC else 8
+    with opener(path, "rb") as f:
+        header = f.read(size)
+    if len(header) < size:
+        raise OSError(f"{path}: {len(header)} bytes, shorter than an IDX header ({size}).")
+    found, *dims = struct.unpack(f">{size // 4}I", header)
+    if found != magic:
+        raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
+    return dims
+
+
+def _find(data_dir, name):
+    """The path of `name` (a `.gz` file) in `data_dir`, else of its uncompressed form."""
+    raw = name[: -len(".gz")]
+    for path in (os.path.join(data_dir, name), os.path.join(data_dir, raw)):
+        if os.path.exists(path):
+            return path
+    all_files = ", ".join(n for files in FILES.values() for n in files)
+    raise FileNotFoundError(
+        f"Fashion-MNIST file {name} (or {raw}, uncompressed) not found in {data_dir}. Install the four files "
+        f"with `apt-get install dataset-fashion-mnist` (Debian: into {DEFAULT_DIR}), or download them "
+        f"({all_files}) from https://github.com/zalandoresearch/fashion-mnist (folder data/fashion) into a "
+        "folder and pass --data_dir=<that folder>."
+    )
+
+
+def _read_idx(path, magic):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    found, count = struct.unpack(">II", data[:8])
+    if found != magic:
+        raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
+    dims = [count]
+    if magic == _IDX_IMAGES_MAGIC:
+        dims += list(struct.unpack(">II", data[8:16]))
+    offset = 8 + 4 * (len(dims) - 1)
+    array = np.frombuffer(data, dtype=np.uint8, offset=offset)
+    if array.size != int(np.prod(dims)):
+        raise OSError(f"{path}: {array.size} bytes of data for shape {dims}.")
+    return array.reshape(dims)

@@ -1,0 +1,134 @@
+"""What a data set of `hvd_lars.data` is: the `Dataset` entry of its registry, the `InputRequest` its
+builder is given, and what it gives back (`InputPipeline` built, `InputShapes` described).
+
+Every builder takes the same request (this rank's batch and shard, the seed, where the data lie, caps and
+threads) and the data set's own options, a frozen dataclass of its entry (`Dataset.options`).
+"""
+
+import dataclasses
+import typing
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputRequest:
+    """What every data set's builder is given: which rank's shard, in batches of what size, from where.
+
+    Attributes:
+        per_rank_batch: images per training batch on this rank (a micro-batch under accumulation).
+        rank, world_size: this rank among `world_size` (0 <= rank < world_size); the builder reads rank
+            `rank`'s shard (`hvd_lars.data.sharding`).
+        seed: int >= 0; the training order and any random augmentation follow from (seed + rank).
+        data_dir: folder holding the data set; None or "": the data set's default (Fashion-MNIST: Debian's
+            folder; synthetic data read none).
+        max_train_examples, max_eval_examples: > 0 keep only that many training / evaluation images
+            (each data set says which); 0: all.
+        eval_batch: images per evaluation batch; 0: the data set's own (Fashion-MNIST 1,000, the others
+            `per_rank_batch`).
+        deterministic: a fixed element order (exact resume, repeatable tests); False: faster, unordered.
+        input_threads: tf.data threads of this rank's private pool; 0: `tfdata_options.default_threads()`.
+        run_dir: a folder of the run where a builder keeps what only saves work on the run's later starts
+            (image_folder: its listing index, in `<run_dir>/image_folder_index/`); None: nothing is kept.
+    """
+
+    per_rank_batch: int
+    rank: int
+    world_size: int
+    seed: int
+    data_dir: str | None = None
+    max_train_examples: int = 0
+    max_eval_examples: int = 0
+    eval_batch: int = 0
+    deterministic: bool = True
+    input_threads: int = 0
+    run_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class InputPipeline:
+    """The data one rank trains and evaluates on.
+
+    Attributes:
+        train: infinite `tf.data.Dataset` of (images float32 (B, H, W, C), labels int32 (B,)), B the
+            per-rank batch, reshuffled every epoch (`order`: a permutation per epoch from the seed).
+        train_from: callable(start_batch: int >= 0) -> the same stream from its batch `start_batch` on
+            (exactly batches start_batch, start_batch + 1, ... of `train`), for a resumed run: the
+            elements before it are never read or decoded, so starting costs the same at any batch.
+        eval: finite dataset of this rank's evaluation shard, same element structure, last batch smaller.
+        num_train_examples: training examples in the whole data set (all ranks).
+        num_eval_examples: evaluation examples in the whole data set (all ranks).
+        num_classes: number of labels.
+        input_shape: (H, W, C) of one image.
+        skipped_corrupt: int64 `tf.Variable` counting corrupt training files skipped so far, or None
+            when the pipeline does not skip them (then a corrupt file raises an error naming it).
+        validation: finite dataset of this rank's shard of the validation split (images held out of the
+            training set, never trained on; for choosing hyperparameters), same structure as `eval`; None
+            when the run holds out none.
+        num_validation_examples: validation examples in the whole split (all ranks); 0 without one.
+    """
+
+    train: tf.data.Dataset
+    train_from: object
+    eval: tf.data.Dataset
+    num_train_examples: int
+    num_eval_examples: int
+    num_classes: int
+    input_shape: tuple
+    skipped_corrupt: object = None
+    validation: object = None
+    num_validation_examples: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InputShapes:
+    """What a model and its plan need to know of an input, read without building it
+    (`hvd_lars.data.describe_input`): the fields of the same name of the `InputPipeline` the same
+    request and options build.
+
+    Attributes:
+        input_shape: (H, W, C) of one image.
+        num_classes: number of labels.
+        num_train_examples: training examples in the whole data set (all ranks), after
+            `max_train_examples` and any held-out validation split.
+    """
+
+    input_shape: tuple
+    num_classes: int
+    num_train_examples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """One entry of `hvd_lars.data.DATASETS`.
+
+    Attributes:
+        build: callable(InputRequest, options) -> `InputPipeline` of the request's rank.
+        describe: callable(InputRequest, options) -> the `InputShapes` `build` would give, without
+            building: no batch allocated, no image decoded.
+        options: frozen dataclass of the data set's own options, with their defaults; its fields are
+            exactly the options the data set takes.
+        settings: the fields of `options` a run's configuration sets: `TrainConfig` fields of the same
+            name (`hvd_lars.training.recipe.input_options` reads them; `TrainConfig.validate` refuses any
+            other data-set setting given a value). The options not listed are for library callers.
+
+    Raises:
+        ValueError: (when made) a setting that is not a field of `options`.
+    """
+
+    build: typing.Callable
+    describe: typing.Callable
+    options: type
+    settings: tuple = ()
+
+    def __post_init__(self):
+        unknown = sorted(set(self.settings) - set(self.option_names()))
+        if unknown:
+            raise ValueError(
+                f"settings {', '.join(unknown)} are not fields of {self.options.__name__}; its fields: "
+                f"{', '.join(self.option_names())}."
+            )
+
+    def option_names(self):
+        """The names of the options the data set takes, in their declared order."""
+        return tuple(f.name for f in dataclasses.fields(self.options))

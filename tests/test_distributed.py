@@ -71,7 +71,7 @@ def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
             {"sgd": "SGD", "adam": "Adam", "lamb": "Lamb", "lars": "LARS"}[name],
         ],
         "lso_inside": ["DistributedLossScaleOptimizer", "LossScaleOptimizer"],
-        "lso_outside": ["LossScaleOptimizer", "DistributedOptimizer"],
+        "lso_chosen": ["DistributedLossScaleOptimizer", "LossScaleOptimizer"],
     }[wrap]
     assert list(r0[f"{case}/types"]) == expected_types
     assert str(r0[f"{case}/keras_type"]) == expected_types[0]
@@ -110,28 +110,30 @@ def test_loss_scaler_inside_averages_the_scaled_gradients(behaviour):
 
 
 @pytest.mark.horovod
-def test_loss_scaler_outside_decides_on_overflow_together(behaviour):
-    # LossScaleOptimizer(DistributedOptimizer(SGD(1.0)), initial_scale=4): inf on rank 0, 8 on rank 1 ->
-    # both skip and halve the scale; then 8 and 0 at scale 2 -> mean 2 -> w = -2. No rank hangs.
+def test_loss_scaler_chosen_under_mixed_float16_decides_on_overflow_together(behaviour):
+    # DistributedOptimizer(SGD(1.0)) made under mixed_float16, initial scale 4: inf on rank 0, 8 on rank 1
+    # -> both skip and halve the scale; then 8 and 0 at scale 2 -> mean 2 -> w = -2. No rank hangs.
     for r in behaviour:
-        np.testing.assert_array_equal(r["lso_outside/steps"], [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
+        np.testing.assert_array_equal(r["lso_chosen/steps"], [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
 
 
 @pytest.mark.horovod
 def test_loss_scaler_keras_adds_under_mixed_float16(behaviour):
     for r in behaviour:
-        assert list(r["keras_built/types"]) == ["LossScaleOptimizer", "DistributedOptimizer"]
+        assert list(r["keras_built/types"]) == ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
         # kernel, scale: the overflow on rank 0 skips the step on both ranks; the next step applies.
         np.testing.assert_array_equal(r["keras_built/steps"], [[0.0, 2.0], [-2.0, 2.0]])
 
 
 @pytest.mark.horovod
-def test_a_loss_scaler_around_a_loss_scaling_wrapper_is_refused(behaviour):
-    assert "unscaled twice" in str(behaviour[0]["two_scalers/error"])
+def test_a_loss_scaler_around_the_wrapper_is_refused_when_made(behaviour):
+    for case in ("around_plain", "two_scalers"):
+        for r in behaviour:
+            assert "would check each rank's gradients alone" in str(r[f"{case}/error"]), case
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("case", ["sgd_adopted", "lars_schedule_lso_inside", "adam_lso_outside"])
+@pytest.mark.parametrize("case", ["sgd_adopted", "lars_schedule_lso_inside", "adam_lso_chosen"])
 def test_accumulation_averages_once_per_update(behaviour, case):
     r0, r1 = behaviour
     # 2 ranks x 2 micro-batches of 2 rows against one process on 8 rows per update.
@@ -150,6 +152,12 @@ def test_accumulation_averages_once_per_update(behaviour, case):
 def test_accumulating_micro_batches_do_not_communicate(behaviour):
     # The traced update's cond: 4 allreduces (one per tensor) in the update branch, none in the other.
     assert list(behaviour[0]["accumulation/allreduces_per_branch"]) == [4, 0]
+
+
+@pytest.mark.horovod
+def test_the_largest_count_of_any_rank_on_every_rank(behaviour):
+    # Rank 0 holds 1, rank 1 holds 3 (the elastic loop's attempts, where rank 0 joined later).
+    assert [int(r["counts/max"]) for r in behaviour] == [3, 3]
 
 
 @pytest.mark.horovod

@@ -110,32 +110,41 @@ def test_a_loss_scaler_inside_makes_the_wrapper_a_loss_scaler():
 
 
 @pytest.mark.unit
-def test_keras_built_loss_scaler_is_attached_when_it_builds_the_wrapper():
-    wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
+def test_made_under_mixed_float16_the_wrapper_scales_the_loss_and_compile_keeps_it():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
+        wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0), name="d")
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
         model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    outer = model.optimizer
-    assert isinstance(outer, LSO) and outer.inner_optimizer is wrapper
-    outer.build(model.trainable_variables)
-    assert wrapper._loss_scaler() is outer  # its overflow check is now a vote over ranks
-    assert "check_finite" in vars(outer)
+    assert model.optimizer is wrapper and type(wrapper) is DistributedLossScaleOptimizer
+    assert (
+        type(wrapper.inner_optimizer) is LSO
+        and type(wrapper.inner_optimizer.inner_optimizer).__name__ == "SGD"
+    )
+    assert wrapper.name == "d" and wrapper.initial_scale == 2.0**15  # Keras's default scale
+    # Under float32 the same call gives the plain wrapper.
+    assert type(DistributedOptimizer(keras.optimizers.SGD(1.0))) is DistributedOptimizer
 
 
 @pytest.mark.unit
-def test_an_unattached_loss_scaler_is_refused_instead_of_hanging():
-    # Should a Keras release stop building the held optimizer from LossScaleOptimizer.build, the wrapper
-    # would not know its loss scaler: its apply then refuses to run rather than risk the per-rank branch.
+def test_a_loss_scaler_around_the_wrapper_is_refused_where_it_is_made():
+    # By hand, and by model.compile for a wrapper made before mixed_float16 was set: one line saying what
+    # to write instead, before any step could leave a rank waiting.
+    with pytest.raises(
+        ValueError,
+        match=r"would check each rank's gradients alone .*DistributedOptimizer\(LossScaleOptimizer",
+    ):
+        LSO(DistributedOptimizer(keras.optimizers.SGD(1.0)))
     wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
-    outer = LSO(wrapper, initial_scale=4.0)
-    w = keras.Variable(0.0)
-    outer.build([w])
-    wrapper._loss_scaler = None
-    with pytest.raises(RuntimeError, match="an overflow on one rank would hang the others"):
-        outer.apply([tf.constant(8.0)], [w])
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
+        with pytest.raises(ValueError, match="set_global_policy"):
+            model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 @pytest.mark.unit

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 from hvd_lars import LARS
 from hvd_lars.metrics import TopKAccuracy, top_k_correct
-from hvd_lars.training.callbacks import ExactEvaluation
 from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.evaluation import ExactEvaluation
 from hvd_lars.training.recipe import loss_and_metrics
 
 

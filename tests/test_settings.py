@@ -11,7 +11,7 @@ import pytest
 
 from hvd_lars import main
 from hvd_lars.optim.scaling import steps_in_epochs
-from hvd_lars.training import callbacks, epoch_logs, faults
+from hvd_lars.training import epoch_logs, evaluation, faults
 from hvd_lars.training.config import TrainConfig, plan_settings
 from hvd_lars.training.lineage import Lineage
 from hvd_lars.training.plan import make_plan, plan_changes, settings_in_summary
@@ -244,7 +244,7 @@ def test_the_callbacks_run_in_this_order(tmp_path):
         "Callback", "Callback", "StopAfterEpoch",
     ]  # fmt: skip
     assert order[1] is watchdog and order[7] is marker and order[10:13] == [summary, checkpointer, commit]
-    assert [c.prefix for c in order if isinstance(c, callbacks.ExactEvaluation)] == ["test", "val"]
+    assert [c.prefix for c in order if isinstance(c, evaluation.ExactEvaluation)] == ["test", "val"]
     assert isinstance(order[8], epoch_logs.MetricsCSV)
 
 

@@ -12,6 +12,8 @@ import warnings
 import keras
 from keras import ops
 
+from hvd_lars import keras_internals
+
 # How the trust ratio's gradient norm is taken. "paper" is the released Caffe code and the TF/MLPerf
 # reference (eta * ||w|| / (||g|| + beta * ||w|| + eps)); "decayed_gradient" takes the norm of the
 # decayed gradient (eta * ||w|| / (||g + beta * w|| + eps)), as in NVIDIA's apex LARC and several
@@ -128,12 +130,8 @@ class LARS(keras.optimizers.Optimizer):
         # weight_decay is not passed on: the base class would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         if shared_rate is not None:
-            # The caller's variable itself (a callback or another optimizer may change it). The
-            # assignment tracks it once, second in `variables` as a float rate's variable is, so the
-            # optimizer saves and loads (tf.train.Checkpoint, .keras) like one built with a float.
-            self._learning_rate = shared_rate
-            if not self._tracker.is_in_store("variables", shared_rate):  # built where tracking is off
-                self._track_variable(shared_rate)
+            # The caller's variable itself (a callback or another optimizer may change it).
+            keras_internals.adopt_rate_variable(self, shared_rate)
         _check_range("momentum", momentum, 0.0, 1.0, "in [0, 1)")
         _check_range("weight_decay", weight_decay, 0.0, None, ">= 0")
         _check_range("epsilon", epsilon, 0.0, None, ">= 0")
@@ -153,7 +151,7 @@ class LARS(keras.optimizers.Optimizer):
             )
         self._correction_steps = None  # updates during which the "warmup" correction applies
         if momentum_correction == "warmup":
-            steps = getattr(self._learning_rate, "warmup_steps", None)
+            steps = getattr(keras_internals.rate_object(self), "warmup_steps", None)
             if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
                 raise ValueError(
                     "momentum_correction='warmup' corrects during the schedule's warmup, so learning_rate "
@@ -190,7 +188,8 @@ class LARS(keras.optimizers.Optimizer):
         # .path, so the choice is made here and looked up by index.
         # Keras's own exclude_from_weight_decay(var_list=..., var_names=...) counts too.
         self._decay_mask = [
-            not _matches(self.exclude_from_weight_decay_patterns, p) and self._use_weight_decay(v)
+            not _matches(self.exclude_from_weight_decay_patterns, p)
+            and keras_internals.uses_weight_decay(self, v)
             for p, v in zip(paths, variables)
         ]
         self._adapt_mask = [not _matches(self.exclude_from_layer_adaptation_patterns, p) for p in paths]
@@ -228,7 +227,7 @@ class LARS(keras.optimizers.Optimizer):
         TensorFlow's fused momentum kernel), so that the step is `w += slot`.
         """
         dtype = variable.dtype
-        index = self._get_variable_index(variable)
+        index = keras_internals.variable_index(self, variable)
         slot = self.velocities[index]
         lr = ops.cast(learning_rate, dtype)
         g = ops.cast(gradient, dtype)
@@ -318,7 +317,7 @@ class LARS(keras.optimizers.Optimizer):
     def _get_current_learning_rate(self):
         # Keras evaluates schedules at the micro-batch counter; with gradient accumulation the rate must
         # follow applied updates (`self.iterations`), as the paper's schedule counts iterations.
-        schedule = self._learning_rate
+        schedule = keras_internals.rate_object(self)
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             return schedule(self.iterations)
         return super()._get_current_learning_rate()

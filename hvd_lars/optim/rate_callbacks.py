@@ -8,6 +8,7 @@ import warnings
 
 import keras
 
+from hvd_lars import keras_internals
 from hvd_lars.optim.wrapping import innermost_optimizer, to_float
 
 
@@ -44,7 +45,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
-        rate = innermost_optimizer(optimizer)._learning_rate
+        rate = keras_internals.rate_object(innermost_optimizer(optimizer))
         if not isinstance(rate, keras.Variable):
             raise ValueError(
                 "LearningRateWarmup needs an optimizer with a float learning rate; "
@@ -93,7 +94,7 @@ class LearningRateLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._scheduled = not isinstance(
-            innermost_optimizer(self.model.optimizer)._learning_rate, keras.Variable
+            keras_internals.rate_object(innermost_optimizer(self.model.optimizer)), keras.Variable
         )
 
     def on_train_batch_begin(self, batch, logs=None):

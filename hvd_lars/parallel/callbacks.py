@@ -19,6 +19,7 @@ import zlib
 
 import keras
 
+from hvd_lars import keras_internals
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401  (hvd.callbacks.*)
     LearningRateScheduleCallback,
@@ -64,7 +65,7 @@ def broadcast_model_and_optimizer(model, root_rank=0, local_variables=()):
 def is_built(model):
     """True when every layer of `model` has created its variables (what `fit` would otherwise do in its
     first step)."""
-    return model.built and all(layer.built for layer in model._flatten_layers())
+    return model.built and all(layer.built for layer in keras_internals.flatten_layers(model))
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -118,7 +119,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         def first_step(iterator):
             # Called by fit in place of its step once: build from the data's shapes, broadcast, step.
             model.train_function = train_function
-            model._symbolic_build(data_batch=iterator.element_spec)
+            keras_internals.symbolic_build(model, iterator.element_spec)
             self._broadcast()
             return train_function(iterator)
 

@@ -328,19 +328,6 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
     return out
 
 
-def all_ranks_true(flag, name="hvd_lars.all_ranks_true"):
-    """True on every rank when `flag` (a boolean scalar tensor) is true on every rank; `flag` itself with
-    world size 1. Used to make a decision that each rank takes from its own data (a loss scaler's
-    overflow check) the same on every rank, so that no rank enters a collective that others skip."""
-    if size() == 1:
-        return flag
-    import tensorflow as tf
-
-    # Sum of the ranks that vote no: an int32 allreduce of 4 bytes.
-    noes = _hvd.allreduce(tf.cast(tf.logical_not(flag), tf.int32), op=_hvd.Sum, name=name)
-    return tf.equal(noes, 0)
-
-
 def broadcast_variables(variables, root_rank=0, what="variables"):
     """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values.
 
@@ -475,6 +462,19 @@ def allreduce_sum(values, name):
 
     # Eager allreduce of host values: Sum, not Average, so weights (example counts) stay exact.
     return _hvd.allreduce(tf.constant(array), op=_hvd.Sum, name=name).numpy()
+
+
+def max_over_ranks(number, name):
+    """The largest of the ranks' integers `number`, on every rank; `number` itself with world size 1.
+
+    Used for a count each rank keeps of its own (the elastic loop's attempts) where a rank that joined
+    later has seen fewer. `name` must be the same on every rank and unique per call site.
+    """
+    if size() == 1:
+        return int(number)
+    import tensorflow as tf
+
+    return int(_hvd.allreduce(tf.constant(int(number), tf.int64), op=_hvd.Max, name=name).numpy())
 
 
 def barrier():

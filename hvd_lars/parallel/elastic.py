@@ -15,6 +15,7 @@ decisions taken from the world size at trace time (no allreduce at all with one 
 import keras
 
 from hvd_lars.parallel import collectives
+from hvd_lars.parallel.accumulation import at_update_boundary
 
 try:  # Horovod's framework-neutral elastic state; without Horovod, KerasState raises at construction.
     from horovod.common.elastic import ObjectState as _ObjectState
@@ -72,20 +73,20 @@ class KerasState(_ObjectState):
             **attributes,
         )
 
-    def _variables(self):
+    def _state_variables(self):
         # Dropout seed states stay per rank, as `broadcast_model_and_optimizer` leaves them.
         every = list(self.model.variables) + list(self.optimizer.variables)
         return [v for v in every if "seed_generator" not in v.path]
 
     def _save_variables(self):
-        self._saved = [v.numpy() for v in self._variables()]
+        self._saved = [v.numpy() for v in self._state_variables()]
 
     def save(self):
         self._save_variables()
         super().save()
 
     def restore(self):
-        for var, value in zip(self._variables(), self._saved):
+        for var, value in zip(self._state_variables(), self._saved):
             var.assign(value)
         super().restore()
 
@@ -95,7 +96,7 @@ class KerasState(_ObjectState):
 
     def sync(self):
         self.model.train_function = None  # traced anew for the current world size
-        collectives.broadcast_variables(self._variables(), what="elastic state")
+        collectives.broadcast_variables(self._state_variables(), what="elastic state")
         self._save_variables()
         super().sync()
 
@@ -164,24 +165,6 @@ def retry_collective_failures(func):
             raise
 
     return attempt
-
-
-def at_update_boundary(optimizer):
-    """True when `optimizer` holds no partly accumulated gradients: every micro-batch seen so far belongs
-    to an applied update (always true without gradient accumulation). Through any chain of wrappers
-    (`DistributedOptimizer(backward_passes_per_step=k)`, Keras's `gradient_accumulation_steps=k`)."""
-    from hvd_lars.parallel.optimizer import DistributedOptimizer
-
-    while True:
-        if isinstance(optimizer, DistributedOptimizer):
-            steps = optimizer.backward_passes_per_step
-            return steps == 1 or int(optimizer._iterations) % steps == 0
-        steps = getattr(optimizer, "gradient_accumulation_steps", None)
-        if steps:
-            return int(optimizer._iterations) % steps == 0
-        if not hasattr(optimizer, "inner_optimizer"):
-            return True
-        optimizer = optimizer.inner_optimizer
 
 
 class CommitState(keras.callbacks.Callback):
@@ -327,10 +310,10 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def __init__(self, state):
         super().__init__()
         self.state = state
-        self._initial_epoch = None
+        self._first_epoch = None
 
     def on_train_begin(self, logs=None):
-        self._initial_epoch = int(self.state.epoch)
+        self._first_epoch = int(self.state.epoch)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch = self._initial_epoch + epoch + 1
+        self.state.epoch = self._first_epoch + epoch + 1

@@ -10,10 +10,11 @@ rescaling the velocity by `lr_new / lr_old` before that update, which is what `c
 
 import keras
 
+from hvd_lars import keras_internals
 from hvd_lars.optim.rate_callbacks import LearningRateWarmup
 from hvd_lars.optim.wrapping import innermost_optimizer, to_float
 from hvd_lars.parallel import collectives
-from hvd_lars.parallel.optimizer import accumulation_steps
+from hvd_lars.parallel.accumulation import accumulation_steps
 
 
 def momentum_slots(optimizer):
@@ -64,9 +65,9 @@ def correct_momentum(optimizer, old_rate, new_rate):
 
 def _float_rate(optimizer, who):
     """The optimizer's rate as a float; ValueError when it is a schedule or callable (it cannot be set)."""
-    # Keras 3 optimizers keep a float rate as a variable in `_learning_rate` (private; Keras 3.12-3.15, as
-    # hvd_lars.optim.rate_callbacks reads it): the public `learning_rate` evaluates schedules instead.
-    if not isinstance(innermost_optimizer(optimizer)._learning_rate, keras.Variable):
+    # Keras 3 optimizers keep a float rate as a variable (`keras_internals.rate_object`): the public
+    # `learning_rate` evaluates schedules instead.
+    if not isinstance(keras_internals.rate_object(innermost_optimizer(optimizer)), keras.Variable):
         raise ValueError(
             f"{who} sets a float learning rate; {optimizer.name!r} has a schedule or callable. Build the "
             "optimizer with a float rate (the callback sets it), or drop the callback."

@@ -8,13 +8,12 @@ rate, a rate variable, a schedule, a callable, clipping, EMA, weight decay, an u
 collectives themselves are in `hvd_lars.parallel.collectives`.
 """
 
-import sys
-import weakref
-
 import keras
 
+from hvd_lars import keras_internals
 from hvd_lars.optim.wrapping import innermost_optimizer
 from hvd_lars.parallel import collectives
+from hvd_lars.parallel.accumulation import GradientAccumulation
 
 LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
@@ -36,24 +35,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     accumulation, a schedule is evaluated at the update count (Keras's built-in optimizers would feed
     it the micro-batch count; `hvd_lars.LARS` counts updates either way) and EMA moves once per update.
 
-    Loss scaling (float16), in either nesting:
-      * `DistributedOptimizer(LossScaleOptimizer(opt))`: the scaled gradients are averaged first, so the
-        loss scaler checks the global gradient and every rank takes the same decision. The returned
-        object is a `DistributedLossScaleOptimizer`, which is itself a `LossScaleOptimizer`, so that
-        `model.compile` under `mixed_float16` does not wrap it a second time.
-      * `LossScaleOptimizer(DistributedOptimizer(opt))`: what `model.compile` builds by itself under
-        `mixed_float16`. There the loss scaler checks each rank's local gradients and calls this
-        wrapper's `apply` only on ranks whose gradients are finite, so an overflow on one rank would
-        leave the others waiting in the allreduce forever. When such a loss scaler builds this wrapper
-        (`LossScaleOptimizer.build` calls the held optimizer's `build`, before any step), the wrapper
-        makes that loss scaler's finiteness decision collective: its `check_finite` becomes a vote
-        (a 4-byte allreduce per micro-batch) that is true on every rank only if the gradients are
-        finite on every rank. So all ranks skip the step and halve the scale together, or all apply it.
-        Hand-built, this nesting works the same. If this wrapper's `apply` is ever called from a loss
-        scaler it could not attach to, it raises RuntimeError instead of hanging. A loss scaler around
-        a `DistributedLossScaleOptimizer` (two scalers) raises ValueError at build. Attaching, rather
-        than always posing as a loss scaler, leaves to Keras its decision of when to scale the loss (from
-        the model's dtype policy and `auto_scale_loss`, at compile time).
+    Loss scaling (float16) is chosen when the wrapper is made, so that the loss scaler checks the gradients
+    averaged over ranks and every rank takes the same decision (skip the step and halve the scale, or
+    apply it): `DistributedOptimizer(LossScaleOptimizer(opt))`, and `DistributedOptimizer(opt)` made while
+    Keras's dtype policy is `mixed_float16` (it then holds `LossScaleOptimizer(opt)`), return a
+    `DistributedLossScaleOptimizer`, itself a `LossScaleOptimizer`, which `model.compile` under
+    `mixed_float16` does not wrap a second time. The other nesting, `LossScaleOptimizer(
+    DistributedOptimizer(opt))`, would check each rank's own gradients and call this wrapper's `apply`
+    (and its allreduces) only on ranks whose gradients are finite, so an overflow on one rank would leave
+    the others waiting forever: it is refused (ValueError) when the loss scaler is made, by hand or by
+    `model.compile` for a wrapper made before the policy was set, with one line saying what to do.
 
     Args:
         optimizer: any unbuilt or built `keras.optimizers.Optimizer` (built only if it has no
@@ -104,7 +95,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def __new__(cls, optimizer=None, *args, **kwargs):
         optimizer = kwargs.get("optimizer", optimizer)
-        if cls is DistributedOptimizer and isinstance(optimizer, LossScaleOptimizer):
+        if cls is DistributedOptimizer and _scales_the_loss(optimizer):
             cls = DistributedLossScaleOptimizer
         return super().__new__(cls)
 
@@ -141,6 +132,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             scale_local_gradients=scale_local_gradients, sparse_as_dense=sparse_as_dense,
         )  # fmt: skip
         _check_process_set(process_set)
+        name = name or f"distributed_{optimizer.name}"
+        if isinstance(self, LossScaleOptimizer) and not isinstance(optimizer, LossScaleOptimizer):
+            optimizer = LossScaleOptimizer(optimizer)  # chosen under mixed_float16 (see the class)
         accumulating = innermost_optimizer(optimizer)
         own_steps = accumulating.gradient_accumulation_steps
         steps = _accumulation_steps(backward_passes_per_step, own_steps)
@@ -151,11 +145,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             )
         # A placeholder rate: the rate is the held optimizer's (see `learning_rate`); a float here would
         # make a second `learning_rate` variable in `variables`.
-        keras.optimizers.Optimizer.__init__(
-            self, learning_rate=_held_optimizers_rate, name=name or f"distributed_{optimizer.name}"
-        )
+        keras.optimizers.Optimizer.__init__(self, learning_rate=_held_optimizers_rate, name=name)
         self.inner_optimizer = optimizer
         self.backward_passes_per_step = steps
+        self._accumulation = GradientAccumulation(steps, average_aggregated_gradients)
         self.compression = compression
         self.gradient_reduction = gradient_reduction
         self.average_aggregated_gradients = average_aggregated_gradients
@@ -168,17 +161,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._local_layers = []  # PartialDistributedOptimizer's layers, resolved at the first step
         if own_steps:
             accumulating.gradient_accumulation_steps = None  # taken over: ranks talk once per update
-        self._loss_scaler = None  # weak reference to a LossScaleOptimizer around this one, once attached
 
     def build(self, var_list):
         """Creates the gradient accumulators (when accumulating) and builds the held optimizer."""
-        self._attach_to_enclosing_loss_scaler()
         if self.built:
             return
         if self.backward_passes_per_step > 1:
-            self._accumulated_gradients = [
-                self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
-            ]
+            self._accumulated_gradients = self._accumulation.create(self, var_list)
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -195,38 +184,24 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
-        self._refuse_unattached_loss_scaler()
         grads = list(grads)
         variables = list(trainable_variables) if trainable_variables is not None else None
-        steps = self.backward_passes_per_step
-        if steps == 1:
-            self.inner_optimizer.apply(self._average(grads, variables), variables)
+
+        def update(gradients):
+            self.inner_optimizer.apply(self._average(gradients, variables), variables)
+
+        if self.backward_passes_per_step == 1:
+            update(grads)
         else:
-            indices = (
-                range(len(grads)) if variables is None else [self._get_variable_index(v) for v in variables]
-            )
+            indices = range(len(grads))
+            if variables is not None:
+                indices = [keras_internals.variable_index(self, v) for v in variables]
             accumulators = [self._accumulated_gradients[i] for i in indices]
-
-            divisor = steps if self.average_aggregated_gradients else 1
-
-            def update():
-                # The micro-batch mean as Keras computes it (or their sum), then the mean over ranks.
-                means = [None if g is None else (g + a) / divisor for g, a in zip(grads, accumulators)]
-                self.inner_optimizer.apply(self._average(means, variables), variables)
-                for g, a in zip(grads, accumulators):
-                    if g is not None:
-                        a.assign(keras.ops.zeros_like(a))
-
-            def accumulate():
-                for g, a in zip(grads, accumulators):
-                    if g is not None:
-                        a.assign_add(keras.ops.cast(g, a.dtype))
-
-            keras.ops.cond((self._iterations + 1) % steps == 0, update, accumulate)
-        self._iterations.assign_add(1)
+            self._accumulation.apply(grads, accumulators, keras_internals.own_iterations(self), update)
+        keras_internals.own_iterations(self).assign_add(1)
 
     def _average(self, grads, variables=None):
-        variables = self._trainable_variables if variables is None else variables
+        variables = keras_internals.built_variables(self) if variables is None else variables
         local = self._local_mask(variables)
         how = dict(
             reduction=self.gradient_reduction,
@@ -288,7 +263,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     @property
     def variables(self):
         """This wrapper's own (micro-batch counter, accumulators), then the held optimizer's."""
-        return self._variables + self.inner_optimizer.variables
+        return keras_internals.own_variables(self) + self.inner_optimizer.variables
 
     @property
     def learning_rate(self):
@@ -308,15 +283,32 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         inner = self.__dict__.get("inner_optimizer")
         return None if inner is None else inner.loss_scale_factor
 
+    def __setattr__(self, name, value):
+        if name == "loss_scale_factor":
+            # Straight to the property's setter: Keras's tracking `__setattr__` skips an assignment of the
+            # value the attribute already reads (None, the held optimizer's), which must be seen here.
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
     @loss_scale_factor.setter
     def loss_scale_factor(self, value):
-        # A LossScaleOptimizer around this one turns the held optimizer's static scaling off (it scales
-        # itself); the base class sets None here before the held optimizer exists.
+        # The base class sets None here before the held optimizer exists. Afterwards None is what a
+        # LossScaleOptimizer made around this wrapper sets (to turn the held optimizer's static scaling
+        # off): that nesting would decide on overflow rank by rank (see the class), so it is refused.
         inner = self.__dict__.get("inner_optimizer")
-        if inner is not None:
+        if inner is None:
+            if value is not None:
+                raise ValueError("Give loss_scale_factor to the held optimizer, not to DistributedOptimizer.")
+        elif value is None:
+            raise ValueError(
+                f"A LossScaleOptimizer around {self.name!r} would check each rank's gradients alone and "
+                "leave the other ranks waiting at an overflow; make the wrapper scale the loss itself: "
+                "DistributedOptimizer(LossScaleOptimizer(optimizer)), or DistributedOptimizer(optimizer) "
+                "made after keras.mixed_precision.set_global_policy('mixed_float16')."
+            )
+        else:
             inner.loss_scale_factor = value
-        elif value is not None:
-            raise ValueError("Give loss_scale_factor to the held optimizer, not to DistributedOptimizer.")
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
@@ -372,35 +364,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             config.pop("optimizer"), custom_objects=custom_objects
         )
         return cls(optimizer, **config)
-
-    def _attach_to_enclosing_loss_scaler(self):
-        """Makes the finiteness check of a LossScaleOptimizer that holds this wrapper collective."""
-        outer = _enclosing_loss_scaler(self)
-        if outer is None or (self._loss_scaler is not None and self._loss_scaler() is outer):
-            return
-        if isinstance(self, LossScaleOptimizer):
-            raise ValueError(
-                f"LossScaleOptimizer {outer.name!r} holds {self.name!r}, which already scales the loss with "
-                f"{self.inner_optimizer.name!r}: the gradients would be unscaled twice. Use one loss scaler."
-            )
-        local_check = outer.check_finite
-
-        def check_finite(grads):
-            # Every rank must take the same branch: the finite one runs this wrapper's allreduces.
-            return collectives.all_ranks_true(local_check(grads), name="hvd_lars.loss_scaler_vote")
-
-        outer.check_finite = check_finite
-        self._loss_scaler = weakref.ref(outer)  # weak: no reference cycle, nothing tracked or saved
-
-    def _refuse_unattached_loss_scaler(self):
-        outer = _enclosing_loss_scaler(self)
-        if outer is not None and (self._loss_scaler is None or self._loss_scaler() is not outer):
-            raise RuntimeError(
-                f"LossScaleOptimizer {outer.name!r} calls {self.name!r} without having built it, so its "
-                "overflow check is per rank and an overflow on one rank would hang the others. Build the "
-                "loss scaler first (optimizer.build(variables)), or use "
-                "DistributedOptimizer(LossScaleOptimizer(...)), which checks the averaged gradients."
-            )
 
 
 @keras.saving.register_keras_serializable(package="hvd_lars")
@@ -532,16 +495,6 @@ def _held_optimizers_rate():
     raise AssertionError("DistributedOptimizer's rate is its held optimizer's.")
 
 
-def accumulation_steps(optimizer):
-    """Micro-batches per update of `optimizer` (int >= 1), through any chain of wrappers."""
-    while True:
-        if isinstance(optimizer, DistributedOptimizer):
-            return optimizer.backward_passes_per_step
-        if not hasattr(optimizer, "inner_optimizer"):
-            return optimizer.gradient_accumulation_steps or 1
-        optimizer = optimizer.inner_optimizer
-
-
 def _accumulation_steps(backward_passes_per_step, own_steps):
     steps = backward_passes_per_step
     if steps is None:
@@ -556,20 +509,14 @@ def _accumulation_steps(backward_passes_per_step, own_steps):
     return steps
 
 
-def _enclosing_loss_scaler(optimizer, depth=64):
-    """The LossScaleOptimizer holding `optimizer` whose method is on the call stack, or None.
-
-    `LossScaleOptimizer.build` calls its `inner_optimizer.build`, and `apply` calls `inner_optimizer.apply`
-    in its finite branch; the caller's frame holds the loss scaler as `self`.
-    """
-    frame = sys._getframe(2)
-    while frame is not None and depth:
-        candidate = frame.f_locals.get("self")
-        if (
-            isinstance(candidate, LossScaleOptimizer)
-            and candidate is not optimizer
-            and getattr(candidate, "inner_optimizer", None) is optimizer
-        ):
-            return candidate
-        frame, depth = frame.f_back, depth - 1
-    return None
+def _scales_the_loss(optimizer):
+    """Whether `DistributedOptimizer(optimizer)` is a `DistributedLossScaleOptimizer`: `optimizer` is a
+    loss scaler, or a plain optimizer given while Keras's dtype policy is `mixed_float16` (where
+    `model.compile` would otherwise put a loss scaler around the wrapper)."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        return True
+    return (
+        isinstance(optimizer, keras.optimizers.Optimizer)
+        and not isinstance(optimizer, DistributedOptimizer)
+        and keras.config.dtype_policy().name == "mixed_float16"
+    )

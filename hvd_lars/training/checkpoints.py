@@ -6,32 +6,10 @@ import time
 import keras
 import tensorflow as tf
 
+from hvd_lars import keras_internals
 from hvd_lars.parallel import collectives
 from hvd_lars.training import damaged, faults
-from hvd_lars.training.callbacks import moving_statistics
-
-
-def _repair_keras_async_checkpoint_copy():
-    """Lets TensorFlow's asynchronous checkpoints save Keras 3 variables more than once per process.
-
-    TF's async writer copies each variable to a host copy in `object_map` through the variable's
-    `_copy_trackable_to_cpu`, first eagerly, then inside a `tf.function` at every later save. Keras 3.15's
-    TensorFlow `Variable` makes a new `tf.Variable` for itself on every call, so the second save raises
-    "tf.function only supports singleton tf.Variables created on the first call". Here the Keras variable
-    is mapped to the host copy of the `tf.Variable` it wraps, which TF updates in place at each save; both
-    serialize the same tensor ({"VARIABLE_VALUE": value}). Idempotent; only this one method is replaced.
-    """
-    from keras.src.backend.tensorflow import core
-
-    if getattr(core.Variable._copy_trackable_to_cpu, "_hvd_lars_repaired", False):
-        return
-
-    def _copy_trackable_to_cpu(self, object_map):
-        self.value._copy_trackable_to_cpu(object_map)
-        object_map[self] = object_map[self.value]
-
-    _copy_trackable_to_cpu._hvd_lars_repaired = True
-    core.Variable._copy_trackable_to_cpu = _copy_trackable_to_cpu
+from hvd_lars.training.evaluation import moving_statistics
 
 
 class CheckpointWriteError(OSError):
@@ -69,7 +47,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.at_epoch_end = at_epoch_end
         self.options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=bool(asynchronous))
         if asynchronous:
-            _repair_keras_async_checkpoint_copy()
+            keras_internals.repair_async_checkpoint_copy()
         self._last_saved = None
         self._pending_step = None
 

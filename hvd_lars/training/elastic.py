@@ -9,7 +9,6 @@ each rank's shard of the data. A world size that does not divide the global batc
 change with `ElasticBatchError`, naming the figures.
 """
 
-import itertools
 import os
 
 from hvd_lars.data import describe_input, get_input
@@ -88,7 +87,9 @@ def run(config, extra_callbacks=()):
         return job
 
     state = _JobState(shapes, build)
-    attempts = itertools.count(1)
+    # The attempts this process has seen; at each attempt the largest count of any rank, so that the
+    # number goes on when rank 0 is a worker that joined later, or when the old rank 0 is gone.
+    attempts = [0]
 
     def attempt(state):
         rank, world_size = collectives.rank(), collectives.size()
@@ -96,9 +97,10 @@ def run(config, extra_callbacks=()):
         plan = make_plan(config, world_size, state.shapes)
         request = recipe.input_request(config, plan.per_rank_batch_size, rank, world_size, run_dir)
         data = get_input(config.dataset, request, **recipe.input_options(config))
+        attempts[0] = collectives.max_over_ranks(attempts[0] + 1, name="hvd_lars.elastic.attempt")
         if collectives.is_chief():
             print(
-                f"[hvd_lars] elastic attempt {next(attempts)}: {world_size} worker(s) from update "
+                f"[hvd_lars] elastic attempt {attempts[0]}: {world_size} worker(s) from update "
                 f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank "
                 f"per micro-batch (global batch {plan.global_batch_size})",
                 flush=True,

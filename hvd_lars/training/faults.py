@@ -289,7 +289,7 @@ class ProgressWatchdog(keras.callbacks.Callback):
     launcher then ends the job, and the last complete checkpoint stays.
 
     Progress is reported by this callback at every training batch's end and epoch boundary, by
-    `hvd_lars.training.callbacks.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
+    `hvd_lars.training.evaluation.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
     around each write, so `timeout_s` must exceed the longest wait of a rank on another's lone work
     outside those: rank 0 listing an image folder, one checkpoint write on a slow disk, the start of a
     new elastic worker.

@@ -5,6 +5,7 @@ Each function reads a `TrainConfig` and a `Plan` (steps, not epochs) and returns
 
 import keras
 
+from hvd_lars import keras_internals
 from hvd_lars.data import InputRequest, dataset
 from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
@@ -93,7 +94,9 @@ def batch_norm_note(model, plan):
     16 images. tests/test_accumulation.py quantifies both effects.
     """
     layers = [
-        layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)
+        layer
+        for layer in keras_internals.flatten_layers(model)
+        if isinstance(layer, keras.layers.BatchNormalization)
     ]
     if plan.accumulation_steps == 1 or not layers:
         return None

@@ -20,13 +20,14 @@ from hvd_lars.optim.rate_callbacks import LearningRateLogger
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
 from hvd_lars.training import epoch_logs, faults, recipe, threads
-from hvd_lars.training.callbacks import ExactEvaluation, ImagesPerSecond
 from hvd_lars.training.checkpoints import PeriodicCheckpoint, open_manager
 from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.evaluation import ExactEvaluation
 from hvd_lars.training.lineage import Lineage, RunRecord
 from hvd_lars.training.plan import batch_sizes, make_plan
 from hvd_lars.training.resume import resume_or_begin
 from hvd_lars.training.run_summary import RunSummary
+from hvd_lars.training.throughput import ImagesPerSecond
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ GLOBAL_BATCH = 8
 RATES = [0.05, 0.02, 0.04]  # per batch, for the "variable" cases (set by a callback before each batch)
 OPTIMIZERS = ("sgd", "adam", "lamb", "lars")
 RATE_KINDS = ("float", "variable", "schedule", "callable")
-WRAPS = ("bare", "lso_inside", "lso_outside")
+WRAPS = ("bare", "lso_inside", "lso_chosen")
 CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exceeds it
 
 
@@ -121,7 +121,18 @@ def wrap(optimizer, kind, **kwargs):
         return DistributedOptimizer(
             keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=64.0), **kwargs
         )
-    return keras.optimizers.LossScaleOptimizer(DistributedOptimizer(optimizer, **kwargs), initial_scale=64.0)
+    return chosen_under_mixed_float16(lambda: DistributedOptimizer(optimizer, **kwargs))
+
+
+def chosen_under_mixed_float16(make):
+    """The optimizer `make()` returns while Keras's dtype policy is mixed_float16 (then float32 again):
+    DistributedOptimizer chooses to scale the loss itself there."""
+    keras = _keras()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        return make()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def set_rate_callback(rate_variable):
@@ -237,26 +248,35 @@ def run_behaviour(results, rank, size):
     results["lso_inside/steps"] = scalar_steps(
         DistributedOptimizer(LSO(keras.optimizers.SGD(1.0), initial_scale=4)), [8.0 if rank == 0 else 0.0]
     )
-    # The nesting Keras builds, by hand: inf on rank 0 and 8 on rank 1 -> both skip, scale 4 -> 2; then
-    # 8 and 0 at scale 2 -> unscaled mean 2 -> w = -2.
-    results["lso_outside/steps"] = scalar_steps(
-        LSO(DistributedOptimizer(keras.optimizers.SGD(1.0)), initial_scale=4),
-        [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0],
+    # Chosen under mixed_float16, the initial scale set before the build: inf on rank 0 and 8 on rank 1
+    # -> the mean is inf, both skip, scale 4 -> 2; then 8 and 0 at scale 2 -> unscaled mean 2 -> w = -2.
+    chosen = chosen_under_mixed_float16(lambda: DistributedOptimizer(keras.optimizers.SGD(1.0)))
+    chosen.inner_optimizer.initial_scale = 4.0
+    results["lso_chosen/steps"] = scalar_steps(
+        chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0]
     )
-    try:
-        LSO(DistributedOptimizer(LSO(keras.optimizers.SGD(1.0)))).build([keras.Variable(0.0)])
-        results["two_scalers/error"] = np.asarray("")
-    except ValueError as e:
-        results["two_scalers/error"] = np.asarray(str(e))
+    # A loss scaler around the wrapper (one that scales the loss or one that does not) would decide rank
+    # by rank: refused when it is made.
+    for case, inner in (
+        ("around_plain", keras.optimizers.SGD(1.0)),
+        ("two_scalers", LSO(keras.optimizers.SGD(1.0))),
+    ):
+        try:
+            LSO(DistributedOptimizer(inner))
+            results[f"{case}/error"] = np.asarray("")
+        except ValueError as e:
+            results[f"{case}/error"] = np.asarray(str(e))
 
     keras_built_loss_scaler(results, rank)
     accumulation(results, rank, size)
     reductions(results, rank, size)
     callbacks(results, rank, size)
+    counts(results, rank)
 
 
 def keras_built_loss_scaler(results, rank):
-    """mixed_float16: model.compile wraps DistributedOptimizer in its own LossScaleOptimizer."""
+    """mixed_float16 set before the optimizer is made, as a Keras script does: DistributedOptimizer scales
+    the loss itself, and model.compile leaves it as it is."""
     keras = _keras()
     from hvd_lars import DistributedOptimizer
 
@@ -310,10 +330,9 @@ def accumulation(results, rank, size):
             ),
             lambda: LARS(schedule(), eta=0.1),
         ),
-        "adam_lso_outside": (
-            lambda: LSO(
-                DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2),
-                initial_scale=64.0,
+        "adam_lso_chosen": (
+            lambda: chosen_under_mixed_float16(
+                lambda: DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2)
             ),
             lambda: keras.optimizers.Adam(0.01),
         ),
@@ -354,6 +373,14 @@ def traced_update(optimizer, variables):
         optimizer.apply(list(grads), variables)
 
     return tf.function(update).get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
+
+
+def counts(results, rank):
+    """`collectives.max_over_ranks`: the elastic loop's attempt count, where a rank that joined later
+    (here rank 0) has seen fewer attempts than the others."""
+    from hvd_lars.parallel import collectives
+
+    results["counts/max"] = np.asarray(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts"))
 
 
 def reductions(results, rank, size):

@@ -1,11 +1,11 @@
-"""Callbacks of the training application that log throughput and evaluate exactly over all ranks.
+"""The evaluation of the training application: every evaluation image counted once over all ranks, with
+the ranks' batch-norm statistics averaged first (`ExactEvaluation`, `moving_statistics`).
 
-Order matters: `hvd_lars.parallel.callbacks.MetricAverageCallback` and `ImagesPerSecond` must precede
-`ExactEvaluation`, and all of them must precede the loggers (TensorBoard, CSVLogger, the progress bar),
-which then see rank-averaged values (`hvd_lars.training.train.callbacks_in_order`).
+Order matters: `hvd_lars.parallel.callbacks.MetricAverageCallback` and
+`hvd_lars.training.throughput.ImagesPerSecond` precede `ExactEvaluation`, and all of them precede the
+loggers (metrics.csv, TensorBoard, the progress bar), which then see rank-averaged values
+(`hvd_lars.training.train.callbacks_in_order`).
 """
-
-import time
 
 import keras
 import numpy as np
@@ -24,34 +24,6 @@ def moving_statistics(model):
         for v in model.non_trainable_variables
         if "seed_generator" not in v.path and v.dtype.startswith("float")
     ]
-
-
-class ImagesPerSecond(keras.callbacks.Callback):
-    """Adds `images_per_second` (images of all ranks per second of training, evaluation excluded) and
-    `epoch_time_s` to the epoch logs.
-
-    Args:
-        images_per_batch: images one training batch (micro-batch) covers over all ranks.
-    """
-
-    def __init__(self, images_per_batch):
-        super().__init__()
-        self.images_per_batch = images_per_batch
-        self._start = None
-        self._batches = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-        self._batches = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._batches += 1
-
-    def on_epoch_end(self, epoch, logs=None):
-        elapsed = time.perf_counter() - self._start
-        if logs is not None:
-            logs["images_per_second"] = self.images_per_batch * self._batches / elapsed
-            logs["epoch_time_s"] = elapsed
 
 
 class ExactEvaluation(keras.callbacks.Callback):

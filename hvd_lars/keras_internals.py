@@ -1,0 +1,162 @@
+"""Every private Keras 3 name hvd_lars reads or calls, behind one door.
+
+Keras 3 gives no public way to do a few things this package needs: read an optimizer's own update
+counter when a wrapper redefines `iterations`, find a variable's slot index, hand an optimizer a rate
+variable it did not make, list a model's nested layers, build a model from its data's shapes before the
+first step, and save Keras variables more than once per process with TensorFlow's asynchronous
+checkpoints. Each of those is one function here, with what it relies on. Nothing else in the package
+touches a private Keras name (tests/test_keras_internals.py holds that inventory), so a Keras release
+that changes one of them breaks here, in one place, and the test names the place.
+
+Checked against Keras 3.12.4, 3.13.2, 3.14.1 and 3.15.1 with TensorFlow 2.21
+(`install/check_keras_versions.sh`, results/keras_versions.md), the range setup.cfg declares.
+
+Hooks that a subclass overrides where they are, because Keras calls them by name (they cannot be reached
+through a function), are listed in `OVERRIDDEN_HOOKS`; an override may call the base class's through
+`super()`.
+"""
+
+import keras
+
+# Optimizer methods Keras calls by name, which `hvd_lars.optim.lars.LARS` overrides.
+OVERRIDDEN_HOOKS = {
+    # `Optimizer.apply` calls `_backend_update_step(grads, variables, learning_rate)` once per applied
+    # update, with the rate of that update; LARS records the rate for its momentum correction.
+    "_backend_update_step": "keras.optimizers.Optimizer",
+    # `Optimizer.apply` reads the update's rate through `_get_current_learning_rate()`; LARS evaluates a
+    # schedule at its applied-update count rather than Keras's micro-batch count.
+    "_get_current_learning_rate": "keras.optimizers.Optimizer",
+}
+
+# The private names the functions below use, with the class that defines them (the inventory test checks
+# each is still there in the installed Keras).
+PRIVATE_NAMES = {
+    "_iterations": "keras.optimizers.Optimizer",
+    "_trainable_variables": "keras.optimizers.Optimizer",
+    "_variables": "keras.optimizers.Optimizer",
+    "_get_variable_index": "keras.optimizers.Optimizer",
+    "_use_weight_decay": "keras.optimizers.Optimizer",
+    "_learning_rate": "keras.optimizers.Optimizer",
+    "_tracker": "keras.optimizers.Optimizer",
+    "_track_variable": "keras.optimizers.Optimizer",
+    "_flatten_layers": "keras.Model",
+    "_symbolic_build": "keras.Model",
+    "_copy_trackable_to_cpu": "keras.Variable",
+}
+
+
+def own_iterations(optimizer):
+    """The update counter `keras.optimizers.Optimizer` keeps for `optimizer` itself (a `keras.Variable`,
+    assignable). Where a wrapper redefines the public `iterations` as its held optimizer's (as
+    `hvd_lars.DistributedOptimizer` does), this is the wrapper's own count: its micro-batches.
+
+    Relies on: `BaseOptimizer.__init__` creating `self._iterations`, the variable `iterations` returns.
+    """
+    return optimizer._iterations
+
+
+def built_variables(optimizer):
+    """The trainable variables `optimizer` was built with, in the order of its slots.
+
+    Relies on: `BaseOptimizer.build` storing `var_list` as `self._trainable_variables`.
+    """
+    return optimizer._trainable_variables
+
+
+def own_variables(optimizer):
+    """The variables `optimizer` created itself (counter, rate, slots), without a held optimizer's.
+
+    Relies on: `BaseOptimizer` tracking what `add_variable` makes in `self._variables`, the list its
+    public `variables` returns on a plain optimizer.
+    """
+    return optimizer._variables
+
+
+def variable_index(optimizer, variable):
+    """The slot index of `variable` (a Keras variable or the backend variable it wraps) in `optimizer`.
+
+    Relies on: `BaseOptimizer._get_variable_index`, keyed by the variable's `_var_key`.
+    """
+    return optimizer._get_variable_index(variable)
+
+
+def uses_weight_decay(optimizer, variable):
+    """Whether Keras's own `exclude_from_weight_decay(var_list=..., var_names=...)` leaves `variable` in.
+
+    Relies on: `BaseOptimizer._use_weight_decay(variable)`.
+    """
+    return optimizer._use_weight_decay(variable)
+
+
+def rate_object(optimizer):
+    """What `optimizer` was given as its rate, as Keras holds it: a `LearningRateSchedule`, a callable or
+    the rate variable (the public `learning_rate` evaluates a schedule instead).
+
+    Relies on: `BaseOptimizer.__init__` storing it as `self._learning_rate`.
+    """
+    return optimizer._learning_rate
+
+
+def adopt_rate_variable(optimizer, variable):
+    """Makes `variable` (a `keras.Variable`) `optimizer`'s rate, tracked once, second in `variables` where
+    a float rate's own variable would be, so that the optimizer saves and loads (tf.train.Checkpoint,
+    `.keras`) like one built with a float. Call from `__init__`, after the base class's.
+
+    Relies on: `self._learning_rate` and the optimizer's `_tracker` store "variables" (`_track_variable`
+    appends to it; it is skipped where tracking was off when the variable was made).
+    """
+    optimizer._learning_rate = variable
+    if not optimizer._tracker.is_in_store("variables", variable):
+        optimizer._track_variable(variable)
+
+
+def flatten_layers(model):
+    """`model` and every layer nested in it, once each (Keras's own traversal, as `model.layers` is not:
+    it lists the top level only).
+
+    Relies on: `Layer._flatten_layers(include_self=True, recursive=True)`.
+    """
+    return model._flatten_layers()
+
+
+def symbolic_build(model, element_spec):
+    """Builds `model`'s layers and compiled metrics from the shapes of a batch (`element_spec`), as
+    `fit` does in its first step, so that its variables exist before any step runs.
+
+    Relies on: `Trainer._symbolic_build(data_batch=...)`.
+    """
+    model._symbolic_build(data_batch=element_spec)
+
+
+def repair_async_checkpoint_copy():
+    """Lets TensorFlow's asynchronous checkpoints save Keras 3 variables more than once per process.
+
+    TF's async writer copies each variable to a host copy in `object_map` through the variable's
+    `_copy_trackable_to_cpu`, first eagerly, then inside a `tf.function` at every later save. Keras 3.15's
+    TensorFlow `Variable` makes a new `tf.Variable` for itself on every call, so the second save raises
+    "tf.function only supports singleton tf.Variables created on the first call". Here the Keras variable
+    is mapped to the host copy of the `tf.Variable` it wraps, which TF updates in place at each save; both
+    serialize the same tensor ({"VARIABLE_VALUE": value}). Idempotent; only this one method is replaced.
+
+    Relies on: `keras.src.backend.tensorflow.core.Variable` (what `keras.Variable` is under TensorFlow),
+    its `value` (the wrapped `tf.Variable`) and TF's `Trackable._copy_trackable_to_cpu(object_map)`.
+    """
+    from keras.src.backend.tensorflow import core
+
+    if getattr(core.Variable._copy_trackable_to_cpu, "_hvd_lars_repaired", False):
+        return
+
+    def _copy_trackable_to_cpu(self, object_map):
+        self.value._copy_trackable_to_cpu(object_map)
+        object_map[self] = object_map[self.value]
+
+    _copy_trackable_to_cpu._hvd_lars_repaired = True
+    core.Variable._copy_trackable_to_cpu = _copy_trackable_to_cpu
+
+
+def class_named(dotted):
+    """The class a dotted public name such as "keras.optimizers.Optimizer" names (for the inventory)."""
+    value = keras
+    for part in dotted.split(".")[1:]:
+        value = getattr(value, part)
+    return value

@@ -1,0 +1,94 @@
+"""Gradient accumulation as its own piece (`hvd_lars.parallel.accumulation`, issue 36 item 1): the sums
+and means it hands on, and checkpoints written while `DistributedOptimizer` still accumulated by itself
+(tests/support/checkpoint_before_accumulation_split, written at 46b66ab as its README says)
+restore into today's optimizer, pending micro-batch included, and train on as an uninterrupted run."""
+
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_lars import LARS, DistributedOptimizer
+from hvd_lars.parallel.accumulation import GradientAccumulation, accumulation_steps, at_update_boundary
+
+OLD = pathlib.Path(__file__).resolve().parent / "support" / "checkpoint_before_accumulation_split" / "ckpt"
+X = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+Y = np.ones((4, 2), np.float32)
+
+
+def run(accumulation, grads_per_micro_batch):
+    """The gradients `update` receives, micro-batch by micro-batch, and the accumulator after each."""
+    holder = keras.optimizers.SGD(1.0)
+    w = keras.Variable(0.0)
+    (acc,) = accumulation.create(holder, [w])
+    updates, after = [], []
+    for k, g in enumerate(grads_per_micro_batch):
+        accumulation.apply([tf.constant(g)], [acc], tf.constant(k), lambda gs: updates.append(float(gs[0])))
+        after.append(float(acc.numpy()))
+    return updates, after
+
+
+@pytest.mark.unit
+def test_the_update_gets_the_mean_or_the_sum_once_per_update():
+    # Gradients 1, 3 | 5, 7: means 2 and 6, sums 4 and 12; the accumulator is zero after each update.
+    assert run(GradientAccumulation(2, average=True), [1.0, 3.0, 5.0, 7.0]) == (
+        [2.0, 6.0],
+        [1.0, 0.0, 5.0, 0.0],
+    )
+    assert run(GradientAccumulation(2, average=False), [1.0, 3.0, 5.0, 7.0]) == (
+        [4.0, 12.0],
+        [1.0, 0.0, 5.0, 0.0],
+    )
+    assert run(GradientAccumulation(3, average=True), [3.0, 3.0, 6.0]) == ([4.0], [3.0, 6.0, 0.0])
+
+
+@pytest.mark.unit
+def test_steps_and_boundaries_through_wrappers():
+    inner = keras.optimizers.SGD(0.1, gradient_accumulation_steps=3)
+    assert accumulation_steps(keras.optimizers.LossScaleOptimizer(inner)) == 3
+    wrapper = DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    assert accumulation_steps(keras.optimizers.SGD(0.1)) == 1 and accumulation_steps(wrapper) == 2
+    w = keras.Variable(np.ones(2, np.float32))
+    wrapper.build([w])
+    states = []
+    for _ in range(3):
+        wrapper.apply([tf.ones(2)], [w])
+        states.append(at_update_boundary(wrapper))
+    assert states == [False, True, False]
+
+
+def model_and_optimizer():
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")]
+    )
+    optimizer = DistributedOptimizer(LARS(0.1, momentum=0.9), backward_passes_per_step=2)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    return model, optimizer
+
+
+@pytest.mark.unit
+def test_a_checkpoint_written_before_the_split_restores_and_trains_on_as_the_uninterrupted_run():
+    # The fixture: 3 micro-batches of X[:3] (one update applied, one micro-batch pending).
+    model, optimizer = model_and_optimizer()
+    optimizer.build(model.trainable_variables)
+    status = tf.train.Checkpoint(model=model, optimizer=optimizer).read(str(OLD))
+    status.assert_existing_objects_matched().assert_consumed()
+    reader = tf.train.load_checkpoint(str(OLD))
+    names = [name for name, _ in tf.train.list_variables(str(OLD)) if "OBJECT" not in name]
+    saved = {name: reader.get_tensor(name) for name in names}
+    assert len(saved) == 9  # model and optimizer: counters, rate, slots, accumulators
+    accumulators = [saved[f"optimizer/_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"] for i in (1, 2)]
+    assert all(np.abs(a).max() > 0 for a in accumulators)  # the pending micro-batch's gradients
+    for got, want in zip(optimizer._accumulated_gradients, accumulators):
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert (int(optimizer.iterations), int(keras.ops.convert_to_tensor(optimizer._iterations))) == (1, 3)
+    # The 4th micro-batch completes the update: as the run of all 4 in one go, bit for bit.
+    model.fit(X[3:], Y[3:], batch_size=1, shuffle=False, verbose=0)
+    whole, whole_optimizer = model_and_optimizer()
+    whole.fit(X, Y, batch_size=1, shuffle=False, verbose=0)
+    assert int(optimizer.iterations) == int(whole_optimizer.iterations) == 2
+    for a, b in zip(model.get_weights() + [v.numpy() for v in optimizer.variables],
+                    whole.get_weights() + [v.numpy() for v in whole_optimizer.variables]):  # fmt: skip
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,154 @@
+"""The inventory of private Keras names (issue 36, item 1): only `hvd_lars.keras_internals` reads or
+calls them, every name it lists still exists in the installed Keras, and the hooks overridden where
+they are (`OVERRIDDEN_HOOKS`) are the only private Keras names another module may define or call
+through `super()`.
+
+A private Keras name is an attribute starting with one underscore that Keras's own objects have: a built
+optimizer of each kind the package wraps, a loss scaler, a built and compiled model, a layer, a variable
+(collected from the installed Keras, so a name Keras adds is covered too).
+"""
+
+import ast
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+from hvd_lars import keras_internals
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "hvd_lars"
+SHIM = PACKAGE / "keras_internals.py"
+
+
+def keras_private_names():
+    """Single-underscore attribute names of Keras objects, built as the package uses them."""
+    variable = keras.Variable(np.ones((2, 1), np.float32))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", jit_compile=False)
+    model.fit(np.ones((2, 2), np.float32), np.ones((2, 1), np.float32), verbose=0)
+    scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    scaler.build([variable])
+    objects = [variable, model, model.layers[0], model.optimizer, scaler, keras.callbacks.Callback()]
+    names = set()
+    for obj in objects:
+        names.update(dir(obj))
+        names.update(vars(obj))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def violations(source, private, path="<source>"):
+    """(path, line, name) of each use of a private Keras name in `source` that is neither an override
+    of a listed hook nor a `super()` call of one; any `keras.src` import."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            hook = node.attr in keras_internals.OVERRIDDEN_HOOKS
+            through_super = (
+                isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name)
+                and node.value.func.id == "super"
+            )
+            if not (hook and through_super):
+                found.append((path, node.lineno, node.attr))
+        elif isinstance(node, ast.FunctionDef) and node.name in private:
+            if node.name not in keras_internals.OVERRIDDEN_HOOKS:
+                found.append((path, node.lineno, node.name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(m == "keras.src" or m.startswith("keras.src.") for m in modules):
+                found.append((path, node.lineno, "keras.src"))
+    return sorted(found, key=lambda f: f[1])
+
+
+@pytest.fixture(scope="module")
+def private():
+    return keras_private_names()
+
+
+@pytest.mark.unit
+def test_no_private_keras_name_outside_the_shim(private):
+    assert "_iterations" in private and "_flatten_layers" in private  # the collection works
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path != SHIM:
+            found += violations(path.read_text(), private, str(path.relative_to(REPO)))
+    assert found == [], "private Keras names outside hvd_lars/keras_internals.py: " + repr(found)
+
+
+@pytest.mark.unit
+def test_the_scan_finds_each_kind_of_use(private):
+    # A test that cannot fail is a defect: each kind of use is found, the listed uses are not.
+    source = (
+        "import keras.src.backend\n"
+        "from keras.src import ops\n"
+        "def f(model, optimizer):\n"
+        "    model._flatten_layers()\n"
+        "    return optimizer._iterations\n"
+        "class O:\n"
+        "    def _var_key(self, v):\n"
+        "        return v\n"
+        "    def _backend_update_step(self, g, v, r):\n"
+        "        super()._backend_update_step(g, v, r)\n"
+        "        self._backend_update_step(g, v, r)\n"
+    )
+    assert [(line, name) for _, line, name in violations(source, private)] == [
+        (1, "keras.src"),
+        (2, "keras.src"),
+        (4, "_flatten_layers"),
+        (5, "_iterations"),
+        (7, "_var_key"),
+        (11, "_backend_update_step"),
+    ]
+
+
+@pytest.mark.unit
+def test_every_listed_name_exists_in_the_installed_keras():
+    # An instance attribute (made in __init__ or build) is looked up on a built instance.
+    built = {
+        "keras.optimizers.Optimizer": keras.optimizers.SGD(0.1),
+        "keras.Model": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
+        "keras.Variable": keras.Variable(0.0),
+    }
+    built["keras.optimizers.Optimizer"].build([keras.Variable(np.ones(2, np.float32))])
+    listed = {**keras_internals.PRIVATE_NAMES, **keras_internals.OVERRIDDEN_HOOKS}
+    missing = [
+        (name, owner)
+        for name, owner in listed.items()
+        if not (hasattr(keras_internals.class_named(owner), name) or hasattr(built[owner], name))
+    ]
+    assert missing == []
+
+
+@pytest.mark.unit
+def test_the_shim_lists_every_name_it_uses(private):
+    # The shim's own uses, read from its source, are exactly the names it declares.
+    used = {node.attr for node in ast.walk(ast.parse(SHIM.read_text())) if isinstance(node, ast.Attribute)}
+    used &= private | set(keras_internals.PRIVATE_NAMES)
+    assert used == set(keras_internals.PRIVATE_NAMES)
+
+
+@pytest.mark.unit
+def test_the_shims_functions_reach_keras():
+    optimizer = keras.optimizers.SGD(0.1)
+    variables = [keras.Variable(np.ones(2, np.float32)), keras.Variable(np.ones(3, np.float32))]
+    optimizer.build(variables)
+    assert keras_internals.own_iterations(optimizer) is optimizer.iterations
+    assert list(keras_internals.built_variables(optimizer)) == variables
+    assert keras_internals.variable_index(optimizer, variables[1]) == 1
+    assert keras_internals.own_variables(optimizer) == optimizer.variables
+    rate = keras.Variable(0.5)
+    keras_internals.adopt_rate_variable(optimizer, rate)
+    assert keras_internals.rate_object(optimizer) is rate and float(optimizer.learning_rate.numpy()) == 0.5
+    inner = keras.Sequential([keras.layers.Dense(1)], name="inner")
+    model = keras.Sequential([keras.Input((2,)), inner, keras.layers.Dense(1)], name="outer")
+    names = [layer.name for layer in keras_internals.flatten_layers(model)]
+    assert names[0] == "outer" and "inner" in names and len(names) == len(set(names))
+    assert sum(isinstance(layer, keras.layers.Dense) for layer in keras_internals.flatten_layers(model)) == 2
+    lazy = keras.Sequential([keras.layers.Dense(3)])
+    lazy.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)
+    import tensorflow as tf
+
+    keras_internals.symbolic_build(lazy, (tf.TensorSpec((None, 4)), tf.TensorSpec((None, 3))))
+    assert lazy.built and tuple(lazy.layers[0].kernel.shape) == (4, 3)

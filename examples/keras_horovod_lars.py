@@ -14,7 +14,8 @@ hvd_lars is what a `horovod.tensorflow.keras` script took from Horovod, for Kera
   ranks on every rank, so History, EarlyStopping and the printed line agree everywhere.
 Runs in seconds on a CPU. With `--out=DIR` each rank writes `DIR/rank<r>.npz` (its final weights, the
 learning rate before each update, its History and its own validation loss and accuracy without
-averaging), which `tests/test_example.py` checks. Rank 0 prints lines starting with "example:".
+averaging), which `tests/test_keras_horovod_lars_example.py` checks. Rank 0 prints lines starting with
+"example:".
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
 The only reader of flags: one flag per field of `TrainConfig` (its default, help and accepted values come
 from the field), turned into one `TrainConfig` for `hvd_lars.training.train.run` (or, with `--elastic`,
-`hvd_lars.training.elastic.run`). Launch it once per rank (horovodrun, mpirun, srun) or alone.
+`hvd_lars.training.elastic_loop.run`). Launch it once per rank (horovodrun, mpirun, srun) or alone.
 """
 
 import dataclasses
@@ -13,7 +13,7 @@ from absl import app, flags, logging
 
 from hvd_lars.data import imagenet_preparation
 from hvd_lars.parallel.collectives import WorldSizeMismatch
-from hvd_lars.training import elastic, threads, train
+from hvd_lars.training import elastic_loop, threads, train
 from hvd_lars.training.checkpoints import CheckpointWriteError
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
@@ -73,7 +73,7 @@ def config_from_flags(flag_values=FLAGS):
 
 def run_training(config, extra_callbacks=()):
     """The loop `config` asks for: elastic (workers come and go) or of a fixed world size."""
-    loop = elastic.run if config.elastic else train.run
+    loop = elastic_loop.run if config.elastic else train.run
     return loop(config, extra_callbacks)
 
 

@@ -1,5 +1,5 @@
-"""Elastic training (hvd_lars.training.elastic, hvd_lars.parallel.elastic): 2 workers, then 1, then 2 again,
-under horovodrun's elastic driver
+"""Elastic training (hvd_lars.training.elastic_loop, hvd_lars.parallel.elastic): 2 workers, then 1, then 2
+again, under horovodrun's elastic driver
 and a host discovery script that the test rewrites as training progresses; and the refusal of a worker
 count that does not divide the global batch."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvd_lars.parallel import elastic as hvd_elastic
-from hvd_lars.training import elastic
+from hvd_lars.training import elastic_loop as elastic
 from hvd_lars.training.config import TrainConfig
 from tests.support.elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 

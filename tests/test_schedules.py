@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS, WarmupPolynomialDecay, epochs_to_steps, scaled_learning_rate
-from hvd_lars.optim import schedule_functions as sf
+from hvd_lars.optim import rate_curves as sf
 from hvd_lars.optim.schedules import (
     SCHEDULES,
     PaperPolynomialDecay,
@@ -364,3 +364,13 @@ def _displacement_after_drop(factor, correction):
 
 def _np(x):
     return keras.ops.convert_to_numpy(x)
+
+
+@pytest.mark.unit
+def test_the_curves_old_module_path_still_imports():
+    # hvd_lars.optim.schedule_functions was the module's name before issue 36 (rate_curves now).
+    import hvd_lars.optim.schedule_functions as old
+    from hvd_lars.optim.schedule_functions import linear_warmup
+
+    assert old is sf and linear_warmup is sf.linear_warmup
+    assert float(linear_warmup(5, 10, 0.0, 2.0)) == 1.0

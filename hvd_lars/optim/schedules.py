@@ -1,7 +1,7 @@
 """Learning-rate schedules for large-batch training: warmup plus polynomial, cosine or step decay.
 
 Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step (applied
-updates, counted from 0), built from the pure functions of `hvd_lars.optim.schedule_functions`; its config is
+updates, counted from 0), built from the pure functions of `hvd_lars.optim.rate_curves`; its config is
 exactly its constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`.
 Units are steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
 `SCHEDULES` / `make_schedule` select one by name.
@@ -45,7 +45,7 @@ import numbers
 
 import keras
 
-from hvd_lars.optim import schedule_functions as sf
+from hvd_lars.optim import rate_curves as sf
 
 # Re-exported: the units helpers belong to the learning-rate policy's public interface.
 from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: F401

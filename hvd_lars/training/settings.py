@@ -101,8 +101,3 @@ def problem(field, value):
         return f"--{field.name}={list(value)}: each must be {check.describe()}." if bad else None
     accepted = check.problem(value)
     return f"--{field.name} must be {accepted}, got {value!r}." if accepted else None
-
-
-def plan_settings(config_class):
-    """Names of the fields of `config_class` marked `plan=True`, in declaration order."""
-    return [f.name for f in dataclasses.fields(config_class) if f.metadata.get("plan")]

@@ -4,7 +4,7 @@
 `<workdir>/<run_name>/summary.json`), in steps read top to bottom: the plan (`make_plan`, once per attempt),
 `start` (seeds, model, optimizer, the checkpoint to resume from or the new lineage), `callbacks_in_order`
 (one list, in the order Keras runs it) and `fit`. Elastic jobs wrap the same steps from
-`hvd_lars.training.elastic`. Reads no flags.
+`hvd_lars.training.elastic_loop`. Reads no flags.
 """
 
 import dataclasses
@@ -62,7 +62,7 @@ def run(config, extra_callbacks=()):
     """Trains according to `config` on every rank; returns the summary dict.
 
     Args:
-        config: `TrainConfig` (with `elastic` False; elastic jobs run `hvd_lars.training.elastic.run`).
+        config: `TrainConfig` (with `elastic` False; elastic jobs run `hvd_lars.training.elastic_loop.run`).
         extra_callbacks: Keras callbacks run on every rank after evaluation and before the loggers
             (metrics.csv, TensorBoard, summary.json) and the epoch's checkpoint, so that what they add to the
             epoch logs is recorded.

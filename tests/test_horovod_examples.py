@@ -11,7 +11,7 @@ the rate, test top-1 and what each script prints.
 The files are Horovod's (Apache-2.0), read from `horovod_files.HOROVOD_FILES`, never copied here; the
 tests skip, naming the place, where they are absent. Each file runs once per 2-rank job; the assertions of
 a file read that one run. (This repository's own example, examples/keras_horovod_lars.py, is
-tests/test_example.py's.)
+tests/test_keras_horovod_lars_example.py's.)
 """
 
 import os

@@ -14,12 +14,31 @@ may leave the parallel decode out of order, so one slow file does not hold up th
 work runs on a private pool of `threads` threads (`tfdata_options.options`).
 """
 
+import dataclasses
 import sys
 
 import tensorflow as tf
 
 from hvd_lars.data import tfdata_options
-from hvd_lars.data.preprocessing import get_preprocessing
+from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE, get_preprocessing
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedImageOptions:
+    """The options every data set of encoded images takes (`image_folder`, `imagenet2012`, whose options
+    add their own to these).
+
+    Attributes:
+        image_size: side of the square crops in pixels (0: `DEFAULT_IMAGE_SIZE`).
+        preprocessing: the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception" when
+            None or "", "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
+        skip_corrupt: leave out and count training images that cannot be decoded
+            (`InputPipeline.skipped_corrupt`); False: such an image stops training, naming it.
+    """
+
+    image_size: int = DEFAULT_IMAGE_SIZE
+    preprocessing: str | None = None
+    skip_corrupt: bool = False
 
 
 def _guarded(decode, read, image_size):

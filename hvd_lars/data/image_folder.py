@@ -26,20 +26,8 @@ INDEX_FOLDER = "image_folder_index"
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageFolderOptions:
-    """The options of `image_folder`.
-
-    Attributes:
-        image_size: side of the square crops in pixels (0: `DEFAULT_IMAGE_SIZE`).
-        preprocessing: the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception" when
-            None or "", "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
-        skip_corrupt: leave out and count training images that cannot be decoded
-            (`InputPipeline.skipped_corrupt`); False: such an image stops training, naming it.
-    """
-
-    image_size: int = DEFAULT_IMAGE_SIZE
-    preprocessing: str | None = None
-    skip_corrupt: bool = False
+class ImageFolderOptions(encoded_images.EncodedImageOptions):
+    """The options of `image_folder`: those of `encoded_images.EncodedImageOptions`."""
 
 
 def index_folder(run_dir):

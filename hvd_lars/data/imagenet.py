@@ -24,22 +24,14 @@ SHUFFLE_BUFFER = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
-class ImagenetOptions:
-    """The options of `imagenet2012`.
+class ImagenetOptions(encoded_images.EncodedImageOptions):
+    """The options of `imagenet2012`: those of `encoded_images.EncodedImageOptions`, and
 
     Attributes:
-        image_size: side of the square crops in pixels (0: `DEFAULT_IMAGE_SIZE`).
-        preprocessing: the training and evaluation views (`preprocessing.PREPROCESSINGS`: "inception" when
-            None or "", "caffe" or "caffe_scaled" for the AlexNets as the paper's Caffe data layer fed them).
-        skip_corrupt: leave out and count training images that cannot be decoded
-            (`InputPipeline.skipped_corrupt`); False: such an image stops training, naming it.
         shuffle_buffer: records permuted together in memory (`records.record_stream`'s window).
         block_records: > 0 cuts the record files into blocks of that many records for the epoch order.
     """
 
-    image_size: int = DEFAULT_IMAGE_SIZE
-    preprocessing: str | None = None
-    skip_corrupt: bool = False
     shuffle_buffer: int = SHUFFLE_BUFFER
     block_records: int = 0
 

@@ -16,8 +16,6 @@ through a function), are listed in `OVERRIDDEN_HOOKS`; an override may call the 
 `super()`.
 """
 
-import keras
-
 # Optimizer methods Keras calls by name, which `hvd_lars.optim.lars.LARS` overrides.
 OVERRIDDEN_HOOKS = {
     # `Optimizer.apply` calls `_backend_update_step(grads, variables, learning_rate)` once per applied
@@ -152,11 +150,3 @@ def repair_async_checkpoint_copy():
 
     _copy_trackable_to_cpu._hvd_lars_repaired = True
     core.Variable._copy_trackable_to_cpu = _copy_trackable_to_cpu
-
-
-def class_named(dotted):
-    """The class a dotted public name such as "keras.optimizers.Optimizer" names (for the inventory)."""
-    value = keras
-    for part in dotted.split(".")[1:]:
-        value = getattr(value, part)
-    return value

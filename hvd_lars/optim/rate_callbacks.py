@@ -8,8 +8,7 @@ import warnings
 
 import keras
 
-from hvd_lars import keras_internals
-from hvd_lars.optim.wrapping import innermost_optimizer, to_float
+from hvd_lars.optim.wrapping import held_rate, to_float
 
 
 class LearningRateWarmup(keras.callbacks.Callback):
@@ -45,7 +44,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
-        rate = keras_internals.rate_object(innermost_optimizer(optimizer))
+        rate = held_rate(optimizer)
         if not isinstance(rate, keras.Variable):
             raise ValueError(
                 "LearningRateWarmup needs an optimizer with a float learning rate; "
@@ -93,9 +92,7 @@ class LearningRateLogger(keras.callbacks.Callback):
         self._rate = None
 
     def on_train_begin(self, logs=None):
-        self._scheduled = not isinstance(
-            keras_internals.rate_object(innermost_optimizer(self.model.optimizer)), keras.Variable
-        )
+        self._scheduled = not isinstance(held_rate(self.model.optimizer), keras.Variable)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._scheduled:

@@ -2,6 +2,8 @@
 
 import keras
 
+from hvd_lars import keras_internals
+
 
 def innermost_optimizer(optimizer):
     """The optimizer at the bottom of a chain of wrappers (LossScaleOptimizer, DistributedOptimizer): the
@@ -9,6 +11,12 @@ def innermost_optimizer(optimizer):
     while hasattr(optimizer, "inner_optimizer"):
         optimizer = optimizer.inner_optimizer
     return optimizer
+
+
+def held_rate(optimizer):
+    """What the innermost optimizer of `optimizer` holds as its rate: a `keras.Variable` when it was given
+    a float (a callback can set it), else its schedule or callable (`keras_internals.rate_object`)."""
+    return keras_internals.rate_object(innermost_optimizer(optimizer))
 
 
 def to_float(value):

@@ -10,9 +10,8 @@ rescaling the velocity by `lr_new / lr_old` before that update, which is what `c
 
 import keras
 
-from hvd_lars import keras_internals
 from hvd_lars.optim.rate_callbacks import LearningRateWarmup
-from hvd_lars.optim.wrapping import innermost_optimizer, to_float
+from hvd_lars.optim.wrapping import held_rate, innermost_optimizer, to_float
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.accumulation import accumulation_steps
 
@@ -65,9 +64,8 @@ def correct_momentum(optimizer, old_rate, new_rate):
 
 def _float_rate(optimizer, who):
     """The optimizer's rate as a float; ValueError when it is a schedule or callable (it cannot be set)."""
-    # Keras 3 optimizers keep a float rate as a variable (`keras_internals.rate_object`): the public
-    # `learning_rate` evaluates schedules instead.
-    if not isinstance(keras_internals.rate_object(innermost_optimizer(optimizer)), keras.Variable):
+    # A float rate is held as a variable; the public `learning_rate` would evaluate a schedule instead.
+    if not isinstance(held_rate(optimizer), keras.Variable):
         raise ValueError(
             f"{who} sets a float learning rate; {optimizer.name!r} has a schedule or callable. Build the "
             "optimizer with a float rate (the callback sets it), or drop the callback."

@@ -10,15 +10,15 @@ import pytest
 import tensorflow as tf
 
 from tests.support import REPO
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 WORKER = os.path.join(REPO, "tests", "support", "bn_worker.py")
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("bn")
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(out)]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     loaded = []

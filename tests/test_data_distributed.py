@@ -11,8 +11,8 @@ import pytest
 
 from tests.support import REPO
 from tests.support.data_fixtures import make_image_folder
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 WORKER = os.path.join(REPO, "tests", "support", "data_worker.py")
 # 13 classes of one training image each (a label names its image; one is left over with 2 ranks) and 9
 # evaluation images (ranks get 4 and 5) with labels 0,0,1,2,3,5,7,9,12.
@@ -26,7 +26,7 @@ def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
     with open(tmp_path / "bad" / "train" / "n00000001" / "notes.txt", "w") as f:
         f.write("not an image")
     cmd = [
-        HOROVODRUN,
+        *HOROVODRUN,
         "-np",
         "2",
         "-H",

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
+from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.small_runs import final_tensors
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]
 LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 INIT = "from hvd_lars.parallel import collectives; print('rank, size', collectives.init())"
 

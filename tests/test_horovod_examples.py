@@ -25,12 +25,12 @@ import pytest
 
 from tests.support import REPO
 from tests.support.horovod_files import HOROVOD_FILES
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
 needs_files = pytest.mark.skipif(
     not os.path.isdir(HOROVOD_FILES),
     reason=f"Horovod 0.28.1's own files are not at {HOROVOD_FILES} (or set HVD_LARS_HOROVOD_FILES)",
 )
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 RUNNER = os.path.join(REPO, "tests", "support", "horovod_files.py")
 ENV = dict(os.environ, PYTHONPATH=REPO)
 # Steps per epoch of the MNIST examples here (Horovod's: 500 // size), each of their 24 epochs.
@@ -38,7 +38,7 @@ STEPS = 8
 
 
 def _horovodrun(out, *args, timeout=900):
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "example", str(out), *args]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "example", str(out), *args]
     result = subprocess.run(cmd, cwd=out, env=ENV, capture_output=True, text=True, timeout=timeout)
     return result.returncode, result.stdout + result.stderr
 
@@ -116,7 +116,7 @@ class _ElasticJob:
         discovery = tmp_path / "discover.sh"
         discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
         discovery.chmod(0o755)
-        launcher = [HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2"]
+        launcher = [*HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2"]
         # Every host is localhost: Horovod's driver must then be told to use the loopback interface.
         launcher += ["--host-discovery-script", str(discovery), "--network-interface", "lo"]
         self.process = subprocess.Popen(

@@ -22,12 +22,12 @@ from tests.support.horovod_files import (
     not_under_keras_3,
     renamed_source,
 )
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
 needs_files = pytest.mark.skipif(
     not os.path.isdir(HOROVOD_FILES),
     reason=f"Horovod 0.28.1's own files are not at {HOROVOD_FILES} (or set HVD_LARS_HOROVOD_FILES)",
 )
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 RUNNER = os.path.join(REPO, "tests", "support", "horovod_files.py")
 
 
@@ -35,7 +35,7 @@ RUNNER = os.path.join(REPO, "tests", "support", "horovod_files.py")
 def horovod_tests(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod_tests")
     path = os.path.join(HOROVOD_FILES, "test", "parallel", "test_tensorflow2_keras.py")
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "pytest", str(out), path]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "pytest", str(out), path]
     env = dict(os.environ, PYTHONPATH=REPO)
     result = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr

@@ -20,8 +20,7 @@ import hvd_lars
 from hvd_lars.parallel import collectives, horovod_keras, ompi_allreduce_rules
 from hvd_lars.parallel.learning_rate_callbacks import LearningRateScheduleCallback, LearningRateWarmupCallback
 from tests.support import REPO
-
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
 
 def _apply_twice(optimizer):
@@ -256,7 +255,7 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod_keras")
     worker = os.path.join(REPO, "tests", "support", "horovod_keras_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
     result = subprocess.run(
         cmd, capture_output=True, text=True, timeout=600, env=dict(env, PYTHONPATH=REPO), cwd=out
     )

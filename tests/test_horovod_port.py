@@ -17,10 +17,10 @@ import textwrap
 import pytest
 
 from tests.support import REPO
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
 pytestmark = pytest.mark.horovod
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 ENV = dict(os.environ, PYTHONPATH=REPO)
 
 
@@ -28,7 +28,7 @@ ENV = dict(os.environ, PYTHONPATH=REPO)
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("port")
     worker = os.path.join(REPO, "tests", "support", "port_worker.py")
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
+    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]

@@ -24,7 +24,8 @@ from hvd_lars.data import (
 from hvd_lars.data import preprocessing as pp
 from tests.support import REPO
 from tests.support.data_fixtures import PNG, encode, make_image_folder
-from tests.support.small_runs import HOROVODRUN, train_small_cnn
+from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.small_runs import train_small_cnn
 
 TRAIN_COUNTS, EVAL_COUNTS = [3, 3, 3, 3], [2, 2, 2, 1]
 SEED = 0
@@ -201,7 +202,7 @@ def test_main_program_trains_on_an_image_folder(folder, tmp_path):
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_work_directory_that_is_a_file_is_one_line_on_every_rank(folder, tmp_path, ranks):
     (tmp_path / "file").write_text("")
-    launcher = [HOROVODRUN, "-np", "2", "-H", "localhost:2"] if ranks == 2 else []
+    launcher = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"] if ranks == 2 else []
     cmd = [*launcher, sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder",
            f"--data_dir={folder[0]}", "--global_batch_size=4", "--peak_learning_rate=0.1",
            f"--workdir={tmp_path / 'file'}", "--run_name=r"]  # fmt: skip

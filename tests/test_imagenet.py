@@ -21,6 +21,7 @@ from hvd_lars.data import InputRequest, InputShapes, describe_input, get_input, 
 from hvd_lars.data import imagenet_preparation as preparation
 from tests.support import REPO
 from tests.support.data_fixtures import make_ilsvrc_tars
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
 SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
 PER_CLASS = 4
@@ -31,7 +32,6 @@ NUM_VAL = 6
 # six lines of its validation_labels.txt (n01751748, n09193705, n02105855, n04263257, n03125729, n01735189).
 TRAIN_LABELS = {0: PER_CLASS, 1: PER_CLASS, 59: PER_CLASS + 1, 230: PER_CLASS + 1}
 EVAL_LABELS = [65, 970, 230, 809, 516, 57]
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 # hvd-lars-prepare as its own process, with the fixture's short validation label file (the first argument).
 PREPARE = [sys.executable, "-m", "tests.support.prepare_fixture"]
 
@@ -247,7 +247,7 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     alone = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 2 and _one_error_line(alone) == [expected], alone.stderr[-3000:]
     two = subprocess.run(
-        [HOROVODRUN, "-np", "2", "-H", "localhost:2", *train],
+        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", *train],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from tests.support import REPO
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
 SUBSET = [
     "--max_train_examples=4096",
@@ -131,7 +131,7 @@ def test_two_ranks_subset(tmp_path):
     # The non-default gradient paths (the default, overlapped and uncompressed, runs in the launcher and
     # resume tests): one grouped allreduce per update, gradients as float16 on the wire.
     result = _run(
-        [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
+        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
         + MAIN[1:]
         + SUBSET
         + [f"--workdir={tmp_path}", "--gradient_reduction=grouped", "--gradient_compression=fp16"]
@@ -187,7 +187,7 @@ def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):
 @pytest.mark.horovod
 def test_batch_not_divisible_by_ranks_is_refused_on_every_rank(tmp_path):
     result = _run(
-        [HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
+        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
         + MAIN[1:]
         + ["--global_batch_size=4095", f"--workdir={tmp_path}"],
         timeout=180,

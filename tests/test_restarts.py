@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from tests.support import REPO
+from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.test_main import _scalars
 
 pytestmark = pytest.mark.horovod
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 SMOKE = ["--flagfile=flags/smoke.flags", "--precision=float32", "--verbose=0"]
 
@@ -69,7 +69,7 @@ def test_a_resume_under_another_schedule_and_weight_decay_is_refused_on_every_ra
     killed = _run([*PLAN, "--schedule=mlperf_poly", "--kill_at_step=3"], tmp_path, program=(KILLER,))
     assert killed.returncode != 0
     changed = [*PLAN, "--schedule=cosine", "--weight_decay=0"]
-    two_ranks = (HOROVODRUN, "-np", "2", "-H", "localhost:2")
+    two_ranks = (*HOROVODRUN, "-np", "2", "-H", "localhost:2")
     result = _run(changed, tmp_path, launcher=two_ranks)
     assert result.returncode != 0
     refusal = "holds a run with another plan (schedule 'mlperf_poly' -> 'cosine'; weight_decay 0.0005 -> 0.0)"

@@ -10,8 +10,8 @@ import sys
 import time
 
 from tests.support import REPO
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
 
@@ -41,7 +41,7 @@ RESTART_FLAGS = [
     "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
     "--verbose=0",
 ]  # fmt: skip
-TWO_RANKS = [HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]
 # (after update, signal, rank: -1 every rank) and the update the next start resumes from.
 STOPS = [
     ((3, "KILL", 1), 2),  # one rank dies mid-epoch: back to its checkpoint of update 2

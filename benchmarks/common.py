@@ -70,30 +70,48 @@ def cpu(cpuinfo_path="/proc/cpuinfo"):
     return {"model": model, **ident, "flags": have, "name": name, "key": f"{key}, flags {flag_hash}"}
 
 
-def matmul_rate(size=4096, repeats=5):
-    """GFLOP/s of `tf.matmul` on (size, size) operands, {"float32": ..., "bfloat16": ..., "size": size} (best
-    of `repeats`, 2 size^3 FLOPs per product), measured in a fresh process so the caller's threads do not
-    share it. Every report names the rate of its own run through `machine` or `describe`."""
-    result = run(worker_command("common", "--matmul", str(size), "--repeats", str(repeats)), timeout=600)
+def matmul_rate(size=4096, repeats=5, budget_s=2.0):
+    """GFLOP/s of `tf.matmul` on (size, size) operands, {"float32": ..., "bfloat16": ..., "size": size} (2
+    size^3 FLOPs per product), measured in a fresh process so the caller's threads do not share it. Per
+    precision: the best of up to `repeats` products after a warm-up, stopping once `budget_s` seconds of
+    them have run; a precision whose warm-up alone takes over `budget_s` (bfloat16 on a CPU without bf16
+    instructions: 5-10 s a product) is rated by that product, whose set-up is then under 1% of it. Every
+    report names the rate of its own run through `machine` or `describe`."""
+    command = worker_command("common", "--matmul", str(size), "--repeats", str(repeats))
+    result = run([*command, "--budget_s", str(budget_s)], timeout=600)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _matmul_worker(size, repeats):
+def _best_product_seconds(product, repeats, budget_s):
+    """The shortest time of `product()` over a warm-up and up to `repeats` more calls, the warm-up counted
+    only when it alone exceeds `budget_s`; no call starts once the timed ones have run `budget_s`."""
     import time
 
+    start = time.perf_counter()
+    product()  # warm up: thread pools, oneDNN primitive creation
+    warm_up = time.perf_counter() - start
+    if warm_up > budget_s:
+        return warm_up
+    best, spent = float("inf"), 0.0
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        product()
+        took = time.perf_counter() - start
+        best, spent = min(best, took), spent + took
+        if spent >= budget_s:
+            break
+    return best
+
+
+def _matmul_worker(size, repeats, budget_s):
     import tensorflow as tf
 
     rates = {}
     for dtype in (tf.float32, tf.bfloat16):
         a = tf.random.stateless_uniform((size, size), seed=(1, 2), dtype=tf.float32)
         a = tf.cast(a, dtype)
-        tf.matmul(a, a).numpy()  # warm up: thread pools, oneDNN primitive creation
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            tf.matmul(a, a).numpy()
-            best = min(best, time.perf_counter() - start)
-        rates[dtype.name] = 2 * size**3 / best / 1e9
+        seconds = _best_product_seconds(lambda a=a: tf.matmul(a, a).numpy(), repeats, budget_s)
+        rates[dtype.name] = 2 * size**3 / seconds / 1e9
     print(json.dumps({**rates, "size": size}))
 
 
@@ -396,12 +414,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matmul", type=int, default=0, help="worker: print the tf.matmul rate at this size")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--budget_s", type=float, default=2.0, help="worker: seconds of timed products")
     parser.add_argument(
         "--machine_line", action="store_true", help="print only this machine's line (for install/*.sh)"
     )
     args = parser.parse_args(argv)
     if args.matmul:
-        return _matmul_worker(args.matmul, args.repeats)
+        return _matmul_worker(args.matmul, args.repeats, args.budget_s)
     if not args.machine_line:
         print(json.dumps(cpu(), indent=1))
     print(machine(matmul_rate()))

@@ -107,3 +107,32 @@ def test_raw_data_goes_to_the_question_folder_of_a_top_report_and_beside_any_oth
     lines = common.provenance_lines("python -m benchmarks.tcp_ring", MATMUL, top)
     assert lines[1].startswith("- Git SHA: `0123456789abcdef0123456789abcdef01234567`; date (UTC): 20")
     assert lines[-1] == f"- Raw data: `{os.path.relpath(top, common.REPO)}`"
+
+
+class _Product:
+    """A product whose n-th call takes `times[n]` seconds on the worker's clock (time.perf_counter)."""
+
+    def __init__(self, monkeypatch, times):
+        self.times, self.calls, self.now = list(times), 0, 100.0
+        monkeypatch.setattr("time.perf_counter", lambda: self.now)
+
+    def __call__(self):
+        self.now += self.times[self.calls]
+        self.calls += 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "times, repeats, calls, best",
+    [
+        ([0.9, 0.5, 0.4, 0.45, 0.7, 0.3], 5, 5, 0.4),  # warm-up, then timed calls until 2 s are spent
+        ([0.2, 0.3, 0.25, 0.2, 0.3, 0.28], 5, 6, 0.2),  # fast: all 5 repeats within the budget
+        ([3.5, 1.0], 5, 1, 3.5),  # a warm-up over the budget is the measurement
+        ([1.0, 2.5, 1.0], 5, 2, 2.5),  # one timed call at least, the budget spent by it
+        ([0.1, 0.3, 0.2], 2, 3, 0.2),  # never more than `repeats` timed calls
+    ],
+)
+def test_matmul_products_timed_within_the_budget(monkeypatch, times, repeats, calls, best):
+    product = _Product(monkeypatch, times)
+    assert common._best_product_seconds(product, repeats, budget_s=2.0) == pytest.approx(best)
+    assert product.calls == calls

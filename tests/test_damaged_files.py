@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
+from tests.support.main_server import run_main
 from tests.support.small_runs import final_tensors
 
 pytestmark = pytest.mark.horovod
@@ -38,7 +39,7 @@ ENV = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
 
 def _main(workdir, *extra, program=("-m", "hvd_lars.main")):
     cmd = [sys.executable, *program, *FLAGS, f"--workdir={workdir}", *extra]
-    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    return run_main(cmd, cwd=REPO, env=ENV, timeout=300)
 
 
 KILLER = ("tests/support/kill_at_step.py",)
@@ -56,7 +57,7 @@ class Runs:
     def _made(self, name, *extra, program=("-m", "hvd_lars.main"), returncode=0, cwd=REPO, env=None):
         workdir = self.factory.mktemp(name)
         cmd = [sys.executable, *program, *FLAGS, f"--workdir={workdir}", *extra]
-        result = subprocess.run(cmd, cwd=cwd, env=env or ENV, capture_output=True, text=True, timeout=300)
+        result = run_main(cmd, cwd=cwd, env=env or ENV, timeout=300)
         assert result.returncode == returncode, result.stderr[-3000:]
         return workdir / "smoke"
 

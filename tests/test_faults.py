@@ -16,6 +16,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import run_main
 from tests.support.small_runs import final_tensors
 
 TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]
@@ -128,7 +129,7 @@ SMALL = [
 def _train(workdir, *flags, launcher=(), fault=(), timeout=300):
     program = [KILLER, *fault] if fault else ["-m", "hvd_lars.main"]
     cmd = list(launcher) + [sys.executable] + program + SMALL + [f"--workdir={workdir}", *flags]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return run_main(cmd, cwd=REPO, timeout=timeout)
 
 
 def _strict_json(path):

@@ -4,7 +4,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ from hvd_lars.data import DATASETS
 from hvd_lars.models import MODELS
 from hvd_lars.training.plan import make_plan
 from tests.support import REPO
+from tests.support.main_server import run_main
 
 FLAGFILES = sorted(glob.glob(os.path.join(REPO, "flags", "*.flags")))
 # Training-set sizes the plans are checked against (ImageNet-1k: 1,281,167 images).
@@ -108,7 +108,7 @@ def test_paper_32k_numbers():
 @pytest.mark.horovod
 def test_smoke_flags_run_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/smoke.flags", f"--workdir={tmp_path}"]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_main(cmd, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(
         r"global batch 32 = 1 ranks x per-rank batch 32 x accumulation 1; 3 steps per epoch", result.stdout

@@ -4,7 +4,6 @@ import collections
 import itertools
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ from hvd_lars.data import preprocessing as pp
 from tests.support import REPO
 from tests.support.data_fixtures import PNG, encode, make_image_folder
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import run_main
 from tests.support.small_runs import train_small_cnn
 
 TRAIN_COUNTS, EVAL_COUNTS = [3, 3, 3, 3], [2, 2, 2, 1]
@@ -206,7 +206,7 @@ def test_a_work_directory_that_is_a_file_is_one_line_on_every_rank(folder, tmp_p
     cmd = [*launcher, sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder",
            f"--data_dir={folder[0]}", "--global_batch_size=4", "--peak_learning_rate=0.1",
            f"--workdir={tmp_path / 'file'}", "--run_name=r"]  # fmt: skip
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_main(cmd, cwd=REPO, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     run_dir = tmp_path / "file" / "r"
     line = f"hvd_lars: error: cannot write the run directory {run_dir}: [Errno 20] Not a directory"

@@ -22,6 +22,7 @@ from hvd_lars.data import imagenet_preparation as preparation
 from tests.support import REPO
 from tests.support.data_fixtures import make_ilsvrc_tars
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import run_main
 
 SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
 PER_CLASS = 4
@@ -244,7 +245,7 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     train = [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}"]
     train += ["--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=1"]
     train += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'runs'}"]
-    alone = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=300)
+    alone = run_main(train, cwd=REPO, timeout=300)
     assert alone.returncode == 2 and _one_error_line(alone) == [expected], alone.stderr[-3000:]
     two = subprocess.run(
         [*HOROVODRUN, "-np", "2", "-H", "localhost:2", *train],

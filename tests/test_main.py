@@ -10,6 +10,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import run_main
 
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
 SUBSET = [
@@ -47,7 +48,7 @@ def _checkpoint_lagging_behind(checkpoints, step):
 
 
 def _run(cmd, timeout=420):
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return run_main(cmd, cwd=REPO, timeout=timeout)
 
 
 @pytest.mark.horovod

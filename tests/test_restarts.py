@@ -4,13 +4,13 @@ kill between an epoch's last update and its logs (issue "what a long job meets",
 import csv
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import run_main
 from tests.test_main import _scalars
 
 pytestmark = pytest.mark.horovod
@@ -21,7 +21,7 @@ SMOKE = ["--flagfile=flags/smoke.flags", "--precision=float32", "--verbose=0"]
 
 def _run(args, workdir, program=("-m", "hvd_lars.main"), launcher=()):
     cmd = [*launcher, sys.executable, *program, *SMOKE, *args, f"--workdir={workdir}"]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    return run_main(cmd, cwd=REPO, timeout=400)
 
 
 @pytest.mark.parametrize(

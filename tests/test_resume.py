@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support import REPO, small_runs
+from tests.support.main_server import run_main
 from tests.test_main import _scalars
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
@@ -35,7 +36,7 @@ FLAGS = [
 def _train(workdir, launcher=(), kill_at=None):
     program = [KILLER, f"--kill_at_step={kill_at}"] if kill_at else ["-m", "hvd_lars.main"]
     cmd = list(launcher) + [sys.executable] + program + FLAGS + [f"--workdir={workdir}"]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    return run_main(cmd, cwd=REPO, timeout=400)
 
 
 def _final_variables(workdir):

@@ -11,6 +11,7 @@ import time
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import run_main
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
@@ -27,7 +28,7 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
     ]
     cmd += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--run_name={run_name}", f"--workdir={workdir}"]
     cmd += ["--verbose=0", *extra]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_main(cmd, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(os.path.join(workdir, run_name, "summary.json")) as f:
         return json.load(f)

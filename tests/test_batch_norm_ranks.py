@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import served
 
 WORKER = os.path.join(REPO, "tests", "support", "bn_worker.py")
 
@@ -19,7 +20,7 @@ WORKER = os.path.join(REPO, "tests", "support", "bn_worker.py")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("bn")
     cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(served(cmd), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     loaded = []
     for r in range(2):

@@ -12,6 +12,7 @@ import pytest
 from tests.support import REPO
 from tests.support.data_fixtures import make_image_folder
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import served
 
 WORKER = os.path.join(REPO, "tests", "support", "data_worker.py")
 # 13 classes of one training image each (a label names its image; one is left over with 2 ranks) and 9
@@ -36,7 +37,7 @@ def test_two_ranks_shard_training_and_count_evaluation_once(tmp_path):
         str(tmp_path / "data"),
         str(tmp_path),
     ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(served(cmd), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     r0, r1 = (np.load(tmp_path / f"data_rank{r}_of_2.npz") for r in range(2))
     assert int(r0["steps_per_epoch"]) == int(r1["steps_per_epoch"]) == 3  # 13 // 2 images, batch 2

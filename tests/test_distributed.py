@@ -17,6 +17,7 @@ import pytest
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.hvd_worker import CLIPNORM, OPTIMIZERS, RATE_KINDS, STEPS, WRAPS, initial_weights
+from tests.support.main_server import served
 
 WORKER = os.path.join(REPO, "tests", "support", "hvd_worker.py")
 RTOL, ATOL = 1e-5, 1e-6
@@ -26,6 +27,7 @@ def _run_group(tmp_path_factory, group, controller):
     out = tmp_path_factory.mktemp(group)
     cmd = [*HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(out), group]
     env = dict(os.environ, TMPDIR=str(out))
+    cmd = served(cmd, env=env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     ranks = []

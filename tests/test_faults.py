@@ -16,7 +16,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
-from tests.support.main_server import run_main
+from tests.support.main_server import run_main, served
 from tests.support.small_runs import final_tensors
 
 TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]
@@ -83,7 +83,7 @@ def mismatch(tmp_path_factory):
     out = tmp_path_factory.mktemp("mismatch")
     worker = os.path.join(REPO, "tests", "support", "mismatch_worker.py")
     result = subprocess.run(
-        TWO_RANKS + [sys.executable, worker, str(out)],
+        served(TWO_RANKS + [sys.executable, worker, str(out)], env=dict(os.environ, PYTHONPATH=REPO)),
         cwd=REPO,
         capture_output=True,
         text=True,

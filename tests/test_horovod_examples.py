@@ -26,6 +26,7 @@ import pytest
 from tests.support import REPO
 from tests.support.horovod_files import HOROVOD_FILES
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import served
 
 needs_files = pytest.mark.skipif(
     not os.path.isdir(HOROVOD_FILES),
@@ -39,6 +40,7 @@ STEPS = 8
 
 def _horovodrun(out, *args, timeout=900):
     cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "example", str(out), *args]
+    cmd = served(cmd, out, ENV)
     result = subprocess.run(cmd, cwd=out, env=ENV, capture_output=True, text=True, timeout=timeout)
     return result.returncode, result.stdout + result.stderr
 

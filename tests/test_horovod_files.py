@@ -23,6 +23,7 @@ from tests.support.horovod_files import (
     renamed_source,
 )
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import served
 
 needs_files = pytest.mark.skipif(
     not os.path.isdir(HOROVOD_FILES),
@@ -37,6 +38,7 @@ def horovod_tests(tmp_path_factory):
     path = os.path.join(HOROVOD_FILES, "test", "parallel", "test_tensorflow2_keras.py")
     cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "pytest", str(out), path]
     env = dict(os.environ, PYTHONPATH=REPO)
+    cmd = served(cmd, out, env)
     result = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-8000:]

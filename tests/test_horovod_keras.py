@@ -21,6 +21,7 @@ from hvd_lars.parallel import collectives, horovod_keras, ompi_allreduce_rules
 from hvd_lars.parallel.learning_rate_callbacks import LearningRateScheduleCallback, LearningRateWarmupCallback
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import served
 
 
 def _apply_twice(optimizer):
@@ -256,9 +257,9 @@ def ranks(tmp_path_factory):
     worker = os.path.join(REPO, "tests", "support", "horovod_keras_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
     cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
-    result = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=600, env=dict(env, PYTHONPATH=REPO), cwd=out
-    )
+    env = dict(env, PYTHONPATH=REPO)
+    cmd = served(cmd, out, env)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], result.stdout
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support.main_server import served
 
 pytestmark = pytest.mark.horovod
 
@@ -29,6 +30,7 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("port")
     worker = os.path.join(REPO, "tests", "support", "port_worker.py")
     cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
+    cmd = served(cmd, out, ENV)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]

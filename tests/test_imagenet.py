@@ -247,13 +247,7 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     train += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'runs'}"]
     alone = run_main(train, cwd=REPO, timeout=300)
     assert alone.returncode == 2 and _one_error_line(alone) == [expected], alone.stderr[-3000:]
-    two = subprocess.run(
-        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", *train],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    two = run_main([*HOROVODRUN, "-np", "2", "-H", "localhost:2", *train], cwd=REPO, timeout=300)
     output = two.stdout + two.stderr
     assert two.returncode != 0 and "Traceback" not in output
     for rank in (0, 1):

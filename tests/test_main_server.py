@@ -5,12 +5,15 @@ server cannot serve (another checkout ahead on the path, a launcher) runs as a s
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.support import REPO, main_server
+from tests.support.horovodrun_checked_once import HOROVODRUN
 
 pytestmark = pytest.mark.horovod
 SCRIPT = os.path.join(REPO, "tests", "support", "interpreter_report.py")
@@ -29,11 +32,12 @@ def _both(args, cwd, env):
     [(("exit", "3"), 3), (("exit", "0"), 0), (("signal", "KILL"), -9), (("signal", "TERM"), -15)],
 )
 def test_a_served_start_sees_and_ends_as_a_new_interpreter(tmp_path, ending, returncode):
-    env = dict(os.environ, HVD_LARS_PROBE="probe value", PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, HVD_LARS_PROBE="probe value", PYTHONPATH=str(tmp_path), TMPDIR=str(tmp_path))
     served, new = _both([SCRIPT, *ending], tmp_path, env)
     assert served.returncode == new.returncode == returncode
     ours, theirs = json.loads(served.stdout), json.loads(new.stdout)
-    assert ours == theirs
+    assert ours.pop("pid") not in (os.getpid(), main_server.shared().process.pid, theirs.pop("pid"))
+    assert ours == theirs and ours["tmp"] == str(tmp_path)
     assert ours["argv"] == [SCRIPT, *ending] and ours["cwd"] == str(tmp_path)
     assert ours["path"][:2] == [os.path.dirname(SCRIPT), str(tmp_path)]
     assert ours["probe"] == "probe value" and ours["name"] == "__main__" and not ours["flags_parsed"]
@@ -75,3 +79,72 @@ def test_another_checkout_ahead_on_the_path_runs_as_a_subprocess(tmp_path, where
     cwd = tmp_path if where == "cwd" else tmp_path / "elsewhere"
     result = main_server.run_main([sys.executable, "-m", "hvd_lars.main"], cwd=cwd, env=env)
     assert result.returncode == 5 and result.stdout == "the other checkout\n"
+
+
+PROBE = """
+import sys
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
+print(f"rank {hvd.rank()} of {hvd.size()}: sum {float(total[0])}", flush=True)
+sys.exit(int(sys.argv[1]) if hvd.rank() == 1 else 0)
+"""
+
+
+@pytest.mark.parametrize("controller", ["--mpi", "--gloo"])
+def test_served_ranks_run_a_horovod_job(tmp_path, controller):
+    # A script of tests/support's folder, as the ranks' scripts are (written for the test, removed after).
+    probe = os.path.join(REPO, "tests", "support", f"served_probe_{os.getpid()}.py")
+    with open(probe, "w") as f:
+        f.write(PROBE)
+    try:
+        cmd = [*HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, probe]
+        launched = main_server.served([*cmd, "0"], cwd=tmp_path)
+        assert launched[: len(cmd) - 2] == cmd[:-2] and "--client" in launched
+        result = subprocess.run(launched, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        for rank in (0, 1):
+            assert f"rank {rank} of 2: sum 3.0" in result.stdout
+        # A rank's exit status is the job's (horovodrun names the failed rank and exits 1).
+        failed = main_server.served([*cmd, "3"], cwd=tmp_path)
+        result = subprocess.run(failed, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode != 0 and "rank 1 of 2: sum 3.0" in result.stdout
+    finally:
+        os.remove(probe)
+
+
+def _client_waiting(tmp_path):
+    """A rank's client (as a launcher starts it) whose served process waits for a file never made; returns
+    the client's Popen and the served process's pid, once the process has begun."""
+    command = main_server.shared().rank_command([SCRIPT, "wait", str(tmp_path / "never")])
+    client = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    return client, json.loads(client.stdout.readline())["pid"]
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1", "SIGINT"])
+def test_a_signal_to_a_rank_client_reaches_its_process_and_ends_the_client_alike(tmp_path, name):
+    client, pid = _client_waiting(tmp_path)
+    assert pid != client.pid
+    client.send_signal(getattr(signal, name))
+    # SIGINT: Python's KeyboardInterrupt, whose interpreter then ends itself by SIGINT as Python does.
+    assert client.wait(timeout=60) == -getattr(signal, name)
+
+
+def test_a_killed_rank_client_takes_its_process_along(tmp_path):
+    client, pid = _client_waiting(tmp_path)
+    client.kill()
+    assert client.wait(timeout=60) == -9
+    deadline = time.monotonic() + 60  # the process ends on the client's end: an event, polled
+    while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"

@@ -14,7 +14,6 @@ uninterrupted rank 1 kept its own, and the runs differed after the resume.
 import dataclasses
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -79,11 +78,9 @@ def restarted(tmp_path_factory):
     """The 2-rank run of `small_runs.STOPS`: (its run directory, its starts), and the uninterrupted run's
     directory."""
     workdir, straight = tmp_path_factory.mktemp("restarted"), tmp_path_factory.mktemp("straight")
-    result = subprocess.run(
-        small_runs.uninterrupted_command(straight), cwd=REPO, capture_output=True, text=True
-    )
+    result = run_main(small_runs.uninterrupted_command(straight), cwd=REPO, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    return workdir / "smoke", small_runs.run_restart_sequence(workdir), straight / "smoke"
+    return workdir / "smoke", small_runs.run_restart_sequence(workdir, run=run_main), straight / "smoke"
 
 
 @pytest.mark.horovod

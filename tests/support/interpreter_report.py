@@ -15,6 +15,8 @@ print(
     json.dumps(
         {
             "argv": sys.argv,
+            "pid": os.getpid(),
+            "tmp": __import__("tempfile").gettempdir(),
             "cwd": os.getcwd(),
             "path": sys.path,
             "probe": os.environ.get("HVD_LARS_PROBE"),

@@ -23,6 +23,7 @@ Usage: `run_main([sys.executable, "-m", "hvd_lars.main", *flags], cwd=..., env=.
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,13 +53,14 @@ PRELOADED = (
 
 
 class MainServer:
-    """One server process; `run` forks a start of the main program from it (one at a time)."""
+    """One server process; `run` forks a start of the main program from it, `rank_command` is the command
+    a launcher runs for each rank to have the server fork that rank's process."""
 
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="hvd_lars_main_server.")
         self.address = os.path.join(self.folder, "socket")
         self.process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), self.address],
+            [sys.executable, os.path.abspath(__file__), "--serve", self.address],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -69,43 +71,62 @@ class MainServer:
             self.process.kill()
             raise RuntimeError(f"the main program's server did not start: {ready!r}")
 
+    def rank_command(self, args):
+        """`python *args` for a launcher's command line (horovodrun, mpirun): a small client that has the
+        server fork the process, hands it its standard streams, environment and working directory, passes
+        on the signals it receives and ends as the process ends."""
+        return [sys.executable, os.path.abspath(__file__), "--client", self.address, *map(os.fspath, args)]
+
     def run(self, args, cwd=REPO, env=None, timeout=300):
         """Runs `python *args` (args: ["-m", "hvd_lars.main", ...] or [script, ...]) in `cwd` with `env`
         (default os.environ); returns a subprocess.CompletedProcess with text stdout and stderr, or raises
         subprocess.TimeoutExpired after `timeout` seconds (the start killed)."""
         if self.process.poll() is not None:
             raise RuntimeError(f"the main program's server ended (status {self.process.returncode})")
-        out = tempfile.TemporaryDirectory(dir=self.folder)
-        with out, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            request = {
-                "args": list(map(str, args)),
-                "cwd": os.fspath(cwd),
-                "env": dict(os.environ if env is None else env),
-                "stdout": os.path.join(out.name, "stdout"),
-                "stderr": os.path.join(out.name, "stderr"),
-            }
-            connection.connect(self.address)
-            replies = connection.makefile("r")
-            connection.sendall(json.dumps(request).encode() + b"\n")
-            pid = json.loads(replies.readline())["pid"]
-            connection.settimeout(timeout)
-            try:
-                status = json.loads(replies.readline())["returncode"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                connection.settimeout(None)
-                connection.makefile("r").readline()  # the server has reaped it (a timed-out file is spent)
-                raise subprocess.TimeoutExpired([sys.executable, *args], timeout) from None
-            with open(request["stdout"]) as f, open(request["stderr"]) as g:
-                return subprocess.CompletedProcess([sys.executable, *args], status, f.read(), g.read())
+        args = list(map(os.fspath, args))
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            with open(os.devnull) as stdin:
+                connection, pid = _request(self.address, args, cwd, env, (stdin, out, err))
+            with connection:
+                connection.settimeout(timeout)
+                try:
+                    status = _reply(connection)
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+                    connection.settimeout(None)
+                    _reply(connection)  # the server has reaped it
+                    raise subprocess.TimeoutExpired([sys.executable, *args], timeout) from None
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess([sys.executable, *args], status, out.read(), err.read())
 
     def close(self):
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait()
-        for name in os.listdir(self.folder):
-            os.remove(os.path.join(self.folder, name))
-        os.rmdir(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _request(address, args, cwd, env, streams):
+    """Asks the server at `address` to fork `python *args` with `streams` (stdin, stdout, stderr: files or
+    descriptors) as its own; returns the connection, on which the exit status arrives, and the pid."""
+    body = json.dumps({"args": args, "cwd": os.fspath(cwd), "env": dict(os.environ if env is None else env)})
+    body = body.encode()
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(address)
+    fds = [s if isinstance(s, int) else s.fileno() for s in streams]
+    socket.send_fds(connection, [len(body).to_bytes(8, "big") + body], fds)
+    return connection, _reply(connection, "pid")
+
+
+def _reply(connection, key="returncode"):
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = connection.recv(1)
+        if not chunk:
+            raise RuntimeError("the main program's server closed the connection")
+        line += chunk
+    return json.loads(line)[key]
 
 
 _SHARED = []
@@ -121,10 +142,10 @@ def shared():
 
 
 def run_main(cmd, cwd=REPO, env=None, timeout=300):
-    """`subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)`, where a
-    command `[sys.executable, "-m", "hvd_lars.main", ...]` or `[sys.executable, <a script in tests/support>,
-    ...]` is forked from this process's server; any other (a launcher first, another interpreter) runs as
-    that subprocess.run."""
+    """`subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)` for a start of
+    the main program (or a script of tests/support) alone or under a launcher: `[sys.executable, "-m",
+    "hvd_lars.main", ...]` forked from this process's server, a launcher's command with its ranks served
+    (`served`); any other command (`python -c`, another checkout ahead on the path) as that subprocess.run."""
     cmd = list(map(os.fspath, cmd))
     if (
         len(cmd) > 1
@@ -132,7 +153,22 @@ def run_main(cmd, cwd=REPO, env=None, timeout=300):
         and _served(cmd[1:], cwd, os.environ if env is None else env)
     ):
         return shared().run(cmd[1:], cwd=cwd, env=env, timeout=timeout)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    launched = served(cmd, cwd, env)
+    return subprocess.run(launched, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def served(cmd, cwd=REPO, env=None):
+    """A launcher's command (horovodrun, mpirun) whose ranks run `sys.executable *args`, with the ranks'
+    command made `rank_command(args)` of this process's server where `run_main` would serve `args`;
+    otherwise `cmd` as it is."""
+    cmd = list(map(os.fspath, cmd))
+    environment = os.environ if env is None else env
+    for i, word in enumerate(cmd[1:], 1):
+        if word == sys.executable and len(cmd) > i + 1:
+            if _served(cmd[i + 1 :], cwd, environment):
+                return [*cmd[:i], *shared().rank_command(cmd[i + 1 :])]
+            break
+    return cmd
 
 
 def _served(args, cwd, env):
@@ -155,9 +191,26 @@ def _returncode(status):
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def _receive(connection):
+    """A request: its dict and the three descriptors sent with it."""
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+    if len(data) < 8 or len(fds) != 3:
+        raise RuntimeError(f"a request of {len(data)} bytes with {len(fds)} descriptors")
+    size = int.from_bytes(data[:8], "big")
+    body = data[8:]
+    while len(body) < size:
+        chunk = connection.recv(size - len(body))
+        if not chunk:
+            raise RuntimeError("a request cut short")
+        body += chunk
+    return {**json.loads(body), "fds": fds}
+
+
 def _serve(address):
-    """Answers requests until terminated; returns (in a forked child only) the request it is to run."""
+    """Answers requests until terminated, each by a forked child, any number at once (a job's ranks wait
+    for each other); returns, in a forked child only, the request it is to run."""
     import importlib
+    import select
 
     ours = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     _INSTALLED[:] = [p for p in sys.path[1:] if os.path.abspath(p) not in ours]
@@ -165,41 +218,64 @@ def _serve(address):
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
-    listener.listen()
+    listener.listen(64)
     print("ready", flush=True)
+    running = {}  # pid: the connection its status goes to
     while True:
-        connection, _ = listener.accept()
-        request = json.loads(connection.makefile("r").readline())
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            listener.close()
-            connection.close()
-            return request
-        connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        _, status = os.waitpid(pid, 0)
-        try:
-            connection.sendall(json.dumps({"returncode": _returncode(status)}).encode() + b"\n")
-        except OSError:
-            pass  # the test gave up on it (its timeout)
-        connection.close()
+        if select.select([listener], [], [], 0.05)[0]:
+            connection, _ = listener.accept()
+            request = _receive(connection)
+            creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            request["client"] = int.from_bytes(creds[:4], sys.byteorder)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in [connection, *running.values()]:
+                    other.close()
+                return request
+            for fd in request["fds"]:
+                os.close(fd)
+            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            running[pid] = connection
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            connection = running.pop(pid, None)
+            if connection is not None:
+                try:
+                    connection.sendall(json.dumps({"returncode": _returncode(status)}).encode() + b"\n")
+                except OSError:
+                    pass  # its client has gone (a test's timeout, a killed rank)
+                connection.close()
 
 
 def _become(request):
     """The forked child turns into `python *args` as the request describes it."""
     import random
+    import select
+    import tempfile
+    import threading
 
     import numpy as np
 
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
-                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):  # fmt: skip
-        opened = os.open(path, flags, 0o644)
-        os.dup2(opened, fd)
-        os.close(opened)
+    for fd, received in enumerate(request["fds"]):
+        os.dup2(received, fd)
+        os.close(received)
+    # Ends with its client: a rank's client killed (SIGKILL cannot be passed on) takes its process along.
+    client = os.pidfd_open(request["client"])
+
+    def end_with_client():
+        select.select([client], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=end_with_client, name="main_server.end_with_client", daemon=True).start()
+    tempfile.tempdir = None  # found again from this environment's TMPDIR
     # A new interpreter's seeds (Python's own `random` reseeds itself in a forked child).
     random.seed()
     np.random.seed()
@@ -213,8 +289,32 @@ def _become(request):
     return args
 
 
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGCONT")
+
+
+def _client(address, args):
+    """A rank's process as the launcher sees it: the served process's status is this one's."""
+    connection, pid = _request(address, args, os.getcwd(), None, (0, 1, 2))
+
+    def forward(number, frame):
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass  # it has ended; its status is on its way
+
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), forward)
+    returncode = _reply(connection)
+    if returncode < 0:
+        signal.signal(-returncode, signal.SIG_DFL)
+        os.kill(os.getpid(), -returncode)
+    return returncode
+
+
 def main():
-    request = _serve(sys.argv[1])
+    if sys.argv[1] == "--client":
+        sys.exit(_client(sys.argv[2], sys.argv[3:]))
+    request = _serve(sys.argv[2])
     args = _become(request)
     import runpy
 

@@ -65,16 +65,21 @@ def uninterrupted_command(workdir):
     return [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *RESTART_FLAGS, f"--workdir={workdir}"]
 
 
-def run_restart_sequence(workdir, timeout=400, env=None):
-    """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times); returns one dict per start:
-    returncode, resumed (the update it resumed from, or None), stopped (the update a stop signal ended
-    it at, or None), output (stdout + stderr), seconds (its wall time)."""
+def new_processes(cmd, cwd, env=None, timeout=None):
+    """`subprocess.run` of `cmd` with its output captured as text."""
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_restart_sequence(workdir, timeout=400, env=None, run=new_processes):
+    """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times) with `run` (the tests:
+    main_server.run_main, its ranks forked from a server; benchmarks/faults.py, timing whole starts: new
+    processes); returns one dict per start: returncode, resumed (the update it resumed from, or None),
+    stopped (the update a stop signal ended it at, or None), output (stdout + stderr), seconds (its wall
+    time)."""
     starts = []
     for _ in range(len(STOPS) + 1):
         began = time.monotonic()
-        result = subprocess.run(
-            restart_command(workdir), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        result = run(restart_command(workdir), cwd=REPO, env=env, timeout=timeout)
         output = result.stdout + result.stderr
         resumed = re.search(r"resumed from \S+/ckpt-(\d+) \(step (\d+)\)", output)
         stopped = re.search(r"stopped at step (\d+), checkpoint", output)

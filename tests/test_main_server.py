@@ -115,25 +115,43 @@ def test_served_ranks_run_a_horovod_job(tmp_path, controller):
         os.remove(probe)
 
 
-def _client_waiting(tmp_path):
-    """A rank's client (as a launcher starts it) whose served process waits for a file never made; returns
-    the client's Popen and the served process's pid, once the process has begun."""
-    command = main_server.shared().rank_command([SCRIPT, "wait", str(tmp_path / "never")])
-    client = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    return client, json.loads(client.stdout.readline())["pid"]
+@pytest.fixture
+def client_waiting(tmp_path):
+    """Starts a rank's client (as a launcher starts it: SIGINT not ignored, whatever pytest-xdist's worker
+    ignores) whose served process waits for a file never made; returns the client's Popen and the served
+    process's report, once the process has begun. The client is killed after the test."""
+    clients = []
+
+    def start():
+        command = main_server.shared().rank_command([SCRIPT, "wait", str(tmp_path / "never")])
+        client = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        clients.append(client)
+        return client, json.loads(client.stdout.readline())
+
+    yield start
+    for client in clients:
+        client.kill()
+        client.wait()
 
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1", "SIGINT"])
-def test_a_signal_to_a_rank_client_reaches_its_process_and_ends_the_client_alike(tmp_path, name):
-    client, pid = _client_waiting(tmp_path)
-    assert pid != client.pid
+def test_a_signal_to_a_rank_client_reaches_its_process_and_ends_the_client_alike(client_waiting, name):
+    client, report = client_waiting()
+    assert report["pid"] != client.pid and report["ignored"] == []
     client.send_signal(getattr(signal, name))
     # SIGINT: Python's KeyboardInterrupt, whose interpreter then ends itself by SIGINT as Python does.
     assert client.wait(timeout=60) == -getattr(signal, name)
 
 
-def test_a_killed_rank_client_takes_its_process_along(tmp_path):
-    client, pid = _client_waiting(tmp_path)
+def test_a_killed_rank_client_takes_its_process_along(client_waiting):
+    client, report = client_waiting()
+    pid = report["pid"]
     client.kill()
     assert client.wait(timeout=60) == -9
     deadline = time.monotonic() + 60  # the process ends on the client's end: an event, polled
@@ -148,3 +166,21 @@ def _state(pid):
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    # A process that starts a server and exits at once, without stopping it (as pytest-xdist's workers
+    # end, atexit handlers unrun): the server's pid is its one line.
+    code = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {REPO!r})\n"
+        "from tests.support import main_server\n"
+        "print(main_server.MainServer().process.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    owner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    pid = int(owner.stdout.split()[-1])
+    deadline = time.monotonic() + 60  # the server's end is the event: polled
+    while _state(pid) not in ("gone", "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(pid) in ("gone", "Z")

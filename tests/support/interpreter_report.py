@@ -11,6 +11,8 @@ import time
 
 from absl import flags
 
+IGNORABLE = ("SIGINT", "SIGTERM", "SIGHUP")
+
 print(
     json.dumps(
         {
@@ -23,6 +25,7 @@ print(
             "flags_parsed": flags.FLAGS.is_parsed(),
             "name": __name__,
             "stdin": sys.stdin.read(),
+            "ignored": [n for n in IGNORABLE if signal.getsignal(getattr(signal, n)) == signal.SIG_IGN],
         }
     ),
     flush=True,

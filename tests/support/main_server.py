@@ -32,6 +32,8 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUPPORT = os.path.join(REPO, "tests", "support")
+# The signals a rank's client passes on to its process (SIGKILL and SIGSTOP cannot be caught).
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGCONT")
 
 # What hvd_lars.main imports (and, by them, TensorFlow, Keras, Horovod's TensorFlow layer), short of
 # hvd_lars.main itself.
@@ -110,8 +112,12 @@ class MainServer:
 def _request(address, args, cwd, env, streams):
     """Asks the server at `address` to fork `python *args` with `streams` (stdin, stdout, stderr: files or
     descriptors) as its own; returns the connection, on which the exit status arrives, and the pid."""
-    body = json.dumps({"args": args, "cwd": os.fspath(cwd), "env": dict(os.environ if env is None else env)})
-    body = body.encode()
+    # The signals this process ignores, which a new interpreter started from it would ignore too (exec keeps
+    # SIG_IGN, and Python then leaves SIGINT ignored); every other one the served process takes as a new
+    # interpreter does.
+    ignored = [name for name in FORWARDED if signal.getsignal(getattr(signal, name)) == signal.SIG_IGN]
+    request = {"args": args, "cwd": os.fspath(cwd), "env": dict(os.environ if env is None else env)}
+    body = json.dumps({**request, "ignored": ignored}).encode()
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(address)
     fds = [s if isinstance(s, int) else s.fileno() for s in streams]
@@ -207,8 +213,9 @@ def _receive(connection):
 
 
 def _serve(address):
-    """Answers requests until terminated, each by a forked child, any number at once (a job's ranks wait
-    for each other); returns, in a forked child only, the request it is to run."""
+    """Answers requests until terminated or until the process that started it ends, each by a forked child,
+    any number at once (a job's ranks wait for each other); returns, in a forked child, the request it is to
+    run, and None in the server once it is to end."""
     import importlib
     import select
 
@@ -219,9 +226,12 @@ def _serve(address):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
+    owner = os.getppid()
     print("ready", flush=True)
     running = {}  # pid: the connection its status goes to
     while True:
+        if os.getppid() != owner:
+            return None  # the test process that started it has ended: so does the server
         if select.select([listener], [], [], 0.05)[0]:
             connection, _ = listener.accept()
             request = _receive(connection)
@@ -264,6 +274,12 @@ def _become(request):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    for name in FORWARDED:
+        number = getattr(signal, name)
+        if name in request["ignored"]:
+            signal.signal(number, signal.SIG_IGN)
+        else:
+            signal.signal(number, signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL)
     for fd, received in enumerate(request["fds"]):
         os.dup2(received, fd)
         os.close(received)
@@ -289,9 +305,6 @@ def _become(request):
     return args
 
 
-FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGCONT")
-
-
 def _client(address, args):
     """A rank's process as the launcher sees it: the served process's status is this one's."""
     connection, pid = _request(address, args, os.getcwd(), None, (0, 1, 2))
@@ -315,6 +328,8 @@ def main():
     if sys.argv[1] == "--client":
         sys.exit(_client(sys.argv[2], sys.argv[3:]))
     request = _serve(sys.argv[2])
+    if request is None:
+        return
     args = _become(request)
     import runpy
 

@@ -1,23 +1,26 @@
-"""`python -m hvd_lars.main` (or a script under tests/support that wraps it) for the tests that start the main
-program many times on one rank: each start is a process forked from one that has imported TensorFlow, Keras,
-Horovod and the package once, instead of a new interpreter that imports them again (about 5 s of CPU a
-start on this repository's 2-core machines, more than the short runs the tests make spend training).
+"""`python -m hvd_lars.main` (or a script of tests/support that wraps it) for the tests that start the main
+program many times, alone or as the ranks of a Horovod job: each start is a process forked from a server
+that has imported TensorFlow, Keras, Horovod and the package once, instead of a new interpreter that imports
+them again (about 5 s of CPU a start on this repository's 2-core machines, more than the short runs the
+tests make spend training). One server per test process (`shared`), started on first use; it ends with
+that process.
 
-The forked process is what `python -m hvd_lars.main ARGS` would be from there on: its own pid, working
-directory, environment, argv, stdin from /dev/null, stdout and stderr to files; the module (or script) runs
-as __main__ through runpy, as `python -m` and `python script.py` run it, and the interpreter exits as theirs
-does (its threads joined, atexit handlers run, the exit status or the signal that ended it reported). What
-it does not do again is import: the server imports what hvd_lars.main imports, never hvd_lars.main itself
-(its absl flags are defined by the run, once). Nothing has run in the server but imports when it forks: no
-TensorFlow op, no Horovod init, no thread of TensorFlow's started. Environment variables read at import (by
-TensorFlow: TF_CPP_MIN_LOG_LEVEL) are the server's, which it takes from the test process.
+The forked process is what the same command run as a new interpreter would be from there on: its own pid,
+working directory, environment, argv, sys.path, seeds, the signal dispositions its starter would pass on,
+and the standard streams it is handed; the module (or script) runs as __main__ through runpy, as `python -m`
+and `python script.py` run it, and the interpreter exits as theirs does (its threads joined, atexit
+handlers run, the exit status or the signal that ended it reported). What it does not do again is import:
+the server runs hvd_lars/main.py's import statements (never hvd_lars.main itself: its absl flags are
+defined by the run, once). Nothing has run in the server but imports when it forks: no TensorFlow op, no
+Horovod init. Environment variables read at import (by TensorFlow: TF_CPP_MIN_LOG_LEVEL) are the server's,
+which it takes from the test process.
 
-`run_main` sends a command here only when it is such a start of this checkout; any other (a launcher such as
-horovodrun, mpirun or srun first, `python -c`, another checkout ahead on the path) runs as a subprocess.
-Both answer as `subprocess.run(..., capture_output=True, text=True)` does.
-
-Usage: `run_main([sys.executable, "-m", "hvd_lars.main", *flags], cwd=..., env=..., timeout=...)`, through
-`shared()`, the one server of this process (started on first use, stopped when the process exits).
+- `run_main(cmd, cwd, env, timeout)`: as `subprocess.run(cmd, ..., capture_output=True, text=True)`, the
+  start (or, under a launcher, each rank) served where it is such a start of this checkout; any other (a
+  launcher's own process, `python -c`, another checkout ahead on the path) runs as a subprocess.
+- `served(cmd)`: a launcher's command (horovodrun, mpirun) with its ranks' command made a small client
+  (`MainServer.rank_command`) that hands the server its streams, environment and working directory, passes
+  on the signals it receives and ends as its process ends.
 """
 
 import atexit
@@ -35,23 +38,8 @@ SUPPORT = os.path.join(REPO, "tests", "support")
 # The signals a rank's client passes on to its process (SIGKILL and SIGSTOP cannot be caught).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGCONT")
 
-# What hvd_lars.main imports (and, by them, TensorFlow, Keras, Horovod's TensorFlow layer), short of
-# hvd_lars.main itself.
-PRELOADED = (
-    "tensorflow",
-    "keras",
-    "horovod.tensorflow",
-    "hvd_lars.data",
-    "hvd_lars.data.imagenet_preparation",
-    "hvd_lars.parallel.collectives",
-    "hvd_lars.training.elastic_loop",
-    "hvd_lars.training.threads",
-    "hvd_lars.training.train",
-    "hvd_lars.training.checkpoints",
-    "hvd_lars.training.config",
-    "hvd_lars.training.faults",
-    "hvd_lars.training.settings",
-)
+# Imported by the server beside hvd_lars/main.py's own import statements (which import them too).
+PRELOADED = ("tensorflow", "keras", "horovod.tensorflow")
 
 
 class MainServer:
@@ -216,13 +204,22 @@ def _serve(address):
     """Answers requests until terminated or until the process that started it ends, each by a forked child,
     any number at once (a job's ranks wait for each other); returns, in a forked child, the request it is to
     run, and None in the server once it is to end."""
+    import ast
     import importlib
+    import importlib.util
     import select
 
     ours = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     _INSTALLED[:] = [p for p in sys.path[1:] if os.path.abspath(p) not in ours]
     for name in PRELOADED:
         importlib.import_module(name)
+    # hvd_lars/main.py's module-level imports, run as it runs them (a `from package import module` too).
+    main_file = importlib.util.find_spec("hvd_lars.main").origin  # found, not imported
+    with open(main_file) as f:
+        tree = ast.parse(f.read())
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(body=imports, type_ignores=[]), main_file, "exec"), {})
+    assert "hvd_lars.main" not in sys.modules
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
@@ -266,7 +263,6 @@ def _become(request):
     """The forked child turns into `python *args` as the request describes it."""
     import random
     import select
-    import tempfile
     import threading
 
     import numpy as np

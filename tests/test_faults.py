@@ -15,11 +15,9 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
-from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import run_main, served
-from tests.support.small_runs import final_tensors
+from tests.support.small_runs import TWO_RANKS, final_tensors
 
-TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]
 LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 INIT = "from hvd_lars.parallel import collectives; print('rank, size', collectives.init())"
 

@@ -148,6 +148,19 @@ def test_prepared_data_are_read_and_prepared_again_without_the_tars(prepared, tm
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("tfds_data_dir", [None, "/elsewhere/tfds"])
+def test_the_default_folder_is_tensorflow_datasets_own(tfds_data_dir, monkeypatch):
+    from tensorflow_datasets.core import constants
+
+    if tfds_data_dir is None:
+        monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
+    expected = tfds_data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+    assert preparation.default_data_dir() == constants.get_default_data_dir() == expected
+
+
+@pytest.mark.unit
 def test_training_refuses_unprepared_data_naming_the_command(tmp_path):
     data_dir = str(tmp_path / "tfds")
     expected = (

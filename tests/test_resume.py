@@ -180,6 +180,36 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
 
 
 @pytest.mark.unit
+def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_one_plan(tmp_path):
+    from hvd_lars.data.fashion_mnist_files import DEFAULT_DIR
+    from hvd_lars.training import lineage, resume
+    from hvd_lars.training.plan import make_plan
+
+    # A checkpoint of `make train` (--data_dir empty), resumed with --data_dir=<the folder it read>.
+    default = _config(dataset="fashion_mnist", image_size=0)
+    model, optimizer, build = _built(default, make_plan(default, 1, 64, (8, 8, 3)))
+    build()
+    optimizer.iterations.assign(5)
+    record = lineage.RunRecord(make_plan(default, 1, 64, (8, 8, 3)).settings)
+    record.assign("20261201T000000Z-abcdef")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
+    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+
+    spelled = dataclasses.replace(default, data_dir=DEFAULT_DIR)
+    plan = make_plan(spelled, 1, 64, (8, 8, 3))
+    model, optimizer, build = _built(spelled, plan)
+    resumed = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, spelled)
+    assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
+    assert resumed.run_id == "20261201T000000Z-abcdef" and int(optimizer.iterations) == 5
+
+    elsewhere = dataclasses.replace(default, data_dir=str(tmp_path))
+    plan = make_plan(elsewhere, 1, 64, (8, 8, 3))
+    model, optimizer, build = _built(elsewhere, plan)
+    refused = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, elsewhere)
+    assert f"(data_dir {os.path.realpath(DEFAULT_DIR)!r} -> {str(tmp_path)!r})" in str(refused.error)
+
+
+@pytest.mark.unit
 def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_rest(tmp_path):
     from hvd_lars.training import resume
 

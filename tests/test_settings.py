@@ -3,6 +3,7 @@ every setting is part of the plan or not, and epochs never turn into 0 steps sil
 
 import dataclasses
 import math
+import os
 import types
 
 import keras
@@ -169,6 +170,34 @@ def test_plans_are_compared_by_meaning_not_by_spelling(tmp_path):
     # On 2 ranks the same per-rank batch is a global batch of 64: another plan.
     two_ranks = _plan(dataclasses.replace(old, global_batch_size=0, per_rank_batch_size=32), world_size=2)
     assert plan_changes(recorded, two_ranks)[0] == "global_batch_size 32 -> 64"
+
+
+def test_a_default_that_stands_for_a_value_is_the_plan_of_that_value_spelled_out(tmp_path, monkeypatch):
+    # After `make train` (no --data_dir), `--data_dir=/usr/share/datasets/fashion-mnist` is the same plan.
+    folder = "/usr/share/datasets/fashion-mnist"
+    default, spelled = _plan(_config()), _plan(_config(data_dir=folder))
+    assert default.settings == spelled.settings and default.settings["data_dir"] == os.path.realpath(folder)
+    assert plan_changes(default.settings, spelled) == plan_changes(spelled.settings, default) == []
+    assert plan_changes(default.settings, _plan(_config(data_dir=str(tmp_path)))) == [
+        f"data_dir {os.path.realpath(folder)!r} -> {str(tmp_path)!r}"
+    ]
+    # ImageNet's default folder is tensorflow-datasets' ($TFDS_DATA_DIR).
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    imagenet = _config(dataset="imagenet2012")
+    assert _plan(imagenet).settings == _plan(dataclasses.replace(imagenet, data_dir=str(tmp_path))).settings
+    # Data sets without a default folder record none.
+    assert _plan(_config(dataset="synthetic")).settings["data_dir"] == ""
+    assert _plan(_config(dataset="image_folder")).settings["data_dir"] == ""
+    # The step schedule without boundaries: Goyal et al.'s epochs 30, 60, 80 of 90 (100 steps per epoch).
+    step = _config(schedule="step", epochs=90)
+    goyal = _plan(dataclasses.replace(step, decay_boundaries_epochs=(30.0, 60.0, 80.0)))
+    assert _plan(step).settings == goyal.settings
+    assert goyal.settings["decay_boundaries_steps"] == [3000, 6000, 8000]
+    assert plan_changes(_plan(step).settings, _plan(dataclasses.replace(step, schedule="cosine"))) == [
+        "schedule 'step' -> 'cosine'",
+        "decay_boundaries_steps [3000, 6000, 8000] -> [] (set by decay_boundaries_epochs, schedule, epochs, "
+        "steps_per_epoch, global_batch_size, dataset, data_dir, max_train_examples, validation_examples)",
+    ]
 
 
 def test_naming_a_setting_accepts_what_it_explains_and_nothing_else():

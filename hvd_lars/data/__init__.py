@@ -13,7 +13,14 @@ the ones before. `describe_input` takes the same and says what the model and the
 
 import dataclasses
 
-from hvd_lars.data import fashion_mnist, image_folder, imagenet, synthetic
+from hvd_lars.data import (
+    fashion_mnist,
+    fashion_mnist_files,
+    image_folder,
+    imagenet,
+    imagenet_preparation,
+    synthetic,
+)
 from hvd_lars.data.interface import Dataset, InputPipeline, InputRequest, InputShapes
 
 __all__ = [
@@ -34,12 +41,14 @@ DATASETS = {
         describe=fashion_mnist.fashion_mnist_shapes,
         options=fashion_mnist.FashionMnistOptions,
         settings=("validation_examples",),
+        default_dir=lambda: fashion_mnist_files.DEFAULT_DIR,
     ),
     "imagenet2012": Dataset(
         build=imagenet.imagenet_input,
         describe=imagenet.imagenet_shapes,
         options=imagenet.ImagenetOptions,
         settings=("image_size", "preprocessing", "skip_corrupt"),
+        default_dir=imagenet_preparation.default_data_dir,
     ),
     "image_folder": Dataset(
         build=image_folder.image_folder_input,

@@ -66,6 +66,13 @@ def tfds_module():
     return tfds
 
 
+def default_data_dir():
+    """The folder ImageNet is prepared into and read from when --data_dir is empty: tensorflow-datasets'
+    default, $TFDS_DATA_DIR or else ~/tensorflow_datasets (its documented rule; `get_default_data_dir` of
+    tensorflow-datasets 4.9's `core.constants`), found without importing it."""
+    return os.environ.get("TFDS_DATA_DIR", os.path.join(os.path.expanduser("~"), "tensorflow_datasets"))
+
+
 def builder(data_dir=None):
     """tensorflow-datasets' `imagenet2012` builder over `data_dir` (None: its default folder), as it is:
     prepared or not (see `prepared_builder`)."""

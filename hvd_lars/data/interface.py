@@ -111,6 +111,9 @@ class Dataset:
         settings: the fields of `options` a run's configuration sets: `TrainConfig` fields of the same
             name (`hvd_lars.training.recipe.input_options` reads them; `TrainConfig.validate` refuses any
             other data-set setting given a value). The options not listed are for library callers.
+        default_dir: callable() -> the folder the data set reads when `InputRequest.data_dir` is empty,
+            or None when it has none (image_folder needs a folder; synthetic reads none). A run's plan
+            records the folder this resolves to (`hvd_lars.training.plan`).
 
     Raises:
         ValueError: (when made) a setting that is not a field of `options`.
@@ -120,6 +123,7 @@ class Dataset:
     describe: typing.Callable
     options: type
     settings: tuple = ()
+    default_dir: typing.Callable = None
 
     def __post_init__(self):
         unknown = sorted(set(self.settings) - set(self.option_names()))

@@ -262,6 +262,12 @@ SCHEDULES = {
 }
 
 
+def goyal_boundaries(total_steps):
+    """The step schedule's boundaries when none are given: Goyal et al.'s epochs 30, 60, 80 of 90 scaled
+    to `total_steps` (ints)."""
+    return [int(round(f * total_steps)) for f in GOYAL_STEP_DECAY_FRACTIONS]
+
+
 def make_schedule(
     name,
     peak_learning_rate,
@@ -291,7 +297,7 @@ def make_schedule(
         raise ValueError(f"unknown schedule {name!r}; valid names: {sorted(SCHEDULES)}.")
     cls = SCHEDULES[name]
     if cls is WarmupStepDecay and boundaries is None:
-        boundaries = [int(round(f * total_steps)) for f in GOYAL_STEP_DECAY_FRACTIONS]
+        boundaries = goyal_boundaries(total_steps)
     arguments = dict(
         peak_learning_rate=peak_learning_rate,
         total_steps=total_steps,

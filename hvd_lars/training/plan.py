@@ -5,7 +5,9 @@ Flags speak in epochs and in learning rates per 256 images; the training loop sp
 `make_plan` is the one place that converts, and its `describe()` is the run log's first line. Its
 `settings` are the plan's settings as the run resolves them (the global batch, the precision, the warmup in
 steps, the data folder as a real path, ...): what each checkpoint records and what a resume compares, so
-that two spellings of one plan are one plan and one spelling of two plans is not.
+that two spellings of one plan are one plan and one spelling of two plans is not. A setting whose default
+stands for a value (an empty --data_dir, --global_batch_size=0, --precision=auto, ...) is recorded as
+that value, resolved here once.
 """
 
 import dataclasses
@@ -15,6 +17,7 @@ import os
 from hvd_lars.data import DATASETS
 from hvd_lars.data.preprocessing import DEFAULT_PREPROCESSING
 from hvd_lars.optim.scaling import REFERENCE_BATCH, scaled_learning_rate, steps_in_epochs
+from hvd_lars.optim.schedules import goyal_boundaries
 from hvd_lars.training.config import ANY_PLAN_CHANGE, plan_settings, resolve_precision
 
 
@@ -105,13 +108,14 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
 _DATA_SIZE = ("dataset", "data_dir", "max_train_examples", "validation_examples")
 _STEPS = ("steps_per_epoch", "global_batch_size", *_DATA_SIZE)
 SET_BY = {
+    "data_dir": ("data_dir", "dataset"),
     "global_batch_size": ("global_batch_size",),
     "train_examples": _DATA_SIZE,
     "input_shape": ("image_size", "dataset", "model"),
     "preprocessing": ("preprocessing", "dataset"),
     "steps_per_epoch": _STEPS,
     "warmup_steps": ("warmup_epochs", *_STEPS),
-    "decay_boundaries_steps": ("decay_boundaries_epochs", *_STEPS),
+    "decay_boundaries_steps": ("decay_boundaries_epochs", "schedule", "epochs", *_STEPS),
     "peak_learning_rate": ("peak_learning_rate", "base_learning_rate", "global_batch_size"),
 }
 # Settings that appear in the resolved settings only through an entry above.
@@ -122,9 +126,11 @@ _RESOLVED_INTO += ("base_learning_rate",)
 def resolved_settings(config, figures, input_shape=None, train_examples=None):
     """The plan's settings as resolved: {name: JSON value}, one entry per setting of the plan
     (`plan_settings()`), the global batch, steps, warmup, peak rate and precision as the plan resolved them
-    (`figures`), the data folder as its real path, the preprocessing as the input pipeline reads it, the
-    image shape and the training images the input holds. Keys missing from `config` or `figures` (a
-    summary.json of an older version) are left out, and so are `input_shape` and `train_examples` when None.
+    (`figures`), the data folder the data set reads as its real path (its `default_dir` for an empty
+    one), the preprocessing as the input pipeline reads it, the step schedule's boundaries in steps (Goyal
+    et al.'s for none given), the image shape and the training images the input holds. Keys missing from
+    `config` or `figures` (a summary.json of an older version) are left out, and so are `input_shape` and
+    `train_examples` when None.
 
     Args:
         config: dict of `TrainConfig` fields (`vars(config)`, or summary.json's "config").
@@ -136,17 +142,19 @@ def resolved_settings(config, figures, input_shape=None, train_examples=None):
         settings.pop(name, None)
     names = ("global_batch_size", "steps_per_epoch", "epochs", "warmup_steps", "peak_learning_rate")
     settings.update({name: figures[name] for name in (*names, "precision") if name in figures})
-    if settings.get("data_dir"):
-        settings["data_dir"] = os.path.realpath(settings["data_dir"])
     entry = DATASETS.get(config.get("dataset"))
+    if "data_dir" in settings:
+        folder = settings["data_dir"] or (entry and entry.default_dir and entry.default_dir())
+        settings["data_dir"] = os.path.realpath(folder) if folder else ""
     if "preprocessing" in settings and entry is not None:
         takes = "preprocessing" in entry.settings
         settings["preprocessing"] = settings["preprocessing"] or (DEFAULT_PREPROCESSING if takes else "")
     if "decay_boundaries_epochs" in config and "steps_per_epoch" in figures:
-        boundaries = config["decay_boundaries_epochs"] or ()
-        settings["decay_boundaries_steps"] = [
-            steps_in_epochs(e, figures["steps_per_epoch"]) for e in boundaries
-        ]
+        given = config["decay_boundaries_epochs"] or ()
+        boundaries = [steps_in_epochs(e, figures["steps_per_epoch"]) for e in given]
+        if not boundaries and config.get("schedule") == "step" and "epochs" in figures:
+            boundaries = goyal_boundaries(figures["steps_per_epoch"] * figures["epochs"])
+        settings["decay_boundaries_steps"] = boundaries
     if input_shape is not None:
         settings["input_shape"] = list(input_shape)
     if train_examples is not None:

@@ -226,3 +226,65 @@ def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_r
     assert [os.path.basename(p) for p in resume.candidates(str(folder))] == [
         "ckpt-3", "ckpt-4", "ckpt-2", "ckpt-7", "ckpt-9",
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ earlier runs kept
+# Run ids in the order they started; "unrecorded" (a version before run ids) counts as the oldest.
+B, C, D = "20260101T000000Z-00000b", "20260201T000000Z-00000c", "20260301T000000Z-00000d"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("keep, kept", [(3, [B, C, D]), (1, [D]), (0, None)])
+def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(tmp_path, capsys, keep, kept):
+    import json
+
+    from hvd_lars.training import resume
+
+    run, earlier = tmp_path / "r", tmp_path / "r" / "earlier_runs"
+    for name in (C, "unrecorded", B):
+        (earlier / name / "checkpoints").mkdir(parents=True)
+        (earlier / name / "metrics.csv").write_text("epoch\n")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "ckpt-4.index").write_bytes(b"")
+    (run / "summary.json").write_text(json.dumps({"run_id": D}))  # the run a fresh start replaces
+
+    config = _config(resume=False, keep_earlier_runs=keep)
+    started = resume.resume_or_begin(None, None, None, str(run), None, config)
+    assert started.error is None and started.run_id not in (B, C, D)
+    assert (sorted(os.listdir(earlier)) if earlier.exists() else None) == kept
+    assert sorted(os.listdir(run)) == (["earlier_runs"] if kept else [])
+    keeps = {
+        3: f"{earlier} keeps the newest 3 earlier runs (--keep_earlier_runs=3; rm -r {earlier} clears them)",
+        1: f"{earlier} keeps the newest earlier run (--keep_earlier_runs=1; rm -r {earlier} clears them)",
+        0: "--keep_earlier_runs=0 keeps no earlier run",
+    }[keep]
+    moved = "kept in" if keep else "moved to"
+    removed = ["unrecorded", B, C, D][: 4 - keep]
+    assert capsys.readouterr().out.splitlines() == [
+        f"[hvd_lars] --noresume: a new run begins in {run}; the earlier run's checkpoints/, summary.json are "
+        f"{moved} {earlier / D}; {keeps}",
+        *(f"[hvd_lars] removed {earlier / name}, an earlier run: {keeps}" for name in removed),
+    ]
+
+
+@pytest.mark.unit
+def test_a_start_keeps_what_is_not_a_run_and_a_refused_start_removes_nothing(tmp_path, capsys):
+    from hvd_lars.training import lineage, resume
+    from hvd_lars.training.plan import make_plan
+
+    earlier = tmp_path / "earlier_runs"
+    for name in (B, C, "notes"):
+        (earlier / name).mkdir(parents=True)
+    old, new = _config(), _config(seed=1, keep_earlier_runs=0)
+    record = lineage.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
+    record.assign(D)
+    checkpoint = tf.train.Checkpoint(run=record.variable)
+    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+    refused = resume.resume_or_begin(None, None, None, str(tmp_path), make_plan(new, 1, 64, (8, 8, 3)), new)
+    assert "(seed 0 -> 1)" in str(refused.error) and sorted(os.listdir(earlier)) == [B, C, "notes"]
+    assert capsys.readouterr().out == ""
+
+    assert lineage.keep_newest(str(tmp_path), 1) == [str(earlier / B)]
+    assert sorted(os.listdir(earlier)) == [C, "notes"]
+    assert lineage.keep_newest(str(tmp_path), 0) == [str(earlier / C)]
+    assert os.listdir(earlier) == ["notes"]  # not a run's folder: left, and the folder with it

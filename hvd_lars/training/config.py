@@ -174,6 +174,13 @@ class TrainConfig:
         "complete).",
     )
     keep_checkpoints: int = setting(3, "How many recent checkpoints to keep.", check=at_least(1, whole=True))
+    # 3, as --keep_checkpoints: a fresh start by mistake, or two, still leaves the run before them.
+    keep_earlier_runs: int = setting(
+        3,
+        "How many earlier runs a run directory keeps under earlier_runs/, where a fresh start moves the run "
+        "it replaces: the newest by start time; older ones are removed, each named in the log (0: none).",
+        check=_COUNT,
+    )
     elastic: bool = setting(
         False,
         "Elastic training under horovodrun --min-np/--max-np --host-discovery-script (launch/elastic.sh): "

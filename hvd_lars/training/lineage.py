@@ -9,9 +9,10 @@ A lineage is one run from its fresh start on, across every kill, pre-emption and
   back (`read_record`) before anything is restored;
 - into summary.json ("run_id"), every metrics.csv row (column `run_id`) and the TensorBoard event files'
   names (`events_suffix`).
-Files of another lineage found in a run directory are moved (never deleted) under
-`<run_dir>/earlier_runs/<their run id>/` (`set_aside`), named in one line of the log. Files written by a
-version of this package before run ids existed carry none (`UNRECORDED`).
+Files of another lineage found in a run directory are moved under `<run_dir>/earlier_runs/<their run id>/`
+(`set_aside`), named in one line of the log; each start keeps the newest --keep_earlier_runs of those
+folders (`keep_newest`) and removes the others, one line naming each. Files written by a version of this
+package before run ids existed carry none (`UNRECORDED`).
 """
 
 import dataclasses
@@ -139,6 +140,36 @@ def set_aside(paths, run_dir, run_id):
         os.makedirs(os.path.dirname(destination), exist_ok=True)
         shutil.move(path, destination)
     return target
+
+
+def keep_newest(run_dir, keep):
+    """Removes the folders of earlier runs under `<run_dir>/earlier_runs/` beyond the newest `keep`, in the
+    order of their run ids (their start times; `UNRECORDED`, of a version before run ids, counts as the
+    oldest), one line naming each; the folder itself too once it is empty. Other names there are left.
+
+    Returns:
+        list of the paths removed.
+    """
+    folder = os.path.join(run_dir, FOLDER)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    runs = [n for n in names if n == UNRECORDED or _RUN_ID.fullmatch(n)]
+    runs.sort(key=lambda n: (n != UNRECORDED, n))
+    removed = [os.path.join(folder, n) for n in runs[: max(len(runs) - keep, 0)]]
+    for path in removed:
+        shutil.rmtree(path)
+        say(f"removed {path}, an earlier run: {keeping(run_dir, keep)}")
+    if removed and not os.listdir(folder):
+        os.rmdir(folder)
+    return removed
+
+
+def keeping(run_dir, keep):
+    """What `keep_newest` keeps and how to clear it, for the log."""
+    folder = os.path.join(run_dir, FOLDER)
+    if not keep:
+        return "--keep_earlier_runs=0 keeps no earlier run"
+    runs = "the newest earlier run" if keep == 1 else f"the newest {keep} earlier runs"
+    return f"{folder} keeps {runs} (--keep_earlier_runs={keep}; rm -r {folder} clears them)"
 
 
 def say(message):

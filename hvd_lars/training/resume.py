@@ -18,7 +18,9 @@ a new lineage (`hvd_lars.training.lineage`). Rank 0 decides, before anything is 
 
 A fresh start (--noresume, or nothing to resume) in a used run directory begins a new lineage: the earlier
 run's checkpoints, metrics.csv, tensorboard/ and summary.json are moved under `earlier_runs/<its run id>/`,
-named in one line; nothing of it is mixed into the new run's files.
+named in one line with what is kept there; nothing of it is mixed into the new run's files. Every start
+that is not refused then keeps the newest --keep_earlier_runs runs of `earlier_runs/` and removes the
+others, one line naming each (`lineage.keep_newest`).
 """
 
 import glob
@@ -42,26 +44,29 @@ LINEAGE_FILES = (CHECKPOINTS, "metrics.csv", "tensorboard", "summary.json")
 
 def resume_or_begin(model, optimizer, build, run_dir, plan, config):
     """Rank 0's start: restores the checkpoint the run continues into `model` and `optimizer`, or begins a
-    new lineage; a refusal is returned in the `Lineage` (`Lineage.share` raises it on every rank).
+    new lineage, then keeps the newest `config.keep_earlier_runs` earlier runs (`lineage.keep_newest`); a
+    refusal is returned in the `Lineage` (`Lineage.share` raises it on every rank), and changes nothing.
 
     Args:
         model: the compiled model; optimizer: its optimizer, not built yet; build: builds it (callable).
         plan: this run's `Plan` (its `settings` are compared with the checkpoint's).
-        config: `TrainConfig` (`resume`, `allow_plan_change`).
+        config: `TrainConfig` (`resume`, `allow_plan_change`, `keep_earlier_runs`).
 
     Returns:
         `Lineage`.
     """
     try:
-        return _resume_or_begin(model, optimizer, build, run_dir, plan, config)
+        started = _resume_or_begin(model, optimizer, build, run_dir, plan, config)
     except (LineageRefused, CheckpointReadError) as e:
         return Lineage(error=e)
+    lineage.keep_newest(run_dir, config.keep_earlier_runs)
+    return started
 
 
 def _resume_or_begin(model, optimizer, build, run_dir, plan, config):
     folder = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))
     if not config.resume:
-        return begin(run_dir, "--noresume")
+        return begin(run_dir, "--noresume", config.keep_earlier_runs)
     if os.path.isdir(folder):
         set_aside_damaged_index(folder, run_dir)
     path, unreadable = None, []
@@ -79,7 +84,7 @@ def _resume_or_begin(model, optimizer, build, run_dir, plan, config):
                 f"no checkpoint in {folder} can be restored: {problems}. The files are kept under "
                 f"{os.path.join(run_dir, damaged.FOLDER)}; start afresh (--noresume or another --run_name)."
             )
-        return begin(run_dir, "nothing to resume")
+        return begin(run_dir, "nothing to resume", config.keep_earlier_runs)
     record = lineage.read_record(path)
     recorded, run_id = _recorded_plan(record, path, run_dir, config)
     refusal = refuse_plan_changes(plan_changes(recorded, plan, config.allow_plan_change), run_dir, path)
@@ -93,15 +98,19 @@ def _resume_or_begin(model, optimizer, build, run_dir, plan, config):
     return Lineage(run_id=run_id, adopted=record is None, restored=path)
 
 
-def begin(run_dir, why):
+def begin(run_dir, why, keep):
     """A new lineage in `run_dir`: what an earlier one left there (`LINEAGE_FILES`) is moved under
-    `earlier_runs/<its run id>/`, named in one line of the log; returns the new `Lineage`."""
+    `earlier_runs/<its run id>/`, named in one line of the log with what `keep` (--keep_earlier_runs) keeps
+    there; returns the new `Lineage`."""
     present = [os.path.join(run_dir, name) for name in LINEAGE_FILES]
     present = [p for p in present if os.path.isfile(p) or (os.path.isdir(p) and os.listdir(p))]
     if present:
         names = ", ".join(os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in present)
         kept = lineage.set_aside(present, run_dir, _earlier_run_id(run_dir))
-        lineage.say(f"{why}: a new run begins in {run_dir}; the earlier run's {names} are kept in {kept}")
+        lineage.say(
+            f"{why}: a new run begins in {run_dir}; the earlier run's {names} are "
+            f"{'kept in' if keep else 'moved to'} {kept}; " + lineage.keeping(run_dir, keep)
+        )
     return Lineage(run_id=lineage.new_run_id())
 
 

@@ -14,9 +14,9 @@ from absl import app, flags, logging
 from hvd_lars.data import imagenet_preparation
 from hvd_lars.parallel.collectives import WorldSizeMismatch
 from hvd_lars.training import elastic_loop, threads, train
-from hvd_lars.training.checkpoints import CheckpointWriteError
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
+from hvd_lars.training.file_failures import FileFailure
 from hvd_lars.training.settings import choices_of
 
 FLAGS = flags.FLAGS
@@ -101,7 +101,7 @@ def _main(argv):
     threads.apply_horovod_cpu_defaults()
     try:
         run_training(config_from_flags())
-    except (WorldSizeMismatch, CheckpointWriteError, FileNotFoundError) as e:
+    except (WorldSizeMismatch, FileFailure, FileNotFoundError) as e:
         _exit(f"hvd_lars: error: {e}", EXIT_BAD_INPUT)
     except (ValueError, ImportError) as e:
         if not _raised_here(e):

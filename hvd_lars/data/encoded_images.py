@@ -55,10 +55,24 @@ def _guarded(decode, read, image_size):
     return fn
 
 
-def _fail_on_corrupt(image, label, name, ok):
-    check = tf.debugging.Assert(ok, ["Cannot read or decode image file", name], summarize=1)
-    with tf.control_dependencies([check]):
-        return tf.identity(image), label
+def _unreadable(on_unreadable, split):
+    """(image, label, name, ok) -> (image, label): a file that could not be read or decoded (ok False)
+    raises `tf.errors.InvalidArgumentError` naming it, or, with `on_unreadable`, is passed to
+    `on_unreadable(path, split)` and its image stays zeros."""
+
+    def call(name):
+        on_unreadable(name.numpy().decode(errors="replace"), split)
+        return False
+
+    def fn(image, label, name, ok):
+        if on_unreadable is None:
+            check = tf.debugging.Assert(ok, ["Cannot read or decode image file", name], summarize=1)
+        else:
+            check = tf.cond(ok, lambda: ok, lambda: tf.py_function(call, [name], tf.bool))
+        with tf.control_dependencies([check]):
+            return tf.identity(image), label
+
+    return fn
 
 
 def train_dataset(
@@ -72,6 +86,7 @@ def train_dataset(
     threads=0,
     skipped=None,
     preprocessing=None,
+    on_unreadable=None,
 ):
     """Endless batches (float32 (B, S, S, 3), int32 (B,)) of training views of `stream`'s elements.
 
@@ -86,6 +101,10 @@ def train_dataset(
             Skipped files shift later elements to earlier batches, so a resumed stream matches the
             uninterrupted one only up to the corrupt files met before the resume point.
         preprocessing: a name of `preprocessing.PREPROCESSINGS` ("inception" when None or "").
+        on_unreadable: None (a file that cannot be read or decoded, and is not skipped, stops the pipeline
+            with `tf.errors.InvalidArgumentError` naming it), or callable(path: str, split: "training" or
+            "evaluation") called with it instead, its image then zeros: for a training loop that stops
+            every rank at the same update (`InputRequest.on_unreadable`).
     """
     # Element i of the endless stream gets seed (seed, i): a fresh crop every epoch, repeatable runs.
     ds = stream.enumerate(start=start).map(lambda i, e: (*e, tf.stack([tf.cast(seed, tf.int64), i])))
@@ -104,7 +123,7 @@ def train_dataset(
 
         ds = ds.filter(count).map(lambda image, label, name, ok: (image, label))
     else:
-        ds = ds.map(_fail_on_corrupt)
+        ds = ds.map(_unreadable(on_unreadable, "training"))
     ds = ds.batch(per_rank_batch, drop_remainder=True)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
 
@@ -116,14 +135,21 @@ def skipped_counter():
 
 
 def eval_dataset(
-    source, batch, image_size, read=tf.identity, deterministic=True, threads=0, preprocessing=None
+    source,
+    batch,
+    image_size,
+    read=tf.identity,
+    deterministic=True,
+    threads=0,
+    preprocessing=None,
+    on_unreadable=None,
 ):
     """Finite batches (float32 (B, S, S, 3), int32 (B,)) of evaluation views of every source element,
-    in order, the last batch smaller. A corrupt file raises an error naming it. `preprocessing` as in
-    `train_dataset`."""
+    in order, the last batch smaller. A corrupt file raises an error naming it (or goes to
+    `on_unreadable`). `preprocessing` and `on_unreadable` as in `train_dataset`."""
     ds = source.map(lambda name, data, label: (name, data, label, tf.zeros([2], tf.int64)))
     views = get_preprocessing(preprocessing)
     decode = lambda data, s: views.eval(data, image_size)
     ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.map(_fail_on_corrupt).batch(batch)
+    ds = ds.map(_unreadable(on_unreadable, "evaluation")).batch(batch)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))

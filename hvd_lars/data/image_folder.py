@@ -211,6 +211,7 @@ def image_folder_input(request, options):
         deterministic=request.deterministic,
         threads=request.input_threads,
         preprocessing=options.preprocessing,
+        on_unreadable=request.on_unreadable,
     )
     train_from = _train_shard(
         train_paths, train_labels, rank, world_size, batch, request.seed + rank, skipped, views

@@ -168,6 +168,7 @@ def imagenet_input(request, options):
         deterministic=request.deterministic,
         threads=request.input_threads,
         preprocessing=options.preprocessing,
+        on_unreadable=request.on_unreadable,
     )
     train_from = _batches_from(stream, batch, seed + rank, skipped, views)
     evaluation = encoded_images.eval_dataset(

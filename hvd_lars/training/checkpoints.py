@@ -1,6 +1,8 @@
 """Periodic checkpoints of model and optimizer through `tf.train.CheckpointManager`, on rank 0."""
 
+import glob
 import os
+import shutil
 import time
 
 import keras
@@ -8,12 +10,8 @@ import tensorflow as tf
 
 from hvd_lars import keras_internals
 from hvd_lars.parallel import collectives
-from hvd_lars.training import damaged, faults
+from hvd_lars.training import damaged, faults, file_failures
 from hvd_lars.training.evaluation import moving_statistics
-
-
-class CheckpointWriteError(OSError):
-    """Rank 0 could not write a checkpoint (a full or read-only file system, a vanished folder)."""
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
@@ -55,14 +53,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         """Saves the checkpoint of the current update (once per update). A collective: every rank calls it.
 
         Raises:
-            CheckpointWriteError: rank 0 could not write the checkpoint (raised on every rank, saying why).
+            hvd_lars.training.file_failures.FileFailure: rank 0 could not write the checkpoint, or some rank
+                noted a failed write or read before (no checkpoint is then written; every rank raises it).
         """
         step = int(self.model.optimizer.iterations)
         # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
         # and a run resumed from it continues as the uninterrupted run does.
         collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
-        error = None
-        if step != self._last_saved and collectives.is_chief():
+        if step != self._last_saved and collectives.is_chief() and not file_failures.noted():
             error = self._wait()  # the previous background write, if any, first
             if not error:
                 try:
@@ -70,12 +68,21 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                     self.manager.save(checkpoint_number=step, options=self.options)
                 except (OSError, tf.errors.OpError) as e:
                     error = self._error(e)
-        self._raise_together(error)
+            if error:
+                file_failures.note(error)
+        file_failures.agree("hvd_lars.checkpoint_error")
         self._last_saved = step
         faults.heartbeat()
 
     def _error(self, e):
-        return f"could not write the checkpoint of step {self._pending_step} to {self.manager.directory}: {e}"
+        # Rank 0: the message, once the files of the failed checkpoint are removed (the index never named
+        # them; a resumed run would else find a checkpoint cut short beside the complete ones).
+        step, folder = self._pending_step, self.manager.directory
+        if os.path.join(folder, f"ckpt-{step}") not in self.manager.checkpoints:
+            prefix = os.path.join(folder, f"ckpt-{step}")
+            shutil.rmtree(f"{prefix}_temp", ignore_errors=True)
+            file_failures.remove_quietly(*glob.glob(f"{prefix}.*"), *glob.glob(f"{folder}/checkpoint.tmp*"))
+        return file_failures.write_failure(f"the checkpoint of step {step} to {folder}", e)
 
     def _wait(self):
         # Rank 0: waits for its background write; the error message if it failed, else None.
@@ -96,27 +103,24 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             writer._async_error = None
         return self._error(reason or "its files are missing after the write")
 
-    def _raise_together(self, error):
-        # Rank 0's outcome on every rank, so that all stop together instead of waiting for rank 0.
-        error = collectives.broadcast_object(error, name="hvd_lars.checkpoint_error")
-        if error:
-            raise CheckpointWriteError(error)
-
     def sync(self):
         """Waits until rank 0's background write (if any) is complete and the index names it. Not a
         collective (any rank may call it; only rank 0 waits).
 
         Raises:
-            CheckpointWriteError: on rank 0, the write failed.
+            hvd_lars.training.file_failures.FileFailure: on rank 0, the write failed.
         """
         error = self._wait()
         if error:
-            raise CheckpointWriteError(error)
+            raise file_failures.FileFailure(error)
 
     def finish(self):
-        """`sync` on every rank together: a collective that raises `CheckpointWriteError` on every rank when
-        rank 0's last write failed."""
-        self._raise_together(self._wait())
+        """`sync` on every rank together: a collective that raises `file_failures.FileFailure` on every rank
+        when rank 0's last write failed (or any rank noted a failed write or read)."""
+        error = self._wait()
+        if error:
+            file_failures.note(error)
+        file_failures.agree("hvd_lars.checkpoint_error")
 
     def on_train_batch_end(self, batch, logs=None):
         # The epoch's last update is saved by on_epoch_end, after evaluation, so that a job killed while

@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from hvd_lars.training import damaged
+from hvd_lars.training import damaged, file_failures
 from hvd_lars.training.lineage import UNRECORDED, events_suffix, run_id_of_events, set_aside
 from hvd_lars.training.run_summary import RunSummary
 
@@ -132,13 +132,14 @@ class MetricsCSV(keras.callbacks.Callback):
     def _write(self):
         fixed = [*self.FIXED, *(["run_id"] if any("run_id" in r for r in self.rows) else [])]
         keys = sorted({k for r in self.rows for k in r} - set(fixed))
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", newline="") as f:
+
+        def write(f):
             writer = csv.DictWriter(f, fieldnames=[*fixed, *keys], restval="")
             writer.writeheader()
             for row in self.rows:
                 writer.writerow({k: _text(v) for k, v in row.items()})
-        os.replace(tmp, self.path)
+
+        file_failures.write_atomically(self.path, write)
 
 
 def _rows_of_summary(run_dir, steps_per_epoch):
@@ -220,18 +221,17 @@ class TensorBoardScalars(keras.callbacks.Callback):
         prune_events(log_dir, start_step)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir, filename_suffix=self._suffix)
         step = _step(self.model)
-        with self._writer.as_default():
-            tf.summary.scalar("epoch", epoch + 1, step=step)
-            for key, value in sorted((logs or {}).items()):
-                tf.summary.scalar(key, float(keras.ops.convert_to_numpy(value)), step=step)
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
+        try:
+            if self._writer is None:
+                self._writer = tf.summary.create_file_writer(self.log_dir, filename_suffix=self._suffix)
+            with self._writer.as_default():
+                tf.summary.scalar("epoch", epoch + 1, step=step)
+                for key, value in sorted((logs or {}).items()):
+                    tf.summary.scalar(key, float(keras.ops.convert_to_numpy(value)), step=step)
             self._writer.flush()
+        except (OSError, tf.errors.OpError) as e:
+            file_failures.note(file_failures.write_failure(self.log_dir, e))
 
 
 def _own_event_files(log_dir, lineage):
@@ -284,9 +284,14 @@ def prune_events(log_dir, last_step):
         if not dropped:
             continue
         tmp = os.path.join(log_dir, f"pruning.{os.path.basename(path)}")
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for record in kept:
-                writer.write(record)
-        os.replace(tmp, path)
+        try:
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for record in kept:
+                    writer.write(record)
+            os.replace(tmp, path)
+        except (OSError, tf.errors.OpError) as e:
+            file_failures.remove_quietly(tmp)
+            file_failures.note(file_failures.write_failure(path, e))
+            continue
         removed += dropped
     return removed

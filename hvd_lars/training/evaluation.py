@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from hvd_lars.metrics import top_k_correct
 from hvd_lars.parallel import collectives
-from hvd_lars.training import faults
+from hvd_lars.training import faults, file_failures
 
 
 def moving_statistics(model):
@@ -82,7 +82,11 @@ class ExactEvaluation(keras.callbacks.Callback):
             return
         # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
         collectives.average_variables(moving_statistics(self.model))
-        loss, top1, top5, count = collectives.allreduce_sum(self._counts(), name="hvd_lars.eval_counts")
+        # With the counts, whether a rank failed to read an evaluation file (file_failures).
+        counts = [*self._counts(), file_failures.vote()]
+        loss, top1, top5, count, failed = collectives.allreduce_sum(counts, name="hvd_lars.eval_counts")
+        if failed:
+            file_failures.raise_noted()
         if int(count) != self.num_examples:
             raise RuntimeError(
                 f"evaluated {int(count)} {self.prefix} images across ranks, expected {self.num_examples}."

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars.parallel import collectives
+from hvd_lars.training import file_failures
 
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the job stopped cleanly
 # at a checkpoint because it was asked to and should be started again. Not 143 (128 + SIGTERM), which is
@@ -167,10 +168,14 @@ class FaultGuard(keras.callbacks.Callback):
         finite = bool(self._finite())
         if not self._scaled and logs and "loss" in logs:
             finite = finite and bool(np.isfinite(float(logs["loss"])))
-        # Votes of all ranks: how many saw non-finite values, how many received a stop signal.
-        diverged, signalled = collectives.allreduce_sum(
-            [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0], name="hvd_lars.fault_guard"
+        # Votes of all ranks: how many saw non-finite values, how many received a stop signal, how many
+        # failed to write or read a file (file_failures).
+        diverged, signalled, failed = collectives.allreduce_sum(
+            [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0, file_failures.vote()],
+            name="hvd_lars.fault_guard",
         )
+        if failed:
+            file_failures.raise_noted()
         step = int(self.model.optimizer.iterations)
         if diverged:
             rate = float(keras.ops.convert_to_numpy(self._rate))
@@ -217,6 +222,7 @@ class FaultGuard(keras.callbacks.Callback):
 
         class StopAfterEpoch(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
+                file_failures.agree()  # a write of this epoch's logs or checkpoint, a read of its evaluation
                 # After the last update of the run there is nothing left to resume: training ends normally.
                 if guard._pending and guard._pending[0] < guard.total_steps:
                     guard._stop()

@@ -28,6 +28,7 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from hvd_lars.training import file_failures  # noqa: E402
 from hvd_lars.training.config import TrainConfig  # noqa: E402
 from hvd_lars.training.plan import Plan  # noqa: E402
 from hvd_lars.training.recipe import build_schedule  # noqa: E402
@@ -142,11 +143,18 @@ def plot_run(run_dir, out=None):
 
     Raises:
         FileNotFoundError: not a run directory.
+        OSError: `out` cannot be written (the file is then as it was).
     """
     out = out or os.path.join(run_dir, "run.png")
     figure = make_figure(run_dir)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
+    try:
+        figure.savefig(f"{out}.tmp", dpi=100, format="png")
+        os.replace(f"{out}.tmp", out)
+    except OSError:
+        file_failures.remove_quietly(f"{out}.tmp")
+        raise
+    finally:
+        plt.close(figure)
     return out
 
 
@@ -162,7 +170,7 @@ def main(argv=None):
     except NoEpochYet as e:
         print(e)  # as the docstring promises, also while it trains: not an error
         return 0
-    except FileNotFoundError as e:
+    except OSError as e:  # not a run directory, or run.png cannot be written
         print(f"hvd_lars.training.plot_run: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -15,7 +15,7 @@ import time
 import keras
 
 from hvd_lars.parallel import collectives
-from hvd_lars.training import damaged, provenance
+from hvd_lars.training import damaged, file_failures, provenance
 from hvd_lars.training.lineage import UNRECORDED, set_aside
 from hvd_lars.training.strict_json import read as read_json
 from hvd_lars.training.strict_json import strict
@@ -142,7 +142,5 @@ class RunSummary(keras.callbacks.Callback):
                 s[f"final_{split}_top1"] = evaluated[-1][f"{split}_top1"]
                 s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
         if collectives.is_chief():
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(strict(s), f, indent=2, allow_nan=False)
-            os.replace(tmp, self.path)
+            write = lambda f: json.dump(strict(s), f, indent=2, allow_nan=False)
+            file_failures.write_atomically(self.path, write)

@@ -10,6 +10,7 @@ a job keeps the checkpoint before it: tests/test_checkpoints.py.)
 Usage: python tests/support/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
            [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
 (--block_checkpoints_at_step: rank 0 replaces the checkpoint folder by a file after update M.)
+(--fill_disk_at_step=F: rank 0 fills the file system of --workdir after update F with FILE <workdir>/filler.)
 (--pause_at_step=K: every rank, after update K (exactly; a run resumed past it does not pause), writes
  FILE.rank<r> for --pause_marker=FILE, then waits until it receives SIGTERM or SIGUSR1 or --pause_until's
  file exists: a test signals a job that is certainly still training, at a known update, on any machine.)
@@ -44,6 +45,7 @@ flags.DEFINE_string("pause_until", "", "The pause also ends when this file exist
 flags.DEFINE_float("pause_limit_s", 600, "A pause longer than this ends the process (status 1).")
 flags.DEFINE_list("stop_schedule", [], "STEP:SIGNAL:RANK stops; each start takes the next one (see above).")
 flags.DEFINE_string("stop_record", "", "--stop_schedule: FILE.rank<r> lists the stops taken.")
+flags.DEFINE_integer("fill_disk_at_step", 0, "Fill the disk of --workdir after this update (0: never).")
 flags.DEFINE_integer(
     "block_checkpoints_at_step", 0, "Replace the checkpoint folder by a file after this update (0: never)."
 )
@@ -63,6 +65,25 @@ class BlockCheckpoints(keras.callbacks.Callback):
             shutil.rmtree(self.folder, ignore_errors=True)
             with open(self.folder, "w") as f:
                 f.write("not a folder")
+
+
+class FillDisk(keras.callbacks.Callback):
+    """After update `step`, writes the file `path` until its file system is full (as a disk that other
+    programs fill while training runs)."""
+
+    def __init__(self, step, path):
+        super().__init__()
+        self.step = step
+        self.path = path
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == self.step:
+            with open(self.path, "wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 2**16)
+                except OSError:
+                    pass
 
 
 class KillAtStep(keras.callbacks.Callback):
@@ -195,6 +216,8 @@ def _run_with_fault(config, extra_callbacks=(), run=None):
         _faults.append(ScheduledStop(parse_schedule(f.stop_schedule), f.stop_record))
     if f.pause_at_step:
         _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until, f.pause_limit_s))
+    if f.fill_disk_at_step and collectives.init()[0] == 0:
+        _faults.append(FillDisk(f.fill_disk_at_step, os.path.join(config.workdir, "filler")))
     if f.block_checkpoints_at_step and collectives.init()[0] == 0:
         folder = os.path.join(config.workdir, config.run_name, "checkpoints")
         _faults.append(BlockCheckpoints(f.block_checkpoints_at_step, folder))

@@ -35,11 +35,16 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         at_epoch_end: bool; save at each epoch end (after evaluation). Without it, the state at the end of
             each `fit` is saved instead of the epoch ends', so a finished run still has its final checkpoint.
         asynchronous: bool; write in the background (see above).
+        progress: the `hvd_lars.training.progress.Progress` whose record the checkpoint holds, filled before
+            each save; or None.
     """
 
-    def __init__(self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False):
+    def __init__(
+        self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False, progress=None
+    ):
         super().__init__()
         self.manager = manager
+        self.progress = progress
         self.every_steps = every_steps
         self.accumulation_steps = accumulation_steps
         self.at_epoch_end = at_epoch_end
@@ -60,6 +65,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         # Every rank, at the same steps: the checkpoint (rank 0's) then holds the statistics of all ranks,
         # and a run resumed from it continues as the uninterrupted run does.
         collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
+        if self.progress is not None:
+            self.progress.capture()
         if step != self._last_saved and collectives.is_chief() and not file_failures.noted():
             error = self._wait()  # the previous background write, if any, first
             if not error:

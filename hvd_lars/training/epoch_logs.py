@@ -295,3 +295,34 @@ def prune_events(log_dir, last_step):
             continue
         removed += dropped
     return removed
+
+
+class EpochProgbar(keras.callbacks.ProgbarLogger):
+    """Keras's progress bar (rank 0's `verbose`) for a run fitted in pieces: the header says the run's
+    epoch and epoch count (`Epoch 1/2`) also in a `fit` of one epoch, and an epoch resumed mid-way counts
+    its micro-batches from where it resumed (`5/14`, not `1/10`). Place it last, as Keras places its own.
+
+    Args:
+        epochs: the run's epochs.
+        batches_per_epoch: micro-batches per epoch (steps per epoch x accumulation steps).
+    """
+
+    def __init__(self, epochs, batches_per_epoch):
+        super().__init__()
+        self.run_epochs = epochs
+        self.batches_per_epoch = batches_per_epoch
+        self._done = 0
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.epochs = self.run_epochs
+        # A fit of fewer steps than an epoch finishes an epoch resumed mid-way.
+        self._done = self.batches_per_epoch - params["steps"] if params.get("steps") else 0
+        self.target = self.batches_per_epoch
+
+    def _update_progbar(self, batch, logs=None):
+        super()._update_progbar(batch + self._done, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        self._done = 0  # the next epoch of this fit is whole

@@ -29,19 +29,24 @@ class RunSummary(keras.callbacks.Callback):
     rank 0's host), cross_size (hosts), global_batch_size, per_rank_batch_size, accumulation_steps,
     threads (the thread settings read back from TensorFlow, `hvd_lars.training.train.applied_threads`),
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
-    over this attempt's epochs after its first, which includes graph tracing), wall_time_s (this
-    attempt's training and evaluation time, seconds), final_test_top1 / final_test_top5 (fractions, last
+    over this attempt's epochs after its first, which includes graph tracing), wall_time_s (training and
+    evaluation time, seconds: with a `progress`, summed over the run's segments, each counted up to the
+    checkpoint the next resumed from, `hvd_lars.training.progress`; else this attempt's), segments (the
+    starts that trained the run: 1 uninterrupted), final_test_top1 / final_test_top5 (fractions, last
     evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
     one), stopped (only when training stopped early: reason "TrainingDiverged" or "Preempted", step,
     message), git_sha, date, machine and software versions.
 
     Args:
+        progress: the run's `hvd_lars.training.progress.Progress` (its time over segments), or None.
         lineage: the run's `hvd_lars.training.lineage.Lineage`, or None (no run id). A resumed run keeps the
             epochs of a summary.json of its own lineage; one of another lineage is moved under
             `earlier_runs/<its run id>/`, with one line saying so.
     """
 
-    def __init__(self, run_dir, run_name, config, plan, start_step, threads=None, lineage=None):
+    def __init__(
+        self, run_dir, run_name, config, plan, start_step, threads=None, lineage=None, progress=None
+    ):
         super().__init__()
         self.path = os.path.join(run_dir, "summary.json")
         finished_epochs = start_step // plan.steps_per_epoch
@@ -69,6 +74,7 @@ class RunSummary(keras.callbacks.Callback):
             "epochs": previous,
             "images_per_second": None,
             "wall_time_s": 0.0,
+            "segments": progress.segments if progress is not None else 1,
             "final_test_top1": None,
             "final_test_top5": None,
             "final_val_top1": None,
@@ -79,7 +85,8 @@ class RunSummary(keras.callbacks.Callback):
             ),
         }
         self._attempt_epochs = []
-        self._start = time.perf_counter()
+        start = time.perf_counter()
+        self._wall_time_s = progress.wall_time_s if progress else lambda: time.perf_counter() - start
         self._update()
 
     def _set_aside(self, run_dir, run_id):
@@ -135,7 +142,7 @@ class RunSummary(keras.callbacks.Callback):
         rates = [e["images_per_second"] for e in self._attempt_epochs if "images_per_second" in e]
         steady = rates[1:] or rates
         s["images_per_second"] = sum(steady) / len(steady) if steady else None
-        s["wall_time_s"] = time.perf_counter() - self._start
+        s["wall_time_s"] = self._wall_time_s()
         for split in ("test", "val"):
             evaluated = [e for e in s["epochs"] if f"{split}_top1" in e]
             if evaluated:

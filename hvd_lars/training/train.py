@@ -25,6 +25,7 @@ from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.evaluation import ExactEvaluation
 from hvd_lars.training.lineage import Lineage, RunRecord
 from hvd_lars.training.plan import batch_sizes, make_plan
+from hvd_lars.training.progress import Progress
 from hvd_lars.training.resume import resume_or_begin
 from hvd_lars.training.run_summary import RunSummary
 from hvd_lars.training.throughput import ImagesPerSecond
@@ -47,15 +48,18 @@ class Job:
     extra_callbacks: list
     signals: faults.StopSignals
     watchdog: faults.ProgressWatchdog
+    progress: Progress
 
     def agree(self):
-        """Rank 0's lineage on every rank, in every rank's checkpoint record (a collective).
+        """Rank 0's lineage on every rank, in every rank's checkpoint record, and the progress record of the
+        checkpoint it resumed from (a collective).
 
         Raises:
             ValueError: rank 0 refused the run directory's checkpoint (`Lineage.share`), on every rank.
         """
         self.lineage.share()
         self.record.assign(self.lineage.run_id)
+        self.progress.resume(self.lineage.restored)
 
 
 def run(config, extra_callbacks=()):
@@ -76,7 +80,8 @@ def run(config, extra_callbacks=()):
             raises it after the same update; summary.json records it).
         hvd_lars.training.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the
             same update, whose checkpoint rank 0 wrote.
-        hvd_lars.training.checkpoints.CheckpointWriteError: rank 0 could not write a checkpoint (every rank).
+        hvd_lars.training.file_failures.FileFailure: a write of the run or a read of its data failed on
+            some rank (every rank).
     """
     rank, world_size = collectives.init()
     config.validate(world_size)
@@ -150,7 +155,10 @@ def start(
         lineage = resume_or_begin(model, optimizer, build, run_dir, plan, config)
     build()
     record = RunRecord(plan.settings)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
+    progress = Progress(plan.steps_per_epoch)
+    checkpoint = tf.train.Checkpoint(
+        model=model, optimizer=optimizer, run=record.variable, progress=progress.variable
+    )
     manager = open_manager(checkpoint, os.path.join(run_dir, "checkpoints"), config.keep_checkpoints, run_dir)
     job = Job(
         config,
@@ -164,6 +172,7 @@ def start(
         list(extra_callbacks),
         signals,
         watchdog,
+        progress,
     )
     if agree:
         job.agree()
@@ -202,15 +211,14 @@ def attempt(job, plan, data, commit=None):
                 flush=True,
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(
-        run_dir, job.run_name, config, plan, start_step, threads=applied, lineage=job.lineage
-    )
+    summary = RunSummary(run_dir, job.run_name, config, plan, start_step, applied, job.lineage, job.progress)
     checkpointer = PeriodicCheckpoint(
         job.manager,
         config.checkpoint_every_steps,
         plan.accumulation_steps,
         at_epoch_end=config.checkpoint_at_epoch_end,
         asynchronous=config.async_checkpoints,
+        progress=job.progress,
     )
     guard = faults.FaultGuard(job.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
     callbacks = callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary, commit)
@@ -254,6 +262,7 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
         job.watchdog,
+        job.progress,  # an epoch resumed mid-way starts from the metric sums of its earlier updates
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
         *_corrupt_image_count(data),
         ImagesPerSecond(plan.per_rank_batch_size * collectives.size()),
@@ -264,7 +273,8 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
         summary,
         checkpointer,  # after the loggers: no epoch's checkpoint exists without that epoch's logs
         *([commit] if commit is not None else []),  # after the checkpoint: what is committed was saved
-        guard.after_epoch(),  # last: stops at the end of an epoch whose last update found a stop signal
+        guard.after_epoch(),  # stops at the end of an epoch whose last update found a stop signal
+        epoch_logs.EpochProgbar(plan.epochs, plan.steps_per_epoch * plan.accumulation_steps),
     ]
 
 
@@ -335,6 +345,7 @@ def _print_final(summary):
     val = f"validation top-1 {result['final_val_top1']}, " if result["final_val_top1"] is not None else ""
     print(
         f"[hvd_lars] final test top-1 {result['final_test_top1']}, {val}{rate} images/s, "
-        f"wall time {result['wall_time_s']:.0f} s; summary in {summary.path}",
+        f"wall time {result['wall_time_s']:.0f} s over {result['segments']} start(s); summary in "
+        f"{summary.path}",
         flush=True,
     )

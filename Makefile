@@ -23,6 +23,8 @@ TRAIN_FLAGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+# Time for the ranks' stop checkpoint when mpirun is signalled (launch/env.sh says why).
+export OMPI_MCA_odls_base_sigkill_timeout ?= 10
 export PYTHONUNBUFFERED ?= 1
 
 .PHONY: setup train test test-quick lint format clean

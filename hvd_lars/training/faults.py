@@ -4,8 +4,9 @@ complete checkpoint.
 - Divergence: a non-finite loss or variable on any rank stops every rank after the same update, before any
   checkpoint of non-finite weights is written (so none rotates a finite one out): `TrainingDiverged`,
   exit status `EXIT_DIVERGED` from the main program.
-- Preemption: SIGTERM (Slurm's pre-emption and scancel, a container stop) or SIGUSR1 (what
-  launch/slurm/train.sbatch asks Slurm to send before the time limit) received by any rank stops every rank
+- Preemption: SIGTERM (Slurm's pre-emption and scancel, a container stop), SIGUSR1 (what
+  launch/slurm/train.sbatch asks Slurm to send before the time limit) or SIGINT (Ctrl-C) received by any
+  rank, or the end of the command that started the job (`launcher_watch`), stops every rank
   at the next update boundary; rank 0 writes a checkpoint of that step and the main program exits with
   `EXIT_PREEMPTED`, which the batch script turns into a requeue; the requeued run resumes from that step.
 - The run directory is checked for write access and free space before training (`check_run_dir`).
@@ -30,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_lars.parallel import collectives
-from hvd_lars.training import file_failures
+from hvd_lars.training import file_failures, launcher_watch
 
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the job stopped cleanly
 # at a checkpoint because it was asked to and should be started again. Not 143 (128 + SIGTERM), which is
@@ -41,8 +42,9 @@ EXIT_DIVERGED = 3
 # No progress for --hang_timeout_s: the process ended itself (ProgressWatchdog); restart from the checkpoint
 # once the cause (a silent host or link, a hung file system) is gone.
 EXIT_HUNG = 4
-# The signals that ask training to stop at the next update boundary and checkpoint.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# The signals that ask training to stop at the next update boundary and checkpoint: a scheduler's or a
+# container's stop, Slurm's time-limit warning (launch/slurm/train.sbatch), Ctrl-C.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class TrainingDiverged(RuntimeError):
@@ -67,18 +69,35 @@ class Preempted(Exception):
 
 
 class StopSignals:
-    """Context manager: while inside, SIGTERM and SIGUSR1 are recorded (`received`, the first one's name)
-    instead of ending the process; the previous handlers come back on exit. Outside the main thread, where
-    Python cannot install handlers, it records nothing and the signals keep their defaults."""
+    """Context manager: while inside, SIGTERM, SIGUSR1 and SIGINT are recorded (`received`, the first one's
+    name) instead of ending the process, and so is an MPI launcher stopping or gone (`launcher_watch`); the
+    previous handlers come back on exit. A second SIGINT (Ctrl-C pressed again) ends the process at once
+    with status 130, keeping the last complete checkpoint. Outside the main thread, where Python cannot
+    install handlers, it records nothing and the signals keep their defaults."""
 
     def __init__(self, signals=STOP_SIGNALS):
         self.signals = signals
         self.received = None
         self._previous = {}
+        self._launcher_stop = None
+        self._watch = launcher_watch.LauncherWatch(self._on_launcher_stop)
 
     def _handler(self, signum, frame):
         if self.received is None:
-            self.received = signal.Signals(signum).name
+            self.received = self._launcher_stop or signal.Signals(signum).name
+        elif signum == signal.SIGINT:
+            print(
+                "hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the "
+                "last complete checkpoint is kept.",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(128 + signal.SIGINT)
+
+    def _on_launcher_stop(self, reason):
+        # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
+        self._launcher_stop = f"SIGTERM ({reason})"
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def __enter__(self):
         for s in self.signals:
@@ -86,9 +105,12 @@ class StopSignals:
                 self._previous[s] = signal.signal(s, self._handler)
             except ValueError:  # not the main thread
                 break
+        if self._previous:  # the watch stops training through the handlers
+            self._watch.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._watch.__exit__(*exc)
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous = {}
@@ -207,9 +229,10 @@ class FaultGuard(keras.callbacks.Callback):
         path = self.checkpoint.manager.latest_checkpoint if collectives.is_chief() else "written by rank 0"
         name = self.signals.received
         raise Preempted(
-            f"preempted: a stop signal (SIGTERM or SIGUSR1) reached {signalled} of {collectives.size()} "
-            f"rank(s) (this one: {name or 'none'}); stopped at step {step}, checkpoint {path}. Start the "
-            f"same command again to resume from step {step} (exit status {EXIT_PREEMPTED}: requeue).",
+            f"preempted: a stop signal (SIGTERM, SIGUSR1, Ctrl-C) reached {signalled} of "
+            f"{collectives.size()} rank(s) (this one: {name or 'none'}); stopped at step {step}, checkpoint "
+            f"{path}. Start the same command again to resume from step {step} (exit status "
+            f"{EXIT_PREEMPTED}: requeue).",
             step,
             name,
             path,

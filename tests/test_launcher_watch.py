@@ -1,0 +1,145 @@
+"""Whichever process of a job is signalled, every rank stops at the next update with the pre-emption
+checkpoint, every process of the job exits, and the same command resumes exactly: real horovodrun (MPI and
+Gloo) and mpirun, started in a session of their own as a terminal or a scheduler starts them; the signal
+goes to the launcher's pid (kill, timeout, a supervisor) or to its whole process group (Ctrl-C)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.support import REPO
+from tests.support.small_runs import final_tensors
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
+# flags/smoke.flags on 2 ranks: 3 epochs of 4 updates, a checkpoint every 2; the stop lands after update 5.
+FLAGS = [
+    "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--verbose=0",
+]  # fmt: skip
+PAUSE_AT = 5
+LAUNCHERS = {
+    "horovodrun": [HOROVODRUN, "-np", "2", "-H", "localhost:2"],
+    "horovodrun --gloo": [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"],
+    "mpirun": ["mpirun", "-np", "2", "--oversubscribe"],
+}
+
+
+def _env():
+    # Open MPI's own grace before it kills the ranks (launch/env.sh and the Makefile set it), and no
+    # OMPI_MCA value of the calling environment.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA")}
+    return dict(env, PYTHONPATH=REPO, OMPI_MCA_odls_base_sigkill_timeout="10")
+
+
+def _command(launcher, workdir, pause):
+    program = [KILLER, f"--pause_at_step={PAUSE_AT}", f"--pause_marker={workdir}/paused"] if pause else []
+    return (
+        LAUNCHERS[launcher]
+        + [sys.executable, *(program or ["-m", "hvd_lars.main"]), *FLAGS]
+        + [f"--workdir={workdir}"]
+    )
+
+
+def _job_gone(job, within_s):
+    """True once no process of `job`'s process group is left (polled; False after `within_s` seconds)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        job.poll()  # the launcher reaped: a zombie still counts as a member of the group
+        try:
+            os.killpg(job.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _stop(launcher, workdir, signum, to_group):
+    """Starts the job paused after update `PAUSE_AT` on both ranks, signals the launcher (its pid or its
+    process group), and returns (the launcher's exit status, the job's output, seconds until every
+    process of the job was gone or None)."""
+    log = open(workdir / "job.log", "w+")  # not a pipe: ranks that outlive the launcher never block on it
+    job = subprocess.Popen(
+        _command(launcher, workdir, pause=True),
+        cwd=REPO,
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        markers = [f"{workdir}/paused.rank{r}" for r in range(2)]
+        deadline = time.monotonic() + 300
+        while not all(os.path.exists(m) for m in markers):
+            assert job.poll() is None and time.monotonic() < deadline, (workdir / "job.log").read_text()
+            time.sleep(0.2)
+        signalled = time.monotonic()
+        if to_group:
+            os.killpg(job.pid, signum)
+        else:
+            os.kill(job.pid, signum)
+        gone = _job_gone(job, 60)
+        gone_after = time.monotonic() - signalled if gone else None
+        return job.wait(timeout=60), (workdir / "job.log").read_text(), gone_after
+    finally:
+        log.close()
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _checkpoint_steps(run_dir):
+    folder = os.path.join(run_dir, "checkpoints")
+    return sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(folder) if f.endswith(".index"))
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The final tensors of the uninterrupted run under horovodrun."""
+    workdir = tmp_path_factory.mktemp("straight")
+    result = subprocess.run(
+        _command("horovodrun", workdir, pause=False), cwd=REPO, env=_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return final_tensors(workdir / "smoke")
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize(
+    "launcher, signum, to_group, reason",
+    [
+        # horovodrun's `sh -c mpirun` shell ends; mpirun and the ranks would train on unwatched.
+        ("horovodrun", signal.SIGTERM, False, "SIGTERM (the launcher is gone)"),
+        # Ctrl-C in the terminal: the whole group; mpirun begins its kill sequence with SIGCONT.
+        ("horovodrun", signal.SIGINT, True, "SIGTERM (mpirun is stopping the job)"),
+        ("mpirun", signal.SIGTERM, False, "SIGTERM (mpirun is stopping the job)"),
+        ("horovodrun --gloo", signal.SIGTERM, False, "SIGTERM"),
+    ],
+)
+def test_a_signal_to_the_launcher_stops_every_rank_at_a_checkpoint_and_resumes_exactly(
+    tmp_path, straight, launcher, signum, to_group, reason
+):
+    status, out, gone_after = _stop(launcher, tmp_path, signum, to_group)
+    assert gone_after is not None, f"processes left 60 s after the signal; status {status}\n{out[-3000:]}"
+    run_dir = tmp_path / "smoke"
+    # Both ranks, each its own line.
+    line = f"reached 2 of 2 rank(s) (this one: {reason}); stopped at step {PAUSE_AT + 1}, checkpoint "
+    assert out.count(line) == 2, out[-3000:]
+    assert PAUSE_AT + 1 in _checkpoint_steps(run_dir)
+    assert "<stderr>:Traceback" not in out, out[-3000:]
+    resumed = subprocess.run(
+        _command(launcher, tmp_path, pause=False), cwd=REPO, env=_env(), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"(step {PAUSE_AT + 1})" in resumed.stdout
+    final = final_tensors(run_dir)
+    assert final.keys() == straight.keys()
+    for name in final:
+        np.testing.assert_array_equal(final[name], straight[name], err_msg=name)

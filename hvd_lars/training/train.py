@@ -19,7 +19,7 @@ from hvd_lars.models import get_model
 from hvd_lars.optim.rate_callbacks import LearningRateLogger
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
-from hvd_lars.training import epoch_logs, faults, recipe, threads
+from hvd_lars.training import claim, epoch_logs, faults, recipe, threads
 from hvd_lars.training.checkpoints import PeriodicCheckpoint, open_manager
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.evaluation import ExactEvaluation
@@ -73,8 +73,8 @@ def run(config, extra_callbacks=()):
 
     Raises:
         ValueError: bad configuration (before any data is read or model built), a run directory that is not
-            writable or lacks the space for a few checkpoints, or a checkpoint of another plan or run
-            (`hvd_lars.training.resume`; every rank).
+            writable, lacks the space for a few checkpoints or is in use by another job (`claim`), or a
+            checkpoint of another plan or run (`hvd_lars.training.resume`; every rank).
         FileNotFoundError: missing data.
         hvd_lars.training.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank
             raises it after the same update; summary.json records it).
@@ -89,16 +89,17 @@ def run(config, extra_callbacks=()):
     global_batch, per_rank_batch = batch_sizes(config, world_size)
     run_name, run_dir = run_directory(config, global_batch)
     faults.check_run_dir(run_dir, 0, 0)  # writable, before anything of the run is read or made
-    request = recipe.input_request(config, per_rank_batch, rank, world_size, run_dir)
-    data = get_input(config.dataset, request, **recipe.input_options(config))
-    plan = make_plan(config, world_size, data)
-    signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
-    job = start(config, plan, run_name, run_dir, data, requested, signals, watchdog, extra_callbacks)
-    # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed state),
-    # before the step counter plans the rest of the run.
-    broadcast_model_and_optimizer(job.model)
-    with job.signals, job.watchdog:
-        return attempt(job, plan, data)
+    with claim.RunDirClaim(run_dir):  # no second job on this directory, before anything is moved
+        request = recipe.input_request(config, per_rank_batch, rank, world_size, run_dir)
+        data = get_input(config.dataset, request, **recipe.input_options(config))
+        plan = make_plan(config, world_size, data)
+        signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
+        job = start(config, plan, run_name, run_dir, data, requested, signals, watchdog, extra_callbacks)
+        # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed
+        # state), before the step counter plans the rest of the run.
+        broadcast_model_and_optimizer(job.model)
+        with job.signals, job.watchdog:
+            return attempt(job, plan, data)
 
 
 def run_directory(config, global_batch):

@@ -96,7 +96,8 @@ def test_a_claim_whose_holder_is_gone_is_taken_over_with_one_line(tmp_path):
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
-    "--checkpoint_every_steps=2", "--resume=true", "--max_eval_examples=32", "--verbose=0",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--verbose=0",
 ]  # fmt: skip
 
 

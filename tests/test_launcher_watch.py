@@ -116,10 +116,10 @@ def straight(tmp_path_factory):
     "launcher, signum, to_group, reason",
     [
         # horovodrun's `sh -c mpirun` shell ends; mpirun and the ranks would train on unwatched.
-        ("horovodrun", signal.SIGTERM, False, "SIGTERM (the launcher is gone)"),
+        ("horovodrun", signal.SIGTERM, False, "the launcher is gone"),
         # Ctrl-C in the terminal: the whole group; mpirun begins its kill sequence with SIGCONT.
-        ("horovodrun", signal.SIGINT, True, "SIGTERM (mpirun is stopping the job)"),
-        ("mpirun", signal.SIGTERM, False, "SIGTERM (mpirun is stopping the job)"),
+        ("horovodrun", signal.SIGINT, True, "mpirun is stopping the job"),
+        ("mpirun", signal.SIGTERM, False, "mpirun is stopping the job"),
         ("horovodrun --gloo", signal.SIGTERM, False, "SIGTERM"),
     ],
 )

@@ -96,7 +96,7 @@ class StopSignals:
 
     def _on_launcher_stop(self, reason):
         # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
-        self._launcher_stop = f"SIGTERM ({reason})"
+        self._launcher_stop = reason
         os.kill(os.getpid(), signal.SIGTERM)
 
     def __enter__(self):
@@ -229,9 +229,9 @@ class FaultGuard(keras.callbacks.Callback):
         path = self.checkpoint.manager.latest_checkpoint if collectives.is_chief() else "written by rank 0"
         name = self.signals.received
         raise Preempted(
-            f"preempted: a stop signal (SIGTERM, SIGUSR1, Ctrl-C) reached {signalled} of "
-            f"{collectives.size()} rank(s) (this one: {name or 'none'}); stopped at step {step}, checkpoint "
-            f"{path}. Start the same command again to resume from step {step} (exit status "
+            f"preempted: a stop request (SIGTERM, SIGUSR1, Ctrl-C, the launcher's stop) reached {signalled} "
+            f"of {collectives.size()} rank(s) (this one: {name or 'none'}); stopped at step {step}, "
+            f"checkpoint {path}. Start the same command again to resume from step {step} (exit status "
             f"{EXIT_PREEMPTED}: requeue).",
             step,
             name,

@@ -124,7 +124,8 @@ def small_disk(tmp_path):
 
 SMOKE = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--resume=true", "--epochs=6",
-    "--steps_per_epoch=5", "--checkpoint_every_steps=1", "--keep_checkpoints=3", "--verbose=0",
+    "--steps_per_epoch=5", "--checkpoint_every_steps=1", "--noasync_checkpoints", "--keep_checkpoints=3",
+    "--verbose=0",
 ]  # fmt: skip
 
 

@@ -209,6 +209,6 @@ def refuse_plan_changes(changes, run_dir, checkpoint):
     return (
         f"{run_dir} holds a run with another plan ({'; '.join(changes)}), the plan of its checkpoint "
         f"{checkpoint}. Resume it with its own flags, name the settings to change in --allow_plan_change, "
-        "or start afresh with another --run_name or --noresume (the earlier run is then kept under "
-        f"{os.path.join(run_dir, 'earlier_runs')})."
+        "or start afresh with another --run_name or --noresume (which moves the earlier run under "
+        f"{os.path.join(run_dir, 'earlier_runs')}, where the newest --keep_earlier_runs runs are kept)."
     )

@@ -93,6 +93,28 @@ def test_a_claim_whose_holder_is_gone_is_taken_over_with_one_line(tmp_path):
     assert not [n for n in os.listdir(run_dir) if n != "running.json"]
 
 
+@pytest.mark.unit
+def test_a_requeued_slurm_job_takes_over_its_earlier_start_on_any_node(tmp_path, monkeypatch):
+    from hvd_lars.training import claim
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    # The first start's rank 0 on node7, killed 10 s ago before it could remove its claim.
+    earlier = _claim_of(1, host="node7", boot="x", started="then", slurm_job="77", slurm_restart="0")
+    _write(run_dir, earlier, age_s=10)
+    assert claim.take(str(run_dir)) == (
+        f"took over the run directory {run_dir} from process 1 on host node7 (started then): it was an "
+        "earlier start (restart 0) of this Slurm job."
+    )
+    # Another job, or another step of this start, on another node: refused.
+    for other in (dict(slurm_job="78", slurm_restart="1"), dict(slurm_job="77", slurm_restart="1")):
+        _write(run_dir, {**earlier, **other}, age_s=10)
+        with pytest.raises(claim.RunDirInUse, match="on host node7"):
+            claim.take(str(run_dir))
+
+
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",

@@ -3,9 +3,10 @@ on that directory is refused before it moves, reads or writes anything of the ru
 
 The claim names the host, the process and its start; rank 0 refreshes its modification time every
 `HEARTBEAT_S` seconds and removes it when the job ends (also on an error or a pre-emption). A claim whose
-holder is gone does not block a restart: on the same host (and the same boot) it is stale as soon as its
-process is gone; from another host, once its file was not refreshed for `STALE_S` seconds, measured against
-the file system's own clock (a file written beside it), so hosts' clocks need not agree.
+holder is gone does not block a restart. It is stale: on the same host (and the same boot), as soon as its
+process is gone; from an earlier start of the same Slurm job (a requeue), at once; from another host, once
+its file was not refreshed for `STALE_S` seconds, measured against the file system's own clock (a file
+written beside it), so hosts' clocks need not agree.
 
 What this relies on, on a network file system shared by several hosts: an exclusive create (`O_EXCL`) and
 `rename` that are atomic across clients (NFS v3 and later, Lustre, GPFS, BeeGFS), and modification times
@@ -20,6 +21,7 @@ import threading
 import time
 
 from hvd_lars.parallel import collectives
+from hvd_lars.training import faults, file_failures
 
 NAME = "running.json"
 # Refresh period of the claim, and the age after which a claim of another host is taken as its job's end:
@@ -30,6 +32,10 @@ STALE_S = 4 * HEARTBEAT_S
 
 class RunDirInUse(ValueError):
     """Another live job holds the run directory (one line, exit status 2 from the main program)."""
+
+
+# The ways training ends on every rank at once, each still able to run a collective.
+ENDED_TOGETHER = (faults.Preempted, faults.TrainingDiverged, file_failures.FileFailure)
 
 
 def _boot_id():
@@ -50,7 +56,7 @@ def _process_start(pid):
 
 
 def holder():
-    """This process as a claim records it."""
+    """This process as a claim records it (with the Slurm job and restart it runs in, if any)."""
     pid = os.getpid()
     return {
         "host": socket.gethostname(),
@@ -58,6 +64,8 @@ def holder():
         "pid": pid,
         "process_start": _process_start(pid),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
     }
 
 
@@ -75,9 +83,14 @@ def _file_system_now(run_dir):
 def why_stale(claim, age_s):
     """Why the holder of `claim` (a dict as `holder()` makes it) whose file was last refreshed `age_s`
     seconds ago is gone, or None where it may still run."""
-    here = claim.get("host") == socket.gethostname() and claim.get("boot") == _boot_id()
+    me = holder()
+    here = claim.get("host") == me["host"] and claim.get("boot") == me["boot"]
     if here and _process_start(claim.get("pid")) != claim.get("process_start"):
         return "its process is gone"
+    # Slurm starts a requeued job only once every process of its earlier start has ended.
+    if me["slurm_job"] and claim.get("slurm_job") == me["slurm_job"]:
+        if claim.get("slurm_restart") != me["slurm_restart"]:
+            return f"it was an earlier start (restart {claim.get('slurm_restart')}) of this Slurm job"
     if age_s > STALE_S:
         return f"its claim was last refreshed {age_s:.0f} s ago (every {HEARTBEAT_S:.0f} s while it runs)"
     return None
@@ -191,10 +204,14 @@ class RunDirClaim:
             except OSError:
                 pass  # a full or lost disk: the run's own writes report it
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
             release(self.run_dir)
+        if exc_type is None or issubclass(exc_type, ENDED_TOGETHER):
+            # No rank exits before the claim is gone: a launcher that kills the others when one exits
+            # (srun --kill-on-bad-exit, after a pre-emption's status 75) would leave it behind.
+            collectives.barrier()
         return False

@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import re
 import types
 
 import keras
@@ -213,3 +214,69 @@ def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys
     said = f"{tmp_path}: no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot\n"
     assert out.out == said
     assert out.err == "" and not (tmp_path / "run.png").exists()
+
+
+def _fit_with_progress(progress, epochs=2, steps=5):
+    """A small model fitted for `epochs` of `steps` micro-batches with `progress` last; returns rank 0's
+    running mean loss after each micro-batch, as the progress lines report it."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.arange(40, dtype="float32").reshape(20, 2) / 40
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(2).repeat()
+    losses = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: losses.append(logs["loss"]))
+    callbacks = [record, progress]
+    model.fit(data, epochs=epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, shuffle=False)
+    return losses
+
+
+def _fake_clock(step_s=10):
+    # Read once as an epoch begins and once after each micro-batch: 10 s per micro-batch.
+    ticks = iter(range(0, 10_000, step_s))
+    return lambda: next(ticks)
+
+
+END_LINE = r"5/5 - \d+s - \d+[mu]?s/step - loss: \d+\.\d{4}(e-\d\d)?"  # Keras's own
+
+
+@pytest.mark.unit
+def test_progress_lines_every_interval_and_keras_epoch_line(capsys):
+    # A line when 25 s have passed since the previous (or the epoch's start): after micro-batch 3 of 5
+    # (30 s), not after 4 (10 s later) nor after 5, the epoch's last, which Keras's end line reports.
+    # 3 micro-batches of 64 images in 30 s: 6 images/s; 2 left at 0.1 per second: 20 s.
+    progress = epoch_logs.EpochProgress(2, 5, images_per_batch=64, every_s=25, clock=_fake_clock())
+    losses = _fit_with_progress(progress)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6, lines
+    assert lines[0] == "Epoch 1/2" and lines[3] == "Epoch 2/2"
+    assert lines[1] == f"3/5 - 30s - 6 images/s - loss: {losses[2]:.4f} - 20s left"
+    assert lines[4] == f"3/5 - 30s - 6 images/s - loss: {losses[7]:.4f} - 20s left"
+    assert re.fullmatch(END_LINE, lines[2]) and re.fullmatch(END_LINE, lines[5]), lines
+
+
+@pytest.mark.unit
+def test_progress_after_every_micro_batch_from_where_a_resumed_epoch_resumed(capsys):
+    # A fit of 3 micro-batches finishes an epoch of 5 resumed after 2: counted 3/5, 4/5, then the end line.
+    progress = epoch_logs.EpochProgress(4, 5, images_per_batch=8, every_s=0, clock=_fake_clock())
+    losses = _fit_with_progress(progress, epochs=1, steps=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [
+        "Epoch 1/4",
+        f"3/5 - 10s - 1 images/s - loss: {losses[0]:.4f} - 20s left",
+        f"4/5 - 20s - 1 images/s - loss: {losses[1]:.4f} - 10s left",
+    ]
+    assert len(lines) == 4 and re.fullmatch(END_LINE, lines[3]), lines
+
+
+@pytest.mark.unit
+def test_epoch_lines_only_without_an_interval(capsys):
+    _fit_with_progress(epoch_logs.EpochProgress(2, 5, images_per_batch=8, clock=_fake_clock()))
+    lines = capsys.readouterr().out.splitlines()
+    assert [lines[0], lines[2]] == ["Epoch 1/2", "Epoch 2/2"] and len(lines) == 4
+    assert re.fullmatch(END_LINE, lines[1]) and re.fullmatch(END_LINE, lines[3]), lines
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42, "42s"), (90, "1:30"), (3725, "1:02:05")])
+def test_time_left_is_written_as_keras_writes_its_eta(seconds, text):
+    assert epoch_logs._duration(seconds) == text

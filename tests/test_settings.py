@@ -257,6 +257,7 @@ def test_the_callbacks_run_in_this_order(tmp_path):
         watchdog=watchdog,
         extra_callbacks=[marker],
         lineage=Lineage("r"),
+        progress=keras.callbacks.Callback(),
     )
     data = types.SimpleNamespace(
         eval=None, num_eval_examples=10, validation="v", num_validation_examples=5, skipped_corrupt=None
@@ -268,13 +269,21 @@ def test_the_callbacks_run_in_this_order(tmp_path):
     order = callbacks_in_order(job, data, plan, 0, guard, checkpointer, summary, commit)
     names = [type(c).__name__ for c in order]
     assert names == [
-        "FaultGuard", "ProgressWatchdog", "MetricAverageCallback", "ImagesPerSecond", "LearningRateLogger",
-        "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV", "TensorBoardScalars", "Callback",
-        "Callback", "Callback", "StopAfterEpoch",
+        "FaultGuard", "ProgressWatchdog", "Callback", "MetricAverageCallback", "ImagesPerSecond",
+        "LearningRateLogger", "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV",
+        "TensorBoardScalars", "Callback", "Callback", "Callback", "StopAfterEpoch", "EpochProgress",
     ]  # fmt: skip
-    assert order[1] is watchdog and order[7] is marker and order[10:13] == [summary, checkpointer, commit]
+    assert order[1] is watchdog and order[2] is job.progress and order[8] is marker
+    assert order[11:14] == [summary, checkpointer, commit]
     assert [c.prefix for c in order if isinstance(c, evaluation.ExactEvaluation)] == ["test", "val"]
-    assert isinstance(order[8], epoch_logs.MetricsCSV)
+    assert isinstance(order[9], epoch_logs.MetricsCSV)
+    assert order[-1].every_s == 30 and order[-1].images_per_batch == plan.per_rank_batch_size
+    quiet = callbacks_in_order(types.SimpleNamespace(**{**vars(job), "config": _config(verbose=0)}), data,
+                               plan, 0, guard, checkpointer, summary)  # fmt: skip
+    assert type(quiet[-1]).__name__ == "StopAfterEpoch"
+    epoch_lines = callbacks_in_order(types.SimpleNamespace(**{**vars(job), "config": _config(verbose=2)}),
+                                     data, plan, 0, guard, checkpointer, summary)  # fmt: skip
+    assert epoch_lines[-1].every_s is None
 
 
 def test_a_callback_that_stops_training_is_not_undone():

@@ -217,7 +217,17 @@ class TrainConfig:
     intra_op_threads: int = setting(0, "TF intra-op threads (0: this rank's cores).", check=_COUNT)
     inter_op_threads: int = setting(0, "TF inter-op threads (0: this rank's cores).", check=_COUNT)
     verbose: int = setting(
-        2, "Keras verbosity on rank 0: 0, 1 (progress bar), 2 (per epoch).", check=at_least(0, whole=True)
+        1,
+        "Rank 0's lines, as Keras's fit counts them: 0 (none), 1 (each epoch's and a progress line every "
+        "--progress_every_s within it), 2 (each epoch's only).",
+        choices=(0, 1, 2),
+    )
+    # 30 s: a stall shows within half a minute, and a batch log gets 2 lines a minute however long the epoch.
+    progress_every_s: float = setting(
+        30.0,
+        "Seconds between rank 0's progress lines within an epoch (micro-batch k/n, images/s, loss, time "
+        "left; 0: after every micro-batch).",
+        check=at_least(0.0),
     )
 
     def resolve_batch(self, world_size):

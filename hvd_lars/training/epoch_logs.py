@@ -22,6 +22,8 @@ import csv
 import glob
 import io
 import os
+import sys
+import time
 
 import keras
 import tensorflow as tf
@@ -297,32 +299,86 @@ def prune_events(log_dir, last_step):
     return removed
 
 
-class EpochProgbar(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar (rank 0's `verbose`) for a run fitted in pieces: the header says the run's
-    epoch and epoch count (`Epoch 1/2`) also in a `fit` of one epoch, and an epoch resumed mid-way counts
-    its micro-batches from where it resumed (`5/14`, not `1/10`). Place it last, as Keras places its own.
+class EpochProgress(keras.callbacks.ProgbarLogger):
+    """Rank 0's lines: each epoch's header, a progress line every `every_s` seconds within it, and Keras's
+    epoch-end line (its `fit(verbose=2)` line). Plain lines, no bar or carriage return, so they read alike in
+    a terminal, in a batch log and through a launcher's pipe (horovodrun, mpirun, srun):
+
+        Epoch 3/12
+        120/469 - 31s - 1995 images/s - loss: 0.6421 - 1:30 left
+        240/469 - 61s - 2003 images/s - loss: 0.6133 - 59s left
+        469/469 - 118s - 251ms/step - loss: 0.5873 - top1: 0.7890 - ... - test_top1: 0.8012
+
+    A progress line gives the micro-batches done of the epoch's (counted as the end line counts them, from
+    where an epoch resumed mid-way resumed), the seconds since the epoch began, the images/s of all ranks
+    since the previous line, rank 0's running mean loss of the epoch and the time left at that rate. The
+    header names the run's epoch and epoch count also in a `fit` of one epoch. Place it last, as Keras
+    places its own; `fit`'s own `verbose` is not read.
 
     Args:
         epochs: the run's epochs.
         batches_per_epoch: micro-batches per epoch (steps per epoch x accumulation steps).
+        images_per_batch: images of one micro-batch on all ranks.
+        every_s: seconds between progress lines (0: after every micro-batch); None: the epoch's lines only.
+        clock: seconds of a monotonic clock.
     """
 
-    def __init__(self, epochs, batches_per_epoch):
+    def __init__(self, epochs, batches_per_epoch, images_per_batch=0, every_s=None, clock=time.monotonic):
         super().__init__()
         self.run_epochs = epochs
         self.batches_per_epoch = batches_per_epoch
+        self.images_per_batch = images_per_batch
+        self.every_s = every_s
+        self.clock = clock
         self._done = 0
+        self._began = self._last = (0.0, 0)  # (clock, micro-batches done)
 
     def set_params(self, params):
-        super().set_params(params)
+        super().set_params({**params, "verbose": 2})  # lines, never Keras's bar
         self.epochs = self.run_epochs
         # A fit of fewer steps than an epoch finishes an epoch resumed mid-way.
         self._done = self.batches_per_epoch - params["steps"] if params.get("steps") else 0
         self.target = self.batches_per_epoch
 
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._began = self._last = (self.clock(), self._done)
+
     def _update_progbar(self, batch, logs=None):
         super()._update_progbar(batch + self._done, logs)
+        done, now = batch + self._done + 1, self.clock()
+        then, before = self._last
+        if self.every_s is None or now - then < self.every_s or done in (before, self.batches_per_epoch):
+            return
+        self._last = (now, done)
+        per_second = (done - before) / max(now - then, 1e-9)
+        loss = (logs or {}).get("loss")
+        line = [
+            f"{done}/{self.batches_per_epoch}",
+            f"{now - self._began[0]:.0f}s",
+            f"{per_second * self.images_per_batch:.0f} images/s",
+            *([f"loss: {_keras_number(float(loss))}"] if loss is not None else []),
+            f"{_duration((self.batches_per_epoch - done) / per_second)} left",
+        ]
+        # The stream of Keras's epoch lines, in their order.
+        sys.stdout.write(" - ".join(line) + "\n")
+        sys.stdout.flush()
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
         self._done = 0  # the next epoch of this fit is whole
+
+
+def _keras_number(value):
+    # As Keras's epoch line writes a metric.
+    return f"{value:.4f}" if value > 1e-3 else f"{value:.4e}"
+
+
+def _duration(seconds):
+    """42 -> '42s', 90 -> '1:30', 3725 -> '1:02:05' (as Keras's progress bar writes its ETA)."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}:{seconds % 60:02d}"
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

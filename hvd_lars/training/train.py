@@ -240,7 +240,7 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
         list of `keras.callbacks.Callback`: the fault guard, the progress watchdog, rank averaging of the
         training metrics, images/s, the corrupt-image count (with `--skip_corrupt`), the learning rate, the
         evaluations, the caller's extra callbacks, the loggers (rank 0), summary.json, the checkpoint, the
-        elastic commit (if any), and the guard's stop after an epoch's end.
+        elastic commit (if any), the guard's stop after an epoch's end, and rank 0's lines.
     """
     config, chief = job.config, collectives.is_chief()
     evaluations = [ExactEvaluation(data.eval, data.num_eval_examples, config.eval_every_epochs, plan.epochs)]
@@ -275,8 +275,18 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
         checkpointer,  # after the loggers: no epoch's checkpoint exists without that epoch's logs
         *([commit] if commit is not None else []),  # after the checkpoint: what is committed was saved
         guard.after_epoch(),  # stops at the end of an epoch whose last update found a stop signal
-        epoch_logs.EpochProgbar(plan.epochs, plan.steps_per_epoch * plan.accumulation_steps),
+        *_progress_lines(config, plan),
     ]
+
+
+def _progress_lines(config, plan):
+    """Rank 0's epoch and progress lines (`--verbose`, `--progress_every_s`); none on other ranks."""
+    if not (config.verbose and collectives.is_chief()):
+        return []
+    images_per_batch = plan.per_rank_batch_size * collectives.size()
+    every_s = config.progress_every_s if config.verbose == 1 else None
+    batches = plan.steps_per_epoch * plan.accumulation_steps
+    return [epoch_logs.EpochProgress(plan.epochs, batches, images_per_batch, every_s)]
 
 
 def fit(model, data, plan, config, callbacks, step):
@@ -286,7 +296,6 @@ def fit(model, data, plan, config, callbacks, step):
     was, without reading or decoding any of them (InputPipeline.train_from). A callback that sets
     `model.stop_training` (Keras's EarlyStopping) ends training there."""
     micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
-    verbose = config.verbose if collectives.is_chief() else 0
     while step < plan.total_steps:
         train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
@@ -299,7 +308,7 @@ def fit(model, data, plan, config, callbacks, step):
             epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
             steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,
             callbacks=callbacks,
-            verbose=verbose,
+            verbose=0,  # rank 0's lines are the callbacks' (EpochProgress)
             shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
         )
         step = int(model.optimizer.iterations)

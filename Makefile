@@ -19,7 +19,8 @@ DATASET := $(or $(shell sed -n 's/^--dataset=//p' $(FLAGFILE)),fashion_mnist)
 # More flags for the main program, after the flagfile's (they override it), e.g. TRAIN_FLAGS="--epochs=2".
 TRAIN_FLAGS ?=
 
-# Quiet TensorFlow's C++ INFO lines; let Open MPI run as root (containers, CI).
+# TensorFlow's C++ INFO and WARNING lines left out (its start-up notices are, by hvd_lars.quiet_tensorflow,
+# in any case; TF_CPP_MIN_LOG_LEVEL=0 shows them all); let Open MPI run as root (containers, CI).
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1

@@ -14,6 +14,11 @@ registered for `keras.models.load_model`; it imports nothing of the application.
 
 __version__ = "0.1.0"
 
+# Before Keras imports TensorFlow: without its C++ start-up notices (hvd_lars.quiet_tensorflow says which).
+from hvd_lars import quiet_tensorflow  # noqa: E402
+
+quiet_tensorflow.load()
+
 # Registration for load_model is why these are eager imports (Keras comes with them).
 from hvd_lars import metrics, models  # noqa: E402, F401
 from hvd_lars.optim.lars import LARS, MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES, mlperf_exclusions  # noqa: E402

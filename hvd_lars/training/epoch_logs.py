@@ -1,5 +1,5 @@
 """The run's per-epoch logs, `metrics.csv` and TensorBoard scalars, aligned in any evaluation schedule
-and across kills and resumes.
+and across kills and resumes; and rank 0's printed lines of the same epochs (`EpochProgress`).
 
 Both write what the epoch logs hold at the end of each epoch (after `ExactEvaluation`, the rate logger
 and the images/s callback have added theirs) with the epoch (0-based, as Keras counts) and the step

@@ -251,6 +251,15 @@ def test_init_applies_the_rules_unless_switched_off(monkeypatch):
     assert calls == ["init", "apply", "init"]
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("size, printed", [(2, ""), (3, "ring line\n")])
+def test_init_says_it_gave_open_mpi_the_ring_on_three_ranks_and_more(monkeypatch, capsys, size, printed):
+    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: ({}, "ring line"))
+    monkeypatch.setattr(collectives, "init", lambda comm=None, process_sets=None: (0, size))
+    assert horovod_keras.init() == (0, size)
+    assert capsys.readouterr().out == printed
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod_keras")
@@ -265,9 +274,9 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.horovod
-def test_init_says_it_gave_open_mpi_the_ring_once(ranks):
+def test_init_gives_open_mpi_the_ring_without_a_notice_on_two_ranks(ranks):
     results, stdout = ranks
-    assert stdout.count("hvd_lars: Open MPI allreduce from 1 MiB on 3+ ranks: the ring") == 1  # rank 0
+    assert "allreduce" not in stdout  # the rules act on 3 ranks and more: nothing to say on 2
     for r, result in enumerate(results):
         rules = ompi_allreduce_rules.RULES_FILE
         assert result["init"] == {"rank": r, "size": 2, "cross_rank": 0, "initialized": True, "rules": rules}

@@ -55,9 +55,10 @@ def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
 
     First, on a CPU-only Open MPI job whose user and site chose no allreduce, points Open MPI at the
     ring for allreduces from 1 MiB on 3 or more ranks (`hvd_lars.parallel.ompi_allreduce_rules`), and
-    rank 0 says so in one line; `ompi_allreduce_rules=False` (or `OMPI_MCA_coll_tuned_use_dynamic_rules=0`
-    exported) leaves Open MPI's own choice. Horovod's other settings (its cycle time) stay Horovod's.
-    Only the first call of a process (before MPI starts) can set the rules.
+    rank 0 of a job of 3 or more ranks says so in one line; `ompi_allreduce_rules=False` (or
+    `OMPI_MCA_coll_tuned_use_dynamic_rules=0` exported) leaves Open MPI's own choice. Horovod's other
+    settings (its cycle time) stay Horovod's. Only the first call of a process (before MPI starts) can set
+    the rules.
 
     Raises:
         as `hvd_lars.parallel.collectives.init`.
@@ -66,7 +67,7 @@ def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
     if ompi_allreduce_rules and not collectives.horovod_tensorflow().is_initialized():
         line = _rules.apply()[1]
     result = collectives.init(comm=comm, process_sets=process_sets)
-    if line and collectives.is_chief():
+    if line and collectives.is_chief() and result[1] >= _rules.MIN_RANKS:  # smaller jobs keep Open MPI's
         print(line, flush=True)
     return result
 

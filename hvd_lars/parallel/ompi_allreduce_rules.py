@@ -21,6 +21,8 @@ import os
 import shutil
 
 RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ompi_allreduce_rules.conf")
+# The communicator size from which the file's rules apply (its one size rule): smaller ones keep Open MPI's.
+MIN_RANKS = 3
 RULES_SETTINGS = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
     "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES_FILE,

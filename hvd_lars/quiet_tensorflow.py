@@ -12,7 +12,7 @@ first look for GPUs adds an error-level line that says only that there is no dri
     E0000 ... cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: ... (303)
 
 (the first three twice: two of TensorFlow's libraries log them). `load` imports TensorFlow with descriptor 2
-captured and writes back every captured line but these; oneDNN, CUDA and TensorFlow's log levels stay as
+led through a filter that writes every other line; oneDNN, CUDA and TensorFlow's log levels stay as
 TensorFlow sets them, so a run computes what it computes after a plain `import tensorflow`. Exporting
 TF_CPP_MIN_LOG_LEVEL=0 (TensorFlow's "log everything") shows them.
 """
@@ -20,7 +20,6 @@ TF_CPP_MIN_LOG_LEVEL=0 (TensorFlow's "log everything") shows them.
 import os
 import re
 import sys
-import tempfile
 
 _NOTICE = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
@@ -50,8 +49,11 @@ def kept(text, driver=True):
 
 def load(environ=None):
     """Imports TensorFlow (and, without NVIDIA's driver, lists its devices) with its start-up notices left
-    out; returns the module. A no-op filter where TensorFlow is imported already, descriptor 2 is closed or
-    `environ` (default `os.environ`) has TF_CPP_MIN_LOG_LEVEL=0."""
+    out; returns the module. A plain import where TensorFlow is imported already, descriptor 2 is closed or
+    `environ` (default `os.environ`) has TF_CPP_MIN_LOG_LEVEL=0.
+
+    What TensorFlow writes meanwhile goes through a pipe to a forked filter process, which writes the rest
+    to descriptor 2 as it comes, so a message of an import that aborts the process is still printed."""
     environ = os.environ if environ is None else environ
     if "tensorflow" in sys.modules or environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
         import tensorflow
@@ -64,21 +66,36 @@ def load(environ=None):
 
         return tensorflow
     driver = nvidia_driver()
-    with tempfile.TemporaryFile() as captured:
-        _flush()
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow
+    _flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _filter(read_end, write_end, driver)
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        import tensorflow
 
-            if not driver:
-                tensorflow.config.list_physical_devices()  # the failed cuInit, now rather than later
-        finally:
-            _flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            _write(kept(captured.read(), driver))
+        if not driver:
+            tensorflow.config.list_physical_devices()  # the failed cuInit, now rather than later
+    finally:
+        _flush()
+        os.dup2(saved, 2)  # the pipe's last writer gone: the filter writes what is left and ends
+        os.close(saved)
+        os.waitpid(pid, 0)
     return tensorflow
+
+
+def _filter(read_end, write_end, driver):
+    """The forked filter: every line of the pipe but the notices to descriptor 2, until the pipe closes."""
+    try:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                _write(kept(line, driver))
+    finally:
+        os._exit(0)
 
 
 def _flush():

@@ -43,6 +43,22 @@ def test_the_startup_notices_are_left_out_and_the_rest_kept():
 
 
 @pytest.mark.horovod
+def test_what_an_import_that_aborts_wrote_is_printed(tmp_path):
+    # A TensorFlow whose import writes the notices and a fatal line, then aborts (as a protobuf clash does).
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(
+        f"import os\nos.write(2, {STARTUP!r} + b'F0000 fatal.cc:1] a fatal line\\n')\nos.abort()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
+    result = subprocess.run(
+        [sys.executable, "-c", "import hvd_lars"], capture_output=True, env=env, timeout=60
+    )
+    assert result.returncode == -6  # SIGABRT
+    assert result.stderr.startswith(KEPT) and b"F0000 fatal.cc:1] a fatal line\n" in result.stderr
+
+
+@pytest.mark.horovod
 def test_two_ranks_start_quiet_and_report_progress_within_epochs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     command = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, "-m", "hvd_lars.main"]

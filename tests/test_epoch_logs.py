@@ -249,8 +249,8 @@ def test_progress_lines_every_interval_and_keras_epoch_line(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 6, lines
     assert lines[0] == "Epoch 1/2" and lines[3] == "Epoch 2/2"
-    assert lines[1] == f"3/5 - 30s - 6 images/s - loss: {losses[2]:.4f} - 20s left"
-    assert lines[4] == f"3/5 - 30s - 6 images/s - loss: {losses[7]:.4f} - 20s left"
+    assert lines[1] == f"3/5 - 30s - 6 images/s - loss: {epoch_logs._keras_number(losses[2])} - 20s left"
+    assert lines[4] == f"3/5 - 30s - 6 images/s - loss: {epoch_logs._keras_number(losses[7])} - 20s left"
     assert re.fullmatch(END_LINE, lines[2]) and re.fullmatch(END_LINE, lines[5]), lines
 
 
@@ -262,8 +262,8 @@ def test_progress_after_every_micro_batch_from_where_a_resumed_epoch_resumed(cap
     lines = capsys.readouterr().out.splitlines()
     assert lines[:3] == [
         "Epoch 1/4",
-        f"3/5 - 10s - 1 images/s - loss: {losses[0]:.4f} - 20s left",
-        f"4/5 - 20s - 1 images/s - loss: {losses[1]:.4f} - 10s left",
+        f"3/5 - 10s - 1 images/s - loss: {epoch_logs._keras_number(losses[0])} - 20s left",
+        f"4/5 - 20s - 1 images/s - loss: {epoch_logs._keras_number(losses[1])} - 10s left",
     ]
     assert len(lines) == 4 and re.fullmatch(END_LINE, lines[3]), lines
 
@@ -280,3 +280,9 @@ def test_epoch_lines_only_without_an_interval(capsys):
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42, "42s"), (90, "1:30"), (3725, "1:02:05")])
 def test_time_left_is_written_as_keras_writes_its_eta(seconds, text):
     assert epoch_logs._duration(seconds) == text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value, text", [(0.64213, "0.6421"), (5.24461e-4, "5.2446e-04"), (12.0, "12.0000")])
+def test_a_metric_is_written_as_keras_writes_it_in_its_epoch_line(value, text):
+    assert epoch_logs._keras_number(value) == text

@@ -74,10 +74,13 @@ def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
     data = get_input("image_folder", request, image_size=28)
     images, _ = next(iter(data.train))  # the 5 training images, the broken one among them
     assert images.shape == (5, 28, 28, 3)
-    assert noted == [(str(tmp_path / "train" / "n00000001" / "broken.JPEG"), "training")]
+    broken = (str(tmp_path / "train" / "n00000001" / "broken.JPEG"), "training")
+    # The input pipeline may read ahead into the next pass and decode the broken file again.
+    assert noted[0] == broken and set(noted) == {broken}, noted
     assert sum(float(abs(image).max()) == 0 for image in images.numpy()) == 1  # its image: zeros
     assert [int(y.shape[0]) for _, y in data.eval] == [2]
-    assert noted[1:] == [(str(tmp_path / "validation" / "n00000000" / "n00000000_0.JPEG"), "evaluation")]
+    evaluation = [n for n in noted if n[1] == "evaluation"]
+    assert evaluation == [(str(tmp_path / "validation" / "n00000000" / "n00000000_0.JPEG"), "evaluation")]
 
     from hvd_lars.training import file_failures
 

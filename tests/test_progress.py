@@ -58,4 +58,4 @@ def test_an_epoch_resumed_mid_way_records_the_whole_epoch(tmp_path):
     assert summary["segments"] == 2 and summary["wall_time_s"] > first["wall_time_s"]
     with open(tmp_path / "straight" / "smoke" / "summary.json") as f:
         assert json.load(f)["segments"] == 1
-    assert "over 2 start(s)" in out
+    assert "over 2 start(s)" in out and " images/s (this start's epochs after its first), " in out

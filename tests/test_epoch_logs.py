@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.training import epoch_logs, plot_run, strict_json
+from hvd_lars.training import epoch_logs, file_failures, plot_run, strict_json
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.plan import make_plan
 from hvd_lars.training.run_summary import RunSummary
@@ -200,6 +200,41 @@ def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
     lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
     np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
     np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
+
+
+@pytest.mark.horovod
+def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, capsys):
+    config = TrainConfig(
+        max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
+    )
+    summary = RunSummary(str(tmp_path), "ended", config, make_plan(config, 1, 64), 0)
+    _train([epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv")), summary], range(4))
+    summary.finish(str(tmp_path / "checkpoints" / "ckpt-32"))
+    said = [re.sub(r" in \d+ s ", " in T s ", line) for line in capsys.readouterr().out.splitlines()]
+    assert said == [
+        "[hvd_lars] finished ended: 4 of 4 epochs (32 steps) in T s over 1 start(s), images/s not measured",
+        "[hvd_lars] final test top-1 0.6000 (best 0.6000, epoch 2), top-5 0.9000 (best 0.9000)",
+        "[hvd_lars] final validation top-1 0.6100 (best 0.6100, epoch 2), top-5 0.9100 (best 0.9100)",
+        f"[hvd_lars] checkpoint {tmp_path}/checkpoints/ckpt-32",
+        f"[hvd_lars] logs {tmp_path}/{{summary.json, metrics.csv, tensorboard/}}",
+        f"[hvd_lars] plot {tmp_path}/run.png",
+    ]
+    assert os.path.getsize(tmp_path / "run.png") > 10_000
+    # A plot that cannot be written is a failed write of the run: every rank raises it, with one line.
+    os.remove(tmp_path / "run.png")
+    (tmp_path / "run.png").mkdir()
+    with pytest.raises(file_failures.FileFailure) as raised:
+        summary.finish(None)
+    assert str(raised.value).startswith(f"could not write {tmp_path}/run.png: [Errno 21] Is a directory. ")
+    assert f"then draw it with `hvd-lars-plot {tmp_path}`" in str(raised.value)
+    assert not (tmp_path / "run.png.tmp").exists()
+    # A plot that cannot be drawn is one warning: the finished run stays finished.
+    (tmp_path / "metrics.csv").write_text("step\n8\n")  # no epoch column: KeyError
+    capsys.readouterr()
+    summary.finish(None)
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-1] == "[hvd_lars] plot not written"
+    assert out.err.startswith("[hvd_lars] warning: no plot of this run (") and out.err.count("\n") == 1
 
 
 @pytest.mark.unit

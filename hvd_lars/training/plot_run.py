@@ -146,7 +146,16 @@ def plot_run(run_dir, out=None):
         OSError: `out` cannot be written (the file is then as it was).
     """
     out = out or os.path.join(run_dir, "run.png")
-    figure = make_figure(run_dir)
+    save(make_figure(run_dir), out)
+    return out
+
+
+def save(figure, out):
+    """Writes `figure` as the PNG `out`, whole or not at all (through `<out>.tmp`), and closes it.
+
+    Raises:
+        OSError: `out` cannot be written (the file is then as it was).
+    """
     try:
         figure.savefig(f"{out}.tmp", dpi=100, format="png")
         os.replace(f"{out}.tmp", out)
@@ -155,7 +164,6 @@ def plot_run(run_dir, out=None):
         raise
     finally:
         plt.close(figure)
-    return out
 
 
 def main(argv=None):

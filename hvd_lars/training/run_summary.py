@@ -1,4 +1,5 @@
-"""summary.json of a run: flags, plan, provenance and per-epoch metrics, rewritten after every epoch.
+"""summary.json of a run: flags, plan, provenance and per-epoch metrics, rewritten after every epoch, and
+the run's last lines (the summary printed and the plot `run.png` written at its end).
 
 Written by rank 0 only, atomically (temporary file + rename), so a killed job leaves the summary of its
 last finished epoch; a resumed run keeps the epochs the interrupted one finished and appends its own.
@@ -15,7 +16,7 @@ import time
 import keras
 
 from hvd_lars.parallel import collectives
-from hvd_lars.training import damaged, file_failures, provenance
+from hvd_lars.training import damaged, file_failures, plot_run, provenance
 from hvd_lars.training.lineage import UNRECORDED, set_aside
 from hvd_lars.training.strict_json import read as read_json
 from hvd_lars.training.strict_json import strict
@@ -151,3 +152,68 @@ class RunSummary(keras.callbacks.Callback):
         if collectives.is_chief():
             write = lambda f: json.dump(strict(s), f, indent=2, allow_nan=False)
             file_failures.write_atomically(self.path, write)
+
+    def finish(self, checkpoint):
+        """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (`plot_run`) and
+        prints the summary (`describe_end`). A plot that cannot be drawn is one warning line; a plot that
+        cannot be written is a failed write (`file_failures`): every rank raises it.
+
+        Args:
+            checkpoint: path of the run's last checkpoint (str), or None.
+
+        Raises:
+            hvd_lars.training.file_failures.FileFailure: run.png could not be written (every rank).
+        """
+        if collectives.is_chief():
+            run_dir = os.path.dirname(self.path)
+            for line in describe_end(self.summary, run_dir, checkpoint, _draw(run_dir)):
+                print(f"[hvd_lars] {line}", flush=True)
+        file_failures.agree(name="hvd_lars.plot_write")
+
+
+def _draw(run_dir):
+    """Writes run.png into `run_dir`; returns its path, or None when it was not written."""
+    out = os.path.join(run_dir, "run.png")
+    try:
+        figure = plot_run.make_figure(run_dir)
+    except Exception as e:  # a picture is not worth a finished run: any failure to draw one is a warning
+        damaged.warn(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
+        return None
+    try:
+        plot_run.save(figure, out)
+        return out
+    except OSError as e:  # the run is complete: a second start trains nothing, hvd-lars-plot draws it
+        reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
+        file_failures.note(
+            f"could not write {out}: {reason}. Free space or make it writable there, then draw it with "
+            f"`hvd-lars-plot {run_dir}` (the run itself is complete)."
+        )
+        return None
+
+
+def describe_end(summary, run_dir, checkpoint, plot):
+    """The run's last lines (list of str) from its summary dict: epochs, steps, wall time and images/s; final
+    and best test (and validation) top-1/top-5; where the checkpoint, logs and plot are (paths, or None)."""
+    plan, epochs = summary["plan"], summary["epochs"]
+    rate = summary["images_per_second"]
+    over = "this start's epochs after its first" if summary["segments"] > 1 else "epochs after the first"
+    lines = [
+        f"finished {summary['run_name']}: {epochs[-1]['epoch'] if epochs else 0} of {plan['epochs']} epochs "
+        f"({plan['total_steps']} steps) in {summary['wall_time_s']:.0f} s over {summary['segments']} "
+        f"start(s), " + (f"{rate:.0f} images/s ({over})" if rate else "images/s not measured")
+    ]
+    for split, name in (("test", "test"), ("val", "validation")):
+        evaluated = [e for e in epochs if f"{split}_top1" in e]
+        if evaluated:
+            final, best = evaluated[-1], max(evaluated, key=lambda e: e[f"{split}_top1"])
+            lines.append(
+                f"final {name} top-1 {final[f'{split}_top1']:.4f} (best {best[f'{split}_top1']:.4f}, epoch "
+                f"{best['epoch']}), top-5 {final[f'{split}_top5']:.4f} (best "
+                f"{max(e[f'{split}_top5'] for e in evaluated):.4f})"
+            )
+        elif split == "test":
+            lines.append("final test top-1 not evaluated")
+    lines.append(f"checkpoint {checkpoint or 'none written'}")
+    lines.append(f"logs {run_dir}/{{summary.json, metrics.csv, tensorboard/}}")
+    lines.append(f"plot {plot or 'not written'}")
+    return lines

@@ -228,8 +228,7 @@ def attempt(job, plan, data, commit=None):
     except (faults.TrainingDiverged, faults.Preempted) as e:
         summary.record_stop(type(e).__name__, e.step, str(e))
         raise
-    if chief:
-        _print_final(summary)
+    summary.finish(job.manager.latest_checkpoint)
     return summary.summary
 
 
@@ -347,17 +346,3 @@ def _announce(job, plan, applied):
             flush=True,
         )
     print(f"[hvd_lars] run directory {job.run_dir}", flush=True)
-
-
-def _print_final(summary):
-    result = summary.summary
-    rate = f"{result['images_per_second']:.0f} images/s" if result["images_per_second"] else "n/a images/s"
-    if result["segments"] > 1:
-        rate += " (this start's epochs after its first)"
-    val = f"validation top-1 {result['final_val_top1']}, " if result["final_val_top1"] is not None else ""
-    print(
-        f"[hvd_lars] final test top-1 {result['final_test_top1']}, {val}{rate}, "
-        f"wall time {result['wall_time_s']:.0f} s over {result['segments']} start(s); summary in "
-        f"{summary.path}",
-        flush=True,
-    )

@@ -8,56 +8,53 @@ Reproduces You et al., "ImageNet Training in Minutes" (ICPP 2018). Two wings:
   `hvd_lars.models`, `hvd_lars.data` and `hvd_lars.metrics`;
 * the training application, `hvd_lars.training`, started by `python -m hvd_lars.main`.
 
-`import hvd_lars` imports the library wing (Keras with it), so that every Keras class the package defines is
-registered for `keras.models.load_model`; it imports nothing of the application.
+`import hvd_lars` itself imports neither Keras nor TensorFlow, so that the training program checks its flags
+in a fraction of a second. The first name taken from it (`from hvd_lars import LARS`) imports the library
+wing, which registers every Keras class the package defines for `keras.models.load_model`.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-# Before Keras imports TensorFlow: without its C++ start-up notices (hvd_lars.quiet_tensorflow says which).
-from hvd_lars import quiet_tensorflow  # noqa: E402
+# Each public name and the module that defines it.
+_EXPORTS = {
+    "BroadcastGlobalVariablesCallback": "hvd_lars.parallel.callbacks",
+    "DistributedLossScaleOptimizer": "hvd_lars.parallel.optimizer",
+    "DistributedOptimizer": "hvd_lars.parallel.optimizer",
+    "LARS": "hvd_lars.optim.lars",
+    "LearningRateLogger": "hvd_lars.optim.rate_callbacks",
+    "LearningRateWarmup": "hvd_lars.optim.rate_callbacks",
+    "LearningRateWarmupCallback": "hvd_lars.parallel.callbacks",
+    "MOMENTUM_CORRECTIONS": "hvd_lars.optim.lars",
+    "MetricAverageCallback": "hvd_lars.parallel.callbacks",
+    "PaperPolynomialDecay": "hvd_lars.optim.schedules",
+    "REFERENCE_BATCH": "hvd_lars.optim.scaling",
+    "SCHEDULES": "hvd_lars.optim.schedules",
+    "TRUST_RATIO_MODES": "hvd_lars.optim.lars",
+    "WarmupCosineDecay": "hvd_lars.optim.schedules",
+    "WarmupPolynomialDecay": "hvd_lars.optim.schedules",
+    "WarmupStepDecay": "hvd_lars.optim.schedules",
+    "epochs_to_steps": "hvd_lars.optim.scaling",
+    "make_schedule": "hvd_lars.optim.schedules",
+    "mlperf_exclusions": "hvd_lars.optim.lars",
+    "scaled_learning_rate": "hvd_lars.optim.scaling",
+}
+# The other modules that define Keras classes a saved model may hold.
+_REGISTERING = ("hvd_lars.metrics", "hvd_lars.models")
 
-quiet_tensorflow.load()
+__all__ = sorted(_EXPORTS)
 
-# Registration for load_model is why these are eager imports (Keras comes with them).
-from hvd_lars import metrics, models  # noqa: E402, F401
-from hvd_lars.optim.lars import LARS, MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES, mlperf_exclusions  # noqa: E402
-from hvd_lars.optim.rate_callbacks import LearningRateLogger, LearningRateWarmup  # noqa: E402
-from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: E402
-from hvd_lars.optim.schedules import (  # noqa: E402
-    SCHEDULES,
-    PaperPolynomialDecay,
-    WarmupCosineDecay,
-    WarmupPolynomialDecay,
-    WarmupStepDecay,
-    make_schedule,
-)
-from hvd_lars.parallel.callbacks import (  # noqa: E402
-    BroadcastGlobalVariablesCallback,
-    LearningRateWarmupCallback,
-    MetricAverageCallback,
-)
-from hvd_lars.parallel.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer  # noqa: E402
 
-__all__ = [
-    "BroadcastGlobalVariablesCallback",
-    "DistributedLossScaleOptimizer",
-    "DistributedOptimizer",
-    "LARS",
-    "LearningRateLogger",
-    "LearningRateWarmup",
-    "LearningRateWarmupCallback",
-    "MOMENTUM_CORRECTIONS",
-    "MetricAverageCallback",
-    "PaperPolynomialDecay",
-    "REFERENCE_BATCH",
-    "SCHEDULES",
-    "TRUST_RATIO_MODES",
-    "WarmupCosineDecay",
-    "WarmupPolynomialDecay",
-    "WarmupStepDecay",
-    "epochs_to_steps",
-    "make_schedule",
-    "mlperf_exclusions",
-    "scaled_learning_rate",
-]
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    for module in _REGISTERING:
+        importlib.import_module(module)
+    for export, module in _EXPORTS.items():
+        globals()[export] = getattr(importlib.import_module(module), export)
+    return globals()[name]
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

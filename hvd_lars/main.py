@@ -1,56 +1,47 @@
 """Command line: `python -m hvd_lars.main --flagfile=flags/<experiment>.flags` (or `hvd-lars-train`).
 
-The only reader of flags: one flag per field of `TrainConfig` (its default, help and accepted values come
-from the field), turned into one `TrainConfig` for `hvd_lars.training.train.run` (or, with `--elastic`,
+One flag per field of `TrainConfig` (its default, help and accepted values come from the field). The flags
+are parsed and checked before Keras, TensorFlow or Horovod is imported, so a mistake costs a fraction of a
+second; then one `TrainConfig` goes to `hvd_lars.training.train.run` (or, with `--elastic`,
 `hvd_lars.training.elastic_loop.run`). Launch it once per rank (horovodrun, mpirun, srun) or alone.
 """
 
 import dataclasses
+import difflib
 import os
 import sys
+import textwrap
 
 from absl import app, flags, logging
 
-from hvd_lars.data import imagenet_preparation
-from hvd_lars.parallel.collectives import WorldSizeMismatch
-from hvd_lars.training import elastic_loop, threads, train
-from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
-from hvd_lars.training.file_failures import FileFailure
-from hvd_lars.training.settings import choices_of
+from hvd_lars.training.config import HELP_GROUPS, TrainConfig
 
 FLAGS = flags.FLAGS
 EXIT_BAD_INPUT = 2
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_HELP = ("-h", "-?", "--help", "--helpshort", "--helpfull")
+USAGE = """\
+usage: python -m hvd_lars.main --flagfile=flags/<experiment>.flags [--flag=value ...]
+       horovodrun -np N -H host1:n,host2:n python -m hvd_lars.main --flagfile=...   (one rank a slot)
+       launch/mpirun.sh, launch/slurm/train.sbatch: the same on mpirun and Slurm (README, docs/cluster.md)
+hvd-lars-train is the same program. Flags after the flagfile override it; --flagfile may be given twice.
+Exit status: 0 done, 2 bad input (one line), 3 diverged, 75 stopped and resumable (start it again)."""
 
 
 def define_flags(config_class=TrainConfig, flag_values=FLAGS):
-    """Defines one absl flag per field of `config_class`, from the field's default, help and choices."""
+    """Defines one absl flag per field of `config_class`, from the field's default and help."""
     for field in dataclasses.fields(config_class):
-        help_text = field.metadata["help"]
-        choices = choices_of(field)
-        if choices is not None:
-            help_text += f" Valid: {', '.join(map(str, choices))}."
-        if field.type in (bool, "bool"):
-            flags.DEFINE_bool(field.name, field.default, help_text, flag_values=flag_values)
-        elif field.type in (int, "int"):
-            flags.DEFINE_integer(field.name, field.default, help_text, flag_values=flag_values)
-        elif field.type in (float, "float"):
-            flags.DEFINE_float(field.name, field.default, help_text, flag_values=flag_values)
-        elif field.type in (tuple, "tuple"):
-            flags.DEFINE_list(field.name, list(field.default), help_text, flag_values=flag_values)
-        else:
-            flags.DEFINE_string(field.name, field.default, help_text, flag_values=flag_values)
+        define = {
+            "bool": flags.DEFINE_bool,
+            "int": flags.DEFINE_integer,
+            "float": flags.DEFINE_float,
+            "tuple": flags.DEFINE_list,
+        }.get(getattr(field.type, "__name__", field.type), flags.DEFINE_string)
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        define(field.name, default, field.metadata["help"], flag_values=flag_values)
 
 
 define_flags()
-# Retired: training reads prepared data only, and ImageNet is prepared before the job (hvd_lars.prepare).
-# Still a flag so that a command line passing it is refused with the command that prepares, filled in.
-flags.DEFINE_string(
-    "manual_dir",
-    "",
-    "Retired: prepare ImageNet once with hvd-lars-prepare before training; a value is refused.",
-)
 
 
 def config_from_flags(flag_values=FLAGS):
@@ -62,7 +53,7 @@ def config_from_flags(flag_values=FLAGS):
     values = {}
     for field in dataclasses.fields(TrainConfig):
         value = flag_values[field.name].value
-        if field.type in (tuple, "tuple"):
+        if isinstance(field.default, tuple):
             try:
                 value = tuple(field.metadata["item"](v) for v in value)
             except ValueError as e:
@@ -71,8 +62,68 @@ def config_from_flags(flag_values=FLAGS):
     return TrainConfig(**values)
 
 
+def help_text():
+    """`--help`: the usage lines, then each group's flags with default and accepted values."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    lines = [USAGE]
+    for title, names in HELP_GROUPS:
+        lines += ["", f"{title}:"]
+        for name in names:
+            field = fields[name]
+            lines.append(f"  {_flag_line(field)}")
+            choices, check = field.metadata["choices"], field.metadata["check"]
+            accepted = ""
+            if choices is not None:
+                accepted = f" One of: {', '.join(map(str, choices))}."
+            elif check is not None:
+                accepted = (
+                    f" {check.describe().capitalize()}{' each' if isinstance(field.default, tuple) else ''}."
+                )
+            lines += textwrap.wrap(
+                field.metadata["help"] + accepted, 100, initial_indent=" " * 6, subsequent_indent=" " * 6
+            )
+    return "\n".join(lines)
+
+
+def _flag_line(field):
+    default = field.default
+    if isinstance(default, bool):
+        return f"--[no]{field.name}  (default: {str(default).lower()})"
+    if isinstance(default, tuple):
+        default = ",".join(map(str, default))
+    return f"--{field.name}  (default: {default if default != '' else 'empty'})"
+
+
+def parse(argv):
+    """The checked `TrainConfig` of `argv`; `--help` prints the help and exits 0; bad input is one line
+    and exit status 2. Imports nothing heavy."""
+    if any(arg in _HELP for arg in argv[1:]):
+        print(help_text())
+        sys.exit(0)
+    try:
+        rest = FLAGS(argv)
+        if len(rest) > 1:
+            raise ValueError(f"unexpected arguments {' '.join(rest[1:])}: give settings as --name=value.")
+        config = config_from_flags()
+        config.validate()
+    except flags.UnrecognizedFlagError as e:
+        name = e.flagname.removeprefix("no") if e.flagname.startswith("no") else e.flagname
+        near = difflib.get_close_matches(name, list(FLAGS), n=1, cutoff=0.75)
+        near = f"; did you mean --{near[0]}?" if near else ""
+        _exit(f"--{e.flagname}: no such flag{near} (--help lists them)", EXIT_BAD_INPUT)
+    except flags.CantOpenFlagFileError as e:
+        _exit(f"{str(e).removeprefix('ERROR:: ')} (the experiments' flagfiles are in flags/)", EXIT_BAD_INPUT)
+    except (flags.Error, ValueError) as e:
+        _exit(str(e), EXIT_BAD_INPUT)
+    except UnicodeDecodeError as e:
+        _exit(_undecodable_flagfile(argv, e), EXIT_BAD_INPUT)
+    return config
+
+
 def run_training(config, extra_callbacks=()):
     """The loop `config` asks for: elastic (workers come and go) or of a fixed world size."""
+    from hvd_lars.training import elastic_loop, train
+
     loop = elastic_loop.run if config.elastic else train.run
     return loop(config, extra_callbacks)
 
@@ -89,52 +140,41 @@ def _raised_here(error):
     return last is not None and os.path.abspath(last).startswith(_PACKAGE + os.sep)
 
 
-def _main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    if FLAGS.manual_dir:
-        _exit(f"hvd_lars: error: {_retired_manual_dir(FLAGS.manual_dir, FLAGS.data_dir)}", EXIT_BAD_INPUT)
+def _main(config):
+    # Before TensorFlow is imported: without its C++ start-up notices (hvd_lars.quiet_tensorflow says which).
+    from hvd_lars import quiet_tensorflow
+
+    quiet_tensorflow.load()
+    from hvd_lars.parallel.collectives import WorldSizeMismatch
+    from hvd_lars.training import threads
+    from hvd_lars.training.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
+    from hvd_lars.training.file_failures import FileFailure
+
     # TensorFlow's checkpoint code logs every save at INFO through absl.
     logging.set_verbosity(logging.WARNING)
     # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported), and Open
     # MPI's allreduce rules of the library (hvd_lars.parallel.ompi_allreduce_rules).
     threads.apply_horovod_cpu_defaults()
     try:
-        run_training(config_from_flags())
+        run_training(config)
     except (WorldSizeMismatch, FileFailure, FileNotFoundError) as e:
-        _exit(f"hvd_lars: error: {e}", EXIT_BAD_INPUT)
+        _exit(str(e), EXIT_BAD_INPUT)
     except (ValueError, ImportError) as e:
         if not _raised_here(e):
             raise
         # Bad input or a missing optional package: one clear line, exit status 2, no traceback.
-        _exit(f"hvd_lars: error: {e}", EXIT_BAD_INPUT)
+        _exit(str(e), EXIT_BAD_INPUT)
     except TrainingDiverged as e:
-        _exit(f"hvd_lars: error: {e}", EXIT_DIVERGED)
+        _exit(str(e), EXIT_DIVERGED)
     except Preempted as e:
         # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
         print(f"[hvd_lars] {e}", flush=True)
         sys.exit(EXIT_PREEMPTED)
 
 
-def _retired_manual_dir(manual_dir, data_dir):
-    return (
-        f"--manual_dir={manual_dir}: training no longer converts the ILSVRC-2012 tars. Prepare them once, "
-        f"on one node: {imagenet_preparation.command(data_dir, manual_dir)}; then train with the same "
-        "--data_dir and without --manual_dir."
-    )
-
-
 def _exit(message, status):
-    print(message, file=sys.stderr, flush=True)
+    print(f"hvd_lars: error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
-
-
-def _parse_flags(argv):
-    # absl's own parsing; a flagfile that is not text of the locale's encoding is one line, not a traceback.
-    try:
-        return app.parse_flags_with_usage(argv)
-    except UnicodeDecodeError as e:
-        _exit(f"hvd_lars: error: {_undecodable_flagfile(argv, e)}", EXIT_BAD_INPUT)
 
 
 def _undecodable_flagfile(argv, error):
@@ -165,11 +205,7 @@ def _undecodable_flagfile(argv, error):
 
 
 def main():
-    # Run as the console script hvd-lars-train, sys.argv[0] is that script, not this module, and absl's
-    # --help lists only the flags of sys.argv[0]'s module: these become that program's key flags.
-    for flag in FLAGS.get_flags_for_module(__name__):
-        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(_main, flags_parser=_parse_flags)
+    app.run(_main, flags_parser=parse)
 
 
 if __name__ == "__main__":

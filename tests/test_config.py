@@ -2,7 +2,8 @@
 
 import pytest
 
-from hvd_lars.training.config import TrainConfig, resolve_precision
+from hvd_lars.training import config as settings_table
+from hvd_lars.training.config import DATASET_SETTINGS, TrainConfig, resolve_precision
 from hvd_lars.training.plan import make_plan
 
 
@@ -47,7 +48,7 @@ def test_base_learning_rate_is_per_256_images():
         (dict(preprocessing="vgg"), 1, ["--preprocessing='vgg'", "caffe, caffe_scaled, inception"]),
         (dict(momentum_correction="goyal"), 1, ["--momentum_correction='goyal'", "none, warmup, always"]),
         (dict(validation_examples=-5), 1, ["--validation_examples must be a whole number >= 0", "-5"]),
-        # A data set's settings come from its registry entry (`Dataset.settings`): another's, set, is refused.
+        # A data set's settings (`DATASET_SETTINGS`): another's, set, is refused.
         (
             dict(image_size=227, preprocessing="caffe"),
             1,
@@ -73,7 +74,9 @@ def test_base_learning_rate_is_per_256_images():
 )
 def test_invalid_configs(kwargs, world, fragments):
     with pytest.raises(ValueError) as info:
-        _config(**kwargs).validate(world)
+        config = _config(**kwargs)
+        config.validate()
+        config.resolve_batch(world)
     for fragment in fragments:
         assert fragment in str(info.value)
 
@@ -106,7 +109,7 @@ def test_per_rank_batch_alone_derives_the_global_batch():
     config = TrainConfig(per_rank_batch_size=64, accumulation_steps=4, peak_learning_rate=1.0)
     assert config.resolve_batch(8) == (2048, 64)
     with pytest.raises(ValueError, match="Give --global_batch_size or --per_rank_batch_size"):
-        TrainConfig(peak_learning_rate=1.0).validate(1)
+        TrainConfig(peak_learning_rate=1.0).validate()
 
 
 @pytest.mark.unit
@@ -114,15 +117,15 @@ def test_lars_only_flags_refused_for_momentum():
     with pytest.raises(
         ValueError, match="--eta=0.01, --trust_ratio_mode=update only apply to --optimizer=lars"
     ):
-        _config(optimizer="momentum", eta=0.01, trust_ratio_mode="update").validate(1)
-    _config(optimizer="momentum", exclude_bn_and_bias=True).validate(1)
+        _config(optimizer="momentum", eta=0.01, trust_ratio_mode="update").validate()
+    _config(optimizer="momentum", exclude_bn_and_bias=True).validate()
 
 
 @pytest.mark.unit
 def test_no_checkpoint_at_all_is_refused():
     with pytest.raises(ValueError, match="--nocheckpoint_at_epoch_end with --checkpoint_every_steps=0"):
-        _config(checkpoint_at_epoch_end=False).validate(1)
-    _config(checkpoint_at_epoch_end=False, checkpoint_every_steps=5).validate(1)
+        _config(checkpoint_at_epoch_end=False).validate()
+    _config(checkpoint_at_epoch_end=False, checkpoint_every_steps=5).validate()
 
 
 @pytest.mark.unit
@@ -134,11 +137,12 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for name, entry in DATASETS.items():
-        assert set(entry.settings) <= fields, name
+        # The settings a data set reads are options it takes, and settings of the run.
+        assert set(DATASET_SETTINGS[name]) <= fields & set(entry.option_names()), name
         # Left at their defaults, the settings other data sets read pass, and are not given.
         config = _config(dataset=name)
-        config.validate(1)
-        assert recipe.input_options(config) == {s: getattr(config, s) for s in entry.settings}
+        config.validate()
+        assert recipe.input_options(config) == {s: getattr(config, s) for s in DATASET_SETTINGS[name]}
     config = _config(image_size=0, preprocessing="", skip_corrupt=False, max_train_examples=64, seed=3)
     assert recipe.input_options(config) == {"validation_examples": 0}
     request = recipe.input_request(config, 8, 1, 2, "/runs/r")
@@ -151,3 +155,21 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
     assert (data.input_shape, data.num_train_examples) == ((28, 28, 1), 64)
     synthetic = recipe.input_options(_config(dataset="synthetic", image_size=16))
     assert synthetic == {"image_size": 16}
+
+
+@pytest.mark.unit
+def test_the_names_the_flags_accept_are_the_librarys():
+    from hvd_lars.data import DATASETS
+    from hvd_lars.data.preprocessing import PREPROCESSINGS
+    from hvd_lars.models import MODELS
+    from hvd_lars.optim import lars, schedules
+    from hvd_lars.parallel import collectives
+
+    assert sorted(settings_table.DATASET_SETTINGS) == sorted(DATASETS)
+    assert sorted(settings_table.MODELS) == sorted(MODELS)
+    assert sorted(settings_table.PREPROCESSINGS) == sorted(PREPROCESSINGS)
+    assert sorted(settings_table.SCHEDULES) == sorted(schedules.SCHEDULES)
+    assert settings_table.TRUST_RATIO_MODES == lars.TRUST_RATIO_MODES
+    assert settings_table.MOMENTUM_CORRECTIONS == lars.MOMENTUM_CORRECTIONS
+    assert settings_table.GRADIENT_REDUCTIONS == collectives.GRADIENT_REDUCTIONS
+    assert settings_table.GRADIENT_COMPRESSIONS == collectives.GRADIENT_COMPRESSIONS

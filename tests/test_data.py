@@ -11,7 +11,6 @@ import tensorflow as tf
 
 from hvd_lars.data import (
     DATASETS,
-    Dataset,
     InputRequest,
     InputShapes,
     describe_input,
@@ -148,33 +147,9 @@ def test_validation_split_refused_where_the_dataset_has_none():
 
 
 @pytest.mark.unit
-def test_registry_names():
-    assert sorted(DATASETS) == ["fashion_mnist", "image_folder", "imagenet2012", "synthetic"]
-
-
-@pytest.mark.unit
-def test_each_entry_declares_its_options_and_the_settings_it_reads():
-    takes = {name: (entry.option_names(), entry.settings) for name, entry in DATASETS.items()}
-    assert takes == {
-        "fashion_mnist": (("validation_examples",), ("validation_examples",)),
-        "imagenet2012": (
-            ("image_size", "preprocessing", "skip_corrupt", "shuffle_buffer", "block_records"),
-            ("image_size", "preprocessing", "skip_corrupt"),
-        ),
-        "image_folder": (
-            ("image_size", "preprocessing", "skip_corrupt"),
-            ("image_size", "preprocessing", "skip_corrupt"),
-        ),
-        "synthetic": (
-            ("image_size", "channels", "num_classes", "num_train_examples", "num_eval_examples"),
-            ("image_size",),
-        ),
-    }
+def test_each_entry_declares_its_options_as_a_frozen_dataclass():
     for entry in DATASETS.values():
         assert dataclasses.is_dataclass(entry.options) and entry.options.__dataclass_params__.frozen
-    entry = DATASETS["synthetic"]
-    with pytest.raises(ValueError, match="settings validation_examples are not fields of SyntheticOptions"):
-        Dataset(entry.build, entry.describe, entry.options, settings=("image_size", "validation_examples"))
 
 
 @pytest.mark.unit

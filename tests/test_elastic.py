@@ -46,7 +46,7 @@ def test_commit_interval_is_checked():
         with pytest.raises(ValueError, match=rf"int >= 1, got {bad!r}"):
             hvd_elastic.CommitState(object(), bad)
     with pytest.raises(ValueError, match=r"--elastic_commit_every_steps must be a whole number >= 1, got 0"):
-        TrainConfig(global_batch_size=64, elastic_commit_every_steps=0).validate(1)
+        TrainConfig(global_batch_size=64, elastic_commit_every_steps=0).validate()
 
 
 @pytest.mark.unit

@@ -46,7 +46,7 @@ def test_flagfile_parses_and_plans(path):
         assert any(word in line for line in header), f"{path} header lacks {word!r}"
     config = _parse(path)
     assert config.model in MODELS and config.dataset in DATASETS
-    config.validate(world_size=1)
+    config.validate()
     plan = make_plan(config, 1, TRAIN_EXAMPLES[config.dataset])
     assert 0 <= plan.warmup_steps < plan.total_steps
     if config.dataset == "imagenet2012":

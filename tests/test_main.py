@@ -1,6 +1,7 @@
 """The main program end to end on a subset of Fashion-MNIST: one process, two Horovod ranks, bad input."""
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -155,29 +156,67 @@ def test_two_ranks_subset(tmp_path):
 
 @pytest.mark.horovod
 @pytest.mark.parametrize(
-    "flag, fragments",
+    "flags, line",
     [
-        ("--model=vgg99", ["'vgg99'", "small_cnn"]),
-        ("--dataset=imagenet9", ["'imagenet9'", "fashion_mnist"]),
-        ("--data_dir=/nonexistent", ["apt-get install dataset-fashion-mnist", "/nonexistent"]),
-        ("--warmup_epochs=20", ["--warmup_epochs=20", "--epochs=12"]),
-        ("--peak_learning_rate=-1", ["-1.0"]),
-        ("--accumulation_steps=3", ["--global_batch_size=4096", "1 ranks x 3 accumulation steps = 3"]),
-        ("--per_rank_batch_size=100", ["--per_rank_batch_size=100 contradicts --global_batch_size=4096"]),
-        ("--schedule=linear", ["'linear'", "mlperf_poly"]),
-        ("--trust_ratio_mode=layer", ["'layer'", "decayed_gradient"]),
-        # Retired: ImageNet is prepared before the job, by the command this names.
+        (["--epoch=3"], "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
+        (["--noresum"], "--noresum: no such flag; did you mean --resume? (--help lists them)"),
         (
-            "--manual_dir=/data/tars",
-            [
-                "--manual_dir=/data/tars: training no longer converts",
-                "on one node: hvd-lars-prepare imagenet2012 --manual_dir=/data/tars; then train",
-                "without --manual_dir.",
-            ],
+            ["--model=vgg99"],
+            "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, resnet50, small_cnn, "
+            "small_cnn_nobn.",
         ),
+        (["--momentum=1.5"], "--momentum must be a finite number >= 0 and < 1, got 1.5."),
+        (["--epochs=abc"], "flag --epochs=abc: could not convert string to float: 'abc'"),
+        (["--warmup_epochs=20"], "--warmup_epochs=20.0 must be >= 0 and shorter than --epochs=12.0."),
+        (
+            ["--flagfile=flags/nope.flags"],
+            "Unable to open flagfile: [Errno 2] No such file or directory: 'flags/nope.flags' (the "
+            "experiments' flagfiles are in flags/)",
+        ),
+        (["extra"], "unexpected arguments extra: give settings as --name=value."),
     ],
 )
-def test_bad_input_is_one_clear_error(flag, fragments, tmp_path):
+def test_bad_flags_are_one_line_before_tensorflow_is_imported(flags, line):
+    result = subprocess.run(
+        [*MAIN[:1], "-X", "importtime", *MAIN[1:], *flags], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    errors = [e for e in result.stderr.splitlines() if not e.startswith("import time:")]
+    assert errors == [f"hvd_lars: error: {line}"]
+    imported = {e.split("|")[-1].strip().split(".")[0] for e in result.stderr.splitlines() if "|" in e}
+    assert "hvd_lars" in imported and not imported & {"tensorflow", "keras", "horovod", "numpy"}
+
+
+@pytest.mark.horovod
+def test_help_lists_every_setting_once_by_group_and_exits_0():
+    from hvd_lars import main
+    from hvd_lars.training.config import HELP_GROUPS, TrainConfig
+
+    result = subprocess.run([*MAIN[:2], "hvd_lars.main", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == "" and result.stdout == main.help_text() + "\n"
+    assert result.stdout.startswith("usage: python -m hvd_lars.main --flagfile=flags/<experiment>.flags")
+    named = [n for _, names in HELP_GROUPS for n in names]
+    assert sorted(named) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    for name in named:
+        assert result.stdout.count(f"--{name}  (default: ") + result.stdout.count(f"--[no]{name}  (") == 1
+    assert "  --global_batch_size  (default: 0)\n      Images per update" in result.stdout
+    assert "(default: lars) lars, momentum (SGD" in " ".join(result.stdout.split())
+    assert "nesterov (the same with Nesterov momentum). One of: lars, momentum, nesterov." in " ".join(
+        result.stdout.split()
+    )
+    assert "  --[no]resume  (default: true)" in result.stdout
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize(
+    "flag, fragments",
+    [
+        ("--data_dir=/nonexistent", ["apt-get install dataset-fashion-mnist", "/nonexistent"]),
+        ("--accumulation_steps=3", ["--global_batch_size=4096", "1 ranks x 3 accumulation steps = 3"]),
+        ("--per_rank_batch_size=100", ["--per_rank_batch_size=100 contradicts --global_batch_size=4096"]),
+    ],
+)
+def test_bad_input_found_at_start_is_one_clear_error(flag, fragments, tmp_path):
     result = _run(MAIN + [flag, f"--workdir={tmp_path}"], timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

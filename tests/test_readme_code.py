@@ -303,7 +303,9 @@ def _check_main_flags(flagfile, flags, world_size):
     main.define_flags(flag_values=values)
     try:
         values(["hvd-lars-train", *args, *flags])
-        main.config_from_flags(values).validate(world_size)
+        config = main.config_from_flags(values)
+        config.validate()
+        config.resolve_batch(world_size)
     except (absl_flags.Error, ValueError) as e:
         return [f"flags {args + flags}: {e}"]
     return []

@@ -36,7 +36,7 @@ def test_every_numeric_setting_refuses_non_finite_and_negative_values_naming_its
     if bad == -1 and FIELDS[name].metadata["check"].low < -1:
         pytest.skip(f"{name} accepts -1")
     with pytest.raises(ValueError) as info:
-        _config(**{name: bad}).validate(1)
+        _config(**{name: bad}).validate()
     message = str(info.value)
     assert f"--{name}" in message and repr(bad) in message and "\n" not in message
 
@@ -58,7 +58,7 @@ def test_every_numeric_setting_refuses_non_finite_and_negative_values_naming_its
 )
 def test_bad_values_are_one_line_naming_flag_and_value(name, value, fragment):
     with pytest.raises(ValueError) as info:
-        _config(**{name: value}).validate(1)
+        _config(**{name: value}).validate()
     assert fragment in str(info.value)
 
 
@@ -304,7 +304,7 @@ def test_a_callback_that_stops_training_is_not_undone():
 
 def test_only_errors_raised_by_the_package_count_as_bad_input():
     with pytest.raises(ValueError) as ours:
-        _config(seed=-1).validate(1)
+        _config(seed=-1).validate()
     assert main._raised_here(ours.value)
     with pytest.raises(ValueError) as keras_own:
         keras.layers.Dense(1, activation="no_such_activation")

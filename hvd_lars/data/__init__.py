@@ -34,33 +34,28 @@ __all__ = [
     "get_input",
 ]
 
-# `settings`: the options a run's configuration gives (the `TrainConfig` fields of those names).
 DATASETS = {
     "fashion_mnist": Dataset(
         build=fashion_mnist.fashion_mnist_input,
         describe=fashion_mnist.fashion_mnist_shapes,
         options=fashion_mnist.FashionMnistOptions,
-        settings=("validation_examples",),
         default_dir=lambda: fashion_mnist_files.DEFAULT_DIR,
     ),
     "imagenet2012": Dataset(
         build=imagenet.imagenet_input,
         describe=imagenet.imagenet_shapes,
         options=imagenet.ImagenetOptions,
-        settings=("image_size", "preprocessing", "skip_corrupt"),
         default_dir=imagenet_preparation.default_data_dir,
     ),
     "image_folder": Dataset(
         build=image_folder.image_folder_input,
         describe=image_folder.image_folder_shapes,
         options=image_folder.ImageFolderOptions,
-        settings=("image_size", "preprocessing", "skip_corrupt"),
     ),
     "synthetic": Dataset(
         build=synthetic.synthetic_input,
         describe=synthetic.synthetic_shapes,
         options=synthetic.SyntheticOptions,
-        settings=("image_size",),
     ),
 }
 

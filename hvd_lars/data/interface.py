@@ -112,30 +112,15 @@ class Dataset:
             building: no batch allocated, no image decoded.
         options: frozen dataclass of the data set's own options, with their defaults; its fields are
             exactly the options the data set takes.
-        settings: the fields of `options` a run's configuration sets: `TrainConfig` fields of the same
-            name (`hvd_lars.training.recipe.input_options` reads them; `TrainConfig.validate` refuses any
-            other data-set setting given a value). The options not listed are for library callers.
         default_dir: callable() -> the folder the data set reads when `InputRequest.data_dir` is empty,
             or None when it has none (image_folder needs a folder; synthetic reads none). A run's plan
             records the folder this resolves to (`hvd_lars.training.plan`).
-
-    Raises:
-        ValueError: (when made) a setting that is not a field of `options`.
     """
 
     build: typing.Callable
     describe: typing.Callable
     options: type
-    settings: tuple = ()
     default_dir: typing.Callable = None
-
-    def __post_init__(self):
-        unknown = sorted(set(self.settings) - set(self.option_names()))
-        if unknown:
-            raise ValueError(
-                f"settings {', '.join(unknown)} are not fields of {self.options.__name__}; its fields: "
-                f"{', '.join(self.option_names())}."
-            )
 
     def option_names(self):
         """The names of the options the data set takes, in their declared order."""

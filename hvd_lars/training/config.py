@@ -8,14 +8,33 @@ fields together. Units: images, epochs, learning rates (per update; `base_learni
 
 import dataclasses
 
-from hvd_lars.data import DATASETS
-from hvd_lars.data.preprocessing import PREPROCESSINGS
-from hvd_lars.models import MODELS
-from hvd_lars.optim.lars import MOMENTUM_CORRECTIONS, TRUST_RATIO_MODES
-from hvd_lars.optim.schedules import SCHEDULES
-from hvd_lars.parallel.collectives import GRADIENT_COMPRESSIONS, GRADIENT_REDUCTIONS
 from hvd_lars.training.settings import above, at_least, fraction, problem, setting
 
+# The names the library's registries hold (hvd_lars.data.DATASETS, hvd_lars.models.MODELS, ...), written
+# here so that flags are checked before Keras and TensorFlow are imported (tests/test_config.py compares).
+# Each data set with the settings of this table it reads; another data set's setting is refused.
+DATASET_SETTINGS = {
+    "fashion_mnist": ("validation_examples",),
+    "imagenet2012": ("image_size", "preprocessing", "skip_corrupt"),
+    "image_folder": ("image_size", "preprocessing", "skip_corrupt"),
+    "synthetic": ("image_size",),
+}
+MODELS = (
+    "alexnet",
+    "alexnet_bn",
+    "resnet18",
+    "resnet20",
+    "resnet34",
+    "resnet50",
+    "small_cnn",
+    "small_cnn_nobn",
+)
+PREPROCESSINGS = ("caffe", "caffe_scaled", "inception")
+SCHEDULES = ("cosine", "mlperf_poly", "paper_poly", "step")
+TRUST_RATIO_MODES = ("paper", "decayed_gradient", "update")
+MOMENTUM_CORRECTIONS = ("none", "warmup", "always")
+GRADIENT_REDUCTIONS = ("overlap", "grouped")
+GRADIENT_COMPRESSIONS = ("none", "fp16")
 OPTIMIZERS = ("lars", "momentum", "nesterov")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16")
 # The --allow_plan_change value that accepts every change of the plan.
@@ -33,8 +52,8 @@ class TrainConfig:
 
     dataset: str = setting(
         "fashion_mnist",
-        "Input pipeline: fashion_mnist, imagenet2012, image_folder or synthetic.",
-        choices=lambda: sorted(DATASETS),
+        "The data set (synthetic: random images, for timing).",
+        choices=tuple(sorted(DATASET_SETTINGS)),
         plan=True,
     )
     data_dir: str = setting("", "Data folder; empty: the dataset's default location.", plan=True)
@@ -50,15 +69,13 @@ class TrainConfig:
         "caffe "
         "(256x256, random 227 crop + mirror, centre crop for eval, channel means subtracted: AlexNet), "
         "caffe_scaled (the same times 1/256: the released AlexNet-BN).",
-        choices=lambda: sorted(PREPROCESSINGS),
+        choices=PREPROCESSINGS,
         plan=True,
     )
     deterministic: bool = setting(True, "Fixed input order (exact resume); off: faster.", plan=True)
     skip_corrupt: bool = setting(False, "Skip and count unreadable training images.")
     input_threads: int = setting(0, "Input pipeline threads (0: this rank's cores).", check=_COUNT)
-    model: str = setting(
-        "small_cnn", "Model name (hvd_lars.models.MODELS).", choices=lambda: sorted(MODELS), plan=True
-    )
+    model: str = setting("small_cnn", "The network (hvd_lars.models.MODELS).", choices=MODELS, plan=True)
     optimizer: str = setting(
         "lars",
         "lars, momentum (SGD with coupled L2 decay) or nesterov (the same with Nesterov momentum).",
@@ -115,7 +132,7 @@ class TrainConfig:
         "mlperf_poly",
         "Learning-rate policy: mlperf_poly (warmup from 0, poly decay after warmup), paper_poly (the paper's "
         "solver: poly decay counted from step 0), cosine, step (Goyal et al.).",
-        choices=lambda: sorted(SCHEDULES),
+        choices=SCHEDULES,
         plan=True,
     )
     decay_power: float = setting(2.0, "Polynomial decay power after warmup.", check=above(0.0), plan=True)
@@ -231,22 +248,16 @@ class TrainConfig:
     )
 
     def resolve_batch(self, world_size):
-        """Returns (global batch, per-rank micro-batch): one may be 0 and is derived from the other.
-
-        global batch = per-rank batch x world size x accumulation steps.
+        """Returns (global batch, per-rank micro-batch) at `world_size` ranks: one of the two settings may be
+        0 and is derived from the other. global batch = per-rank batch x world size x accumulation steps.
 
         Raises:
-            ValueError: both 0, inconsistent, or a global batch that does not divide by ranks x accumulation.
+            ValueError: a global batch that does not divide by ranks x accumulation, or contradicts the
+                per-rank batch.
         """
-        for name in ("accumulation_steps", "global_batch_size", "per_rank_batch_size"):
-            message = problem(_FIELDS[name], getattr(self, name))
-            if message:
-                raise ValueError(message)
         divisor = world_size * self.accumulation_steps
-        if self.per_rank_batch_size and not self.global_batch_size:
-            return self.per_rank_batch_size * divisor, self.per_rank_batch_size
         if not self.global_batch_size:
-            raise ValueError("Give --global_batch_size or --per_rank_batch_size (both are 0).")
+            return self.per_rank_batch_size * divisor, self.per_rank_batch_size
         if self.global_batch_size % divisor:
             raise ValueError(
                 f"--global_batch_size={self.global_batch_size} does not divide by the world size "
@@ -262,8 +273,9 @@ class TrainConfig:
             )
         return self.global_batch_size, per_rank
 
-    def validate(self, world_size):
-        """Checks every setting by its declaration, then the rules between settings, before any heavy work.
+    def validate(self):
+        """Checks every setting by its declaration, then the rules between settings: what can be checked
+        before any rank starts (`resolve_batch` checks the batch against the world size).
 
         Raises:
             ValueError: one line naming the flag, its value and what would be accepted.
@@ -278,11 +290,16 @@ class TrainConfig:
                 f"--allow_plan_change names {', '.join(unknown)}, which are not settings of the plan; valid: "
                 f"{', '.join(plan_settings())}, or {ANY_PLAN_CHANGE}."
             )
-        self.resolve_batch(world_size)
         for rule in _RULES:
             message = rule(self)
             if message:
                 raise ValueError(message)
+
+
+def _some_batch(config):
+    if not config.global_batch_size and not config.per_rank_batch_size:
+        return "Give --global_batch_size or --per_rank_batch_size (both are 0)."
+    return None
 
 
 def _lars_only(config):
@@ -324,10 +341,10 @@ def _some_checkpoint(config):
 
 
 def _read_by_the_dataset(config):
-    # The settings some data set reads (`Dataset.settings`), given a value other than their declared
+    # The settings some data set reads (`DATASET_SETTINGS`), given a value other than their declared
     # default for a data set that does not read them: refused rather than ignored.
-    takes = DATASETS[config.dataset].settings
-    everyone = sorted({name for entry in DATASETS.values() for name in entry.settings})
+    takes = DATASET_SETTINGS[config.dataset]
+    everyone = sorted({name for names in DATASET_SETTINGS.values() for name in names})
     ignored = [
         f"--{name}={getattr(config, name)!r}"
         for name in everyone
@@ -341,8 +358,77 @@ def _read_by_the_dataset(config):
     return None
 
 
+# --help's groups, in order: every setting in one.
+HELP_GROUPS = (
+    (
+        "Data",
+        ("dataset", "data_dir", "image_size", "preprocessing", "validation_examples", "max_train_examples"),
+    ),
+    ("Model", ("model", "precision", "label_smoothing", "seed")),
+    (
+        "Optimizer and schedule",
+        (
+            "optimizer",
+            "base_learning_rate",
+            "peak_learning_rate",
+            "schedule",
+            "epochs",
+            "warmup_epochs",
+            "warmup_start_learning_rate",
+            "end_learning_rate",
+            "decay_power",
+            "decay_boundaries_epochs",
+            "decay_factor",
+            "momentum",
+            "weight_decay",
+            "eta",
+            "trust_ratio_mode",
+            "momentum_correction",
+            "exclude_bn_and_bias",
+            "epsilon",
+        ),
+    ),
+    (
+        "Batch and scale",
+        ("global_batch_size", "per_rank_batch_size", "accumulation_steps", "steps_per_epoch", "elastic"),
+    ),
+    (
+        "Checkpoints and resume",
+        (
+            "workdir",
+            "run_name",
+            "resume",
+            "allow_plan_change",
+            "checkpoint_every_steps",
+            "checkpoint_at_epoch_end",
+            "keep_checkpoints",
+            "keep_earlier_runs",
+            "async_checkpoints",
+        ),
+    ),
+    ("Evaluation and logs", ("eval_every_epochs", "max_eval_examples", "verbose", "progress_every_s")),
+    (
+        "Performance",
+        (
+            "gradient_reduction",
+            "gradient_compression",
+            "deterministic",
+            "input_threads",
+            "intra_op_threads",
+            "inter_op_threads",
+        ),
+    ),
+    ("Faults", ("skip_corrupt", "hang_timeout_s", "elastic_commit_every_steps")),
+)
 # The rules between settings, checked after each setting on its own.
-_RULES = (_lars_only, _one_learning_rate, _warmup_within_training, _some_checkpoint, _read_by_the_dataset)
+_RULES = (
+    _some_batch,
+    _lars_only,
+    _one_learning_rate,
+    _warmup_within_training,
+    _some_checkpoint,
+    _read_by_the_dataset,
+)
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 

@@ -52,7 +52,6 @@ def run(config, extra_callbacks=()):
     collectives.init()
     check_launched(config)
     # The world size is checked against the global batch in each attempt, on every rank together.
-    config.validate(1)
     requested = threads.configure_threads(config, collectives.size())
     run_name, run_dir = train.run_directory(config, config.global_batch_size)
     shapes = None

@@ -18,7 +18,7 @@ from hvd_lars.data import DATASETS
 from hvd_lars.data.preprocessing import DEFAULT_PREPROCESSING
 from hvd_lars.optim.scaling import REFERENCE_BATCH, scaled_learning_rate, steps_in_epochs
 from hvd_lars.optim.schedules import goyal_boundaries
-from hvd_lars.training.config import ANY_PLAN_CHANGE, plan_settings, resolve_precision
+from hvd_lars.training.config import ANY_PLAN_CHANGE, DATASET_SETTINGS, plan_settings, resolve_precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,7 @@ def resolved_settings(config, figures, input_shape=None, train_examples=None):
         folder = settings["data_dir"] or (entry and entry.default_dir and entry.default_dir())
         settings["data_dir"] = os.path.realpath(folder) if folder else ""
     if "preprocessing" in settings and entry is not None:
-        takes = "preprocessing" in entry.settings
+        takes = "preprocessing" in DATASET_SETTINGS[config["dataset"]]
         settings["preprocessing"] = settings["preprocessing"] or (DEFAULT_PREPROCESSING if takes else "")
     if "decay_boundaries_epochs" in config and "steps_per_epoch" in figures:
         given = config["decay_boundaries_epochs"] or ()

@@ -6,13 +6,13 @@ Each function reads a `TrainConfig` and a `Plan` (steps, not epochs) and returns
 import keras
 
 from hvd_lars import keras_internals
-from hvd_lars.data import InputRequest, dataset
+from hvd_lars.data import InputRequest
 from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
 from hvd_lars.optim.schedules import make_schedule
 from hvd_lars.parallel.optimizer import DistributedOptimizer
 from hvd_lars.training import file_failures, threads
-from hvd_lars.training.config import default_of
+from hvd_lars.training.config import DATASET_SETTINGS, default_of
 
 
 def build_schedule(config, plan):
@@ -152,11 +152,7 @@ def input_request(config, per_rank_batch, rank, world_size, run_dir):
 
 
 def input_options(config):
-    """The options of `config.dataset` taken from the configuration: the settings its `DATASETS` entry
-    declares (`Dataset.settings`), by name. `TrainConfig.validate` refuses the other data sets' settings
-    when set, so nothing given is dropped.
-
-    Raises:
-        ValueError: unknown data set, listing the valid ones.
-    """
-    return {name: getattr(config, name) for name in dataset(config.dataset).settings}
+    """The options of `config.dataset` taken from the configuration: the settings `DATASET_SETTINGS` lists for
+    it, by name (`TrainConfig.validate` refuses the other data sets' settings when set: nothing given is
+    dropped)."""
+    return {name: getattr(config, name) for name in DATASET_SETTINGS[config.dataset]}

@@ -18,8 +18,8 @@ def setting(default, help, *, choices=None, check=None, plan=False, item=str):
         default: the value when the flag is not given (its type is the flag's type: str, int, float, bool,
             or tuple for a list of numbers).
         help: one line for `--help`.
-        choices: a tuple of accepted values, or a callable returning them (for registries filled at import);
-            an empty string is accepted in addition where the default is "".
+        choices: a tuple of accepted values; an empty string is accepted in addition where the default is
+            "".
         check: a `Check` (below), or None.
         plan: True when the setting changes what the remaining updates do (optimizer, schedule, data...):
             a run resumed from a checkpoint refuses a change of it unless `--allow_plan_change` names it.
@@ -79,15 +79,9 @@ def fraction():
     return Check(low=0.0, high=1.0)
 
 
-def choices_of(field):
-    """The accepted values of a field declared with `choices`, or None."""
-    choices = field.metadata.get("choices")
-    return tuple(choices()) if callable(choices) else choices
-
-
 def problem(field, value):
     """The one-line error for `value` of `field` (a dataclass field made by `setting`), or None."""
-    choices = choices_of(field)
+    choices = field.metadata["choices"]
     if choices is not None:
         if value in choices or (value == "" and field.default == ""):
             return None

@@ -84,7 +84,6 @@ def run(config, extra_callbacks=()):
             some rank (every rank).
     """
     rank, world_size = collectives.init()
-    config.validate(world_size)
     requested = threads.configure_threads(config, world_size)
     global_batch, per_rank_batch = batch_sizes(config, world_size)
     run_name, run_dir = run_directory(config, global_batch)

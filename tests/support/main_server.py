@@ -39,7 +39,13 @@ SUPPORT = os.path.join(REPO, "tests", "support")
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGCONT")
 
 # Imported by the server beside hvd_lars/main.py's own import statements (which import them too).
-PRELOADED = ("tensorflow", "keras", "horovod.tensorflow")
+PRELOADED = (
+    "tensorflow",
+    "keras",
+    "horovod.tensorflow",
+    "hvd_lars.training.train",
+    "hvd_lars.training.elastic_loop",
+)
 
 
 class MainServer:
@@ -211,6 +217,7 @@ def _serve(address):
 
     ours = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     _INSTALLED[:] = [p for p in sys.path[1:] if os.path.abspath(p) not in ours]
+    importlib.import_module("hvd_lars.quiet_tensorflow").load()  # as the main program imports TensorFlow
     for name in PRELOADED:
         importlib.import_module(name)
     # hvd_lars/main.py's module-level imports, run as it runs them (a `from package import module` too).

@@ -6,12 +6,14 @@ NP ?= 2
 FLAGFILE ?= flags/fashion_mnist_lars.flags
 # pytest-xdist workers for make test: one per core (tests/conftest.py says how the tests are grouped).
 TEST_WORKERS ?= $(shell nproc)
-# The run directory (--run_name; default the flagfile's) and the record written from its summary.json. A
-# finished run resumes as complete: `make train RUN_NAME=another` trains again in a new directory.
+# The run directory (--run_name; default the flagfile's). A finished run resumes as complete:
+# `make train RUN_NAME=another` trains again in a new directory.
 RUN_NAME ?= $(shell sed -n 's/^--run_name=//p' $(FLAGFILE))
-RECORD ?= results/$(basename $(notdir $(FLAGFILE))).md
 # Where the run directories go (--workdir).
 WORKDIR ?= results/runs
+# The run's record, in its own directory: the committed results/<flagfile>.md changes only by
+# `python -m benchmarks.record_run` (its docstring).
+RECORD ?= $(WORKDIR)/$(RUN_NAME)/record.md
 # The data folder (--data_dir; empty: the data set's default, Debian's /usr/share/datasets/fashion-mnist for
 # Fashion-MNIST). For a Fashion-MNIST flagfile it is also the folder install/setup.sh checks for the files.
 DATA_DIR ?=
@@ -36,8 +38,8 @@ setup:
 train: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE) \
 		--run_name=$(RUN_NAME) --workdir=$(WORKDIR) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(TRAIN_FLAGS)
-	$(PY) -m benchmarks.record_run $(WORKDIR)/$(RUN_NAME)/summary.json $(RECORD) \
-		"make train FLAGFILE=$(FLAGFILE) NP=$(NP)$(if $(DATA_DIR), DATA_DIR=$(DATA_DIR))$(if $(TRAIN_FLAGS), TRAIN_FLAGS='$(TRAIN_FLAGS)')"
+	$(PY) -m benchmarks.record_run --summary=$(WORKDIR)/$(RUN_NAME)/summary.json --out=$(RECORD) \
+		--command="make train FLAGFILE=$(FLAGFILE) NP=$(NP)$(if $(DATA_DIR), DATA_DIR=$(DATA_DIR))$(if $(TRAIN_FLAGS), TRAIN_FLAGS='$(TRAIN_FLAGS)')"
 	@echo "record: $(RECORD)"
 
 test: setup

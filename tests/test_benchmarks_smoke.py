@@ -55,7 +55,12 @@ def test_record_run_writes_the_runs_table(tmp_path):
     }  # fmt: skip
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     out = tmp_path / "record.md"
-    _run("benchmarks.record_run", str(tmp_path / "summary.json"), str(out), "make train")
+    _run(
+        "benchmarks.record_run",
+        f"--summary={tmp_path / 'summary.json'}",
+        f"--out={out}",
+        "--command=make train",
+    )
     text = out.read_text()
     assert "- Command: `make train`" in text and "**Final test top-1 0.9244**" in text
     assert "| 1 | 0.5000 | 0.8000 | 0.9244 | 0.9990 | 20 | 3000 |" in text
@@ -68,9 +73,27 @@ def test_record_run_writes_the_runs_table(tmp_path):
     # A summary of this machine (make train runs record_run where it trained): both, measured here.
     summary["machine"] = provenance.machine()
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    _run("benchmarks.record_run", str(tmp_path / "summary.json"), str(out), "make train")
+    _run(
+        "benchmarks.record_run",
+        f"--summary={tmp_path / 'summary.json'}",
+        f"--out={out}",
+        "--command=make train",
+    )
     text = out.read_text()
     assert f"- Machine: {provenance.machine()}; CPU: " in text
+    _machine(text)
+
+
+@pytest.mark.horovod
+def test_record_run_trains_a_flagfile_afresh_for_its_reference_record(tmp_path):
+    # The committed records' way: 2 ranks of flags/smoke.flags (6 updates) in a new run directory.
+    out = tmp_path / "smoke.md"
+    args = ["--flagfile=flags/smoke.flags", f"--workdir={tmp_path}", f"--out={out}"]
+    _run("benchmarks.record_run", *args)
+    (run_dir,) = tmp_path.glob("smoke_reference_*")
+    text = out.read_text()
+    assert f"- Command: `python -m benchmarks.record_run {' '.join(args)}`" in text
+    assert "| 2 | " in text and (run_dir / "run.png").exists()
     _machine(text)
 
 

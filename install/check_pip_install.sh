@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that `pip install .` into a fresh virtual environment that holds only TensorFlow gives a working
-# package, as a user of the pieces in their own Keras code installs it (issue 15.3). Writes the record
+# package, as a user installs it. Writes the record
 # results/pip_install.md (override with OUT=...). About 5 minutes; run from anywhere:
 #
 #   bash install/check_pip_install.sh
@@ -17,7 +17,8 @@
 #   4. `pip install <tree>[imagenet]`: tensorflow-datasets arrives and its imagenet2012 builder answers;
 #   5. Horovod as the README says to bring it: the wheel install/setup.sh built for this TensorFlow, Python
 #      and the MPI on PATH (from $HVD_LARS_WHEEL_CACHE; skipped when absent), `horovodrun --check-build`, then
-#      examples/keras_horovod_lars.py on 2 ranks with that environment's horovodrun.
+#      examples/keras_horovod_lars.py on 2 ranks with that environment's horovodrun, and the installed
+#      hvd-lars-train on flags/smoke.flags (6 updates) on 2 ranks, from outside the checkout, to its end.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -128,6 +129,10 @@ if [ -n "$wheel" ]; then
   else
     note "- examples/keras_horovod_lars.py not in this commit: the 2-rank example was not run"
   fi
+  (cd "$WORK" && "$VENV/bin/horovodrun" -np 2 -H localhost:2 "$VENV/bin/hvd-lars-train" \
+    --flagfile="$WORK/src/flags/smoke.flags" --workdir="$WORK/runs") > "$WORK/train.log" 2>&1 \
+    || { tail -50 "$WORK/train.log"; exit 1; }
+  note "- \`horovodrun -np 2 hvd-lars-train --flagfile=flags/smoke.flags\`: $(grep -h '\] finished smoke' "$WORK/train.log" | sed 's/^.*\[hvd_lars\] //')"
 else
   note "- no Horovod wheel in $wheel_dir (run install/setup.sh once): Horovod not checked"
 fi

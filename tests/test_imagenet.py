@@ -99,7 +99,7 @@ def test_prepared_sizes_and_labels(prepared):
     assert images.shape == (2, 32, 32, 3) and images.dtype == tf.float32
     assert sorted(_labels(data.eval)) == sorted(EVAL_LABELS)
     # Each validation file carries its own line's label (line i labels ILSVRC2012_val_<i>).
-    records = imagenet._source(preparation.builder(data_dir), "validation", False, 0)
+    records = imagenet._source(preparation.builder(data_dir), "validation")
     by_name = {name.numpy().decode(): int(label) for name, _, label in records}
     assert by_name == {f"ILSVRC2012_val_{i + 1:08d}.JPEG": label for i, label in enumerate(EVAL_LABELS)}
 
@@ -107,7 +107,7 @@ def test_prepared_sizes_and_labels(prepared):
 @pytest.mark.unit
 def test_builder_converted_cmyk_and_png_to_rgb_jpeg(prepared):
     data_dir, _, _ = prepared
-    records = imagenet._source(preparation.builder(data_dir), "train", False, 0)
+    records = imagenet._source(preparation.builder(data_dir), "train")
     found = {name.numpy().decode(): data for name, data, _ in records}
     for name in (CMYK_NAME, PNG_NAME):
         assert bool(tf.io.is_jpeg(found[name]))

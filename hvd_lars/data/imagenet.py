@@ -4,7 +4,9 @@ The records are made once, before training, from the user's ILSVRC-2012 tars (`h
 imagenet2012`: `hvd_lars.data.imagenet_preparation`); training converts nothing, and every rank refuses a
 `data_dir` without a finished preparation at once, naming that command. Training reads the prepared record
 files in `records.record_stream`'s order, so a resumed run starts at its step without reading (let alone
-decoding) the records before it.
+decoding) the records before it; evaluation reads them in `records.record_sequence`'s order. A record file
+that cannot be read to its end gives an image named by that file, which the input pipeline hands over as
+it does an unreadable image (`records`, `encoded_images`).
 """
 
 import dataclasses
@@ -36,23 +38,27 @@ class ImagenetOptions(encoded_images.EncodedImageOptions):
     block_records: int = 0
 
 
-def _source(ds_builder, split, shuffle_files, seed):
+def _parser(ds_builder):
+    """serialized record -> (file name, JPEG bytes, label int32); an `records.unreadable` element -> (its
+    record file's path, b"", 0): an image no decoder accepts, which the input pipeline then names."""
     tfds = tfds_module()
-    read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False, skip_prefetch=True)
-    ds = ds_builder.as_dataset(
-        split=split,
-        shuffle_files=shuffle_files,
-        read_config=read_config,
-        # Keep the JPEG bytes: preprocessing decodes only the crop window.
-        decoders={"image": tfds.decode.SkipDecoding()},
-    )
-    return ds.map(lambda e: (e["file_name"], e["image"], tf.cast(e["label"], tf.int32)))
+    features = ds_builder.info.features
+    decoders = {"image": tfds.decode.SkipDecoding()}  # JPEG bytes: preprocessing decodes the crop only
+
+    def parse(serialized):
+        e = features.deserialize_example(serialized, decoders=decoders)
+        return e["file_name"], e["image"], tf.cast(e["label"], tf.int32)
+
+    def parse_or_name(serialized):
+        is_unreadable, filename = records.unreadable_file(serialized)
+        return tf.cond(
+            is_unreadable, lambda: (filename, tf.constant(b""), tf.constant(0)), lambda: parse(serialized)
+        )
+
+    return parse_or_name
 
 
-def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_records):
-    """(start_record -> endless dataset of (file name, JPEG bytes, label)) over the record files of `split`
-    (`records.record_stream`); records are parsed after the start is reached, never before."""
-    tfds = tfds_module()
+def _check_format(ds_builder):
     file_format = str(getattr(ds_builder.info.file_format, "value", ds_builder.info.file_format))
     if file_format != "tfrecord":
         raise ValueError(
@@ -60,13 +66,21 @@ def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_re
             f"files tensorflow-datasets prepares by default, as {COMMAND} does: prepare it with that into "
             "another --data_dir."
         )
-    instructions = ds_builder.info.splits[split].file_instructions
-    features = ds_builder.info.features
-    decoders = {"image": tfds.decode.SkipDecoding()}  # JPEG bytes: preprocessing decodes the crop only
 
-    def parse(serialized):
-        e = features.deserialize_example(serialized, decoders=decoders)
-        return e["file_name"], e["image"], tf.cast(e["label"], tf.int32)
+
+def _source(ds_builder, split):
+    """Finite dataset of (file name, JPEG bytes, label) of `split`, each record once
+    (`records.record_sequence`)."""
+    instructions = ds_builder.info.splits[split].file_instructions
+    parse = _parser(ds_builder)
+    return records.record_sequence(instructions).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _train_from(ds_builder, split, seed, deterministic, shuffle_buffer, block_records):
+    """(start_record -> endless dataset of (file name, JPEG bytes, label)) over the record files of `split`
+    (`records.record_stream`); records are parsed after the start is reached, never before."""
+    instructions = ds_builder.info.splits[split].file_instructions
+    parse = _parser(ds_builder)
 
     def stream(start):
         ds = records.record_stream(
@@ -149,6 +163,7 @@ def imagenet_input(request, options):
     # `options.preprocessing` names the views; the default size is the module's constant.
     image_size = options.image_size or DEFAULT_IMAGE_SIZE
     ds_builder = prepared_builder(request.data_dir)
+    _check_format(ds_builder)
     splits = ds_builder.info.splits
     num_train, num_eval = _split_sizes(splits, request.max_train_examples, request.max_eval_examples)
     t_start, t_stop = train_shard_range(num_train, rank, world_size)
@@ -172,7 +187,7 @@ def imagenet_input(request, options):
     )
     train_from = _batches_from(stream, batch, seed + rank, skipped, views)
     evaluation = encoded_images.eval_dataset(
-        _source(ds_builder, f"validation[{e_start}:{e_stop}]", shuffle_files=False, seed=seed),
+        _source(ds_builder, f"validation[{e_start}:{e_stop}]"),
         batch=request.eval_batch or batch,
         **views,
     )

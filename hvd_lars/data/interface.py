@@ -30,9 +30,10 @@ class InputRequest:
         input_threads: tf.data threads of this rank's private pool; 0: `tfdata_options.default_threads()`.
         run_dir: a folder of the run where a builder keeps what only saves work on the run's later starts
             (image_folder: its listing index, in `<run_dir>/image_folder_index/`); None: nothing is kept.
-        on_unreadable: None (an image file that cannot be read or decoded, and is not skipped, stops the
-            pipeline with `tf.errors.InvalidArgumentError` naming it), or callable(path, split) called with
-            it instead (`encoded_images.train_dataset`).
+        on_unreadable: None (an image file that cannot be read or decoded, or a record file that cannot be
+            read to its end (`records`), and is not skipped, stops the pipeline with
+            `tf.errors.InvalidArgumentError` naming it), or callable(path, split) called with it instead
+            (`encoded_images.train_dataset`).
     """
 
     per_rank_batch: int

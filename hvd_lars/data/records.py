@@ -13,6 +13,12 @@ Element k of the stream is therefore computable without reading: a run resumed a
 only the window holding element k (at most `window_records` records, the same as a run starting at 0
 reads before its first batch) and drops the records of that window before k, undecoded. Records within
 a window are uniformly shuffled, which mixes better than a streaming shuffle buffer of the same size.
+
+A block whose file cannot be opened or read to the block's end (a `tf.errors.DataLossError` for a garbled
+or cut record, fewer records than the data set's info counts for a file cut at a record boundary, a file
+gone or not readable) yields the records read before the damage, then one `unreadable(filename)` element in
+place of the rest, and the stream goes on: the parse turns it into an image no decoder accepts, named by
+the record file, which the input pipeline hands over (`encoded_images`) as it does an unreadable image.
 """
 
 import numpy as np
@@ -24,6 +30,41 @@ from hvd_lars.data import order
 def _read_records(filename, skip, take):
     # Reads records skip .. skip + take - 1 of one file (tests count the records read through it).
     return tf.data.TFRecordDataset(filename).skip(skip).take(take)
+
+
+# No serialized tf.train.Example starts with a zero byte (a protobuf field number is never 0).
+_UNREADABLE = "\0hvd_lars: unreadable record file\0"
+
+
+def unreadable(filename):
+    """The element that stands for the records of `filename` (string tensor) that could not be read."""
+    return tf.strings.join([_UNREADABLE, filename])
+
+
+def unreadable_file(record):
+    """(is_unreadable: bool, filename: string) of a record (scalar string tensor) of `record_stream` or
+    `record_sequence`: whether it is an `unreadable(filename)` element, and its filename if so."""
+    n = len(_UNREADABLE)
+    is_unreadable = tf.strings.substr(record, 0, n) == _UNREADABLE
+    return is_unreadable, tf.strings.substr(record, n, tf.maximum(tf.strings.length(record) - n, 0))
+
+
+def _opens(filename):
+    # Reads the file's first record: an iterator over a file that cannot be opened fails again at every
+    # call, which ignore_errors would retry for ever (TensorFlow 2.21); a map's failed element it drops.
+    first = tf.data.TFRecordDataset(filename).take(1).get_single_element()
+    with tf.control_dependencies([first]):
+        return tf.identity(filename)
+
+
+def _readable_block(filename, skip, take):
+    """The block's records (`_read_records`), the records not read replaced by one `unreadable(filename)`
+    (module docstring)."""
+    opened = tf.data.Dataset.from_tensors(filename).map(_opens).ignore_errors()
+    # After a DataLossError the record reader moves past the file: the block ends there.
+    records = opened.flat_map(lambda f: _read_records(f, skip, take)).ignore_errors()
+    # Read only when the records fall short of `take`.
+    return records.concatenate(tf.data.Dataset.from_tensors(unreadable(filename))).take(take)
 
 
 def blocks_of(file_instructions, block_records=0):
@@ -77,7 +118,7 @@ def record_stream(
             (tf.gather(files_t, blocks), tf.gather(skips_t, blocks), tf.gather(takes_t, blocks))
         )
         records = parts.interleave(
-            _read_records,
+            _readable_block,
             cycle_length=per_window,
             num_parallel_calls=per_window,
             deterministic=deterministic,
@@ -102,3 +143,20 @@ def record_stream(
     skip = offset - (int(ends[first_window - 1]) if first_window else 0)
     later = tf.data.Dataset.range(first_epoch + 1, order.EPOCHS).flat_map(epoch)
     return epoch(first_epoch, first_window).skip(skip).concatenate(later)
+
+
+def record_sequence(file_instructions, parallel_reads=4):
+    """Finite `tf.data.Dataset` of the serialized records (scalar string) of `file_instructions`, each once,
+    in a fixed order (`parallel_reads` files read at a time, their records interleaved in turn); a block
+    that cannot be read yields `unreadable(filename)` as `record_stream` does.
+
+    Raises:
+        ValueError: no records.
+    """
+    files, skips, takes = blocks_of(file_instructions)
+    if int(takes.sum()) < 1:
+        raise ValueError(f"record_sequence needs records, got {len(files)} empty file ranges.")
+    parts = tf.data.Dataset.from_tensor_slices((files.astype(str), skips, takes))
+    return parts.interleave(
+        _readable_block, cycle_length=parallel_reads, num_parallel_calls=parallel_reads, deterministic=True
+    )

@@ -13,6 +13,7 @@ written once a failure is noted, so the same command resumes once the cause is g
 import os
 import re
 
+from hvd_lars.data.imagenet_preparation import COMMAND
 from hvd_lars.parallel import collectives
 
 _RESUME = "then start the same command again: it resumes from the last complete checkpoint."
@@ -50,9 +51,17 @@ def write_failure(path, error):
 
 
 def note_unreadable(path, split):
-    """Notes a `split` ("training" or "evaluation") file at `path` that cannot be read or decoded."""
-    skip = " (or pass --skip_corrupt to leave such training files out)" if split == "training" else ""
-    note(f"cannot read or decode the {split} image file {path}. Repair or remove it{skip}, {_RESUME}")
+    """Notes a `split` ("training" or "evaluation") file at `path` that cannot be read or decoded: an image,
+    or a record file of prepared data (tensorflow-datasets' `*.tfrecord-NNNNN-of-NNNNN`) that cannot be
+    read to its end."""
+    if ".tfrecord" in os.path.basename(path):
+        what, fix = "record file", f"Restore it from a copy or prepare the data set again with {COMMAND}"
+        skip = " (or pass --skip_corrupt to leave out the records it cannot give)"
+    else:
+        what, fix = "image file", "Repair or remove it"
+        skip = " (or pass --skip_corrupt to leave such training files out)"
+    skip = skip if split == "training" else ""
+    note(f"cannot read or decode the {split} {what} {path}. {fix}{skip}, {_RESUME}")
 
 
 def write_atomically(path, write, mode="w"):

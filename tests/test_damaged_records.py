@@ -1,0 +1,115 @@
+"""A damaged record file of prepared imagenet2012 data (a garbled record, a file cut at a record boundary)
+is handed over by the input pipeline as an unreadable image is, named by the record file, in training and
+in evaluation; under 2 real ranks it ends both with one line naming it, exit status 2, and the same command
+resumes once the file is restored."""
+
+import os
+import shutil
+import struct
+import sys
+import time
+
+import pytest
+
+from tests.support import REPO
+from tests.support.main_server import run_main
+from tests.support.small_runs import TWO_RANKS, final_tensors
+from tests.test_file_failures import ADVICE, _one_line_on_every_rank, _temporaries
+from tests.test_imagenet import prepared  # noqa: F401 (the fixture: 18 training and 6 validation records)
+
+VERSION = os.path.join("imagenet2012", "5.1.0")
+TRAIN_FILE = "imagenet2012-train.tfrecord-00000-of-00001"
+EVAL_FILE = "imagenet2012-validation.tfrecord-00000-of-00001"
+
+
+def _record_offsets(path):
+    """The byte offset of each record of a TFRecord file (length u64, its CRC u32, data, data CRC u32)."""
+    offsets, data = [], open(path, "rb").read()
+    at = 0
+    while at < len(data):
+        offsets.append(at)
+        (length,) = struct.unpack("<Q", data[at : at + 8])
+        at += 12 + length + 4
+    return offsets
+
+
+def _garble_record(path, index):
+    """Overwrites 10 bytes inside record `index`'s data (its CRC then fails: DataLossError)."""
+    data = bytearray(open(path, "rb").read())
+    at = _record_offsets(path)[index] + 12 + 100
+    data[at : at + 10] = b"\xff" * 10
+    open(path, "wb").write(bytes(data))
+
+
+def _copy(data_dir, tmp_path):
+    copy = tmp_path / "tfds"
+    shutil.copytree(data_dir, copy)
+    return copy, copy / VERSION
+
+
+@pytest.mark.unit
+def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path):  # noqa: F811
+    from hvd_lars.data import InputRequest, get_input
+    from hvd_lars.training import file_failures
+
+    data_dir, folder = _copy(prepared[0], tmp_path)
+    train, evaluation = str(folder / TRAIN_FILE), str(folder / EVAL_FILE)
+    _garble_record(train, 4)
+    # Cut at a record boundary: no error from TensorFlow's reader, only 3 records where the info counts 6.
+    with open(evaluation, "r+b") as f:
+        f.truncate(_record_offsets(evaluation)[3])
+    noted = []
+    request = InputRequest(
+        per_rank_batch=3, rank=0, world_size=1, seed=0, data_dir=str(data_dir),
+        on_unreadable=lambda path, split: noted.append((path, split)),
+    )  # fmt: skip
+    data = get_input("imagenet2012", request, image_size=32)
+    images, _ = next(iter(data.train))  # the first window holds all 18 records: the damage among them
+    assert images.shape == (3, 32, 32, 3)
+    assert [int(y.shape[0]) for _, y in data.eval] == [3, 1]  # the 3 records read, then the record file
+    # The pipeline may read ahead into the next pass and meet the damaged file again.
+    assert set(noted) == {(train, "training"), (evaluation, "evaluation")}, noted
+    assert noted[0] == (train, "training")
+
+    file_failures.note_unreadable(*noted[0])
+    assert file_failures.noted() == (
+        f"cannot read or decode the training record file {train}. Restore it from a copy or prepare the "
+        "data set again with hvd-lars-prepare (or pass --skip_corrupt to leave out the records it cannot "
+        f"give), {ADVICE}"
+    )
+    with pytest.raises(file_failures.FileFailure):
+        file_failures.raise_noted()
+    file_failures.note_unreadable(*noted[-1])
+    assert file_failures.noted() == (
+        f"cannot read or decode the evaluation record file {evaluation}. Restore it from a copy or prepare "
+        f"the data set again with hvd-lars-prepare, {ADVICE}"
+    )
+    with pytest.raises(file_failures.FileFailure):
+        file_failures.raise_noted()
+
+
+@pytest.mark.horovod
+def test_a_damaged_training_record_file_ends_both_ranks_with_one_line_naming_it(prepared, tmp_path):  # noqa: F811
+    data_dir, folder = _copy(prepared[0], tmp_path)
+    damaged = folder / TRAIN_FILE
+    original = damaged.read_bytes()
+    _garble_record(str(damaged), 12)  # in rank 1's half, records 9-17
+    command = [
+        *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}",
+        "--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=2", "--warmup_epochs=0",
+        "--peak_learning_rate=0.1", "--checkpoint_every_steps=1", "--resume=true", "--run_name=r",
+        f"--workdir={tmp_path / 'w'}", "--verbose=0",
+    ]  # fmt: skip
+    began = time.monotonic()
+    result = run_main(command, cwd=REPO, timeout=300)
+    line = _one_line_on_every_rank(result, began, str(damaged))
+    assert line == (
+        f"hvd_lars: error: rank 1 of 2: cannot read or decode the training record file {damaged}. Restore it "
+        "from a copy or prepare the data set again with hvd-lars-prepare (or pass --skip_corrupt to leave "
+        f"out the records it cannot give), {ADVICE}"
+    )
+    assert _temporaries(tmp_path / "w") == []
+    damaged.write_bytes(original)  # restored
+    resumed = run_main(command, cwd=REPO, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert int(final_tensors(tmp_path / "w" / "r")["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 8

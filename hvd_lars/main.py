@@ -8,16 +8,23 @@ second; then one `TrainConfig` goes to `hvd_lars.training.train.run` (or, with `
 
 import dataclasses
 import difflib
+import logging
 import os
 import sys
 import textwrap
 
-from absl import app, flags, logging
+from absl import app, flags
+from absl import logging as absl_logging
 
 from hvd_lars.training.config import HELP_GROUPS, TrainConfig
 
 FLAGS = flags.FLAGS
 EXIT_BAD_INPUT = 2
+log = logging.getLogger("hvd_lars")
+# Where each launcher tells a rank its place (horovodrun --gloo, Open MPI, MPICH/PMIx, srun), before
+# Horovod is started: the lines of the run are written by rank 0, and a mistake in the flags is said once.
+_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _HELP = ("-h", "-?", "--help", "--helpshort", "--helpfull")
 USAGE = """\
@@ -94,12 +101,64 @@ def _flag_line(field):
     return f"--{field.name}  (default: {default if default != '' else 'empty'})"
 
 
+def launcher_place(environ=None):
+    """(rank, world size) as the launcher gave them in `environ` (default `os.environ`); (0, 1) alone."""
+    environ = os.environ if environ is None else environ
+    rank = next((int(environ[v]) for v in _RANK_VARIABLES if environ.get(v, "").isdigit()), 0)
+    size = next((int(environ[v]) for v in _SIZE_VARIABLES if environ.get(v, "").isdigit()), 1)
+    return rank, size
+
+
+def place():
+    """(rank, world size): Horovod's once it is started (an elastic job's change), else the launcher's."""
+    horovod = sys.modules.get("horovod.tensorflow")
+    if horovod is not None and horovod.is_initialized():
+        return horovod.rank(), horovod.size()
+    return launcher_place()
+
+
+class _RunLines(logging.Formatter):
+    """`[hvd_lars] ...`, `[hvd_lars] warning: ...`, `hvd_lars: error: ...`; in a job of several ranks, a line
+    of a rank other than 0 names it (`[hvd_lars rank 3] ...`)."""
+
+    def format(self, record):
+        rank, size = place()
+        name = "hvd_lars" if size == 1 or rank == 0 else f"hvd_lars rank {rank}"
+        message = record.getMessage()
+        if record.levelno >= logging.ERROR:
+            return f"{name}: error: {message}"
+        if record.levelno >= logging.WARNING:
+            return f"[{name}] warning: {message}"
+        return f"[{name}] {message}"
+
+
+def _shown(record):
+    return place()[0] == 0 or getattr(record, "every_rank", False)
+
+
+def configure_logging():
+    """The run's lines through Python's logging (logger `hvd_lars`): information on stdout, warnings and
+    errors on stderr; rank 0's, and those another rank marks as its own (`extra={"every_rank": True}`)."""
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for stream, level in ((sys.stdout, logging.INFO), (sys.stderr, logging.WARNING)):
+        handler = logging.StreamHandler(stream)
+        handler.setLevel(level)
+        handler.setFormatter(_RunLines())
+        handler.addFilter(_shown)
+        if level == logging.INFO:
+            handler.addFilter(lambda record: record.levelno < logging.WARNING)
+        log.addHandler(handler)
+
+
 def parse(argv):
     """The checked `TrainConfig` of `argv`; `--help` prints the help and exits 0; bad input is one line
-    and exit status 2. Imports nothing heavy."""
+    (from rank 0) and exit status 2. Imports nothing heavy."""
     if any(arg in _HELP for arg in argv[1:]):
-        print(help_text())
+        sys.stdout.write(help_text() + "\n")
         sys.exit(0)
+    configure_logging()
     try:
         rest = FLAGS(argv)
         if len(rest) > 1:
@@ -151,29 +210,34 @@ def _main(config):
     from hvd_lars.training.file_failures import FileFailure
 
     # TensorFlow's checkpoint code logs every save at INFO through absl.
-    logging.set_verbosity(logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
     # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported), and Open
     # MPI's allreduce rules of the library (hvd_lars.parallel.ompi_allreduce_rules).
     threads.apply_horovod_cpu_defaults()
     try:
         run_training(config)
-    except (WorldSizeMismatch, FileFailure, FileNotFoundError) as e:
-        _exit(str(e), EXIT_BAD_INPUT)
-    except (ValueError, ImportError) as e:
-        if not _raised_here(e):
-            raise
-        # Bad input or a missing optional package: one clear line, exit status 2, no traceback.
+    except FileNotFoundError as e:
+        # A host's own data: every rank that misses it says so.
+        _exit(str(e), EXIT_BAD_INPUT, every_rank=True)
+    except (WorldSizeMismatch, FileFailure) as e:
         _exit(str(e), EXIT_BAD_INPUT)
     except TrainingDiverged as e:
         _exit(str(e), EXIT_DIVERGED)
+    except (ValueError, ImportError) as e:
+        if not _raised_here(e):
+            raise
+        # Bad input or a missing optional package: one clear line (every rank meets it alike; rank 0 says
+        # it), exit status 2, no traceback.
+        _exit(str(e), EXIT_BAD_INPUT)
     except Preempted as e:
-        # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
-        print(f"[hvd_lars] {e}", flush=True)
+        # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it). Each rank
+        # says why it stopped.
+        log.info(str(e), extra={"every_rank": True})
         sys.exit(EXIT_PREEMPTED)
 
 
-def _exit(message, status):
-    print(f"hvd_lars: error: {message}", file=sys.stderr, flush=True)
+def _exit(message, status, every_rank=False):
+    log.error(message, extra={"every_rank": every_rank})
     sys.exit(status)
 
 

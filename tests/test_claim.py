@@ -165,7 +165,8 @@ def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_the_first_fin
             f"hvd_lars: error: the run directory {run_dir} is in use by process {first.pid} on host "
             f"{socket.gethostname()}"
         )
-        assert second.stderr.count(line) == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        # Refused on both ranks, said once.
+        assert second.stderr.count(line) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
         until.write_text("")
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:

@@ -14,7 +14,7 @@ import pytest
 from tests.support import REPO
 from tests.support.main_server import run_main
 from tests.support.small_runs import TWO_RANKS, final_tensors
-from tests.test_file_failures import ADVICE, _one_line_on_every_rank, _temporaries
+from tests.test_file_failures import ADVICE, _one_line_from_rank_0, _temporaries
 from tests.test_imagenet import prepared  # noqa: F401 (the fixture: 18 training and 6 validation records)
 
 VERSION = os.path.join("imagenet2012", "5.1.0")
@@ -102,7 +102,7 @@ def test_a_damaged_training_record_file_ends_both_ranks_with_one_line_naming_it(
     ]  # fmt: skip
     began = time.monotonic()
     result = run_main(command, cwd=REPO, timeout=300)
-    line = _one_line_on_every_rank(result, began, str(damaged))
+    line = _one_line_from_rank_0(result, began, str(damaged))
     assert line == (
         f"hvd_lars: error: rank 1 of 2: cannot read or decode the training record file {damaged}. Restore it "
         "from a copy or prepare the data set again with hvd-lars-prepare (or pass --skip_corrupt to leave "

@@ -93,17 +93,17 @@ def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
         file_failures.raise_noted()
 
 
-def _one_line_on_every_rank(result, began, fragment):
-    """Asserts what every failed write or read ends with: both ranks within 90 s, exit status 2, the same
-    one line from each, no traceback; returns the line."""
+def _one_line_from_rank_0(result, began, fragment):
+    """Asserts what every failed write or read ends with: both ranks within 90 s, exit status 2, one line
+    (rank 0 says what every rank stops for), no traceback; returns the line."""
     output = result.stdout + result.stderr
     assert time.monotonic() - began < 90
     assert result.returncode == 2, output[-3000:]
     assert "Traceback" not in output and "Horovod has been shut down" not in output, output[-3000:]
     # Open MPI forwards what it reads, not whole lines: one rank's line can run on into the other's.
     lines = re.findall(r"\[1,(\d)\]<stderr>:(hvd_lars: error: .*?)(?=\[1,\d\]<|$)", output, re.M)
-    assert sorted(rank for rank, _ in lines) == ["0", "1"], output[-3000:]
-    assert lines[0][1] == lines[1][1] and fragment in lines[0][1], lines
+    assert [rank for rank, _ in lines] == ["0"] and output.count("hvd_lars: error:") == 1, output[-3000:]
+    assert fragment in lines[0][1], lines
     return lines[0][1]
 
 
@@ -138,7 +138,7 @@ def test_a_full_disk_ends_both_ranks_with_one_line_and_resumes_once_freed(small_
     began = time.monotonic()
     result = run_main([*command, "--fill_disk_at_step=7"], cwd=REPO, timeout=300)
     run_dir = small_disk / "smoke"
-    line = _one_line_on_every_rank(result, began, "No space left on device")
+    line = _one_line_from_rank_0(result, began, "No space left on device")
     assert line.startswith("hvd_lars: error: rank 0 of 2: could not write ") and line.endswith(ADVICE)
     assert str(run_dir) in line
     # No partial file: no temporary, every checkpoint file of a complete checkpoint, the newest of update 7.
@@ -169,7 +169,7 @@ def test_a_damaged_training_image_ends_both_ranks_with_one_line_naming_it(tmp_pa
     ]  # fmt: skip
     began = time.monotonic()
     result = run_main(command, cwd=REPO, timeout=300)
-    line = _one_line_on_every_rank(result, began, f"cannot read or decode the training image file {damaged}.")
+    line = _one_line_from_rank_0(result, began, f"cannot read or decode the training image file {damaged}.")
     assert "--skip_corrupt" in line and line.endswith(ADVICE)
     assert _temporaries(tmp_path / "w") == []
     damaged.write_bytes(original)  # repaired

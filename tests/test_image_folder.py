@@ -3,7 +3,6 @@
 import collections
 import itertools
 import os
-import re
 import sys
 
 import numpy as np
@@ -200,7 +199,7 @@ def test_main_program_trains_on_an_image_folder(folder, tmp_path):
 
 @pytest.mark.horovod
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_a_work_directory_that_is_a_file_is_one_line_on_every_rank(folder, tmp_path, ranks):
+def test_a_work_directory_that_is_a_file_is_one_line(folder, tmp_path, ranks):
     (tmp_path / "file").write_text("")
     launcher = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"] if ranks == 2 else []
     cmd = [*launcher, sys.executable, "-m", "hvd_lars.main", "--dataset=image_folder",
@@ -211,10 +210,9 @@ def test_a_work_directory_that_is_a_file_is_one_line_on_every_rank(folder, tmp_p
     run_dir = tmp_path / "file" / "r"
     line = f"hvd_lars: error: cannot write the run directory {run_dir}: [Errno 20] Not a directory"
     output = result.stdout + result.stderr
-    assert output.count("hvd_lars: error:") == output.count(line) == ranks, output[-3000:]
-    for rank in range(ranks if ranks > 1 else 0):
-        # Open MPI forwards what it reads, not whole lines: one rank's line can run on into the other's.
-        assert re.search(rf"\[1,{rank}\]<stderr>:{re.escape(line)}", output), (rank, output[-3000:])
+    # Every rank meets it; rank 0 says it.
+    assert output.count("hvd_lars: error:") == output.count(line) == 1, output[-3000:]
+    assert ranks == 1 or f"[1,0]<stderr>:{line}" in output, output[-3000:]
 
 
 @pytest.mark.horovod

@@ -3,9 +3,7 @@
 `hvd_lars.DistributedOptimizer(backward_passes_per_step=k)` uses it, so that ranks communicate once per
 update rather than once per micro-batch (Horovod's `backward_passes_per_step`). The accumulators are
 variables of the optimizer that uses this piece, made by it (`add_variable_from_reference`) and held as
-its attribute `_accumulated_gradients`: a checkpoint names them among that optimizer's own variables
-(`optimizer/_variables/<i>`), as it did when the optimizer accumulated by itself, so run directories
-written before the piece existed resume (tests/test_gradient_accumulation.py restores one).
+its attribute `_accumulated_gradients`, so its checkpoints hold them, a pending micro-batch included.
 """
 
 import keras

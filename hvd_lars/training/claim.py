@@ -15,6 +15,7 @@ refreshing its claim and may be taken over by a start from another host.
 """
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -22,6 +23,8 @@ import time
 
 from hvd_lars.parallel import collectives
 from hvd_lars.training import faults, file_failures
+
+log = logging.getLogger(__name__)
 
 NAME = "running.json"
 # Refresh period of the claim, and the age after which a claim of another host is taken as its job's end:
@@ -185,7 +188,7 @@ class RunDirClaim:
             try:
                 line = take(self.run_dir)
                 if line:
-                    print(f"[hvd_lars] {line}", flush=True)
+                    log.info(line)
             except (RunDirInUse, OSError) as e:
                 outcome = str(e)
         outcome = collectives.broadcast_object(outcome, name="hvd_lars.run_dir_claim")

@@ -4,16 +4,18 @@ cannot be read and their index, summary.json, metrics.csv, TensorBoard event fil
 (falls back to an older checkpoint, rebuilds the file); the readers call `set_aside`. Sound files of another
 run are no damage: `hvd_lars.training.lineage` keeps them under `earlier_runs/`."""
 
+import logging
 import os
 import shutil
-import sys
+
+log = logging.getLogger(__name__)
 
 FOLDER = "damaged"
 
 
 def warn(message):
-    """One line on stderr: `[hvd_lars] warning: <message>`."""
-    print(f"[hvd_lars] warning: {message}", file=sys.stderr, flush=True)
+    """One warning line of the run log (`[hvd_lars] warning: <message>`)."""
+    log.warning(message)
 
 
 def set_aside(path, run_dir, copy=False):

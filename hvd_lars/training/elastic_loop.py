@@ -9,6 +9,7 @@ each rank's shard of the data. A world size that does not divide the global batc
 change with `ElasticBatchError`, naming the figures.
 """
 
+import logging
 import os
 
 from hvd_lars.data import describe_input, get_input
@@ -21,6 +22,9 @@ try:  # Horovod's framework-neutral elastic state (what its elastic loop drives)
     from horovod.common.elastic import State as _State
 except ImportError:  # pragma: no cover - Horovod is part of this project's environment
     _State = object
+
+
+log = logging.getLogger(__name__)
 
 
 class ElasticBatchError(ValueError):
@@ -98,11 +102,10 @@ def run(config, extra_callbacks=()):
         data = get_input(config.dataset, request, **recipe.input_options(config))
         attempts[0] = collectives.max_over_ranks(attempts[0] + 1, name="hvd_lars.elastic.attempt")
         if collectives.is_chief():
-            print(
-                f"[hvd_lars] elastic attempt {attempts[0]}: {world_size} worker(s) from update "
+            log.info(
+                f"elastic attempt {attempts[0]}: {world_size} worker(s) from update "
                 f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank "
-                f"per micro-batch (global batch {plan.global_batch_size})",
-                flush=True,
+                f"per micro-batch (global batch {plan.global_batch_size})"
             )
         commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
         return train.attempt(state.job, plan, data, commit=commit)

@@ -18,10 +18,10 @@ The decisions are collective (one allreduce of 2 numbers per update, `FaultGuard
 collective that another has left, and no rank waits for one that never comes.
 """
 
+import logging
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -32,6 +32,8 @@ import tensorflow as tf
 
 from hvd_lars.parallel import collectives
 from hvd_lars.training import file_failures, launcher_watch
+
+log = logging.getLogger(__name__)
 
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the job stopped cleanly
 # at a checkpoint because it was asked to and should be started again. Not 143 (128 + SIGTERM), which is
@@ -86,11 +88,11 @@ class StopSignals:
         if self.received is None:
             self.received = self._launcher_stop or signal.Signals(signum).name
         elif signum == signal.SIGINT:
-            print(
-                "hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the "
-                "last complete checkpoint is kept.",
-                file=sys.stderr,
-                flush=True,
+            # Written as is: a signal handler must not wait for the logging module's locks.
+            os.write(
+                2,
+                b"hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the "
+                b"last complete checkpoint is kept.\n",
             )
             os._exit(128 + signal.SIGINT)
 
@@ -379,14 +381,13 @@ class ProgressWatchdog(keras.callbacks.Callback):
                 step = int(self.model.optimizer.iterations) if self.model is not None else "?"
             except Exception:  # noqa: BLE001 - the message must go out whatever the state
                 pass
-            print(
-                f"hvd_lars: error: rank {collectives.rank()} of {collectives.size()}: no progress for "
-                f"{idle:.0f} s (--hang_timeout_s={self.timeout_s:g}) after update {step}: a peer or its "
-                "link has gone silent, or a collective waits for a rank that never comes. Ending this "
-                f"process (exit status {EXIT_HUNG}) so that the launcher ends the job; the last complete "
-                "checkpoint is kept.",
-                file=sys.stderr,
-                flush=True,
+            log.error(
+                f"rank {collectives.rank()} of {collectives.size()}: no progress for {idle:.0f} s "
+                f"(--hang_timeout_s={self.timeout_s:g}) after update {step}: a peer or its link has gone "
+                "silent, or a collective waits for a rank that never comes. Ending this process (exit "
+                f"status {EXIT_HUNG}) so that the launcher ends the job; the last complete checkpoint is "
+                "kept.",
+                extra={"every_rank": True},
             )
             self.fired = True
             self._exit(EXIT_HUNG)

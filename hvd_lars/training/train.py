@@ -9,6 +9,7 @@
 
 import dataclasses
 import functools
+import logging
 import os
 
 import keras
@@ -29,6 +30,8 @@ from hvd_lars.training.progress import Progress
 from hvd_lars.training.resume import resume_or_begin
 from hvd_lars.training.run_summary import RunSummary
 from hvd_lars.training.throughput import ImagesPerSecond
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -201,14 +204,13 @@ def attempt(job, plan, data, commit=None):
     )
     note = recipe.batch_norm_note(model, plan)
     if note and chief:
-        print(f"[hvd_lars] {note}", flush=True)
+        log.info(note)
     start_step = int(model.optimizer.iterations)
     if start_step >= plan.total_steps:
         if chief:
-            print(
-                f"[hvd_lars] {run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to do. "
-                "Train again with another --run_name or --noresume.",
-                flush=True,
+            log.info(
+                f"{run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to do. Train again "
+                "with another --run_name or --noresume."
             )
         return RunSummary.load(run_dir)
     summary = RunSummary(run_dir, job.run_name, config, plan, start_step, applied, job.lineage, job.progress)
@@ -334,14 +336,12 @@ def _announce(job, plan, applied):
     applied["cores_per_rank"] = [p["cores"] for p in placements]
     if not collectives.is_chief():
         return
-    print(f"[hvd_lars] {plan.describe()}", flush=True)
-    print(f"[hvd_lars] {threads.describe_placements(placements)}", flush=True)
+    log.info(plan.describe())
+    log.info(threads.describe_placements(placements))
     if (applied["intra_op"], applied["inter_op"]) != job.requested_threads:
-        print(
-            f"[hvd_lars] TensorFlow runs {applied['intra_op']} intra-op / {applied['inter_op']} inter-op "
-            f"threads (0: its default), not the {job.requested_threads[0]} / {job.requested_threads[1]} "
-            "asked "
-            "for: it was initialised before hvd_lars could size its pools.",
-            flush=True,
+        log.info(
+            f"TensorFlow runs {applied['intra_op']} intra-op / {applied['inter_op']} inter-op threads (0: "
+            f"its default), not the {job.requested_threads[0]} / {job.requested_threads[1]} asked for: it "
+            "was initialised before hvd_lars could size its pools."
         )
-    print(f"[hvd_lars] run directory {job.run_dir}", flush=True)
+    log.info(f"run directory {job.run_dir}")

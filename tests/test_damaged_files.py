@@ -1,11 +1,11 @@
-"""Every state a run directory can be found in at a start, and what the start does with it (issue 35):
+"""Every state a run directory can be found in at a start, and what the start does with it:
 
 - every file a run reads back, found cut short, empty or foreign (another run's or another format's): the
   run falls back or rebuilds with a one-line warning naming the file (`test_a_damaged_file_...`); never a
   traceback, and the damaged file is kept under <run>/damaged/;
 - checkpoints of two lineages, a plan in the checkpoint against another in the flags, records (summary.json,
   metrics.csv, TensorBoard) of another lineage or missing, checkpoints that cannot be read or that belong to
-  another model, a run directory written by the version before run records (`test_a_run_directory_...`):
+  another model (`test_a_run_directory_...`):
   the start resumes from the right checkpoint, refuses in one line (exit 2, the checkpoints untouched), or
   starts afresh when told to, and never deletes or moves a sound checkpoint.
 
@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -43,9 +42,6 @@ def _main(workdir, *extra, program=("-m", "hvd_lars.main")):
 
 
 KILLER = ("tests/support/kill_at_step.py",)
-# The last commit before checkpoints recorded their run and plan: its run directories are what an older
-# version of this package leaves.
-BEFORE_RUN_RECORDS = "761d4c1f2accf8ddd1c6170c304186eb4965a801"
 
 
 class Runs:
@@ -54,10 +50,10 @@ class Runs:
     def __init__(self, tmp_path_factory):
         self.factory = tmp_path_factory
 
-    def _made(self, name, *extra, program=("-m", "hvd_lars.main"), returncode=0, cwd=REPO, env=None):
+    def _made(self, name, *extra, program=("-m", "hvd_lars.main"), returncode=0):
         workdir = self.factory.mktemp(name)
         cmd = [sys.executable, *program, *FLAGS, f"--workdir={workdir}", *extra]
-        result = run_main(cmd, cwd=cwd, env=env or ENV, timeout=300)
+        result = run_main(cmd, cwd=REPO, env=ENV, timeout=300)
         assert result.returncode == returncode, result.stderr[-3000:]
         return workdir / "smoke"
 
@@ -78,20 +74,6 @@ class Runs:
     @functools.cached_property
     def other_model(self):
         return self._made("other_model", "--model=resnet20", "--steps_per_epoch=1")
-
-    @functools.cached_property
-    def older_version(self):
-        """`killed` as the version of `BEFORE_RUN_RECORDS` leaves it (no run record in its checkpoints,
-        no run ids in its logs): that commit's tree, run with this environment's Python."""
-        tree = self.factory.mktemp("older_version_tree")
-        archive = subprocess.run(["git", "-C", REPO, "archive", BEFORE_RUN_RECORDS], capture_output=True)
-        if archive.returncode:
-            pytest.skip(
-                f"this checkout has no commit {BEFORE_RUN_RECORDS} (a shallow clone?): {archive.stderr}"
-            )
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-        env = dict(ENV, PYTHONPATH=str(tree))
-        return self._made("older", "--kill_at_step=4", program=KILLER, returncode=-9, cwd=tree, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +190,8 @@ def _index(run, newest, listed):
 
 
 def _two_lineages_in_one_index(run, runs):
-    # What the version before run records left after --noresume: the earlier run's checkpoint listed first
-    # (here the uninterrupted run's ckpt-5, of a higher step), this run's ckpt-4 the index's newest.
+    # Another run's checkpoint copied in and listed first (here the uninterrupted run's ckpt-5, of a higher
+    # step), this run's ckpt-4 the index's newest.
     _copy_checkpoint(runs.uninterrupted, 5, run, 5)
     _index(run, 4, [5, 2, 3, 4])
 
@@ -324,13 +306,6 @@ def _check_not_damaged(run, runs, outputs):
     assert not (run / "damaged").exists()
 
 
-def _check_adopted(run, runs, outputs):
-    # The older version's logs are this run's, now marked with its run id.
-    run_id = _run_id(run)
-    assert {r["run_id"] for r in _rows(run)} == {run_id}
-    assert all(name.endswith(run_id) for name in os.listdir(run / "tensorboard"))
-
-
 def _remove(name):
     def prepare(run, runs):
         (run / name).unlink()
@@ -409,17 +384,6 @@ STATES = {
     "another model's checkpoint named newest": State(
         [((), "refused model 'resnet20' -> 'small_cnn'")], _other_model_newest, final=None,
         check=_check_not_damaged,
-    ),
-    "an older version's run": State(
-        [(("--peak_learning_rate=2",), "refused peak_learning_rate 1.0 -> 2.0"), ((), "resumed ckpt-4")],
-        base="older_version", check=_check_adopted,
-    ),
-    "an older version's run without summary.json": State(
-        [((), "refused was written by an older version of hvd_lars, which recorded no plan in it, and {run} "
-               "holds no readable summary.json to check the plan against: the plan cannot be checked. Resume "
-               "it with --allow_plan_change=any"),
-         (("--allow_plan_change=any",), "resumed ckpt-4")],
-        _remove("summary.json"), base="older_version",
     ),
 }  # fmt: skip
 

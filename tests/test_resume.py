@@ -168,7 +168,7 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
     model, optimizer, build = _built(allowed, plan)
     resumed = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, allowed)
     assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
-    assert resumed.run_id == "20261201T000000Z-abcdef" and not resumed.adopted
+    assert resumed.run_id == "20261201T000000Z-abcdef"
     new_ones = [v for v in optimizer.variables if _key(v) not in saved]
     # 18 gradient accumulators (one per trainable tensor) and the previous learning rate, at zero.
     assert sorted({v.path.rsplit("_", 1)[-1] for v in new_ones}) == ["accumulator", "rate"]
@@ -210,6 +210,26 @@ def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_
 
 
 @pytest.mark.unit
+def test_a_checkpoint_without_a_run_record_is_refused_in_one_line_and_left_as_it_is(tmp_path, capsys):
+    from hvd_lars.training import lineage, resume
+    from hvd_lars.training.plan import make_plan
+
+    checkpoint = tf.train.Checkpoint(step=tf.Variable(5))  # no "run": not written by a run of hvd_lars
+    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+    before = sorted(os.listdir(tmp_path / "checkpoints"))
+    config = _config(allow_plan_change=("any",))
+    refused = resume.resume_or_begin(None, None, None, str(tmp_path), make_plan(config, 1, 64), config)
+    assert isinstance(refused.error, lineage.LineageRefused) and refused.restored is None
+    assert str(refused.error) == (
+        f"the checkpoint {tmp_path}/checkpoints/ckpt-5 holds no run record (the run id and plan every "
+        "checkpoint of hvd_lars holds): its plan cannot be checked. Start afresh with --noresume or another "
+        "--run_name."
+    )
+    assert os.listdir(tmp_path) == ["checkpoints"] and sorted(os.listdir(tmp_path / "checkpoints")) == before
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.unit
 def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_rest(tmp_path):
     from hvd_lars.training import resume
 
@@ -217,7 +237,7 @@ def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_r
     folder.mkdir()
     for step in (2, 3, 4, 7, 9):
         (folder / f"ckpt-{step}.index").write_bytes(b"")
-    # As the version before run records left it after --noresume: A's ckpt-7 listed before B's 2, 3, 4.
+    # An index that lists ckpt-7 (of another run, copied in) before this run's 2, 3, 4.
     lines = [
         'model_checkpoint_path: "ckpt-3"',
         *(f'all_model_checkpoint_paths: "ckpt-{s}"' for s in (7, 2, 4, 3)),
@@ -229,7 +249,7 @@ def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_r
 
 
 # ------------------------------------------------------------------------------ earlier runs kept
-# Run ids in the order they started; "unrecorded" (a version before run ids) counts as the oldest.
+# Run ids in the order they started; "unrecorded" (files without a run id) counts as the oldest.
 B, C, D = "20260101T000000Z-00000b", "20260201T000000Z-00000c", "20260301T000000Z-00000d"
 
 

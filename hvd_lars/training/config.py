@@ -177,8 +177,7 @@ class TrainConfig:
     allow_plan_change: tuple = setting(
         (),
         "Settings of the plan a resumed run may change from the plan its checkpoint records, by name "
-        "(e.g. weight_decay,schedule); any other change is refused. any: every change, and a checkpoint "
-        "of an older version whose plan cannot be checked.",
+        "(e.g. weight_decay,schedule); any other change is refused. any: every change.",
     )
     eval_every_epochs: int = setting(
         1, "Evaluate every N epochs (and after the last).", check=at_least(1, whole=True)

@@ -11,8 +11,8 @@ A lineage is one run from its fresh start on, across every kill, pre-emption and
   names (`events_suffix`).
 Files of another lineage found in a run directory are moved under `<run_dir>/earlier_runs/<their run id>/`
 (`set_aside`), named in one line of the log; each start keeps the newest --keep_earlier_runs of those
-folders (`keep_newest`) and removes the others, one line naming each. Files written by a version of this
-package before run ids existed carry none (`UNRECORDED`).
+folders (`keep_newest`) and removes the others, one line naming each. Files that record no run id are
+kept under `UNRECORDED`.
 """
 
 import dataclasses
@@ -41,7 +41,7 @@ def new_run_id():
 
 class LineageRefused(ValueError):
     """Rank 0 refused to start: the run directory's checkpoint belongs to another plan or run, or records
-    no plan that can be checked (one line, exit status 2 from the main program; nothing is moved)."""
+    neither (one line, exit status 2 from the main program; nothing is moved)."""
 
 
 @dataclasses.dataclass
@@ -50,21 +50,18 @@ class Lineage:
 
     Attributes:
         run_id: the run id; None until decided (and, on the other ranks, until `share`).
-        adopted: the run continues a checkpoint of an older version, which records no run id: files
-            without one (metrics rows, event files, summary.json) are this run's and are stamped with it.
         restored: the checkpoint prefix restored, or None for a fresh start.
         error: rank 0's refusal (a `LineageRefused` or `CheckpointReadError`), raised on every rank by
             `share`.
     """
 
     run_id: str = None
-    adopted: bool = False
     restored: str = None
     error: ValueError = None
 
     def owns(self, run_id):
-        """Whether a file recorded with `run_id` (None: recorded by an older version) is this run's."""
-        return run_id == self.run_id or (run_id in (None, UNRECORDED) and self.adopted)
+        """Whether a file recorded with `run_id` (None: no run id) is this run's."""
+        return run_id == self.run_id
 
     def share(self):
         """Rank 0's lineage on every rank (a collective); raises rank 0's refusal on every rank.
@@ -75,7 +72,7 @@ class Lineage:
         shared = collectives.broadcast_object(
             dataclasses.astuple(self) if collectives.is_chief() else None, name="hvd_lars.lineage"
         )
-        self.run_id, self.adopted, self.restored, self.error = shared
+        self.run_id, self.restored, self.error = shared
         if self.error is not None:
             raise self.error
 
@@ -99,8 +96,8 @@ class RunRecord:
 
 
 def read_record(prefix):
-    """The record ({"run_id": str, "plan": {name: value}}) of the checkpoint at `prefix`, or None for a
-    checkpoint written before records existed.
+    """The record ({"run_id": str, "plan": {name: value}}) of the checkpoint at `prefix`, or None when it
+    has none (it was not written by this package's training application).
 
     Raises:
         ValueError: the record is there and is not such JSON (the checkpoint is damaged).
@@ -144,8 +141,8 @@ def set_aside(paths, run_dir, run_id):
 
 def keep_newest(run_dir, keep):
     """Removes the folders of earlier runs under `<run_dir>/earlier_runs/` beyond the newest `keep`, in the
-    order of their run ids (their start times; `UNRECORDED`, of a version before run ids, counts as the
-    oldest), one line naming each; the folder itself too once it is empty. Other names there are left.
+    order of their run ids (their start times; `UNRECORDED` counts as the oldest), one line naming each;
+    the folder itself too once it is empty. Other names there are left.
 
     Returns:
         list of the paths removed.

@@ -128,33 +128,28 @@ def resolved_settings(config, figures, input_shape=None, train_examples=None):
     (`plan_settings()`), the global batch, steps, warmup, peak rate and precision as the plan resolved them
     (`figures`), the data folder the data set reads as its real path (its `default_dir` for an empty
     one), the preprocessing as the input pipeline reads it, the step schedule's boundaries in steps (Goyal
-    et al.'s for none given), the image shape and the training images the input holds. Keys missing from
-    `config` or `figures` (a summary.json of an older version) are left out, and so are `input_shape` and
-    `train_examples` when None.
+    et al.'s for none given), the image shape and the training images the input holds (left out when None).
 
     Args:
-        config: dict of `TrainConfig` fields (`vars(config)`, or summary.json's "config").
+        config: dict of `TrainConfig` fields (`vars(config)`).
         figures: dict with global_batch_size, steps_per_epoch, epochs, warmup_steps, peak_learning_rate and
-            precision (a `Plan`'s, or summary.json's "plan").
+            precision (a `Plan`'s).
     """
-    settings = {name: config[name] for name in plan_settings() if name in config}
-    for name in _RESOLVED_INTO:
-        settings.pop(name, None)
+    settings = {name: config[name] for name in plan_settings() if name not in _RESOLVED_INTO}
     names = ("global_batch_size", "steps_per_epoch", "epochs", "warmup_steps", "peak_learning_rate")
-    settings.update({name: figures[name] for name in (*names, "precision") if name in figures})
-    entry = DATASETS.get(config.get("dataset"))
-    if "data_dir" in settings:
-        folder = settings["data_dir"] or (entry and entry.default_dir and entry.default_dir())
-        settings["data_dir"] = os.path.realpath(folder) if folder else ""
-    if "preprocessing" in settings and entry is not None:
+    settings.update({name: figures[name] for name in (*names, "precision")})
+    entry = DATASETS.get(config["dataset"])
+    folder = settings["data_dir"] or (entry and entry.default_dir and entry.default_dir())
+    settings["data_dir"] = os.path.realpath(folder) if folder else ""
+    if entry is not None:
         takes = "preprocessing" in DATASET_SETTINGS[config["dataset"]]
         settings["preprocessing"] = settings["preprocessing"] or (DEFAULT_PREPROCESSING if takes else "")
-    if "decay_boundaries_epochs" in config and "steps_per_epoch" in figures:
-        given = config["decay_boundaries_epochs"] or ()
-        boundaries = [steps_in_epochs(e, figures["steps_per_epoch"]) for e in given]
-        if not boundaries and config.get("schedule") == "step" and "epochs" in figures:
-            boundaries = goyal_boundaries(figures["steps_per_epoch"] * figures["epochs"])
-        settings["decay_boundaries_steps"] = boundaries
+    boundaries = [
+        steps_in_epochs(e, figures["steps_per_epoch"]) for e in config["decay_boundaries_epochs"] or ()
+    ]
+    if not boundaries and config["schedule"] == "step":
+        boundaries = goyal_boundaries(figures["steps_per_epoch"] * figures["epochs"])
+    settings["decay_boundaries_steps"] = boundaries
     if input_shape is not None:
         settings["input_shape"] = list(input_shape)
     if train_examples is not None:
@@ -162,44 +157,36 @@ def resolved_settings(config, figures, input_shape=None, train_examples=None):
     return json.loads(json.dumps(settings))  # as a checkpoint's record gives them back (lists, not tuples)
 
 
-def settings_in_summary(summary):
-    """The resolved settings of the run a summary.json describes: its "plan"'s "settings" (this version),
-    or those `resolved_settings` can rebuild from the "config" and "plan" an older version wrote."""
-    plan = summary.get("plan") or {}
-    if isinstance(plan.get("settings"), dict):
-        return plan["settings"]
-    return resolved_settings(summary.get("config") or {}, plan)
-
-
 def plan_changes(recorded, plan, allowed=()):
     """What differs between the plan a checkpoint was written under and this one, and is not allowed.
 
     Args:
-        recorded: the earlier run's resolved settings (a checkpoint's record, or `settings_in_summary`).
+        recorded: the earlier run's resolved settings (a checkpoint's record).
         plan: this run's `Plan`.
         allowed: the setting names of --allow_plan_change (`ANY_PLAN_CHANGE`: all of them).
 
     Returns:
-        list of "name old -> new", one per resolved setting that changed and that no allowed setting
-        explains (`SET_BY`); entries only one side has (recorded by another version) are not compared.
+        list of "name old -> new", one per resolved setting that changed (None: not recorded) and that no
+        allowed setting explains (`SET_BY`).
     """
     if ANY_PLAN_CHANGE in allowed:
         return []
     changes = []
     for name, new in plan.settings.items():
-        if name not in recorded or recorded[name] == new:
+        old = recorded.get(name)
+        if old == new:
             continue
         by = SET_BY.get(name, (name,))
         if set(by) & set(allowed):
             continue
         explained = "" if name in plan_settings() else f" (set by {', '.join(by)})"
-        changes.append(f"{name} {recorded[name]!r} -> {new!r}{explained}")
+        changes.append(f"{name} {old!r} -> {new!r}{explained}")
     return changes
 
 
 def changed_settings(recorded, plan):
     """True when any resolved setting differs from `recorded` (allowed or not)."""
-    return any(name in recorded and recorded[name] != new for name, new in plan.settings.items())
+    return any(recorded.get(name) != new for name, new in plan.settings.items())
 
 
 def refuse_plan_changes(changes, run_dir, checkpoint):

@@ -7,9 +7,8 @@ a new lineage (`hvd_lars.training.lineage`). Rank 0 decides, before anything is 
    the unreadable ones are moved under `<run_dir>/damaged/`, named in a warning.
 2. Its record (the run id and the plan it was written under, saved inside it) is read before anything is
    restored, and its plan compared with this run's (`hvd_lars.training.plan.plan_changes`, by meaning): a
-   change --allow_plan_change does not name is refused in one line, with the folder left as it was. A
-   checkpoint of an older version records no plan: it is compared with summary.json's, and refused when
-   there is none (--allow_plan_change=any accepts it).
+   change --allow_plan_change does not name is refused in one line, with the folder left as it was, and
+   so is a checkpoint that records neither.
 3. It is restored, every variable matched; under an allowed change of plan, the optimizer variables the
    new plan adds (gradient accumulators, the previous learning rate) keep their initial zeros. A
    checkpoint that does not fit the model belongs to another plan or run: refused, never called damaged.
@@ -30,10 +29,8 @@ import tensorflow as tf
 
 from hvd_lars.training import damaged, lineage
 from hvd_lars.training.checkpoints import CheckpointReadError, set_aside_damaged_index
-from hvd_lars.training.config import ANY_PLAN_CHANGE
 from hvd_lars.training.lineage import Lineage, LineageRefused
-from hvd_lars.training.plan import changed_settings, plan_changes, refuse_plan_changes, settings_in_summary
-from hvd_lars.training.run_summary import RunSummary
+from hvd_lars.training.plan import changed_settings, plan_changes, refuse_plan_changes
 from hvd_lars.training.strict_json import read as read_json
 
 CHECKPOINTS = "checkpoints"
@@ -86,16 +83,21 @@ def _resume_or_begin(model, optimizer, build, run_dir, plan, config):
             )
         return begin(run_dir, "nothing to resume", config.keep_earlier_runs)
     record = lineage.read_record(path)
-    recorded, run_id = _recorded_plan(record, path, run_dir, config)
-    refusal = refuse_plan_changes(plan_changes(recorded, plan, config.allow_plan_change), run_dir, path)
+    if record is None:
+        raise LineageRefused(
+            f"the checkpoint {path} holds no run record (the run id and plan every checkpoint of hvd_lars "
+            "holds): its plan cannot be checked. Start afresh with --noresume or another --run_name."
+        )
+    run_id = record["run_id"]
+    refusal = refuse_plan_changes(plan_changes(record["plan"], plan, config.allow_plan_change), run_dir, path)
     if refusal:
         raise LineageRefused(refusal)
-    _restore(model, optimizer, build, path, partial=not recorded or changed_settings(recorded, plan))
+    _restore(model, optimizer, build, path, partial=changed_settings(record["plan"], plan))
     _set_aside_damaged(unreadable, run_dir)  # only once nothing is refused: a refusal leaves every file
     _set_aside_other_lineages(folder, path, run_id, run_dir)
     _name_in_index(folder, path)
     lineage.say(f"resumed from {path} (step {int(optimizer.iterations)})")
-    return Lineage(run_id=run_id, adopted=record is None, restored=path)
+    return Lineage(run_id=run_id, restored=path)
 
 
 def begin(run_dir, why, keep):
@@ -151,28 +153,6 @@ def unreadable_problem(path):
     except (tf.errors.OpError, ValueError, IndexError, OSError, UnicodeDecodeError) as e:
         return f"unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     return None
-
-
-def _recorded_plan(record, path, run_dir, config):
-    """(the resolved settings of the plan `path` was written under, its run id). A checkpoint of an older
-    version: summary.json's plan and run id (a new id when it has none).
-
-    Raises:
-        LineageRefused: an older version's checkpoint, no summary.json, and no --allow_plan_change=any.
-    """
-    if record is not None:
-        return record["plan"], record["run_id"]
-    summary = RunSummary.load(run_dir)
-    if summary is not None:
-        return settings_in_summary(summary), summary.get("run_id") or lineage.new_run_id()
-    if ANY_PLAN_CHANGE in config.allow_plan_change:
-        return {}, lineage.new_run_id()
-    raise LineageRefused(
-        f"the checkpoint {path} was written by an older version of hvd_lars, which recorded no plan in it, "
-        f"and {run_dir} holds no readable summary.json to check the plan against: the plan cannot be "
-        f"checked. Resume it with --allow_plan_change={ANY_PLAN_CHANGE} if these are the run's own settings, "
-        "or start afresh with --noresume or another --run_name."
-    )
 
 
 def _restore(model, optimizer, build, path, partial):

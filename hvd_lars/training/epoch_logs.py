@@ -38,12 +38,6 @@ def _step(model):
     return int(model.optimizer.iterations.numpy())
 
 
-def _kept(epoch, step, start_step, steps_per_epoch):
-    # Rows without a step (files written before it was logged) count by their epoch's last step.
-    last = step if step is not None else (epoch + 1) * steps_per_epoch
-    return last <= start_step
-
-
 class MetricsCSV(keras.callbacks.Callback):
     """`metrics.csv`: one row per epoch, every row with the header's columns.
 
@@ -58,7 +52,7 @@ class MetricsCSV(keras.callbacks.Callback):
         path: the CSV file.
         start_step: updates already applied (a resumed run's step); the rows of later epochs, written by
             a killed predecessor that got further than its last checkpoint, are dropped.
-        steps_per_epoch: updates per epoch (for rows without a step).
+        steps_per_epoch: updates per epoch (to rebuild rows from summary.json's epochs).
 
     An existing file cut short, empty or of another format is moved under `<run_dir>/damaged/` with a
     one-line warning naming it, and its rows are rebuilt from the epochs of summary.json beside it.
@@ -85,11 +79,8 @@ class MetricsCSV(keras.callbacks.Callback):
             if rows:
                 damaged.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
         for row in rows:
-            epoch = int(row["epoch"])
-            step = int(row["step"]) if row.get("step") else None
-            if _kept(epoch, step, start_step, steps_per_epoch):
-                # "NA": what Keras's CSVLogger wrote for a key an epoch lacked.
-                kept = {k: v for k, v in row.items() if v not in ("", "NA", None)}
+            if int(row["step"]) <= start_step:
+                kept = {k: v for k, v in row.items() if v not in ("", None)}
                 self.rows.append({**kept, "run_id": self.run_id} if self.run_id else kept)
         if known and lineage is not None:
             self._write()  # at once: the file holds this run's rows only, each with its run id
@@ -172,16 +163,16 @@ def _read_rows(path):
     except UnicodeDecodeError as e:
         raise ValueError(f"not text ({e})") from None
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    if not reader.fieldnames or "epoch" not in reader.fieldnames:
-        raise ValueError(f"not a metrics.csv (columns {reader.fieldnames}, no epoch)")
+    if not reader.fieldnames or not {"epoch", "step"} <= set(reader.fieldnames):
+        raise ValueError(f"not a metrics.csv (columns {reader.fieldnames}, no epoch and step)")
     rows = list(reader)
     for row in rows:
         if None in row or None in row.values():
             raise ValueError(f"cut short or torn (row {row})")
         try:
-            int(row["epoch"]), int(row["step"]) if row.get("step") else None
+            int(row["epoch"]), int(row["step"])
         except ValueError:
-            bad = f"epoch {row['epoch']!r}, step {row.get('step')!r}"
+            bad = f"epoch {row['epoch']!r}, step {row['step']!r}"
             raise ValueError(f"not a metrics.csv ({bad})") from None
     return rows
 
@@ -204,8 +195,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
     that is not an event file is moved under `<run_dir>/damaged/`, with a one-line warning naming it.
 
     With a `lineage`, the event files' names end with its run id (`lineage.events_suffix`); files of
-    another run found in `log_dir` are moved under `<run_dir>/earlier_runs/<their run id>/` (one warning),
-    and those of an older version (no run id) are this run's when it continues such a run (`adopted`).
+    another run found in `log_dir`, or of none, are moved under `<run_dir>/earlier_runs/<their run id>/`
+    (one warning).
 
     Args:
         log_dir: folder of the event files.
@@ -237,17 +228,12 @@ class TensorBoardScalars(keras.callbacks.Callback):
 
 
 def _own_event_files(log_dir, lineage):
-    """Moves the event files in `log_dir` of other runs under earlier_runs/ (one warning per run); names
-    an adopted run's files without a run id with its own."""
+    """Moves the event files in `log_dir` of other runs under earlier_runs/ (one warning per run)."""
     run_dir = os.path.dirname(os.path.abspath(log_dir))
     foreign = {}
     for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
         run_id = run_id_of_events(os.path.basename(path))
-        if run_id == lineage.run_id:
-            continue
-        if lineage.owns(run_id):
-            os.replace(path, path + events_suffix(lineage.run_id))
-        else:
+        if not lineage.owns(run_id):
             foreign.setdefault(run_id, []).append(path)
     for run_id, paths in sorted(foreign.items()):
         kept = set_aside(paths, run_dir, run_id)

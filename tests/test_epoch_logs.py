@@ -200,21 +200,22 @@ def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
 
 
 @pytest.mark.horovod
-def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, capsys):
+def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
     )
     summary = RunSummary(str(tmp_path), "ended", config, make_plan(config, 1, 64), 0)
     _train([epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv")), summary], range(4))
+    caplog.set_level("INFO", logger="hvd_lars")
     summary.finish(str(tmp_path / "checkpoints" / "ckpt-32"))
-    said = [re.sub(r" in \d+ s ", " in T s ", line) for line in capsys.readouterr().out.splitlines()]
+    said = [re.sub(r" in \d+ s ", " in T s ", r.getMessage()) for r in caplog.records]
     assert said == [
-        "[hvd_lars] finished ended: 4 of 4 epochs (32 steps) in T s over 1 start(s), images/s not measured",
-        "[hvd_lars] final test top-1 0.6000 (best 0.6000, epoch 2), top-5 0.9000 (best 0.9000)",
-        "[hvd_lars] final validation top-1 0.6100 (best 0.6100, epoch 2), top-5 0.9100 (best 0.9100)",
-        f"[hvd_lars] checkpoint {tmp_path}/checkpoints/ckpt-32",
-        f"[hvd_lars] logs {tmp_path}/{{summary.json, metrics.csv, tensorboard/}}",
-        f"[hvd_lars] plot {tmp_path}/run.png",
+        "finished ended: 4 of 4 epochs (32 steps) in T s over 1 start(s), images/s not measured",
+        "final test top-1 0.6000 (best 0.6000, epoch 2), top-5 0.9000 (best 0.9000)",
+        "final validation top-1 0.6100 (best 0.6100, epoch 2), top-5 0.9100 (best 0.9100)",
+        f"checkpoint {tmp_path}/checkpoints/ckpt-32",
+        f"logs {tmp_path}/{{summary.json, metrics.csv, tensorboard/}}",
+        f"plot {tmp_path}/run.png",
     ]
     assert os.path.getsize(tmp_path / "run.png") > 10_000
     # A plot that cannot be written is a failed write of the run: every rank raises it, with one line.
@@ -227,11 +228,11 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, capsys):
     assert not (tmp_path / "run.png.tmp").exists()
     # A plot that cannot be drawn is one warning: the finished run stays finished.
     (tmp_path / "metrics.csv").write_text("step\n8\n")  # no epoch column: KeyError
-    capsys.readouterr()
+    caplog.clear()
     summary.finish(None)
-    out = capsys.readouterr()
-    assert out.out.splitlines()[-1] == "[hvd_lars] plot not written"
-    assert out.err.startswith("[hvd_lars] warning: no plot of this run (") and out.err.count("\n") == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("no plot of this run (")
+    assert caplog.records[-1].getMessage() == "plot not written"
 
 
 @pytest.mark.unit

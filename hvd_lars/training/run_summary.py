@@ -10,6 +10,7 @@ written as the string "NaN", "Infinity" or "-Infinity"); read it with `strict_js
 
 import dataclasses
 import json
+import logging
 import os
 import time
 
@@ -20,6 +21,8 @@ from hvd_lars.training import damaged, file_failures, plot_run, provenance
 from hvd_lars.training.lineage import UNRECORDED, set_aside
 from hvd_lars.training.strict_json import read as read_json
 from hvd_lars.training.strict_json import strict
+
+log = logging.getLogger(__name__)
 
 
 class RunSummary(keras.callbacks.Callback):
@@ -167,7 +170,7 @@ class RunSummary(keras.callbacks.Callback):
         if collectives.is_chief():
             run_dir = os.path.dirname(self.path)
             for line in describe_end(self.summary, run_dir, checkpoint, _draw(run_dir)):
-                print(f"[hvd_lars] {line}", flush=True)
+                log.info(line)
         file_failures.agree(name="hvd_lars.plot_write")
 
 

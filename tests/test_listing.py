@@ -242,7 +242,7 @@ def test_index_is_reused_until_a_folder_changes(tmp_path):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("kind", ["cut short", "empty", "another format"])
-def test_a_damaged_index_is_named_and_listed_again(tmp_path, capsys, kind):
+def test_a_damaged_index_is_named_and_listed_again(tmp_path, caplog, kind):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
     root, index = str(tmp_path / "train"), str(tmp_path / "run" / "train.index.npz")
     first, _ = listing.listed(root, index)
@@ -252,21 +252,20 @@ def test_a_damaged_index_is_named_and_listed_again(tmp_path, capsys, kind):
         f.write(damaged[kind])
     again, reused = listing.listed(root, index)
     assert not reused and again.files == first.files == ("cat/a.JPEG", "dog/b.JPEG")
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith(f"[hvd_lars] warning: the listing index {index} is cut short")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith(f"the listing index {index} is cut short")
     assert listing.listed(root, index)[1]  # written anew, and reused
 
 
 @pytest.mark.unit
-def test_an_index_path_taken_by_a_folder_is_listed_again_with_a_warning(tmp_path, capsys):
+def test_an_index_path_taken_by_a_folder_is_listed_again_with_a_warning(tmp_path, caplog):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
     root, index = str(tmp_path / "train"), tmp_path / "run" / "train.index.npz"
     (index / "kept").mkdir(parents=True)  # a folder where the index file belongs, with something in it
     again, reused = listing.listed(root, str(index))
     assert not reused and again.files == ("cat/a.JPEG", "dog/b.JPEG")
-    err = capsys.readouterr().err.splitlines()
-    assert err == [
-        f"[hvd_lars] warning: the listing index {index} is a folder, not a listing index; {root} is listed "
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"the listing index {index} is a folder, not a listing index; {root} is listed "
         "again and its listing is not kept there"
     ]
     assert sorted(os.listdir(index)) == ["kept"] and sorted(os.listdir(index.parent)) == ["train.index.npz"]

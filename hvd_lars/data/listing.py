@@ -33,8 +33,8 @@ modification times in whole seconds miss a change made within the second of the 
 
 import dataclasses
 import io
+import logging
 import os
-import sys
 import zipfile
 
 import numpy as np
@@ -323,4 +323,4 @@ def listed(root, index_path=None, classes=None):
 
 
 def _warn(message):
-    print(f"[hvd_lars] warning: {message}", file=sys.stderr, flush=True)
+    logging.getLogger(__name__).warning(message)

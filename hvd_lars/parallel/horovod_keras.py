@@ -9,6 +9,8 @@ versions of the rest; `broadcast_global_variables` without a model is refused wi
 The README's table lists each. Needs Horovod (the names a Horovod script uses come from it).
 """
 
+import logging
+
 import keras
 
 from hvd_lars.parallel import callbacks, collectives, elastic, ompi_allreduce_rules  # noqa: F401
@@ -68,7 +70,7 @@ def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
         line = _rules.apply()[1]
     result = collectives.init(comm=comm, process_sets=process_sets)
     if line and collectives.is_chief() and result[1] >= _rules.MIN_RANKS:  # smaller jobs keep Open MPI's
-        print(line, flush=True)
+        logging.getLogger(__name__).info(line)
     return result
 
 

@@ -8,6 +8,8 @@ For an optimizer whose velocity carries the rate (`v = m v - lr g`, Keras's SGD 
 rescaling the velocity by `lr_new / lr_old` before that update, which is what `correct_momentum` does.
 """
 
+import sys
+
 import keras
 
 from hvd_lars.optim.rate_callbacks import LearningRateWarmup
@@ -241,4 +243,7 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         if (to_float(optimizer.iterations) + 1) / self._updates_per_epoch >= self.warmup_epochs:
             self._finished = True
             if self.verbose and collectives.is_chief():
-                print(f"LearningRateWarmupCallback: warmup finished at rate {self.initial_lr:g}.", flush=True)
+                # As Horovod's callback says it, on standard output.
+                sys.stdout.write(
+                    f"LearningRateWarmupCallback: warmup finished at rate {self.initial_lr:g}.\n"
+                )

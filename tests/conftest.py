@@ -7,6 +7,7 @@ Every test carries exactly one tier marker (README, "Tests"):
   system   root: emulated hosts (launch/emulated_cluster.sh) or a real Slurm.
 """
 
+import logging
 import os
 import platform
 import subprocess
@@ -67,6 +68,16 @@ def _no_subprocesses(request, monkeypatch):
         raise AssertionError(f"{request.node.nodeid} is marked unit but starts a process: {args[:1]}")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _run_lines_to_caplog():
+    # hvd_lars.main.configure_logging (called in-process by a test of the main program) gives the run's
+    # logger handlers of its own; each test starts from Python's default, which pytest's caplog sees.
+    logger = logging.getLogger("hvd_lars")
+    logger.handlers.clear()
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
 
 
 @pytest.fixture(autouse=True)

@@ -255,7 +255,8 @@ B, C, D = "20260101T000000Z-00000b", "20260201T000000Z-00000c", "20260301T000000
 
 @pytest.mark.unit
 @pytest.mark.parametrize("keep, kept", [(3, [B, C, D]), (1, [D]), (0, None)])
-def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(tmp_path, capsys, keep, kept):
+def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(tmp_path, caplog, keep, kept):
+    caplog.set_level("INFO", logger="hvd_lars")
     import json
 
     from hvd_lars.training import resume
@@ -280,10 +281,10 @@ def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(t
     }[keep]
     moved = "kept in" if keep else "moved to"
     removed = ["unrecorded", B, C, D][: 4 - keep]
-    assert capsys.readouterr().out.splitlines() == [
-        f"[hvd_lars] --noresume: a new run begins in {run}; the earlier run's checkpoints/, summary.json are "
+    assert [r.getMessage() for r in caplog.records if r.levelname == "INFO"] == [
+        f"--noresume: a new run begins in {run}; the earlier run's checkpoints/, summary.json are "
         f"{moved} {earlier / D}; {keeps}",
-        *(f"[hvd_lars] removed {earlier / name}, an earlier run: {keeps}" for name in removed),
+        *(f"removed {earlier / name}, an earlier run: {keeps}" for name in removed),
     ]
 
 

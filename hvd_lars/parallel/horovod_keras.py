@@ -9,7 +9,7 @@ versions of the rest; `broadcast_global_variables` without a model is refused wi
 The README's table lists each. Needs Horovod (the names a Horovod script uses come from it).
 """
 
-import logging
+import sys
 
 import keras
 
@@ -70,7 +70,7 @@ def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
         line = _rules.apply()[1]
     result = collectives.init(comm=comm, process_sets=process_sets)
     if line and collectives.is_chief() and result[1] >= _rules.MIN_RANKS:  # smaller jobs keep Open MPI's
-        logging.getLogger(__name__).info(line)
+        sys.stdout.write(line + "\n")  # a Horovod script's output, as Horovod's own lines
     return result
 
 

@@ -17,6 +17,7 @@ kept under `UNRECORDED`.
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import secrets
@@ -26,6 +27,8 @@ import time
 import tensorflow as tf
 
 from hvd_lars.parallel import collectives
+
+log = logging.getLogger(__name__)
 
 FOLDER = "earlier_runs"
 UNRECORDED = "unrecorded"
@@ -171,4 +174,4 @@ def keeping(run_dir, keep):
 
 def say(message):
     """One line of the run log: `[hvd_lars] <message>`."""
-    print(f"[hvd_lars] {message}", flush=True)
+    log.info(message)

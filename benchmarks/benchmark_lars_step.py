@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from benchmarks import common
 from hvd_lars import LARS, mlperf_exclusions
-from hvd_lars.training import provenance
+from hvd_lars.training import run_summary
 
 REPO = common.REPO
 
@@ -147,7 +147,7 @@ def main(argv=None):
         del steps
 
     if args.out:
-        prov = provenance.record()
+        prov = run_summary.record()
         command = common.command_line("benchmark_lars_step", argv)
         lines = [
             "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",

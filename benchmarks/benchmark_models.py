@@ -169,7 +169,7 @@ def sections(text):
 
 
 def measure(args):
-    from hvd_lars.training import provenance
+    from hvd_lars.training import run_summary
 
     started = time.time()
     runs = [run_worker({"kind": "matmul"}, args.timeout)]
@@ -180,7 +180,7 @@ def measure(args):
     record = {
         "model": args.model,
         "command": common.command_line("benchmark_models", args.argv),
-        "provenance": provenance.record(),
+        "provenance": run_summary.record(),
         "cpu": common.cpu(),
         "batch": BATCH,
         "warmup_steps": WARMUP_STEPS,

@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from benchmarks import common, scaling
-from hvd_lars.training import provenance
+from hvd_lars.training import run_summary
 
 RAW = os.path.join(scaling.RAW_DIR, "checkpoints_local.json")
 ARMS = ("none", "synchronous", "asynchronous")
@@ -206,7 +206,7 @@ def main(argv=None):
         record = measure(args)
         record.update(
             command=common.command_line("checkpoint_cost", argv),
-            provenance=provenance.record(),
+            provenance=run_summary.record(),
             cpu=common.cpu(),
             matmul=common.matmul_rate(),
             batch=args.batch,

@@ -61,8 +61,7 @@ import sys
 import time
 
 from benchmarks import common, large_batch_report
-from hvd_lars.training.strict_json import read as read_json
-from hvd_lars.training.strict_json import strict
+from hvd_lars.training.lineage import read_json, strict
 
 REPO = common.REPO
 # The study's name: its default output folder and the prefix of every run's name.

@@ -206,8 +206,13 @@ def _main(config):
     quiet_tensorflow.load()
     from hvd_lars.parallel.collectives import WorldSizeMismatch
     from hvd_lars.training import threads
-    from hvd_lars.training.faults import EXIT_DIVERGED, EXIT_PREEMPTED, Preempted, TrainingDiverged
-    from hvd_lars.training.file_failures import FileFailure
+    from hvd_lars.training.faults import (
+        EXIT_DIVERGED,
+        EXIT_PREEMPTED,
+        FileFailure,
+        Preempted,
+        TrainingDiverged,
+    )
 
     # TensorFlow's checkpoint code logs every save at INFO through absl.
     absl_logging.set_verbosity(absl_logging.WARNING)

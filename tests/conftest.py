@@ -82,8 +82,8 @@ def _run_lines_to_caplog():
 
 @pytest.fixture(autouse=True)
 def _no_file_failure_noted_before():
-    # hvd_lars.training.file_failures keeps one note per process until the ranks' next vote: a note left
+    # hvd_lars.training.faults keeps one note per process until the ranks' next vote: a note left
     # by one in-process test (a write it made fail on purpose) must not be the next test's failure.
-    module = sys.modules.get("hvd_lars.training.file_failures")
+    module = sys.modules.get("hvd_lars.training.faults")
     if module is not None:
         module._noted = None

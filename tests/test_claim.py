@@ -17,9 +17,9 @@ KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
 
 def _claim_of(pid, **changes):
-    from hvd_lars.training import claim
+    from hvd_lars.training import faults
 
-    return {**claim.holder(), "pid": pid, "process_start": claim._process_start(pid), **changes}
+    return {**faults.holder(), "pid": pid, "process_start": faults._process_start(pid), **changes}
 
 
 def _write(run_dir, record, age_s=0.0):
@@ -33,21 +33,21 @@ def _write(run_dir, record, age_s=0.0):
 
 @pytest.mark.unit
 def test_a_claim_is_taken_released_and_refused_while_its_holder_lives(tmp_path):
-    from hvd_lars.training import claim
+    from hvd_lars.training import faults
 
     run_dir = tmp_path / "run"
-    assert claim.take(str(run_dir)) is None
+    assert faults.take(str(run_dir)) is None
     record = json.loads((run_dir / "running.json").read_text())
     assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
-    claim.release(str(run_dir))
+    faults.release(str(run_dir))
     assert not (run_dir / "running.json").exists()
 
     # A live process of this host holds it (the parent of this one): refused, naming it, the claim kept.
     holder = os.getppid()
     path = _write(run_dir, _claim_of(holder, started="2026-12-06 10:00:00 UTC"))
     before = path.read_text()
-    with pytest.raises(claim.RunDirInUse) as refused:
-        claim.take(str(run_dir))
+    with pytest.raises(faults.RunDirInUse) as refused:
+        faults.take(str(run_dir))
     assert str(refused.value).startswith(
         f"the run directory {run_dir} is in use by process {holder} on host {socket.gethostname()} "
         f"(started 2026-12-06 10:00:00 UTC): it holds {path}. Wait for that job to end or stop it"
@@ -55,47 +55,48 @@ def test_a_claim_is_taken_released_and_refused_while_its_holder_lives(tmp_path):
     assert path.read_text() == before
     # Another host's claim, refreshed 10 s ago: refused too.
     _write(run_dir, _claim_of(holder, host="node7", boot="x"), age_s=10)
-    with pytest.raises(claim.RunDirInUse, match="in use by process .* on host node7"):
-        claim.take(str(run_dir))
+    with pytest.raises(faults.RunDirInUse, match="in use by process .* on host node7"):
+        faults.take(str(run_dir))
     # release() leaves a claim of another process alone.
-    claim.release(str(run_dir))
+    faults.release(str(run_dir))
     assert path.exists()
 
 
 @pytest.mark.unit
 def test_a_claim_whose_holder_is_gone_is_taken_over_with_one_line(tmp_path):
-    from hvd_lars.training import claim
+    from hvd_lars.training import faults
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     # The same host: its process is gone (the pid is in use again, by a process of another start time).
     gone = os.getppid()
     _write(run_dir, _claim_of(gone, process_start=12345, started="then"))
-    line = claim.take(str(run_dir))
+    line = faults.take(str(run_dir))
     assert line == (
         f"took over the run directory {run_dir} from process {gone} on host {socket.gethostname()} "
         "(started then): its process is gone."
     )
     assert json.loads((run_dir / "running.json").read_text())["pid"] == os.getpid()
     # Another host's claim not refreshed for longer than STALE_S, measured on the file system's clock.
-    _write(run_dir, _claim_of(1, host="node7", boot="x", started="then"), age_s=claim.STALE_S + 30)
-    line = claim.take(str(run_dir))
+    _write(run_dir, _claim_of(1, host="node7", boot="x", started="then"), age_s=faults.STALE_S + 30)
+    line = faults.take(str(run_dir))
     assert line.startswith(
         f"took over the run directory {run_dir} from process 1 on host node7 (started then): "
     )
-    assert f"its claim was last refreshed {claim.STALE_S + 30:.0f} s ago" in line
+    assert f"its claim was last refreshed {faults.STALE_S + 30:.0f} s ago" in line
     # A claim cut short (a crash while it was written) blocks only until it is as old.
     _write(run_dir, '{"host": "no', age_s=5)
-    with pytest.raises(claim.RunDirInUse):
-        claim.take(str(run_dir))
-    _write(run_dir, '{"host": "no', age_s=claim.STALE_S + 1)
-    assert claim.take(str(run_dir)).startswith(f"took over the run directory {run_dir} from an earlier job: ")
+    with pytest.raises(faults.RunDirInUse):
+        faults.take(str(run_dir))
+    _write(run_dir, '{"host": "no', age_s=faults.STALE_S + 1)
+    taken = faults.take(str(run_dir))
+    assert taken.startswith(f"took over the run directory {run_dir} from an earlier job: ")
     assert not [n for n in os.listdir(run_dir) if n != "running.json"]
 
 
 @pytest.mark.unit
 def test_a_requeued_slurm_job_takes_over_its_earlier_start_on_any_node(tmp_path, monkeypatch):
-    from hvd_lars.training import claim
+    from hvd_lars.training import faults
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -104,15 +105,15 @@ def test_a_requeued_slurm_job_takes_over_its_earlier_start_on_any_node(tmp_path,
     # The first start's rank 0 on node7, killed 10 s ago before it could remove its claim.
     earlier = _claim_of(1, host="node7", boot="x", started="then", slurm_job="77", slurm_restart="0")
     _write(run_dir, earlier, age_s=10)
-    assert claim.take(str(run_dir)) == (
+    assert faults.take(str(run_dir)) == (
         f"took over the run directory {run_dir} from process 1 on host node7 (started then): it was an "
         "earlier start (restart 0) of this Slurm job."
     )
     # Another job, or another step of this start, on another node: refused.
     for other in (dict(slurm_job="78", slurm_restart="1"), dict(slurm_job="77", slurm_restart="1")):
         _write(run_dir, {**earlier, **other}, age_s=10)
-        with pytest.raises(claim.RunDirInUse, match="on host node7"):
-            claim.take(str(run_dir))
+        with pytest.raises(faults.RunDirInUse, match="on host node7"):
+            faults.take(str(run_dir))
 
 
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.

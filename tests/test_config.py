@@ -133,7 +133,7 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
     import dataclasses
 
     from hvd_lars.data import DATASETS, InputRequest, get_input
-    from hvd_lars.training import file_failures, recipe, threads
+    from hvd_lars.training import faults, recipe, threads
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for name, entry in DATASETS.items():
@@ -149,7 +149,7 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
     assert request == InputRequest(
         per_rank_batch=8, rank=1, world_size=2, seed=3, data_dir=None, max_train_examples=64,
         input_threads=threads.threads_per_rank(), run_dir="/runs/r",
-        on_unreadable=file_failures.note_unreadable,
+        on_unreadable=faults.note_unreadable,
     )  # fmt: skip
     data = get_input(config.dataset, request, **recipe.input_options(config))
     assert (data.input_shape, data.num_train_examples) == ((28, 28, 1), 64)

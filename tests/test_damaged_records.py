@@ -50,7 +50,7 @@ def _copy(data_dir, tmp_path):
 @pytest.mark.unit
 def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path):  # noqa: F811
     from hvd_lars.data import InputRequest, get_input
-    from hvd_lars.training import file_failures
+    from hvd_lars.training import faults
 
     data_dir, folder = _copy(prepared[0], tmp_path)
     train, evaluation = str(folder / TRAIN_FILE), str(folder / EVAL_FILE)
@@ -71,21 +71,21 @@ def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path
     assert set(noted) == {(train, "training"), (evaluation, "evaluation")}, noted
     assert noted[0] == (train, "training")
 
-    file_failures.note_unreadable(*noted[0])
-    assert file_failures.noted() == (
+    faults.note_unreadable(*noted[0])
+    assert faults.noted() == (
         f"cannot read or decode the training record file {train}. Restore it from a copy or prepare the "
         "data set again with hvd-lars-prepare (or pass --skip_corrupt to leave out the records it cannot "
         f"give), {ADVICE}"
     )
-    with pytest.raises(file_failures.FileFailure):
-        file_failures.raise_noted()
-    file_failures.note_unreadable(*noted[-1])
-    assert file_failures.noted() == (
+    with pytest.raises(faults.FileFailure):
+        faults.raise_noted()
+    faults.note_unreadable(*noted[-1])
+    assert faults.noted() == (
         f"cannot read or decode the evaluation record file {evaluation}. Restore it from a copy or prepare "
         f"the data set again with hvd-lars-prepare, {ADVICE}"
     )
-    with pytest.raises(file_failures.FileFailure):
-        file_failures.raise_noted()
+    with pytest.raises(faults.FileFailure):
+        faults.raise_noted()
 
 
 @pytest.mark.horovod

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.training import epoch_logs, file_failures, plot_run, strict_json
+from hvd_lars.training import epoch_logs, faults, lineage, plot_run
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.plan import make_plan
 from hvd_lars.training.run_summary import RunSummary
@@ -166,7 +166,7 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     }
     back = RunSummary.load(str(tmp_path))["epochs"][0]
     assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
-    assert strict_json.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
+    assert lineage.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
 
 
 @pytest.mark.horovod
@@ -221,7 +221,7 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     # A plot that cannot be written is a failed write of the run: every rank raises it, with one line.
     os.remove(tmp_path / "run.png")
     (tmp_path / "run.png").mkdir()
-    with pytest.raises(file_failures.FileFailure) as raised:
+    with pytest.raises(faults.FileFailure) as raised:
         summary.finish(None)
     assert str(raised.value).startswith(f"could not write {tmp_path}/run.png: [Errno 21] Is a directory. ")
     assert f"then draw it with `hvd-lars-plot {tmp_path}`" in str(raised.value)

@@ -33,14 +33,14 @@ def _model_with_step(step):
 
 @pytest.mark.unit
 def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
-    from hvd_lars.training import file_failures
+    from hvd_lars.training import faults
     from hvd_lars.training.epoch_logs import MetricsCSV
 
     path = tmp_path / "metrics.csv"
     logger = MetricsCSV(str(path))
     logger.set_model(_model_with_step(3))
     logger.on_epoch_end(0, {"loss": 0.5})
-    assert path.read_text() == "epoch,step,loss\n0,3,0.5\n" and file_failures.noted() is None
+    assert path.read_text() == "epoch,step,loss\n0,3,0.5\n" and faults.noted() is None
     # The next write goes to /dev/full: ENOSPC, as on a full disk.
     os.symlink("/dev/full", f"{path}.tmp")
     logger.set_model(_model_with_step(6))
@@ -51,12 +51,12 @@ def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
         f"could not write {path}: [Errno 28] No space left on device. Free space or make it writable there "
         f"(or choose another --workdir), {ADVICE}"
     )
-    assert file_failures.noted() == message
-    file_failures.note("a later failure")  # follows from the first: not the one reported
-    with pytest.raises(file_failures.FileFailure) as raised:
-        file_failures.raise_noted()  # one process: no rank in the message
-    assert str(raised.value) == message and file_failures.noted() is None
-    file_failures.agree()  # nothing noted: nothing raised
+    assert faults.noted() == message
+    faults.note("a later failure")  # follows from the first: not the one reported
+    with pytest.raises(faults.FileFailure) as raised:
+        faults.raise_noted()  # one process: no rank in the message
+    assert str(raised.value) == message and faults.noted() is None
+    faults.agree()  # nothing noted: nothing raised
 
 
 @pytest.mark.unit
@@ -82,15 +82,15 @@ def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
     evaluation = [n for n in noted if n[1] == "evaluation"]
     assert evaluation == [(str(tmp_path / "validation" / "n00000000" / "n00000000_0.JPEG"), "evaluation")]
 
-    from hvd_lars.training import file_failures
+    from hvd_lars.training import faults
 
-    file_failures.note_unreadable(*noted[0])
-    assert file_failures.noted() == (
+    faults.note_unreadable(*noted[0])
+    assert faults.noted() == (
         f"cannot read or decode the training image file {noted[0][0]}. Repair or remove it (or pass "
         f"--skip_corrupt to leave such training files out), {ADVICE}"
     )
-    with pytest.raises(file_failures.FileFailure):
-        file_failures.raise_noted()
+    with pytest.raises(faults.FileFailure):
+        faults.raise_noted()
 
 
 def _one_line_from_rank_0(result, began, fragment):

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from hvd_lars import keras_internals
 from hvd_lars.parallel import collectives
-from hvd_lars.training import damaged, faults, file_failures
+from hvd_lars.training import faults, lineage
 from hvd_lars.training.evaluation import moving_statistics
 
 
@@ -35,7 +35,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         at_epoch_end: bool; save at each epoch end (after evaluation). Without it, the state at the end of
             each `fit` is saved instead of the epoch ends', so a finished run still has its final checkpoint.
         asynchronous: bool; write in the background (see above).
-        progress: the `hvd_lars.training.progress.Progress` whose record the checkpoint holds, filled before
+        progress: the `hvd_lars.training.epoch_logs.Progress` whose record the checkpoint holds, filled before
             each save; or None.
     """
 
@@ -58,7 +58,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         """Saves the checkpoint of the current update (once per update). A collective: every rank calls it.
 
         Raises:
-            hvd_lars.training.file_failures.FileFailure: rank 0 could not write the checkpoint, or some rank
+            hvd_lars.training.faults.FileFailure: rank 0 could not write the checkpoint, or some rank
                 noted a failed write or read before (no checkpoint is then written; every rank raises it).
         """
         step = int(self.model.optimizer.iterations)
@@ -67,7 +67,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
         if self.progress is not None:
             self.progress.capture()
-        if step != self._last_saved and collectives.is_chief() and not file_failures.noted():
+        if step != self._last_saved and collectives.is_chief() and not faults.noted():
             error = self._wait()  # the previous background write, if any, first
             if not error:
                 try:
@@ -76,8 +76,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                 except (OSError, tf.errors.OpError) as e:
                     error = self._error(e)
             if error:
-                file_failures.note(error)
-        file_failures.agree("hvd_lars.checkpoint_error")
+                faults.note(error)
+        faults.agree("hvd_lars.checkpoint_error")
         self._last_saved = step
         faults.heartbeat()
 
@@ -88,8 +88,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         if os.path.join(folder, f"ckpt-{step}") not in self.manager.checkpoints:
             prefix = os.path.join(folder, f"ckpt-{step}")
             shutil.rmtree(f"{prefix}_temp", ignore_errors=True)
-            file_failures.remove_quietly(*glob.glob(f"{prefix}.*"), *glob.glob(f"{folder}/checkpoint.tmp*"))
-        return file_failures.write_failure(f"the checkpoint of step {step} to {folder}", e)
+            faults.remove_quietly(*glob.glob(f"{prefix}.*"), *glob.glob(f"{folder}/checkpoint.tmp*"))
+        return faults.write_failure(f"the checkpoint of step {step} to {folder}", e)
 
     def _wait(self):
         # Rank 0: waits for its background write; the error message if it failed, else None.
@@ -115,19 +115,19 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         collective (any rank may call it; only rank 0 waits).
 
         Raises:
-            hvd_lars.training.file_failures.FileFailure: on rank 0, the write failed.
+            hvd_lars.training.faults.FileFailure: on rank 0, the write failed.
         """
         error = self._wait()
         if error:
-            raise file_failures.FileFailure(error)
+            raise faults.FileFailure(error)
 
     def finish(self):
-        """`sync` on every rank together: a collective that raises `file_failures.FileFailure` on every rank
+        """`sync` on every rank together: a collective that raises `faults.FileFailure` on every rank
         when rank 0's last write failed (or any rank noted a failed write or read)."""
         error = self._wait()
         if error:
-            file_failures.note(error)
-        file_failures.agree("hvd_lars.checkpoint_error")
+            faults.note(error)
+        faults.agree("hvd_lars.checkpoint_error")
 
     def on_train_batch_end(self, batch, logs=None):
         # The epoch's last update is saved by on_epoch_end, after evaluation, so that a job killed while
@@ -170,8 +170,8 @@ def set_aside_damaged_index(folder, run_dir):
     except (UnicodeDecodeError, OSError, ValueError):  # ValueError: "Invalid checkpoint state"
         ok = False
     if not ok:
-        kept = damaged.set_aside(index, run_dir)
-        damaged.warn(
+        kept = lineage.keep_damaged(index, run_dir)
+        lineage.warn(
             f"the checkpoint index {index} is cut short, empty or another run's (kept as {kept}); "
             "rebuilt from the checkpoint files in its folder"
         )

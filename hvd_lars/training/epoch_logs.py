@@ -21,6 +21,7 @@ Why not Keras's own `CSVLogger` and `TensorBoard` (Keras 3.15):
 import csv
 import glob
 import io
+import json
 import os
 import sys
 import time
@@ -29,9 +30,102 @@ import keras
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from hvd_lars.training import damaged, file_failures
+from hvd_lars.parallel import collectives
+from hvd_lars.training import faults, lineage
 from hvd_lars.training.lineage import UNRECORDED, events_suffix, run_id_of_events, set_aside
 from hvd_lars.training.run_summary import RunSummary
+
+KEY = "progress/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class Progress(keras.callbacks.Callback):
+    """Keras callback: adds the metric sums of an epoch resumed mid-way to those of its first batch.
+
+    Args:
+        steps_per_epoch: updates per epoch (a checkpoint at an epoch's end starts no epoch mid-way).
+    """
+
+    def __init__(self, steps_per_epoch):
+        super().__init__()
+        self.steps_per_epoch = steps_per_epoch
+        self.variable = tf.Variable("", dtype=tf.string, trainable=False, name="progress")
+        self.restored = {}
+        self._pending = None
+        self._begun = time.perf_counter()
+
+    def resume(self, prefix):
+        """Reads the record of the checkpoint at `prefix` (rank 0; None or "": a fresh start, or a checkpoint
+        without one) and hands it to every rank (a collective)."""
+        record = None
+        if collectives.is_chief() and prefix:
+            reader = tf.train.load_checkpoint(prefix)
+            record = json.loads(reader.get_tensor(KEY).decode() or "{}") if reader.has_tensor(KEY) else None
+        self.restored = collectives.broadcast_object(record, name="hvd_lars.progress.resume") or {}
+        self._begun = time.perf_counter()
+
+    @property
+    def segments(self):
+        """The starts that trained this run so far, this one included."""
+        return self.restored.get("segments", 0) + 1
+
+    def wall_time_s(self):
+        """Seconds of training and evaluation over the run's segments up to now (see the module)."""
+        return self.restored.get("wall_time_s", 0.0) + time.perf_counter() - self._begun
+
+    def capture(self):
+        """Puts the record of now into `variable` (every rank: a collective)."""
+        sums = [float(keras.ops.convert_to_numpy(v)) for v in self.model.metrics_variables]
+        mean = collectives.allreduce_sum(sums, name="hvd_lars.progress") / collectives.size()
+        record = {
+            "step": int(self.model.optimizer.iterations),
+            "metric_sums": mean.tolist(),
+            "wall_time_s": self.wall_time_s(),
+            "segments": self.segments,
+        }
+        self.variable.assign(json.dumps(record))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        step, sums = int(self.model.optimizer.iterations), self.restored.pop("metric_sums", None)
+        if sums and step % self.steps_per_epoch and step == self.restored.get("step"):
+            self._pending = sums
+
+    def on_train_batch_end(self, batch, logs=None):
+        # An epoch resumed mid-way adds the sums of its earlier updates to those of its first batch here:
+        # Keras builds the compiled metrics' variables in the first training step, not before.
+        if self._pending is None:
+            return
+        sums, self._pending, variables = self._pending, None, self.model.metrics_variables
+        if len(sums) == len(variables):
+            for variable, value in zip(variables, sums):
+                variable.assign_add(value)
+
+
+class ImagesPerSecond(keras.callbacks.Callback):
+    """Adds `images_per_second` (images of all ranks per second of training, evaluation excluded) and
+    `epoch_time_s` to the epoch logs.
+
+    Args:
+        images_per_batch: images one training batch (micro-batch) covers over all ranks.
+    """
+
+    def __init__(self, images_per_batch):
+        super().__init__()
+        self.images_per_batch = images_per_batch
+        self._start = None
+        self._batches = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        elapsed = time.perf_counter() - self._start
+        if logs is not None:
+            logs["images_per_second"] = self.images_per_batch * self._batches / elapsed
+            logs["epoch_time_s"] = elapsed
 
 
 def _step(model):
@@ -77,7 +171,7 @@ class MetricsCSV(keras.callbacks.Callback):
             rows = _rows_of_summary(os.path.dirname(os.path.abspath(path)), steps_per_epoch)
             known = bool(rows)
             if rows:
-                damaged.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
+                lineage.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
         for row in rows:
             if int(row["step"]) <= start_step:
                 kept = {k: v for k, v in row.items() if v not in ("", None)}
@@ -97,7 +191,7 @@ class MetricsCSV(keras.callbacks.Callback):
         # The epochs the other run's rows stood for come back from this run's summary.json.
         epochs = {int(r["epoch"]) for r in own}
         own += [r for r in _rows_of_summary(run_dir, steps_per_epoch) if int(r["epoch"]) not in epochs]
-        damaged.warn(
+        lineage.warn(
             f"{self.path} holds {len(foreign)} row(s) of another run ({foreign[0] or UNRECORDED}): kept in "
             f"{kept}; written anew with this run's {len(own)} row(s)"
         )
@@ -108,9 +202,9 @@ class MetricsCSV(keras.callbacks.Callback):
         # The damaged file is kept aside; its epochs come back from summary.json beside it, which holds
         # the same epoch logs (its epochs count from 1).
         run_dir = os.path.dirname(os.path.abspath(path))
-        kept = damaged.set_aside(path, run_dir)
+        kept = lineage.keep_damaged(path, run_dir)
         rows = _rows_of_summary(run_dir, steps_per_epoch)
-        damaged.warn(
+        lineage.warn(
             f"{path} is {problem}; kept as {kept}, and rebuilt with the {len(rows)} epoch(s) of summary.json"
         )
         return rows
@@ -132,7 +226,7 @@ class MetricsCSV(keras.callbacks.Callback):
             for row in self.rows:
                 writer.writerow({k: _text(v) for k, v in row.items()})
 
-        file_failures.write_atomically(self.path, write)
+        faults.write_atomically(self.path, write)
 
 
 def _rows_of_summary(run_dir, steps_per_epoch):
@@ -224,7 +318,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
                     tf.summary.scalar(key, float(keras.ops.convert_to_numpy(value)), step=step)
             self._writer.flush()
         except (OSError, tf.errors.OpError) as e:
-            file_failures.note(file_failures.write_failure(self.log_dir, e))
+            faults.note(faults.write_failure(self.log_dir, e))
 
 
 def _own_event_files(log_dir, lineage):
@@ -237,7 +331,7 @@ def _own_event_files(log_dir, lineage):
             foreign.setdefault(run_id, []).append(path)
     for run_id, paths in sorted(foreign.items()):
         kept = set_aside(paths, run_dir, run_id)
-        damaged.warn(
+        lineage.warn(
             f"{len(paths)} TensorBoard event file(s) of another run ({run_id}) in {log_dir}: kept in {kept}"
         )
 
@@ -264,9 +358,9 @@ def prune_events(log_dir, last_step):
             problem = "not an event file (a record that is no tf.Event)"
         if problem:
             dropped += 1
-            saved = damaged.set_aside(path, run_dir, copy=bool(kept))
+            saved = lineage.keep_damaged(path, run_dir, copy=bool(kept))
             what = f"rewritten with its {len(kept)} complete record(s)" if kept else "left out"
-            damaged.warn(f"the TensorBoard event file {path} is {problem}; kept as {saved}, {what}")
+            lineage.warn(f"the TensorBoard event file {path} is {problem}; kept as {saved}, {what}")
             if not kept:
                 continue
         if not dropped:
@@ -278,8 +372,8 @@ def prune_events(log_dir, last_step):
                     writer.write(record)
             os.replace(tmp, path)
         except (OSError, tf.errors.OpError) as e:
-            file_failures.remove_quietly(tmp)
-            file_failures.note(file_failures.write_failure(path, e))
+            faults.remove_quietly(tmp)
+            faults.note(faults.write_failure(path, e))
             continue
         removed += dropped
     return removed

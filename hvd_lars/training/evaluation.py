@@ -2,7 +2,7 @@
 the ranks' batch-norm statistics averaged first (`ExactEvaluation`, `moving_statistics`).
 
 Order matters: `hvd_lars.parallel.callbacks.MetricAverageCallback` and
-`hvd_lars.training.throughput.ImagesPerSecond` precede `ExactEvaluation`, and all of them precede the
+`hvd_lars.training.epoch_logs.ImagesPerSecond` precede `ExactEvaluation`, and all of them precede the
 loggers (metrics.csv, TensorBoard, the progress bar), which then see rank-averaged values
 (`hvd_lars.training.train.callbacks_in_order`).
 """
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from hvd_lars.metrics import top_k_correct
 from hvd_lars.parallel import collectives
-from hvd_lars.training import faults, file_failures
+from hvd_lars.training import faults
 
 
 def moving_statistics(model):
@@ -83,10 +83,10 @@ class ExactEvaluation(keras.callbacks.Callback):
         # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
         collectives.average_variables(moving_statistics(self.model))
         # With the counts, whether a rank failed to read an evaluation file (file_failures).
-        counts = [*self._counts(), file_failures.vote()]
+        counts = [*self._counts(), faults.vote()]
         loss, top1, top5, count, failed = collectives.allreduce_sum(counts, name="hvd_lars.eval_counts")
         if failed:
-            file_failures.raise_noted()
+            faults.raise_noted()
         if int(count) != self.num_examples:
             raise RuntimeError(
                 f"evaluated {int(count)} {self.prefix} images across ranks, expected {self.num_examples}."

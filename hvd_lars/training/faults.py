@@ -18,10 +18,14 @@ The decisions are collective (one allreduce of 2 numbers per update, `FaultGuard
 collective that another has left, and no rank waits for one that never comes.
 """
 
+import json
 import logging
 import os
+import re
+import select
 import shutil
 import signal
+import socket
 import threading
 import time
 import weakref
@@ -30,8 +34,198 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvd_lars.data.imagenet_preparation import COMMAND
 from hvd_lars.parallel import collectives
-from hvd_lars.training import file_failures, launcher_watch
+
+# The names Open MPI, MPICH and Intel MPI give the launcher that starts a host's ranks itself.
+MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")
+SHELLS = ("sh", "dash", "bash")
+
+
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+
+
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces and parentheses: fields after the last ')'.
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def watched(pid=None):
+    """(mpirun's pid, the pid of the `sh -c` shell above it or None) when process `pid` (default this one)
+    was started by an MPI launcher on this host, else None."""
+    try:
+        launcher = _parent(pid or os.getpid())
+        if os.path.basename(_cmdline(launcher)[0]) not in MPI_LAUNCHERS:
+            return None
+        shell = _parent(launcher)
+        args = _cmdline(shell)
+    except (OSError, IndexError, ValueError):
+        return None
+    if len(args) >= 3 and os.path.basename(args[0]) in SHELLS and args[1] == "-c":
+        return launcher, shell
+    return launcher, None
+
+
+class LauncherWatch:
+    """Calls `on_stop(reason)` once, from a daemon thread, when this rank's MPI launcher is stopping or gone
+    (see the module's docstring); checks every `period_s` seconds. A context manager, entered in the main
+    thread (it takes Python's signal wakeup fd while inside)."""
+
+    def __init__(self, on_stop, period_s=1.0):
+        self.on_stop = on_stop
+        self.period_s = period_s
+        self._thread = None
+
+    def __enter__(self):
+        pids = watched()
+        if pids is None:
+            return self
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        # A Python handler, so that the signal reaches the wakeup fd; continuing is the kernel's doing.
+        self._previous_cont = signal.signal(signal.SIGCONT, lambda signum, frame: None)
+        self._thread = threading.Thread(
+            target=self._watch, args=pids, name="hvd_lars.launcher_watch", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _watch(self, launcher, shell):
+        woke = time.monotonic()
+        while True:
+            readable, _, _ = select.select([self._read], [], [], self.period_s)
+            now = time.monotonic()
+            if readable:
+                received = os.read(self._read, 64)
+                if not received:
+                    return  # __exit__ closed the pipe
+                # Resumed from a stop, this thread was held far past its period; mpirun's SIGCONT finds it
+                # on time.
+                if signal.SIGCONT in received and now - woke < self.period_s + 1.0:
+                    self.on_stop("mpirun is stopping the job")
+                    return
+            woke = now
+            try:
+                gone = os.getppid() != launcher or (shell is not None and _parent(launcher) != shell)
+            except (OSError, IndexError, ValueError):
+                gone = True
+            if gone:
+                self.on_stop("the launcher is gone")
+                return
+
+    def __exit__(self, *exc):
+        if self._thread is None:
+            return False
+        signal.set_wakeup_fd(self._previous_fd)
+        signal.signal(signal.SIGCONT, self._previous_cont)
+        os.close(self._write)  # the thread reads end-of-file and returns
+        self._thread.join()
+        os.close(self._read)
+        self._thread = None
+        return False
+
+
+_RESUME = "then start the same command again: it resumes from the last complete checkpoint."
+_noted = None
+
+
+class FileFailure(OSError):
+    """A write of the run or a read of its data failed on some rank; the message names the file, why, and
+    what to do."""
+
+
+def note(message):
+    """Keeps `message` (str) as this rank's failure, unless one is kept already (the first one is the
+    cause; later ones follow from it)."""
+    global _noted
+    if _noted is None:
+        _noted = message
+
+
+def noted():
+    """This rank's failure message, or None."""
+    return _noted
+
+
+def write_failure(path, error):
+    """The message of a failed write of `path` (an `OSError` or `tf.errors.OpError` `error`)."""
+    if getattr(error, "strerror", None):
+        reason = f"[Errno {error.errno}] {error.strerror}"
+    else:  # TensorFlow's: one line, without the name of its function and op
+        reason = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]", "", " ".join(str(error).split())).strip()
+    return (
+        f"could not write {path}: {reason}. Free space or make it writable there (or choose another "
+        f"--workdir), {_RESUME}"
+    )
+
+
+def note_unreadable(path, split):
+    """Notes a `split` ("training" or "evaluation") file at `path` that cannot be read or decoded: an image,
+    or a record file of prepared data (tensorflow-datasets' `*.tfrecord-NNNNN-of-NNNNN`) that cannot be
+    read to its end."""
+    if ".tfrecord" in os.path.basename(path):
+        what, fix = "record file", f"Restore it from a copy or prepare the data set again with {COMMAND}"
+        skip = " (or pass --skip_corrupt to leave out the records it cannot give)"
+    else:
+        what, fix = "image file", "Repair or remove it"
+        skip = " (or pass --skip_corrupt to leave such training files out)"
+    skip = skip if split == "training" else ""
+    note(f"cannot read or decode the {split} {what} {path}. {fix}{skip}, {_RESUME}")
+
+
+def write_atomically(path, write, mode="w"):
+    """Writes the file `path` through `write(file)` into `<path>.tmp`, then renames it over `path`, so the
+    file is whole or as it was. On an `OSError` the temporary file is removed and the failure noted.
+
+    Returns:
+        True when `path` was written.
+    """
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"newline": ""})) as f:
+            write(f)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        remove_quietly(tmp)
+        note(write_failure(path, e))
+        return False
+
+
+def remove_quietly(*paths):
+    """Removes the files `paths` that exist; a failure to remove one is ignored (it is left behind)."""
+    for path in paths:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def vote():
+    """This rank's vote for an allreduce: 1.0 when it noted a failure, else 0.0."""
+    return 0.0 if _noted is None else 1.0
+
+
+def raise_noted():
+    """Raises `FileFailure` on every rank with the failure of the lowest rank that noted one; call it on
+    every rank once a vote found one (a collective: one gather). The failure is then forgotten."""
+    global _noted
+    messages = collectives.gather_objects(_noted, name="hvd_lars.file_failure")
+    _noted = None
+    rank, message = next((r, m) for r, m in enumerate(messages) if m)
+    where = f"rank {rank} of {len(messages)}: " if len(messages) > 1 else ""
+    raise FileFailure(where + message)
+
+
+def agree(name="hvd_lars.file_failure_vote"):
+    """A collective: raises `FileFailure` on every rank when any rank noted a failure (`raise_noted`)."""
+    if collectives.allreduce_sum([vote()], name=name)[0]:
+        raise_noted()
+
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +276,7 @@ class StopSignals:
         self.received = None
         self._previous = {}
         self._launcher_stop = None
-        self._watch = launcher_watch.LauncherWatch(self._on_launcher_stop)
+        self._watch = LauncherWatch(self._on_launcher_stop)
 
     def _handler(self, signum, frame):
         if self.received is None:
@@ -195,11 +389,11 @@ class FaultGuard(keras.callbacks.Callback):
         # Votes of all ranks: how many saw non-finite values, how many received a stop signal, how many
         # failed to write or read a file (file_failures).
         diverged, signalled, failed = collectives.allreduce_sum(
-            [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0, file_failures.vote()],
+            [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0, vote()],
             name="hvd_lars.fault_guard",
         )
         if failed:
-            file_failures.raise_noted()
+            raise_noted()
         step = int(self.model.optimizer.iterations)
         if diverged:
             rate = float(keras.ops.convert_to_numpy(self._rate))
@@ -247,7 +441,7 @@ class FaultGuard(keras.callbacks.Callback):
 
         class StopAfterEpoch(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
-                file_failures.agree()  # a write of this epoch's logs or checkpoint, a read of its evaluation
+                agree()  # a write of this epoch's logs or checkpoint, a read of its evaluation
                 # After the last update of the run there is nothing left to resume: training ends normally.
                 if guard._pending and guard._pending[0] < guard.total_steps:
                     guard._stop()
@@ -404,3 +598,199 @@ class ProgressWatchdog(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         heartbeat()
+
+
+log = logging.getLogger(__name__)
+
+CLAIM_FILE = "running.json"
+# Refresh period of the claim, and the age after which a claim of another host is taken as its job's end:
+# 4 missed refreshes (a loaded file server, a slow checkpoint write on the holder's host).
+HEARTBEAT_S = 30.0
+STALE_S = 4 * HEARTBEAT_S
+
+
+class RunDirInUse(ValueError):
+    """Another live job holds the run directory (one line, exit status 2 from the main program)."""
+
+
+# The ways training ends on every rank at once, each still able to run a collective.
+ENDED_TOGETHER = (Preempted, TrainingDiverged, FileFailure)
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _process_start(pid):
+    """The start time of process `pid` in clock ticks since boot (Linux), or None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def holder():
+    """This process as a claim records it (with the Slurm job and restart it runs in, if any)."""
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "boot": _boot_id(),
+        "pid": pid,
+        "process_start": _process_start(pid),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
+    }
+
+
+def _file_system_now(run_dir):
+    """The file system's current time, as the modification time of a file written in `run_dir` now."""
+    probe = os.path.join(run_dir, f".clock.{os.getpid()}")
+    with open(probe, "w"):
+        pass
+    try:
+        return os.stat(probe).st_mtime
+    finally:
+        os.remove(probe)
+
+
+def why_stale(claim, age_s):
+    """Why the holder of `claim` (a dict as `holder()` makes it) whose file was last refreshed `age_s`
+    seconds ago is gone, or None where it may still run."""
+    me = holder()
+    here = claim.get("host") == me["host"] and claim.get("boot") == me["boot"]
+    if here and _process_start(claim.get("pid")) != claim.get("process_start"):
+        return "its process is gone"
+    # Slurm starts a requeued job only once every process of its earlier start has ended.
+    if me["slurm_job"] and claim.get("slurm_job") == me["slurm_job"]:
+        if claim.get("slurm_restart") != me["slurm_restart"]:
+            return f"it was an earlier start (restart {claim.get('slurm_restart')}) of this Slurm job"
+    if age_s > STALE_S:
+        return f"its claim was last refreshed {age_s:.0f} s ago (every {HEARTBEAT_S:.0f} s while it runs)"
+    return None
+
+
+def _describe(claim):
+    return f"process {claim.get('pid')} on host {claim.get('host')} (started {claim.get('started')})"
+
+
+def take(run_dir):
+    """Claims `run_dir` (str) for this process; returns the line to print when a stale claim was taken over,
+    else None.
+
+    Raises:
+        RunDirInUse: a live job holds it, naming its host and process and what to do.
+        OSError: the claim cannot be written.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, CLAIM_FILE)
+    mine = json.dumps(holder())
+    taken_over = None
+    for _ in range(3):  # another start may take over or claim between the reads below
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(mine)
+            return taken_over
+        try:
+            with open(path) as f:
+                text = f.read()
+            age = _file_system_now(run_dir) - os.stat(path).st_mtime
+        except FileNotFoundError:
+            continue  # its holder just ended
+        try:
+            claim = json.loads(text)
+        except ValueError:
+            claim = {}  # being written, or cut short by a crash: stale once it is not refreshed
+        reason = why_stale(claim, age)
+        if reason is None:
+            raise RunDirInUse(
+                f"the run directory {run_dir} is in use by {_describe(claim)}: it holds {path}. Wait for "
+                "that job to end or stop it (a stopped job resumes with its own command), or train in "
+                "another directory (--run_name, --workdir)."
+            )
+        # Set aside under a name of this process's own, then check it is still the claim judged stale.
+        aside = f"{path}.stale.{os.getpid()}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            continue
+        with open(aside) as f:
+            if f.read() != text:  # another start claimed it meanwhile: give it back
+                os.rename(aside, path)
+                continue
+        os.remove(aside)
+        was = _describe(claim) if claim else "an earlier job"
+        taken_over = f"took over the run directory {run_dir} from {was}: {reason}."
+    raise RunDirInUse(f"the run directory {run_dir} is claimed and released by other starts meanwhile")
+
+
+def release(run_dir):
+    """Removes this process's claim of `run_dir`, if it still holds it."""
+    path = os.path.join(run_dir, CLAIM_FILE)
+    try:
+        with open(path) as f:
+            claim = json.load(f)
+        if claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname():
+            os.remove(path)
+    except (OSError, ValueError):
+        pass
+
+
+class RunDirClaim:
+    """Context manager, on every rank: rank 0 claims `run_dir` (`take`) and refreshes the claim while inside;
+    every rank raises rank 0's refusal. A collective on entry.
+
+    Raises:
+        RunDirInUse: on every rank, when another live job holds the directory.
+    """
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        outcome = None
+        if collectives.is_chief():
+            try:
+                line = take(self.run_dir)
+                if line:
+                    log.info(line)
+            except (RunDirInUse, OSError) as e:
+                outcome = str(e)
+        outcome = collectives.broadcast_object(outcome, name="hvd_lars.run_dir_claim")
+        if outcome is not None:
+            raise RunDirInUse(outcome)
+        if collectives.is_chief():
+            self._thread = threading.Thread(target=self._refresh, name="hvd_lars.claim", daemon=True)
+            self._thread.start()
+        return self
+
+    def _refresh(self):
+        path = os.path.join(self.run_dir, CLAIM_FILE)
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(path)
+            except OSError:
+                pass  # a full or lost disk: the run's own writes report it
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            release(self.run_dir)
+        if exc_type is None or issubclass(exc_type, ENDED_TOGETHER):
+            # No rank exits before the claim is gone: a launcher that kills the others when one exits
+            # (srun --kill-on-bad-exit, after a pre-emption's status 75) would leave it behind.
+            collectives.barrier()
+        return False

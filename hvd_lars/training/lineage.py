@@ -18,6 +18,7 @@ kept under `UNRECORDED`.
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -29,6 +30,65 @@ import tensorflow as tf
 from hvd_lars.parallel import collectives
 
 log = logging.getLogger(__name__)
+
+DAMAGED = "damaged"
+
+
+def warn(message):
+    """One warning line of the run log (`[hvd_lars] warning: <message>`)."""
+    log.warning(message)
+
+
+def keep_damaged(path, run_dir, copy=False):
+    """Moves (or, with `copy`, copies) the file `path` inside `run_dir` to the same relative path under
+    `<run_dir>/damaged/` (with `.1`, `.2`, ... appended when that name is taken); returns the new path."""
+    rel = os.path.relpath(path, run_dir)
+    if rel.startswith(os.pardir):
+        rel = os.path.basename(path)
+    target = os.path.join(run_dir, DAMAGED, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    candidate, n = target, 0
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{target}.{n}"
+    (shutil.copy2 if copy else shutil.move)(path, candidate)
+    return candidate
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def strict(value):
+    """`value` (nested dicts, lists, tuples, numbers, strings) with every non-finite float replaced by
+    "NaN", "Infinity" or "-Infinity", so that `json.dump(..., allow_nan=False)` accepts it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def _floats(value):
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
+
+
+def read_json(path):
+    """The JSON file at `path`, with the strings "NaN", "Infinity" and "-Infinity" read back as floats.
+
+    Raises:
+        OSError: the file cannot be read. json.JSONDecodeError: it is not JSON.
+    """
+    with open(path) as f:
+        return _floats(json.load(f))
+
 
 FOLDER = "earlier_runs"
 UNRECORDED = "unrecorded"

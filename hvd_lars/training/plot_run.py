@@ -28,11 +28,11 @@ matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hvd_lars.training import file_failures  # noqa: E402
+from hvd_lars.training import faults  # noqa: E402
 from hvd_lars.training.config import TrainConfig  # noqa: E402
+from hvd_lars.training.lineage import read_json  # noqa: E402
 from hvd_lars.training.plan import Plan  # noqa: E402
 from hvd_lars.training.recipe import build_schedule  # noqa: E402
-from hvd_lars.training.strict_json import read as read_json  # noqa: E402
 
 SPLITS = (("", "training"), ("val_", "validation"), ("test_", "test"))
 
@@ -160,7 +160,7 @@ def save(figure, out):
         figure.savefig(f"{out}.tmp", dpi=100, format="png")
         os.replace(f"{out}.tmp", out)
     except OSError:
-        file_failures.remove_quietly(f"{out}.tmp")
+        faults.remove_quietly(f"{out}.tmp")
         raise
     finally:
         plt.close(figure)

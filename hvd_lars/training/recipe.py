@@ -11,7 +11,7 @@ from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
 from hvd_lars.optim.schedules import make_schedule
 from hvd_lars.parallel.optimizer import DistributedOptimizer
-from hvd_lars.training import file_failures, threads
+from hvd_lars.training import faults, threads
 from hvd_lars.training.config import DATASET_SETTINGS, default_of
 
 
@@ -147,7 +147,7 @@ def input_request(config, per_rank_batch, rank, world_size, run_dir):
         input_threads=config.input_threads or threads.threads_per_rank(),
         run_dir=run_dir,
         # Noted, not raised: every rank then stops at the same update (file_failures).
-        on_unreadable=file_failures.note_unreadable,
+        on_unreadable=faults.note_unreadable,
     )
 
 

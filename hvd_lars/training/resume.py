@@ -27,11 +27,10 @@ import os
 
 import tensorflow as tf
 
-from hvd_lars.training import damaged, lineage
+from hvd_lars.training import lineage
 from hvd_lars.training.checkpoints import CheckpointReadError, set_aside_damaged_index
-from hvd_lars.training.lineage import Lineage, LineageRefused
+from hvd_lars.training.lineage import Lineage, LineageRefused, read_json
 from hvd_lars.training.plan import changed_settings, plan_changes, refuse_plan_changes
-from hvd_lars.training.strict_json import read as read_json
 
 CHECKPOINTS = "checkpoints"
 # What belongs to one lineage in a run directory (image_folder_index/ describes the data, damaged/ keeps
@@ -79,7 +78,7 @@ def _resume_or_begin(model, optimizer, build, run_dir, plan, config):
             problems = "; ".join(f"{p} ({why})" for p, why in unreadable)
             raise CheckpointReadError(
                 f"no checkpoint in {folder} can be restored: {problems}. The files are kept under "
-                f"{os.path.join(run_dir, damaged.FOLDER)}; start afresh (--noresume or another --run_name)."
+                f"{os.path.join(run_dir, lineage.DAMAGED)}; start afresh (--noresume or another --run_name)."
             )
         return begin(run_dir, "nothing to resume", config.keep_earlier_runs)
     record = lineage.read_record(path)
@@ -182,12 +181,12 @@ def _restore(model, optimizer, build, path, partial):
 
 def _set_aside_damaged(unreadable, run_dir, last=False):
     for k, (path, problem) in enumerate(unreadable):
-        kept = [damaged.set_aside(p, run_dir) for p in sorted(glob.glob(f"{glob.escape(path)}.*"))]
+        kept = [lineage.keep_damaged(p, run_dir) for p in sorted(glob.glob(f"{glob.escape(path)}.*"))]
         older = "no older one is left" if last and k == len(unreadable) - 1 else "an older one is tried"
-        damaged.warn(
+        lineage.warn(
             f"the checkpoint {path} cannot be restored: {problem}; its files "
             f"({', '.join(os.path.basename(k) for k in kept)}) are kept under "
-            f"{os.path.join(run_dir, damaged.FOLDER, CHECKPOINTS)} and {older}"
+            f"{os.path.join(run_dir, lineage.DAMAGED, CHECKPOINTS)} and {older}"
         )
 
 

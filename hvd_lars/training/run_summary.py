@@ -4,23 +4,93 @@ the run's last lines (the summary printed and the plot `run.png` written at its 
 Written by rank 0 only, atomically (temporary file + rename), so a killed job leaves the summary of its
 last finished epoch; a resumed run keeps the epochs the interrupted one finished and appends its own.
 
-The file is strict JSON (`strict_json`: a non-finite number, such as the loss of a diverged run, is
-written as the string "NaN", "Infinity" or "-Infinity"); read it with `strict_json.read`.
+The file is strict JSON (`lineage.strict`: a non-finite number, such as the loss of a diverged run, is
+written as the string "NaN", "Infinity" or "-Infinity"); read it with `lineage.read_json`.
 """
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
+import platform
+import subprocess
 import time
 
 import keras
+import tensorflow as tf
 
 from hvd_lars.parallel import collectives
-from hvd_lars.training import damaged, file_failures, plot_run, provenance
-from hvd_lars.training.lineage import UNRECORDED, set_aside
-from hvd_lars.training.strict_json import read as read_json
-from hvd_lars.training.strict_json import strict
+from hvd_lars.training import faults, lineage, plot_run
+from hvd_lars.training.lineage import UNRECORDED, read_json, set_aside, strict
+
+
+def git_sha(path=None):
+    """The commit of the repository holding `path` (default: this package), with "-dirty" when the work
+    tree has uncommitted changes; "unknown" outside a git checkout."""
+    path = path or os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def cpuinfo(path="/proc/cpuinfo"):
+    """The first processor's fields of /proc/cpuinfo as {name: value} ("model name", "vendor_id",
+    "cpu family", "model", "stepping", "flags", ...); {} where the file cannot be read."""
+    fields = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    if fields:
+                        break  # the end of the first processor's block
+                    continue
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def machine():
+    """A one-line description of this machine: CPU model, logical cores, memory, OS."""
+    cpu = cpuinfo().get("model name") or platform.processor() or platform.machine()
+    memory = ""
+    try:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError):
+        pass
+    return f"{cpu}, {os.cpu_count()} logical cores{memory}, {platform.system()} {platform.release()}"
+
+
+def record():
+    """Dict with git_sha, date (UTC, ISO 8601), machine, python, tensorflow, keras, horovod versions."""
+    try:
+        import horovod  # optional: a single-process run works without it
+
+        horovod_version = horovod.__version__
+    except ImportError:
+        horovod_version = None
+    return {
+        "git_sha": git_sha(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "horovod": horovod_version,
+    }
+
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +105,14 @@ class RunSummary(keras.callbacks.Callback):
     resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
     over this attempt's epochs after its first, which includes graph tracing), wall_time_s (training and
     evaluation time, seconds: with a `progress`, summed over the run's segments, each counted up to the
-    checkpoint the next resumed from, `hvd_lars.training.progress`; else this attempt's), segments (the
+    checkpoint the next resumed from, `hvd_lars.training.epoch_logs`; else this attempt's), segments (the
     starts that trained the run: 1 uninterrupted), final_test_top1 / final_test_top5 (fractions, last
     evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
     one), stopped (only when training stopped early: reason "TrainingDiverged" or "Preempted", step,
     message), git_sha, date, machine and software versions.
 
     Args:
-        progress: the run's `hvd_lars.training.progress.Progress` (its time over segments), or None.
+        progress: the run's `hvd_lars.training.epoch_logs.Progress` (its time over segments), or None.
         lineage: the run's `hvd_lars.training.lineage.Lineage`, or None (no run id). A resumed run keeps the
             epochs of a summary.json of its own lineage; one of another lineage is moved under
             `earlier_runs/<its run id>/`, with one line saying so.
@@ -85,7 +155,7 @@ class RunSummary(keras.callbacks.Callback):
             "final_val_top5": None,
             # Once per run: rank 0 asks git and reads the machine; the other ranks get its record.
             **collectives.broadcast_object(
-                provenance.record() if collectives.is_chief() else None, name="hvd_lars.training.provenance"
+                record() if collectives.is_chief() else None, name="hvd_lars.training.provenance"
             ),
         }
         self._attempt_epochs = []
@@ -96,7 +166,7 @@ class RunSummary(keras.callbacks.Callback):
     def _set_aside(self, run_dir, run_id):
         if collectives.is_chief():
             kept = set_aside([self.path], run_dir, run_id)
-            damaged.warn(
+            lineage.warn(
                 f"{self.path} belongs to another run ({run_id or UNRECORDED}): kept in {kept}, and "
                 "written anew"
             )
@@ -125,8 +195,8 @@ class RunSummary(keras.callbacks.Callback):
         if problem is None:
             return saved
         if collectives.is_chief():
-            kept = damaged.set_aside(path, run_dir)
-            damaged.warn(f"{path} is {problem}; kept as {kept}, and written anew")
+            kept = lineage.keep_damaged(path, run_dir)
+            lineage.warn(f"{path} is {problem}; kept as {kept}, and written anew")
         return None
 
     def record_stop(self, reason, step, message):
@@ -154,7 +224,7 @@ class RunSummary(keras.callbacks.Callback):
                 s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
         if collectives.is_chief():
             write = lambda f: json.dump(strict(s), f, indent=2, allow_nan=False)
-            file_failures.write_atomically(self.path, write)
+            faults.write_atomically(self.path, write)
 
     def finish(self, checkpoint):
         """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (`plot_run`) and
@@ -165,13 +235,13 @@ class RunSummary(keras.callbacks.Callback):
             checkpoint: path of the run's last checkpoint (str), or None.
 
         Raises:
-            hvd_lars.training.file_failures.FileFailure: run.png could not be written (every rank).
+            hvd_lars.training.faults.FileFailure: run.png could not be written (every rank).
         """
         if collectives.is_chief():
             run_dir = os.path.dirname(self.path)
             for line in describe_end(self.summary, run_dir, checkpoint, _draw(run_dir)):
                 log.info(line)
-        file_failures.agree(name="hvd_lars.plot_write")
+        faults.agree(name="hvd_lars.plot_write")
 
 
 def _draw(run_dir):
@@ -180,14 +250,14 @@ def _draw(run_dir):
     try:
         figure = plot_run.make_figure(run_dir)
     except Exception as e:  # a picture is not worth a finished run: any failure to draw one is a warning
-        damaged.warn(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
+        lineage.warn(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
         return None
     try:
         plot_run.save(figure, out)
         return out
     except OSError as e:  # the run is complete: a second start trains nothing, hvd-lars-plot draws it
         reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
-        file_failures.note(
+        faults.note(
             f"could not write {out}: {reason}. Free space or make it writable there, then draw it with "
             f"`hvd-lars-plot {run_dir}` (the run itself is complete)."
         )

@@ -20,16 +20,15 @@ from hvd_lars.models import get_model
 from hvd_lars.optim.rate_callbacks import LearningRateLogger
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
-from hvd_lars.training import claim, epoch_logs, faults, recipe, threads
+from hvd_lars.training import epoch_logs, faults, recipe, threads
 from hvd_lars.training.checkpoints import PeriodicCheckpoint, open_manager
 from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.epoch_logs import ImagesPerSecond, Progress
 from hvd_lars.training.evaluation import ExactEvaluation
 from hvd_lars.training.lineage import Lineage, RunRecord
 from hvd_lars.training.plan import batch_sizes, make_plan
-from hvd_lars.training.progress import Progress
 from hvd_lars.training.resume import resume_or_begin
 from hvd_lars.training.run_summary import RunSummary
-from hvd_lars.training.throughput import ImagesPerSecond
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ def run(config, extra_callbacks=()):
             raises it after the same update; summary.json records it).
         hvd_lars.training.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the
             same update, whose checkpoint rank 0 wrote.
-        hvd_lars.training.file_failures.FileFailure: a write of the run or a read of its data failed on
+        hvd_lars.training.faults.FileFailure: a write of the run or a read of its data failed on
             some rank (every rank).
     """
     rank, world_size = collectives.init()
@@ -91,7 +90,7 @@ def run(config, extra_callbacks=()):
     global_batch, per_rank_batch = batch_sizes(config, world_size)
     run_name, run_dir = run_directory(config, global_batch)
     faults.check_run_dir(run_dir, 0, 0)  # writable, before anything of the run is read or made
-    with claim.RunDirClaim(run_dir):  # no second job on this directory, before anything is moved
+    with faults.RunDirClaim(run_dir):  # no second job on this directory, before anything is moved
         request = recipe.input_request(config, per_rank_batch, rank, world_size, run_dir)
         data = get_input(config.dataset, request, **recipe.input_options(config))
         plan = make_plan(config, world_size, data)

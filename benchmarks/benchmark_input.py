@@ -192,7 +192,7 @@ def main(argv=None):
             print(json.dumps(training_worker(**spec)))
         return
 
-    from hvd_lars.training import run_summary
+    from hvd_lars.training import epoch_logs
 
     started = time.time()
     mean_bytes = {}
@@ -215,7 +215,7 @@ def main(argv=None):
             training[model_name].append(_run({**spec, "warmup_steps": args.warmup_steps}))
             print(f"round {round_}: {model_name} training: {training[model_name][-1]}", flush=True)
     load_after = os.getloadavg()[0]
-    record = run_summary.record()
+    record = epoch_logs.provenance()
     matmul = common.matmul_rate()
     consumed = {m: float(np.mean([r["per_core"] for r in runs])) for m, runs in training.items()}
     command = common.command_line("benchmark_input", argv)

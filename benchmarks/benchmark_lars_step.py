@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from benchmarks import common
 from hvd_lars import LARS, mlperf_exclusions
-from hvd_lars.training import run_summary
+from hvd_lars.training import epoch_logs
 
 REPO = common.REPO
 
@@ -147,7 +147,7 @@ def main(argv=None):
         del steps
 
     if args.out:
-        prov = run_summary.record()
+        prov = epoch_logs.provenance()
         command = common.command_line("benchmark_lars_step", argv)
         lines = [
             "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",

@@ -169,7 +169,7 @@ def sections(text):
 
 
 def measure(args):
-    from hvd_lars.training import run_summary
+    from hvd_lars.training import epoch_logs
 
     started = time.time()
     runs = [run_worker({"kind": "matmul"}, args.timeout)]
@@ -180,7 +180,7 @@ def measure(args):
     record = {
         "model": args.model,
         "command": common.command_line("benchmark_models", args.argv),
-        "provenance": run_summary.record(),
+        "provenance": epoch_logs.provenance(),
         "cpu": common.cpu(),
         "batch": BATCH,
         "warmup_steps": WARMUP_STEPS,

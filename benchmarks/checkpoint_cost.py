@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from benchmarks import common, scaling
-from hvd_lars.training import run_summary
+from hvd_lars.training import epoch_logs
 
 RAW = os.path.join(scaling.RAW_DIR, "checkpoints_local.json")
 ARMS = ("none", "synchronous", "asynchronous")
@@ -206,7 +206,7 @@ def main(argv=None):
         record = measure(args)
         record.update(
             command=common.command_line("checkpoint_cost", argv),
-            provenance=run_summary.record(),
+            provenance=epoch_logs.provenance(),
             cpu=common.cpu(),
             matmul=common.matmul_rate(),
             batch=args.batch,

@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 from hvd_lars import LARS, mlperf_exclusions
-from hvd_lars.training import run_summary
+from hvd_lars.training import epoch_logs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "results")
@@ -49,7 +49,7 @@ def cpu(cpuinfo_path="/proc/cpuinfo"):
     short name such as "AMD EPYC with AVX-512 BF16") and `key`: vendor, family, model, stepping and a hash
     of the whole flag list, which tells two CPUs apart that share a model name (not the noisy matmul rate).
     """
-    info = run_summary.cpuinfo(cpuinfo_path)
+    info = epoch_logs.cpuinfo(cpuinfo_path)
     model = info.get("model name", "unknown")
     flags = set(info.get("flags", "").split())
     have = [f for f in CPU_FLAGS if f in flags]
@@ -126,7 +126,7 @@ def cpu_identity(c):
 
 def cpu_text(c, host=None):
     """A CPU as a report names it, from a `cpu()` dict: "<model name>; CPU: <cpu_identity>; CPU flags: ...",
-    `host` (hvd_lars.training.run_summary.machine's line, which begins with the model name) in place of the
+    `host` (hvd_lars.training.epoch_logs.machine's line, which begins with the model name) in place of the
     model name where given. From an older record (a dict without the identity, or a string such as
     "<model name>; bf16/AMX flags: ...") it is what the record holds, then "CPU vendor, family and model
     NOT_RECORDED"."""
@@ -159,7 +159,7 @@ def describe(c, matmul, host=None):
 
 
 def machine(matmul):
-    """This machine in one line (`describe` of `cpu()` and hvd_lars.training.run_summary.machine()) with the
+    """This machine in one line (`describe` of `cpu()` and hvd_lars.training.epoch_logs.machine()) with the
     tf.matmul rate `matmul` (a `matmul_rate` dict, measured in this run).
 
     Raises:
@@ -167,7 +167,7 @@ def machine(matmul):
     """
     if not matmul:
         raise ValueError(f"machine: matmul={matmul!r}; pass this run's common.matmul_rate()")
-    return describe(cpu(), matmul, run_summary.machine())
+    return describe(cpu(), matmul, epoch_logs.machine())
 
 
 def sha_text(sha):
@@ -177,10 +177,10 @@ def sha_text(sha):
 
 
 def git_sha():
-    """This checkout's commit (hvd_lars.training.run_summary.git_sha), "-dirty" when the tree has uncommitted
+    """This checkout's commit (hvd_lars.training.epoch_logs.git_sha), "-dirty" when the tree has uncommitted
     changes; then a warning on stderr: a report of a dirty tree does not name the code that made it
     (tests/test_results_files.py refuses such a report in results/), so commit and run again."""
-    sha = run_summary.git_sha(REPO)
+    sha = epoch_logs.git_sha(REPO)
     if sha.endswith("-dirty"):
         print(
             f"[benchmarks] warning: git SHA {sha}: uncommitted changes; commit, then run again for a report "

@@ -201,7 +201,7 @@ def _save(raw):
 
 
 def measure(args, raw):
-    from hvd_lars.training import run_summary
+    from hvd_lars.training import epoch_logs
 
     stamp = {
         "command": common.command_line("communication", args.argv),
@@ -209,7 +209,7 @@ def measure(args, raw):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": common.cpu(),
         "matmul": common.matmul_rate(),
-        "machine": run_summary.machine(),
+        "machine": epoch_logs.machine(),
         "burst_ms": BURST_MS,
     }
     if "fusion" in args.parts and "shapes" not in raw:

@@ -61,7 +61,7 @@ import sys
 import time
 
 from benchmarks import common, large_batch_report
-from hvd_lars.training.lineage import read_json, strict
+from hvd_lars.training.checkpoints import read_json, strict
 
 REPO = common.REPO
 # The study's name: its default output folder and the prefix of every run's name.

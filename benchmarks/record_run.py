@@ -5,7 +5,7 @@ A committed reference record (results/fashion_mnist_lars.md) changes only throug
 which trains the flagfile afresh on this machine's ranks and writes results/<flagfile's name>.md; the second
 form writes the record of a finished run, as `make train` does into each run's own directory.
 
-summary.json names the machine by its CPU's model name (hvd_lars.training.run_summary.machine); the record
+summary.json names the machine by its CPU's model name (hvd_lars.training.epoch_logs.machine); the record
 adds the CPU's identity (vendor, family, model, stepping) and its tf.matmul rate, measured here right after
 the run. A summary.json from another machine gets neither: the record says they were not recorded.
 
@@ -23,14 +23,14 @@ import sys
 import time
 
 from benchmarks import common
-from hvd_lars.training import run_summary
-from hvd_lars.training.lineage import read_json
+from hvd_lars.training import epoch_logs
+from hvd_lars.training.checkpoints import read_json
 
 
 def machine_line(summary_machine):
     """The record's machine: `common.describe` of this machine with its tf.matmul rate when summary.json's
     machine line is this machine's; else summary.json's line, the rest said to be not recorded."""
-    if summary_machine == run_summary.machine():
+    if summary_machine == epoch_logs.machine():
         line = common.describe(common.cpu(), common.matmul_rate(), summary_machine)
         return f"{line} (tf.matmul measured by benchmarks/record_run.py right after the run)"
     return (

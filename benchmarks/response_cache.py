@@ -1,5 +1,5 @@
 """What switching Horovod's response cache off costs (issue 20, item 4): the main program on 2 Gloo ranks
-with `HOROVOD_CACHE_CAPACITY=0` (what launch/elastic.sh and `hvd_lars.training.elastic_loop` set for elastic
+with `HOROVOD_CACHE_CAPACITY=0` (what launch/elastic.sh and `hvd_lars.training.train` set for elastic
 jobs) against Horovod's default capacity (1,024 cached responses).
 
 With the cache, a tensor reduced before is announced by a bit in a bit vector that the ranks allreduce
@@ -96,7 +96,7 @@ def main(argv=None):
     lines += [
         "",
         "images/s: summary.json's, the run's mean over its epochs after the first. Only elastic jobs run "
-        "with the cache off (launch/elastic.sh, `hvd_lars.training.elastic_loop`); every other launch keeps "
+        "with the cache off (launch/elastic.sh, `hvd_lars.training.train`); every other launch keeps "
         "Horovod's default.",
     ]
     common.write_report(args.out, "\n".join(lines))

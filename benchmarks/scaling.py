@@ -219,7 +219,7 @@ def overlap_compression(args):
     """Section `overlap_compression`: see the module docstring."""
     if args.report_only:
         return write_section("overlap_compression", _overlap_compression_markdown(), args.out)
-    from hvd_lars.training import run_summary
+    from hvd_lars.training import epoch_logs
 
     label = "local" if args.local else args.link_rate
     os.makedirs(RAW_DIR, exist_ok=True)
@@ -288,7 +288,7 @@ def overlap_compression(args):
         "section": "overlap_compression",
         "label": label,
         "command": common.command_line("scaling", args.argv),
-        "provenance": run_summary.record(),
+        "provenance": epoch_logs.provenance(),
         "cpu": common.cpu(),
         "matmul": common.matmul_rate(),
         "hosts": hosts,
@@ -590,7 +590,7 @@ def threads(args):
     if args.report_only:
         with open(raw) as f:
             return write_section("threads", _threads_markdown(json.load(f)), args.out)
-    from hvd_lars.training import run_summary
+    from hvd_lars.training import epoch_logs
 
     os.makedirs(RAW_DIR, exist_ok=True)
     me = common.worker_command("scaling")
@@ -612,7 +612,7 @@ def threads(args):
         "section": "threads",
         "label": "local",
         "command": common.command_line("scaling", args.argv),
-        "provenance": run_summary.record(),
+        "provenance": epoch_logs.provenance(),
         "cpu": common.cpu(),
         "matmul": common.matmul_rate(),
         "model": THREADS_MODEL,

@@ -3,7 +3,7 @@
 One flag per field of `TrainConfig` (its default, help and accepted values come from the field). The flags
 are parsed and checked before Keras, TensorFlow or Horovod is imported, so a mistake costs a fraction of a
 second; then one `TrainConfig` goes to `hvd_lars.training.train.run` (or, with `--elastic`,
-`hvd_lars.training.elastic_loop.run`). Launch it once per rank (horovodrun, mpirun, srun) or alone.
+`hvd_lars.training.train.run_elastic`). Launch it once per rank (horovodrun, mpirun, srun) or alone.
 """
 
 import dataclasses
@@ -181,9 +181,9 @@ def parse(argv):
 
 def run_training(config, extra_callbacks=()):
     """The loop `config` asks for: elastic (workers come and go) or of a fixed world size."""
-    from hvd_lars.training import elastic_loop, train
+    from hvd_lars.training import train
 
-    loop = elastic_loop.run if config.elastic else train.run
+    loop = train.run_elastic if config.elastic else train.run
     return loop(config, extra_callbacks)
 
 

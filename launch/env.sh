@@ -84,7 +84,7 @@ export HOROVOD_GLOO_TIMEOUT_SECONDS="${HOROVOD_GLOO_TIMEOUT_SECONDS:-60}"
 export OMPI_MCA_plm_rsh_args="${OMPI_MCA_plm_rsh_args:--o ServerAliveInterval=10 -o ServerAliveCountMax=3}"
 # A signal to mpirun (kill, Ctrl-C, a scheduler) makes it send its ranks SIGCONT, wait this many seconds,
 # send SIGTERM, wait again and SIGKILL them. Open MPI's default, 1 s, kills a rank before its update and
-# checkpoint complete; the ranks begin their stop at the SIGCONT (hvd_lars/training/launcher_watch.py), so
+# checkpoint complete; the ranks begin their stop at the SIGCONT (hvd_lars/training/faults.py), so
 # they get twice this to checkpoint, and mpirun lingers as long after they have exited.
 export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-10}"
 # Open MPI's allreduce from 1 MiB up on 3 or more ranks is the ring: hvd_lars.main points each rank at

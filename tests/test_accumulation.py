@@ -8,8 +8,7 @@ import tensorflow as tf
 
 from hvd_lars import LARS
 from hvd_lars.models import get_model
-from hvd_lars.training.plan import Plan
-from hvd_lars.training.recipe import batch_norm_note
+from hvd_lars.training.plan import Plan, batch_norm_note
 
 MOMENTUM = 0.9
 # One update of 8 images, 1 feature: micro-batch k (2 images) is mu_k -/+ 1, mu = 0, 4, 8, 12. Each

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks import common
-from hvd_lars.training import run_summary
+from hvd_lars.training import epoch_logs
 from tests.support import REPO
 
 pytestmark = pytest.mark.horovod  # subprocesses; listing_index starts 2 Horovod ranks
@@ -71,7 +71,7 @@ def test_record_run_writes_the_runs_table(tmp_path):
         f"{common.NOT_RECORDED} (this record was written on another machine)"
     ) in text
     # A summary of this machine (make train runs record_run where it trained): both, measured here.
-    summary["machine"] = run_summary.machine()
+    summary["machine"] = epoch_logs.machine()
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     _run(
         "benchmarks.record_run",
@@ -80,7 +80,7 @@ def test_record_run_writes_the_runs_table(tmp_path):
         "--command=make train",
     )
     text = out.read_text()
-    assert f"- Machine: {run_summary.machine()}; CPU: " in text
+    assert f"- Machine: {epoch_logs.machine()}; CPU: " in text
     _machine(text)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from hvd_lars.training import config as settings_table
 from hvd_lars.training.config import DATASET_SETTINGS, TrainConfig, resolve_precision
-from hvd_lars.training.plan import make_plan
+from hvd_lars.training.plan import input_options, input_request, make_plan
 
 
 def _config(**kw):
@@ -133,7 +133,7 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
     import dataclasses
 
     from hvd_lars.data import DATASETS, InputRequest, get_input
-    from hvd_lars.training import faults, recipe, threads
+    from hvd_lars.training import faults, threads
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for name, entry in DATASETS.items():
@@ -142,18 +142,18 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
         # Left at their defaults, the settings other data sets read pass, and are not given.
         config = _config(dataset=name)
         config.validate()
-        assert recipe.input_options(config) == {s: getattr(config, s) for s in DATASET_SETTINGS[name]}
+        assert input_options(config) == {s: getattr(config, s) for s in DATASET_SETTINGS[name]}
     config = _config(image_size=0, preprocessing="", skip_corrupt=False, max_train_examples=64, seed=3)
-    assert recipe.input_options(config) == {"validation_examples": 0}
-    request = recipe.input_request(config, 8, 1, 2, "/runs/r")
+    assert input_options(config) == {"validation_examples": 0}
+    request = input_request(config, 8, 1, 2, "/runs/r")
     assert request == InputRequest(
         per_rank_batch=8, rank=1, world_size=2, seed=3, data_dir=None, max_train_examples=64,
         input_threads=threads.threads_per_rank(), run_dir="/runs/r",
         on_unreadable=faults.note_unreadable,
     )  # fmt: skip
-    data = get_input(config.dataset, request, **recipe.input_options(config))
+    data = get_input(config.dataset, request, **input_options(config))
     assert (data.input_shape, data.num_train_examples) == ((28, 28, 1), 64)
-    synthetic = recipe.input_options(_config(dataset="synthetic", image_size=16))
+    synthetic = input_options(_config(dataset="synthetic", image_size=16))
     assert synthetic == {"image_size": 16}
 
 

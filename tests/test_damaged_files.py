@@ -223,7 +223,7 @@ def _check_fresh_start(run, runs, outputs):
 def _check_allowed_accumulation(run, runs, outputs):
     import tensorflow as tf
 
-    from hvd_lars.training.lineage import read_record
+    from hvd_lars.training.checkpoints import read_record
 
     record = read_record(str(run / "checkpoints" / "ckpt-6"))
     assert record["run_id"] == _run_id(runs.killed) and record["plan"]["accumulation_steps"] == 2
@@ -428,7 +428,7 @@ def test_a_run_directory_in_any_state_resumes_the_right_checkpoint_refuses_or_st
         assert [(r["epoch"], r["step"]) for r in rows] == [("0", "3"), ("1", "6")]
         assert {r["run_id"] for r in rows} == {_run_id(run)}
         # The checkpoint records the run and the one plan of the attempt, as summary.json does.
-        from hvd_lars.training.lineage import read_record
+        from hvd_lars.training.checkpoints import read_record
 
         with open(run / "summary.json") as f:
             summary = json.load(f)

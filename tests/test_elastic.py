@@ -1,4 +1,4 @@
-"""Elastic training (hvd_lars.training.elastic_loop, hvd_lars.parallel.elastic): 2 workers, then 1, then 2
+"""Elastic training (hvd_lars.training.train, hvd_lars.parallel.elastic): 2 workers, then 1, then 2
 again, under horovodrun's elastic driver
 and a host discovery script that the test rewrites as training progresses; and the refusal of a worker
 count that does not divide the global batch."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvd_lars.parallel import elastic as hvd_elastic
-from hvd_lars.training import elastic_loop as elastic
+from hvd_lars.training import train
 from hvd_lars.training.config import TrainConfig
 from tests.support.elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 
@@ -18,21 +18,21 @@ from tests.support.elastic_job import TOTAL_STEPS, ElasticJob, remove_and_add
 def test_check_launched_names_what_is_missing():
     config = TrainConfig(global_batch_size=64)
     with pytest.raises(ValueError, match=r"launch/elastic.sh.*HOROVOD_ELASTIC is None, not '1'"):
-        elastic.check_launched(config, environ={})
-    elastic.check_launched(config, environ={"HOROVOD_ELASTIC": "1"})
+        train.check_launched(config, environ={})
+    train.check_launched(config, environ={"HOROVOD_ELASTIC": "1"})
     with pytest.raises(
         ValueError, match=r"--elastic needs --global_batch_size \(got 0 with --per_rank_batch_size=32\)"
     ):
-        elastic.check_launched(TrainConfig(per_rank_batch_size=32), environ={"HOROVOD_ELASTIC": "1"})
+        train.check_launched(TrainConfig(per_rank_batch_size=32), environ={"HOROVOD_ELASTIC": "1"})
 
 
 @pytest.mark.horovod
 def test_resolve_batch_names_the_worker_counts_that_fit():
     config = TrainConfig(global_batch_size=96, accumulation_steps=2)
-    assert elastic.resolve_batch(config, 3) == (96, 16)
-    assert elastic.resolve_batch(config, 48) == (96, 1)
-    with pytest.raises(elastic.ElasticBatchError) as e:
-        elastic.resolve_batch(config, 5)
+    assert train.resolve_batch(config, 3) == (96, 16)
+    assert train.resolve_batch(config, 48) == (96, 1)
+    with pytest.raises(train.ElasticBatchError) as e:
+        train.resolve_batch(config, 5)
     message = str(e.value)
     assert "now has 5 workers" in message and "global batch of 96 images" in message
     # 96 / (n x 2) whole: n in the divisors of 48.

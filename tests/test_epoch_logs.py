@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.training import epoch_logs, faults, lineage, plot_run
+from hvd_lars.training import checkpoints, epoch_logs, faults, plot_run
 from hvd_lars.training.config import TrainConfig
+from hvd_lars.training.epoch_logs import RunSummary
 from hvd_lars.training.plan import make_plan
-from hvd_lars.training.run_summary import RunSummary
 
 STEPS_PER_EPOCH = 8
 
@@ -166,7 +166,7 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     }
     back = RunSummary.load(str(tmp_path))["epochs"][0]
     assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
-    assert lineage.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
+    assert checkpoints.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
 
 
 @pytest.mark.horovod

@@ -8,8 +8,8 @@ import tensorflow as tf
 from hvd_lars import LARS
 from hvd_lars.metrics import TopKAccuracy, top_k_correct
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.evaluation import ExactEvaluation
-from hvd_lars.training.recipe import loss_and_metrics
+from hvd_lars.training.epoch_logs import ExactEvaluation
+from hvd_lars.training.plan import loss_and_metrics
 
 
 def _reference(labels, logits, k):

@@ -1,4 +1,4 @@
-"""hvd_lars.training.recipe.build_optimizer: `--optimizer=nesterov` is Keras's Nesterov momentum on the
+"""hvd_lars.training.plan.build_optimizer: `--optimizer=nesterov` is Keras's Nesterov momentum on the
 L2-decayed gradient, on the run's schedule, against a NumPy reference and `keras.optimizers.SGD`."""
 
 import keras
@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.plan import make_plan
-from hvd_lars.training.recipe import build_optimizer, build_schedule
+from hvd_lars.training.plan import build_optimizer, build_schedule, make_plan
 
 pytestmark = pytest.mark.unit
 

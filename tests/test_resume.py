@@ -113,11 +113,11 @@ def _built(config, plan):
     import keras
 
     from hvd_lars.models import get_model
-    from hvd_lars.training import recipe
+    from hvd_lars.training.plan import build_optimizer
 
     keras.utils.set_random_seed(0)
     model = get_model("small_cnn", num_classes=10, input_shape=(8, 8, 3))
-    optimizer = recipe.build_optimizer(config, plan)
+    optimizer = build_optimizer(config, plan)
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     return model, optimizer, lambda: optimizer.build(model.trainable_variables)
 
@@ -138,7 +138,7 @@ def _key(variable):
 
 @pytest.mark.unit
 def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_at_zero(tmp_path):
-    from hvd_lars.training import lineage, resume
+    from hvd_lars.training import checkpoints
     from hvd_lars.training.plan import make_plan
 
     # A checkpoint of update 5 under the plan without accumulation or momentum correction, every variable
@@ -151,7 +151,7 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
         if "iteration" not in v.path:
             v.assign(rng.normal(size=v.shape).astype(v.dtype))
     optimizer.iterations.assign(5)
-    record = lineage.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
+    record = checkpoints.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
     record.assign("20261201T000000Z-abcdef")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
     tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
@@ -160,13 +160,13 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
     new = _config(accumulation_steps=2, momentum_correction="always")
     plan = make_plan(new, 1, 64, (8, 8, 3))
     model, optimizer, build = _built(new, plan)
-    refused = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, new)
-    assert isinstance(refused.error, lineage.LineageRefused) and refused.restored is None
+    refused = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, new)
+    assert isinstance(refused.error, checkpoints.LineageRefused) and refused.restored is None
     assert "(accumulation_steps 1 -> 2; momentum_correction 'none' -> 'always')" in str(refused.error)
 
     allowed = dataclasses.replace(new, allow_plan_change=("accumulation_steps", "momentum_correction"))
     model, optimizer, build = _built(allowed, plan)
-    resumed = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, allowed)
+    resumed = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, allowed)
     assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
     assert resumed.run_id == "20261201T000000Z-abcdef"
     new_ones = [v for v in optimizer.variables if _key(v) not in saved]
@@ -182,7 +182,7 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
 @pytest.mark.unit
 def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_one_plan(tmp_path):
     from hvd_lars.data.fashion_mnist_files import DEFAULT_DIR
-    from hvd_lars.training import lineage, resume
+    from hvd_lars.training import checkpoints
     from hvd_lars.training.plan import make_plan
 
     # A checkpoint of `make train` (--data_dir empty), resumed with --data_dir=<the folder it read>.
@@ -190,7 +190,7 @@ def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_
     model, optimizer, build = _built(default, make_plan(default, 1, 64, (8, 8, 3)))
     build()
     optimizer.iterations.assign(5)
-    record = lineage.RunRecord(make_plan(default, 1, 64, (8, 8, 3)).settings)
+    record = checkpoints.RunRecord(make_plan(default, 1, 64, (8, 8, 3)).settings)
     record.assign("20261201T000000Z-abcdef")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
     tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
@@ -198,28 +198,28 @@ def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_
     spelled = dataclasses.replace(default, data_dir=DEFAULT_DIR)
     plan = make_plan(spelled, 1, 64, (8, 8, 3))
     model, optimizer, build = _built(spelled, plan)
-    resumed = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, spelled)
+    resumed = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, spelled)
     assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
     assert resumed.run_id == "20261201T000000Z-abcdef" and int(optimizer.iterations) == 5
 
     elsewhere = dataclasses.replace(default, data_dir=str(tmp_path))
     plan = make_plan(elsewhere, 1, 64, (8, 8, 3))
     model, optimizer, build = _built(elsewhere, plan)
-    refused = resume.resume_or_begin(model, optimizer, build, str(tmp_path), plan, elsewhere)
+    refused = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, elsewhere)
     assert f"(data_dir {os.path.realpath(DEFAULT_DIR)!r} -> {str(tmp_path)!r})" in str(refused.error)
 
 
 @pytest.mark.unit
 def test_a_checkpoint_without_a_run_record_is_refused_in_one_line_and_left_as_it_is(tmp_path, capsys):
-    from hvd_lars.training import lineage, resume
+    from hvd_lars.training import checkpoints
     from hvd_lars.training.plan import make_plan
 
     checkpoint = tf.train.Checkpoint(step=tf.Variable(5))  # no "run": not written by a run of hvd_lars
     tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
     before = sorted(os.listdir(tmp_path / "checkpoints"))
     config = _config(allow_plan_change=("any",))
-    refused = resume.resume_or_begin(None, None, None, str(tmp_path), make_plan(config, 1, 64), config)
-    assert isinstance(refused.error, lineage.LineageRefused) and refused.restored is None
+    refused = checkpoints.resume_or_begin(None, None, None, str(tmp_path), make_plan(config, 1, 64), config)
+    assert isinstance(refused.error, checkpoints.LineageRefused) and refused.restored is None
     assert str(refused.error) == (
         f"the checkpoint {tmp_path}/checkpoints/ckpt-5 holds no run record (the run id and plan every "
         "checkpoint of hvd_lars holds): its plan cannot be checked. Start afresh with --noresume or another "
@@ -231,7 +231,7 @@ def test_a_checkpoint_without_a_run_record_is_refused_in_one_line_and_left_as_it
 
 @pytest.mark.unit
 def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_rest(tmp_path):
-    from hvd_lars.training import resume
+    from hvd_lars.training import checkpoints
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -243,7 +243,7 @@ def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_r
         *(f'all_model_checkpoint_paths: "ckpt-{s}"' for s in (7, 2, 4, 3)),
     ]
     (folder / "checkpoint").write_text("\n".join(lines) + "\n")
-    assert [os.path.basename(p) for p in resume.candidates(str(folder))] == [
+    assert [os.path.basename(p) for p in checkpoints.candidates(str(folder))] == [
         "ckpt-3", "ckpt-4", "ckpt-2", "ckpt-7", "ckpt-9",
     ]  # fmt: skip
 
@@ -259,7 +259,7 @@ def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(t
     caplog.set_level("INFO", logger="hvd_lars")
     import json
 
-    from hvd_lars.training import resume
+    from hvd_lars.training import checkpoints
 
     run, earlier = tmp_path / "r", tmp_path / "r" / "earlier_runs"
     for name in (C, "unrecorded", B):
@@ -270,7 +270,7 @@ def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(t
     (run / "summary.json").write_text(json.dumps({"run_id": D}))  # the run a fresh start replaces
 
     config = _config(resume=False, keep_earlier_runs=keep)
-    started = resume.resume_or_begin(None, None, None, str(run), None, config)
+    started = checkpoints.resume_or_begin(None, None, None, str(run), None, config)
     assert started.error is None and started.run_id not in (B, C, D)
     assert (sorted(os.listdir(earlier)) if earlier.exists() else None) == kept
     assert sorted(os.listdir(run)) == (["earlier_runs"] if kept else [])
@@ -290,22 +290,23 @@ def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(t
 
 @pytest.mark.unit
 def test_a_start_keeps_what_is_not_a_run_and_a_refused_start_removes_nothing(tmp_path, capsys):
-    from hvd_lars.training import lineage, resume
+    from hvd_lars.training import checkpoints
     from hvd_lars.training.plan import make_plan
 
     earlier = tmp_path / "earlier_runs"
     for name in (B, C, "notes"):
         (earlier / name).mkdir(parents=True)
     old, new = _config(), _config(seed=1, keep_earlier_runs=0)
-    record = lineage.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
+    record = checkpoints.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
     record.assign(D)
     checkpoint = tf.train.Checkpoint(run=record.variable)
     tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
-    refused = resume.resume_or_begin(None, None, None, str(tmp_path), make_plan(new, 1, 64, (8, 8, 3)), new)
+    new_plan = make_plan(new, 1, 64, (8, 8, 3))
+    refused = checkpoints.resume_or_begin(None, None, None, str(tmp_path), new_plan, new)
     assert "(seed 0 -> 1)" in str(refused.error) and sorted(os.listdir(earlier)) == [B, C, "notes"]
     assert capsys.readouterr().out == ""
 
-    assert lineage.keep_newest(str(tmp_path), 1) == [str(earlier / B)]
+    assert checkpoints.keep_newest(str(tmp_path), 1) == [str(earlier / B)]
     assert sorted(os.listdir(earlier)) == [C, "notes"]
-    assert lineage.keep_newest(str(tmp_path), 0) == [str(earlier / C)]
+    assert checkpoints.keep_newest(str(tmp_path), 0) == [str(earlier / C)]
     assert os.listdir(earlier) == ["notes"]  # not a run's folder: left, and the folder with it

@@ -12,9 +12,9 @@ import pytest
 
 from hvd_lars import main
 from hvd_lars.optim.scaling import steps_in_epochs
-from hvd_lars.training import epoch_logs, evaluation, faults
+from hvd_lars.training import epoch_logs, faults
+from hvd_lars.training.checkpoints import Lineage
 from hvd_lars.training.config import TrainConfig, plan_settings
-from hvd_lars.training.lineage import Lineage
 from hvd_lars.training.plan import make_plan, plan_changes
 from hvd_lars.training.train import callbacks_in_order, fit
 
@@ -263,7 +263,7 @@ def test_the_callbacks_run_in_this_order(tmp_path):
     ]  # fmt: skip
     assert order[1] is watchdog and order[2] is job.progress and order[8] is marker
     assert order[11:14] == [summary, checkpointer, commit]
-    assert [c.prefix for c in order if isinstance(c, evaluation.ExactEvaluation)] == ["test", "val"]
+    assert [c.prefix for c in order if isinstance(c, epoch_logs.ExactEvaluation)] == ["test", "val"]
     assert isinstance(order[9], epoch_logs.MetricsCSV)
     assert order[-1].every_s == 30 and order[-1].images_per_batch == plan.per_rank_batch_size
     quiet = callbacks_in_order(types.SimpleNamespace(**{**vars(job), "config": _config(verbose=0)}), data,

@@ -102,7 +102,7 @@ def describe_input(name, request, **options):
       for the run's later starts (the validation split, which the shapes do not need, is left unread);
     - imagenet2012: from the prepared data's dataset info (data that are not prepared are refused, as
       `get_input` refuses them: `imagenet_preparation.NotPrepared`, naming the command that prepares).
-    In a job, one process describes and shares the result (`hvd_lars.training.elastic_loop`), so a listing
+    In a job, one process describes and shares the result (`hvd_lars.training.train`), so a listing
     is made once.
 
     Raises:

@@ -6,7 +6,7 @@ committed, restored and synchronised, and `run_fn`, which re-initialises Horovod
 membership change) with this project's own collectives. Horovod's `TensorFlowKerasState` does not work
 with Keras 3 (it calls `optimizer.variables()`, which Keras 3 made a property), and its `TensorFlowState`
 broadcasts its variables once, when it is built, and never again in TensorFlow 2, so a worker that joins
-later would keep its own initial weights. The main program's elastic loop is `hvd_lars.training.elastic_loop`.
+later would keep its own initial weights. The main program's elastic loop is `hvd_lars.training.train`.
 
 Every attempt re-traces the training step (`model.train_function = None`): the traced graph holds
 decisions taken from the world size at trace time (no allreduce at all with one rank).

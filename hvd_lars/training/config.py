@@ -1,9 +1,9 @@
 """The run's configuration: one plain object that `hvd_lars.main` makes from flags.
 
-Each field is one `setting` (`hvd_lars.training.settings`): its default, help, accepted values and whether
-it is part of the plan a checkpoint belongs to live there and nowhere else. The main program defines its
-flags from these fields; `validate` checks each field by its own declaration, then the few rules that tie
-fields together. Units: images, epochs, learning rates (per update; `base_learning_rate` per 256 images).
+Each field is one `setting`: its default, help, accepted values and whether it is part of the plan a
+checkpoint belongs to live there and nowhere else. The main program defines its flags from these fields;
+`validate` checks each field by its own declaration, then the few rules that tie fields together. Units:
+images, epochs, learning rates (per update; `base_learning_rate` per 256 images). Imports nothing heavy.
 """
 
 import dataclasses

@@ -1,39 +1,386 @@
-"""The run's per-epoch logs, `metrics.csv` and TensorBoard scalars, aligned in any evaluation schedule
-and across kills and resumes; and rank 0's printed lines of the same epochs (`EpochProgress`).
+"""What a run records and says, epoch by epoch and at its end.
 
-Both write what the epoch logs hold at the end of each epoch (after `ExactEvaluation`, the rate logger
-and the images/s callback have added theirs) with the epoch (0-based, as Keras counts) and the step
-(optimizer updates applied so far). A run resumed at step s first drops what its killed predecessor
-wrote for steps after s (the epochs it will train again), so no epoch appears twice.
-
-Why not Keras's own `CSVLogger` and `TensorBoard` (Keras 3.15):
-- `CSVLogger` fixes its columns at the first epoch end. With evaluation every 2 epochs the first epoch
-  has no `test_*` keys, so those columns never appear, and because no key starts with `val_` it adds a
-  `val_` copy of every column, all `NA`. With `append=True` a resumed run keeps the old header but
-  writes rows of its own columns under it (19 fields under 13 names: the `top1` column held the test
-  loss), and rows of epochs trained twice stay in the file.
-- `TensorBoard` writes `val_*` under the training tags in a second folder (`val_top1` as `epoch_top1`
-  in `validation/`), replaces the logged `learning_rate` by the optimizer's rate read after the epoch
-  (for a schedule: the next update's rate), and after a resume writes the repeated epochs again into a
-  new events file, so TensorBoard shows two values at one step.
+- `ExactEvaluation`: every evaluation image counted once over all ranks, batch-norm statistics averaged
+  first. `ImagesPerSecond`: images of all ranks per second of training.
+- `MetricsCSV`, `TensorBoardScalars`: metrics.csv and TensorBoard scalars, aligned in any evaluation
+  schedule and across kills and resumes (a resumed run first drops what its predecessor wrote after the
+  checkpoint it resumes from). Keras's `CSVLogger` and `TensorBoard` do neither (docs/design.md).
+- `EpochProgress`: rank 0's lines, within and at the end of each epoch.
+- `Progress`: what a checkpoint records beyond the model (the epoch's running metric sums, the run's
+  time over its starts), so a resumed run records what an uninterrupted one does.
+- `RunSummary`: summary.json (flags, plan, provenance, epochs), written atomically by rank 0 after every
+  epoch, and the run's last lines and plot.
 """
 
 import csv
+import dataclasses
+import datetime
 import glob
 import io
 import json
+import logging
 import os
+import platform
+import subprocess
 import sys
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
+from hvd_lars.metrics import top_k_correct
 from hvd_lars.parallel import collectives
-from hvd_lars.training import faults, lineage
-from hvd_lars.training.lineage import UNRECORDED, events_suffix, run_id_of_events, set_aside
-from hvd_lars.training.run_summary import RunSummary
+from hvd_lars.training import checkpoints, faults, plot_run
+from hvd_lars.training.checkpoints import (
+    UNRECORDED,
+    events_suffix,
+    moving_statistics,
+    read_json,
+    run_id_of_events,
+    set_aside,
+    strict,
+)
+
+
+def git_sha(path=None):
+    """The commit of the repository holding `path` (default: this package), with "-dirty" when the work
+    tree has uncommitted changes; "unknown" outside a git checkout."""
+    path = path or os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def cpuinfo(path="/proc/cpuinfo"):
+    """The first processor's fields of /proc/cpuinfo as {name: value} ("model name", "vendor_id",
+    "cpu family", "model", "stepping", "flags", ...); {} where the file cannot be read."""
+    fields = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    if fields:
+                        break  # the end of the first processor's block
+                    continue
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def machine():
+    """A one-line description of this machine: CPU model, logical cores, memory, OS."""
+    cpu = cpuinfo().get("model name") or platform.processor() or platform.machine()
+    memory = ""
+    try:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError):
+        pass
+    return f"{cpu}, {os.cpu_count()} logical cores{memory}, {platform.system()} {platform.release()}"
+
+
+def provenance():
+    """Dict with git_sha, date (UTC, ISO 8601), machine, python, tensorflow, keras, horovod versions."""
+    try:
+        import horovod  # optional: a single-process run works without it
+
+        horovod_version = horovod.__version__
+    except ImportError:
+        horovod_version = None
+    return {
+        "git_sha": git_sha(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "horovod": horovod_version,
+    }
+
+
+log = logging.getLogger(__name__)
+
+
+class RunSummary(keras.callbacks.Callback):
+    """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
+
+    Keys: run_name, run_id (the lineage, `hvd_lars.training.checkpoints`), config, plan (the `Plan`, with its
+    resolved settings), world_size, hosts (sorted host names of all ranks), local_size (ranks on
+    rank 0's host), cross_size (hosts), global_batch_size, per_rank_batch_size, accumulation_steps,
+    threads (the thread settings read back from TensorFlow, `hvd_lars.training.train.applied_threads`),
+    resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
+    over this attempt's epochs after its first, which includes graph tracing), wall_time_s (training and
+    evaluation time, seconds: with a `progress`, summed over the run's segments, each counted up to the
+    checkpoint the next resumed from, `hvd_lars.training.epoch_logs`; else this attempt's), segments (the
+    starts that trained the run: 1 uninterrupted), final_test_top1 / final_test_top5 (fractions, last
+    evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
+    one), stopped (only when training stopped early: reason "TrainingDiverged" or "Preempted", step,
+    message), git_sha, date, machine and software versions.
+
+    Args:
+        progress: the run's `hvd_lars.training.epoch_logs.Progress` (its time over segments), or None.
+        lineage: the run's `hvd_lars.training.checkpoints.Lineage`, or None (no run id). A resumed run
+            keeps the epochs of a summary.json of its own lineage; one of another lineage is moved under
+            `earlier_runs/<its run id>/`, with one line saying so.
+    """
+
+    def __init__(
+        self, run_dir, run_name, config, plan, start_step, threads=None, lineage=None, progress=None
+    ):
+        super().__init__()
+        self.path = os.path.join(run_dir, "summary.json")
+        finished_epochs = start_step // plan.steps_per_epoch
+        previous = []
+        if start_step:
+            saved = RunSummary.load(run_dir) or {}
+            if saved and lineage is not None and not lineage.owns(saved.get("run_id")):
+                saved = self._set_aside(run_dir, saved.get("run_id"))
+            previous = [e for e in saved.get("epochs", []) if e["epoch"] <= finished_epochs]
+        self.summary = {
+            "run_name": run_name,
+            "run_id": lineage.run_id if lineage is not None else None,
+            "config": vars(config),
+            "plan": dataclasses.asdict(plan),
+            "world_size": plan.world_size,
+            # A collective: every rank builds its RunSummary at the same point of the run.
+            "hosts": collectives.host_names(),
+            "local_size": collectives.local_size(),
+            "cross_size": collectives.cross_size(),
+            "global_batch_size": plan.global_batch_size,
+            "per_rank_batch_size": plan.per_rank_batch_size,
+            "accumulation_steps": plan.accumulation_steps,
+            "threads": threads,
+            "resumed_from_step": start_step,
+            "epochs": previous,
+            "images_per_second": None,
+            "wall_time_s": 0.0,
+            "segments": progress.segments if progress is not None else 1,
+            "final_test_top1": None,
+            "final_test_top5": None,
+            "final_val_top1": None,
+            "final_val_top5": None,
+            # Once per run: rank 0 asks git and reads the machine; the other ranks get its record.
+            **collectives.broadcast_object(
+                provenance() if collectives.is_chief() else None, name="hvd_lars.training.provenance"
+            ),
+        }
+        self._attempt_epochs = []
+        start = time.perf_counter()
+        self._wall_time_s = progress.wall_time_s if progress else lambda: time.perf_counter() - start
+        self._update()
+
+    def _set_aside(self, run_dir, run_id):
+        if collectives.is_chief():
+            kept = set_aside([self.path], run_dir, run_id)
+            checkpoints.warn(
+                f"{self.path} belongs to another run ({run_id or UNRECORDED}): kept in {kept}, and "
+                "written anew"
+            )
+        return {}
+
+    @staticmethod
+    def load(run_dir):
+        """The summary dict saved in `run_dir` (`read_json`), or None if there is none. A file cut short,
+        empty or of another format (not a JSON object with a "plan" object and an "epochs" list) counts as
+        none: rank 0 moves it under `<run_dir>/damaged/` with a one-line warning naming it (the epochs it
+        held are taken up again from the next epoch's end on; metrics.csv keeps them)."""
+        path = os.path.join(run_dir, "summary.json")
+        if not os.path.exists(path):
+            return None
+        try:
+            saved = read_json(path)
+            problem = None
+            if not isinstance(saved, dict) or not isinstance(saved.get("plan"), dict):
+                problem = 'not a summary (no "plan" object)'
+            elif not isinstance(saved.get("epochs"), list) or not all(
+                isinstance(e, dict) and isinstance(e.get("epoch"), int) for e in saved["epochs"]
+            ):
+                problem = 'not a summary (no "epochs" list of numbered epochs)'
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+            problem = f"cut short, empty or not JSON ({type(e).__name__}: {e})"
+        if problem is None:
+            return saved
+        if collectives.is_chief():
+            kept = checkpoints.keep_damaged(path, run_dir)
+            checkpoints.warn(f"{path} is {problem}; kept as {kept}, and written anew")
+        return None
+
+    def record_stop(self, reason, step, message):
+        """Records why training stopped early under "stopped" ({"reason", "step", "message"}) and writes
+        the file (rank 0)."""
+        self.summary["stopped"] = {"reason": reason, "step": step, "message": message}
+        self._update()
+
+    def on_epoch_end(self, epoch, logs=None):
+        entry = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        self._attempt_epochs.append(entry)
+        self.summary["epochs"] = [e for e in self.summary["epochs"] if e["epoch"] != entry["epoch"]] + [entry]
+        self._update()
+
+    def _update(self):
+        s = self.summary
+        rates = [e["images_per_second"] for e in self._attempt_epochs if "images_per_second" in e]
+        steady = rates[1:] or rates
+        s["images_per_second"] = sum(steady) / len(steady) if steady else None
+        s["wall_time_s"] = self._wall_time_s()
+        for split in ("test", "val"):
+            evaluated = [e for e in s["epochs"] if f"{split}_top1" in e]
+            if evaluated:
+                s[f"final_{split}_top1"] = evaluated[-1][f"{split}_top1"]
+                s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
+        if collectives.is_chief():
+            write = lambda f: json.dump(strict(s), f, indent=2, allow_nan=False)
+            faults.write_atomically(self.path, write)
+
+    def finish(self, checkpoint):
+        """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (`plot_run`) and
+        prints the summary (`describe_end`). A plot that cannot be drawn is one warning line; a plot that
+        cannot be written is a failed write (`file_failures`): every rank raises it.
+
+        Args:
+            checkpoint: path of the run's last checkpoint (str), or None.
+
+        Raises:
+            hvd_lars.training.faults.FileFailure: run.png could not be written (every rank).
+        """
+        if collectives.is_chief():
+            run_dir = os.path.dirname(self.path)
+            for line in describe_end(self.summary, run_dir, checkpoint, _draw(run_dir)):
+                log.info(line)
+        faults.agree(name="hvd_lars.plot_write")
+
+
+def _draw(run_dir):
+    """Writes run.png into `run_dir`; returns its path, or None when it was not written."""
+    out = os.path.join(run_dir, "run.png")
+    try:
+        figure = plot_run.make_figure(run_dir)
+    except Exception as e:  # a picture is not worth a finished run: any failure to draw one is a warning
+        checkpoints.warn(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
+        return None
+    try:
+        plot_run.save(figure, out)
+        return out
+    except OSError as e:  # the run is complete: a second start trains nothing, hvd-lars-plot draws it
+        reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
+        faults.note(
+            f"could not write {out}: {reason}. Free space or make it writable there, then draw it with "
+            f"`hvd-lars-plot {run_dir}` (the run itself is complete)."
+        )
+        return None
+
+
+def describe_end(summary, run_dir, checkpoint, plot):
+    """The run's last lines (list of str) from its summary dict: epochs, steps, wall time and images/s; final
+    and best test (and validation) top-1/top-5; where the checkpoint, logs and plot are (paths, or None)."""
+    plan, epochs = summary["plan"], summary["epochs"]
+    rate = summary["images_per_second"]
+    over = "this start's epochs after its first" if summary["segments"] > 1 else "epochs after the first"
+    lines = [
+        f"finished {summary['run_name']}: {epochs[-1]['epoch'] if epochs else 0} of {plan['epochs']} epochs "
+        f"({plan['total_steps']} steps) in {summary['wall_time_s']:.0f} s over {summary['segments']} "
+        f"start(s), " + (f"{rate:.0f} images/s ({over})" if rate else "images/s not measured")
+    ]
+    for split, name in (("test", "test"), ("val", "validation")):
+        evaluated = [e for e in epochs if f"{split}_top1" in e]
+        if evaluated:
+            final, best = evaluated[-1], max(evaluated, key=lambda e: e[f"{split}_top1"])
+            lines.append(
+                f"final {name} top-1 {final[f'{split}_top1']:.4f} (best {best[f'{split}_top1']:.4f}, epoch "
+                f"{best['epoch']}), top-5 {final[f'{split}_top5']:.4f} (best "
+                f"{max(e[f'{split}_top5'] for e in evaluated):.4f})"
+            )
+        elif split == "test":
+            lines.append("final test top-1 not evaluated")
+    lines.append(f"checkpoint {checkpoint or 'none written'}")
+    lines.append(f"logs {run_dir}/{{summary.json, metrics.csv, tensorboard/}}")
+    lines.append(f"plot {plot or 'not written'}")
+    return lines
+
+
+class ExactEvaluation(keras.callbacks.Callback):
+    """Evaluates every `every_epochs` epochs (and at the last) on each rank's shard; sums exact counts.
+
+    Adds `<prefix>_loss` (mean softmax cross-entropy), `<prefix>_top1` and `<prefix>_top5` (fractions)
+    computed from correct-prediction counts summed over ranks, so every evaluation image counts exactly
+    once. A prediction is correct by `hvd_lars.metrics.top_k_correct` (ties broken by class index, as
+    argmax does), the rule of the training metrics. `prefix` is "test" for the test set and "val" for a
+    validation split (Keras's TensorBoard callback writes `val_*` to its `validation/` folder, as the
+    same tags).
+
+    Raises:
+        RuntimeError: the ranks together evaluated a number of images other than `num_examples`.
+    """
+
+    def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
+        super().__init__()
+        self.dataset = dataset
+        self.num_examples = num_examples
+        self.every_epochs = every_epochs
+        self.last_epoch = last_epoch
+        self.prefix = prefix
+        self._step = None
+
+    def _counts(self):
+        if self._step is None:
+
+            @tf.function(reduce_retracing=True)
+            def step(images, labels):
+                logits = tf.cast(self.model(images, training=False), tf.float32)
+                labels = tf.cast(labels, tf.int32)
+                loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+                # The training metrics' rule (hvd_lars.metrics): ties broken by class index.
+                top1 = top_k_correct(labels, logits, 1)
+                top5 = top_k_correct(labels, logits, min(5, logits.shape[-1]))
+                return tf.stack(
+                    [
+                        tf.reduce_sum(loss),
+                        tf.reduce_sum(tf.cast(top1, tf.float32)),
+                        tf.reduce_sum(tf.cast(top5, tf.float32)),
+                        tf.cast(tf.size(labels), tf.float32),
+                    ]
+                )
+
+            self._step = step
+        total = np.zeros(4, dtype=np.float64)
+        for images, labels in self.dataset:
+            total += self._step(images, labels).numpy()
+            faults.heartbeat()
+        return total
+
+    def on_epoch_end(self, epoch, logs=None):
+        last = self.last_epoch is not None and epoch + 1 == self.last_epoch
+        if not (last or (epoch + 1) % self.every_epochs == 0):
+            return
+        # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
+        collectives.average_variables(moving_statistics(self.model))
+        # With the counts, whether a rank failed to read an evaluation file (file_failures).
+        counts = [*self._counts(), faults.vote()]
+        loss, top1, top5, count, failed = collectives.allreduce_sum(counts, name="hvd_lars.eval_counts")
+        if failed:
+            faults.raise_noted()
+        if int(count) != self.num_examples:
+            raise RuntimeError(
+                f"evaluated {int(count)} {self.prefix} images across ranks, expected {self.num_examples}."
+            )
+        if logs is not None:
+            logs[f"{self.prefix}_loss"] = loss / count
+            logs[f"{self.prefix}_top1"] = top1 / count
+            logs[f"{self.prefix}_top5"] = top5 / count
+
 
 KEY = "progress/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -171,7 +518,7 @@ class MetricsCSV(keras.callbacks.Callback):
             rows = _rows_of_summary(os.path.dirname(os.path.abspath(path)), steps_per_epoch)
             known = bool(rows)
             if rows:
-                lineage.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
+                checkpoints.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
         for row in rows:
             if int(row["step"]) <= start_step:
                 kept = {k: v for k, v in row.items() if v not in ("", None)}
@@ -191,7 +538,7 @@ class MetricsCSV(keras.callbacks.Callback):
         # The epochs the other run's rows stood for come back from this run's summary.json.
         epochs = {int(r["epoch"]) for r in own}
         own += [r for r in _rows_of_summary(run_dir, steps_per_epoch) if int(r["epoch"]) not in epochs]
-        lineage.warn(
+        checkpoints.warn(
             f"{self.path} holds {len(foreign)} row(s) of another run ({foreign[0] or UNRECORDED}): kept in "
             f"{kept}; written anew with this run's {len(own)} row(s)"
         )
@@ -202,9 +549,9 @@ class MetricsCSV(keras.callbacks.Callback):
         # The damaged file is kept aside; its epochs come back from summary.json beside it, which holds
         # the same epoch logs (its epochs count from 1).
         run_dir = os.path.dirname(os.path.abspath(path))
-        kept = lineage.keep_damaged(path, run_dir)
+        kept = checkpoints.keep_damaged(path, run_dir)
         rows = _rows_of_summary(run_dir, steps_per_epoch)
-        lineage.warn(
+        checkpoints.warn(
             f"{path} is {problem}; kept as {kept}, and rebuilt with the {len(rows)} epoch(s) of summary.json"
         )
         return rows
@@ -288,14 +635,14 @@ class TensorBoardScalars(keras.callbacks.Callback):
     epochs it trains again appear once. An events file cut short by a kill keeps its complete records; one
     that is not an event file is moved under `<run_dir>/damaged/`, with a one-line warning naming it.
 
-    With a `lineage`, the event files' names end with its run id (`lineage.events_suffix`); files of
+    With a `lineage`, the event files' names end with its run id (`checkpoints.events_suffix`); files of
     another run found in `log_dir`, or of none, are moved under `<run_dir>/earlier_runs/<their run id>/`
     (one warning).
 
     Args:
         log_dir: folder of the event files.
         start_step: updates already applied (0 for a fresh run: any scalars there are dropped).
-        lineage: the run's `hvd_lars.training.lineage.Lineage`, or None.
+        lineage: the run's `hvd_lars.training.checkpoints.Lineage`, or None.
     """
 
     def __init__(self, log_dir, start_step=0, lineage=None):
@@ -331,7 +678,7 @@ def _own_event_files(log_dir, lineage):
             foreign.setdefault(run_id, []).append(path)
     for run_id, paths in sorted(foreign.items()):
         kept = set_aside(paths, run_dir, run_id)
-        lineage.warn(
+        checkpoints.warn(
             f"{len(paths)} TensorBoard event file(s) of another run ({run_id}) in {log_dir}: kept in {kept}"
         )
 
@@ -358,9 +705,9 @@ def prune_events(log_dir, last_step):
             problem = "not an event file (a record that is no tf.Event)"
         if problem:
             dropped += 1
-            saved = lineage.keep_damaged(path, run_dir, copy=bool(kept))
+            saved = checkpoints.keep_damaged(path, run_dir, copy=bool(kept))
             what = f"rewritten with its {len(kept)} complete record(s)" if kept else "left out"
-            lineage.warn(f"the TensorBoard event file {path} is {problem}; kept as {saved}, {what}")
+            checkpoints.warn(f"the TensorBoard event file {path} is {problem}; kept as {saved}, {what}")
             if not kept:
                 continue
         if not dropped:

@@ -1,21 +1,15 @@
-"""How training stops on a fault: every rank agrees, at an update boundary, and the run keeps its last
-complete checkpoint.
+"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint
+(docs/faults.md has the table of causes and what each gives).
 
-- Divergence: a non-finite loss or variable on any rank stops every rank after the same update, before any
-  checkpoint of non-finite weights is written (so none rotates a finite one out): `TrainingDiverged`,
-  exit status `EXIT_DIVERGED` from the main program.
-- Preemption: SIGTERM (Slurm's pre-emption and scancel, a container stop), SIGUSR1 (what
-  launch/slurm/train.sbatch asks Slurm to send before the time limit) or SIGINT (Ctrl-C) received by any
-  rank, or the end of the command that started the job (`launcher_watch`), stops every rank
-  at the next update boundary; rank 0 writes a checkpoint of that step and the main program exits with
-  `EXIT_PREEMPTED`, which the batch script turns into a requeue; the requeued run resumes from that step.
-- The run directory is checked for write access and free space before training (`check_run_dir`).
-- No progress: a rank that has completed no update, evaluation batch or checkpoint for `--hang_timeout_s`
-  (a host or link gone silent leaves its peers blocked in a collective that no timeout ends under Open MPI)
-  ends its own process with `EXIT_HUNG` (`ProgressWatchdog`), so that its launcher ends the job.
-
-The decisions are collective (one allreduce of 2 numbers per update, `FaultGuard`), so no rank enters a
-collective that another has left, and no rank waits for one that never comes.
+- `FaultGuard`: a non-finite loss or variable on any rank stops every rank after the same update
+  (`TrainingDiverged`, exit status 3); a stop signal (SIGTERM, SIGUSR1, Ctrl-C) or the launcher's end
+  (`LauncherWatch`) on any rank stops every rank with a checkpoint of that step (`Preempted`, exit 75);
+  a failed write or read (`note`, `FileFailure`) stops every rank with one line (exit 2). The decisions
+  are one allreduce per update, so no rank enters a collective that another has left.
+- `ProgressWatchdog`: a rank with no progress for `--hang_timeout_s` ends its process (exit 4).
+- `RunDirClaim`: one job per run directory (`running.json`, refreshed while the job lives; a holder that
+  is gone is taken over).
+- `check_run_dir`: the run directory is writable and has room before training.
 """
 
 import json
@@ -514,7 +508,7 @@ class ProgressWatchdog(keras.callbacks.Callback):
     launcher then ends the job, and the last complete checkpoint stays.
 
     Progress is reported by this callback at every training batch's end and epoch boundary, by
-    `hvd_lars.training.evaluation.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
+    `hvd_lars.training.epoch_logs.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
     around each write, so `timeout_s` must exceed the longest wait of a rank on another's lone work
     outside those: rank 0 listing an image folder, one checkpoint write on a slow disk, the start of a
     new elastic worker.

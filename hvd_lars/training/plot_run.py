@@ -8,7 +8,7 @@ panels sharing the step axis (optimizer updates; epochs along the top):
 - loss: training (mean over the epoch's batches), and validation and test where evaluated;
 - top-1: the same three;
 - learning rate: the run's schedule rebuilt from its config and plan
-  (`hvd_lars.training.recipe.build_schedule`)
+  (`hvd_lars.training.plan.build_schedule`)
   as a line, the rate of update k drawn at step k (the counter after it), and the logged rate of each
   epoch's last update as points, which lie on the line when the optimizer followed its schedule.
 Epochs that logged a non-finite value (a diverged run) leave a gap. Works on any run directory of the
@@ -29,10 +29,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hvd_lars.training import faults  # noqa: E402
+from hvd_lars.training.checkpoints import read_json  # noqa: E402
 from hvd_lars.training.config import TrainConfig  # noqa: E402
-from hvd_lars.training.lineage import read_json  # noqa: E402
-from hvd_lars.training.plan import Plan  # noqa: E402
-from hvd_lars.training.recipe import build_schedule  # noqa: E402
+from hvd_lars.training.plan import (
+    Plan,  # noqa: E402
+    build_schedule,  # noqa: E402
+)
 
 SPLITS = (("", "training"), ("val_", "validation"), ("test_", "test"))
 

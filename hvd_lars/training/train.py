@@ -1,10 +1,10 @@
 """The training loop: data-parallel `model.fit` with LARS (or momentum SGD) and a warmup schedule.
 
-`run(config)` trains on every rank of a job of fixed size and returns the run summary (rank 0 writes it to
-`<workdir>/<run_name>/summary.json`), in steps read top to bottom: the plan (`make_plan`, once per attempt),
-`start` (seeds, model, optimizer, the checkpoint to resume from or the new lineage), `callbacks_in_order`
-(one list, in the order Keras runs it) and `fit`. Elastic jobs wrap the same steps from
-`hvd_lars.training.elastic_loop`. Reads no flags.
+`run(config)` trains on every rank of a job of fixed size and returns the run summary, in steps read top
+to bottom: the plan (`make_plan`, once per attempt), `start` (seeds, model, optimizer, the checkpoint to
+resume from or the new lineage), `callbacks_in_order` (one list, in the order Keras runs it) and `fit`.
+`run_elastic(config)` retries the same steps in Horovod's elastic loop after every membership change: the
+global batch, the steps per epoch and the schedule stay; the per-rank batch adapts. Reads no flags.
 """
 
 import dataclasses
@@ -15,20 +15,31 @@ import os
 import keras
 import tensorflow as tf
 
-from hvd_lars.data import get_input
+from hvd_lars.data import describe_input, get_input
 from hvd_lars.models import get_model
 from hvd_lars.optim.rate_callbacks import LearningRateLogger
 from hvd_lars.parallel import collectives
+from hvd_lars.parallel import elastic as hvd_elastic
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
-from hvd_lars.training import epoch_logs, faults, recipe, threads
-from hvd_lars.training.checkpoints import PeriodicCheckpoint, open_manager
+from hvd_lars.training import epoch_logs, faults, threads
+from hvd_lars.training.checkpoints import (
+    Lineage,
+    PeriodicCheckpoint,
+    RunRecord,
+    open_manager,
+    resume_or_begin,
+)
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.epoch_logs import ImagesPerSecond, Progress
-from hvd_lars.training.evaluation import ExactEvaluation
-from hvd_lars.training.lineage import Lineage, RunRecord
-from hvd_lars.training.plan import batch_sizes, make_plan
-from hvd_lars.training.resume import resume_or_begin
-from hvd_lars.training.run_summary import RunSummary
+from hvd_lars.training.epoch_logs import ExactEvaluation, ImagesPerSecond, Progress, RunSummary
+from hvd_lars.training.plan import (
+    batch_norm_note,
+    batch_sizes,
+    build_optimizer,
+    input_options,
+    input_request,
+    loss_and_metrics,
+    make_plan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +79,7 @@ def run(config, extra_callbacks=()):
     """Trains according to `config` on every rank; returns the summary dict.
 
     Args:
-        config: `TrainConfig` (with `elastic` False; elastic jobs run `hvd_lars.training.elastic_loop.run`).
+        config: `TrainConfig` (with `elastic` False; elastic jobs run `run_elastic`).
         extra_callbacks: Keras callbacks run on every rank after evaluation and before the loggers
             (metrics.csv, TensorBoard, summary.json) and the epoch's checkpoint, so that what they add to the
             epoch logs is recorded.
@@ -76,7 +87,7 @@ def run(config, extra_callbacks=()):
     Raises:
         ValueError: bad configuration (before any data is read or model built), a run directory that is not
             writable, lacks the space for a few checkpoints or is in use by another job (`claim`), or a
-            checkpoint of another plan or run (`hvd_lars.training.resume`; every rank).
+            checkpoint of another plan or run (`hvd_lars.training.checkpoints`; every rank).
         FileNotFoundError: missing data.
         hvd_lars.training.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank
             raises it after the same update; summary.json records it).
@@ -91,8 +102,8 @@ def run(config, extra_callbacks=()):
     run_name, run_dir = run_directory(config, global_batch)
     faults.check_run_dir(run_dir, 0, 0)  # writable, before anything of the run is read or made
     with faults.RunDirClaim(run_dir):  # no second job on this directory, before anything is moved
-        request = recipe.input_request(config, per_rank_batch, rank, world_size, run_dir)
-        data = get_input(config.dataset, request, **recipe.input_options(config))
+        request = input_request(config, per_rank_batch, rank, world_size, run_dir)
+        data = get_input(config.dataset, request, **input_options(config))
         plan = make_plan(config, world_size, data)
         signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
         job = start(config, plan, run_name, run_dir, data, requested, signals, watchdog, extra_callbacks)
@@ -123,7 +134,7 @@ def start(
     agree=True,
 ):
     """Seeds, precision, the compiled model with its built optimizer, and the checkpoint rank 0 resumed
-    from or the new lineage it began (`hvd_lars.training.resume.resume_or_begin`).
+    from or the new lineage it began (`hvd_lars.training.checkpoints.resume_or_begin`).
 
     Args:
         plan: the `Plan` the optimizer and its schedule are built for and the checkpoint is compared with
@@ -146,8 +157,8 @@ def start(
     keras.utils.set_random_seed(config.seed + rank)
     keras.mixed_precision.set_global_policy(plan.precision)
     model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
-    optimizer = recipe.build_optimizer(config, plan)
-    loss, metrics = recipe.loss_and_metrics(config, shapes.num_classes)
+    optimizer = build_optimizer(config, plan)
+    loss, metrics = loss_and_metrics(config, shapes.num_classes)
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     build = functools.partial(optimizer.build, model.trainable_variables)  # a no-op once built
@@ -201,7 +212,7 @@ def attempt(job, plan, data, commit=None):
     faults.check_run_dir(
         run_dir, faults.checkpoint_bytes(model.variables + model.optimizer.variables), config.keep_checkpoints
     )
-    note = recipe.batch_norm_note(model, plan)
+    note = batch_norm_note(model, plan)
     if note and chief:
         log.info(note)
     start_step = int(model.optimizer.iterations)
@@ -344,3 +355,197 @@ def _announce(job, plan, applied):
             "was initialised before hvd_lars could size its pools."
         )
     log.info(f"run directory {job.run_dir}")
+
+
+try:  # Horovod's framework-neutral elastic state (what its elastic loop drives)
+    from horovod.common.elastic import State as _State
+except ImportError:  # pragma: no cover - Horovod is part of this project's environment
+    _State = object
+
+
+class ElasticBatchError(ValueError):
+    """The workers of an elastic job cannot share the plan's global batch evenly."""
+
+
+def run_elastic(config, extra_callbacks=()):
+    """Trains according to `config` (with `elastic` True) while workers leave and join; returns the summary.
+
+    No collective comes before the elastic loop's first sync: a worker that joins later runs this code
+    while the others wait in that sync. So rank 0 alone describes the input before the loop
+    (`hvd_lars.data.describe_input`: the image shape, the classes and the training examples, read
+    without building the input; an image folder is listed once, by rank 0, or read from the run's
+    listing index), and the description is the first thing every sync broadcasts (`_JobState`): each
+    rank builds its model, optimizer and plan from rank 0's description at its first sync, the joining
+    worker's included, then takes rank 0's variables. Each attempt builds this rank's shard for the
+    world size of the moment and re-traces the training step, whose graph holds the last world size's
+    decisions (no allreduce at all with one rank).
+
+    Raises:
+        ValueError: not launched by an elastic launcher, no `--global_batch_size`, or any error of
+            `hvd_lars.training.train.run`.
+        ElasticBatchError: a new worker count does not divide the global batch (every rank, at the change).
+    """
+    # Horovod's response cache lets each rank fuse cached tensors by its own fusion threshold, which an
+    # elastic reset leaves different on the re-initialised ranks (results/faults.md, "worker joining"):
+    # off, rank 0 alone decides every message. Read by Horovod at init; a value exported is kept.
+    os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
+    collectives.init()
+    check_launched(config)
+    # The world size is checked against the global batch in each attempt, on every rank together.
+    requested = threads.configure_threads(config, collectives.size())
+    run_name, run_dir = run_directory(config, config.global_batch_size)
+    shapes = None
+    if collectives.is_chief():
+        try:
+            problem = faults.run_dir_problem(run_dir, 0)
+            if problem:
+                raise ValueError(problem)
+            request = input_request(config, config.global_batch_size, 0, 1, run_dir)
+            shapes = describe_input(config.dataset, request, **input_options(config))
+        except (ValueError, OSError) as e:
+            shapes = e  # every rank raises it at the first sync, rather than wait for a rank 0 gone
+    signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
+
+    def build(shapes):
+        # The optimizer and the checkpoint's plan from the plan for 1 worker: the global batch, the steps
+        # and the schedule are the same for every worker count that divides the global batch.
+        plan = make_plan(config, 1, shapes)
+        job = start(
+            config,
+            plan,
+            run_name,
+            run_dir,
+            shapes,
+            requested,
+            signals,
+            watchdog,
+            extra_callbacks,
+            agree=False,
+        )
+        faults.heartbeat()  # building the model is this rank's progress while the others wait
+        return job
+
+    state = _JobState(shapes, build)
+    # The attempts this process has seen; at each attempt the largest count of any rank, so that the
+    # number goes on when rank 0 is a worker that joined later, or when the old rank 0 is gone.
+    attempts = [0]
+
+    def one_attempt(state):
+        rank, world_size = collectives.rank(), collectives.size()
+        resolve_batch(config, world_size)  # ElasticBatchError, naming the worker counts that fit
+        plan = make_plan(config, world_size, state.shapes)
+        request = input_request(config, plan.per_rank_batch_size, rank, world_size, run_dir)
+        data = get_input(config.dataset, request, **input_options(config))
+        attempts[0] = collectives.max_over_ranks(attempts[0] + 1, name="hvd_lars.elastic.attempt")
+        if collectives.is_chief():
+            log.info(
+                f"elastic attempt {attempts[0]}: {world_size} worker(s) from update "
+                f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank "
+                f"per micro-batch (global batch {plan.global_batch_size})"
+            )
+        commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
+        return attempt(state.job, plan, data, commit=commit)
+
+    with signals, watchdog:
+        return hvd_elastic.run(one_attempt)(state)
+
+
+class _JobState(_State):
+    """The elastic state of the main program's job, whose model is built at its first sync.
+
+    `sync()` broadcasts rank 0's `InputShapes` first (the first collective of every start and restart,
+    the same on a worker that joins as on those that wait for it), builds the job from them on a rank
+    that has none yet (`build(shapes)` -> `Job`), gives every rank rank 0's lineage or its refusal
+    of the run directory's checkpoint (`Job.agree`), then syncs the model and optimizer
+    (`hvd_lars.parallel.elastic.KerasState`, with the update count as `step`). Commits, restores and
+    resets go to that `KerasState`; host updates are checked by this object, the one the loop listens to.
+
+    Args:
+        shapes: rank 0's `InputShapes`, or the error describing the input raised there (every rank
+            raises it at the sync); None on the other ranks.
+        build: callable(`InputShapes`) -> `Job`.
+    """
+
+    def __init__(self, shapes, build):
+        super().__init__(
+            bcast_object=lambda value: collectives.broadcast_object(value, name="hvd_lars.elastic.hosts"),
+            get_rank=collectives.rank,
+        )
+        self.shapes, self._build = shapes, build
+        self.job = self.keras = None
+
+    @property
+    def step(self):
+        return self.keras.step
+
+    @step.setter
+    def step(self, value):
+        self.keras.step = value
+
+    def sync(self):
+        self.shapes = collectives.broadcast_object(self.shapes, name="hvd_lars.elastic.shapes")
+        if isinstance(self.shapes, Exception):
+            raise self.shapes
+        if self.shapes is None:
+            raise RuntimeError("elastic sync: rank 0 holds no description of the input (it joined late?).")
+        if self.job is None:
+            self.job = self._build(self.shapes)
+            self.keras = hvd_elastic.KerasState(self.job.model, step=int(self.job.model.optimizer.iterations))
+        self.job.agree()  # rank 0's lineage (or its refusal of the checkpoint) on every rank
+        self.keras.sync()
+
+    def save(self):
+        self.keras.save()
+
+    def restore(self):
+        if self.keras is not None:  # a failure before the first sync finished: nothing committed yet
+            self.keras.restore()
+
+    def reset(self):
+        if self.keras is not None:
+            self.keras.reset()
+
+
+def check_launched(config, environ=None):
+    """Refuses `--elastic` outside an elastic launcher, or without a fixed global batch.
+
+    Raises:
+        ValueError: HOROVOD_ELASTIC is not "1" (not started by `horovodrun --min-np/--max-np ...
+            --host-discovery-script`), or only `--per_rank_batch_size` is given (the global batch would
+            change with the worker count; the plan must not).
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("HOROVOD_ELASTIC") != "1":
+        raise ValueError(
+            "--elastic needs an elastic launcher: horovodrun -np N --min-np MIN --max-np MAX "
+            "--host-discovery-script SCRIPT (launch/elastic.sh); HOROVOD_ELASTIC is "
+            f"{environ.get('HOROVOD_ELASTIC')!r}, not '1'."
+        )
+    if not config.global_batch_size:
+        raise ValueError(
+            f"--elastic needs --global_batch_size (got 0 with --per_rank_batch_size="
+            f"{config.per_rank_batch_size}): the global batch and the schedule stay the plan's whatever the "
+            "number of workers, and the per-rank batch follows from them."
+        )
+
+
+def resolve_batch(config, world_size):
+    """(global batch, per-rank batch) for `world_size` workers: `plan.batch_sizes`, with an error that
+    says it is the elastic job's new worker count that does not fit.
+
+    Raises:
+        ElasticBatchError: global batch % (world size x accumulation steps) != 0, naming the three
+            figures and the worker counts that would divide it.
+    """
+    try:
+        return batch_sizes(config, world_size)
+    except ValueError as e:
+        divisor = config.accumulation_steps
+        fits = [n for n in range(1, 65) if config.global_batch_size % (n * divisor) == 0]
+        raise ElasticBatchError(
+            f"the elastic job now has {world_size} workers, and the global batch of "
+            f"{config.global_batch_size} images does not divide by {world_size} workers x "
+            f"{divisor} accumulation steps. The plan's global batch does not change with the workers; "
+            f"worker counts that divide it: {', '.join(map(str, fits))}. Give the discovery script such "
+            f"counts (or --max-np), or choose a global batch that they divide. ({e})"
+        ) from e

@@ -27,8 +27,8 @@ def main(out_dir):
     import tensorflow as tf
 
     from hvd_lars import LARS, DistributedOptimizer, WarmupPolynomialDecay
-    from hvd_lars.training.checkpoints import PeriodicCheckpoint
-    from hvd_lars.training.evaluation import ExactEvaluation, moving_statistics
+    from hvd_lars.training.checkpoints import PeriodicCheckpoint, moving_statistics
+    from hvd_lars.training.epoch_logs import ExactEvaluation
 
     keras.utils.set_random_seed(100 + rank)
     rng = np.random.default_rng(rank)

@@ -26,7 +26,7 @@ def main(data_dir, out_dir):
     import keras
 
     from hvd_lars.data import InputRequest, get_input, listing
-    from hvd_lars.training.evaluation import ExactEvaluation
+    from hvd_lars.training.epoch_logs import ExactEvaluation
 
     listings = []
     list_split = listing.list_split

@@ -44,7 +44,7 @@ PRELOADED = (
     "keras",
     "horovod.tensorflow",
     "hvd_lars.training.train",
-    "hvd_lars.training.elastic_loop",
+    "hvd_lars.training.train",
 )
 
 

@@ -45,22 +45,45 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class Job:
-    """What one run keeps across its training attempts (one attempt for a fixed world size): the model
-    with its optimizer, the checkpoint manager and the lineage rank 0 resumed or began. The plan is not
-    here: each attempt makes its own (`make_plan`) and hands it down."""
+class Run:
+    """What a run resolves once, before its first attempt, and hands down: its settings, its run directory,
+    the threads it asked TensorFlow for, its stop signals and hang watchdog, and the caller's callbacks."""
 
     config: TrainConfig
     run_name: str
     run_dir: str
+    requested_threads: tuple
+    signals: faults.StopSignals
+    watchdog: faults.ProgressWatchdog
+    extra_callbacks: list
+
+    @classmethod
+    def resolve(cls, config, global_batch, world_size, extra_callbacks=()):
+        """The `Run` of `config` (threads sized for `world_size` ranks; the run directory named after
+        `--run_name` or the data set, model, optimizer and `global_batch`)."""
+        run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
+        return cls(
+            config,
+            run_name,
+            os.path.join(config.workdir, run_name),
+            threads.configure_threads(config, world_size),
+            faults.StopSignals(),
+            faults.ProgressWatchdog(config.hang_timeout_s),
+            list(extra_callbacks),
+        )
+
+
+@dataclasses.dataclass
+class Job:
+    """What one run keeps across its training attempts (one attempt for a fixed world size): the `Run`, the
+    model with its optimizer, the checkpoint manager and the lineage rank 0 resumed or began. The plan is
+    not here: each attempt makes its own (`make_plan`) and hands it down."""
+
+    run: Run
     model: keras.Model
     manager: tf.train.CheckpointManager
     lineage: Lineage
     record: RunRecord
-    requested_threads: tuple
-    extra_callbacks: list
-    signals: faults.StopSignals
-    watchdog: faults.ProgressWatchdog
     progress: Progress
 
     def agree(self):
@@ -97,51 +120,31 @@ def run(config, extra_callbacks=()):
             some rank (every rank).
     """
     rank, world_size = collectives.init()
-    requested = threads.configure_threads(config, world_size)
     global_batch, per_rank_batch = batch_sizes(config, world_size)
-    run_name, run_dir = run_directory(config, global_batch)
-    faults.check_run_dir(run_dir, 0, 0)  # writable, before anything of the run is read or made
-    with faults.RunDirClaim(run_dir):  # no second job on this directory, before anything is moved
-        request = input_request(config, per_rank_batch, rank, world_size, run_dir)
+    run = Run.resolve(config, global_batch, world_size, extra_callbacks)
+    faults.check_run_dir(run.run_dir, 0, 0)  # writable, before anything of the run is read or made
+    with faults.RunDirClaim(run.run_dir):  # no second job on this directory, before anything is moved
+        request = input_request(config, per_rank_batch, rank, world_size, run.run_dir)
         data = get_input(config.dataset, request, **input_options(config))
         plan = make_plan(config, world_size, data)
-        signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
-        job = start(config, plan, run_name, run_dir, data, requested, signals, watchdog, extra_callbacks)
+        job = start(run, plan, data)
         # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed
         # state), before the step counter plans the rest of the run.
         broadcast_model_and_optimizer(job.model)
-        with job.signals, job.watchdog:
+        with run.signals, run.watchdog:
             return attempt(job, plan, data)
 
 
-def run_directory(config, global_batch):
-    """(run name, run directory): `--run_name`, or a name made of the data set, model, optimizer and the
-    global batch."""
-    run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
-    return run_name, os.path.join(config.workdir, run_name)
-
-
-def start(
-    config,
-    plan,
-    run_name,
-    run_dir,
-    shapes,
-    requested_threads,
-    signals,
-    watchdog,
-    extra_callbacks=(),
-    agree=True,
-):
+def start(run, plan, shapes, agree=True):
     """Seeds, precision, the compiled model with its built optimizer, and the checkpoint rank 0 resumed
     from or the new lineage it began (`hvd_lars.training.checkpoints.resume_or_begin`).
 
     Args:
+        run: the `Run`.
         plan: the `Plan` the optimizer and its schedule are built for and the checkpoint is compared with
             (an elastic job's for 1 worker: its settings are those of any world size).
         shapes: anything with `num_classes` and `input_shape` (an `InputPipeline`, or the
             `hvd_lars.data.InputShapes` of `describe_input`).
-        signals, watchdog: the `faults.StopSignals` and `faults.ProgressWatchdog` of the run.
         agree: rank 0's outcome becomes every rank's now (`Job.agree`, a collective); False where no
             collective may run yet (before an elastic job's first sync, which calls `Job.agree`).
 
@@ -151,7 +154,7 @@ def start(
     Raises:
         ValueError: (with `agree`) rank 0 refused the run directory's checkpoint, on every rank.
     """
-    rank = collectives.rank()
+    config, rank = run.config, collectives.rank()
     # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the initial
     # weights are rank 0's, broadcast before training. Input shuffling is seeded per rank in the pipeline.
     keras.utils.set_random_seed(config.seed + rank)
@@ -165,28 +168,16 @@ def start(
     # Before the manager opens the folder: a fresh start moves an earlier run's checkpoints away first.
     lineage = Lineage()
     if collectives.is_chief():
-        lineage = resume_or_begin(model, optimizer, build, run_dir, plan, config)
+        lineage = resume_or_begin(model, optimizer, build, run.run_dir, plan, config)
     build()
     record = RunRecord(plan.settings)
     progress = Progress(plan.steps_per_epoch)
     checkpoint = tf.train.Checkpoint(
         model=model, optimizer=optimizer, run=record.variable, progress=progress.variable
     )
-    manager = open_manager(checkpoint, os.path.join(run_dir, "checkpoints"), config.keep_checkpoints, run_dir)
-    job = Job(
-        config,
-        run_name,
-        run_dir,
-        model,
-        manager,
-        lineage,
-        record,
-        requested_threads,
-        list(extra_callbacks),
-        signals,
-        watchdog,
-        progress,
-    )
+    folder = os.path.join(run.run_dir, "checkpoints")
+    manager = open_manager(checkpoint, folder, config.keep_checkpoints, run.run_dir)
+    job = Job(run, model, manager, lineage, record, progress)
     if agree:
         job.agree()
     return job
@@ -204,7 +195,7 @@ def attempt(job, plan, data, commit=None):
     Returns:
         the summary dict.
     """
-    config, model, run_dir, chief = job.config, job.model, job.run_dir, collectives.is_chief()
+    config, model, run_dir, chief = job.run.config, job.model, job.run.run_dir, collectives.is_chief()
     model.train_function = None  # traced for this attempt's world size (an elastic job's changes)
     applied = threads.applied_threads(data.train)
     _announce(job, plan, applied)
@@ -223,17 +214,10 @@ def attempt(job, plan, data, commit=None):
                 "with another --run_name or --noresume."
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, job.run_name, config, plan, start_step, applied, job.lineage, job.progress)
-    checkpointer = PeriodicCheckpoint(
-        job.manager,
-        config.checkpoint_every_steps,
-        plan.accumulation_steps,
-        at_epoch_end=config.checkpoint_at_epoch_end,
-        asynchronous=config.async_checkpoints,
-        progress=job.progress,
+    summary = RunSummary(
+        run_dir, job.run.run_name, config, plan, start_step, applied, job.lineage, job.progress
     )
-    guard = faults.FaultGuard(job.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
-    callbacks = callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary, commit)
+    callbacks = callbacks_in_order(job, data, plan, summary, commit)
     try:
         fit(model, data, plan, config, callbacks, start_step)
     except (faults.TrainingDiverged, faults.Preempted) as e:
@@ -243,8 +227,9 @@ def attempt(job, plan, data, commit=None):
     return summary.summary
 
 
-def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary, commit=None):
-    """The callbacks of one attempt, in the order Keras runs them at every batch and epoch end.
+def callbacks_in_order(job, data, plan, summary, commit=None):
+    """The callbacks of one attempt, in the order Keras runs them at every batch and epoch end, from the
+    optimizer's update count on.
 
     Returns:
         list of `keras.callbacks.Callback`: the fault guard, the progress watchdog, rank averaging of the
@@ -252,7 +237,16 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
         evaluations, the caller's extra callbacks, the loggers (rank 0), summary.json, the checkpoint, the
         elastic commit (if any), the guard's stop after an epoch's end, and rank 0's lines.
     """
-    config, chief = job.config, collectives.is_chief()
+    config, chief, start_step = job.run.config, collectives.is_chief(), int(job.model.optimizer.iterations)
+    checkpointer = PeriodicCheckpoint(
+        job.manager,
+        config.checkpoint_every_steps,
+        plan.accumulation_steps,
+        at_epoch_end=config.checkpoint_at_epoch_end,
+        asynchronous=config.async_checkpoints,
+        progress=job.progress,
+    )
+    guard = faults.FaultGuard(job.run.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
     evaluations = [ExactEvaluation(data.eval, data.num_eval_examples, config.eval_every_epochs, plan.epochs)]
     if data.validation is not None:
         # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
@@ -266,20 +260,22 @@ def callbacks_in_order(job, data, plan, start_step, guard, checkpointer, summary
         # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
         loggers = [
             epoch_logs.MetricsCSV(
-                os.path.join(job.run_dir, "metrics.csv"), start_step, plan.steps_per_epoch, job.lineage
+                os.path.join(job.run.run_dir, "metrics.csv"), start_step, plan.steps_per_epoch, job.lineage
             ),
-            epoch_logs.TensorBoardScalars(os.path.join(job.run_dir, "tensorboard"), start_step, job.lineage),
+            epoch_logs.TensorBoardScalars(
+                os.path.join(job.run.run_dir, "tensorboard"), start_step, job.lineage
+            ),
         ]
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
-        job.watchdog,
+        job.run.watchdog,
         job.progress,  # an epoch resumed mid-way starts from the metric sums of its earlier updates
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
         *_corrupt_image_count(data),
         ImagesPerSecond(plan.per_rank_batch_size * collectives.size()),
         LearningRateLogger(),
         *evaluations,
-        *job.extra_callbacks,
+        *job.run.extra_callbacks,
         *loggers,
         summary,
         checkpointer,  # after the loggers: no epoch's checkpoint exists without that epoch's logs
@@ -348,13 +344,14 @@ def _announce(job, plan, applied):
         return
     log.info(plan.describe())
     log.info(threads.describe_placements(placements))
-    if (applied["intra_op"], applied["inter_op"]) != job.requested_threads:
+    requested = job.run.requested_threads
+    if (applied["intra_op"], applied["inter_op"]) != requested:
         log.info(
             f"TensorFlow runs {applied['intra_op']} intra-op / {applied['inter_op']} inter-op threads (0: "
-            f"its default), not the {job.requested_threads[0]} / {job.requested_threads[1]} asked for: it "
-            "was initialised before hvd_lars could size its pools."
+            f"its default), not the {requested[0]} / {requested[1]} asked for: it was initialised before "
+            "hvd_lars could size its pools."
         )
-    log.info(f"run directory {job.run_dir}")
+    log.info(f"run directory {job.run.run_dir}")
 
 
 try:  # Horovod's framework-neutral elastic state (what its elastic loop drives)
@@ -392,62 +389,56 @@ def run_elastic(config, extra_callbacks=()):
     collectives.init()
     check_launched(config)
     # The world size is checked against the global batch in each attempt, on every rank together.
-    requested = threads.configure_threads(config, collectives.size())
-    run_name, run_dir = run_directory(config, config.global_batch_size)
-    shapes = None
-    if collectives.is_chief():
-        try:
-            problem = faults.run_dir_problem(run_dir, 0)
-            if problem:
-                raise ValueError(problem)
-            request = input_request(config, config.global_batch_size, 0, 1, run_dir)
-            shapes = describe_input(config.dataset, request, **input_options(config))
-        except (ValueError, OSError) as e:
-            shapes = e  # every rank raises it at the first sync, rather than wait for a rank 0 gone
-    signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
+    run = Run.resolve(config, config.global_batch_size, collectives.size(), extra_callbacks)
+    shapes = _described_by_rank_0(run)
 
     def build(shapes):
         # The optimizer and the checkpoint's plan from the plan for 1 worker: the global batch, the steps
         # and the schedule are the same for every worker count that divides the global batch.
-        plan = make_plan(config, 1, shapes)
-        job = start(
-            config,
-            plan,
-            run_name,
-            run_dir,
-            shapes,
-            requested,
-            signals,
-            watchdog,
-            extra_callbacks,
-            agree=False,
-        )
+        job = start(run, make_plan(config, 1, shapes), shapes, agree=False)
         faults.heartbeat()  # building the model is this rank's progress while the others wait
         return job
 
     state = _JobState(shapes, build)
-    # The attempts this process has seen; at each attempt the largest count of any rank, so that the
-    # number goes on when rank 0 is a worker that joined later, or when the old rank 0 is gone.
-    attempts = [0]
+    state.attempts = 0
+    with run.signals, run.watchdog:
+        return hvd_elastic.run(functools.partial(_elastic_attempt, run))(state)
 
-    def one_attempt(state):
-        rank, world_size = collectives.rank(), collectives.size()
-        resolve_batch(config, world_size)  # ElasticBatchError, naming the worker counts that fit
-        plan = make_plan(config, world_size, state.shapes)
-        request = input_request(config, plan.per_rank_batch_size, rank, world_size, run_dir)
-        data = get_input(config.dataset, request, **input_options(config))
-        attempts[0] = collectives.max_over_ranks(attempts[0] + 1, name="hvd_lars.elastic.attempt")
-        if collectives.is_chief():
-            log.info(
-                f"elastic attempt {attempts[0]}: {world_size} worker(s) from update "
-                f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank "
-                f"per micro-batch (global batch {plan.global_batch_size})"
-            )
-        commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
-        return attempt(state.job, plan, data, commit=commit)
 
-    with signals, watchdog:
-        return hvd_elastic.run(one_attempt)(state)
+def _described_by_rank_0(run):
+    """Rank 0's `InputShapes` of the run's data (or the error it met, which every rank raises at the first
+    sync rather than wait for a rank 0 gone); None on the other ranks."""
+    if not collectives.is_chief():
+        return None
+    config = run.config
+    try:
+        problem = faults.run_dir_problem(run.run_dir, 0)
+        if problem:
+            raise ValueError(problem)
+        request = input_request(config, config.global_batch_size, 0, 1, run.run_dir)
+        return describe_input(config.dataset, request, **input_options(config))
+    except (ValueError, OSError) as e:
+        return e
+
+
+def _elastic_attempt(run, state):
+    """One attempt of an elastic job at the world size of the moment."""
+    config, rank, world_size = run.config, collectives.rank(), collectives.size()
+    resolve_batch(config, world_size)  # ElasticBatchError, naming the worker counts that fit
+    plan = make_plan(config, world_size, state.shapes)
+    request = input_request(config, plan.per_rank_batch_size, rank, world_size, run.run_dir)
+    data = get_input(config.dataset, request, **input_options(config))
+    # The largest count of any rank, so that the number goes on when rank 0 is a worker that joined
+    # later, or when the old rank 0 is gone.
+    state.attempts = collectives.max_over_ranks(state.attempts + 1, name="hvd_lars.elastic.attempt")
+    if collectives.is_chief():
+        log.info(
+            f"elastic attempt {state.attempts}: {world_size} worker(s) from update "
+            f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank per "
+            f"micro-batch (global batch {plan.global_batch_size})"
+        )
+    commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
+    return attempt(state.job, plan, data, commit=commit)
 
 
 class _JobState(_State):

@@ -149,7 +149,7 @@ def test_tensorboard_pruning_keeps_the_complete_records_of_a_file_cut_short(tmp_
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     config = TrainConfig(max_train_examples=64, epochs=1, global_batch_size=8, peak_learning_rate=0.1)
     plan = make_plan(config, 1, 64)
-    summary = RunSummary(str(tmp_path), "diverged", config, plan, 0)
+    summary = RunSummary(str(tmp_path), config, plan, 0)
     summary.on_epoch_end(0, {"loss": float("nan"), "top1": 0.1, "grad": float("inf"), "low": -math.inf})
     text = (tmp_path / "summary.json").read_text()
 
@@ -175,7 +175,7 @@ def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
     )
     plan = make_plan(config, 1, 64)
-    summary = RunSummary(str(tmp_path), "plotted", config, plan, 0)
+    summary = RunSummary(str(tmp_path), config, plan, 0)
     csv_logger = epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv"))
     _train([csv_logger, summary], range(4))
     figure = plot_run.make_figure(str(tmp_path))
@@ -204,13 +204,13 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
     )
-    summary = RunSummary(str(tmp_path), "ended", config, make_plan(config, 1, 64), 0)
+    summary = RunSummary(str(tmp_path), config, make_plan(config, 1, 64), 0)
     _train([epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv")), summary], range(4))
     caplog.set_level("INFO", logger="hvd_lars")
     summary.finish(str(tmp_path / "checkpoints" / "ckpt-32"))
     said = [re.sub(r" in \d+ s ", " in T s ", r.getMessage()) for r in caplog.records]
     assert said == [
-        "finished ended: 4 of 4 epochs (32 steps) in T s over 1 start(s), images/s not measured",
+        f"finished {tmp_path.name}: 4 of 4 epochs (32 steps) in T s over 1 start(s), images/s not measured",
         "final test top-1 0.6000 (best 0.6000, epoch 2), top-5 0.9000 (best 0.9000)",
         "final validation top-1 0.6100 (best 0.6100, epoch 2), top-5 0.9100 (best 0.9100)",
         f"checkpoint {tmp_path}/checkpoints/ckpt-32",

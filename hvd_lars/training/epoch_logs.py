@@ -131,16 +131,17 @@ class RunSummary(keras.callbacks.Callback):
     message), git_sha, date, machine and software versions.
 
     Args:
-        progress: the run's `hvd_lars.training.epoch_logs.Progress` (its time over segments), or None.
-        lineage: the run's `hvd_lars.training.checkpoints.Lineage`, or None (no run id). A resumed run
-            keeps the epochs of a summary.json of its own lineage; one of another lineage is moved under
-            `earlier_runs/<its run id>/`, with one line saying so.
+        run_dir: the run directory (its name is the run's name).
+        threads: the thread settings read back from TensorFlow, or None.
+        job: the training job, or None: its `lineage` (`hvd_lars.training.checkpoints.Lineage`: a resumed
+            run keeps the epochs of a summary.json of its own lineage; one of another lineage is moved
+            under `earlier_runs/<its run id>/`, with one line saying so) and `progress` (`Progress`: its
+            time over segments).
     """
 
-    def __init__(
-        self, run_dir, run_name, config, plan, start_step, threads=None, lineage=None, progress=None
-    ):
+    def __init__(self, run_dir, config, plan, start_step, threads=None, job=None):
         super().__init__()
+        lineage, progress = (job.lineage, job.progress) if job is not None else (None, None)
         self.path = os.path.join(run_dir, "summary.json")
         finished_epochs = start_step // plan.steps_per_epoch
         previous = []
@@ -150,7 +151,7 @@ class RunSummary(keras.callbacks.Callback):
                 saved = self._set_aside(run_dir, saved.get("run_id"))
             previous = [e for e in saved.get("epochs", []) if e["epoch"] <= finished_epochs]
         self.summary = {
-            "run_name": run_name,
+            "run_name": os.path.basename(os.path.normpath(run_dir)),
             "run_id": lineage.run_id if lineage is not None else None,
             "config": vars(config),
             "plan": dataclasses.asdict(plan),

@@ -214,9 +214,7 @@ def attempt(job, plan, data, commit=None):
                 "with another --run_name or --noresume."
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(
-        run_dir, job.run.run_name, config, plan, start_step, applied, job.lineage, job.progress
-    )
+    summary = RunSummary(run_dir, config, plan, start_step, applied, job)
     callbacks = callbacks_in_order(job, data, plan, summary, commit)
     try:
         fit(model, data, plan, config, callbacks, start_step)

@@ -65,12 +65,6 @@ class Plan:
         return steps_in_epochs(epochs, self.steps_per_epoch)
 
 
-def batch_sizes(config, world_size):
-    """(global batch, per-rank micro-batch) of `config` on `world_size` ranks: the one place the plan's
-    batch is resolved (`TrainConfig.resolve_batch`; its errors)."""
-    return config.resolve_batch(world_size)
-
-
 def make_plan(config, world_size, num_train_examples, input_shape=None):
     """Converts the config's epochs and per-256 rates into steps and a peak rate, for `world_size` ranks.
 
@@ -80,12 +74,12 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
             `InputPipeline` or `InputShapes`), whose image shape then joins the settings.
 
     Raises:
-        ValueError: the global batch exceeds the training set (or `batch_sizes`' errors).
+        ValueError: the global batch exceeds the training set (or `TrainConfig.resolve_batch`'s errors).
     """
     if hasattr(num_train_examples, "num_train_examples"):
         input_shape = num_train_examples.input_shape
         num_train_examples = num_train_examples.num_train_examples
-    global_batch, per_rank = batch_sizes(config, world_size)
+    global_batch, per_rank = config.resolve_batch(world_size)
     if global_batch > num_train_examples:
         raise ValueError(
             f"--global_batch_size={global_batch} exceeds the {num_train_examples} training examples."

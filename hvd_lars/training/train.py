@@ -33,7 +33,6 @@ from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.epoch_logs import ExactEvaluation, ImagesPerSecond, Progress, RunSummary
 from hvd_lars.training.plan import (
     batch_norm_note,
-    batch_sizes,
     build_optimizer,
     input_options,
     input_request,
@@ -120,7 +119,7 @@ def run(config, extra_callbacks=()):
             some rank (every rank).
     """
     rank, world_size = collectives.init()
-    global_batch, per_rank_batch = batch_sizes(config, world_size)
+    global_batch, per_rank_batch = config.resolve_batch(world_size)
     run = Run.resolve(config, global_batch, world_size, extra_callbacks)
     faults.check_run_dir(run.run_dir, 0, 0)  # writable, before anything of the run is read or made
     with faults.RunDirClaim(run.run_dir):  # no second job on this directory, before anything is moved
@@ -519,15 +518,15 @@ def check_launched(config, environ=None):
 
 
 def resolve_batch(config, world_size):
-    """(global batch, per-rank batch) for `world_size` workers: `plan.batch_sizes`, with an error that
-    says it is the elastic job's new worker count that does not fit.
+    """(global batch, per-rank batch) for `world_size` workers: `TrainConfig.resolve_batch`, with an error
+    that says it is the elastic job's new worker count that does not fit.
 
     Raises:
         ElasticBatchError: global batch % (world size x accumulation steps) != 0, naming the three
             figures and the worker counts that would divide it.
     """
     try:
-        return batch_sizes(config, world_size)
+        return config.resolve_batch(world_size)
     except ValueError as e:
         divisor = config.accumulation_steps
         fits = [n for n in range(1, 65) if config.global_batch_size % (n * divisor) == 0]

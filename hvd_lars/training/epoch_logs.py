@@ -249,7 +249,7 @@ class RunSummary(keras.callbacks.Callback):
     def finish(self, checkpoint):
         """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (`plot_run`) and
         prints the summary (`describe_end`). A plot that cannot be drawn is one warning line; a plot that
-        cannot be written is a failed write (`file_failures`): every rank raises it.
+        cannot be written is a failed write (`faults.note`): every rank raises it.
 
         Args:
             checkpoint: path of the run's last checkpoint (str), or None.
@@ -368,7 +368,7 @@ class ExactEvaluation(keras.callbacks.Callback):
             return
         # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
         collectives.average_variables(moving_statistics(self.model))
-        # With the counts, whether a rank failed to read an evaluation file (file_failures).
+        # With the counts, whether a rank failed to read an evaluation file (`faults.note`).
         counts = [*self._counts(), faults.vote()]
         loss, top1, top5, count, failed = collectives.allreduce_sum(counts, name="hvd_lars.eval_counts")
         if failed:

@@ -260,7 +260,7 @@ class Preempted(Exception):
 
 class StopSignals:
     """Context manager: while inside, SIGTERM, SIGUSR1 and SIGINT are recorded (`received`, the first one's
-    name) instead of ending the process, and so is an MPI launcher stopping or gone (`launcher_watch`); the
+    name) instead of ending the process, and so is an MPI launcher stopping or gone (`LauncherWatch`); the
     previous handlers come back on exit. A second SIGINT (Ctrl-C pressed again) ends the process at once
     with status 130, keeping the last complete checkpoint. Outside the main thread, where Python cannot
     install handlers, it records nothing and the signals keep their defaults."""
@@ -381,7 +381,7 @@ class FaultGuard(keras.callbacks.Callback):
         if not self._scaled and logs and "loss" in logs:
             finite = finite and bool(np.isfinite(float(logs["loss"])))
         # Votes of all ranks: how many saw non-finite values, how many received a stop signal, how many
-        # failed to write or read a file (file_failures).
+        # failed to write or read a file (`note`).
         diverged, signalled, failed = collectives.allreduce_sum(
             [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0, vote()],
             name="hvd_lars.fault_guard",

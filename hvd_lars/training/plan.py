@@ -338,7 +338,7 @@ def input_request(config, per_rank_batch, rank, world_size, run_dir):
         deterministic=config.deterministic,
         input_threads=config.input_threads or threads.threads_per_rank(),
         run_dir=run_dir,
-        # Noted, not raised: every rank then stops at the same update (file_failures).
+        # Noted, not raised: every rank then stops at the same update (`faults.note`).
         on_unreadable=faults.note_unreadable,
     )
 

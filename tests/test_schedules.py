@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS, WarmupPolynomialDecay, epochs_to_steps, scaled_learning_rate
-from hvd_lars.optim import rate_curves as sf
+from hvd_lars.optim import rate_curves
 from hvd_lars.optim.schedules import (
     SCHEDULES,
     PaperPolynomialDecay,
@@ -205,20 +205,22 @@ def test_step_decay_values():
 @pytest.mark.unit
 def test_pure_functions_broadcast_over_steps():
     steps = np.array([0, 1, 2, 3, 4])
-    np.testing.assert_allclose(_np(sf.linear_warmup(steps, 4, 0.0, 8.0)), [0, 2, 4, 6, 8])
-    np.testing.assert_allclose(_np(sf.linear_warmup(steps, 0, 0.0, 8.0)), [8] * 5)  # no warmup
+    np.testing.assert_allclose(_np(rate_curves.linear_warmup(steps, 4, 0.0, 8.0)), [0, 2, 4, 6, 8])
+    np.testing.assert_allclose(_np(rate_curves.linear_warmup(steps, 0, 0.0, 8.0)), [8] * 5)  # no warmup
     np.testing.assert_allclose(
-        _np(sf.polynomial_decay(steps, 4.0, 0.0, 2, 1.0, begin_step=2)), [4, 4, 4, 2, 0]
+        _np(rate_curves.polynomial_decay(steps, 4.0, 0.0, 2, 1.0, begin_step=2)), [4, 4, 4, 2, 0]
     )
     np.testing.assert_allclose(
-        _np(sf.cosine_decay(steps, 4.0, 0.0, 4)),
+        _np(rate_curves.cosine_decay(steps, 4.0, 0.0, 4)),
         [4, 2 + 2 * np.sqrt(0.5), 2, 2 - 2 * np.sqrt(0.5), 0],
         rtol=1e-6,
     )
-    np.testing.assert_allclose(_np(sf.piecewise_constant(steps, [1, 3], [9.0, 3.0, 1.0])), [9, 3, 3, 1, 1])
-    np.testing.assert_allclose(_np(sf.piecewise_constant(steps, [], [7.0])), [7] * 5)
+    np.testing.assert_allclose(
+        _np(rate_curves.piecewise_constant(steps, [1, 3], [9.0, 3.0, 1.0])), [9, 3, 3, 1, 1]
+    )
+    np.testing.assert_allclose(_np(rate_curves.piecewise_constant(steps, [], [7.0])), [7] * 5)
     with pytest.raises(ValueError, match="one more value than boundaries"):
-        sf.piecewise_constant(steps, [1, 2], [1.0, 2.0])
+        rate_curves.piecewise_constant(steps, [1, 2], [1.0, 2.0])
 
 
 @pytest.mark.unit
@@ -364,13 +366,3 @@ def _displacement_after_drop(factor, correction):
 
 def _np(x):
     return keras.ops.convert_to_numpy(x)
-
-
-@pytest.mark.unit
-def test_the_curves_old_module_path_still_imports():
-    # hvd_lars.optim.schedule_functions was the module's name before issue 36 (rate_curves now).
-    import hvd_lars.optim.schedule_functions as old
-    from hvd_lars.optim.schedule_functions import linear_warmup
-
-    assert old is sf and linear_warmup is sf.linear_warmup
-    assert float(linear_warmup(5, 10, 0.0, 2.0)) == 1.0

@@ -45,7 +45,7 @@ import numbers
 
 import keras
 
-from hvd_lars.optim import rate_curves as sf
+from hvd_lars.optim import rate_curves
 
 # Re-exported: the units helpers belong to the learning-rate policy's public interface.
 from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: F401
@@ -75,7 +75,7 @@ class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         t = keras.ops.cast(step, "float32")
-        warm = sf.linear_warmup(
+        warm = rate_curves.linear_warmup(
             t, self.warmup_steps, self.warmup_start_learning_rate, self.peak_learning_rate
         )
         return keras.ops.where(t < float(self.warmup_steps), warm, self._after_warmup(t))
@@ -138,7 +138,7 @@ class WarmupPolynomialDecay(_WarmupSchedule):
         self.power = float(power)
 
     def _after_warmup(self, t):
-        return sf.polynomial_decay(
+        return rate_curves.polynomial_decay(
             t,
             self.peak_learning_rate,
             self.end_learning_rate,
@@ -166,7 +166,7 @@ class PaperPolynomialDecay(WarmupPolynomialDecay):
     """
 
     def _after_warmup(self, t):
-        return sf.polynomial_decay(
+        return rate_curves.polynomial_decay(
             t, self.peak_learning_rate, self.end_learning_rate, self.total_steps, self.power, begin_step=0
         )
 
@@ -195,7 +195,7 @@ class WarmupCosineDecay(_WarmupSchedule):
         self.end_learning_rate = float(end_learning_rate)
 
     def _after_warmup(self, t):
-        return sf.cosine_decay(
+        return rate_curves.cosine_decay(
             t,
             self.peak_learning_rate,
             self.end_learning_rate,
@@ -250,7 +250,7 @@ class WarmupStepDecay(_WarmupSchedule):
 
     def _after_warmup(self, t):
         values = [self.peak_learning_rate * self.decay_factor**i for i in range(len(self.boundaries) + 1)]
-        return sf.piecewise_constant(t, self.boundaries, values)
+        return rate_curves.piecewise_constant(t, self.boundaries, values)
 
 
 # The registry behind `make_schedule` (and the main program's --schedule flag).

@@ -330,28 +330,6 @@ def provenance_lines(command, matmul, raw=None):
     return lines
 
 
-# The CPU identity a report's line names (cpu_identity), for `legacy_provenance`.
-_IDENTITY = re.compile(r"\b[A-Za-z]+ family \d+ model \d+")
-
-
-def legacy_provenance(lines):
-    """Provenance lines stored before issue 36 (by `provenance_lines`, in a record's JSON), with what their
-    run did not record said to be NOT_RECORDED: a "-dirty" SHA is followed by "(DIRTY)", a machine line
-    without the CPU's identity or the tf.matmul rate gets "CPU vendor, family and model NOT_RECORDED" and
-    "tf.matmul rate NOT_RECORDED". Lines that have them come back unchanged."""
-    out = []
-    for line in lines:
-        if "-dirty" in line and DIRTY not in line:
-            line = re.sub(r"([0-9a-f]{40}-dirty`?)", rf"\1 ({DIRTY})", line)
-        if line.startswith("- Machine:"):
-            if not _IDENTITY.search(line):
-                line += f"; CPU vendor, family and model {NOT_RECORDED}"
-            if "tf.matmul" not in line:
-                line += f"; tf.matmul rate {NOT_RECORDED}"
-        out.append(line)
-    return out
-
-
 def data_path(report, ext=".json"):
     """Where the raw data of the report `report` goes (its folder made): a report at the top of results/
     (results/NAME.md answers one question) keeps it in the question's folder, results/NAME/NAME.json; any

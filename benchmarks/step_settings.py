@@ -114,19 +114,14 @@ def rows(record):
     return out
 
 
-def report(record, markdown, raw=None):
-    """Writes `markdown` from `record` (its raw data at `raw`, default common.data_path(markdown))."""
-    raw = raw or common.data_path(markdown)
+def report(record, markdown):
+    """Writes `markdown` from `record` (its provenance lines name where its raw data is)."""
     precision = record.get("precision", "float32")
     dtype = MATMUL_DTYPE[precision]
-    provenance = common.legacy_provenance(record["provenance"])
-    if not any(line.startswith("- Raw data:") for line in provenance):  # records made before issue 36
-        provenance.append(f"- Raw data: `{os.path.relpath(os.path.abspath(raw), common.REPO)}`")
     lines = [
-        f"# Process-wide settings against ResNet-50's {precision} training step on this CPU "
-        "(issue 22, item 7)",
+        f"# Process-wide settings against ResNet-50's {precision} training step on this CPU",
         "",
-        *provenance,
+        *record["provenance"],
         f"- hvd_lars's ResNet-50 v1.5 + DistributedOptimizer(LARS), batch {benchmark_models.BATCH}, "
         f"{precision}, "
         f"{benchmark_models.WARMUP_STEPS} steps of `fit` left out then {benchmark_models.TIMED_STEPS} timed; "
@@ -165,7 +160,7 @@ def main(argv=None):
     args.json = args.json or common.data_path(args.out)
     if args.report_only:
         with open(args.json) as f:
-            return report(json.load(f), args.out, args.json)
+            return report(json.load(f), args.out)
     try:
         names = parse_settings(args.settings)
     except ValueError as e:
@@ -184,7 +179,7 @@ def main(argv=None):
     record["provenance"] = common.provenance_lines(record["command"], record["matmul"][-1], args.json)
     with open(args.json, "w") as f:
         json.dump(record, f, indent=1)
-    report(record, args.out, args.json)
+    report(record, args.out)
 
 
 if __name__ == "__main__":

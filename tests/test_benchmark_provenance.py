@@ -69,31 +69,6 @@ def test_a_dirty_sha_says_its_source_is_not_recorded():
 
 
 @pytest.mark.unit
-def test_stored_provenance_lines_of_older_runs_say_what_they_lack():
-    sha = "0123456789abcdef0123456789abcdef01234567"
-    old = [
-        "- Command (from the repository root): `python -m benchmarks.step_settings`",
-        f"- Git SHA: `{sha}-dirty`; date (UTC): 2026-12-03T06:34:31+00:00",
-        "- Machine: AMD EPYC, 2 logical cores; CPU flags: avx512f; tf.matmul 4096^2: 393 GFLOP/s float32, "
-        "643 bfloat16",
-    ]  # fmt: skip
-    assert common.legacy_provenance(old) == [
-        old[0],
-        f"- Git SHA: `{sha}-dirty` ({common.DIRTY}); date (UTC): 2026-12-03T06:34:31+00:00",
-        old[2] + f"; CPU vendor, family and model {NOT}",
-    ]
-    new = [
-        old[0],
-        f"- Git SHA: `{sha}`; date (UTC): 2026-12-03",
-        f"- Machine: {common.describe(CPU, MATMUL)}",
-    ]
-    assert common.legacy_provenance(new) == new
-    assert common.legacy_provenance(["- Machine: AMD EPYC"]) == [
-        f"- Machine: AMD EPYC; CPU vendor, family and model {NOT}; tf.matmul rate {NOT}"
-    ]
-
-
-@pytest.mark.unit
 def test_raw_data_goes_to_the_question_folder_of_a_top_report_and_beside_any_other(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", str(tmp_path / "results"))
     top = common.data_path(str(tmp_path / "results" / "tcp_ring.md"))

@@ -1,4 +1,4 @@
-"""Time to train at the paper's scale: a model built from what this project measured, checked where it can be.
+"""Time to train at the paper's scale: a step-time model built from this project's measurements.
 
     step time     = compute + max(0, allreduce - hidden)                                         (1)
     compute       = per-socket batch / per-socket images/s                                       (2)
@@ -8,36 +8,20 @@
     hidden        = overlap x backward time, backward time = 2/3 x compute                       (5)
     time to train = epochs x ceil(1,281,167 / global batch) x step time                          (6)
 
-(2)-(3): the training step of hvd_lars's model + LARS in float32 (the arithmetic of the paper's CPUs, which
-have no bfloat16 units), measured on every core of this machine by benchmarks/benchmark_models.py, keeps on
-the target the fraction of peak it reaches here of the best rate any kernel reached here (tf.matmul
-4096x4096).
-(4): n = the float32 gradient bytes, fused by Horovod into m = ceil(n / 128 MiB) messages (its default
-fusion buffer). Both link inputs come from the allreduces benchmarks/allreduce_hosts.py timed at 2, 4 and 8
-emulated hosts (1 rank per host, shaped links) under the settings hvd_lars.main runs every rank with
-(results/allreduce_hosts/allreduce_hosts.json, variant "main": the allreduce rules file, MPI yielding, a 5 ms
-Horovod cycle; `hosts_fit`). alpha = Horovod's cost per fused message (its background cycle and negotiation,
-per fused message, not per tensor: 161 separate requests cost the same as one grouped allreduce at p = 2-8,
-results/negotiation_hosts.md), the median time of the 1-64 KiB allreduces at p = 2, where each rank has
-a core to itself. B = the bandwidth a rank's ring edge reaches as a share of the link's rate, one fit of
-t = c_p + 2 (p - 1)/p x S / B to the allreduces of 1 MiB and more at every p (the sizes of fused
-gradients), times 100 Gbit/s for the paper's Omni-Path; lambda = one hop's latency, LINK_LATENCY_S on
-Omni-Path. The small-message time grows with p on the emulated hosts, where from p = 4 on ranks outnumber
-the 2 cores; carried on as 2 (p - 1) lambda, that growth would make one message take seconds at
-p = 2,048, so it is not taken for a property of the ring. Before issue 22 alpha and B came from 2 emulated
-hosts at Horovod's default 1 ms cycle (results/communication/communication.json, `link_fit`); the report
-sets the
-predictions of both side by side. (5): backprop is 2 of a step's 3 passes
-(hvd_lars.models.flops); `overlap` is the share of the backward time during which gradients travel, from
-the overlapped runs of results/scaling.md (section overlap_compression): calibrated on ResNet-50 at 1 Gbit/s,
-checked on the others. (6): the updates per epoch of the paper's solvers (4,000 updates for 100 epochs at
-32K: ceil(1,281,167 / 32,768) = 40).
+Inputs, all committed measurements: (2)-(3) each model's float32 training step on this machine's cores
+(benchmarks/benchmark_models.py, results/models_throughput/*.json) and its tf.matmul 4096x4096 rate;
+(4) n = the float32 gradient bytes, fused into m = ceil(n / 128 MiB) messages (Horovod's default fusion
+buffer), alpha (Horovod's cost per fused message) and B (a ring edge's share of the link's rate, times
+100 Gbit/s for the paper's Omni-Path) fitted by `hosts_fit` to the allreduces at 2, 4 and 8 emulated hosts
+(results/allreduce_hosts/allreduce_hosts.json, variant "main"), lambda = LINK_LATENCY_S; (5) `overlap`
+from the overlapped runs of results/scaling.md (section overlap_compression); (6) the paper's updates per
+epoch. The report sets the predictions beside those of the 2-host link fit (`link_fit`,
+results/communication/communication.json). Why each input is taken as it is: docs/design.md, "The
+time-to-train model".
 
-Validation (`validate`): the 2-host emulated cluster, 1 rank per host on 1 core, shaped links: predicted
-step time from the compute measured in the same run (one process per core, both cores busy), (4) with the
-link's own fit and (5), against the measured step time, grouped (no overlap: nothing calibrated) and
-overlapped. At 2, 4 and 8 emulated hosts the same step model is checked by benchmarks/validation_hosts.py
-(results/validation_hosts.md).
+`validate` checks the step model on the 2-host emulated cluster (predicted from the same run's compute,
+against the measured step, grouped and overlapped); benchmarks/validation_hosts.py checks it at 2, 4 and 8
+emulated hosts (results/validation_hosts.md).
 
 Usage (from the repository root; arithmetic on committed measurements, seconds):
     python -m benchmarks.time_to_train                      # results/time_to_train.md and .png

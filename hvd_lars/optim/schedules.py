@@ -4,40 +4,25 @@ Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the opti
 updates, counted from 0), built from the pure functions of `hvd_lars.optim.rate_curves`; its config is
 exactly its constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`.
 Units are steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
-`SCHEDULES` / `make_schedule` select one by name.
+`SCHEDULES` / `make_schedule` select one by name:
 
-Two published conventions for warmup followed by polynomial decay (W warmup steps, T total steps):
+- `"mlperf_poly"`, `WarmupPolynomialDecay`: warmup, then polynomial decay from the peak to an end rate over
+  the steps after warmup (the MLPerf ResNet-50 LARS reference).
+- `"paper_poly"`, `PaperPolynomialDecay`: warmup from a start rate, then `peak * (1 - t / T) ** 2` counted
+  from step 0 (You et al., ICPP 2018, the released Intel Caffe AlexNet-BN solver).
+- `"cosine"`, `WarmupCosineDecay`, and `"step"`, `WarmupStepDecay` (Goyal et al. 2017: x0.1 at epochs 30,
+  60 and 80 of 90), both after warmup.
 
-- `"mlperf_poly"`, `WarmupPolynomialDecay`: warmup from 0 (or any start rate) to the peak, then
-  `end + (peak - end) * (1 - (t - W) / (T - W + 1)) ** 2`, which starts at the peak; the decay spans
-  T - W + 1 steps as in the MLPerf ResNet-50 references, so the last update's rate is still above `end`.
-- `"paper_poly"`, `PaperPolynomialDecay`: warmup from a start rate (1 in the solver), then
-  `peak * (1 - t / T) ** 2`, counted from step 0.
+A schedule counts optimizer updates, never micro-batches. `hvd_lars.LARS` evaluates it at
+`optimizer.iterations`; Keras's own optimizers evaluate it at their micro-batch counter when
+`gradient_accumulation_steps` is set, so give those a float rate and
+`hvd_lars.optim.rate_callbacks.LearningRateWarmup`. How the two polynomial conventions differ, and when
+LARS's momentum correction matters after a change of rate: docs/design.md, "Learning-rate schedules".
 
-With the paper's solver (You et al., ICPP 2018, released Intel Caffe AlexNet-BN solver) the rate drops at
-the end of warmup from `peak` to `peak * (1 - W / T) ** 2` (0.81 * peak for 10 warmup epochs of 100);
-the MLPerf ResNet-50 LARS reference decays over the steps after warmup, from the peak to an end rate
-(1e-4). `"cosine"` and `"step"` (Goyal et al.: x0.1 at epochs 30, 60, 80 of 90) decay after warmup.
+Example:
 
-Gradient accumulation: a schedule counts optimizer updates, never micro-batches. `hvd_lars.LARS` evaluates
-its schedule at `optimizer.iterations` (updates). Keras's own optimizers evaluate a schedule at their
-micro-batch counter when `gradient_accumulation_steps` is set; give those a float rate and the
-`hvd_lars.optim.rate_callbacks.LearningRateWarmup` callback, which reads `optimizer.iterations` (updates).
-
-Momentum correction (`hvd_lars.LARS(momentum_correction="always")`, Goyal et al. section 2.1, eq. 10, or
-`"warmup"`, Intel Caffe's non-fused solver; the paper's runs used none: see `LARS`'s docstring): LARS keeps
-the rate inside the velocity (`v = m * v + lr_t * update; w -= v`), so after a
-rate change the velocity still carries the old rates; the correction rescales `v` by `lr_t / lr_{t-1}`.
-- Per-step linear warmup does not need it. With a ramp of slope `a` per step and a steady gradient `g`, the
-  uncorrected velocity is `sum_k m^k lr_{t-k} g = g / (1 - m) * (lr_t - a * m / (1 - m))`: the corrected
-  velocity of the rate `m / (1 - m)` steps earlier. The ramp is only delayed by 9 updates at m = 0.9 (the
-  per-step ratio `t / (t - 1)` of a ramp from 0 is 1.11 at step 10 and 1.01 at step 100). That is 2 % of
-  the paper's 390-update warmup (AlexNet-BN at 32K: 10 epochs of 39 updates) and 1-2 % of MLPerf's 468-975
-  (12-25 epochs of 39), hence off by default. It is 9 of the 14 updates of a one-epoch warmup on
-  Fashion-MNIST at batch 4,096: there, warm up longer or turn the correction on.
-- Jumps are where it matters. After the rate falls by a factor r (old / new), the uncorrected velocity
-  moves the weights `m / (1 - m) * (r - 1)` steady new-rate steps further than the corrected one: 81 for
-  Goyal's x0.1 step decay, 2.1 for the paper's 0.81 drop at the end of warmup.
+    schedule = WarmupPolynomialDecay(peak_learning_rate=2.0, total_steps=4000, warmup_steps=400)
+    optimizer = hvd_lars.LARS(learning_rate=schedule, momentum=0.9)
 """
 
 import inspect

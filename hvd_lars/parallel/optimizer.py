@@ -22,72 +22,55 @@ LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Averages each update's gradients over all ranks, then lets `optimizer` apply them.
 
-    Per update, on every rank: the gradients of the rank's `backward_passes_per_step` micro-batches are
-    averaged locally (accumulated on the rank, no communication between micro-batches), averaged over
-    ranks in one round of allreduces, and handed to `optimizer.apply`, so clipping, weight decay, the
-    update rule and `iterations` see the global mean gradient once per update. With world size 1 nothing
-    is communicated and the wrapper behaves exactly as `optimizer`.
+    The Keras 3 counterpart of `horovod.tensorflow.keras.DistributedOptimizer`. Per update, on every rank:
+    the gradients of the rank's `backward_passes_per_step` micro-batches are averaged locally, averaged over
+    ranks in one round of allreduces and handed to `optimizer.apply`, so clipping, weight decay, the update
+    rule and `iterations` see the global mean gradient once per update. With world size 1 it behaves exactly
+    as `optimizer`. The held optimizer's own `gradient_accumulation_steps` is taken over as
+    `backward_passes_per_step`, so its `iterations` and schedule count updates. For float16 loss scaling,
+    wrap the scaler (`DistributedOptimizer(LossScaleOptimizer(opt))`) or make the wrapper under the
+    `mixed_float16` policy: either gives a `DistributedLossScaleOptimizer`; the other nesting is refused.
+    Why: docs/design.md, "Keras's private names, and loss scaling" and "Gradient accumulation".
 
-    Gradient accumulation: `backward_passes_per_step` (Horovod's name) or the held optimizer's own Keras
-    `gradient_accumulation_steps` (then taken over: the wrapper accumulates and sets the held optimizer's
-    to None before it is built, as `LossScaleOptimizer` takes over its `loss_scale_factor`). The held
-    optimizer then sees one `apply` per update, so `iterations` counts updates as under Keras's own
-    accumulation, a schedule is evaluated at the update count (Keras's built-in optimizers would feed
-    it the micro-batch count; `hvd_lars.LARS` counts updates either way) and EMA moves once per update.
+    Example:
 
-    Loss scaling (float16) is chosen when the wrapper is made, so that the loss scaler checks the gradients
-    averaged over ranks and every rank takes the same decision (skip the step and halve the scale, or
-    apply it): `DistributedOptimizer(LossScaleOptimizer(opt))`, and `DistributedOptimizer(opt)` made while
-    Keras's dtype policy is `mixed_float16` (it then holds `LossScaleOptimizer(opt)`), return a
-    `DistributedLossScaleOptimizer`, itself a `LossScaleOptimizer`, which `model.compile` under
-    `mixed_float16` does not wrap a second time. The other nesting, `LossScaleOptimizer(
-    DistributedOptimizer(opt))`, would check each rank's own gradients and call this wrapper's `apply`
-    (and its allreduces) only on ranks whose gradients are finite, so an overflow on one rank would leave
-    the others waiting forever: it is refused (ValueError) when the loss scaler is made, by hand or by
-    `model.compile` for a wrapper made before the policy was set, with one line saying what to do.
+        optimizer = DistributedOptimizer(hvd_lars.LARS(learning_rate=0.1), backward_passes_per_step=2)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", jit_compile=False)
 
     Args:
-        optimizer: any unbuilt or built `keras.optimizers.Optimizer` (built only if it has no
-            `gradient_accumulation_steps`), including a `LossScaleOptimizer`.
+        optimizer: any Keras 3 optimizer, built or not (not built if it has `gradient_accumulation_steps`),
+            a `LossScaleOptimizer` included.
         backward_passes_per_step: int >= 1, micro-batches per update; None: the held optimizer's
             `gradient_accumulation_steps`, or 1.
-        compression: "none" or "fp16" (gradients cast to float16 on the wire, divided by the world size
-            before the sum so that it cannot overflow; see
-            `hvd_lars.parallel.collectives.allreduce_gradients`), or Horovod's `Compression.none` /
-            `Compression.fp16` (`hvd_lars.parallel.horovod_keras.Compression`).
+        compression: "none" or "fp16" (float16 on the wire, divided by the world size before the sum;
+            see `hvd_lars.parallel.collectives.allreduce_gradients`), or Horovod's `Compression.none` /
+            `Compression.fp16`.
         gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
             Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
         name: str; default "distributed_<name of optimizer>".
-        average_aggregated_gradients: True (default here): the micro-batch gradients of an update are
-            averaged, as Keras's `gradient_accumulation_steps` does; False: summed (Horovod's default),
-            i.e. `backward_passes_per_step` times the mean. Matters only with `backward_passes_per_step` > 1.
-        scale_local_gradients: True (Horovod's default): the gradients of local variables
-            (`register_local_var`, `PartialDistributedOptimizer`) are divided by the world size, as
-            Horovod does; False leaves them as the rank computed them.
-        sparse_as_dense: accepted and ignored: sparse gradients (`tf.IndexedSlices`) are always made
-            dense before the allreduce here, which is what True asks; with False Horovod gathers the
-            slices instead, and applies the same mean gradient.
-        process_set: None or Horovod's global process set (`horovod.tensorflow.global_process_set`),
-            which is every rank, as here; any other set is refused (ValueError).
-        op: "average" (the mean over ranks) or "sum", or Horovod's `Average` / `Sum`.
-        gradient_predivide_factor: float > 0 (1.0), Horovod's split of the mean: gradients times 1 / f
-            before the sum, f / world size after it; ignored with op "sum", as Horovod does.
-        groups: None, an int k >= 1 (the gradients in k grouped allreduces of consecutive variables), or
-            a list of lists of variables (or their paths), each list one grouped allreduce and every
-            other variable one of its own: Horovod's `groups`, in place of `gradient_reduction`.
+        average_aggregated_gradients: True (default here): an update's micro-batch gradients are averaged,
+            as Keras's `gradient_accumulation_steps` does; False: summed (Horovod's default).
+        scale_local_gradients: True (Horovod's default): gradients of local variables (`register_local_var`,
+            `PartialDistributedOptimizer`) are divided by the world size; False leaves them as computed.
+            Local variables are not averaged over ranks; register them before the first step.
+        sparse_as_dense: accepted and ignored: sparse gradients are always made dense before the allreduce.
+        process_set: None or Horovod's global process set; any other set is refused.
+        op: "average" or "sum", or Horovod's `Average` / `Sum`.
+        gradient_predivide_factor: float > 0 (1.0): gradients times 1 / f before the sum, f / world size
+            after it (Horovod's split of the mean); ignored with op "sum", as Horovod does.
+        groups: None, an int k >= 1 (k grouped allreduces of consecutive variables), or a list of lists of
+            variables (or their paths), each one grouped allreduce: Horovod's `groups`, in place of
+            `gradient_reduction`.
         device_dense: "" or a TensorFlow device for the collectives (Horovod's argument).
-        device_sparse: accepted and ignored (sparse gradients are made dense, see `sparse_as_dense`).
-
-    Local variables (Horovod's `register_local_var`): their gradients are not averaged over ranks;
-    each rank applies its own (divided by the world size when `scale_local_gradients`). Register them
-    before the first step: the training step is traced with the registrations it sees then.
+        device_sparse: accepted and ignored (sparse gradients are made dense).
 
     Raises:
         ValueError: `optimizer` is not a Keras 3 optimizer or is already distributed; a
             `backward_passes_per_step` that is not an int >= 1 or contradicts the optimizer's
             `gradient_accumulation_steps`; an accumulating optimizer that is already built; an unknown
-            `compression`, `op` or `gradient_reduction`, `groups` that are neither, or both `groups` and
-            `gradient_reduction="grouped"`. Each message quotes the value received.
+            `compression`, `op`, `gradient_reduction` or `groups`, or both `groups` and
+            `gradient_reduction="grouped"`; another process set. Each message quotes the value received.
+            `LossScaleOptimizer(DistributedOptimizer(opt))` raises ValueError where the scaler is made.
 
     Compile models with `jit_compile=False` (Horovod's XLA ops are not built here); on CPU-only machines
     Keras's "auto" already chooses that.

@@ -1,9 +1,9 @@
-"""Horovod's allreduce across 2, 4 and 8 emulated hosts (issue 22, items 2, 3 and 4).
+"""Horovod's allreduce across 2, 4 and 8 emulated hosts.
 
---mode=sizes (item 2, 3): the time of a plain `hvd.allreduce` of a float32 tensor against message size,
+--mode=sizes: the time of a plain `hvd.allreduce` of a float32 tensor against message size,
 per layout (hosts x ranks per host), transport and setting, beside the bandwidth-optimal ring bound
 2(p - 1)/p x S / (0.9 x link rate), and a fit per layout of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta.
---mode=negotiation (item 4): a step of 161 separate small allreduce requests (as the overlapped
+--mode=negotiation: a step of 161 separate small allreduce requests (as the overlapped
 reduction sends ResNet-50's gradients) against one grouped allreduce of the same tensors, no compute,
 with Horovod's response cache on and off: what the coordination of many requests costs per step.
 
@@ -31,7 +31,7 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
   gloo         horovodrun --gloo from node1 (Gloo's ring)
   horovod_keras  a ported Horovod Keras script: a bare horovodrun, Horovod's own cycle time, each rank
                starting Horovod with `hvd_lars.parallel.horovod_keras.init()` (which gives a CPU-only Open
-               MPI job the rules file unless the user or site chose an allreduce; issue 34 item 4)
+               MPI job the rules file unless the user or site chose an allreduce)
   horovod_keras_off  the same with `init(ompi_allreduce_rules=False)`: Open MPI's own choice, the baseline
   mpich        MPICH: `mpiexec.mpich -launcher ssh -hosts node1:r,...`, from node1, of the Python of
                --mpich_venv, an environment whose Horovod install/setup.sh built against MPICH, each rank
@@ -284,7 +284,7 @@ def mib(size):
 
 def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command):
     lines = [
-        "# Horovod's allreduce across 2, 4 and 8 emulated hosts (issue 22)",
+        "# Horovod's allreduce across 2, 4 and 8 emulated hosts",
         "",
         *common.provenance_lines(command, matmul, args.raw),
         f"- launch/emulated_cluster.sh, {max(h for h, _ in layouts)} hosts, every link shaped to "
@@ -338,7 +338,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
 
 def negotiation_report(args, results, matmul, command):
     lines = [
-        "# Horovod's per-step coordination of many small tensors against p (issue 22, item 4)",
+        "# Horovod's per-step coordination of many small tensors against p",
         "",
         *common.provenance_lines(command, matmul, args.raw),
         f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate}; a step is {args.tensors} "

@@ -1,4 +1,4 @@
-"""Are two runs of the same job bit-identical when Open MPI's allreduce is the ring? (issue 22, item 3)
+"""Are two runs of the same job bit-identical when Open MPI's allreduce is the ring?
 
 With the allreduce rules file (hvd_lars/parallel/ompi_allreduce_rules.conf) set by launch/env.sh, two
 tests of tests/test_cluster.py found the launch scripts' weights 1e-7 relative away from a bare
@@ -101,7 +101,7 @@ def main(argv=None):
                 print(f"[allreduce_order] {arm} repeat {repeat} done", flush=True)
     command = common.command_line("allreduce_order", argv)
     lines = [
-        "# Two runs of one job with Open MPI's ring allreduce: bit-identical or not (issue 22, item 3)",
+        "# Two runs of one job with Open MPI's ring allreduce: bit-identical or not",
         "",
         *common.provenance_lines(command, matmul),
         f"- flags/smoke.flags (6 updates, global batch 32), {RANKS} ranks on 2 emulated hosts ({HOSTS}), "

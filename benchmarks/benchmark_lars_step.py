@@ -184,7 +184,7 @@ def main(argv=None):
         lines += [
             "## Reading",
             "",
-            f"- graph mode, the issue's criterion: LARS costs {ratio[('graph', 'lars')]:.2f}x the SGD step "
+            f"- graph mode, the criterion: LARS costs {ratio[('graph', 'lars')]:.2f}x the SGD step "
             f"(bound 1.5x: {'met' if ratio[('graph', 'lars')] <= 1.5 else 'NOT met'}); Nesterov "
             f"{ratio[('graph', 'lars_nesterov')]:.2f}x, MLPerf exclusions "
             f"{ratio[('graph', 'lars_mlperf')]:.2f}x. "

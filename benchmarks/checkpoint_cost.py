@@ -1,4 +1,4 @@
-"""Training time a checkpoint costs, written synchronously against asynchronously (issue 11, item 5).
+"""Training time a checkpoint costs, written synchronously against asynchronously.
 
 AlexNet-BN (227x227, 1,000 classes: 62.4M float32 weights; with LARS's velocities a checkpoint of about
 0.5 GB) trained by `model.fit` with `hvd_lars.LARS` on synthetic data in one process on every core, the
@@ -151,7 +151,7 @@ def markdown(record):
     base = statistics.median(r["seconds"] for r in record["runs"] if r["arm"] == "none")
     step = base / record["steps"]
     lines = [
-        "## Checkpoints that do not stop the job (issue 11, item 5)",
+        "## Checkpoints that do not stop the job",
         "",
         f"- Command: `{record['command']}`",
         f"- Git SHA {common.sha_text(prov['git_sha'])}, {prov['date']}; "

@@ -279,7 +279,7 @@ def report(raw):
     def distinct(key):
         return ", ".join(f"`{v}`" if key == "command" else v for v in sorted({e[key] for e in entries}))
 
-    # Entries measured before issue 36 hold the CPU as a string and no tf.matmul rate: `describe` says so.
+    # Older entries hold the CPU as a string and no tf.matmul rate: `describe` says so.
     machines = sorted({common.describe(e["cpu"], e.get("matmul"), e["machine"]) for e in entries})
 
     lines = [

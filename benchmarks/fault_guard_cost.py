@@ -1,4 +1,4 @@
-"""What the per-update fault check costs (issue 13): `hvd_lars.training.faults.FaultGuard` vs none, 2 ranks.
+"""What the per-update fault check costs: `hvd_lars.training.faults.FaultGuard` vs none, 2 ranks.
 
 At every update boundary the main program's `FaultGuard` checks that the loss and every float variable
 (weights, batch-norm statistics, optimizer slots) are finite, then sums 2 numbers over the ranks (the
@@ -115,7 +115,7 @@ def worker(args):
 def report(args, raw, wall):
     command = common.command_line("fault_guard_cost", args.argv)
     lines = [
-        "# What the per-update fault check costs (FaultGuard, issue 13)",
+        "# What the per-update fault check costs (FaultGuard)",
         "",
         *common.provenance_lines(command, common.matmul_rate()),
         f"- {wall:.0f} s; 2 Horovod ranks (horovodrun, Open MPI) on this machine's cores, {args.steps} "

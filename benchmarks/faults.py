@@ -1,4 +1,4 @@
-"""Fault scenarios on 2 real Horovod ranks, each repeated, and what every run left behind (issue 13).
+"""Fault scenarios on 2 real Horovod ranks, each repeated, and what every run left behind.
 
 Run from the repository root, with the machine to itself (nothing else running: timings are reported);
 the `silent_host` scenario needs root (it brings up 2 emulated hosts, launch/emulated_cluster.sh):
@@ -449,7 +449,7 @@ def report(results, args, out):
     command = common.command_line("faults", args.argv)
     earlier_made, earlier_rows = _earlier_rows(out, results)
     lines = [
-        "# Faults on 2 Horovod ranks (issue 13)",
+        "# Faults on 2 Horovod ranks",
         "",
         f"Rows {', '.join(results)}: made by `{command}` at git {common.sha_text(common.git_sha())}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, on "

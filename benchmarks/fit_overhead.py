@@ -1,4 +1,4 @@
-"""What each `model.fit` call costs beyond its updates, on 2 Horovod ranks (issue 22, item 6): a loop that
+"""What each `model.fit` call costs beyond its updates, on 2 Horovod ranks: a loop that
 fits per epoch, and every attempt of an elastic job, pays it once per call.
 
 `results/fault_guard_cost.md` found about 5 s per `fit` on 2 ranks. It was the fault guard's finite check
@@ -95,7 +95,7 @@ def main(argv=None):
         raw = json.load(f)
     command = common.command_line("fit_overhead", argv)
     lines = [
-        "# What each model.fit call costs beyond its updates (2 Horovod ranks, issue 22)",
+        "# What each model.fit call costs beyond its updates (2 Horovod ranks)",
         "",
         *common.provenance_lines(command, common.matmul_rate(), args.raw),
         f"- {time.time() - start:.0f} s; 2 ranks (horovodrun, Open MPI) on this machine; {args.fits} timed "

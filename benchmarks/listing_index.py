@@ -1,5 +1,5 @@
 """What a start of an image-folder run pays to know its files: listing the folder against reading the
-run's index file (issue 11.4), on a generated tree of 100,000 small files.
+run's index file, on a generated tree of 100,000 small files.
 
 Run from the repository root with the machine to itself (nothing else running; about a minute; the cold
 rows drop the kernel's caches, which needs root):

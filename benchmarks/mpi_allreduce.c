@@ -1,5 +1,5 @@
 /* A plain MPI_Allreduce of float32 buffers, with no Horovod and no Python: what the MPI library itself
- * takes across the emulated hosts (issue 22, item 3). benchmarks/mpi_allreduce.py builds it with
+ * takes across the emulated hosts. benchmarks/mpi_allreduce.py builds it with
  * each MPI's mpicc (MPICH's, Open MPI's) and runs it; it is not part of the package.
  *
  *   mpi_allreduce REPEATS BYTES [BYTES ...]

@@ -1,4 +1,4 @@
-"""MPI_Allreduce alone, no Horovod, MPICH and Open MPI, across 2, 4 and 8 emulated hosts (issue 22, item 3).
+"""MPI_Allreduce alone, no Horovod, MPICH and Open MPI, across 2, 4 and 8 emulated hosts.
 
 Horovod's allreduce at p >= 4 took ~1.85x the ring bound on Open MPI's own choices, and on MPICH (Debian's
 4.0.2, ch4:ucx) 1.65x at p = 4 and hung at p >= 4 (`results/allreduce_hosts/mpich.md`). This measures the MPI
@@ -154,7 +154,7 @@ def launch(programs, hosts, setting, sizes, repeats, finalize_s, timeout_s, ompi
 
 def report(args, sizes, link_bits, records, matmul, command, raw):
     lines = [
-        "# MPICH's and Open MPI's own MPI_Allreduce across emulated hosts, no Horovod (issue 22, item 3)",
+        "# MPICH's and Open MPI's own MPI_Allreduce across emulated hosts, no Horovod",
         "",
         *common.provenance_lines(command, matmul, raw),
         f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate}; mpi_allreduce.c "

@@ -1,4 +1,4 @@
-"""What switching Horovod's response cache off costs (issue 20, item 4): the main program on 2 Gloo ranks
+"""What switching Horovod's response cache off costs: the main program on 2 Gloo ranks
 with `HOROVOD_CACHE_CAPACITY=0` (what launch/elastic.sh and `hvd_lars.training.train` set for elastic
 jobs) against Horovod's default capacity (1,024 cached responses).
 
@@ -6,7 +6,7 @@ With the cache, a tensor reduced before is announced by a bit in a bit vector th
 each cycle; without it, every rank sends rank 0 a request per tensor per step and rank 0 broadcasts the
 fused responses (Horovod's negotiation), so the cost grows with the number of gradient tensors and with
 the ranks. Two models: flags/smoke.flags' small CNN (18 gradient tensors, fc1's 1 MiB among them: the
-elastic case of issue 20) and ResNet-50 at 32 x 32 (161 tensors), both on synthetic data.
+elastic case) and ResNet-50 at 32 x 32 (161 tensors), both on synthetic data.
 
 Arms alternate, `--repeats` launches each (`horovodrun --gloo -np 2`, the transport elastic jobs use);
 each launch's figure is the run's images/s over its epochs after the first (summary.json: the first
@@ -74,7 +74,7 @@ def main(argv=None):
                     )
     command = common.command_line("response_cache", argv)
     lines = [
-        "# What switching Horovod's response cache off costs (elastic jobs, issue 20)",
+        "# What switching Horovod's response cache off costs (elastic jobs)",
         "",
         *common.provenance_lines(command, common.matmul_rate()),
         f"- {time.time() - start:.0f} s; 2 Gloo ranks (`horovodrun --gloo -np 2`) on this machine, synthetic "

@@ -4,7 +4,7 @@ Each section writes its raw figures to results/scaling/<section>_<label>.json an
 results/scaling.md (between `<!-- section: NAME -->` and `<!-- end: NAME -->`) from every JSON file of that
 section, so runs made separately (one per link rate) stand side by side and other sections are kept.
 
-Section `overlap_compression` (issue 11, items 1 and 2): step time of ResNet-50 (224x224) and AlexNet-BN
+Section `overlap_compression`: step time of ResNet-50 (224x224) and AlexNet-BN
 (227x227) trained by `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank per
 host on 1 core each, gradients allreduced "grouped" (one grouped allreduce after the last gradient)
 against "overlap" (one allreduce per gradient, started as backprop produces it); the single-rank compute
@@ -13,7 +13,7 @@ time of the same per-rank batch on the same core, measured in the same run, so t
 values) with and without float16 compression. Precision: mixed_bfloat16 where the CPU has avx512_bf16 or
 amx_bf16, float32 elsewhere (hvd_lars.training.config.resolve_precision("auto")).
 
-Section `threads` (issue 11, item 3): 2 ranks x 1 thread against 1 rank x 2 threads at the same global
+Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global
 batch (`worker_threads`). What the runs show is written by hand in results/scaling.md after the section's
 end marker, so a rerun rewrites the table and keeps the reading.
 
@@ -211,7 +211,7 @@ def _run_together(commands, env, timeout=1200):
 
 def _machine(run):
     """The machine of a run's record for its section: `common.describe` of its CPU (a `common.cpu()` dict;
-    a string in records made before issue 36) and its tf.matmul rate (absent from those records)."""
+    a string in older records) and its tf.matmul rate (absent from older records)."""
     return common.describe(run["cpu"], run.get("matmul"), run["provenance"]["machine"])
 
 
@@ -319,7 +319,7 @@ def _overlap_compression_markdown():
     order = {"1gbit": 0, "10gbit": 1, "local": 2}
     runs.sort(key=lambda r: order.get(r["label"], 3))
     lines = [
-        "## Overlapped gradient allreduce and float16 compression (issue 11, items 1-2)",
+        "## Overlapped gradient allreduce and float16 compression",
         "",
         "Step time of `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank",
         "per host pinned to 1 core; mean of 10 timed steps after 3 warm-up steps (min-max in brackets).",
@@ -332,7 +332,7 @@ def _overlap_compression_markdown():
         "background thread. All figures of one link come from the same script run. Each rank shares its",
         "one core with Horovod's background thread, which negotiates in blocking MPI calls every cycle: the",
         "runs use a 5 ms cycle (Horovod's default before 0.21; now 1 ms) and MPI yielding while it waits, so",
-        "that this polling does not take the core from the step (issue 11 item 3 measures that cost).",
+        "that this polling does not take the core from the step (section `threads` measures that cost).",
         "Raw figures: `results/scaling/overlap_compression_*.json` (one per link).",
         "",
     ]
@@ -397,7 +397,7 @@ def write_section(name, body, markdown=None):
 
 # ------------------------------------------------------------- section threads: 2 ranks x 1 vs 1 x 2
 
-# ResNet-50 at a global batch of 32 images per step: the measurement issue 11 item 3 describes.
+# ResNet-50 at a global batch of 32 images per step: the measurement of section `threads`.
 THREADS_MODEL = "resnet50"
 THREADS_GLOBAL_BATCH = 32
 
@@ -584,8 +584,8 @@ def _threads_arm(name, spec, me, env, scratch):
 
 
 def threads(args):
-    """Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch
-    (issue 11, item 3); the baseline is measured before, between and after the other arms."""
+    """Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch;
+    the baseline is measured before, between and after the other arms."""
     raw = os.path.join(RAW_DIR, "threads_local.json")
     if args.report_only:
         with open(raw) as f:
@@ -648,7 +648,7 @@ def _threads_markdown(record):
     runs = record["runs"]
     baseline_at = [i for i, r in enumerate(runs) if r["arm"] == THREADS_BASELINE]
     lines = [
-        "## 2 ranks x 1 thread against 1 rank x 2 threads (issue 11, item 3)",
+        "## 2 ranks x 1 thread against 1 rank x 2 threads",
         "",
         f"`{record['command']}` at git {common.sha_text(prov['git_sha'])}, {prov['date']}; "
         f"{_machine(record)}; TensorFlow {prov['tensorflow']}, Horovod {prov['horovod']}; whole run "

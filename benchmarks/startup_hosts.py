@@ -1,5 +1,4 @@
-"""Start-up across 2, 4 and 8 emulated hosts: from launch to the first update, and where it goes (issue 22,
-item 8).
+"""Start-up across 2, 4 and 8 emulated hosts: from launch to the first update, and where it goes.
 
 One rank per host, `horovodrun -np p -H node1:1,...` (Open MPI) of the main program, unchanged, on
 `--flagfile` (default flags/smoke.flags; `--model=resnet50 --image_size=64` for a larger first trace).
@@ -141,7 +140,7 @@ def main(argv=None):
     raw = common.data_path(args.out)
     header = " | ".join(f"p={p} slowest rank | p={p} median rank" for p in ps)
     lines = [
-        "# Start-up across 2, 4 and 8 emulated hosts: launch to the first update (issue 22, item 8)",
+        "# Start-up across 2, 4 and 8 emulated hosts: launch to the first update",
         "",
         *common.provenance_lines(command, matmul, raw),
         f"- `{' '.join(flags)}`, 1 rank per host (Open MPI via horovodrun), links {args.link_rate}; "

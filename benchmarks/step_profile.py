@@ -1,6 +1,6 @@
 """Where a ResNet-50 training step spends its time on this CPU: TensorFlow's profiler, op by op, for ours
 (hvd_lars's ResNet-50 v1.5 + DistributedOptimizer(LARS)) and plain Keras (keras.applications.ResNet50 +
-SGD momentum), side by side in one run (issue 22, item 7).
+SGD momentum), side by side in one run.
 
 Each configuration runs in its own process: the configuration of benchmarks/benchmark_models.py (`build`,
 one synthetic batch of 32 at 224x224 repeated), WARMUP_STEPS steps of `fit`, then PROFILED_STEPS steps

@@ -1,4 +1,4 @@
-"""Process-wide settings against the training step on this CPU (issue 22, item 7): the memory
+"""Process-wide settings against the training step on this CPU: the memory
 allocator, TensorFlow's CPU allocator and thread pools, and XLA, measured side by side in one run.
 
 Every setting trains benchmarks/benchmark_models.py's configuration (hvd_lars's ResNet-50 v1.5 + LARS, one

@@ -1,5 +1,4 @@
-"""What the emulated links carry with no MPI at all: a ring of plain TCP streams across p emulated hosts
-(issue 22, item 3).
+"""What the emulated links carry with no MPI at all: a ring of plain TCP streams across p emulated hosts.
 
 The ring allreduce's bound, 2(p - 1)/p x S / (0.9 x link), assumes that every host's link carries its
 ring edge at the link's payload rate in both directions at once. On the emulated cluster all p links,
@@ -206,7 +205,7 @@ def combine(p, outputs, link_bits):
 
 def report(args, rows, matmul, command, raw=None):
     lines = [
-        "# Plain TCP rings across emulated hosts: what the links carry without MPI (issue 22, item 3)",
+        "# Plain TCP rings across emulated hosts: what the links carry without MPI",
         "",
         *common.provenance_lines(command, matmul, raw),
         f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate} (tc tbf, both directions, "

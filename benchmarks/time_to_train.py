@@ -388,7 +388,7 @@ def validate(measurements, grads):
 # ---------------------------------------------------------------------------------------------- report
 
 MODEL_NAMES = {"alexnet_bn": "AlexNet-BN", "resnet50": "ResNet-50"}
-# What to predict (issue 12.3): (model, socket, epochs, [(sockets, global batch), ...]).
+# What to predict: (model, socket, epochs, [(sockets, global batch), ...]).
 PREDICTIONS = [
     ("alexnet_bn", "xeon_platinum_8160", 100, [(1024, 32768), (2048, 32768)]),
     ("resnet50", "xeon_phi_7250", 90, [(2048, 8192), (2048, 16384), (2048, 32768)]),
@@ -410,7 +410,7 @@ def target_link(measurements, source="hosts"):
 
     Args:
         source: "hosts", the joint fit at 2, 4 and 8 emulated hosts under hvd_lars.main's settings
-            (`hosts_fit`; the model since issue 22); "2hosts", the 2-host 1 Gbit/s sweep at Horovod's
+            (`hosts_fit`); "2hosts", the 2-host 1 Gbit/s sweep at Horovod's
             default cycle (`link_fit`; the model before).
 
     Raises:
@@ -688,7 +688,7 @@ def hosts_section(hosts):
     """The report's lines on the allreduce against p: `hosts_fit`'s figures, per p and jointly."""
     ps = sorted(hosts["per_p"])
     lines = [
-        f"## The allreduce at p = {', '.join(map(str, ps))} emulated hosts (issue 22)",
+        f"## The allreduce at p = {', '.join(map(str, ps))} emulated hosts",
         "",
         f"`results/{HOSTS_JSON}`, the settings hvd_lars.main runs with (variant `{HOSTS_VARIANT}`), 1 rank",
         f"per host, links shaped to {hosts['link_bits'] / 1e6:.0f} Mbit/s. B: one fit of "
@@ -710,7 +710,7 @@ def hosts_section(hosts):
 
 
 def changes(measurements, predicted, before):
-    """Lines setting the predictions beside those of the model before issue 22 (2-host link fit)."""
+    """Lines setting the predictions beside those of the 2-host link fit (`link_fit`)."""
     a_old, _, _, share_old = target_link(measurements, "2hosts")
     a_new, _, _, share_new = target_link(measurements)
     lines = [

@@ -1,5 +1,4 @@
-"""The time-to-train model's step time, predicted against measured at p = 2, 4 and 8 emulated hosts
-(issue 22, item 5).
+"""The time-to-train model's step time, predicted against measured at p = 2, 4 and 8 emulated hosts.
 
 benchmarks/time_to_train.py predicts a step as compute + the allreduce not hidden behind backprop (its
 eqs. 1, 4, 5). Its own validation ran on 2 hosts only, where the ring's 2(p - 1)/p is 1. This one runs
@@ -58,7 +57,7 @@ from benchmarks import allreduce_hosts, alpha_beta, common, scaling
 MODEL, IMAGE_SIZE, CLASSES = "resnet20", 32, 10
 # The link rate: "auto" (the default) picks it on the CPU at hand, since compute is what differs between
 # CPUs (0.118 s per step at p = 2 on one Xeon, 0.092 s on another, where a fixed 80 Mbit/s gave 0.74 : 1,
-# under the issue's 1:1 to 3:1): the rate, to 10 Mbit/s, at which eq. 4's ring term at the smallest p,
+# outside the 1:1 to 3:1 aimed at): the rate, to 10 Mbit/s, at which eq. 4's ring term at the smallest p,
 # 2(p - 1)/p x n at 0.9 x the link, takes compute / AUTO_RATIO, compute measured first (before the hosts
 # are up) at that p. With 1.1 there, p = 8's compute : allreduce (4 ranks per core, eq. 4's growth) stays
 # under 3 : 1. A larger per-rank batch does not raise the ratio instead: batch 48 took 0.148 s of compute
@@ -452,7 +451,7 @@ def main(argv=None):
     command = common.command_line("validation_hosts", argv)
     raw = common.data_path(args.out)
     lines = [
-        "# The step-time model at p = 2, 4 and 8 emulated hosts (issue 22, item 5)",
+        "# The step-time model at p = 2, 4 and 8 emulated hosts",
         "",
         *common.provenance_lines(command, matmul, raw),
         f"- {MODEL} ({IMAGE_SIZE}x{IMAGE_SIZE}x3, per-rank batch {args.per_rank_batch}, float32, "

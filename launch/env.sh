@@ -61,7 +61,7 @@ export KMP_BLOCKTIME="${KMP_BLOCKTIME:-1}"
 # Horovod's tensor fusion is left at its defaults (128 MiB buffer, 1 ms cycle in 0.28.1): 64 MiB / 5 ms
 # measured no different on ResNet-50's and AlexNet's gradients (results/communication.md). Set
 # HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME before launching to change them; the launchers pass them on.
-# Faults (issue 13; tests/test_faults.py, results/faults.md). A rank that dies ends the job through its
+# Faults (tests/test_faults.py, results/faults.md). A rank that dies ends the job through its
 # launcher within seconds: mpirun (also under horovodrun) kills the other ranks when one exits on a signal
 # or non-zero, horovodrun --gloo's driver does the same, srun does with --kill-on-bad-exit=1 (train.sbatch).
 # Horovod's own timers cover a rank that is alive but stuck (a deadlock, a hung file system): the stall

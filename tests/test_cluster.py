@@ -483,7 +483,7 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
 
 @pytest.mark.system
 def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, slurm, shared_dir):
-    """`scontrol requeue` of a running 2-node job (issue 20, item 7): every rank stops at the next update
+    """`scontrol requeue` of a running 2-node job: every rank stops at the next update
     with a checkpoint; once the attempt's steps are gone from both nodes the job starts again on both and
     resumes from that checkpoint (an earlier version of this job failed its relaunch on node2, "Task
     launch failed on node node2: Communication connection failure"; the release now waits until no
@@ -526,7 +526,7 @@ def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, 
 @pytest.mark.system
 def test_readme_cluster_sbatch_command_on_two_emulated_nodes(cluster, slurm, shared_dir):
     """The README's `sbatch --nodes=2 --ntasks-per-node=2 launch/slurm/train.sbatch flags/fashion_mnist_lars
-    .flags --data_dir=$HOME/data/fashion-mnist`, as written (issue 33): its $HOME holds the Fashion-MNIST
+    .flags --data_dir=$HOME/data/fashion-mnist`, as written: its $HOME holds the Fashion-MNIST
     files, the flags that make the run small are appended, and Slurm's output goes to the run's folder
     (SBATCH_OUTPUT, which overrides the script's #SBATCH line). 4 ranks on node1 and node2, placed by
     train.sbatch itself (no placement exported)."""

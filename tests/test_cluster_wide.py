@@ -1,4 +1,4 @@
-"""Training across more than 2 emulated hosts (issue 22, item 1): 8 hosts x 1 rank and 4 hosts x 2 ranks
+"""Training across more than 2 emulated hosts: 8 hosts x 1 rank and 4 hosts x 2 ranks
 (`local_size` 2, `cross_size` 4), each over MPI (horovodrun from this machine) and over Gloo (horovodrun
 --gloo from node1, whose address the hosts reach); flags/smoke.flags, every rank saving its final weights
 (tests/support/rank_weights_main.py).

@@ -196,7 +196,7 @@ def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_
 
 
 # smoke.flags with a 1 MiB gradient (fc1/kernel, 2048 x 128 float32) among small ones: the case in which the
-# re-initialised worker and the joining one fused different sets of tensors (issue 20, item 4).
+# re-initialised worker and the joining one fused different sets of tensors.
 SMOKE_JOIN_FLAGS = [
     "--steps_per_epoch=200", "--epochs=3", "--checkpoint_every_steps=100", "--elastic_commit_every_steps=5",
     "--run_name=r", "--verbose=2",
@@ -237,7 +237,7 @@ RESUMABLE = ["--run_name=r", "--resume=true", "--checkpoint_every_steps=1", "--n
 
 @pytest.mark.horovod
 def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resumes_under_its_own(tmp_path):
-    # Issue 35: the plan check meets the elastic job's first sync (no collective may come before it).
+    # The plan check meets the elastic job's first sync (no collective may come before it).
     import hashlib
     import os
     import subprocess

@@ -1,4 +1,4 @@
-"""Elastic training across emulated hosts (issue 20, item 4): a discovery script lists node1..node3 (one
+"""Elastic training across emulated hosts: a discovery script lists node1..node3 (one
 worker each); node3 dies (every one of its processes killed, as a host that fails) and is left out of the
 list, then boots again and is listed again. The job goes on with 2 workers, takes node3 back once its
 cooldown has passed (launch/elastic.sh's COOLDOWN_S), keeps the plan's global batch and schedule, and ends

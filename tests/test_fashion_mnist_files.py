@@ -1,4 +1,4 @@
-"""Fashion-MNIST's IDX files from any folder, gzipped or uncompressed (issue 23.3)."""
+"""Fashion-MNIST's IDX files from any folder, gzipped or uncompressed."""
 
 import gzip
 import os

@@ -398,7 +398,7 @@ def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
 
 @pytest.mark.unit
 def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
-    # Traced anew at every fit, the check of ResNet-50's variables cost 2.5-5 s per `fit` call (issue 22).
+    # Traced anew at every fit, the check of ResNet-50's variables cost 2.5-5 s per `fit` call.
     import keras
 
     from hvd_lars.training import faults

@@ -1,4 +1,4 @@
-"""`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` (issue 34): Horovod's defaults
+"""`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras`: Horovod's defaults
 (`DistributedOptimizer` sums micro-batches, `LearningRateWarmupCallback` corrects momentum), `load_model`
 that wraps whatever optimizer a file holds, `register_local_var` of a `tf.Variable`, the value
 collectives, `op` / `gradient_predivide_factor` / `groups`, Horovod's own gradient-aggregation numbers
@@ -34,7 +34,7 @@ def _apply_twice(optimizer):
 
 @pytest.mark.unit
 def test_horovods_distributed_optimizer_sums_micro_batches_as_horovods_does():
-    # Issue 34 item 3: SGD(1.0), gradient 1.0 twice in one update of backward_passes_per_step=2.
+    # SGD(1.0), gradient 1.0 twice in one update of backward_passes_per_step=2.
     assert (
         _apply_twice(
             horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
@@ -95,7 +95,7 @@ def test_compression_objects_and_ops_are_accepted_by_both_optimizers():
 
 @pytest.mark.unit
 def test_register_local_var_takes_a_tf_variable():
-    # Issue 34 item 3: Horovod accepts a tf.Variable.
+    # Horovod accepts a tf.Variable.
     optimizer = horovod_keras.DistributedOptimizer(keras.optimizers.SGD())
     optimizer.register_local_var(tf.Variable(1.0))
     optimizer.register_local_var(keras.Variable(1.0))
@@ -284,7 +284,7 @@ def test_init_gives_open_mpi_the_ring_without_a_notice_on_two_ranks(ranks):
 
 @pytest.mark.horovod
 def test_load_model_wraps_the_files_plain_optimizer(ranks):
-    # Issue 34 item 2: mean gradient (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, SGD(0.1): w = 1.2 on both ranks
+    # Mean gradient (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, SGD(0.1): w = 1.2 on both ranks
     # (Keras's own load_model left SGD unwrapped: 1.0 and 1.4).
     for result in ranks[0]:
         assert result["load_model"] == {

@@ -1,5 +1,5 @@
 """Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, its `callbacks` and its `elastic` is in
-`hvd_lars.parallel.horovod_keras` (issue 34 item 1), with Horovod's arguments (same order, same defaults),
+`hvd_lars.parallel.horovod_keras`, with Horovod's arguments (same order, same defaults),
 and the README's Horovod table names each.
 
 Horovod's names are read from Horovod's installed sources with `ast` (its Keras layer does not import

@@ -1,4 +1,4 @@
-"""What a Horovod Keras script does, on 2 real ranks and in fresh processes (issue 21): models Keras builds
+"""What a Horovod Keras script does, on 2 real ranks and in fresh processes: models Keras builds
 in their first step, rank 0 resuming from a file while the others build in code, Horovod's warmup formula,
 local variables; and `import hvd_lars` being enough for `keras.models.load_model` in a new process.
 

@@ -266,7 +266,7 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     for rank in (0, 1):
         # horovodrun prefixes each rank's lines: [1,r]<stderr>: (MPI) or [r]<stderr>: (Gloo).
         assert re.search(rf"\[(\d+,)?{rank}\]<stderr>:{re.escape(expected)}", output), output[-3000:]
-    # The run directory is checked for writability first (issue 35); nothing is written into it.
+    # The run directory is checked for writability first; nothing is written into it.
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
 
     # The same command again: it removes what the killed one left and prepares afresh, with progress bars,

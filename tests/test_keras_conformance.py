@@ -1,4 +1,4 @@
-"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises (issue 21), one process.
+"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, one process.
 
 Reference: Keras's own SGD. LARS with every tensor excluded from layer adaptation (trust ratio 1) and no
 weight decay is momentum SGD, so it must follow `keras.optimizers.SGD(momentum=0.9)` step for step with
@@ -175,7 +175,7 @@ def _optimizers_factories():
     ]
 
 
-# ----------------------------------------------------------------------------- issue 21's failures
+# ------------------------------------------ weight-decay exclusions, models built in their first step, .h5
 
 
 @pytest.mark.unit
@@ -306,7 +306,7 @@ X, Y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float
 @pytest.mark.unit
 @pytest.mark.parametrize("callback", ["CommitState", "CommitStateCallback"])
 def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
-    # Issue 20 item 4: one micro-batch, restore, then micro-batches y = 1..4 from the start as the
+    # One micro-batch, restore, then micro-batches y = 1..4 from the start as the
     # elastic loop does: (1 + 2) / 2 + (3 + 4) / 2 = 5.0 (a commit after micro-batch 1 gave 3.5).
     model = _accumulating_model()
     state = elastic.KerasState(model, step=0, batch=0, epoch=0)

@@ -1,5 +1,5 @@
-"""examples/keras_horovod_lars.py, a user's own Keras 3 script with hvd_lars's Horovod pieces, on 2 ranks
-(issue 15.3): identical weights, the warmup rate at known steps, metrics averaged over the ranks."""
+"""examples/keras_horovod_lars.py, a user's own Keras 3 script with hvd_lars's Horovod pieces, on 2 ranks:
+identical weights, the warmup rate at known steps, metrics averaged over the ranks."""
 
 import os
 import subprocess

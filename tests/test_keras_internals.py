@@ -1,4 +1,4 @@
-"""The inventory of private Keras names (issue 36, item 1): only `hvd_lars.keras_internals` reads or
+"""The inventory of private Keras names: only `hvd_lars.keras_internals` reads or
 calls them, every name it lists still exists in the installed Keras, and the hooks overridden where
 they are (`OVERRIDDEN_HOOKS`) are the only private Keras names another module may define or call
 through `super()`.

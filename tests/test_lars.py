@@ -364,8 +364,8 @@ def test_learning_rate_variable_is_shared():
 
 @pytest.mark.unit
 def test_learning_rate_variable_saves_and_loads_the_whole_state(tmp_path):
-    # Issue 15: the rate variable was listed twice, tf.train.Checkpoint refused to save, and a .keras load
-    # dropped the optimizer state (iterations 8 came back as 0, velocities as zeros) with a warning only.
+    # A rate variable listed twice would make tf.train.Checkpoint refuse to save, and a .keras load drop
+    # the optimizer state (iterations 8 back as 0, velocities as zeros) with a warning only.
     rate = keras.Variable(0.05, dtype="float32", name="shared_rate")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
     model.compile(optimizer=LARS(rate, weight_decay=1e-3, eta=0.01), loss="mse")
@@ -601,7 +601,7 @@ def test_bfloat16_variables_follow_the_reference_loosely():
 
 @pytest.mark.unit
 def test_two_lars_in_one_program_have_their_own_names_and_variable_paths():
-    # Issue 34 item 5: name=None is Keras's automatic name ("lars", "lars_1", ...), as for two SGD, so
+    # name=None is Keras's automatic name ("lars", "lars_1", ...), as for two SGD, so
     # the paths that exclusions, logs and summaries match on are unique.
     first, second = LARS(0.1), LARS(0.1)
     assert first.name != second.name and first.name.startswith("lars") and second.name.startswith("lars")

@@ -1,5 +1,5 @@
-"""Image folders as users have them (issue 15.5): every oddity handled or refused naming the path, and the
-listing made once and kept in an index file (issue 11.4)."""
+"""Image folders as users have them: every oddity handled or refused naming the path, and the
+listing made once and kept in an index file."""
 
 import io
 import os
@@ -42,8 +42,8 @@ def _build(root, **options):
 
 @pytest.mark.unit
 def test_hidden_files_and_folders_are_skipped_everywhere(tmp_path):
-    # The issue's folder: a notebook's checkpoints folder beside the classes and a macOS ._ file beside an
-    # image (both were read before: 3 classes with cat as label 1, and a non-image decoded).
+    # A notebook's checkpoints folder beside the classes and a macOS ._ file beside an image (read, they
+    # would make 3 classes with cat as label 1, and a non-image decoded).
     _write(
         tmp_path,
         {

@@ -1,4 +1,4 @@
-"""The code of README.md and docs/*.md runs as a reader would run it (issue 33, item 2).
+"""The code of README.md and docs/*.md runs as a reader would run it.
 
 - Every Python block runs, on its own or after the preamble its marker names (`<!-- test: preamble=NAME
   ranks=N -->` above the fence; tests/support/readme_preambles.py holds each preamble, what the block
@@ -391,7 +391,7 @@ def test_cluster_setup_command_as_written(home):
 
 @pytest.mark.horovod
 def test_first_cluster_command_as_written(home, tmp_path):
-    # On this one-socket machine, with no placement exported (issue 33: PPR 1:socket refused 2 ranks).
+    # On this one-socket machine, with no placement exported (PPR 1:socket would refuse 2 ranks).
     command = readme.find_command("README.md", RUN_SECTIONS[1], "launch/mpirun.sh localhost 2")
     result = _run_as_written(command, [*SMALL_FASHION_MNIST, f"--workdir={tmp_path}"], {"HOME": str(home)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,5 +1,5 @@
 """What a restarted job meets, end to end: flags that change the plan of its checkpoints, bad flags, and a
-kill between an epoch's last update and its logs (issue "what a long job meets", items 3, 5 and 6)."""
+kill between an epoch's last update and its logs."""
 
 import csv
 import os

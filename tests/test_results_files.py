@@ -1,4 +1,4 @@
-"""results/ answers one question per file (issue 36).
+"""results/ answers one question per file.
 
 The rules, on the committed files:
 - Every report in results/, at the top and in the question folders (a folder's README.md, an index,
@@ -39,7 +39,7 @@ RATE = re.compile(r"tf\.matmul\b[^\n]*?\d+ GFLOP/s")
 RATE_NOT_RECORDED = f"tf.matmul rate {common.NOT_RECORDED}"
 DIRTY_NOT_RECORDED = re.compile(r"-dirty`?[^\n]*?exact source[^\n]*" + common.NOT_RECORDED)
 
-# The runs of results/ made from trees with uncommitted changes before issue 36 made it a rule not to.
+# The runs of results/ made from trees with uncommitted changes before the rule above.
 LEGACY_DIRTY = {
     "00a3027803146e70d96e61a09cefc035a9129dfb", "039ce0fdfef5ebc022b7df62e577a6da3ed10dd5",
     "153a9a6eb445ca96339dd8203be772788e0a098d", "172859d4d7bde91e0f719f27ba7e669f32c012cd",

@@ -1,4 +1,4 @@
-"""install/setup.sh as a user without root on a cluster would run it (issue 23.4).
+"""install/setup.sh as a user without root on a cluster would run it.
 
 An unprivileged user made here (useradd, no sudo) runs the set-up in a git clone of this checkout that it
 owns, with a PATH of symlinks to the system's programs that leaves out dpkg, apt and sudo (a RHEL-like
@@ -95,7 +95,7 @@ def cluster_user(tmp_path_factory):
     )
     subprocess.run(["git", "clone", "--quiet", "--no-checkout", REPO, scratch], check=True)
     subprocess.run(["git", "-C", scratch, "checkout", "--quiet", head.stdout.strip()], check=True)
-    # The data as a user downloads it, uncompressed (issue 23.3), in a folder of the user's.
+    # The data as a user downloads it, uncompressed, in a folder of the user's.
     data = os.path.join(work, "fashion-mnist")
     os.makedirs(data)
     for name in glob.glob(os.path.join(FASHION_MNIST, "*-ubyte.gz")):

@@ -23,7 +23,7 @@ What a listing keeps, and what it refuses (each refusal is one `ValueError` nami
 - File names may hold any bytes the file system allows (spaces, accents, invalid UTF-8): paths go to
   TensorFlow as the file system's bytes (`os.fsencode`).
 
-Index file (issue 11, "listing an image folder happens once per run"): `listed(root, index_path)` saves
+Index file (an image folder is listed once per run): `listed(root, index_path)` saves
 the listing and, on later calls, reuses it while every folder it read still has the same device, inode
 and modification time (one `stat` per folder: about 1,000 for ImageNet instead of reading 1.28M names).
 Adding, removing or renaming a file or a link changes its folder's modification time; rewriting a file

@@ -5,7 +5,7 @@ The stream of a rank is epoch 0's permutation of its shard, then epoch 1's, and 
 stream is `epoch_permutation(n, seed, k // n)[k % n]`: a run resumed after k elements computes one
 permutation (O(n) integers, whatever k is) and starts in the middle of it. The earlier pipelines drew
 `Dataset.shuffle(reshuffle_each_iteration=True)` orders instead, which can only be reached by iterating
-through every earlier epoch, decoding each image again (issue 11, "Resume without replaying the past").
+through every earlier epoch, decoding each image again.
 """
 
 import tensorflow as tf

@@ -31,7 +31,7 @@ def _dense(w=1.0):
 
 
 def load_model(hvd, rank, out_dir):
-    """Issue 34 item 2: a plain SGD(0.1) model saved by one process, loaded by hvd.load_model on both."""
+    """A plain SGD(0.1) model saved by one process, loaded by hvd.load_model on both."""
     import keras
 
     path = os.path.join(out_dir, "plain_sgd.keras")

@@ -243,7 +243,7 @@ def run_behaviour(results, rank, size):
             out.append([float(w.numpy()), float(optimizer.dynamic_scale.numpy()), int(optimizer.iterations)])
         return np.asarray(out)
 
-    # Issue 15: DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8
+    # DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8
     # and 0: the mean 4 unscales to 1, so w = -1 on both ranks.
     results["lso_inside/steps"] = scalar_steps(
         DistributedOptimizer(LSO(keras.optimizers.SGD(1.0), initial_scale=4)), [8.0 if rank == 0 else 0.0]

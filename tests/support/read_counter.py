@@ -1,4 +1,4 @@
-"""Test-side hooks that record what an input pipeline reads and decodes (the resume tests of issue 11.4).
+"""Test-side hooks that record what an input pipeline reads and decodes (the resume tests).
 
 `ReadCounter(monkeypatch)` patches the three places the pipelines touch data: `image_folder._read_file`
 (every image file opened), `records._read_records` (every TFRecord record read, skipped ones included)

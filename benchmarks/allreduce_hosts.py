@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import alpha_beta, common
+from benchmarks import common
 
 REPO = common.REPO
 RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
@@ -328,7 +328,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
             if len(rows) < 2:
                 continue
             p = rows[0]["p"]
-            alpha, beta, worst = alpha_beta.ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
+            alpha, beta, worst = common.ring(p, [r["size"] for r in rows], [r["median_s"] for r in rows])
             lines.append(
                 f"| {name} | {p} | {variant} | {alpha * 1e3:.3f} | {beta / 1e6:.1f} | "
                 f"{beta / (LINK_EFFICIENCY * link_bits / 8):.2f} | {worst:.2f} |"

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 
-from benchmarks import alpha_beta, common
+from benchmarks import common
 
 REPO = common.REPO
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
@@ -362,7 +362,7 @@ def _sweep_section(sweeps, np, plt):
                 continue
             sizes = entry["sizes"]
             medians = [statistics.median(t) for t in entry["times_s"]]
-            alpha, bandwidth, residual = alpha_beta.alpha_beta(sizes, medians)
+            alpha, bandwidth, residual = common.alpha_beta(sizes, medians)
             rate = LINK_RATE_BITS[link]
             configured, ratio = (f"{rate / 1e9:.0f}", f"{bandwidth * 8 / rate:.2f}") if rate else ("-", "-")
             at = dict(zip(sizes, medians))

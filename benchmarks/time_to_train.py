@@ -37,7 +37,7 @@ import os
 import re
 import statistics
 
-from benchmarks import alpha_beta, common
+from benchmarks import common
 
 REPO = common.REPO
 RESULTS = common.RESULTS
@@ -200,7 +200,7 @@ def link_fit(sweep):
         m for s, m in zip(sizes, medians) if SMALL_MESSAGES[0] <= s <= SMALL_MESSAGES[1]
     )
     large = [(s, m) for s, m in zip(sizes, medians) if s >= LARGE_MESSAGES]
-    _, bandwidth, _ = alpha_beta.alpha_beta([s for s, _ in large], [m for _, m in large])
+    _, bandwidth, _ = common.alpha_beta([s for s, _ in large], [m for _, m in large])
     return alpha, bandwidth
 
 
@@ -250,7 +250,7 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
     def fit(subset):
         """(latencies per p, 1/B, relative residuals) of t = c_p + 2 (p - 1)/p x S / B over `subset`."""
         columns = ([r["p"] for r in subset], [r["size"] for r in subset], [r["median_s"] for r in subset])
-        return alpha_beta.ring_per_p(*columns)
+        return common.ring_per_p(*columns)
 
     _, inverse_b, residual = fit(large)
     at = np.array([r["p"] for r in large])

@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import allreduce_hosts, alpha_beta, common, scaling
+from benchmarks import allreduce_hosts, common, scaling
 
 MODEL, IMAGE_SIZE, CLASSES = "resnet20", 32, 10
 # The link rate: "auto" (the default) picks it on the CPU at hand, since compute is what differs between
@@ -422,7 +422,7 @@ def main(argv=None):
                 parts = split_parts(ranks(p, args.per_rank_batch, scratch, env, role="split")["split"])
             fit = allreduce_hosts.launch("main", (p, 1), fit_args)
             medians = [statistics.median(t) for t in fit["times_s"]]
-            alpha, beta, _ = alpha_beta.ring(p, fit["sizes"], medians)
+            alpha, beta, _ = common.ring(p, fit["sizes"], medians)
             n = measured["gradient_bytes"]
             reduce = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / beta
             compute = statistics.median(busy)

@@ -188,7 +188,7 @@ make_bridge() {
 # queued, and all the hosts' TCP senders share this machine's cores; with 8 busy hosts on 2 cores a sender
 # is likely off the CPU for longer than 2.6 ms at times (inferred, not traced), which a real host with
 # cores of its own is not. With 2 ms (64 KiB at 200 Mbit/s) a plain TCP ring of 8 hosts with no MPI took
-# 1.33-1.41x the ring bound (medians); with 10 ms 0.98-0.99x (results/tcp_ring.md). The average rate is
+# 1.33-1.41x the ring bound (medians); with 10 ms 0.98-0.99x (results/archive/tcp_ring.md). The average rate is
 # the same: over any t seconds a link carries at most rate x t + burst.
 shape() {
   local netns=$1 dev=$2 burst

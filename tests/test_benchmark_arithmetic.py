@@ -1,18 +1,17 @@
-"""The arithmetic of the cluster and profile benchmarks: the ring bound, the fit per p, the layouts, link
-rates, and the profile's op categories."""
+"""The arithmetic of the cluster benchmarks: the ring bound, the fit per p, the layouts, link rates."""
 
 import pytest
 
 
 @pytest.mark.unit
 def test_allreduce_fit_recovers_the_ring_terms_and_layouts_are_checked():
-    from benchmarks import allreduce_hosts, alpha_beta
+    from benchmarks import allreduce_hosts, common
 
     # p = 4: 2(p - 1) = 6 ring steps of 1 ms, and 2(p - 1)/p = 1.5 x S at 25 MB/s.
     sizes = [1024, 2**20, 16 * 2**20]
     times = [6e-3 + 1.5 * s / 25e6 for s in sizes]
     assert times[2] == pytest.approx(1.01263, abs=1e-5)  # 0.006 + 1.5 x 16,777,216 / 25e6
-    alpha, beta, worst = alpha_beta.ring(4, sizes, times)
+    alpha, beta, worst = common.ring(4, sizes, times)
     assert alpha == pytest.approx(1e-3, rel=1e-9) and beta == pytest.approx(25e6, rel=1e-9)
     assert worst < 1e-9
     # 200 Mbit/s at 0.9 payload: 16 MiB over 4 ranks takes 1.5 x 16 MiB x 8 / 180e6 = 1.1185 s at best.
@@ -22,7 +21,7 @@ def test_allreduce_fit_recovers_the_ring_terms_and_layouts_are_checked():
         with pytest.raises(ValueError, match=bad):
             allreduce_hosts.parse_layout(bad)
     with pytest.raises(ValueError, match="2 or more"):
-        alpha_beta.ring(4, [1024], [0.01])
+        common.ring(4, [1024], [0.01])
 
 
 @pytest.mark.unit
@@ -36,26 +35,6 @@ def test_link_rates_are_read_as_tc_writes_them():
     for bad in ("200", "fastmbit", "1 tbit", ""):
         with pytest.raises(ValueError, match=f"link rate {bad!r}: expected"):
             common.link_rate_bits(bad)
-
-
-@pytest.mark.unit
-def test_step_profile_puts_traced_ops_into_their_categories():
-    from benchmarks import step_profile
-
-    cases = {
-        "x/resnet50_1/stage4_block1_proj_1/convolution:_MklNativeConv2D": "conv forward",
-        "x/gradient_tape/resnet50_1/conv1/convolution/Conv2DBackpropFilter:_MklNativeConv2DBackpropFilter": (
-            "conv backward"
-        ),
-        "x/gradient_tape/conv1/Conv2DBackpropInput:Conv2DBackpropInput": "conv backward",
-        "x/resnet50_1/fc/MatMul:_MklMatMul": "matmul",
-        "x/resnet50_1/bn1/FusedBatchNormV3:_MklFusedBatchNormV3": "batch norm",
-        "x/gradient_tape/bn1/FusedBatchNormGradV3:FusedBatchNormGradV3": "batch norm",
-        "x/distributed_optimizer/lars/Sqrt:Sqrt": "update",
-        "x/ResourceApplyKerasMomentum:ResourceApplyKerasMomentum": "update",
-        "x/resnet50_1/relu/Relu:_MklRelu": "element-wise",
-    }
-    assert {name: step_profile.category(name) for name in cases} == cases
 
 
 EMULATED = """
@@ -85,21 +64,6 @@ def test_the_emulated_cluster_is_taken_down_when_the_benchmark_is_terminated(tmp
     )
     assert result.returncode == 128 + 15 and "not reached" not in result.stdout, result.stderr[-2000:]
     assert log.read_text().splitlines() == ["up 4 200mbit", "down 4 200mbit"]
-
-
-@pytest.mark.unit
-def test_mpich_benchmark_reads_a_launch_that_hung_in_finalize_as_such():
-    from benchmarks import mpi_allreduce
-
-    # As benchmarks/mpi_allreduce.c's rank 0 prints: one line per size, then "finalize", "finalized".
-    ended = "size 1024 p 4 times_s 0.010000 0.012000 0.011000\nsize 16777216 p 4 times_s 1.1 1.2 1.3\n"
-    times, reached, left = mpi_allreduce.parse(ended + "finalize\nfinalized\n")
-    assert times == {1024: [0.01, 0.012, 0.011], 16777216: [1.1, 1.2, 1.3]}
-    assert (reached, left) == (True, True)
-    # Killed in MPI_Finalize (the figures stand), and killed before it (a size unfinished is not counted).
-    assert mpi_allreduce.parse(ended + "finalize\n")[1:] == (True, False)
-    times, reached, left = mpi_allreduce.parse("size 1024 p 4 times_s 0.01\nsize 16777216 p 4 times_s")
-    assert times == {1024: [0.01]} and (reached, left) == (False, False)
 
 
 @pytest.mark.unit

@@ -71,15 +71,15 @@ def test_a_dirty_sha_says_its_source_is_not_recorded():
 @pytest.mark.unit
 def test_raw_data_goes_to_the_question_folder_of_a_top_report_and_beside_any_other(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", str(tmp_path / "results"))
-    top = common.data_path(str(tmp_path / "results" / "tcp_ring.md"))
-    assert top == str(tmp_path / "results" / "tcp_ring" / "tcp_ring.json") and os.path.isdir(
+    top = common.data_path(str(tmp_path / "results" / "communication.md"))
+    assert top == str(tmp_path / "results" / "communication" / "communication.json") and os.path.isdir(
         os.path.dirname(top)
     )
-    run = common.data_path(str(tmp_path / "results" / "tcp_ring" / "amd_epyc.md"))
-    assert run == str(tmp_path / "results" / "tcp_ring" / "amd_epyc.json")
+    run = common.data_path(str(tmp_path / "results" / "communication" / "amd_epyc.md"))
+    assert run == str(tmp_path / "results" / "communication" / "amd_epyc.json")
     assert common.data_path(str(tmp_path / "x.md")) == str(tmp_path / "x.json")
     monkeypatch.setattr(common, "git_sha", lambda: "0123456789abcdef0123456789abcdef01234567")  # no git here
-    lines = common.provenance_lines("python -m benchmarks.tcp_ring", MATMUL, top)
+    lines = common.provenance_lines("python -m benchmarks.communication", MATMUL, top)
     assert lines[1].startswith("- Git SHA: `0123456789abcdef0123456789abcdef01234567`; date (UTC): 20")
     assert lines[-1] == f"- Raw data: `{os.path.relpath(top, common.REPO)}`"
 

@@ -42,9 +42,9 @@ WORLD_SIZE = 4
 # Grouped gradients: these runs are compared bit for bit with each other. With the ring from 1 MiB on 3+
 # Open MPI ranks (the main program's default, hvd_lars/training/threads.py) an element's summation order
 # depends on where it falls in Horovod's fusion buffer, which the overlapped reduction fills in the order
-# gradients arrive: two runs of one job then differ by float32 rounding (results/allreduce_order.md). One
-# grouped allreduce fuses every gradient in one fixed order (tests/test_cluster_wide.py runs the overlapped
-# reduction across hosts).
+# gradients arrive: two runs of one job then differ by float32 rounding (results/archive/allreduce_order.md).
+# One grouped allreduce fuses every gradient in one fixed order (tests/test_cluster_wide.py runs the
+# overlapped reduction across hosts).
 SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1", "--gradient_reduction=grouped"]
 SMOKE_STEPS = 6  # flags/smoke.flags: 3 steps per epoch x 2 epochs
 # Open MPI on the cluster network only (this machine's own interfaces are not reachable from the hosts).

@@ -1,7 +1,6 @@
 """benchmarks/large_batch_study.py: the sweep's decisions, each run's flags, which part a selection trains,
-what a study started again skips (fake run records), the report of a half-done study, the records recovered
-from the first report, and the whole study on a tiny grid (through the real main program) killed in a
-run, resumed, and started again with nothing to do."""
+what a study started again skips (fake run records), the report of a half-done study, and the whole study on
+a tiny grid (through the real main program) killed in a run, resumed, and started again with nothing to do."""
 
 import json
 import os
@@ -11,7 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks import large_batch_recover, large_batch_report
+from benchmarks import large_batch_report
 from benchmarks import large_batch_study as study
 from benchmarks.common import HAND_WRITTEN, NOT_RECORDED
 from tests.support import REPO
@@ -375,45 +374,6 @@ def test_findings_say_per_network_whether_lars_holds_what_the_momentum_arms_lose
     outcomes.update([outcome("small_cnn_nobn", "nesterov", 8192, 0.918, 0.917)])
     said = large_batch_report.findings(args, "small_cnn_nobn", outcomes, study.ARMS)
     assert said[2] == "In short: at 8192, LARS held and so did Nesterov momentum SGD (no case for LARS here)."
-
-
-@pytest.mark.unit
-def test_the_first_reports_runs_are_recovered_from_its_tables():
-    # The report as it was when those runs were its only ones (commit 52653ed), kept under tests/support.
-    with open(os.path.join(REPO, "tests", "support", "large_batch_study_first_report.md")) as f:
-        text = f.read()
-    args = study.parse_args(["--output_dir=/tmp/x"])
-    records = large_batch_recover.recover(text, args, "test")
-    assert len(records) == 34
-    chosen = records["hvd_lars_study_momentum_b512_lr0.8_s1"]
-    assert (chosen["k"], chosen["val_top1"], chosen["test_top1"], chosen["peak_learning_rate"]) == (
-        3,
-        0.9322,
-        0.9332,
-        1.6,
-    )
-    swept = records["hvd_lars_study_lars_b8192_lr80_s0"]
-    assert (swept["k"], swept["val_top1"], swept["val_loss"], swept["test_top1"]) == (1, 0.8252, 0.5253, None)
-    # The walk over them makes the report's choices again (momentum at 512: 0.8 per 256, at the edge).
-    outcome = study.walk(
-        args,
-        study.Group("small_cnn", "momentum", 512),
-        lambda c: records.get(study.run_name(args, c)),
-        records,
-    )
-    assert outcome.chosen == 3 and [r["test_top1"] for r in outcome.records if r["chosen"]] == [
-        0.9329,
-        0.9332,
-    ]
-    assert all(r["edge"] for r in outcome.records if r["chosen"])
-    # The committed records file holds the same records (beside the runs made since).
-    with open(os.path.join(REPO, "results", "large_batch_study", "large_batch_study.json")) as f:
-        committed = {r["run_name"]: r for r in json.load(f)["records"]}
-    recovered = {n: r for n, r in committed.items() if r["source"].startswith("recovered from")}
-    assert len(recovered) == 34
-    assert {name: {k: v for k, v in r.items() if k != "source"} for name, r in recovered.items()} == {
-        name: {k: v for k, v in r.items() if k != "source"} for name, r in records.items()
-    }
 
 
 @pytest.mark.unit

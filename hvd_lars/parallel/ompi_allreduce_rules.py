@@ -7,7 +7,7 @@ of 3 ranks and more, below 1 MiB Open MPI's own choice (the faster there), from 
 ring; communicators of 2 ranks keep Open MPI's choice. The cost: with the ring an element's summation
 order depends on where it falls in Horovod's fusion buffer, which the overlapped reduction fills in the
 order gradients arrive, so two runs of one job on 3+ Open MPI ranks can differ by float32 rounding (1e-7
-relative; results/allreduce_order.md); one grouped reduction fuses in one fixed order and stays
+relative; results/archive/allreduce_order.md); one grouped reduction fuses in one fixed order and stays
 bit-reproducible.
 
 `apply` points Open MPI at the file (`RULES_SETTINGS`, read when MPI starts, i.e. before Horovod's init)

@@ -309,7 +309,7 @@ class StopSignals:
 
 # model -> (the ids of the variables checked, their traced check): traced once per model and variable list,
 # not at every fit. Tracing the check of ResNet-50's 1,000 variables took 2.5-5 s, paid by every `fit` call
-# (each attempt of an elastic job, a loop that fits per epoch: results/fit_overhead.md).
+# (each attempt of an elastic job, a loop that fits per epoch: results/archive/fit_overhead.md).
 _CHECKS = weakref.WeakKeyDictionary()
 
 

@@ -8,12 +8,15 @@ Reproduces You et al., "ImageNet Training in Minutes" (ICPP 2018). Two wings:
   `hvd_lars.models`, `hvd_lars.data` and `hvd_lars.metrics`;
 * the training application, `hvd_lars.training`, started by `python -m hvd_lars.main`.
 
-`import hvd_lars` itself imports neither Keras nor TensorFlow, so that the training program checks its flags
-in a fraction of a second. The first name taken from it (`from hvd_lars import LARS`) imports the library
-wing, which registers every Keras class the package defines for `keras.models.load_model`.
+`import hvd_lars` imports the library wing, which registers every Keras class the package defines for
+`keras.models.load_model`. The one exception is the training program (`python -m hvd_lars.main`,
+`hvd-lars-train`), which checks its flags before Keras and TensorFlow start: there the names are loaded on
+first use.
 """
 
 import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
 
@@ -58,3 +61,13 @@ def __getattr__(name):
 
 def __dir__():
     return sorted([*globals(), *_EXPORTS])
+
+
+def _training_program():
+    # While `python -m hvd_lars.main` imports this package, sys.argv[0] is "-m" (the module is being located).
+    main = sys.argv[:1] == ["-m"] and "hvd_lars.main" in getattr(sys, "orig_argv", ())
+    return main or os.path.basename(sys.argv[0] if sys.argv else "") == "hvd-lars-train"
+
+
+if not _training_program():
+    __getattr__("LARS")

@@ -51,9 +51,9 @@ def test_what_an_import_that_aborts_wrote_is_printed(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
-    result = subprocess.run(
-        [sys.executable, "-c", "import hvd_lars"], capture_output=True, env=env, timeout=60
-    )
+    # The main program imports TensorFlow through the filter once its flags are checked.
+    command = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/smoke.flags"]
+    result = subprocess.run(command, capture_output=True, env=env, cwd=REPO, timeout=60)
     assert result.returncode == -6  # SIGABRT
     assert result.stderr.startswith(KEPT) and b"F0000 fatal.cc:1] a fatal line\n" in result.stderr
 

@@ -172,10 +172,10 @@ def parse(argv):
         _exit(f"--{e.flagname}: no such flag{near} (--help lists them)", EXIT_BAD_INPUT)
     except flags.CantOpenFlagFileError as e:
         _exit(f"{str(e).removeprefix('ERROR:: ')} (the experiments' flagfiles are in flags/)", EXIT_BAD_INPUT)
+    except UnicodeDecodeError as e:  # a ValueError: first
+        _exit(_undecodable_flagfile(argv, e), EXIT_BAD_INPUT)
     except (flags.Error, ValueError) as e:
         _exit(str(e), EXIT_BAD_INPUT)
-    except UnicodeDecodeError as e:
-        _exit(_undecodable_flagfile(argv, e), EXIT_BAD_INPUT)
     return config
 
 

@@ -239,38 +239,39 @@ def test_the_callbacks_run_in_this_order(tmp_path):
     config = _config()
     marker = keras.callbacks.Callback()
     watchdog = faults.ProgressWatchdog(0)
-    job = types.SimpleNamespace(
-        config=config,
-        run_dir=str(tmp_path),
-        watchdog=watchdog,
-        extra_callbacks=[marker],
-        lineage=Lineage("r"),
-        progress=keras.callbacks.Callback(),
-    )
+
+    def job_of(config):
+        run = types.SimpleNamespace(
+            config=config, run_dir=str(tmp_path), watchdog=watchdog, signals=None, extra_callbacks=[marker]
+        )
+        model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=0))
+        return types.SimpleNamespace(
+            run=run, model=model, manager=None, lineage=Lineage("r"), progress=keras.callbacks.Callback()
+        )
+
+    job = job_of(config)
     data = types.SimpleNamespace(
         eval=None, num_eval_examples=10, validation="v", num_validation_examples=5, skipped_corrupt=None
     )
     plan = make_plan(config, 1, 6400)
-    checkpointer, summary = keras.callbacks.Callback(), keras.callbacks.Callback()
-    commit = keras.callbacks.Callback()
-    guard = faults.FaultGuard(None, checkpointer)
-    order = callbacks_in_order(job, data, plan, 0, guard, checkpointer, summary, commit)
+    summary, commit = keras.callbacks.Callback(), keras.callbacks.Callback()
+    order = callbacks_in_order(job, data, plan, summary, commit)
     names = [type(c).__name__ for c in order]
     assert names == [
         "FaultGuard", "ProgressWatchdog", "Callback", "MetricAverageCallback", "ImagesPerSecond",
         "LearningRateLogger", "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV",
-        "TensorBoardScalars", "Callback", "Callback", "Callback", "StopAfterEpoch", "EpochProgress",
+        "TensorBoardScalars", "Callback", "PeriodicCheckpoint", "Callback", "StopAfterEpoch", "EpochProgress",
     ]  # fmt: skip
     assert order[1] is watchdog and order[2] is job.progress and order[8] is marker
-    assert order[11:14] == [summary, checkpointer, commit]
+    assert order[11] is summary and order[13] is commit
+    # The guard checkpoints through the attempt's checkpointer (at a stop), which saves the run's progress.
+    assert order[0].checkpoint is order[12] and order[12].progress is job.progress
     assert [c.prefix for c in order if isinstance(c, epoch_logs.ExactEvaluation)] == ["test", "val"]
     assert isinstance(order[9], epoch_logs.MetricsCSV)
     assert order[-1].every_s == 30 and order[-1].images_per_batch == plan.per_rank_batch_size
-    quiet = callbacks_in_order(types.SimpleNamespace(**{**vars(job), "config": _config(verbose=0)}), data,
-                               plan, 0, guard, checkpointer, summary)  # fmt: skip
+    quiet = callbacks_in_order(job_of(_config(verbose=0)), data, plan, summary)
     assert type(quiet[-1]).__name__ == "StopAfterEpoch"
-    epoch_lines = callbacks_in_order(types.SimpleNamespace(**{**vars(job), "config": _config(verbose=2)}),
-                                     data, plan, 0, guard, checkpointer, summary)  # fmt: skip
+    epoch_lines = callbacks_in_order(job_of(_config(verbose=2)), data, plan, summary)
     assert epoch_lines[-1].every_s is None
 
 

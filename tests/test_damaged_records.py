@@ -6,15 +6,10 @@ resumes once the file is restored."""
 import os
 import shutil
 import struct
-import sys
-import time
 
 import pytest
 
-from tests.support import REPO
-from tests.support.main_server import run_main
-from tests.support.small_runs import TWO_RANKS, final_tensors
-from tests.test_file_failures import ADVICE, _one_line_from_rank_0, _temporaries
+from tests.test_file_failures import ADVICE, one_damaged_read
 from tests.test_imagenet import prepared  # noqa: F401 (the fixture: 18 training and 6 validation records)
 
 VERSION = os.path.join("imagenet2012", "5.1.0")
@@ -94,22 +89,9 @@ def test_a_damaged_training_record_file_ends_both_ranks_with_one_line_naming_it(
     damaged = folder / TRAIN_FILE
     original = damaged.read_bytes()
     _garble_record(str(damaged), 12)  # in rank 1's half, records 9-17
-    command = [
-        *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}",
-        "--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=2", "--warmup_epochs=0",
-        "--peak_learning_rate=0.1", "--checkpoint_every_steps=1", "--resume=true", "--run_name=r",
-        f"--workdir={tmp_path / 'w'}", "--verbose=0",
-    ]  # fmt: skip
-    began = time.monotonic()
-    result = run_main(command, cwd=REPO, timeout=300)
-    line = _one_line_from_rank_0(result, began, str(damaged))
+    line = one_damaged_read(tmp_path, "imagenet2012", data_dir, damaged, original, str(damaged))
     assert line == (
         f"hvd_lars: error: rank 1 of 2: cannot read or decode the training record file {damaged}. Restore it "
         "from a copy or prepare the data set again with hvd-lars-prepare (or pass --skip_corrupt to leave "
         f"out the records it cannot give), {ADVICE}"
     )
-    assert _temporaries(tmp_path / "w") == []
-    damaged.write_bytes(original)  # restored
-    resumed = run_main(command, cwd=REPO, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert int(final_tensors(tmp_path / "w" / "r")["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 8

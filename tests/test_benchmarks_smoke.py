@@ -55,13 +55,17 @@ def test_record_run_writes_the_runs_table(tmp_path):
     }  # fmt: skip
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     out = tmp_path / "record.md"
-    _run(
-        "benchmarks.record_run",
-        f"--summary={tmp_path / 'summary.json'}",
-        f"--out={out}",
-        "--command=make train",
-    )
-    text = out.read_text()
+
+    def record():
+        _run(
+            "benchmarks.record_run",
+            f"--summary={tmp_path / 'summary.json'}",
+            f"--out={out}",
+            "--command=make train",
+        )
+        return out.read_text()
+
+    text = record()
     assert "- Command: `make train`" in text and "**Final test top-1 0.9244**" in text
     assert "| 1 | 0.5000 | 0.8000 | 0.9244 | 0.9990 | 20 | 3000 |" in text
     # A summary from another machine: its CPU's identity and rate are not measured here, and the record
@@ -73,13 +77,7 @@ def test_record_run_writes_the_runs_table(tmp_path):
     # A summary of this machine (make train runs record_run where it trained): both, measured here.
     summary["machine"] = epoch_logs.machine()
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    _run(
-        "benchmarks.record_run",
-        f"--summary={tmp_path / 'summary.json'}",
-        f"--out={out}",
-        "--command=make train",
-    )
-    text = out.read_text()
+    text = record()
     assert f"- Machine: {epoch_logs.machine()}; CPU: " in text
     _machine(text)
 

@@ -1,0 +1,62 @@
+"""The one check of a numeric argument, and its one wording: "<name> must be <accepted>, got <value>."."""
+
+import dataclasses
+import math
+import numbers
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A number accepted when finite, not a bool, `low <= value` (`<` with `low_open`) and `value < high`
+    (`<=` without `high_open`), and whole where `whole`."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = True
+    whole: bool = False
+
+    def accepts(self, value):
+        return not (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+            or (self.whole and float(value) != int(value))
+            or (value <= self.low if self.low_open else value < self.low)
+            or (value >= self.high if self.high_open else value > self.high)
+        )
+
+    def describe(self):
+        """What is accepted, as a phrase: "a whole number >= 1", "a finite number >= 0 and < 1"."""
+        parts = []
+        if self.low != -math.inf:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high != math.inf:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        kind = "a whole number" if self.whole else "a finite number"
+        return f"{kind} {' and '.join(parts)}".strip()
+
+
+def at_least(low, whole=False):
+    return Range(low=low, whole=whole)
+
+
+def above(low, whole=False):
+    return Range(low=low, low_open=True, whole=whole)
+
+
+def fraction():
+    """[0, 1)."""
+    return Range(low=0.0, high=1.0)
+
+
+def refuse(name, value, accepted):
+    """Raises ValueError in the one wording, `accepted` a phrase ("a bool", "one of 'a', 'b'")."""
+    raise ValueError(f"{name} must be {accepted}, got {value!r}.")
+
+
+def check(name, value, accepted: Range):
+    """Returns `value` when `accepted` holds it, else raises ValueError naming both."""
+    if not accepted.accepts(value):
+        refuse(name, value, accepted.describe())
+    return value

@@ -11,6 +11,8 @@ directly. Anything else (masks, renorm, other ranks or axes) falls back to the K
 import keras
 import tensorflow as tf
 
+from hvd_lars.keras_internals import flatten_layers
+
 
 @keras.saving.register_keras_serializable(package="hvd_lars")
 class FusedBatchNormalization(keras.layers.BatchNormalization):
@@ -26,12 +28,23 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
     Input and output dtype: the layer's compute dtype (float32, or bfloat16 under `mixed_bfloat16`);
     statistics, gamma and beta stay float32.
+
+    `bessel_correction=False` keeps Keras's biased batch variance in the moving variance, so the layer
+    computes what Keras's does (`fuse_batch_norm` sets it).
     """
+
+    def __init__(self, *args, bessel_correction=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bessel_correction = bessel_correction
+
+    def get_config(self):
+        return {**super().get_config(), "bessel_correction": self.bessel_correction}
 
     def _fusable(self, inputs, mask):
         return (
             mask is None
             and not getattr(self, "renorm", False)  # Keras 3.14 added renorm; 3.12-3.13 have none
+            and not self.synchronized
             and len(inputs.shape) == 4
             and self.axis in (-1, 3)
             and inputs.dtype in (tf.float32, tf.bfloat16, tf.float16)
@@ -56,6 +69,9 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
                 data_format="NHWC",
                 is_training=True,
             )
+            if not self.bessel_correction:
+                n = tf.cast(tf.size(x) // channels, tf.float32)
+                variance = variance * (n - 1.0) / n
             decay = 1.0 - self.momentum
             self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
             self.moving_variance.assign_sub((self.moving_variance - variance) * decay)
@@ -76,3 +92,23 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 def batch_norm_layer(fused):
     """The batch-norm class to build with: `FusedBatchNormalization` if `fused`, else Keras's own."""
     return FusedBatchNormalization if fused else keras.layers.BatchNormalization
+
+
+def fuse_batch_norm(model):
+    """Runs every `keras.layers.BatchNormalization` of `model` (nested ones included) on the fused kernel.
+
+    In place: each such layer becomes a `FusedBatchNormalization` with the same variables, configuration
+    and Keras's own moving-statistics rule, so training and inference compute what Keras's layer does
+    (within float rounding), faster on a CPU. Call it on a built model before `compile`, e.g.
+    `model = hvd_lars.fuse_batch_norm(keras.applications.ResNet50(weights=None))`. A `.keras` file of the
+    result loads where `hvd_lars` is imported; plain Keras does not know the class (`custom_objects=
+    {"FusedBatchNormalization": hvd_lars.FusedBatchNormalization}` lets it load).
+
+    Returns:
+        `model`, the same object.
+    """
+    for layer in flatten_layers(model):
+        if type(layer) is keras.layers.BatchNormalization:
+            layer.__class__ = FusedBatchNormalization
+            layer.bessel_correction = False
+    return model

@@ -47,17 +47,46 @@ _EXPORTS = {
 }
 # The other modules that define Keras classes a saved model may hold.
 _REGISTERING = ("hvd_lars.metrics", "hvd_lars.models")
+# What needs TensorFlow (and Horovod, for `parallel`); the rest runs on every Keras 3 backend.
+_TENSORFLOW_ONLY = ("hvd_lars.parallel", "hvd_lars.models", "hvd_lars.data", "hvd_lars.training")
 
 __all__ = sorted(_EXPORTS)
+
+
+def _backend():
+    keras = sys.modules.get("keras")  # asked without importing Keras (the training program imports it late)
+    return keras.backend.backend() if keras else os.environ.get("KERAS_BACKEND", "tensorflow")
+
+
+def _available(module):
+    return _backend() == "tensorflow" or not module.startswith(_TENSORFLOW_ONLY)
+
+
+def require(module, packages=("tensorflow", "horovod")):
+    """Raises ImportError, in one line, where `module` (a part that needs `packages`) cannot run."""
+    import importlib.util
+
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing or _backend() != "tensorflow":
+        raise ImportError(
+            f"{module} needs {' and '.join(packages)} under Keras's TensorFlow backend (missing: "
+            f"{', '.join(missing) or 'none'}; backend: {_backend()}): pip install 'hvd_lars[train]' "
+            "(Horovod: install/setup.sh builds it), KERAS_BACKEND unset. LARS, the schedules, the rate "
+            "callbacks and the metrics run on every backend."
+        )
 
 
 def __getattr__(name):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _available(_EXPORTS[name]):
+        require(_EXPORTS[name])
     for module in _REGISTERING:
-        importlib.import_module(module)
+        if _available(module):
+            importlib.import_module(module)
     for export, module in _EXPORTS.items():
-        globals()[export] = getattr(importlib.import_module(module), export)
+        if _available(module):
+            globals()[export] = getattr(importlib.import_module(module), export)
     return globals()[name]
 
 

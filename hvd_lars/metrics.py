@@ -7,11 +7,12 @@ tied logits never make several classes "correct" at once. `tf.math.in_top_k` (an
 `SparseTopKCategoricalAccuracy` / `TopKCategoricalAccuracy`, built on it) instead counts every class tied
 with the k-th logit as inside the top k: a model whose logits are all equal scores top-1 = top-5 = 1.0.
 
-A row holding a NaN logit counts as wrong (a NaN prediction is no prediction).
+A row holding a NaN logit counts as wrong (a NaN prediction is no prediction). Written in `keras.ops`:
+it runs on every Keras 3 backend.
 """
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 
 def top_k_correct(labels, logits, k):
@@ -34,21 +35,21 @@ def top_k_correct(labels, logits, k):
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k!r}.")
-    logits = tf.cast(logits, tf.float32)  # exact for bfloat16/float16: ties are kept
-    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
-    own = tf.gather(logits, labels, axis=1, batch_dims=1)[:, None]
-    classes = tf.range(tf.shape(logits)[1], dtype=tf.int32)[None, :]
-    ahead = (logits > own) | ((logits == own) & (classes < labels[:, None]))
-    rank = tf.reduce_sum(tf.cast(ahead, tf.int32), axis=1)
-    finite = tf.logical_not(tf.reduce_any(tf.math.is_nan(logits), axis=1))
-    return (rank < k) & finite
+    logits = ops.cast(logits, "float32")  # exact for bfloat16/float16: ties are kept
+    labels = ops.cast(ops.reshape(labels, (-1, 1)), "int32")
+    own = ops.take_along_axis(logits, labels, axis=1)
+    classes = ops.arange(ops.shape(logits)[1], dtype="int32")[None, :]
+    ahead = ops.logical_or(logits > own, ops.logical_and(logits == own, classes < labels))
+    rank = ops.sum(ops.cast(ahead, "int32"), axis=1)
+    finite = ops.logical_not(ops.any(ops.isnan(logits), axis=1))
+    return ops.logical_and(rank < k, finite)
 
 
 def _labels_from_targets(y_true, y_pred):
     # One-hot or smoothed targets (label smoothing maps labels to one-hot): the class is their argmax.
     if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == y_pred.shape[-1] != 1:
-        return tf.argmax(y_true, axis=-1, output_type=tf.int32)
-    return tf.cast(tf.reshape(y_true, [-1]), tf.int32)
+        return ops.cast(ops.argmax(y_true, axis=-1), "int32")
+    return ops.cast(ops.reshape(y_true, (-1,)), "int32")
 
 
 @keras.saving.register_keras_serializable(package="hvd_lars")
@@ -71,7 +72,7 @@ class TopKAccuracy(keras.metrics.MeanMetricWrapper):
         self.k = k
 
         def correct(y_true, y_pred):
-            return tf.cast(top_k_correct(_labels_from_targets(y_true, y_pred), y_pred, k), tf.float32)
+            return ops.cast(top_k_correct(_labels_from_targets(y_true, y_pred), y_pred, k), "float32")
 
         super().__init__(fn=correct, name=name or f"top{k}", dtype=dtype)
 

@@ -1,0 +1,131 @@
+"""The library's backend-neutral wing (LARS, the schedules, the rate callbacks, the top-k metrics) on the
+Keras backend in use: `make test` runs this file on TensorFlow with the suite and again on JAX in a second
+environment without TensorFlow (`make test-backends`); with `torch` installed, `KERAS_BACKEND=torch` runs it
+the same way."""
+
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from hvd_lars import (
+    LARS,
+    LearningRateLogger,
+    LearningRateWarmup,
+    PaperPolynomialDecay,
+    WarmupCosineDecay,
+    WarmupPolynomialDecay,
+    scaled_learning_rate,
+)
+from hvd_lars.metrics import TopKAccuracy
+from tests.support.lars_reference import lars_step
+
+BACKEND = keras.backend.backend()
+PATHS = ["a/kernel", "a/bias", "b_bn/gamma", "b_bn/beta", "c/kernel"]
+SHAPES = [(5, 3), (3,), (4,), (4,), (2, 3, 2)]
+DECAY = [True, False, True, False, True]  # bias and beta excluded from weight decay
+ADAPT = [True, True, False, False, True]  # gamma and beta excluded from layer adaptation
+
+
+@pytest.mark.unit
+def test_the_library_imports_without_tensorflow_off_its_backend():
+    assert ("tensorflow" in sys.modules) == (BACKEND == "tensorflow")
+    if BACKEND != "tensorflow":
+        with pytest.raises(
+            ImportError, match=r"needs tensorflow and horovod .* pip install 'hvd_lars\[train\]'"
+        ):
+            from hvd_lars import DistributedOptimizer  # noqa: F401
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["paper", "decayed_gradient", "update"])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_lars_steps_match_the_numpy_rule(mode, nesterov):
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
+    grads = [[rng.normal(scale=0.1, size=s).astype(np.float32) for s in SHAPES] for _ in range(4)]
+    kw = dict(momentum=0.9, eta=0.01, epsilon=1e-5, nesterov=nesterov)
+    optimizer = LARS(
+        0.5,
+        weight_decay=5e-3,
+        trust_ratio_mode=mode,
+        exclude_from_weight_decay=[r"bias$", r"beta$"],
+        exclude_from_layer_adaptation=[r"gamma$", r"beta$"],
+        **kw,
+    )
+    variables = []
+    for path, w in zip(PATHS, weights):
+        scope, name = path.split("/")
+        with keras.name_scope(scope):
+            variables.append(keras.Variable(w, name=name))
+    optimizer.build(variables)
+    for step in grads:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in step], variables)
+    for i, (path, variable) in enumerate(zip(PATHS, variables)):
+        w, v = np.asarray(weights[i], np.float64), np.zeros(SHAPES[i])
+        for step in grads:
+            w, v = lars_step(w, v, step[i], 0.5, mode=mode, adapt=ADAPT[i], beta=5e-3 * DECAY[i], **kw)
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(variable), w, rtol=2e-5, atol=1e-6, err_msg=path
+        )
+
+
+def small_model():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)]
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        lambda: WarmupPolynomialDecay(scaled_learning_rate(200.0, 32), total_steps=40, warmup_steps=8),
+        lambda: WarmupCosineDecay(25.0, total_steps=40, warmup_steps=8),
+        lambda: PaperPolynomialDecay(25.0, total_steps=40, warmup_steps=8),
+    ],
+    ids=["polynomial", "cosine", "paper"],
+)
+def test_fit_with_lars_and_a_warmup_trains_and_saves_with_its_slots(tmp_path, schedule):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(256, 6)).astype(np.float32)
+    y = np.argmax(x[:, :4] + 0.1 * rng.normal(size=(256, 4)), axis=1)
+    model = small_model()
+    model.compile(
+        optimizer=LARS(schedule(), momentum=0.9, weight_decay=1e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[TopKAccuracy(1), TopKAccuracy(2)],
+    )
+    history = model.fit(x, y, batch_size=32, epochs=5, verbose=0, callbacks=[LearningRateLogger()])
+    assert history.history["loss"][-1] < 0.7 * history.history["loss"][0]
+    assert history.history["top1"][-1] > 0.6 and history.history["top2"][-1] >= history.history["top1"][-1]
+    assert len(history.history["learning_rate"]) == 5
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert int(loaded.optimizer.iterations) == 40
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+@pytest.mark.unit
+def test_learning_rate_warmup_sets_a_float_rate_from_the_update_counter():
+    model = small_model()
+    model.compile(optimizer=LARS(1.0, momentum=0.9), loss="mse")
+    x, y = np.ones((64, 6), np.float32), np.zeros((64, 4), np.float32)
+    schedule = WarmupPolynomialDecay(0.4, total_steps=12, warmup_steps=4)
+    callbacks = [LearningRateWarmup(schedule), LearningRateLogger()]
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=callbacks)
+    # The rate of each epoch's last update (steps 3, 7, 11 of 12): the warmup's peak, then the decay.
+    expected = [float(schedule(step)) for step in (3, 7, 11)]
+    np.testing.assert_allclose(history.history["learning_rate"], expected, rtol=1e-6)
+
+
+@pytest.mark.unit
+def test_top_k_breaks_ties_by_class_index():
+    logits = keras.ops.convert_to_tensor(np.array([[1.0, 1.0, 0.0], [0.0, 2.0, 2.0]], np.float32))
+    labels = keras.ops.convert_to_tensor(np.array([1, 1]))
+    top1 = TopKAccuracy(1)
+    top1.update_state(labels, logits)
+    assert float(top1.result()) == 0.5  # row 0: class 0 wins the tie; row 1: class 1 does

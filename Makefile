@@ -30,7 +30,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 export OMPI_MCA_odls_base_sigkill_timeout ?= 10
 export PYTHONUNBUFFERED ?= 1
 
-.PHONY: setup train test test-quick lint format clean
+.PHONY: setup train test test-quick test-backends lint format clean
 
 setup:
 	$(if $(and $(DATA_DIR),$(filter fashion_mnist,$(DATASET))),FASHION_MNIST_DIR=$(DATA_DIR)) bash install/setup.sh
@@ -47,6 +47,11 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	bash install/backends.sh
+
+# The library on Keras's JAX and PyTorch backends, each in an environment without TensorFlow (.venv-backends/).
+test-backends:
+	bash install/backends.sh
 
 # The unit tier (no subprocess): the edit-test loop's few minutes.
 test-quick: setup

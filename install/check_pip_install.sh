@@ -9,7 +9,7 @@
 #   1. a virtual environment made with "$PYTHON -m venv" (no --system-site-packages: nothing of the
 #      project's .venv is visible), pip, then the user's TensorFlow ($TF_SPEC, default the version of the
 #      project's .venv, from the package index or pip's cache);
-#   2. the committed tree (git archive HEAD) installed with `pip install <tree>`, not editable; what pip
+#   2. the committed tree (git archive HEAD) installed with `pip install <tree>[train]`, not editable; what pip
 #      added besides hvd_lars is listed (it must be what setup.cfg's install_requires names);
 #   3. outside the repository: hvd_lars imported from site-packages, one LARS step on a one-layer model
 #      against the update rule computed with NumPy, the console scripts, and --dataset=imagenet2012
@@ -48,7 +48,7 @@ PY="$VENV/bin/python"
 # --- 2. pip install . of the committed tree -----------------------------------------------------------
 mkdir "$WORK/src"
 git -C "$ROOT" archive HEAD | tar -x -C "$WORK/src"
-"$PY" -m pip install -q "$WORK/src"
+"$PY" -m pip install -q "$WORK/src[train]"
 "$PY" -m pip freeze | sort > "$WORK/with_hvd_lars.txt"
 added="$(comm -13 "$WORK/with_tensorflow.txt" "$WORK/with_hvd_lars.txt" | tr '\n' ' ')"
 note "- \`pip install .\` added: $added"
@@ -95,7 +95,7 @@ print(f"- without the extra, --dataset=imagenet2012 says: `{result.stderr.strip(
 EOF
 
 # --- 4. The ImageNet extra ----------------------------------------------------------------------------
-"$PY" -m pip install -q "$WORK/src[imagenet]"
+"$PY" -m pip install -q "$WORK/src[train,imagenet]"
 "$PY" -m pip freeze | sort > "$WORK/with_imagenet.txt"
 note "- \`pip install .[imagenet]\` added: $(comm -13 "$WORK/with_hvd_lars.txt" "$WORK/with_imagenet.txt" | tr '\n' ' ')"
 "$PY" - <<'EOF' | tee -a "$LOG"

@@ -19,6 +19,7 @@ from hvd_lars import (
     scaled_learning_rate,
 )
 from hvd_lars.metrics import TopKAccuracy
+from tests.support import readme
 from tests.support.lars_reference import lars_step
 
 BACKEND = keras.backend.backend()
@@ -129,3 +130,11 @@ def test_top_k_breaks_ties_by_class_index():
     top1 = TopKAccuracy(1)
     top1.update_state(labels, logits)
     assert float(top1.result()) == 0.5  # row 0: class 0 wins the tie; row 1: class 1 does
+
+
+@pytest.mark.unit
+def test_the_readmes_backend_example_trains(capsys):
+    (block,) = [b for b in readme.blocks("README.md") if b.marker.get("backend") == "every"]
+    exec(compile(block.text, "README.md", "exec"), {})  # on this file's backend: Keras is imported already
+    backend, _, top1 = capsys.readouterr().out.split()[-3:]
+    assert backend == BACKEND and float(top1) > 0.9

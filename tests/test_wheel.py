@@ -108,13 +108,13 @@ def installed(tmp_path_factory):
 
 def _links_to_distributions(requirements, folder):
     """Makes `folder` hold links to the files of the installed distributions `requirements` (strings of
-    Requires-Dist) and of theirs, without extras; returns its path."""
+    Requires-Dist) and of theirs, with the application's `train` extra and no other; returns its path."""
     purelib, seen, pending = sysconfig.get_path("purelib"), set(), list(requirements)
     folder.mkdir()
     while pending:
         requirement = Requirement(pending.pop())
         name = canonicalize_name(requirement.name)
-        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": "train"})):
             continue
         seen.add(name)
         distribution = importlib.metadata.distribution(name)

@@ -3,6 +3,7 @@ Keras backend in use: `make test` runs this file on TensorFlow with the suite an
 environment without TensorFlow (`make test-backends`); with `torch` installed, `KERAS_BACKEND=torch` runs it
 the same way."""
 
+import importlib
 import sys
 
 import keras
@@ -138,3 +139,15 @@ def test_the_readmes_backend_example_trains(capsys):
     exec(compile(block.text, "README.md", "exec"), {})  # on this file's backend: Keras is imported already
     backend, _, top1 = capsys.readouterr().out.split()[-3:]
     assert backend == BACKEND and float(top1) > 0.9
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "package", ["hvd_lars.parallel", "hvd_lars.models", "hvd_lars.data", "hvd_lars.training"]
+)
+def test_the_tensorflow_parts_say_what_they_need_off_tensorflow(package):
+    if BACKEND == "tensorflow":
+        assert importlib.import_module(package)
+        return
+    with pytest.raises(ImportError, match=rf"^{package} needs tensorflow.* pip install 'hvd_lars\[train\]'"):
+        importlib.import_module(package)

@@ -11,6 +11,10 @@ the ones before. `describe_input` takes the same and says what the model and the
                      image_size=64)
 """
 
+import hvd_lars
+
+hvd_lars.require(__name__, ("tensorflow",))  # one line where TensorFlow cannot run
+
 import dataclasses
 
 from hvd_lars.data import (

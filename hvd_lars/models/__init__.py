@@ -3,6 +3,10 @@
 Every model is channels-last and returns float32 logits (B, num_classes), also under `mixed_bfloat16`.
 """
 
+import hvd_lars
+
+hvd_lars.require(__name__, ("tensorflow",))  # one line where TensorFlow cannot run
+
 from hvd_lars.models.alexnet import alexnet, alexnet_bn
 from hvd_lars.models.cifar_resnet import resnet20
 from hvd_lars.models.resnet import resnet18, resnet34, resnet50

@@ -4,3 +4,7 @@
 (`ompi_allreduce_rules.py` and its `.conf`) and the `horovod.tensorflow.keras` namespace a ported script
 imports (`horovod_keras.py`). Imports nothing of `hvd_lars.training`.
 """
+
+import hvd_lars
+
+hvd_lars.require(__name__)  # one line where TensorFlow cannot run

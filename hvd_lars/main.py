@@ -69,14 +69,12 @@ def help_text():
         else:
             default = ",".join(map(str, default)) if field.type is tuple else default
             lines.append(f"  --{name}  (default: {default if default != '' else 'empty'})")
-        accepted = ""
-        if meta["choices"] is not None:
-            accepted = f" One of: {', '.join(map(str, meta['choices']))}."
-        elif meta["check"] is not None:
-            accepted = f" {meta['check'].describe().capitalize()}{' each' if field.type is tuple else ''}."
-        lines += textwrap.wrap(
-            meta["help"] + accepted, 100, initial_indent=" " * 6, subsequent_indent=" " * 6
-        )
+        text, accepted = meta["help"], meta["accepted"]
+        if isinstance(accepted, tuple):
+            text += f" One of: {', '.join(map(str, accepted))}."
+        elif accepted is not None:
+            text += f" {accepted.describe().capitalize()}{' each' if field.type is tuple else ''}."
+        lines += textwrap.wrap(text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
 
 
@@ -166,14 +164,7 @@ def _main(config):
 
     quiet_tensorflow.load()  # before TensorFlow is imported: without its C++ start-up notices
     from hvd_lars.parallel.collectives import WorldSizeMismatch
-    from hvd_lars.training import threads
-    from hvd_lars.training.faults import (
-        EXIT_DIVERGED,
-        EXIT_PREEMPTED,
-        FileFailure,
-        Preempted,
-        TrainingDiverged,
-    )
+    from hvd_lars.training import faults, threads
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # TensorFlow's checkpoint code logs every save at INFO
     threads.apply_horovod_cpu_defaults()
@@ -181,18 +172,18 @@ def _main(config):
         run_training(config)
     except FileNotFoundError as e:
         _exit(str(e), every_rank=True)  # a host's own data: every rank that misses it says so
-    except (WorldSizeMismatch, FileFailure) as e:
+    except (WorldSizeMismatch, faults.FileFailure) as e:
         _exit(str(e))
-    except TrainingDiverged as e:
-        _exit(str(e), EXIT_DIVERGED)
+    except faults.TrainingDiverged as e:
+        _exit(str(e), faults.EXIT_DIVERGED)
     except (ValueError, ImportError) as e:
         if not _raised_here(e):
             raise
         _exit(str(e))  # bad input or a missing optional package: every rank meets it alike
-    except Preempted as e:
+    except faults.Preempted as e:
         # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
         log.info(str(e), extra={"every_rank": True})
-        sys.exit(EXIT_PREEMPTED)
+        sys.exit(faults.EXIT_PREEMPTED)
 
 
 def _exit(message, status=EXIT_BAD_INPUT, every_rank=False):
@@ -206,19 +197,18 @@ def _undecodable_flagfile(argv, error):
     for path in paths:  # grows with the flagfiles each names
         try:
             with open(path, "rb") as f:
-                lines = f.read().splitlines()
+                data = f.read()
+            lines = data.decode(error.encoding).splitlines()
         except OSError:
             continue
-        for number, line in enumerate(lines, 1):
-            try:
-                text = line.decode(error.encoding).strip()
-            except UnicodeDecodeError as e:
-                return (
-                    f"--flagfile={path}: line {number} is not {error.encoding} text (byte "
-                    f"{line[e.start]:#04x} at column {e.start + 1}); save the file as {error.encoding}."
-                )
-            if text.lstrip("-").startswith("flagfile=") and text.split("=", 1)[1] not in paths:
-                paths.append(text.split("=", 1)[1])
+        except UnicodeDecodeError as e:
+            line, column = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start)
+            return (
+                f"--flagfile={path}: line {line} is not {error.encoding} text (byte {data[e.start]:#04x} at "
+                f"column {column}); save the file as {error.encoding}."
+            )
+        named = [x.strip().split("=", 1)[1] for x in lines if x.strip().lstrip("-").startswith("flagfile=")]
+        paths += [x for x in named if x not in paths]
     return f"a flagfile is not {error.encoding} text ({error})."
 
 

@@ -8,11 +8,12 @@ from hvd_lars import arguments
 from hvd_lars.arguments import above, at_least, fraction
 
 
-def setting(default, help, *, choices=None, check=None, plan=False, item=str, group=None):
-    """A `TrainConfig` field. `choices`: accepted values ("" too where the default is ""); `check`: an
-    `hvd_lars.arguments.Range`; `plan`: a resumed run refuses a change unless `--allow_plan_change` names
-    it; `item`: the element type of a tuple (comma-separated) setting; `group`: the --help group it opens."""
-    metadata = dict(help=help, choices=choices, check=check, plan=plan, item=item, group=group)
+def setting(default, help, accepted=None, *, plan=False, item=str, group=None):
+    """A `TrainConfig` field. `accepted`: a tuple of the accepted values ("" too where the default is "") or
+    an `hvd_lars.arguments.Range` (of each element, of type `item`, for a tuple: a comma-separated flag);
+    `plan`: a resumed run refuses a change unless `--allow_plan_change` names it; `group`: the --help group
+    this field opens."""
+    metadata = dict(help=help, accepted=accepted, plan=plan, item=item, group=group)
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -42,7 +43,6 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 _COUNT = at_least(0, whole=True)  # a count where 0 means "derived" or "all"
 _POSITIVE_COUNT = at_least(1, whole=True)
 _RATE = at_least(0.0)
-_BATCH = "Batch and scale"
 
 
 @dataclasses.dataclass
@@ -50,100 +50,89 @@ class TrainConfig:
     """Everything a training run needs: one field per flag of `python -m hvd_lars.main`, in --help's order."""
 
     dataset: str = setting(
-        "fashion_mnist", "The data set (synthetic: random images).", choices=DATASETS, plan=True, group="Data"
+        "fashion_mnist",
+        "The data set (synthetic: random images, for timing).",
+        DATASETS,
+        plan=True,
+        group="Data",
     )
     data_dir: str = setting("", "Data folder; empty: the dataset's default location.", plan=True)
-    image_size: int = setting(0, "Crop side in pixels (0: the dataset's own).", check=_COUNT, plan=True)
+    image_size: int = setting(0, "Crop side in pixels (0: the dataset's own).", _COUNT, plan=True)
     preprocessing: str = setting(
         "",
         "ImageNet-style views: inception (default: crops of 8-100% of the area), caffe (256x256, random 227 "
         "crop + mirror, means subtracted: AlexNet), caffe_scaled (the same x 1/256: AlexNet-BN).",
-        choices=PREPROCESSINGS,
+        PREPROCESSINGS,
         plan=True,
     )
     validation_examples: int = setting(
-        0,
-        "Hold out the last N training images, evaluated as val_* to choose hyperparameters (0: none).",
-        check=_COUNT,
-        plan=True,
+        0, "Hold out the last N training images, evaluated as val_* (0: none).", _COUNT, plan=True
     )
-    max_train_examples: int = setting(
-        0, "Train on the first N images only (0: all).", check=_COUNT, plan=True
-    )
-    model: str = setting("small_cnn", "The network.", choices=MODELS, plan=True, group="Model")
-    precision: str = setting(
-        "auto",
-        "Keras dtype policy; auto: mixed_bfloat16 on CPUs with native bf16.",
-        choices=PRECISIONS,
-        plan=True,
-    )
-    label_smoothing: float = setting(0.0, "Label smoothing (0: none).", check=fraction(), plan=True)
-    seed: int = setting(0, "Random seed (weights, shuffling).", check=_COUNT, plan=True)
+    max_train_examples: int = setting(0, "Train on the first N images only (0: all).", _COUNT, plan=True)
+    model: str = setting("small_cnn", "The network.", MODELS, plan=True, group="Model")
+    precision: str = setting("auto", "auto: mixed_bfloat16 on CPUs with native bf16.", PRECISIONS, plan=True)
+    label_smoothing: float = setting(0.0, "Label smoothing (0: none).", fraction(), plan=True)
+    seed: int = setting(0, "Random seed (weights, shuffling).", _COUNT, plan=True)
     optimizer: str = setting(
         "lars",
         "lars, momentum (SGD with coupled L2 decay) or nesterov (the same with Nesterov momentum).",
-        choices=OPTIMIZERS,
+        OPTIMIZERS,
         plan=True,
         group="Optimizer and schedule",
     )
     base_learning_rate: float = setting(
-        0.0, "Peak rate per 256 images (x global batch / 256).", check=_RATE, plan=True
+        0.0, "Peak rate per 256 images (x global batch / 256).", _RATE, plan=True
     )
-    peak_learning_rate: float = setting(0.0, "Peak learning rate (instead of base).", check=_RATE, plan=True)
+    peak_learning_rate: float = setting(0.0, "Peak learning rate (instead of base).", _RATE, plan=True)
     schedule: str = setting(
         "mlperf_poly",
         "mlperf_poly (warmup from 0, then poly decay), paper_poly (the paper's: poly decay counted from step "
         "0), cosine, step (Goyal et al.).",
-        choices=SCHEDULES,
+        SCHEDULES,
         plan=True,
     )
-    epochs: float = setting(10.0, "Training epochs.", check=above(0, whole=True), plan=True)
-    warmup_epochs: float = setting(1.0, "Linear warmup length in epochs.", check=_RATE, plan=True)
-    warmup_start_learning_rate: float = setting(0.0, "Rate at step 0.", check=_RATE, plan=True)
-    end_learning_rate: float = setting(0.0, "Rate at the last step.", check=_RATE, plan=True)
-    decay_power: float = setting(2.0, "Polynomial decay power after warmup.", check=above(0.0), plan=True)
+    epochs: float = setting(10.0, "Training epochs.", above(0, whole=True), plan=True)
+    warmup_epochs: float = setting(1.0, "Linear warmup length in epochs.", _RATE, plan=True)
+    warmup_start_learning_rate: float = setting(0.0, "Rate at step 0.", _RATE, plan=True)
+    end_learning_rate: float = setting(0.0, "Rate at the last step.", _RATE, plan=True)
+    decay_power: float = setting(2.0, "Polynomial decay power after warmup.", above(0.0), plan=True)
     decay_boundaries_epochs: tuple = setting(
-        (), "Step schedule's epochs (empty: 30, 60, 80 of 90).", check=_RATE, plan=True, item=float
+        (), "Step schedule's epochs (empty: 30, 60, 80 of 90).", _RATE, plan=True, item=float
     )
-    decay_factor: float = setting(
-        0.1, "Step schedule's multiplier at each boundary.", check=above(0.0), plan=True
-    )
-    momentum: float = setting(0.9, "Momentum.", check=fraction(), plan=True)
-    weight_decay: float = setting(5e-4, "L2 weight decay (beta).", check=_RATE, plan=True)
-    eta: float = setting(0.001, "LARS trust coefficient.", check=above(0.0), plan=True)
+    decay_factor: float = setting(0.1, "Step schedule's multiplier at each boundary.", above(0.0), plan=True)
+    momentum: float = setting(0.9, "Momentum.", fraction(), plan=True)
+    weight_decay: float = setting(5e-4, "L2 weight decay (beta).", _RATE, plan=True)
+    eta: float = setting(0.001, "LARS trust coefficient.", above(0.0), plan=True)
     trust_ratio_mode: str = setting(
         "paper",
         "LARS trust ratio: paper (||g|| + beta ||w||), decayed_gradient (||g + beta w||), update (of the "
         "momentum update).",
-        choices=TRUST_RATIO_MODES,
+        TRUST_RATIO_MODES,
         plan=True,
     )
     momentum_correction: str = setting(
         "none",
         "LARS velocity x lr_t / lr_{t-1}: none (Intel Caffe's fused update, the paper's runs), warmup (its "
         "non-fused one: in warmup), always (Goyal et al. eq. 10).",
-        choices=MOMENTUM_CORRECTIONS,
+        MOMENTUM_CORRECTIONS,
         plan=True,
     )
     exclude_bn_and_bias: bool = setting(
         False, "Leave batch norm and biases out of LARS adaptation and weight decay (MLPerf).", plan=True
     )
-    epsilon: float = setting(0.0, "LARS epsilon in the trust ratio's denominator.", check=_RATE, plan=True)
+    epsilon: float = setting(0.0, "LARS epsilon in the trust ratio's denominator.", _RATE, plan=True)
     global_batch_size: int = setting(
         0,
         "Images per update over all ranks and micro-batches (0: derived).",
-        check=_COUNT,
+        _COUNT,
         plan=True,
-        group=_BATCH,
+        group="Batch and scale",
     )
-    per_rank_batch_size: int = setting(0, "Images per micro-batch on one rank (0: derived).", check=_COUNT)
+    per_rank_batch_size: int = setting(0, "Images per micro-batch on one rank (0: derived).", _COUNT)
     accumulation_steps: int = setting(
-        1,
-        "Micro-batches per update (batch norm normalises, and updates its averages, per micro-batch).",
-        check=_POSITIVE_COUNT,
-        plan=True,
+        1, "Micro-batches per update (batch norm normalises each on its own).", _POSITIVE_COUNT, plan=True
     )
-    steps_per_epoch: int = setting(0, "Updates per epoch (0: data size // batch).", check=_COUNT, plan=True)
+    steps_per_epoch: int = setting(0, "Updates per epoch (0: data size // batch).", _COUNT, plan=True)
     elastic: bool = setting(False, "Workers may leave and join (launch/elastic.sh); the global batch stays.")
     workdir: str = setting(
         "results/runs", "Parent folder of the run directory.", group="Checkpoints and resume"
@@ -151,50 +140,47 @@ class TrainConfig:
     run_name: str = setting("", "Run directory name; empty: derived from the flags.")
     resume: bool = setting(True, "Resume from the run directory's latest checkpoint.")
     allow_plan_change: tuple = setting(
-        (), "Settings of the plan a resume may change, by name (e.g. weight_decay,schedule), or any."
+        (), "Settings of the plan a resumed run may change, by name (e.g. weight_decay,schedule), or any."
     )
-    checkpoint_every_steps: int = setting(0, "Checkpoint every N updates (0: epoch ends only).", check=_COUNT)
+    checkpoint_every_steps: int = setting(0, "Checkpoint every N updates (0: epoch ends only).", _COUNT)
     checkpoint_at_epoch_end: bool = setting(True, "Checkpoint at each epoch end (after evaluation).")
-    keep_checkpoints: int = setting(3, "How many recent checkpoints to keep.", check=_POSITIVE_COUNT)
+    keep_checkpoints: int = setting(3, "How many recent checkpoints to keep.", _POSITIVE_COUNT)
     # 3, as --keep_checkpoints: a fresh start by mistake, or two, still leaves the run before them.
     keep_earlier_runs: int = setting(
-        3,
-        "Earlier runs kept under earlier_runs/ (where a fresh start moves the run it replaces).",
-        check=_COUNT,
+        3, "Earlier runs kept in earlier_runs/, where a fresh start moves the run it replaces.", _COUNT
     )
     async_checkpoints: bool = setting(True, "Rank 0 writes checkpoints in a background thread.")
     eval_every_epochs: int = setting(
-        1, "Evaluate every N epochs (and after the last).", check=_POSITIVE_COUNT, group="Evaluation and logs"
+        1, "Evaluate every N epochs (and after the last).", _POSITIVE_COUNT, group="Evaluation and logs"
     )
-    max_eval_examples: int = setting(0, "Evaluate the first N images only (0: all).", check=_COUNT)
+    max_eval_examples: int = setting(0, "Evaluate the first N images only (0: all).", _COUNT)
     verbose: int = setting(
-        1, "Rank 0's lines: 0 none, 1 epochs and progress, 2 epochs only (as Keras's fit).", choices=(0, 1, 2)
+        1, "Rank 0's lines: 0 none, 1 epochs and progress within them, 2 epochs only.", (0, 1, 2)
     )
     # 30 s: a stall shows within half a minute, and a batch log gets 2 lines a minute however long the epoch.
-    progress_every_s: float = setting(
-        30.0, "Seconds between progress lines within an epoch (0: every micro-batch).", check=_RATE
-    )
+    progress_every_s: float = setting(30.0, "Seconds between progress lines (0: every micro-batch).", _RATE)
     gradient_reduction: str = setting(
         "overlap",
         "overlap: allreduce each gradient as backprop produces it; grouped: one allreduce after backprop.",
-        choices=GRADIENT_REDUCTIONS,
+        GRADIENT_REDUCTIONS,
         group="Performance",
     )
     gradient_compression: str = setting(
-        "none", "fp16: gradients travel as float16.", choices=GRADIENT_COMPRESSIONS, plan=True
+        "none", "fp16: gradients travel as float16.", GRADIENT_COMPRESSIONS, plan=True
     )
     deterministic: bool = setting(True, "Fixed input order (exact resume); off: faster.", plan=True)
-    input_threads: int = setting(0, "Input pipeline threads (0: this rank's cores).", check=_COUNT)
-    intra_op_threads: int = setting(0, "TF intra-op threads (0: this rank's cores).", check=_COUNT)
-    inter_op_threads: int = setting(0, "TF inter-op threads (0: this rank's cores).", check=_COUNT)
+    input_threads: int = setting(0, "Input pipeline threads (0: this rank's cores).", _COUNT)
+    intra_op_threads: int = setting(0, "TF intra-op threads (0: this rank's cores).", _COUNT)
+    inter_op_threads: int = setting(0, "TF inter-op threads (0: this rank's cores).", _COUNT)
     skip_corrupt: bool = setting(False, "Skip and count unreadable training images.", group="Faults")
     hang_timeout_s: float = setting(
         900.0,
-        "Seconds without an update, eval batch or checkpoint after which a rank exits, status 4 (0: never).",
-        check=_RATE,
+        "Seconds without an update, evaluation batch or checkpoint after which a rank exits with status 4 "
+        "(0: never), so that a silent host or link cannot hang the job.",
+        _RATE,
     )
     elastic_commit_every_steps: int = setting(
-        10, "Elastic: updates between commits of the state in memory.", check=_POSITIVE_COUNT
+        10, "Elastic: updates between commits of the state in memory.", _POSITIVE_COUNT
     )
 
     def resolve_batch(self, world_size):
@@ -228,15 +214,15 @@ class TrainConfig:
         the batch against the world size). Raises ValueError: one line naming the flag, its value and what
         would be accepted."""
         for field in dataclasses.fields(self):
-            name, value, choices = field.name, getattr(self, field.name), field.metadata["choices"]
-            check = field.metadata["check"]
-            if choices is not None and value not in choices and not (value == "" and field.default == ""):
+            name, value, accepted = field.name, getattr(self, field.name), field.metadata["accepted"]
+            if isinstance(accepted, tuple) and value not in accepted and not value == "" == field.default:
                 empty = " (empty: the default)" if field.default == "" else ""
-                raise ValueError(f"--{name}={value!r}; valid: {', '.join(map(str, choices))}{empty}.")
-            if check and isinstance(value, tuple) and not all(map(check.accepts, value)):
-                raise ValueError(f"--{name}={list(value)}: each must be {check.describe()}.")
-            if check and not isinstance(value, tuple):
-                arguments.check(f"--{name}", value, check)
+                raise ValueError(f"--{name}={value!r}; valid: {', '.join(map(str, accepted))}{empty}.")
+            if isinstance(accepted, arguments.Range) and isinstance(value, tuple):
+                if not all(map(accepted.accepts, value)):
+                    raise ValueError(f"--{name}={list(value)}: each must be {accepted.describe()}.")
+            elif isinstance(accepted, arguments.Range):
+                arguments.check(f"--{name}", value, accepted)
         unknown = sorted(set(self.allow_plan_change) - set(plan_settings()) - {ANY_PLAN_CHANGE})
         if unknown:
             raise ValueError(

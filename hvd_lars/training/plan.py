@@ -70,13 +70,7 @@ SET_BY = {
     "peak_learning_rate": ("peak_learning_rate", "base_learning_rate", "global_batch_size"),
 }
 # Settings that appear in the resolved settings only through an entry above.
-_RESOLVED_INTO = (
-    "image_size",
-    "max_train_examples",
-    "warmup_epochs",
-    "decay_boundaries_epochs",
-    "base_learning_rate",
-)
+_FOLDED = "image_size max_train_examples warmup_epochs decay_boundaries_epochs base_learning_rate".split()
 
 
 def make_plan(config, world_size, num_train_examples, input_shape=None):
@@ -90,17 +84,12 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
     Raises:
         ValueError: the global batch exceeds the training set (or `TrainConfig.resolve_batch`'s errors).
     """
-    if hasattr(num_train_examples, "num_train_examples"):
-        input_shape, num_train_examples = (
-            num_train_examples.input_shape,
-            num_train_examples.num_train_examples,
-        )
+    input_shape = getattr(num_train_examples, "input_shape", input_shape)
+    examples = getattr(num_train_examples, "num_train_examples", num_train_examples)
     global_batch, per_rank = config.resolve_batch(world_size)
-    if global_batch > num_train_examples:
-        raise ValueError(
-            f"--global_batch_size={global_batch} exceeds the {num_train_examples} training examples."
-        )
-    steps_per_epoch = config.steps_per_epoch or num_train_examples // global_batch
+    if global_batch > examples:
+        raise ValueError(f"--global_batch_size={global_batch} exceeds the {examples} training examples.")
+    steps_per_epoch = config.steps_per_epoch or examples // global_batch
     epochs = int(config.epochs)
     peak = config.peak_learning_rate or scaled_learning_rate(
         config.base_learning_rate, global_batch, REFERENCE_BATCH
@@ -113,7 +102,7 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
         peak_learning_rate=peak,
         precision=resolve_precision(config.precision),
     )
-    settings = {name: getattr(config, name) for name in plan_settings() if name not in _RESOLVED_INTO}
+    settings = {name: getattr(config, name) for name in plan_settings() if name not in _FOLDED}
     settings.update(figures)
     entry = DATASETS[config.dataset]
     folder = config.data_dir or (entry.default_dir and entry.default_dir())
@@ -126,13 +115,13 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
     settings["decay_boundaries_steps"] = boundaries
     if input_shape is not None:
         settings["input_shape"] = list(input_shape)
-    settings["train_examples"] = num_train_examples
+    settings["train_examples"] = examples
     return Plan(
         world_size=world_size,
         per_rank_batch_size=per_rank,
         accumulation_steps=config.accumulation_steps,
         total_steps=steps_per_epoch * epochs,
-        num_train_examples=num_train_examples,
+        num_train_examples=examples,
         settings=json.loads(json.dumps(settings)),  # as a checkpoint's record gives them back (lists)
         **figures,
     )

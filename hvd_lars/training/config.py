@@ -218,11 +218,10 @@ class TrainConfig:
             if isinstance(accepted, tuple) and value not in accepted and not value == "" == field.default:
                 empty = " (empty: the default)" if field.default == "" else ""
                 raise ValueError(f"--{name}={value!r}; valid: {', '.join(map(str, accepted))}{empty}.")
-            if isinstance(accepted, arguments.Range) and isinstance(value, tuple):
-                if not all(map(accepted.accepts, value)):
-                    raise ValueError(f"--{name}={list(value)}: each must be {accepted.describe()}.")
-            elif isinstance(accepted, arguments.Range):
+            if isinstance(accepted, arguments.Range) and not isinstance(value, tuple):
                 arguments.check(f"--{name}", value, accepted)
+            elif isinstance(accepted, arguments.Range) and not all(map(accepted.accepts, value)):
+                raise ValueError(f"--{name}={list(value)}: each must be {accepted.describe()}.")
         unknown = sorted(set(self.allow_plan_change) - set(plan_settings()) - {ANY_PLAN_CHANGE})
         if unknown:
             raise ValueError(

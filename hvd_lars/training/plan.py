@@ -75,14 +75,10 @@ _FOLDED = "image_size max_train_examples warmup_epochs decay_boundaries_epochs b
 
 def make_plan(config, world_size, num_train_examples, input_shape=None):
     """The `Plan` of `config` at `world_size` ranks. `num_train_examples`: the training images the input
-    holds, or an `InputPipeline` / `InputShapes`, whose image shape then joins the settings.
-
-    The settings are resolved so that two spellings of one plan are one plan: the global batch, warmup,
-    peak rate and precision as computed, the data folder as a real path (its data set's default for an
-    empty one), the preprocessing as the input reads it, the step schedule's boundaries in steps.
-
-    Raises:
-        ValueError: the global batch exceeds the training set (or `TrainConfig.resolve_batch`'s errors).
+    holds, or an `InputPipeline` / `InputShapes`, whose image shape then joins the settings. Its settings
+    are resolved (the data folder as a real path, a default as what it stands for, epochs in steps), so that
+    two spellings of one plan are one plan. Raises ValueError: a global batch larger than the training set,
+    or `TrainConfig.resolve_batch`'s errors.
     """
     input_shape = getattr(num_train_examples, "input_shape", input_shape)
     examples = getattr(num_train_examples, "num_train_examples", num_train_examples)

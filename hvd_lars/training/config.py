@@ -185,12 +185,8 @@ class TrainConfig:
 
     def resolve_batch(self, world_size):
         """(global batch, per-rank micro-batch) at `world_size` ranks, the one given as 0 derived from the
-        other: global batch = per-rank batch x world size x accumulation steps.
-
-        Raises:
-            ValueError: a global batch that does not divide by ranks x accumulation, or contradicts the
-                per-rank batch.
-        """
+        other: global batch = per-rank batch x world size x accumulation steps. Raises ValueError: a global
+        batch that does not divide by ranks x accumulation, or contradicts the per-rank batch."""
         divisor = world_size * self.accumulation_steps
         if not self.global_batch_size:
             return self.per_rank_batch_size * divisor, self.per_rank_batch_size

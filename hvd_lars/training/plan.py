@@ -178,12 +178,9 @@ def build_schedule(config, plan):
 
 def build_optimizer(config, plan):
     """`config.optimizer` on `build_schedule`, held by a `DistributedOptimizer` that averages each update's
-    gradients over micro-batches, then over ranks.
-
-    momentum and nesterov are LARS with every tensor left out of layer adaptation: Keras's
-    `SGD(momentum=m, nesterov=...)` update (Sutskever et al. 2013) on the L2-decayed gradient
-    `g + weight_decay * w`, as in Caffe and Goyal et al. (Keras's own `weight_decay` would be decoupled).
-    """
+    gradients over micro-batches, then over ranks. momentum and nesterov are LARS without layer adaptation:
+    Keras's `SGD(momentum=m, nesterov=...)` update (Sutskever et al. 2013) on the L2-decayed gradient
+    `g + weight_decay * w`, as in Caffe and Goyal et al. (Keras's own `weight_decay` is decoupled)."""
     lars = config.optimizer == "lars"
     excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
     optimizer = LARS(
@@ -204,19 +201,14 @@ def build_optimizer(config, plan):
         backward_passes_per_step=plan.accumulation_steps,
         compression=config.gradient_compression,
         gradient_reduction=config.gradient_reduction,
-        average_aggregated_gradients=True,
-        op="average",
     )
 
 
 def batch_norm_note(model, plan):
     """What gradient accumulation does to the model's batch normalisation, for the run log (docs/training.md);
     None when the plan does not accumulate or the model has no batch norm."""
-    layers = [
-        layer
-        for layer in keras_internals.flatten_layers(model)
-        if isinstance(layer, keras.layers.BatchNormalization)
-    ]
+    norm = keras.layers.BatchNormalization
+    layers = [layer for layer in keras_internals.flatten_layers(model) if isinstance(layer, norm)]
     if plan.accumulation_steps == 1 or not layers:
         return None
     steps = plan.accumulation_steps
@@ -235,10 +227,10 @@ def loss_and_metrics(config, num_classes):
     `ExactEvaluation` counts the test set). Label smoothing takes one-hot targets (mapped in `run`)."""
     metrics = [TopKAccuracy(1, name="top1"), TopKAccuracy(min(5, num_classes), name="top5")]
     if config.label_smoothing:
-        return keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=config.label_smoothing
-        ), metrics
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
+    else:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return loss, metrics
 
 
 def input_request(config, per_rank_batch, rank, world_size, run_dir):

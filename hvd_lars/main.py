@@ -1,10 +1,6 @@
-"""Command line: `python -m hvd_lars.main --flagfile=flags/<experiment>.flags` (or `hvd-lars-train`).
-
-One flag per field of `TrainConfig` (its default, help and accepted values come from the field). The flags
-are parsed and checked before Keras, TensorFlow or Horovod is imported, so a mistake costs a fraction of a
-second; then one `TrainConfig` goes to `hvd_lars.training.train.run` (or, with `--elastic`,
-`hvd_lars.training.train.run_elastic`). Launch it once per rank (horovodrun, mpirun, srun) or alone.
-"""
+"""Command line: `python -m hvd_lars.main --flagfile=flags/<experiment>.flags` (or `hvd-lars-train`), once per
+rank (horovodrun, mpirun, srun) or alone. One flag per `TrainConfig` field, parsed and checked before Keras,
+TensorFlow or Horovod is imported; then `hvd_lars.training.train.run` (`run_elastic` with `--elastic`)."""
 
 import dataclasses
 import difflib
@@ -16,7 +12,7 @@ import textwrap
 from absl import app, flags
 from absl import logging as absl_logging
 
-from hvd_lars.training.config import HELP_GROUPS, TrainConfig
+from hvd_lars.training.config import TrainConfig
 
 FLAGS = flags.FLAGS
 EXIT_BAD_INPUT = 2
@@ -35,16 +31,12 @@ hvd-lars-train is the same program. Flags after the flagfile override it; --flag
 Exit status: 0 done, 2 bad input (one line), 3 diverged, 75 stopped and resumable (start it again)."""
 
 
-def define_flags(config_class=TrainConfig, flag_values=FLAGS):
-    """Defines one absl flag per field of `config_class`, from the field's default and help."""
-    for field in dataclasses.fields(config_class):
-        define = {
-            "bool": flags.DEFINE_bool,
-            "int": flags.DEFINE_integer,
-            "float": flags.DEFINE_float,
-            "tuple": flags.DEFINE_list,
-        }.get(getattr(field.type, "__name__", field.type), flags.DEFINE_string)
-        default = list(field.default) if isinstance(field.default, tuple) else field.default
+def define_flags(flag_values=FLAGS):
+    """Defines one absl flag per field of `TrainConfig`, from the field's default and help."""
+    kinds = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+    for field in dataclasses.fields(TrainConfig):
+        default = list(field.default) if field.type is tuple else field.default
+        define = flags.DEFINE_list if field.type is tuple else kinds.get(field.type, flags.DEFINE_string)
         define(field.name, default, field.metadata["help"], flag_values=flag_values)
 
 
@@ -52,69 +44,49 @@ define_flags()
 
 
 def config_from_flags(flag_values=FLAGS):
-    """The `TrainConfig` of the parsed flags.
-
-    Raises:
-        ValueError: an element of a list flag that is not of the field's type, naming the flag.
-    """
+    """The `TrainConfig` of the parsed flags. Raises ValueError naming the flag for a list element that is
+    not of the field's type."""
     values = {}
     for field in dataclasses.fields(TrainConfig):
-        value = flag_values[field.name].value
-        if isinstance(field.default, tuple):
+        values[field.name] = value = flag_values[field.name].value
+        if field.type is tuple:
             try:
-                value = tuple(field.metadata["item"](v) for v in value)
+                values[field.name] = tuple(field.metadata["item"](v) for v in value)
             except ValueError as e:
                 raise ValueError(f"--{field.name}={','.join(value)}: {e}") from e
-        values[field.name] = value
     return TrainConfig(**values)
 
 
 def help_text():
     """`--help`: the usage lines, then each group's flags with default and accepted values."""
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     lines = [USAGE]
-    for title, names in HELP_GROUPS:
-        lines += ["", f"{title}:"]
-        for name in names:
-            field = fields[name]
-            lines.append(f"  {_flag_line(field)}")
-            choices, check = field.metadata["choices"], field.metadata["check"]
-            accepted = ""
-            if choices is not None:
-                accepted = f" One of: {', '.join(map(str, choices))}."
-            elif check is not None:
-                accepted = (
-                    f" {check.describe().capitalize()}{' each' if isinstance(field.default, tuple) else ''}."
-                )
-            lines += textwrap.wrap(
-                field.metadata["help"] + accepted, 100, initial_indent=" " * 6, subsequent_indent=" " * 6
-            )
+    for field in dataclasses.fields(TrainConfig):
+        name, default, meta = field.name, field.default, field.metadata
+        if meta["group"]:
+            lines += ["", f"{meta['group']}:"]
+        if isinstance(default, bool):
+            lines.append(f"  --[no]{name}  (default: {str(default).lower()})")
+        else:
+            default = ",".join(map(str, default)) if field.type is tuple else default
+            lines.append(f"  --{name}  (default: {default if default != '' else 'empty'})")
+        text, accepted = meta["help"], meta["accepted"]
+        if isinstance(accepted, tuple):
+            text += f" One of: {', '.join(map(str, accepted))}."
+        elif accepted is not None:
+            text += f" {accepted.describe().capitalize()}{' each' if field.type is tuple else ''}."
+        lines += textwrap.wrap(text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
 
 
-def _flag_line(field):
-    default = field.default
-    if isinstance(default, bool):
-        return f"--[no]{field.name}  (default: {str(default).lower()})"
-    if isinstance(default, tuple):
-        default = ",".join(map(str, default))
-    return f"--{field.name}  (default: {default if default != '' else 'empty'})"
-
-
-def launcher_place(environ=None):
-    """(rank, world size) as the launcher gave them in `environ` (default `os.environ`); (0, 1) alone."""
-    environ = os.environ if environ is None else environ
-    rank = next((int(environ[v]) for v in _RANK_VARIABLES if environ.get(v, "").isdigit()), 0)
-    size = next((int(environ[v]) for v in _SIZE_VARIABLES if environ.get(v, "").isdigit()), 1)
-    return rank, size
-
-
 def place():
-    """(rank, world size): Horovod's once it is started (an elastic job's change), else the launcher's."""
+    """(rank, world size): Horovod's once it is started (an elastic job's change), else the launcher's
+    (0, 1 alone)."""
     horovod = sys.modules.get("horovod.tensorflow")
     if horovod is not None and horovod.is_initialized():
         return horovod.rank(), horovod.size()
-    return launcher_place()
+    rank = next((int(os.environ[v]) for v in _RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
+    size = next((int(os.environ[v]) for v in _SIZE_VARIABLES if os.environ.get(v, "").isdigit()), 1)
+    return rank, size
 
 
 class _RunLines(logging.Formatter):
@@ -124,16 +96,9 @@ class _RunLines(logging.Formatter):
     def format(self, record):
         rank, size = place()
         name = "hvd_lars" if size == 1 or rank == 0 else f"hvd_lars rank {rank}"
-        message = record.getMessage()
         if record.levelno >= logging.ERROR:
-            return f"{name}: error: {message}"
-        if record.levelno >= logging.WARNING:
-            return f"[{name}] warning: {message}"
-        return f"[{name}] {message}"
-
-
-def _shown(record):
-    return place()[0] == 0 or getattr(record, "every_rank", False)
+            return f"{name}: error: {record.getMessage()}"
+        return f"[{name}] {'warning: ' if record.levelno >= logging.WARNING else ''}{record.getMessage()}"
 
 
 def configure_logging():
@@ -142,13 +107,11 @@ def configure_logging():
     log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False
-    for stream, level in ((sys.stdout, logging.INFO), (sys.stderr, logging.WARNING)):
+    for stream, errors in ((sys.stdout, False), (sys.stderr, True)):
         handler = logging.StreamHandler(stream)
-        handler.setLevel(level)
         handler.setFormatter(_RunLines())
-        handler.addFilter(_shown)
-        if level == logging.INFO:
-            handler.addFilter(lambda record: record.levelno < logging.WARNING)
+        handler.addFilter(lambda record, errors=errors: (record.levelno >= logging.WARNING) == errors)
+        handler.addFilter(lambda record: place()[0] == 0 or getattr(record, "every_rank", False))
         log.addHandler(handler)
 
 
@@ -166,16 +129,15 @@ def parse(argv):
         config = config_from_flags()
         config.validate()
     except flags.UnrecognizedFlagError as e:
-        name = e.flagname.removeprefix("no") if e.flagname.startswith("no") else e.flagname
-        near = difflib.get_close_matches(name, list(FLAGS), n=1, cutoff=0.75)
+        near = difflib.get_close_matches(e.flagname.removeprefix("no"), list(FLAGS), n=1, cutoff=0.75)
         near = f"; did you mean --{near[0]}?" if near else ""
-        _exit(f"--{e.flagname}: no such flag{near} (--help lists them)", EXIT_BAD_INPUT)
+        _exit(f"--{e.flagname}: no such flag{near} (--help lists them)")
     except flags.CantOpenFlagFileError as e:
-        _exit(f"{str(e).removeprefix('ERROR:: ')} (the experiments' flagfiles are in flags/)", EXIT_BAD_INPUT)
+        _exit(f"{str(e).removeprefix('ERROR:: ')} (the experiments' flagfiles are in flags/)")
     except UnicodeDecodeError as e:  # a ValueError: first
-        _exit(_undecodable_flagfile(argv, e), EXIT_BAD_INPUT)
+        _exit(_undecodable_flagfile(argv, e))
     except (flags.Error, ValueError) as e:
-        _exit(str(e), EXIT_BAD_INPUT)
+        _exit(str(e))
     return config
 
 
@@ -183,8 +145,7 @@ def run_training(config, extra_callbacks=()):
     """The loop `config` asks for: elastic (workers come and go) or of a fixed world size."""
     from hvd_lars.training import train
 
-    loop = train.run_elastic if config.elastic else train.run
-    return loop(config, extra_callbacks)
+    return (train.run_elastic if config.elastic else train.run)(config, extra_callbacks)
 
 
 def _raised_here(error):
@@ -192,84 +153,62 @@ def _raised_here(error):
     # ValueError from inside Keras or TensorFlow is an internal error and keeps its traceback.
     last, tb = None, error.__traceback__
     while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith("<frozen importlib"):
-            last = filename
+        if not tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            last = tb.tb_frame.f_code.co_filename
         tb = tb.tb_next
     return last is not None and os.path.abspath(last).startswith(_PACKAGE + os.sep)
 
 
 def _main(config):
-    # Before TensorFlow is imported: without its C++ start-up notices (hvd_lars.quiet_tensorflow says which).
     from hvd_lars import quiet_tensorflow
 
-    quiet_tensorflow.load()
+    quiet_tensorflow.load()  # before TensorFlow is imported: without its C++ start-up notices
     from hvd_lars.parallel.collectives import WorldSizeMismatch
-    from hvd_lars.training import threads
-    from hvd_lars.training.faults import (
-        EXIT_DIVERGED,
-        EXIT_PREEMPTED,
-        FileFailure,
-        Preempted,
-        TrainingDiverged,
-    )
+    from hvd_lars.training import faults, threads
 
-    # TensorFlow's checkpoint code logs every save at INFO through absl.
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    # Horovod's cycle and MPI's waiting sized for ranks that use every core (unless exported), and Open
-    # MPI's allreduce rules of the library (hvd_lars.parallel.ompi_allreduce_rules).
+    absl_logging.set_verbosity(absl_logging.WARNING)  # TensorFlow's checkpoint code logs every save at INFO
     threads.apply_horovod_cpu_defaults()
     try:
         run_training(config)
     except FileNotFoundError as e:
-        # A host's own data: every rank that misses it says so.
-        _exit(str(e), EXIT_BAD_INPUT, every_rank=True)
-    except (WorldSizeMismatch, FileFailure) as e:
-        _exit(str(e), EXIT_BAD_INPUT)
-    except TrainingDiverged as e:
-        _exit(str(e), EXIT_DIVERGED)
+        _exit(str(e), every_rank=True)  # a host's own data: every rank that misses it says so
+    except (WorldSizeMismatch, faults.FileFailure) as e:
+        _exit(str(e))
+    except faults.TrainingDiverged as e:
+        _exit(str(e), faults.EXIT_DIVERGED)
     except (ValueError, ImportError) as e:
         if not _raised_here(e):
             raise
-        # Bad input or a missing optional package: one clear line (every rank meets it alike; rank 0 says
-        # it), exit status 2, no traceback.
-        _exit(str(e), EXIT_BAD_INPUT)
-    except Preempted as e:
-        # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it). Each rank
-        # says why it stopped.
+        _exit(str(e))  # bad input or a missing optional package: every rank meets it alike
+    except faults.Preempted as e:
+        # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
         log.info(str(e), extra={"every_rank": True})
-        sys.exit(EXIT_PREEMPTED)
+        sys.exit(faults.EXIT_PREEMPTED)
 
 
-def _exit(message, status, every_rank=False):
+def _exit(message, status=EXIT_BAD_INPUT, every_rank=False):
     log.error(message, extra={"every_rank": every_rank})
     sys.exit(status)
 
 
 def _undecodable_flagfile(argv, error):
     """Where the first flagfile of `argv` (or one it names) fails to decode as `error.encoding`."""
-    pending = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("-").startswith("flagfile=")]
-    seen = set()
-    while pending:
-        path = pending.pop(0)
-        if path in seen:
-            continue
-        seen.add(path)
+    paths = [a.split("=", 1)[1] for a in argv[1:] if a.lstrip("-").startswith("flagfile=")]
+    for path in paths:  # grows with the flagfiles each names
         try:
             with open(path, "rb") as f:
-                lines = f.read().splitlines()
+                data = f.read()
+            lines = data.decode(error.encoding).splitlines()
         except OSError:
             continue
-        for number, line in enumerate(lines, 1):
-            try:
-                text = line.decode(error.encoding).strip()
-            except UnicodeDecodeError as e:
-                return (
-                    f"--flagfile={path}: line {number} is not {error.encoding} text (byte "
-                    f"{line[e.start]:#04x} at column {e.start + 1}); save the file as {error.encoding}."
-                )
-            if text.lstrip("-").startswith("flagfile="):
-                pending.append(text.split("=", 1)[1])
+        except UnicodeDecodeError as e:
+            line, column = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start)
+            return (
+                f"--flagfile={path}: line {line} is not {error.encoding} text (byte {data[e.start]:#04x} at "
+                f"column {column}); save the file as {error.encoding}."
+            )
+        named = [x.strip().split("=", 1)[1] for x in lines if x.strip().lstrip("-").startswith("flagfile=")]
+        paths += [x for x in named if x not in paths]
     return f"a flagfile is not {error.encoding} text ({error})."
 
 

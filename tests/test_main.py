@@ -190,14 +190,23 @@ def test_bad_flags_are_one_line_before_tensorflow_is_imported(flags, line):
 @pytest.mark.horovod
 def test_help_lists_every_setting_once_by_group_and_exits_0():
     from hvd_lars import main
-    from hvd_lars.training.config import HELP_GROUPS, TrainConfig
+    from hvd_lars.training.config import TrainConfig
 
     result = subprocess.run([*MAIN[:2], "hvd_lars.main", "--help"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "" and result.stdout == main.help_text() + "\n"
     assert result.stdout.startswith("usage: python -m hvd_lars.main --flagfile=flags/<experiment>.flags")
-    named = [n for _, names in HELP_GROUPS for n in names]
-    assert sorted(named) == sorted(f.name for f in dataclasses.fields(TrainConfig))
-    for name in named:
+    groups = [line for line in result.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert groups == [
+        "Data:",
+        "Model:",
+        "Optimizer and schedule:",
+        "Batch and scale:",
+        "Checkpoints and resume:",
+        "Evaluation and logs:",
+        "Performance:",
+        "Faults:",
+    ]
+    for name in (f.name for f in dataclasses.fields(TrainConfig)):
         assert result.stdout.count(f"--{name}  (default: ") + result.stdout.count(f"--[no]{name}  (") == 1
     assert "  --global_batch_size  (default: 0)\n      Images per update" in result.stdout
     assert "(default: lars) lars, momentum (SGD" in " ".join(result.stdout.split())

@@ -162,7 +162,7 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
     model, optimizer, build = _built(new, plan)
     refused = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, new)
     assert isinstance(refused.error, checkpoints.LineageRefused) and refused.restored is None
-    assert "(accumulation_steps 1 -> 2; momentum_correction 'none' -> 'always')" in str(refused.error)
+    assert "(momentum_correction 'none' -> 'always'; accumulation_steps 1 -> 2)" in str(refused.error)
 
     allowed = dataclasses.replace(new, allow_plan_change=("accumulation_steps", "momentum_correction"))
     model, optimizer, build = _built(allowed, plan)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hvd_lars import main
+from hvd_lars.arguments import Range
 from hvd_lars.optim.scaling import steps_in_epochs
 from hvd_lars.training import epoch_logs, faults
 from hvd_lars.training.checkpoints import Lineage
@@ -21,7 +22,9 @@ from hvd_lars.training.train import callbacks_in_order, fit
 pytestmark = pytest.mark.unit
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-NUMERIC = [f.name for f in FIELDS.values() if f.type in (int, float) and f.metadata["check"] is not None]
+NUMERIC = [
+    f.name for f in FIELDS.values() if f.type in (int, float) and isinstance(f.metadata["accepted"], Range)
+]
 
 
 def _config(**kw):
@@ -33,7 +36,7 @@ def _config(**kw):
 @pytest.mark.parametrize("name", NUMERIC)
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -1])
 def test_every_numeric_setting_refuses_non_finite_and_negative_values_naming_itself(name, bad):
-    if bad == -1 and FIELDS[name].metadata["check"].low < -1:
+    if bad == -1 and FIELDS[name].metadata["accepted"].low < -1:
         pytest.skip(f"{name} accepts -1")
     with pytest.raises(ValueError) as info:
         _config(**{name: bad}).validate()

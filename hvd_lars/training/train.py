@@ -216,20 +216,12 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
         every_s = config.progress_every_s if config.verbose == 1 else None
         batches = plan.steps_per_epoch * plan.accumulation_steps
         lines = [epoch_logs.EpochProgress(plan.epochs, batches, images_per_batch, every_s)]
-    corrupt = []
-    if data.skipped_corrupt is not None:  # training files skipped (--skip_corrupt), summed over ranks
-
-        def count_skipped(epoch, logs):
-            local = int(data.skipped_corrupt.numpy())
-            logs["skipped_corrupt_images"] = float(collectives.allreduce_sum([local], "hvd_lars.skipped")[0])
-
-        corrupt = [keras.callbacks.LambdaCallback(on_epoch_end=count_skipped)]
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
         job.run.watchdog,
         job.progress,  # an epoch resumed mid-way starts from the metric sums of its earlier updates
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
-        *corrupt,
+        *_skipped_corrupt(data),
         ImagesPerSecond(images_per_batch),
         LearningRateLogger(),
         *evaluations,
@@ -241,6 +233,18 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
         guard.after_epoch(),  # stops at the end of an epoch whose last update found a stop signal
         *lines,
     ]
+
+
+def _skipped_corrupt(data):
+    """The training files skipped (--skip_corrupt), summed over ranks, into the epoch logs."""
+    if data.skipped_corrupt is None:
+        return []
+
+    def count(epoch, logs):
+        local = int(data.skipped_corrupt.numpy())
+        logs["skipped_corrupt_images"] = float(collectives.allreduce_sum([local], "hvd_lars.skipped")[0])
+
+    return [keras.callbacks.LambdaCallback(on_epoch_end=count)]
 
 
 def fit(model, data, plan, config, callbacks, step):

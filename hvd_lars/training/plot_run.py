@@ -66,11 +66,7 @@ def _number(text):
 
 
 def make_figure(run_dir):
-    """The matplotlib Figure of `run_dir`; axes titled "loss", "top-1", "learning rate".
-
-    Raises:
-        FileNotFoundError: not a run directory. NoEpochYet: no epoch has finished.
-    """
+    """The Figure of `run_dir` (axes "loss", "top-1", "learning rate"); raises as `read_metrics` does."""
     summary = read_json(os.path.join(run_dir, "summary.json"))
     metrics = read_metrics(run_dir)
     steps = metrics["step"]
@@ -111,22 +107,14 @@ def make_figure(run_dir):
 
 
 def plot_run(run_dir, out=None):
-    """Writes the figure of `run_dir` to `out` (default `RUN_DIR/run.png`); returns that path.
-
-    Raises:
-        FileNotFoundError: not a run directory. OSError: `out` cannot be written (then it is as it was).
-    """
+    """Writes the figure of `run_dir` to `out` (default `RUN_DIR/run.png`, by `save`); returns that path."""
     out = out or os.path.join(run_dir, "run.png")
     save(make_figure(run_dir), out)
     return out
 
 
 def save(figure, out):
-    """Writes `figure` as the PNG `out`, whole or not at all (through `<out>.tmp`), and closes it.
-
-    Raises:
-        OSError: `out` cannot be written (then it is as it was).
-    """
+    """Writes `figure` as the PNG `out` whole or not at all (an OSError leaves it as it was); closes it."""
     try:
         figure.savefig(f"{out}.tmp", dpi=100, format="png")
         os.replace(f"{out}.tmp", out)

@@ -83,11 +83,8 @@ class Job:
     progress: Progress
 
     def agree(self):
-        """Rank 0's lineage and resumed progress on every rank (a collective).
-
-        Raises:
-            ValueError: rank 0 refused the run directory's checkpoint (on every rank).
-        """
+        """Rank 0's lineage and resumed progress on every rank (a collective); a ValueError on every rank
+        where rank 0 refused the run directory's checkpoint."""
         self.lineage.share()
         self.record.assign(self.lineage.run_id)
         self.progress.resume(self.lineage.restored)

@@ -244,9 +244,13 @@ def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys
         (tmp_path / "metrics.csv").write_text(metrics)
     assert plot_run.main([str(tmp_path)]) == 0
     out = capsys.readouterr()
-    said = f"{tmp_path}: no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot\n"
-    assert out.out == said
+    said = "no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot"
+    assert out.out == f"[hvd_lars] {tmp_path}: {said}\n"
     assert out.err == "" and not (tmp_path / "run.png").exists()
+    # Not a run directory: one error line, exit status 2.
+    assert plot_run.main([str(tmp_path / "nothing")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("hvd_lars: error: ") and len(out.err.splitlines()) == 1
 
 
 def _fit_with_progress(progress, epochs=2, steps=5):

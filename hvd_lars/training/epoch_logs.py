@@ -1,15 +1,9 @@
-"""What a run records and says, epoch by epoch and at its end.
+"""What a run records and says, epoch by epoch and at its end (the files: docs/training.md).
 
-- `ExactEvaluation`: every evaluation image counted once over all ranks, batch-norm statistics averaged
-  first. `ImagesPerSecond`: images of all ranks per second of training.
-- `MetricsCSV`, `TensorBoardScalars`: metrics.csv and TensorBoard scalars, aligned in any evaluation
-  schedule and across kills and resumes (a resumed run first drops what its predecessor wrote after the
-  checkpoint it resumes from). Keras's `CSVLogger` and `TensorBoard` do neither (docs/design.md).
-- `EpochProgress`: rank 0's lines, within and at the end of each epoch.
-- `Progress`: what a checkpoint records beyond the model (the epoch's running metric sums, the run's
-  time over its starts), so a resumed run records what an uninterrupted one does.
-- `RunSummary`: summary.json (flags, plan, provenance, epochs), written atomically by rank 0 after every
-  epoch, and the run's last lines and plot.
+`ExactEvaluation` and `ImagesPerSecond` add to the epoch logs; `Progress` is what a checkpoint holds beyond
+the model; `MetricsCSV`, `TensorBoardScalars` and `RunSummary` write metrics.csv, tensorboard/ and
+summary.json, aligned across resumes (docs/design.md, "The run's own logs"); `EpochProgress` prints rank 0's
+lines.
 """
 
 import csv
@@ -43,62 +37,48 @@ from hvd_lars.training.checkpoints import (
     strict,
 )
 
+log = logging.getLogger(__name__)
+
 
 def git_sha(path=None):
-    """The commit of the repository holding `path` (default: this package), with "-dirty" when the work
-    tree has uncommitted changes; "unknown" outside a git checkout."""
-    path = path or os.path.dirname(os.path.abspath(__file__))
+    """The commit of the checkout holding `path` (default: this package), with "-dirty" when it has
+    uncommitted changes; "unknown" outside a git checkout."""
+    git = ["git", "-C", path or os.path.dirname(os.path.abspath(__file__))]
+    run = lambda *a: subprocess.run([*git, *a], capture_output=True, text=True, check=True, timeout=10).stdout
     try:
-        sha = subprocess.run(
-            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        sha, dirty = run("rev-parse", "HEAD"), run("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return sha + ("-dirty" if dirty else "")
+    return sha.strip() + ("-dirty" if dirty.strip() else "")
 
 
 def cpuinfo(path="/proc/cpuinfo"):
-    """The first processor's fields of /proc/cpuinfo as {name: value} ("model name", "vendor_id",
-    "cpu family", "model", "stepping", "flags", ...); {} where the file cannot be read."""
-    fields = {}
+    """The first processor's fields of /proc/cpuinfo as {name: value} ("model name", "flags", ...); {}
+    where it cannot be read."""
     try:
         with open(path) as f:
-            for line in f:
-                if not line.strip():
-                    if fields:
-                        break  # the end of the first processor's block
-                    continue
-                name, _, value = line.partition(":")
-                fields.setdefault(name.strip(), value.strip())
+            first = f.read().strip().split("\n\n")[0]
     except OSError:
-        pass
-    return fields
+        return {}
+    return {name.strip(): value.strip() for name, _, value in (s.partition(":") for s in first.splitlines())}
 
 
 def machine():
-    """A one-line description of this machine: CPU model, logical cores, memory, OS."""
+    """This machine in one line: CPU model, logical cores, memory, OS."""
     cpu = cpuinfo().get("model name") or platform.processor() or platform.machine()
-    memory = ""
-    try:
-        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
-    except (ValueError, OSError):
-        pass
-    return f"{cpu}, {os.cpu_count()} logical cores{memory}, {platform.system()} {platform.release()}"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{cpu}, {os.cpu_count()} logical cores, {memory:.0f} GiB, {platform.system()} {platform.release()}"
+    )
 
 
 def provenance():
     """Dict with git_sha, date (UTC, ISO 8601), machine, python, tensorflow, keras, horovod versions."""
     try:
-        import horovod  # optional: a single-process run works without it
+        import horovod
 
         horovod_version = horovod.__version__
-    except ImportError:
+    except ImportError:  # a single-process run needs no Horovod
         horovod_version = None
     return {
         "git_sha": git_sha(),
@@ -111,53 +91,33 @@ def provenance():
     }
 
 
-log = logging.getLogger(__name__)
-
-
 class RunSummary(keras.callbacks.Callback):
-    """Keras callback keeping `<run_dir>/summary.json` up to date (rank 0 writes; every rank keeps it).
-
-    Keys: run_name, run_id (the lineage, `hvd_lars.training.checkpoints`), config, plan (the `Plan`, with its
-    resolved settings), world_size, hosts (sorted host names of all ranks), local_size (ranks on
-    rank 0's host), cross_size (hosts), global_batch_size, per_rank_batch_size, accumulation_steps,
-    threads (the thread settings read back from TensorFlow, `hvd_lars.training.train.applied_threads`),
-    resumed_from_step, epochs (list of per-epoch logs with "epoch" counted from 1), images_per_second (mean
-    over this attempt's epochs after its first, which includes graph tracing), wall_time_s (training and
-    evaluation time, seconds: with a `progress`, summed over the run's segments, each counted up to the
-    checkpoint the next resumed from, `hvd_lars.training.epoch_logs`; else this attempt's), segments (the
-    starts that trained the run: 1 uninterrupted), final_test_top1 / final_test_top5 (fractions, last
-    evaluated epoch), final_val_top1 / final_val_top5 (the same on the validation split; None without
-    one), stopped (only when training stopped early: reason "TrainingDiverged" or "Preempted", step,
-    message), git_sha, date, machine and software versions.
-
-    Args:
-        run_dir: the run directory (its name is the run's name).
-        threads: the thread settings read back from TensorFlow, or None.
-        job: the training job, or None: its `lineage` (`hvd_lars.training.checkpoints.Lineage`: a resumed
-            run keeps the epochs of a summary.json of its own lineage; one of another lineage is moved
-            under `earlier_runs/<its run id>/`, with one line saying so) and `progress` (`Progress`: its
-            time over segments).
-    """
+    """Keeps `<run_dir>/summary.json` (keys: docs/training.md) up to date after every epoch; rank 0 writes
+    it, every rank keeps `summary`. With a `job`, a resumed run keeps the epochs of its own lineage's
+    summary.json (another run's is moved under earlier_runs/, one warning) and the time over its starts."""
 
     def __init__(self, run_dir, config, plan, start_step, threads=None, job=None):
         super().__init__()
         lineage, progress = (job.lineage, job.progress) if job is not None else (None, None)
         self.path = os.path.join(run_dir, "summary.json")
+        saved = (RunSummary.load(run_dir) or {}) if start_step else {}
+        if saved and lineage is not None and not lineage.owns(saved.get("run_id")):
+            if collectives.is_chief():
+                run_id = saved.get("run_id")
+                kept = set_aside([self.path], run_dir, run_id)
+                checkpoints.warn(
+                    f"{self.path} belongs to another run ({run_id or UNRECORDED}): kept in {kept}, and "
+                    "written anew"
+                )
+            saved = {}
         finished_epochs = start_step // plan.steps_per_epoch
-        previous = []
-        if start_step:
-            saved = RunSummary.load(run_dir) or {}
-            if saved and lineage is not None and not lineage.owns(saved.get("run_id")):
-                saved = self._set_aside(run_dir, saved.get("run_id"))
-            previous = [e for e in saved.get("epochs", []) if e["epoch"] <= finished_epochs]
         self.summary = {
             "run_name": os.path.basename(os.path.normpath(run_dir)),
             "run_id": lineage.run_id if lineage is not None else None,
             "config": vars(config),
             "plan": dataclasses.asdict(plan),
             "world_size": plan.world_size,
-            # A collective: every rank builds its RunSummary at the same point of the run.
-            "hosts": collectives.host_names(),
+            "hosts": collectives.host_names(),  # a collective, at the same point on every rank
             "local_size": collectives.local_size(),
             "cross_size": collectives.cross_size(),
             "global_batch_size": plan.global_batch_size,
@@ -165,15 +125,12 @@ class RunSummary(keras.callbacks.Callback):
             "accumulation_steps": plan.accumulation_steps,
             "threads": threads,
             "resumed_from_step": start_step,
-            "epochs": previous,
+            "epochs": [e for e in saved.get("epochs", []) if e["epoch"] <= finished_epochs],
             "images_per_second": None,
             "wall_time_s": 0.0,
             "segments": progress.segments if progress is not None else 1,
-            "final_test_top1": None,
-            "final_test_top5": None,
-            "final_val_top1": None,
-            "final_val_top5": None,
-            # Once per run: rank 0 asks git and reads the machine; the other ranks get its record.
+            **{f"final_{split}_top{k}": None for split in ("test", "val") for k in (1, 5)},
+            # Rank 0 asks git and reads the machine; the other ranks get its record.
             **collectives.broadcast_object(
                 provenance() if collectives.is_chief() else None, name="hvd_lars.training.provenance"
             ),
@@ -183,45 +140,30 @@ class RunSummary(keras.callbacks.Callback):
         self._wall_time_s = progress.wall_time_s if progress else lambda: time.perf_counter() - start
         self._update()
 
-    def _set_aside(self, run_dir, run_id):
-        if collectives.is_chief():
-            kept = set_aside([self.path], run_dir, run_id)
-            checkpoints.warn(
-                f"{self.path} belongs to another run ({run_id or UNRECORDED}): kept in {kept}, and "
-                "written anew"
-            )
-        return {}
-
     @staticmethod
     def load(run_dir):
-        """The summary dict saved in `run_dir` (`read_json`), or None if there is none. A file cut short,
-        empty or of another format (not a JSON object with a "plan" object and an "epochs" list) counts as
-        none: rank 0 moves it under `<run_dir>/damaged/` with a one-line warning naming it (the epochs it
-        held are taken up again from the next epoch's end on; metrics.csv keeps them)."""
+        """The summary dict saved in `run_dir`, or None: there is none, or it is cut short, empty or of
+        another format, and rank 0 moves it under `<run_dir>/damaged/` with a one-line warning."""
         path = os.path.join(run_dir, "summary.json")
         if not os.path.exists(path):
             return None
         try:
             saved = read_json(path)
-            problem = None
-            if not isinstance(saved, dict) or not isinstance(saved.get("plan"), dict):
-                problem = 'not a summary (no "plan" object)'
-            elif not isinstance(saved.get("epochs"), list) or not all(
-                isinstance(e, dict) and isinstance(e.get("epoch"), int) for e in saved["epochs"]
-            ):
-                problem = 'not a summary (no "epochs" list of numbered epochs)'
-        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             problem = f"cut short, empty or not JSON ({type(e).__name__}: {e})"
-        if problem is None:
-            return saved
+        else:
+            epochs = saved.get("epochs") if isinstance(saved, dict) else None
+            if isinstance(epochs, list) and isinstance(saved.get("plan"), dict):
+                if all(isinstance(e, dict) and isinstance(e.get("epoch"), int) for e in epochs):
+                    return saved
+            problem = 'not a summary (a "plan" object and an "epochs" list of numbered epochs)'
         if collectives.is_chief():
             kept = checkpoints.keep_damaged(path, run_dir)
             checkpoints.warn(f"{path} is {problem}; kept as {kept}, and written anew")
         return None
 
     def record_stop(self, reason, step, message):
-        """Records why training stopped early under "stopped" ({"reason", "step", "message"}) and writes
-        the file (rank 0)."""
+        """Records why training stopped early ("stopped": reason, step, message) and writes the file."""
         self.summary["stopped"] = {"reason": reason, "step": step, "message": message}
         self._update()
 
@@ -234,7 +176,7 @@ class RunSummary(keras.callbacks.Callback):
     def _update(self):
         s = self.summary
         rates = [e["images_per_second"] for e in self._attempt_epochs if "images_per_second" in e]
-        steady = rates[1:] or rates
+        steady = rates[1:] or rates  # the first epoch of an attempt includes tracing
         s["images_per_second"] = sum(steady) / len(steady) if steady else None
         s["wall_time_s"] = self._wall_time_s()
         for split in ("test", "val"):
@@ -243,52 +185,43 @@ class RunSummary(keras.callbacks.Callback):
                 s[f"final_{split}_top1"] = evaluated[-1][f"{split}_top1"]
                 s[f"final_{split}_top5"] = evaluated[-1][f"{split}_top5"]
         if collectives.is_chief():
-            write = lambda f: json.dump(strict(s), f, indent=2, allow_nan=False)
-            faults.write_atomically(self.path, write)
+            faults.write_atomically(self.path, lambda f: json.dump(strict(s), f, indent=2, allow_nan=False))
 
     def finish(self, checkpoint):
-        """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (`plot_run`) and
-        prints the summary (`describe_end`). A plot that cannot be drawn is one warning line; a plot that
-        cannot be written is a failed write (`faults.note`): every rank raises it.
-
-        Args:
-            checkpoint: path of the run's last checkpoint (str), or None.
+        """The end of a run, on every rank (a collective): rank 0 writes `<run_dir>/run.png` and logs the
+        summary lines. A plot that cannot be drawn is one warning.
 
         Raises:
             hvd_lars.training.faults.FileFailure: run.png could not be written (every rank).
         """
         if collectives.is_chief():
             run_dir = os.path.dirname(self.path)
-            for line in describe_end(self.summary, run_dir, checkpoint, _draw(run_dir)):
+            plot = os.path.join(run_dir, "run.png")
+            try:
+                figure = plot_run.make_figure(run_dir)
+            except Exception as e:  # a picture is not worth a finished run
+                checkpoints.warn(
+                    f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`"
+                )
+                plot = None
+            else:
+                try:
+                    plot_run.save(figure, plot)
+                except OSError as e:  # the run is complete: hvd-lars-plot can draw it later
+                    reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
+                    faults.note(
+                        f"could not write {plot}: {reason}. Free space or make it writable there, then draw "
+                        f"it with `hvd-lars-plot {run_dir}` (the run itself is complete)."
+                    )
+                    plot = None
+            for line in _end_lines(self.summary, run_dir, checkpoint, plot):
                 log.info(line)
         faults.agree(name="hvd_lars.plot_write")
 
 
-def _draw(run_dir):
-    """Writes run.png into `run_dir`; returns its path, or None when it was not written."""
-    out = os.path.join(run_dir, "run.png")
-    try:
-        figure = plot_run.make_figure(run_dir)
-    except Exception as e:  # a picture is not worth a finished run: any failure to draw one is a warning
-        checkpoints.warn(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
-        return None
-    try:
-        plot_run.save(figure, out)
-        return out
-    except OSError as e:  # the run is complete: a second start trains nothing, hvd-lars-plot draws it
-        reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
-        faults.note(
-            f"could not write {out}: {reason}. Free space or make it writable there, then draw it with "
-            f"`hvd-lars-plot {run_dir}` (the run itself is complete)."
-        )
-        return None
-
-
-def describe_end(summary, run_dir, checkpoint, plot):
-    """The run's last lines (list of str) from its summary dict: epochs, steps, wall time and images/s; final
-    and best test (and validation) top-1/top-5; where the checkpoint, logs and plot are (paths, or None)."""
-    plan, epochs = summary["plan"], summary["epochs"]
-    rate = summary["images_per_second"]
+def _end_lines(summary, run_dir, checkpoint, plot):
+    """The run's last lines: epochs, steps, time, images/s; final and best top-1/top-5; where things are."""
+    plan, epochs, rate = summary["plan"], summary["epochs"], summary["images_per_second"]
     over = "this start's epochs after its first" if summary["segments"] > 1 else "epochs after the first"
     lines = [
         f"finished {summary['run_name']}: {epochs[-1]['epoch'] if epochs else 0} of {plan['epochs']} epochs "
@@ -306,21 +239,19 @@ def describe_end(summary, run_dir, checkpoint, plot):
             )
         elif split == "test":
             lines.append("final test top-1 not evaluated")
-    lines.append(f"checkpoint {checkpoint or 'none written'}")
-    lines.append(f"logs {run_dir}/{{summary.json, metrics.csv, tensorboard/}}")
-    lines.append(f"plot {plot or 'not written'}")
-    return lines
+    return lines + [
+        f"checkpoint {checkpoint or 'none written'}",
+        f"logs {run_dir}/{{summary.json, metrics.csv, tensorboard/}}",
+        f"plot {plot or 'not written'}",
+    ]
 
 
 class ExactEvaluation(keras.callbacks.Callback):
-    """Evaluates every `every_epochs` epochs (and at the last) on each rank's shard; sums exact counts.
-
-    Adds `<prefix>_loss` (mean softmax cross-entropy), `<prefix>_top1` and `<prefix>_top5` (fractions)
-    computed from correct-prediction counts summed over ranks, so every evaluation image counts exactly
-    once. A prediction is correct by `hvd_lars.metrics.top_k_correct` (ties broken by class index, as
-    argmax does), the rule of the training metrics. `prefix` is "test" for the test set and "val" for a
-    validation split (Keras's TensorBoard callback writes `val_*` to its `validation/` folder, as the
-    same tags).
+    """Every `every_epochs` epochs and at `last_epoch`, adds `<prefix>_loss` (mean cross-entropy),
+    `<prefix>_top1` and `<prefix>_top5` (fractions) to the epoch logs, from counts summed over the ranks'
+    shards, so that each image counts once; batch-norm statistics are averaged over the ranks first. A
+    prediction is correct by `hvd_lars.metrics.top_k_correct`, the training metrics' rule. `prefix`:
+    "test", or "val" for a validation split.
 
     Raises:
         RuntimeError: the ranks together evaluated a number of images other than `num_examples`.
@@ -333,43 +264,29 @@ class ExactEvaluation(keras.callbacks.Callback):
         self.every_epochs = every_epochs
         self.last_epoch = last_epoch
         self.prefix = prefix
-        self._step = None
+        self._counts = tf.function(self._batch_counts, reduce_retracing=True)
 
-    def _counts(self):
-        if self._step is None:
-
-            @tf.function(reduce_retracing=True)
-            def step(images, labels):
-                logits = tf.cast(self.model(images, training=False), tf.float32)
-                labels = tf.cast(labels, tf.int32)
-                loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-                # The training metrics' rule (hvd_lars.metrics): ties broken by class index.
-                top1 = top_k_correct(labels, logits, 1)
-                top5 = top_k_correct(labels, logits, min(5, logits.shape[-1]))
-                return tf.stack(
-                    [
-                        tf.reduce_sum(loss),
-                        tf.reduce_sum(tf.cast(top1, tf.float32)),
-                        tf.reduce_sum(tf.cast(top5, tf.float32)),
-                        tf.cast(tf.size(labels), tf.float32),
-                    ]
-                )
-
-            self._step = step
-        total = np.zeros(4, dtype=np.float64)
-        for images, labels in self.dataset:
-            total += self._step(images, labels).numpy()
-            faults.heartbeat()
-        return total
+    def _batch_counts(self, images, labels):
+        logits = tf.cast(self.model(images, training=False), tf.float32)
+        labels = tf.cast(labels, tf.int32)
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        correct = [
+            tf.cast(top_k_correct(labels, logits, k), tf.float32) for k in (1, min(5, logits.shape[-1]))
+        ]
+        sums = [tf.reduce_sum(loss), *map(tf.reduce_sum, correct), tf.cast(tf.size(labels), tf.float32)]
+        return tf.stack(sums)
 
     def on_epoch_end(self, epoch, logs=None):
-        last = self.last_epoch is not None and epoch + 1 == self.last_epoch
-        if not (last or (epoch + 1) % self.every_epochs == 0):
+        if not (epoch + 1 == self.last_epoch or (epoch + 1) % self.every_epochs == 0):
             return
         # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
         collectives.average_variables(moving_statistics(self.model))
-        # With the counts, whether a rank failed to read an evaluation file (`faults.note`).
-        counts = [*self._counts(), faults.vote()]
+        total = np.zeros(4, dtype=np.float64)
+        for images, labels in self.dataset:
+            total += self._counts(images, labels).numpy()
+            faults.heartbeat()
+        # With the counts, whether a rank failed to read an evaluation file.
+        counts = [*total, faults.vote()]
         loss, top1, top5, count, failed = collectives.allreduce_sum(counts, name="hvd_lars.eval_counts")
         if failed:
             faults.raise_noted()
@@ -387,11 +304,8 @@ KEY = "progress/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 class Progress(keras.callbacks.Callback):
-    """Keras callback: adds the metric sums of an epoch resumed mid-way to those of its first batch.
-
-    Args:
-        steps_per_epoch: updates per epoch (a checkpoint at an epoch's end starts no epoch mid-way).
-    """
+    """What a checkpoint records beyond the model (`variable`): the epoch's running metric sums, so that an
+    epoch resumed mid-way reports the whole epoch's metrics, and the run's time over its starts."""
 
     def __init__(self, steps_per_epoch):
         super().__init__()
@@ -402,8 +316,8 @@ class Progress(keras.callbacks.Callback):
         self._begun = time.perf_counter()
 
     def resume(self, prefix):
-        """Reads the record of the checkpoint at `prefix` (rank 0; None or "": a fresh start, or a checkpoint
-        without one) and hands it to every rank (a collective)."""
+        """Rank 0 reads the record of the checkpoint at `prefix` (None or "": a fresh start) and hands it to
+        every rank (a collective)."""
         record = None
         if collectives.is_chief() and prefix:
             reader = tf.train.load_checkpoint(prefix)
@@ -417,7 +331,8 @@ class Progress(keras.callbacks.Callback):
         return self.restored.get("segments", 0) + 1
 
     def wall_time_s(self):
-        """Seconds of training and evaluation over the run's segments up to now (see the module)."""
+        """Seconds of training and evaluation over the run's starts, each counted up to the checkpoint the
+        next one resumed from."""
         return self.restored.get("wall_time_s", 0.0) + time.perf_counter() - self._begun
 
     def capture(self):
@@ -438,8 +353,7 @@ class Progress(keras.callbacks.Callback):
             self._pending = sums
 
     def on_train_batch_end(self, batch, logs=None):
-        # An epoch resumed mid-way adds the sums of its earlier updates to those of its first batch here:
-        # Keras builds the compiled metrics' variables in the first training step, not before.
+        # Here, not before: Keras builds the compiled metrics' variables in the first training step.
         if self._pending is None:
             return
         sums, self._pending, variables = self._pending, None, self.model.metrics_variables
@@ -449,18 +363,12 @@ class Progress(keras.callbacks.Callback):
 
 
 class ImagesPerSecond(keras.callbacks.Callback):
-    """Adds `images_per_second` (images of all ranks per second of training, evaluation excluded) and
-    `epoch_time_s` to the epoch logs.
-
-    Args:
-        images_per_batch: images one training batch (micro-batch) covers over all ranks.
-    """
+    """Adds `images_per_second` (of all ranks, per second of training) and `epoch_time_s` to the epoch
+    logs; `images_per_batch`: the images of one micro-batch over all ranks."""
 
     def __init__(self, images_per_batch):
         super().__init__()
         self.images_per_batch = images_per_batch
-        self._start = None
-        self._batches = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
@@ -476,96 +384,58 @@ class ImagesPerSecond(keras.callbacks.Callback):
             logs["epoch_time_s"] = elapsed
 
 
-def _step(model):
-    return int(model.optimizer.iterations.numpy())
-
-
 class MetricsCSV(keras.callbacks.Callback):
-    """`metrics.csv`: one row per epoch, every row with the header's columns.
+    """`metrics.csv`: one row per epoch, `epoch` (from 0), `step` (updates applied), `run_id` (with a
+    `lineage`), then every key any epoch reported, sorted; empty where not measured. Rewritten whole at each
+    epoch's end (atomically), so a killed job leaves whole rows.
 
-    Columns: `epoch` (0-based), `step` (updates applied at the epoch's end), then every key any epoch
-    has reported so far, sorted. When a new key appears (the first evaluated epoch adds `test_*`) the
-    file is rewritten with the wider header and the earlier rows get an empty field there; an empty
-    field means "not measured that epoch". The file is rewritten whole at each epoch end, to a
-    temporary file renamed over it, so a killed job leaves the rows of its finished epochs and never a
-    torn row. Non-finite values are written as Python prints them (`nan`, `inf`).
-
-    Args:
-        path: the CSV file.
-        start_step: updates already applied (a resumed run's step); the rows of later epochs, written by
-            a killed predecessor that got further than its last checkpoint, are dropped.
-        steps_per_epoch: updates per epoch (to rebuild rows from summary.json's epochs).
-
-    An existing file cut short, empty or of another format is moved under `<run_dir>/damaged/` with a
-    one-line warning naming it, and its rows are rebuilt from the epochs of summary.json beside it.
+    A resumed run (`start_step` updates applied) drops the rows of later epochs. A file cut short, empty or
+    of another format is moved under `<run_dir>/damaged/`, one of another run under earlier_runs/, and the
+    rows are rebuilt from summary.json (`steps_per_epoch` gives their steps), with a one-line warning.
     """
-
-    FIXED = ("epoch", "step")
 
     def __init__(self, path, start_step=0, steps_per_epoch=1, lineage=None):
         super().__init__()
         self.path = path
         self.run_id = lineage.run_id if lineage is not None else None
-        self.rows = []
-        rows, known = [], os.path.exists(path)
-        if known:
+        run_dir = os.path.dirname(os.path.abspath(path))
+        exists, rows, problem = os.path.exists(path), [], None
+        if exists:
             try:
                 rows = _read_rows(path)
             except ValueError as e:
-                rows = self._rebuilt(path, str(e), steps_per_epoch)  # from summary.json: this run's
-            else:
-                rows = self._own(rows, lineage, steps_per_epoch) if lineage is not None else rows
+                problem = f"{path} is {e}; kept as {checkpoints.keep_damaged(path, run_dir)}, and"
         elif lineage is not None and start_step:
-            rows = _rows_of_summary(os.path.dirname(os.path.abspath(path)), steps_per_epoch)
-            known = bool(rows)
-            if rows:
-                checkpoints.warn(f"{path} is missing; rebuilt with the {len(rows)} epoch(s) of summary.json")
+            problem = f"{path} is missing;"
+        owned = lambda row: lineage is None or lineage.owns(row.get("run_id") or None)
+        foreign = [row.get("run_id") or UNRECORDED for row in rows if not owned(row)]
+        if foreign:
+            rows = [row for row in rows if owned(row)]
+            kept = set_aside([path], run_dir, foreign[0])
+            problem = f"{path} holds {len(foreign)} row(s) of another run ({foreign[0]}): kept in {kept};"
+        if problem:
+            epochs = {int(row["epoch"]) for row in rows}
+            rows += [r for r in _rows_of_summary(run_dir, steps_per_epoch) if r["epoch"] not in epochs]
+            rows.sort(key=lambda row: int(row["epoch"]))
+            if rows or exists:
+                checkpoints.warn(f"{problem} rebuilt with the {len(rows)} epoch(s) of summary.json")
+        self.rows = []
         for row in rows:
             if int(row["step"]) <= start_step:
                 kept = {k: v for k, v in row.items() if v not in ("", None)}
                 self.rows.append({**kept, "run_id": self.run_id} if self.run_id else kept)
-        if known and lineage is not None:
+        if (exists or rows) and lineage is not None:
             self._write()  # at once: the file holds this run's rows only, each with its run id
 
-    def _own(self, rows, lineage, steps_per_epoch):
-        """The rows of `lineage`; a file holding others is moved under earlier_runs/ (one warning) and
-        this run's epochs it lacks are taken from its summary.json."""
-        foreign = [r.get("run_id") or None for r in rows if not lineage.owns(r.get("run_id") or None)]
-        if not foreign:
-            return rows
-        run_dir = os.path.dirname(os.path.abspath(self.path))
-        kept = set_aside([self.path], run_dir, foreign[0])
-        own = [r for r in rows if lineage.owns(r.get("run_id") or None)]
-        # The epochs the other run's rows stood for come back from this run's summary.json.
-        epochs = {int(r["epoch"]) for r in own}
-        own += [r for r in _rows_of_summary(run_dir, steps_per_epoch) if int(r["epoch"]) not in epochs]
-        checkpoints.warn(
-            f"{self.path} holds {len(foreign)} row(s) of another run ({foreign[0] or UNRECORDED}): kept in "
-            f"{kept}; written anew with this run's {len(own)} row(s)"
-        )
-        return sorted(own, key=lambda r: int(r["epoch"]))
-
-    @staticmethod
-    def _rebuilt(path, problem, steps_per_epoch):
-        # The damaged file is kept aside; its epochs come back from summary.json beside it, which holds
-        # the same epoch logs (its epochs count from 1).
-        run_dir = os.path.dirname(os.path.abspath(path))
-        kept = checkpoints.keep_damaged(path, run_dir)
-        rows = _rows_of_summary(run_dir, steps_per_epoch)
-        checkpoints.warn(
-            f"{path} is {problem}; kept as {kept}, and rebuilt with the {len(rows)} epoch(s) of summary.json"
-        )
-        return rows
-
     def on_epoch_end(self, epoch, logs=None):
-        row = {"epoch": epoch, "step": _step(self.model), **(logs or {})}
+        row = {"epoch": epoch, "step": int(self.model.optimizer.iterations.numpy()), **(logs or {})}
         if self.run_id:
             row["run_id"] = self.run_id
         self.rows = [r for r in self.rows if int(r["epoch"]) != epoch] + [row]
         self._write()
 
     def _write(self):
-        fixed = [*self.FIXED, *(["run_id"] if any("run_id" in r for r in self.rows) else [])]
+        fixed = ["epoch", "step", *(["run_id"] if any("run_id" in r for r in self.rows) else [])]
         keys = sorted({k for r in self.rows for k in r} - set(fixed))
 
         def write(f):
@@ -591,8 +461,7 @@ def _read_rows(path):
     """The rows of a metrics.csv (dicts of strings).
 
     Raises:
-        ValueError: the file is empty, cut short (no line end after its last row, or a short row), or
-            not such a CSV (no `epoch` and `step` columns, or a row whose epoch or step is no integer).
+        ValueError: the file is empty, cut short or not such a CSV (saying which).
     """
     with open(path, "rb") as f:
         data = f.read()
@@ -601,21 +470,17 @@ def _read_rows(path):
     if not data.endswith(b"\n"):
         raise ValueError("cut short (no line end after its last row)")
     try:
-        text = data.decode()
+        reader = csv.DictReader(io.StringIO(data.decode(), newline=""))
     except UnicodeDecodeError as e:
         raise ValueError(f"not text ({e})") from None
-    reader = csv.DictReader(io.StringIO(text, newline=""))
     if not reader.fieldnames or not {"epoch", "step"} <= set(reader.fieldnames):
         raise ValueError(f"not a metrics.csv (columns {reader.fieldnames}, no epoch and step)")
     rows = list(reader)
     for row in rows:
         if None in row or None in row.values():
             raise ValueError(f"cut short or torn (row {row})")
-        try:
-            int(row["epoch"]), int(row["step"])
-        except ValueError:
-            bad = f"epoch {row['epoch']!r}, step {row['step']!r}"
-            raise ValueError(f"not a metrics.csv ({bad})") from None
+        if not (row["epoch"].isdigit() and row["step"].isdigit()):
+            raise ValueError(f"not a metrics.csv (epoch {row['epoch']!r}, step {row['step']!r})")
     return rows
 
 
@@ -627,36 +492,29 @@ def _text(value):
 
 
 class TensorBoardScalars(keras.callbacks.Callback):
-    """TensorBoard scalars in `log_dir`: each epoch-log key under one tag (its own name: `loss`, `top1`,
-    `test_top1`, `val_top1`, `learning_rate`, `images_per_second`, ...; plus `epoch`, counted from 1), at
-    the step (updates applied) of the epoch's end, written with `tf.summary`.
-
-    A resumed run first removes from the event files in `log_dir` every scalar written at a step after
-    `start_step` (rewriting those files without them, to a temporary file renamed over each), so the
-    epochs it trains again appear once. An events file cut short by a kill keeps its complete records; one
-    that is not an event file is moved under `<run_dir>/damaged/`, with a one-line warning naming it.
-
-    With a `lineage`, the event files' names end with its run id (`checkpoints.events_suffix`); files of
-    another run found in `log_dir`, or of none, are moved under `<run_dir>/earlier_runs/<their run id>/`
-    (one warning).
-
-    Args:
-        log_dir: folder of the event files.
-        start_step: updates already applied (0 for a fresh run: any scalars there are dropped).
-        lineage: the run's `hvd_lars.training.checkpoints.Lineage`, or None.
-    """
+    """TensorBoard scalars in `log_dir`: each epoch-log key under its own name (and `epoch`, from 1) at the
+    step of the epoch's end. A resumed run first drops the scalars after `start_step` (`prune_events`). With
+    a `lineage`, the event files' names end with its run id, and other runs' files are moved under
+    earlier_runs/ (one warning per run)."""
 
     def __init__(self, log_dir, start_step=0, lineage=None):
         super().__init__()
         self.log_dir = log_dir
         self._writer = None
         self._suffix = events_suffix(lineage.run_id) if lineage is not None else None
-        if lineage is not None:
-            _own_event_files(log_dir, lineage)
+        foreign = {}
+        for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+            run_id = run_id_of_events(os.path.basename(path))
+            if lineage is not None and not lineage.owns(run_id):
+                foreign.setdefault(run_id, []).append(path)
+        for run_id, paths in sorted(foreign.items()):
+            kept = set_aside(paths, os.path.dirname(os.path.abspath(log_dir)), run_id)
+            what = f"{len(paths)} TensorBoard event file(s) of another run ({run_id})"
+            checkpoints.warn(f"{what} in {log_dir}: kept in {kept}")
         prune_events(log_dir, start_step)
 
     def on_epoch_end(self, epoch, logs=None):
-        step = _step(self.model)
+        step = int(self.model.optimizer.iterations.numpy())
         try:
             if self._writer is None:
                 self._writer = tf.summary.create_file_writer(self.log_dir, filename_suffix=self._suffix)
@@ -669,24 +527,10 @@ class TensorBoardScalars(keras.callbacks.Callback):
             faults.note(faults.write_failure(self.log_dir, e))
 
 
-def _own_event_files(log_dir, lineage):
-    """Moves the event files in `log_dir` of other runs under earlier_runs/ (one warning per run)."""
-    run_dir = os.path.dirname(os.path.abspath(log_dir))
-    foreign = {}
-    for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
-        run_id = run_id_of_events(os.path.basename(path))
-        if not lineage.owns(run_id):
-            foreign.setdefault(run_id, []).append(path)
-    for run_id, paths in sorted(foreign.items()):
-        kept = set_aside(paths, run_dir, run_id)
-        checkpoints.warn(
-            f"{len(paths)} TensorBoard event file(s) of another run ({run_id}) in {log_dir}: kept in {kept}"
-        )
-
-
 def prune_events(log_dir, last_step):
-    """Removes the summaries written at steps after `last_step` from the event files in `log_dir` (not
-    its sub-folders); returns how many were removed. Files without such summaries are left untouched."""
+    """Removes the summaries of steps after `last_step` from the event files in `log_dir`, each rewritten
+    through a temporary file; returns how many were removed. A file cut short keeps its whole records; one
+    that is no event file is moved under `<run_dir>/damaged/`, with a one-line warning."""
     run_dir = os.path.dirname(os.path.abspath(log_dir))
     removed = 0
     for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
@@ -698,9 +542,7 @@ def prune_events(log_dir, last_step):
                     dropped += 1
                 else:
                     kept.append(record.numpy())
-        except tf.errors.DataLossError:
-            # A record cut short by a kill: the complete ones before it are kept. Nothing readable at
-            # all: not an event file.
+        except tf.errors.DataLossError:  # a record cut short by a kill
             problem = "cut short" if kept else "not an event file (no readable record)"
         except DecodeError:
             problem = "not an event file (a record that is no tf.Event)"
@@ -709,9 +551,7 @@ def prune_events(log_dir, last_step):
             saved = checkpoints.keep_damaged(path, run_dir, copy=bool(kept))
             what = f"rewritten with its {len(kept)} complete record(s)" if kept else "left out"
             checkpoints.warn(f"the TensorBoard event file {path} is {problem}; kept as {saved}, {what}")
-            if not kept:
-                continue
-        if not dropped:
+        if not dropped or (problem and not kept):
             continue
         tmp = os.path.join(log_dir, f"pruning.{os.path.basename(path)}")
         try:
@@ -728,27 +568,17 @@ def prune_events(log_dir, last_step):
 
 
 class EpochProgress(keras.callbacks.ProgbarLogger):
-    """Rank 0's lines: each epoch's header, a progress line every `every_s` seconds within it, and Keras's
-    epoch-end line (its `fit(verbose=2)` line). Plain lines, no bar or carriage return, so they read alike in
-    a terminal, in a batch log and through a launcher's pipe (horovodrun, mpirun, srun):
+    """Rank 0's lines: each epoch's header, a progress line every `every_s` seconds (0: every micro-batch;
+    None: none) and Keras's epoch-end line, as plain lines that read alike in a terminal, a batch log and
+    through a launcher's pipe:
 
         Epoch 3/12
         120/469 - 31s - 1995 images/s - loss: 0.6421 - 1:30 left
-        240/469 - 61s - 2003 images/s - loss: 0.6133 - 59s left
         469/469 - 118s - 251ms/step - loss: 0.5873 - top1: 0.7890 - ... - test_top1: 0.8012
 
-    A progress line gives the micro-batches done of the epoch's (counted as the end line counts them, from
-    where an epoch resumed mid-way resumed), the seconds since the epoch began, the images/s of all ranks
-    since the previous line, rank 0's running mean loss of the epoch and the time left at that rate. The
-    header names the run's epoch and epoch count also in a `fit` of one epoch. Place it last, as Keras
-    places its own; `fit`'s own `verbose` is not read.
-
-    Args:
-        epochs: the run's epochs.
-        batches_per_epoch: micro-batches per epoch (steps per epoch x accumulation steps).
-        images_per_batch: images of one micro-batch on all ranks.
-        every_s: seconds between progress lines (0: after every micro-batch); None: the epoch's lines only.
-        clock: seconds of a monotonic clock.
+    A progress line: micro-batches done of `batches_per_epoch` (an epoch resumed mid-way counted from where
+    it resumed), seconds since the epoch began, images/s of all ranks (`images_per_batch` a micro-batch)
+    since the previous line, rank 0's running mean loss, and the time left at that rate. Place it last.
     """
 
     def __init__(self, epochs, batches_per_epoch, images_per_batch=0, every_s=None, clock=time.monotonic):
@@ -788,8 +618,7 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
             *([f"loss: {_keras_number(float(loss))}"] if loss is not None else []),
             f"{_duration((self.batches_per_epoch - done) / per_second)} left",
         ]
-        # The stream of Keras's epoch lines, in their order.
-        sys.stdout.write(" - ".join(line) + "\n")
+        sys.stdout.write(" - ".join(line) + "\n")  # the stream of Keras's epoch lines
         sys.stdout.flush()
 
     def on_epoch_end(self, epoch, logs=None):

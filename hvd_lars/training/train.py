@@ -1,10 +1,10 @@
 """The training loop: data-parallel `model.fit` with LARS (or momentum SGD) and a warmup schedule.
 
-`run(config)` trains on every rank of a job of fixed size and returns the run summary, in steps read top
-to bottom: the plan (`make_plan`, once per attempt), `start` (seeds, model, optimizer, the checkpoint to
-resume from or the new lineage), `callbacks_in_order` (one list, in the order Keras runs it) and `fit`.
-`run_elastic(config)` retries the same steps in Horovod's elastic loop after every membership change: the
-global batch, the steps per epoch and the schedule stay; the per-rank batch adapts. Reads no flags.
+`run(config)` trains a job of fixed size, top to bottom: the plan (`make_plan`), `start` (seeds, model,
+optimizer, the checkpoint to resume from), `attempt`, whose `callbacks_in_order` and `fit` train to the
+plan's end. `run_elastic(config)` shares the preface (`Run.resolve`) and retries `attempt` in Horovod's
+elastic loop after every membership change: the global batch, steps and schedule stay; the per-rank batch
+adapts (docs/design.md, "The loop").
 """
 
 import dataclasses
@@ -14,6 +14,7 @@ import os
 
 import keras
 import tensorflow as tf
+from horovod.common.elastic import State
 
 from hvd_lars.data import describe_input, get_input
 from hvd_lars.models import get_model
@@ -45,11 +46,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Run:
-    """What a run resolves once, before its first attempt, and hands down: its settings, its run directory,
-    the threads it asked TensorFlow for, its stop signals and hang watchdog, and the caller's callbacks."""
+    """What a run resolves once, before its first attempt: its settings, run directory, the threads asked
+    of TensorFlow, its stop signals and hang watchdog, and the caller's callbacks."""
 
     config: TrainConfig
-    run_name: str
     run_dir: str
     requested_threads: tuple
     signals: faults.StopSignals
@@ -58,12 +58,10 @@ class Run:
 
     @classmethod
     def resolve(cls, config, global_batch, world_size, extra_callbacks=()):
-        """The `Run` of `config` (threads sized for `world_size` ranks; the run directory named after
-        `--run_name` or the data set, model, optimizer and `global_batch`)."""
+        """The run directory is `--run_name`, or named after the data, model, optimizer and global batch."""
         run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
         return cls(
             config,
-            run_name,
             os.path.join(config.workdir, run_name),
             threads.configure_threads(config, world_size),
             faults.StopSignals(),
@@ -74,9 +72,8 @@ class Run:
 
 @dataclasses.dataclass
 class Job:
-    """What one run keeps across its training attempts (one attempt for a fixed world size): the `Run`, the
-    model with its optimizer, the checkpoint manager and the lineage rank 0 resumed or began. The plan is
-    not here: each attempt makes its own (`make_plan`) and hands it down."""
+    """What a run keeps across its attempts: the `Run`, the model with its optimizer, the checkpoint manager,
+    the lineage rank 0 resumed or began, the checkpoint's run record and progress record."""
 
     run: Run
     model: keras.Model
@@ -86,37 +83,25 @@ class Job:
     progress: Progress
 
     def agree(self):
-        """Rank 0's lineage on every rank, in every rank's checkpoint record, and the progress record of the
-        checkpoint it resumed from (a collective).
-
-        Raises:
-            ValueError: rank 0 refused the run directory's checkpoint (`Lineage.share`), on every rank.
-        """
+        """Rank 0's lineage and resumed progress on every rank (a collective); a ValueError on every rank
+        where rank 0 refused the run directory's checkpoint."""
         self.lineage.share()
         self.record.assign(self.lineage.run_id)
         self.progress.resume(self.lineage.restored)
 
 
 def run(config, extra_callbacks=()):
-    """Trains according to `config` on every rank; returns the summary dict.
+    """Trains according to `config` (not elastic) on every rank; returns the summary dict.
 
-    Args:
-        config: `TrainConfig` (with `elastic` False; elastic jobs run `run_elastic`).
-        extra_callbacks: Keras callbacks run on every rank after evaluation and before the loggers
-            (metrics.csv, TensorBoard, summary.json) and the epoch's checkpoint, so that what they add to the
-            epoch logs is recorded.
+    `extra_callbacks` run on every rank after evaluation and before the loggers and the checkpoint, so
+    what they add to the epoch logs is recorded.
 
     Raises:
-        ValueError: bad configuration (before any data is read or model built), a run directory that is not
-            writable, lacks the space for a few checkpoints or is in use by another job (`claim`), or a
-            checkpoint of another plan or run (`hvd_lars.training.checkpoints`; every rank).
+        ValueError: bad configuration, a run directory that is not writable, lacks the space for a few
+            checkpoints or is in use by another job, or holds a checkpoint of another plan or run.
         FileNotFoundError: missing data.
-        hvd_lars.training.faults.TrainingDiverged: a non-finite loss or weights on some rank (every rank
-            raises it after the same update; summary.json records it).
-        hvd_lars.training.faults.Preempted: SIGTERM or SIGUSR1 reached a rank; every rank stopped after the
-            same update, whose checkpoint rank 0 wrote.
-        hvd_lars.training.faults.FileFailure: a write of the run or a read of its data failed on
-            some rank (every rank).
+        hvd_lars.training.faults.TrainingDiverged, Preempted, FileFailure: on every rank, after the same
+            update (docs/faults.md).
     """
     rank, world_size = collectives.init()
     global_batch, per_rank_batch = config.resolve_batch(world_size)
@@ -127,35 +112,21 @@ def run(config, extra_callbacks=()):
         data = get_input(config.dataset, request, **input_options(config))
         plan = make_plan(config, world_size, data)
         job = start(run, plan, data)
-        # Rank 0's weights, optimizer slots and step counter become every rank's (not its dropout seed
-        # state), before the step counter plans the rest of the run.
+        # Rank 0's weights, slots and step counter on every rank (not its dropout seed state).
         broadcast_model_and_optimizer(job.model)
         with run.signals, run.watchdog:
             return attempt(job, plan, data)
 
 
 def start(run, plan, shapes, agree=True):
-    """Seeds, precision, the compiled model with its built optimizer, and the checkpoint rank 0 resumed
-    from or the new lineage it began (`hvd_lars.training.checkpoints.resume_or_begin`).
+    """Seeds, precision, the compiled model with its built optimizer for `plan`, and the checkpoint rank 0
+    resumed from or the lineage it began (`checkpoints.resume_or_begin`); returns the `Job`.
 
-    Args:
-        run: the `Run`.
-        plan: the `Plan` the optimizer and its schedule are built for and the checkpoint is compared with
-            (an elastic job's for 1 worker: its settings are those of any world size).
-        shapes: anything with `num_classes` and `input_shape` (an `InputPipeline`, or the
-            `hvd_lars.data.InputShapes` of `describe_input`).
-        agree: rank 0's outcome becomes every rank's now (`Job.agree`, a collective); False where no
-            collective may run yet (before an elastic job's first sync, which calls `Job.agree`).
-
-    Returns:
-        `Job`.
-
-    Raises:
-        ValueError: (with `agree`) rank 0 refused the run directory's checkpoint, on every rank.
+    `shapes` has `num_classes` and `input_shape`. `agree`: share rank 0's outcome now (`Job.agree`); False
+    where no collective may run yet (before an elastic job's first sync).
     """
     config, rank = run.config, collectives.rank()
-    # Per-rank seeds: dropout masks differ across ranks (as each Caffe process had its own RNG); the initial
-    # weights are rank 0's, broadcast before training. Input shuffling is seeded per rank in the pipeline.
+    # Per-rank seeds: dropout masks differ across ranks; the initial weights are rank 0's, broadcast later.
     keras.utils.set_random_seed(config.seed + rank)
     keras.mixed_precision.set_global_policy(plan.precision)
     model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
@@ -164,13 +135,11 @@ def start(run, plan, shapes, agree=True):
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     build = functools.partial(optimizer.build, model.trainable_variables)  # a no-op once built
-    # Before the manager opens the folder: a fresh start moves an earlier run's checkpoints away first.
     lineage = Lineage()
-    if collectives.is_chief():
+    if collectives.is_chief():  # before the manager opens the folder: a fresh start moves old files away
         lineage = resume_or_begin(model, optimizer, build, run.run_dir, plan, config)
     build()
-    record = RunRecord(plan.settings)
-    progress = Progress(plan.steps_per_epoch)
+    record, progress = RunRecord(plan.settings), Progress(plan.steps_per_epoch)
     checkpoint = tf.train.Checkpoint(
         model=model, optimizer=optimizer, run=record.variable, progress=progress.variable
     )
@@ -183,25 +152,15 @@ def start(run, plan, shapes, agree=True):
 
 
 def attempt(job, plan, data, commit=None):
-    """Trains from the optimizer's update count to the plan's end with the current world size.
-
-    Args:
-        job: `Job` from `start`.
-        plan: this attempt's `Plan` (`make_plan` for the current world size and `data`).
-        data: this rank's `InputPipeline` for the current rank and world size.
-        commit: an elastic job's callback that commits its state, or None.
-
-    Returns:
-        the summary dict.
-    """
+    """Trains from the optimizer's update count to the plan's end at this world size (`plan`, this rank's
+    `data`); `commit`: an elastic job's commit callback. Returns the summary dict."""
     config, model, run_dir, chief = job.run.config, job.model, job.run.run_dir, collectives.is_chief()
-    model.train_function = None  # traced for this attempt's world size (an elastic job's changes)
+    model.train_function = None  # traced for this attempt's world size
     applied = threads.applied_threads(data.train)
     _announce(job, plan, applied)
     # Before anything is written: the run directory is writable and holds a few checkpoints.
-    faults.check_run_dir(
-        run_dir, faults.checkpoint_bytes(model.variables + model.optimizer.variables), config.keep_checkpoints
-    )
+    variables = model.variables + model.optimizer.variables
+    faults.check_run_dir(run_dir, faults.checkpoint_bytes(variables), config.keep_checkpoints)
     note = batch_norm_note(model, plan)
     if note and chief:
         log.info(note)
@@ -225,16 +184,10 @@ def attempt(job, plan, data, commit=None):
 
 
 def callbacks_in_order(job, data, plan, summary, commit=None):
-    """The callbacks of one attempt, in the order Keras runs them at every batch and epoch end, from the
-    optimizer's update count on.
-
-    Returns:
-        list of `keras.callbacks.Callback`: the fault guard, the progress watchdog, rank averaging of the
-        training metrics, images/s, the corrupt-image count (with `--skip_corrupt`), the learning rate, the
-        evaluations, the caller's extra callbacks, the loggers (rank 0), summary.json, the checkpoint, the
-        elastic commit (if any), the guard's stop after an epoch's end, and rank 0's lines.
-    """
+    """The callbacks of one attempt, in the order Keras runs them (docs/design.md, "The loop")."""
     config, chief, start_step = job.run.config, collectives.is_chief(), int(job.model.optimizer.iterations)
+    run_dir, every, images_per_batch = job.run.run_dir, config.eval_every_epochs, plan.per_rank_batch_size
+    images_per_batch *= collectives.size()
     checkpointer = PeriodicCheckpoint(
         job.manager,
         config.checkpoint_every_steps,
@@ -244,32 +197,29 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
         progress=job.progress,
     )
     guard = faults.FaultGuard(job.run.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
-    evaluations = [ExactEvaluation(data.eval, data.num_eval_examples, config.eval_every_epochs, plan.epochs)]
-    if data.validation is not None:
-        # The held-out training images (--validation_examples), evaluated as the test set is, as val_*.
+    evaluations = [ExactEvaluation(data.eval, data.num_eval_examples, every, plan.epochs)]
+    if data.validation is not None:  # the held-out training images (--validation_examples), as val_*
         evaluations.append(
-            ExactEvaluation(
-                data.validation, data.num_validation_examples, config.eval_every_epochs, plan.epochs, "val"
-            )
+            ExactEvaluation(data.validation, data.num_validation_examples, every, plan.epochs, "val")
         )
-    loggers = []
+    loggers, lines = [], []
     if chief:
-        # Aligned in any evaluation schedule and across resumes (epoch_logs says why not Keras's own).
+        csv_path = os.path.join(run_dir, "metrics.csv")
         loggers = [
-            epoch_logs.MetricsCSV(
-                os.path.join(job.run.run_dir, "metrics.csv"), start_step, plan.steps_per_epoch, job.lineage
-            ),
-            epoch_logs.TensorBoardScalars(
-                os.path.join(job.run.run_dir, "tensorboard"), start_step, job.lineage
-            ),
+            epoch_logs.MetricsCSV(csv_path, start_step, plan.steps_per_epoch, job.lineage),
+            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard"), start_step, job.lineage),
         ]
+    if chief and config.verbose:
+        every_s = config.progress_every_s if config.verbose == 1 else None
+        batches = plan.steps_per_epoch * plan.accumulation_steps
+        lines = [epoch_logs.EpochProgress(plan.epochs, batches, images_per_batch, every_s)]
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
         job.run.watchdog,
         job.progress,  # an epoch resumed mid-way starts from the metric sums of its earlier updates
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
-        *_corrupt_image_count(data),
-        ImagesPerSecond(plan.per_rank_batch_size * collectives.size()),
+        *_skipped_corrupt(data),
+        ImagesPerSecond(images_per_batch),
         LearningRateLogger(),
         *evaluations,
         *job.run.extra_callbacks,
@@ -278,57 +228,43 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
         checkpointer,  # after the loggers: no epoch's checkpoint exists without that epoch's logs
         *([commit] if commit is not None else []),  # after the checkpoint: what is committed was saved
         guard.after_epoch(),  # stops at the end of an epoch whose last update found a stop signal
-        *_progress_lines(config, plan),
+        *lines,
     ]
 
 
-def _progress_lines(config, plan):
-    """Rank 0's epoch and progress lines (`--verbose`, `--progress_every_s`); none on other ranks."""
-    if not (config.verbose and collectives.is_chief()):
+def _skipped_corrupt(data):
+    """The training files skipped (--skip_corrupt), summed over ranks, into the epoch logs."""
+    if data.skipped_corrupt is None:
         return []
-    images_per_batch = plan.per_rank_batch_size * collectives.size()
-    every_s = config.progress_every_s if config.verbose == 1 else None
-    batches = plan.steps_per_epoch * plan.accumulation_steps
-    return [epoch_logs.EpochProgress(plan.epochs, batches, images_per_batch, every_s)]
+
+    def count(epoch, logs):
+        local = int(data.skipped_corrupt.numpy())
+        logs["skipped_corrupt_images"] = float(collectives.allreduce_sum([local], "hvd_lars.skipped")[0])
+
+    return [keras.callbacks.LambdaCallback(on_epoch_end=count)]
 
 
 def fit(model, data, plan, config, callbacks, step):
-    """`model.fit` from update `step` to the plan's last. A run resumed mid-epoch first finishes that epoch,
-    then runs the remaining whole epochs. The training stream is a function of the seed and the position,
-    so starting it at the micro-batches already consumed puts every rank exactly where the interrupted run
-    was, without reading or decoding any of them (InputPipeline.train_from). A callback that sets
-    `model.stop_training` (Keras's EarlyStopping) ends training there."""
-    micro_batches_per_epoch = plan.steps_per_epoch * plan.accumulation_steps
+    """`model.fit` from update `step` to the plan's last: an epoch resumed mid-way first, then the whole
+    epochs. The training stream starts at the micro-batches already consumed, without reading them
+    (`InputPipeline.train_from`). A callback that sets `model.stop_training` ends training there."""
     while step < plan.total_steps:
         train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
             train = train.map(lambda x, y, n=data.num_classes: (x, tf.one_hot(y, n)))
-        epoch = step // plan.steps_per_epoch
-        done_in_epoch = step - epoch * plan.steps_per_epoch
+        epoch, done_in_epoch = divmod(step, plan.steps_per_epoch)
         model.fit(
             train,
             initial_epoch=epoch,
             epochs=plan.epochs if done_in_epoch == 0 else epoch + 1,
-            steps_per_epoch=micro_batches_per_epoch - done_in_epoch * plan.accumulation_steps,
+            steps_per_epoch=(plan.steps_per_epoch - done_in_epoch) * plan.accumulation_steps,
             callbacks=callbacks,
-            verbose=0,  # rank 0's lines are the callbacks' (EpochProgress)
+            verbose=0,  # rank 0's lines are EpochProgress's
             shuffle=False,  # the tf.data pipeline shuffles each rank's shard itself
         )
         step = int(model.optimizer.iterations)
         if model.stop_training:
             break
-
-
-def _corrupt_image_count(data):
-    if data.skipped_corrupt is None:
-        return []
-
-    # Corrupt training files skipped (--skip_corrupt), summed over ranks, into the epoch logs.
-    def count_skipped(epoch, logs):
-        local = int(data.skipped_corrupt.numpy())
-        logs["skipped_corrupt_images"] = float(collectives.allreduce_sum([local], "hvd_lars.skipped")[0])
-
-    return [keras.callbacks.LambdaCallback(on_epoch_end=count_skipped)]
 
 
 def _announce(job, plan, applied):
@@ -351,47 +287,41 @@ def _announce(job, plan, applied):
     log.info(f"run directory {job.run.run_dir}")
 
 
-try:  # Horovod's framework-neutral elastic state (what its elastic loop drives)
-    from horovod.common.elastic import State as _State
-except ImportError:  # pragma: no cover - Horovod is part of this project's environment
-    _State = object
-
-
 class ElasticBatchError(ValueError):
     """The workers of an elastic job cannot share the plan's global batch evenly."""
 
 
 def run_elastic(config, extra_callbacks=()):
-    """Trains according to `config` (with `elastic` True) while workers leave and join; returns the summary.
+    """Trains according to `config` (`elastic` True) while workers leave and join; returns the summary.
 
-    No collective comes before the elastic loop's first sync: a worker that joins later runs this code
-    while the others wait in that sync. So rank 0 alone describes the input before the loop
-    (`hvd_lars.data.describe_input`: the image shape, the classes and the training examples, read
-    without building the input; an image folder is listed once, by rank 0, or read from the run's
-    listing index), and the description is the first thing every sync broadcasts (`_JobState`): each
-    rank builds its model, optimizer and plan from rank 0's description at its first sync, the joining
-    worker's included, then takes rank 0's variables. Each attempt builds this rank's shard for the
-    world size of the moment and re-traces the training step, whose graph holds the last world size's
-    decisions (no allreduce at all with one rank).
+    No collective comes before the elastic loop's first sync, where a joining worker meets the others:
+    rank 0 alone describes the input (`describe_input`), every sync broadcasts that description first, and
+    each rank builds its job from it at its first sync, then takes rank 0's variables. Each attempt builds
+    this rank's shard and traces the step for the world size of the moment.
 
     Raises:
-        ValueError: not launched by an elastic launcher, no `--global_batch_size`, or any error of
-            `hvd_lars.training.train.run`.
-        ElasticBatchError: a new worker count does not divide the global batch (every rank, at the change).
+        ValueError: not launched by an elastic launcher, no `--global_batch_size`, or any error of `run`.
+        ElasticBatchError: a new worker count does not divide the global batch (every rank).
     """
     # Horovod's response cache lets each rank fuse cached tensors by its own fusion threshold, which an
-    # elastic reset leaves different on the re-initialised ranks (results/faults.md, "worker joining"):
-    # off, rank 0 alone decides every message. Read by Horovod at init; a value exported is kept.
+    # elastic reset leaves different on re-initialised ranks (results/faults.md, "worker joining"): off.
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()
     check_launched(config)
-    # The world size is checked against the global batch in each attempt, on every rank together.
     run = Run.resolve(config, config.global_batch_size, collectives.size(), extra_callbacks)
-    shapes = _described_by_rank_0(run)
+    shapes = None
+    if collectives.is_chief():
+        try:  # the error, if any, every rank raises at the first sync rather than wait for rank 0
+            problem = faults.run_dir_problem(run.run_dir, 0)
+            if problem:
+                raise ValueError(problem)
+            request = input_request(config, config.global_batch_size, 0, 1, run.run_dir)
+            shapes = describe_input(config.dataset, request, **input_options(config))
+        except (ValueError, OSError) as e:
+            shapes = e
 
     def build(shapes):
-        # The optimizer and the checkpoint's plan from the plan for 1 worker: the global batch, the steps
-        # and the schedule are the same for every worker count that divides the global batch.
+        # The plan for 1 worker: global batch, steps and schedule are those of any worker count.
         job = start(run, make_plan(config, 1, shapes), shapes, agree=False)
         faults.heartbeat()  # building the model is this rank's progress while the others wait
         return job
@@ -402,22 +332,6 @@ def run_elastic(config, extra_callbacks=()):
         return hvd_elastic.run(functools.partial(_elastic_attempt, run))(state)
 
 
-def _described_by_rank_0(run):
-    """Rank 0's `InputShapes` of the run's data (or the error it met, which every rank raises at the first
-    sync rather than wait for a rank 0 gone); None on the other ranks."""
-    if not collectives.is_chief():
-        return None
-    config = run.config
-    try:
-        problem = faults.run_dir_problem(run.run_dir, 0)
-        if problem:
-            raise ValueError(problem)
-        request = input_request(config, config.global_batch_size, 0, 1, run.run_dir)
-        return describe_input(config.dataset, request, **input_options(config))
-    except (ValueError, OSError) as e:
-        return e
-
-
 def _elastic_attempt(run, state):
     """One attempt of an elastic job at the world size of the moment."""
     config, rank, world_size = run.config, collectives.rank(), collectives.size()
@@ -425,8 +339,7 @@ def _elastic_attempt(run, state):
     plan = make_plan(config, world_size, state.shapes)
     request = input_request(config, plan.per_rank_batch_size, rank, world_size, run.run_dir)
     data = get_input(config.dataset, request, **input_options(config))
-    # The largest count of any rank, so that the number goes on when rank 0 is a worker that joined
-    # later, or when the old rank 0 is gone.
+    # The largest count of any rank: the number goes on when rank 0 joined later or the old one is gone.
     state.attempts = collectives.max_over_ranks(state.attempts + 1, name="hvd_lars.elastic.attempt")
     if collectives.is_chief():
         log.info(
@@ -434,25 +347,16 @@ def _elastic_attempt(run, state):
             f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank per "
             f"micro-batch (global batch {plan.global_batch_size})"
         )
-    commit = hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
-    return attempt(state.job, plan, data, commit=commit)
+    return attempt(
+        state.job, plan, data, commit=hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
+    )
 
 
-class _JobState(_State):
-    """The elastic state of the main program's job, whose model is built at its first sync.
-
-    `sync()` broadcasts rank 0's `InputShapes` first (the first collective of every start and restart,
-    the same on a worker that joins as on those that wait for it), builds the job from them on a rank
-    that has none yet (`build(shapes)` -> `Job`), gives every rank rank 0's lineage or its refusal
-    of the run directory's checkpoint (`Job.agree`), then syncs the model and optimizer
-    (`hvd_lars.parallel.elastic.KerasState`, with the update count as `step`). Commits, restores and
-    resets go to that `KerasState`; host updates are checked by this object, the one the loop listens to.
-
-    Args:
-        shapes: rank 0's `InputShapes`, or the error describing the input raised there (every rank
-            raises it at the sync); None on the other ranks.
-        build: callable(`InputShapes`) -> `Job`.
-    """
+class _JobState(State):
+    """The elastic state of the job, built at its first sync: `sync()` broadcasts rank 0's input
+    description (or its error, raised on every rank), builds the job (`build(shapes)` -> `Job`) on a rank
+    that has none, shares rank 0's lineage (`Job.agree`), then syncs the model and optimizer
+    (`hvd_elastic.KerasState`, to which commits, restores and resets go)."""
 
     def __init__(self, shapes, build):
         super().__init__(
@@ -479,14 +383,14 @@ class _JobState(_State):
         if self.job is None:
             self.job = self._build(self.shapes)
             self.keras = hvd_elastic.KerasState(self.job.model, step=int(self.job.model.optimizer.iterations))
-        self.job.agree()  # rank 0's lineage (or its refusal of the checkpoint) on every rank
+        self.job.agree()
         self.keras.sync()
 
     def save(self):
         self.keras.save()
 
     def restore(self):
-        if self.keras is not None:  # a failure before the first sync finished: nothing committed yet
+        if self.keras is not None:  # nothing committed before the first sync finished
             self.keras.restore()
 
     def reset(self):
@@ -495,13 +399,8 @@ class _JobState(_State):
 
 
 def check_launched(config, environ=None):
-    """Refuses `--elastic` outside an elastic launcher, or without a fixed global batch.
-
-    Raises:
-        ValueError: HOROVOD_ELASTIC is not "1" (not started by `horovodrun --min-np/--max-np ...
-            --host-discovery-script`), or only `--per_rank_batch_size` is given (the global batch would
-            change with the worker count; the plan must not).
-    """
+    """Refuses `--elastic` outside an elastic launcher (HOROVOD_ELASTIC not "1") or without
+    `--global_batch_size` (the plan must not change with the worker count), with a ValueError."""
     environ = os.environ if environ is None else environ
     if environ.get("HOROVOD_ELASTIC") != "1":
         raise ValueError(
@@ -518,13 +417,8 @@ def check_launched(config, environ=None):
 
 
 def resolve_batch(config, world_size):
-    """(global batch, per-rank batch) for `world_size` workers: `TrainConfig.resolve_batch`, with an error
-    that says it is the elastic job's new worker count that does not fit.
-
-    Raises:
-        ElasticBatchError: global batch % (world size x accumulation steps) != 0, naming the three
-            figures and the worker counts that would divide it.
-    """
+    """`TrainConfig.resolve_batch` for `world_size` workers, raising `ElasticBatchError` that names the
+    worker counts dividing the global batch."""
     try:
         return config.resolve_batch(world_size)
     except ValueError as e:

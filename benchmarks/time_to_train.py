@@ -20,8 +20,7 @@ results/communication/communication.json). Why each input is taken as it is: doc
 time-to-train model".
 
 `validate` checks the step model on the 2-host emulated cluster (predicted from the same run's compute,
-against the measured step, grouped and overlapped); benchmarks/validation_hosts.py checks it at 2, 4 and 8
-emulated hosts (results/validation_hosts.md).
+against the measured step, grouped and overlapped).
 
 Usage (from the repository root; arithmetic on committed measurements, seconds):
     python -m benchmarks.time_to_train                      # results/time_to_train.md and .png

@@ -199,7 +199,7 @@ def test_an_allreduce_record_with_one_p_leaves_the_rest_of_the_model_working(tmp
         json.dumps(_hosts_record(2e7, ps=(8,)))
     )
     monkeypatch.setattr(ttt, "RESULTS", str(tmp_path))
-    measurements = ttt.load_measurements()  # validation_hosts reads the overlap share through this
+    measurements = ttt.load_measurements()
     assert measurements["hosts"] is None
     with pytest.raises(ValueError, match=r"allreduce_hosts.json gives no fit: .*at p = \[8\]; 2 or more p"):
         ttt.target_link(measurements)

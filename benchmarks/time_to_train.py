@@ -8,19 +8,10 @@
     hidden        = overlap x backward time, backward time = 2/3 x compute                       (5)
     time to train = epochs x ceil(1,281,167 / global batch) x step time                          (6)
 
-Inputs, all committed measurements: (2)-(3) each model's float32 training step on this machine's cores
-(benchmarks/benchmark_models.py, results/models_throughput/*.json) and its tf.matmul 4096x4096 rate;
-(4) n = the float32 gradient bytes, fused into m = ceil(n / 128 MiB) messages (Horovod's default fusion
-buffer), alpha (Horovod's cost per fused message) and B (a ring edge's share of the link's rate, times
-100 Gbit/s for the paper's Omni-Path) fitted by `hosts_fit` to the allreduces at 2, 4 and 8 emulated hosts
-(results/allreduce_hosts/allreduce_hosts.json, variant "main"), lambda = LINK_LATENCY_S; (5) `overlap`
-from the overlapped runs of results/scaling.md (section overlap_compression); (6) the paper's updates per
-epoch. The report sets the predictions beside those of the 2-host link fit (`link_fit`,
-results/communication/communication.json). Why each input is taken as it is: docs/design.md, "The
-time-to-train model".
-
-`validate` checks the step model on the 2-host emulated cluster (predicted from the same run's compute,
-against the measured step, grouped and overlapped).
+Inputs, all committed: (2)-(3) results/models_throughput/*.json; (4) n the float32 gradient bytes in
+m = ceil(n / 128 MiB) fused messages, alpha and B fitted by `hosts_fit` to results/allreduce_hosts/
+allreduce_hosts.json, lambda = LINK_LATENCY_S; (5) the overlapped runs of results/scaling/; (6) the paper's
+updates per epoch. Why each input is taken as it is: docs/design.md, "The time-to-train model".
 
 Usage (from the repository root; arithmetic on committed measurements, seconds):
     python -m benchmarks.time_to_train                      # results/time_to_train.md and .png
@@ -44,21 +35,16 @@ MARKDOWN = os.path.join(RESULTS, "time_to_train.md")
 PNG = os.path.join(RESULTS, "time_to_train.png")
 
 IMAGENET_TRAIN_IMAGES = 1281167  # ILSVRC-2012 training set
-BACKWARD_SHARE = (
-    2.0 / 3.0
-)  # backward = input gradients + weight gradients, 2 of 3 passes (hvd_lars.models.flops)
+# backward = input gradients + weight gradients, 2 of 3 passes (hvd_lars.models.flops)
+BACKWARD_SHARE = 2.0 / 3.0
 FUSION_BYTES = 128 * 2**20  # Horovod 0.28.1's default HOROVOD_FUSION_THRESHOLD (horovodrun --help)
 SMALL_MESSAGES = (2**10, 2**16)  # alpha: the median time of these allreduce sizes
 LARGE_MESSAGES = 2**20  # B: fitted to allreduces of at least this many bytes
-# The multi-host allreduces eq. (4) is fitted to: benchmarks/allreduce_hosts.py's variant with the settings
-# hvd_lars.main runs with, at its layouts of 1 rank per host.
 HOSTS_JSON = "allreduce_hosts/allreduce_hosts.json"
-# The other inputs, under RESULTS: benchmarks/communication.py's sweeps, benchmarks/benchmark_models.py's
-# throughput records, benchmarks/scaling.py's emulated-cluster runs.
 COMMUNICATION_JSON = "communication/communication.json"
 THROUGHPUT_GLOB = "models_throughput/*.json"
 SCALING_GLOB = "scaling/overlap_compression_*.json"
-HOSTS_VARIANT = "main"
+HOSTS_VARIANT = "main"  # allreduce_hosts' variant with the settings hvd_lars.main runs with
 # The CPU of the committed emulated-cluster runs (results/scaling/overlap_compression_*.json), on which
 # the model is validated; its throughput records are the model's compute rates unless --cpu names another.
 DEFAULT_CPU = "AMD EPYC"
@@ -121,14 +107,8 @@ def updates_per_epoch(global_batch, images=IMAGENET_TRAIN_IMAGES):
 
 
 def ring_allreduce_s(nbytes, ranks, alpha_s, bandwidth, hop_latency_s=0.0, fusion_bytes=FUSION_BYTES):
-    """Seconds to average `nbytes` of gradients over `ranks` ranks with a ring allreduce, eq. (4).
-
-    Args:
-        nbytes: gradient bytes per rank (float32: 4 x parameters).
-        ranks: p >= 1 (0 s for 1).
-        alpha_s: per-message cost (s); bandwidth: bytes/s one rank sends; hop_latency_s: per ring step.
-        fusion_bytes: largest fused message; the gradients travel as ceil(nbytes / fusion_bytes) messages.
-    """
+    """Eq. (4): seconds to average `nbytes` per rank over `ranks` ranks (0 for 1) with a ring allreduce:
+    `alpha_s` per fused message of at most `fusion_bytes`, `bandwidth` bytes/s, `hop_latency_s` a step."""
     if ranks < 1 or nbytes < 0:
         raise ValueError(f"ring_allreduce_s: ranks={ranks}, nbytes={nbytes}; need ranks >= 1, nbytes >= 0.")
     if ranks == 1:
@@ -191,8 +171,8 @@ def predict(
 
 
 def link_fit(sweep):
-    """(alpha s, bandwidth bytes/s) of one entry of COMMUNICATION_JSON's sweeps (see docstring)."""
-
+    """(alpha s, bandwidth bytes/s) of one of COMMUNICATION_JSON's sweeps: the median of SMALL_MESSAGES,
+    the fit to LARGE_MESSAGES and more."""
     sizes = sweep["sizes"]
     medians = [statistics.median(t) for t in sweep["times_s"]]
     alpha = statistics.median(
@@ -204,25 +184,14 @@ def link_fit(sweep):
 
 
 def hosts_fit(record, variant=HOSTS_VARIANT):
-    """alpha and B of eq. (4) from benchmarks/allreduce_hosts.py's allreduces at 2, 4 and 8 emulated hosts.
-
-    Args:
-        record: results/allreduce_hosts/allreduce_hosts.json ({"link_rate", "results": [{"layout", "p",
-            "variant", "size", "median_s"}, ...]}); only `variant` at layouts of 1 rank per host ("<p>x1") is
-            used.
-
-    Returns:
-        dict: alpha_s, the median of the SMALL_MESSAGES allreduces at the smallest p (there every rank has
-        a core to itself: Horovod's cycle and the software path, no rank waiting for a core); bandwidth
-        (bytes/s) and share (of the link's configured rate), one B fitted to the allreduces of at least
-        LARGE_MESSAGES at every p at once, t = c_p + 2 (p - 1)/p x S / B with a latency c_p per p (least
-        squares on relative residuals); link_bits; per_p: {p: {"small_s": that p's median small-message
-        time, "share": B of the same form fitted to that p alone, "worst": the joint fit's largest
-        relative miss at that p, "n": the large allreduces at that p}}.
+    """alpha and B of eq. (4) from allreduce_hosts.json's `variant` at layouts of 1 rank per host: alpha_s,
+    the median SMALL_MESSAGES allreduce at the smallest p; bandwidth (bytes/s) and share (of link_bits), one
+    fit of t = c_p + 2 (p - 1)/p x S / B to the LARGE_MESSAGES at every p (`common.ring_per_p`); per_p:
+    {p: small_s, share fitted to that p alone, worst relative miss, n sizes}.
 
     Raises:
-        ValueError: fewer than 2 values of p with 2 or more large sizes, no small message at the smallest
-        p, or a non-positive fitted B; the message names what was found.
+        ValueError: fewer than 2 p with 2 or more large sizes, no small message at the smallest p, or a
+        non-positive fitted B.
     """
     import numpy as np
 
@@ -247,7 +216,6 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
         )
 
     def fit(subset):
-        """(latencies per p, 1/B, relative residuals) of t = c_p + 2 (p - 1)/p x S / B over `subset`."""
         columns = ([r["p"] for r in subset], [r["size"] for r in subset], [r["median_s"] for r in subset])
         return common.ring_per_p(*columns)
 
@@ -269,23 +237,14 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
 
 
 def cpu_label(record):
-    """What names a throughput record's CPU: its key (vendor, family, model, stepping, flags) where the
-    record has one, else its short name (records made before the key)."""
+    """A throughput record's CPU key (`common.cpu`), else (older records) its short name."""
     cpu = record.get("cpu", {})
     return cpu.get("key") or cpu.get("family") or cpu.get("model") or "unknown CPU"
 
 
 def load_measurements(cpu=None):
-    """Everything the model takes from results/: per model the float32 rate here and the matmul peak, the
-    gradient bytes, the link fits, and the overlapped/grouped runs of the emulated cluster.
-
-    Args:
-        cpu: text contained in the CPU label (`cpu_label`) of the throughput records to use; None: the
-            only CPU there is.
-
-    Raises:
-        ValueError: records of several CPUs and no `cpu`, or none matching it; the message lists the CPUs.
-    """
+    """Everything the model takes from results/, the throughput records of the CPU whose `cpu_label`
+    contains `cpu` (None: the only CPU there is); ValueError, listing the CPUs, if that is not one CPU."""
     with open(os.path.join(RESULTS, COMMUNICATION_JSON)) as f:
         communication = json.load(f)
     links = {
@@ -348,11 +307,8 @@ def gradient_bytes(model_name):
 
 
 def validate(measurements, grads):
-    """Predicted against measured step times of the 2-host emulated cluster (results/scaling/, shaped links).
-
-    Returns (rows, overlap): rows of dicts (link, model, mode, compute, allreduce, predicted, measured,
-    error), and the overlap share calibrated on ResNet-50's overlapped run at 1 Gbit/s (None without it).
-    """
+    """Predicted against measured steps of the 2-host emulated cluster (results/scaling/): (rows, the
+    overlap share calibrated on ResNet-50's overlapped run at 1 Gbit/s, None without it)."""
     rows, cases = [], []
     for label, record in sorted(measurements["scaling"].items()):
         if label not in measurements["links"]:
@@ -403,31 +359,16 @@ FLAGFILES = {
 }
 
 
-def target_link(measurements, source="hosts"):
-    """(alpha, bandwidth, hop latency, share) of Omni-Path: alpha as measured, the reached share of the
-    link's rate applied to 100 Gbit/s, LINK_LATENCY_S per hop.
-
-    Args:
-        source: "hosts", the joint fit at 2, 4 and 8 emulated hosts under hvd_lars.main's settings
-            (`hosts_fit`); "2hosts", the 2-host 1 Gbit/s sweep at Horovod's
-            default cycle (`link_fit`; the model before).
-
-    Raises:
-        ValueError: an unknown source, or "hosts" where results/allreduce_hosts/allreduce_hosts.json is
-            missing or gives no fit (`load_measurements` keeps `hosts_fit`'s reason; the message names it).
-    """
-    if source == "2hosts":
-        alpha, bandwidth_1g = measurements["links"]["1gbit"]
-        share = bandwidth_1g * 8 / 1e9
-    elif source == "hosts":
-        if measurements.get("hosts") is None:
-            raise ValueError(
-                f"{measurements.get('hosts_error', f'no results/{HOSTS_JSON}')}: run python -m "
-                "benchmarks.allreduce_hosts (as root) at 2 or more layouts of 1 rank per host"
-            )
-        alpha, share = measurements["hosts"]["alpha_s"], measurements["hosts"]["share"]
-    else:
-        raise ValueError(f"target_link: source {source!r}; 'hosts' or '2hosts'")
+def target_link(measurements):
+    """(alpha, bandwidth, hop latency, share) of Omni-Path: alpha and the reached share of the link's rate
+    from `hosts_fit`, applied to 100 Gbit/s, LINK_LATENCY_S per hop. ValueError (with `load_measurements`'
+    reason) where results/allreduce_hosts/allreduce_hosts.json is missing or gives no fit."""
+    if measurements.get("hosts") is None:
+        raise ValueError(
+            f"{measurements.get('hosts_error', f'no results/{HOSTS_JSON}')}: run python -m "
+            "benchmarks.allreduce_hosts (as root) at 2 or more layouts of 1 rank per host"
+        )
+    alpha, share = measurements["hosts"]["alpha_s"], measurements["hosts"]["share"]
     return alpha, share * LINK_RATE_BITS / 8, LINK_LATENCY_S, share
 
 
@@ -436,8 +377,8 @@ def _model_inputs(measurements, model):
     return t["images_per_second"], t["matmul_gflops"]
 
 
-def predictions(measurements, grads, overlap, source="hosts"):
-    alpha, bandwidth, latency, _ = target_link(measurements, source)
+def predictions(measurements, grads, overlap):
+    alpha, bandwidth, latency, _ = target_link(measurements)
     rows = []
     for model, socket_name, epochs, configs in PREDICTIONS:
         rate, matmul = _model_inputs(measurements, model)
@@ -545,7 +486,7 @@ def _wrap_comment(text, width=110):
     return lines + [current]
 
 
-def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKDOWN, command=None):
+def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN, command=None):
     alpha, bandwidth, latency, share = target_link(measurements)
     command = command or common.command_line("time_to_train", [])
     lines = [
@@ -677,7 +618,6 @@ def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKD
             f"{p['efficiency']:.2f} | {p['time_to_train_s'] / 60:.1f} min | {paper} |"
         )
     lines += ["", "![predicted time to train and scaling efficiency](time_to_train.png)", ""]
-    lines += changes(measurements, predicted, before)
     lines += disagreement(measurements, predicted)
     common.write_report(markdown, "\n".join(lines).rstrip())
     print(f"[time_to_train] wrote {markdown}", flush=True)
@@ -706,33 +646,6 @@ def hosts_section(hosts):
         small = f"{f['small_s'] * 1e3:.1f} ms" if f["small_s"] is not None else "-"
         lines.append(f"| {p} | {small} | {f['share']:.2f} | {f['worst']:.0%} ({f['n']} sizes) |")
     return lines
-
-
-def changes(measurements, predicted, before):
-    """Lines setting the predictions beside those of the 2-host link fit (`link_fit`)."""
-    a_old, _, _, share_old = target_link(measurements, "2hosts")
-    a_new, _, _, share_new = target_link(measurements)
-    lines = [
-        "### What the inputs from 2, 4 and 8 hosts changed",
-        "",
-        f"Before: alpha {a_old * 1e3:.2f} ms and B {share_old:.2f} of the link, from 2 emulated hosts at "
-        "1 Gbit/s under Horovod's default",
-        f"cycle (results/{COMMUNICATION_JSON}). Now: alpha {a_new * 1e3:.2f} ms and B {share_new:.2f}, "
-        "as above.",
-        "",
-        "| model | sockets | global batch | allreduce before | allreduce now | step before | step now "
-        "| time to train before | now | change |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for new, old in zip(predicted, before):
-        lines.append(
-            f"| {MODEL_NAMES[new['model']]} | {new['sockets']:,} | {new['global_batch']:,} | "
-            f"{_fmt_s(old['allreduce_s'])} | {_fmt_s(new['allreduce_s'])} | {_fmt_s(old['step_s'])} | "
-            f"{_fmt_s(new['step_s'])} | {old['time_to_train_s'] / 60:.1f} min | "
-            f"{new['time_to_train_s'] / 60:.1f} min | "
-            f"{new['time_to_train_s'] / old['time_to_train_s'] - 1:+.1%} |"
-        )
-    return lines + [""]
 
 
 def disagreement(measurements, predicted):
@@ -819,10 +732,9 @@ def main(argv=None):
     rows, overlap = validate(measurements, grads)
     overlap = overlap or 0.0
     predicted = predictions(measurements, grads, overlap)
-    before = predictions(measurements, grads, overlap, source="2hosts")
     plot(measurements, grads, overlap, os.path.splitext(args.out)[0] + ".png")
     command = common.command_line("time_to_train", argv)
-    report(measurements, grads, rows, overlap, predicted, before, args.out, command)
+    report(measurements, grads, rows, overlap, predicted, args.out, command)
     if args.update_flagfiles:
         update_flagfiles(measurements, grads, overlap)
 

@@ -1,32 +1,13 @@
 """The input pipeline against what training consumes, both measured in one run on this machine.
 
-Pipelines (`hvd_lars.data.encoded_images.train_dataset`, as `--dataset=image_folder` builds it: read file,
-decode, crop, resize, flip, normalise, batch) each run in a subprocess pinned to ONE core with a private
-tf.data pool of one thread, on JPEG fixtures made from Fashion-MNIST test images enlarged, tinted per channel
-and with pixel noise added so that they weigh about what ImageNet's weigh (smooth enlarged images would
-decode unrealistically fast):
+Each pipeline (`hvd_lars.data.encoded_images.train_dataset`) runs in a subprocess pinned to one core on
+JPEG fixtures of about ImageNet's weight (`make_fixtures`): ResNet-50's `inception` preprocessing at 224
+and AlexNet-BN's `caffe_scaled` at 227 (on 500x375 and on 256x256 files), and the bare JPEG decode.
+Training (the main program's model and optimizer, precision "auto", synthetic batches) runs on every core;
+consumption per core = images/s / cores. What a socket needs = the paper's images/s per socket (You et
+al., ICPP 2018: 94.8 for AlexNet, 46.9 for ResNet-50) x the decode cost per image.
 
-- ResNet-50: `--preprocessing=inception` at 224x224 (decodes only the random crop's JPEG blocks), on
-  500x375 files (about ImageNet's mean training image, ~110 KB);
-- AlexNet-BN: `--preprocessing=caffe_scaled` at 227x227 (decode the whole image, resize to 256x256, random
-  227 crop, mirror, mean, 1/256), on the same 500x375 files (what tensorflow-datasets' `imagenet2012`
-  holds) and on 256x256 files (what the paper's Caffe read: `convert_imageset --resize_height=256
-  --resize_width=256` stored ImageNet already resized);
-- the JPEG decode alone (`tf.io.decode_jpeg` of a whole 500x375 file), the floor of any pipeline that
-  decodes every image in full.
-
-Training (what the main program runs: `hvd_lars.models.get_model`, `DistributedOptimizer(LARS)`, precision
-"auto" = mixed_bfloat16 where the CPU has bf16, synthetic batches of 32, 3 warm-up + 10 timed steps) runs
-ResNet-50 at 224 and AlexNet-BN at 227 on every core; consumption per core = images/s / cores.
-Measurements alternate (pipelines, ResNet-50, AlexNet-BN, then again) so load changes hit all of them.
-
-Decode cost per image = 1 / (images/s on one core), in core-milliseconds. What a socket needs = the per-socket
-image rate of the paper's runs x that cost: AlexNet 100 epochs of ImageNet-1k (1,281,167 images) in 11
-minutes on 2,048 sockets is 94.8 images/s per socket; ResNet-50 90 epochs in 20 minutes on 2,048 sockets is
-46.9 images/s per socket (You et al., "ImageNet Training in Minutes", ICPP 2018).
-
-Usage (from the repository root; about 6 minutes with the machine to itself, nothing else running):
-    python -m benchmarks.benchmark_input --out results/input_pipeline.md
+    python -m benchmarks.benchmark_input --out results/input_pipeline.md   # about 6 minutes
 """
 
 import argparse

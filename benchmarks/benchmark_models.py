@@ -1,34 +1,15 @@
-"""Training throughput on this CPU: hvd_lars's ResNet-50 and AlexNet-BN + LARS against plain Keras, float32
-and mixed_bfloat16, measured side by side in one run.
-
-For one model per run, each configuration trains in its own subprocess (`model.fit` on one synthetic batch
-of 32 images repeated, WARMUP_STEPS steps left out, then TIMED_STEPS timed; peak RSS of the process):
-
-- baseline ("plain Keras"): ResNet-50 is `keras.applications.ResNet50(weights=None)`; AlexNet-BN, which
-  Keras does not ship, is hvd_lars's `alexnet_bn` (stock Keras layers only) unchanged; both trained by
-  `keras.optimizers.SGD(momentum=0.9)`;
-- ours: `hvd_lars.models.get_model(name)` (ResNet-50 with its fused batch norm) trained by
-  `hvd_lars.DistributedOptimizer(hvd_lars.LARS)` (the MLPerf recipe: weight decay 1e-4, batch norm and
-  biases excluded), the step the main program runs;
-
-each in float32 and in mixed_bfloat16, in the order B32 B16 O32 O16 B32 B16 O32 O16: every configuration
-twice, once in each half of the run, so that slow drifts and a noisy neighbour weigh on both alike (records
-made before 2026-12-03 measured ours once, in the middle). Ratio = ours / the baseline's best precision on
-this CPU (each the mean of its runs). Fraction of peak = images/s x training FLOPs per image / the
-`tf.matmul` 4096x4096 rate of the same precision, measured at the start and end of the run (best). Training
-FLOPs per image come from the model's own layers (`hvd_lars.models.flops`: 3 x 2 x forward multiply-adds;
-ResNet-50 v1.5 4.09 G multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1.14 G,
-6.8 GFLOP); the baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
+"""Training throughput on this CPU: hvd_lars's ResNet-50 and AlexNet-BN + LARS (`DistributedOptimizer(LARS)`,
+the MLPerf recipe) against plain Keras (`keras.applications.ResNet50`, stock `alexnet_bn`, SGD momentum
+0.9), float32 and mixed_bfloat16, each configuration in its own subprocess, twice, in the order B32 B16 O32
+O16 B32 B16 O32 O16. Ratio = ours / the baseline's best precision; fraction of peak = images/s x training
+FLOPs per image (`hvd_lars.models.flops`) / this run's `tf.matmul` rate.
 
 Each run writes results/models_throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from
-every such file, one section per CPU, keyed by what identifies it (`benchmarks.common.cpu`: /proc/cpuinfo's
-vendor, family, model, stepping and flags; not the noisy matmul rate), so a run on one CPU never replaces
-another's figures.
+every such file, one section per CPU (`cpu_section`, keyed by `common.cpu`).
 
-Usage (from the repository root; each about 7-14 minutes with the machine to itself, nothing else running):
-    python -m benchmarks.benchmark_models --model resnet50
-    python -m benchmarks.benchmark_models --model alexnet_bn
-    python -m benchmarks.benchmark_models --report_only      # markdown from the JSON files (seconds)
+    python -m benchmarks.benchmark_models --model resnet50    # about 14 minutes, the machine to itself
+    python -m benchmarks.benchmark_models --model alexnet_bn  # about 7
+    python -m benchmarks.benchmark_models --report_only       # the markdown from the JSON files
 """
 
 import argparse

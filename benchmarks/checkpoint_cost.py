@@ -1,26 +1,10 @@
-"""Training time a checkpoint costs, written synchronously against asynchronously.
+"""Training time a checkpoint costs, written synchronously against asynchronously: AlexNet-BN (a checkpoint of
+about 0.5 GB with LARS's velocities) trained by `model.fit` on synthetic data, the main program's
+`PeriodicCheckpoint` saving every `--every` updates; arms none, synchronous and asynchronous in rotation,
+`--repeats` times. Per arm: how long each save keeps training waiting, and the time lost per checkpoint
+(fit time - the same rotation's baseline) / saves.
 
-AlexNet-BN (227x227, 1,000 classes: 62.4M float32 weights; with LARS's velocities a checkpoint of about
-0.5 GB) trained by `model.fit` with `hvd_lars.LARS` on synthetic data in one process on every core, the
-main program's `PeriodicCheckpoint` saving every `--every` updates through `tf.train.CheckpointManager`
-into a directory on this machine's disk. Three arms run in rotation, `--repeats` times each, so that load
-changes hit all of them:
-
-- none: no checkpoint (the baseline);
-- synchronous: `PeriodicCheckpoint(..., asynchronous=False)`, training waits for the files;
-- asynchronous: `PeriodicCheckpoint(..., asynchronous=True)` (the main program's default), rank 0 copies
-  the variables in memory and trains on while TensorFlow's background thread writes them.
-
-Two figures per arm: how long each save call keeps the training loop waiting (for the asynchronous arm,
-the copy of the state, and the wait for the previous write if it is still under way), and the time lost
-per checkpoint = (fit time of the arm - fit time of the same rotation's baseline) / saves, the last save
-waited for before the clock stops (`on_train_end` syncs), which also counts the writer's competition for
-the cores. In a multi-rank job only rank 0 writes, and
-the other ranks wait for it at the next gradient allreduce, so rank 0's loss is every rank's. On this
-2-core machine the background writer shares the cores with training; on a socket of 24+ cores it does not.
-
-Usage (from the repository root; about 5 minutes with the machine to itself, nothing else running):
-    python -m benchmarks.checkpoint_cost   # results/scaling.md, section checkpoints
+    python -m benchmarks.checkpoint_cost   # results/scaling.md, section checkpoints; about 5 minutes
 """
 
 import argparse

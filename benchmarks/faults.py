@@ -1,62 +1,24 @@
-"""Fault scenarios on 2 real Horovod ranks, each repeated, and what every run left behind.
+"""Fault scenarios on 2 real Horovod ranks, each repeated: time from the fault to the end of the job, what was
+left (exit status, checkpoints, summary.json) and whether the resumed run matched an uninterrupted one.
+Faults are injected by tests/support/kill_at_step.py and mismatch_worker.py (the library has no hooks).
 
-Run from the repository root, with the machine to itself (nothing else running: timings are reported);
-the `silent_host` scenario needs root (it brings up 2 emulated hosts, launch/emulated_cluster.sh):
-
-    python -m benchmarks.faults                  # 5 repetitions of every scenario, about 45 minutes
+    python -m benchmarks.faults          # results/faults.md; the machine to itself, about 45 minutes
     python -m benchmarks.faults --repetitions=1 --scenarios=sigterm,sigkill --out=/tmp/faults.md
 
-Writes results/faults.md (--out): per scenario the repetitions, the time from the fault to the end of the
-job (min / median / max), what was left (exit status, checkpoints, summary.json) and whether the resumed
-run matched an uninterrupted one; with the command, git SHA, date and machine. Faults are injected by
-tests/support/kill_at_step.py and tests/support/mismatch_worker.py (test-only code; the library has no fault
-hooks).
-
-Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per epoch, 16 in all):
-  sigkill    rank 1 SIGKILLed after a random update: the job must end within 60 s; the latest checkpoint
-             (every 5 updates) loads; the run resumed from it must end where the uninterrupted run ends.
-  sigterm    rank 1 receives SIGTERM after a random update k: every rank stops at update k + 1, rank 0
-             checkpoints it, status 75; the resumed run starts at k + 1 and must end where the
-             uninterrupted run ends (weights and slots exactly; batch-norm moving statistics to 1e-5).
-  usr1       the same with SIGUSR1 to rank 0 (Slurm's warning before the time limit).
-  damaged_checkpoint  rank 1 SIGKILLed after a random update k >= 3 with a checkpoint after every update
-             (synchronous saves), then the newest checkpoint's data file cut to half its size: the restart
-             must warn naming it, resume from the checkpoint before it and end where the uninterrupted run
-             ends.
-  diverge    peak learning rate 1,000 (momentum SGD): every rank stops at the same update with status 3;
-             every kept checkpoint is finite; summary.json is strict JSON.
-  mismatch   rank 1's model has one more layer: an error naming the first difference, no hang.
-  exit       a complete run: time from rank 0's final line to the end of the job.
-  elastic    an elastic job (launch/elastic.sh, horovodrun --min-np 1 --max-np 2, Gloo) of 600 updates at
-             global batch 64 on 12,800 images: 2 workers, then 1 after the first epoch (the discovery
-             script drops a slot), then 2 again 3 s later. It must finish with status 0 and 3 attempts,
-             each from a commit, with per-rank batches 32, 64, 32; the worker that joined must end with
-             rank 0's weights bit for bit. Time to exit: from the discovery script's change to the
-             attempt that took it up (removal / addition).
-
-  join_smoke   an elastic job on flags/smoke.flags (200 updates per epoch, 3 epochs, global batch 32):
-             1 worker, then 2 once the first has started; status 0, the final test line, the joined
-             worker with rank 0's weights (fc1's 1 MiB gradient among small ones: the case that aborted
-             in Gloo before the response cache was switched off).
-  join_resnet50  the same with ResNet-50 at 32 x 32 on synthetic data (global batch 16, 20 updates per
-             epoch, 2 epochs): 161 gradient tensors, 25.6 million weights.
-
-  restarts   one 2-rank run of flags/smoke.flags (4 epochs of 4 updates, a checkpoint every 2) stopped five
-             times by tests/support/kill_at_step.py's --stop_schedule (SIGKILL of rank 1 after update 3,
-             of every rank after 8, SIGTERM to rank 0 after 9, SIGUSR1 to rank 1 after 11, SIGKILL of
-             every rank after 14) and restarted each time with the same command (tests/support/small_runs.py,
-             as tests/test_resume.py runs it): each start must resume where the stop left it (2, 6, 10, 12,
-             14), the last must finish, and the run must end tensor for tensor equal to an uninterrupted one
-             with every epoch's row once.
-
-  silent_host  2 emulated hosts (launch/emulated_cluster.sh; needs root) x 2 ranks, launch/horovodrun.sh:
-             node2's link goes down (`ip link set ... down`: no packet, no reset, its ranks alive) after
-             the first checkpoint. The job must end non-zero within 90 s, node2's ranks within
-             --hang_timeout_s=60 + 30 s, and the last checkpoint must load. Time to exit: from the link
-             going down to the end of the job.
-
-Scenarios given with --scenarios replace their rows in the existing report; the others' rows stay, under
-the line saying which run made them.
+Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 16 updates), each with what must hold:
+  sigkill / sigterm / usr1  rank 1 SIGKILLed / SIGTERMed, rank 0 SIGUSR1ed after a random update: the job
+      ends (signals: at the next update, checkpointed, status 75) and the resumed run ends where the
+      uninterrupted one does
+  damaged_checkpoint  a kill, then the newest checkpoint cut to half: a warning, the one before it resumed
+  diverge    peak rate 1,000: every rank stops at one update, status 3, finite checkpoints, strict JSON
+  mismatch   rank 1's model has one more layer: an error naming the first difference, no hang
+  exit       a complete run: rank 0's final line to the end of the job
+  elastic    launch/elastic.sh, 2 -> 1 -> 2 workers: status 0, 3 attempts, the joined worker's weights equal
+  join_smoke / join_resnet50  a worker joining flags/smoke.flags / ResNet-50 at 32 x 32
+  restarts   one run stopped five times (--stop_schedule) and restarted: it ends equal to an uninterrupted one
+  silent_host / host_readd  (root, launch/emulated_cluster.sh) node2's link goes down: the job ends within
+      90 s; an elastic job of 3 hosts loses one and takes it back
+--scenarios replaces those rows of the existing report and keeps the others.
 """
 
 import argparse

@@ -1,52 +1,20 @@
 """Does LARS hold accuracy where momentum SGD loses it? Fashion-MNIST, global batch 512 to 8,192.
 
-One command runs the whole study (from the repository root), and the same command resumes it after an
-interruption:
+One command runs the whole study from the repository root and resumes it after an interruption;
+`--networks` and `--arms` train a part (the report always covers the whole study):
 
     python -m benchmarks.large_batch_study --output_dir=results/runs/hvd_lars_study
+    python -m benchmarks.large_batch_study --networks=small_cnn_nobn --arms=momentum,lars
 
-`--networks` and `--arms` select the part to train now (the report always covers the whole study, cells
-not run yet included), so it can be run in parts:
-
-    python -m benchmarks.large_batch_study --networks=small_cnn_nobn --arms=momentum,lars   # 1.5-2.2 h
-    python -m benchmarks.large_batch_study --arms=nesterov                                  # 0.6-0.9 h
-
-(measured 2026-12-01 on an Intel Xeon, 2 cores: a 12-epoch run takes about 6.5 min at batch 512 and 4.5
-min at 8,192 with the machine to itself; 4-6 runs per group; shared as the first 34 runs were, 1.6x.)
-
-(`nice -n 19` in front lets other work on the machine go first; the wall time then grows with it.)
-
-512 takes a smaller share of the training set per update (0.9%) than the paper's 32K took of ImageNet
-(2.6%), so it stands for the small-batch baseline. A smaller batch adds the small end at a higher cost
-per epoch (`--batches=8192,2048,512,128`: about 10 more runs of 7 to 8 minutes each).
-
-Two networks, through the product's main program, one process per run (`python -m hvd_lars.main`, run
-name `hvd_lars_study_<network tag><arm>_b<batch>_lr<rate>_s<seed>`):
-  `small_cnn` (batch norm, momentum 0.9; at `--batches`, default 8,192, 2,048, 512) and
-  `small_cnn_nobn` (the same layers without batch norm, He-normal; at `--nobn_batches`, default 8,192 and
-  512; 2,048 is optional: `--nobn_batches=8192,2048,512`, about 1 h more);
-and three arms:
-  (a) momentum SGD, linear scaling rule (peak = base rate x batch / 256) and gradual warmup (Goyal et al.
-      2017, arXiv 1706.02677);
-  (b) LARS (You et al., ICPP 2018), eta 0.001, trust ratio on every tensor as in the released solver;
-  (c) Nesterov momentum SGD, otherwise as (a) (Nado et al. 2021, arXiv 2102.06356: the strongest
-      momentum baseline), at `--nesterov_batches` (default 8,192) for both networks.
-All: the same epochs, linear warmup from 0, polynomial decay power 2 to 0 after warmup, momentum 0.9,
-weight decay 5e-4 (L2 in the gradient), no augmentation, float32, deterministic input order. The learning
-rate of each network, batch and arm is chosen on a validation split (the last 5,000 of the 60,000 training
-images, never trained on): a sweep of 3 rates a factor 2 apart on seed 0, extended by one rate at a time
-(at most `--max_extensions`) while the best is at an edge, and while no rate learned anything (validation
-top-1 at most `--learned_above`) one more below the lowest (at most `--untrained_extensions` more); the
-chosen rate is then run with the other seeds. Nesterov's sweep is on the momentum arm's grid and centred
-on the momentum arm's chosen rate at the same network and batch (so that arm must have finished its sweep
-first). The test set is reported only for the chosen rates.
-
-A run is done when its summary.json holds every epoch with validation and test scores, or when the records
-file of the report (`records_path`) holds its record with the same settings (runs whose directories
-are gone: the first 34 runs' records were recovered from the report's tables). A study started again skips
-done runs, resumes a half-finished one from its last checkpoint (the main program's `--resume`), and makes
-the same sweep decisions (they depend only on finished runs). After every run it rewrites the report
-(`--report`, a Markdown file, and the PNG plot beside it) and the records file from what is done.
+Networks `small_cnn` (at `--batches`) and `small_cnn_nobn` (at `--nobn_batches`), each run one process of
+`python -m hvd_lars.main`; arms: momentum SGD with the linear scaling rule and warmup (Goyal et al. 2017,
+arXiv 1706.02677), LARS (You et al., ICPP 2018), Nesterov momentum (Nado et al. 2021, arXiv 2102.06356; at
+`--nesterov_batches`, its sweep centred on the momentum arm's rate). Each arm's rate is chosen on a
+validation split (the last 5,000 training images) by a sweep of `--sweep_points` rates `--sweep_ratio`
+apart on seed 0, extended while the best is at an edge (`next_sweep_index`); the chosen rate then runs
+`--seeds` seeds, and only those report test scores. A run is done when its summary.json or the records
+file (`records_path`) holds it; a restart skips done runs and resumes a half-finished one. After every run
+the report (`--report` and its PNG) and the records file are rewritten.
 """
 
 import argparse

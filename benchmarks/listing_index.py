@@ -1,24 +1,9 @@
-"""What a start of an image-folder run pays to know its files: listing the folder against reading the
-run's index file, on a generated tree of 100,000 small files.
+"""What a start of an image-folder run pays to know its files: listing the folders (`listing.list_split`)
+against reading the run's index (`listing.listed`), on a generated tree of 100,000 small files, warm and
+with the kernel's caches dropped (root), and on 2 Horovod ranks (`image_folder.list_splits`).
 
-Run from the repository root with the machine to itself (nothing else running; about a minute; the cold
-rows drop the kernel's caches, which needs root):
-
-    python -m benchmarks.listing_index --repeats=3
-
-`--classes=20 --repeats=1 --warm_only --out=/tmp/listing.md` is a quick check of the script (seconds).
-
-It writes `<tmp>/train/c0000 .. c0999/img_00000.JPEG ..` (100 files of 64 bytes per class; the listing never
-opens a file, so their content does not matter) and `validation/` with 5 per class, then measures in one
-process, each the median of `--repeats` tries:
-- listing both splits (`listing.list_split`), what every rank did on every start before;
-- `listing.listed` with a valid index file (load it, `stat` the 1,002 folders), what rank 0 does on a
-  later start of the run;
-- both again with the kernel's page, dentry and inode caches dropped first (`/proc/sys/vm/drop_caches`,
-  root only; skipped where not permitted), as on a first start or after the files left the cache;
-and on 2 Horovod ranks (`image_folder.list_splits`), each rank's time for the first start (rank 0 lists
-and broadcasts) and a later one (rank 0 reads the index and broadcasts; rank 1 never reads the folder).
-Writes `results/listing_index.md`.
+    python -m benchmarks.listing_index --repeats=3     # results/listing_index.md, about a minute
+    python -m benchmarks.listing_index --classes=20 --repeats=1 --warm_only --out=/tmp/listing.md
 """
 
 import argparse

@@ -1,30 +1,15 @@
-"""Scale-out measurements for results/scaling.md: one function per section, the command line picks one.
+"""Scale-out measurements for results/scaling.md, one section per command; each writes its raw figures to
+results/scaling/<section>_<label>.json and rewrites its section from every JSON file of that section.
 
-Each section writes its raw figures to results/scaling/<section>_<label>.json and rewrites its own part of
-results/scaling.md (between `<!-- section: NAME -->` and `<!-- end: NAME -->`) from every JSON file of that
-section, so runs made separately (one per link rate) stand side by side and other sections are kept.
+Section `overlap_compression`: the step of ResNet-50 and AlexNet-BN with grouped against overlapped
+gradient allreduce, 1 rank per host on 1 core, beside the same batch's compute alone (exposed
+communication = step - compute), and ResNet-50's gradients allreduced with and without float16 compression.
+Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch.
 
-Section `overlap_compression`: step time of ResNet-50 (224x224) and AlexNet-BN
-(227x227) trained by `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank per
-host on 1 core each, gradients allreduced "grouped" (one grouped allreduce after the last gradient)
-against "overlap" (one allreduce per gradient, started as backprop produces it); the single-rank compute
-time of the same per-rank batch on the same core, measured in the same run, so that exposed communication
-= step time - compute time; and the time to allreduce ResNet-50's gradients (161 tensors, 25.6M float32
-values) with and without float16 compression. Precision: mixed_bfloat16 where the CPU has avx512_bf16 or
-amx_bf16, float32 elsewhere (hvd_lars.training.config.resolve_precision("auto")).
-
-Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global
-batch (`worker_threads`). What the runs show is written by hand in results/scaling.md after the section's
-end marker, so a rerun rewrites the table and keeps the reading.
-
-Usage (from the repository root, with the machine to itself, nothing else running; the link-rate runs need
-root: they bring up the emulated cluster, launch/emulated_cluster.sh, and take it down):
-    python -m benchmarks.scaling overlap_compression --link_rate=1gbit
-    python -m benchmarks.scaling overlap_compression --link_rate=10gbit
-    python -m benchmarks.scaling overlap_compression --local   # 2 ranks here, no shaping, no root
-    python -m benchmarks.scaling threads                       # no root
-    python -m benchmarks.scaling threads --report_only         # the section from the JSON (seconds)
-    python -m benchmarks.scaling overlap_compression --report_only   # from every link's JSON (seconds)
+    python -m benchmarks.scaling overlap_compression --link_rate=1gbit   # as root (and =10gbit)
+    python -m benchmarks.scaling overlap_compression --local             # 2 ranks here, no root
+    python -m benchmarks.scaling threads                                 # no root
+    python -m benchmarks.scaling threads --report_only                   # the section from the JSON
 """
 
 import argparse

@@ -254,7 +254,7 @@ def main(argv=None):
     parser.add_argument("--sizes_mib", default="0.0009765625,0.015625,0.25,1,4,16,64")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--link_rate", default="200mbit")
-    common.add_burst_ms_argument(parser)
+    parser.add_argument("--burst_ms", type=int, default=common.LINK_BURST_MS, help="token bucket, ms")
     parser.add_argument("--repeats", type=int, default=5, help="timed allreduces per size")
     parser.add_argument("--raw", default=None, help="raw timings (default: common.data_path of --out)")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "allreduce_hosts.md"))

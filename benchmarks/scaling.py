@@ -341,7 +341,7 @@ def write_section(name, body, markdown=None):
     markdown = markdown or MARKDOWN
     title = (
         "# Scale-out measurements\n\nEach section is written by `python -m benchmarks.scaling SECTION` "
-        "(see its docstring) or `python -m benchmarks.checkpoint_cost`; the command, git SHA, date and "
+        "(see its docstring); the command, git SHA, date and "
         "machine of every run stand beside its figures. Text outside the section markers is written by hand "
         "and kept when a section is rewritten."
     )

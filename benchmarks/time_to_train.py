@@ -548,12 +548,7 @@ def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN, com
         "",
     ]
     if not rows:
-        lines += [
-            "No shaped-link run of benchmarks/scaling.py is committed yet "
-            "(`results/scaling/overlap_compression_"
-            "1gbit.json`, `_10gbit.json`): nothing to validate against; the predictions below use overlap 0.",
-            "",
-        ]
+        lines += [f"No shaped-link run in `results/{SCALING_GLOB}`: the predictions use overlap 0.", ""]
     else:
         lines += [
             "1 rank per host, each on 1 core; compute = the same per-rank batch trained by one process per",
@@ -590,14 +585,7 @@ def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN, com
                 f"- {r['link']}, {MODEL_NAMES[r['model']]}, {r['mode']}: the {len(steps)} measured steps: "
                 + ", ".join(f"{t:.2f}" for t in steps)
                 + f" s; {len(near)} of them lie within 20% of the predicted {r['predicted_s']:.2f} s, the "
-                f"others are up to {steps[-1] - r['predicted_s']:.1f} s slower. The step time is not one "
-                "figure with noise around it but a fast mode that the model predicts and stalls on top of "
-                "it. The stalls came only with the largest transfers here (AlexNet-BN's 250 MB of gradients, "
-                "its fc6 gradient alone 151 MB, beyond the 128 MiB fusion buffer and the 1-128 MiB sizes the "
-                "link fit was made on) through the token-bucket shaper; a shaper that drops what exceeds "
-                "its queue leaves TCP to recover from losses, which would give such stalls (not traced "
-                "here: no packet captures were taken). The model carries no stall term, so on a congested "
-                "or lossy network it is a lower bound.",
+                f"others are up to {steps[-1] - r['predicted_s']:.1f} s slower.",
             ]
         if not within:
             lines.append("")
@@ -671,31 +659,6 @@ def disagreement(measurements, predicted):
             f"{p['time_to_train_s'] / 60:.1f} minutes: {p['time_to_train_s'] / 60 / p['paper_minutes']:.2f}x "
             "the paper."
         )
-    lines += [
-        "",
-        "Where the model and the paper part, and why:",
-        "",
-        "- Compute is carried over as a fraction of peak (eq. 3). Here oneDNN (TensorFlow 2.21, 2026)",
-        "  runs hvd_lars's float32 step at batch 32 on 2 out-of-order Zen 4 cores; the paper ran Intel",
-        "  Caffe (2017) at 16 images per socket, on 24 Skylake cores or 68 Knights Landing cores whose",
-        "  scalar and memory-bound work (batch norm, element-wise layers, the solver's per-layer LARS norms,",
-        "  the framework's own overhead) is slow next to their vector peak. Nothing here measures how much",
-        "  of the peak those chips reached; the paper's figures above say it was a smaller share than here.",
-        "- Peak at base clock: under AVX-512 both chips run below it (Skylake-SP's AVX-512 frequencies are",
-        "  lower than its base; Knights Landing drops by about 200 MHz), which would lengthen compute.",
-        "- AlexNet-BN: the paper's Caffe model groups conv2, conv4 and conv5 in 2 (0.72 G multiply-adds per",
-        "  image, Sze et al. 2017) where hvd_lars's one-tower model has 1.14 G (hvd_lars.models.flops;",
-        "  results/models_throughput.md): the paper's arithmetic per image was 36% smaller than the model's.",
-        "- Communication: a bandwidth-optimal ring at the share of the link reached here, 1 us per hop, no",
-        "  congestion, one rank per socket (both sockets of a node on one port in the paper's machines); the",
-        "  paper's Intel MLSL allreduce and its overlap are not measured here. On 2,048 sockets the latency",
-        "  term alone is 2 x 2,047 hops x 1 us per fused message.",
-        "- Not modelled: reading and decoding images (results/input_pipeline.md: a fraction of a core per",
-        "  socket at the paper's rates), evaluation, checkpoints, start-up, stragglers.",
-        "- Small per-socket batches: compute is taken as linear in the batch; at 8K on 2,048 sockets each",
-        "  socket trains 4 images per step, where oneDNN's kernels run far below their batch-32 efficiency",
-        "  (results/scaling.md, section threads, measures batch 16 against 32 on this machine).",
-    ]
     return lines
 
 

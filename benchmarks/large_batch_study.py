@@ -249,15 +249,8 @@ def settings_of(args, cell):
 
 
 def check_same_run(args, cell, saved, where=None):
-    """Refuses to reuse a run trained with other settings (a changed grid or epoch budget).
-
-    Args:
-        saved: the run's recorded settings (its summary's "config", or a record's "settings").
-        where: what holds them, for the message (default: the run's directory).
-
-    Raises:
-        SystemExit: naming the directory (or file) and the differing setting.
-    """
+    """SystemExit, naming `where` (default: the run's directory) and the settings that differ, where the
+    `saved` settings (a summary's "config" or a record's "settings") are not this study's for `cell`."""
     changed = {k: (saved.get(k), v) for k, v in settings_of(args, cell).items() if saved.get(k) != v}
     if changed:
         raise SystemExit(
@@ -268,8 +261,7 @@ def check_same_run(args, cell, saved, where=None):
 
 
 def records_path(args):
-    """The records file of the report (`common.data_path`: results/large_batch_study/large_batch_study.json
-    for results/large_batch_study.md, beside any other report): every finished run's record, kept when run
+    """The records file of the report (`common.data_path`): every finished run's record, kept when run
     directories go."""
     return common.data_path(args.report)
 
@@ -293,11 +285,8 @@ def save_records(args, store):
 
 
 def finished(args, cell, store):
-    """The record of `cell` if it is done (its summary complete, or its record in `store`), else None.
-
-    Raises:
-        SystemExit: the run directory or the record holds the run with other settings.
-    """
+    """The record of `cell` if it is done (its summary complete, or its record in `store`), else None;
+    SystemExit (`check_same_run`) where either holds it with other settings."""
     summary = load_summary(args, cell)
     if summary:
         check_same_run(args, cell, summary["config"])
@@ -322,14 +311,8 @@ def _die_with_parent():
 
 
 def run_cell(args, cell, journal):
-    """Trains `cell` unless it is done (resuming its checkpoint if it has one); returns its summary.
-
-    Each attempt (run name, start time, seconds, exit status) is appended to the JSON-lines file
-    `journal`, whose sum of seconds is the study's wall time.
-
-    Raises:
-        SystemExit: the run failed (its log's tail is printed) or a finished run has other settings.
-    """
+    """Trains `cell` unless it is done (resuming its checkpoint if it has one) and returns its summary;
+    each attempt is appended to the JSON-lines file `journal`. SystemExit with the log's tail if it fails."""
     summary = load_summary(args, cell)
     if summary:
         check_same_run(args, cell, summary["config"])
@@ -349,32 +332,16 @@ def run_cell(args, cell, journal):
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
         log.flush()
         try:
-            result = subprocess.run(
-                command,
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=args.run_timeout_s,
+            returncode = subprocess.run(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout_s,
                 preexec_fn=_die_with_parent,
-            )
-            returncode = result.returncode
+            ).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             returncode = "timeout"
     seconds = time.time() - start
+    attempt = {"run": name, "start": start, "seconds": seconds, "returncode": returncode}
     with open(journal, "a") as f:
-        f.write(
-            json.dumps(
-                {
-                    "run": name,
-                    "start": start,
-                    "seconds": seconds,
-                    "returncode": returncode,
-                    "command": args.command,
-                }
-            )
-            + "\n"
-        )
+        f.write(json.dumps({**attempt, "command": args.command}) + "\n")
     summary = load_summary(args, cell)
     if returncode == 3 and diverged(summary) is not None:
         print(f"[study] {name}: diverged at step {diverged(summary)} (recorded at chance level), "
@@ -397,21 +364,16 @@ def run_cell(args, cell, journal):
 
 
 def next_sweep_index(scores, points, max_extensions, start=0, learned_above=None, untrained_extensions=0):
-    """The grid index to train next in one sweep, or None when the sweep is finished.
+    """The grid index to train next in one sweep (rate = centre x ratio**k), or None when it is finished.
 
     Args:
-        scores: {k: validation top-1} of the finished runs (k: rate = centre x ratio**k).
+        scores: {k: validation top-1} of the finished runs.
         points: rates in the first sweep, k in [start - points // 2, start + points - points // 2).
-        max_extensions: how many rates the sweep may add beyond the first, one at a time, each past
-            the edge where the best rate lies.
-        start: the first sweep's centre on the grid.
-        learned_above: a rate whose validation top-1 is at most this learned nothing (about chance); None:
-            no such rule.
-        untrained_extensions: while no rate of the sweep learned anything, it goes on below its lowest
-            rate (a rate too large diverges or stalls at chance; one too small still learns), one at a
-            time; each rate that learned nothing adds one to `max_extensions`, at most this many.
-
-    The best is the highest validation top-1; ties go to the smaller rate (the safer one).
+        max_extensions: rates the sweep may add, one at a time, past the edge where the best lies (the
+            best: the highest validation top-1, ties to the smaller rate).
+        learned_above: a validation top-1 at most this learned nothing; None: no such rule.
+        untrained_extensions: while no rate learned anything, the sweep goes below its lowest rate; each
+            rate that learned nothing adds one to `max_extensions`, at most this many.
     """
     first = range(start - points // 2, start + points - points // 2)
     for k in first:
@@ -438,9 +400,8 @@ def chosen_index(scores):
 
 
 def groups(args, networks=None, arms=None):
-    """The study's groups in the order they run (of `networks` and `arms`; default: all): network by
-    network, largest batch first as `--batches` orders them, arms in `ARMS` order (momentum before the
-    Nesterov arm that starts from its choice)."""
+    """The study's groups (of `networks` and `arms`; default: all) in the order they run: by network, by
+    batch as `--batches` orders them, by arm in `ARMS` order (momentum before the Nesterov arm)."""
     out = []
     for network in NETWORKS:
         if networks is not None and network not in networks:
@@ -466,9 +427,8 @@ class Outcome:
 
 
 def walk(args, group, obtain, store):
-    """Goes through `group`'s sweep and seeds; `obtain(cell)` gives a finished run's record (training it
-    first, when the study trains) or None, which stops the walk there; `store` ({run name: record}) holds
-    the records of runs whose directories are gone. Returns an `Outcome`."""
+    """The `Outcome` of `group`'s sweep and seeds; `obtain(cell)` gives a finished run's record (training
+    it first, when the study trains) or None, which stops the walk there."""
     arm = ARMS[group.arm]
     start = 0
     if arm.starts_from:
@@ -508,8 +468,7 @@ def obtain_done(args, store):
 
 
 def collect(args, store):
-    """{Group: Outcome} of every group of the study (whatever `--networks`/`--arms` select), from the
-    finished runs only: what the report is made from."""
+    """{Group: Outcome} of every group of the study, from the finished runs only (the report's)."""
     obtain = obtain_done(args, store)
     return {group: walk(args, group, obtain, store) for group in groups(args)}
 

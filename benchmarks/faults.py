@@ -53,25 +53,6 @@ SCENARIOS = (
 )  # fmt: skip
 CLUSTER_SCENARIOS = {"silent_host": 2, "host_readd": 3}  # emulated hosts each needs
 TIMEOUT_S = 600
-ABOUT = (
-    "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
-    "(Open MPI). Time to exit: from the fault (the signal; for `mismatch` the start; for `exit` rank 0's "
-    "final line) to the end of the job, seconds. Matched: the resumed run's final checkpoint against an "
-    "uninterrupted run's: weights, optimizer slots and step exactly, batch-norm moving statistics to "
-    "1e-5 of each tensor's largest magnitude (averaged over the ranks at the resumed checkpoint in one run "
-    "only; the average of the ranks' linear moving averages is the same either way up to float32 rounding). "
-    "`elastic`: 12,800 images, global batch 64, 600 updates, launch/elastic.sh (Gloo); it must finish, so "
-    "it has no time to exit: its details give the seconds from each change of the discovery script to the "
-    "attempt that took it up. `silent_host`: flags/smoke.flags on 2 emulated hosts x 2 ranks, "
-    "launch/horovodrun.sh; time to exit from the link going down. `damaged_checkpoint`: a checkpoint "
-    "after every update, the newest one's data file cut to half after the kill. `join_smoke`, "
-    "`join_resnet50`: launch/elastic.sh, 1 worker then 2 (flags/smoke.flags; ResNet-50 at 32 x 32). "
-    "`host_readd`: 3 emulated hosts, launch/elastic.sh from node1, Fashion-MNIST 9,600 images at global "
-    "batch 96, 400 updates; node3 killed and dropped, then booted and listed again. `restarts`: "
-    "flags/smoke.flags on 2 ranks, 16 updates, stopped five times (SIGKILL of one rank and of all, SIGTERM, "
-    "SIGUSR1, SIGKILL of all) and restarted with one command; matched: every tensor equal to an "
-    "uninterrupted run's, every epoch's metrics row once; its details give each start's seconds."
-)
 
 
 def _train(workdir, *flags, fault=(), lines=None):
@@ -423,8 +404,6 @@ def report(results, args, out):
     for line in earlier_made:
         lines += [line, ""]
     lines += [
-        ABOUT,
-        "",
         "| scenario | repetitions | passed | time to exit (min / median / max, s) | what was left | "
         "resume matched (largest moving-statistics difference) | details |",
         "|---|---|---|---|---|---|---|",

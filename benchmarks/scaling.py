@@ -272,24 +272,7 @@ def _overlap_compression_markdown():
     runs = [_read_json(os.path.join(RAW_DIR, n)) for n in names]
     order = {"1gbit": 0, "10gbit": 1, "local": 2}
     runs.sort(key=lambda r: order.get(r["label"], 3))
-    lines = [
-        "## Overlapped gradient allreduce and float16 compression",
-        "",
-        "Step time of `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank",
-        "per host pinned to 1 core; mean of 10 timed steps after 3 warm-up steps (min-max in brackets).",
-        "*compute alone* is the same per-rank batch trained by one process (world size 1) on rank 0's core",
-        "with the other core idle; *compute, both busy* runs two such processes at once, one per core, so",
-        "that they share the machine's memory bandwidth and cache as the two ranks do (the emulated hosts",
-        "share one machine). *exposed* = step time - compute, both busy: the communication that the step",
-        "does not hide. *grouped*: one grouped allreduce after the last gradient (the previous behaviour);",
-        "*overlap*: one allreduce per gradient, started as backprop produces it, fused by Horovod's",
-        "background thread. All figures of one link come from the same script run. Each rank shares its",
-        "one core with Horovod's background thread, which negotiates in blocking MPI calls every cycle: the",
-        "runs use a 5 ms cycle (Horovod's default before 0.21; now 1 ms) and MPI yielding while it waits, so",
-        "that this polling does not take the core from the step (section `threads` measures that cost).",
-        "Raw figures: `results/scaling/overlap_compression_*.json` (one per link).",
-        "",
-    ]
+    lines = []
     for run in runs:
         prov, ranks, compute = run["provenance"], run["ranks"], run["compute"]
         lines += [

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import statistics
+import textwrap
 
 from benchmarks import common
 
@@ -372,19 +373,20 @@ def target_link(measurements):
     return alpha, share * LINK_RATE_BITS / 8, LINK_LATENCY_S, share
 
 
-def _model_inputs(measurements, model):
+def _predict(measurements, grads, overlap, model, socket_name, sockets, batch, epochs):
+    """`predict` with this model's measured rates and Omni-Path's link (`target_link`)."""
     t = measurements["throughput"][model]
-    return t["images_per_second"], t["matmul_gflops"]
+    link = target_link(measurements)[:3]
+    socket = SOCKETS[socket_name]
+    return predict(t["images_per_second"], t["matmul_gflops"], grads[model], socket, sockets, batch, epochs,
+                   link, overlap)  # fmt: skip
 
 
 def predictions(measurements, grads, overlap):
-    alpha, bandwidth, latency, _ = target_link(measurements)
     rows = []
     for model, socket_name, epochs, configs in PREDICTIONS:
-        rate, matmul = _model_inputs(measurements, model)
         for sockets, batch in configs:
-            p = predict(rate, matmul, grads[model], SOCKETS[socket_name], sockets, batch, epochs,
-                        (alpha, bandwidth, latency), overlap)  # fmt: skip
+            p = _predict(measurements, grads, overlap, model, socket_name, sockets, batch, epochs)
             paper = PAPER.get((model, sockets, batch, epochs))
             rows.append({"model": model, "socket": socket_name, "epochs": epochs, "sockets": sockets,
                          "global_batch": batch, "paper_minutes": paper and paper[0], **p})  # fmt: skip
@@ -401,14 +403,11 @@ def plot(measurements, grads, overlap, png=PNG):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    alpha, bandwidth, latency, _ = target_link(measurements)
     counts = [2**k for k in range(4, 13)]
     fig, (ax_time, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.5))
     for model, socket_name, epochs, _ in PREDICTIONS:
-        rate, matmul = _model_inputs(measurements, model)
         label = f"{MODEL_NAMES[model]}, {epochs} epochs, batch 32K, {SOCKETS[socket_name].name}"
-        ps = [predict(rate, matmul, grads[model], SOCKETS[socket_name], n, 32768, epochs,
-                      (alpha, bandwidth, latency), overlap) for n in counts]  # fmt: skip
+        ps = [_predict(measurements, grads, overlap, model, socket_name, n, 32768, epochs) for n in counts]
         line = ax_time.loglog(counts, [p["time_to_train_s"] / 60 for p in ps], marker="o", label=label)[0]
         ax_eff.semilogx(
             counts, [p["efficiency"] for p in ps], marker="o", color=line.get_color(), label=label
@@ -440,10 +439,7 @@ def flagfile_line(name, measurements, grads, overlap):
     epochs = float(re.search(r"^--epochs=([\d.]+)", text, re.M).group(1))
     if ranks * per_rank != batch:
         raise ValueError(f"{name}: {ranks} ranks x per-rank batch {per_rank} != global batch {batch}")
-    alpha, bandwidth, latency, _ = target_link(measurements)
-    rate, matmul = _model_inputs(measurements, model)
-    p = predict(rate, matmul, grads[model], SOCKETS[socket_name], ranks, batch, epochs,
-                (alpha, bandwidth, latency), overlap)  # fmt: skip
+    p = _predict(measurements, grads, overlap, model, socket_name, ranks, batch, epochs)
     return (
         f"# Predicted: {ranks} ranks x per-rank batch {per_rank} x accumulation 1 = {batch}; on {ranks} "
         f"{SOCKETS[socket_name].name} sockets (1 rank each, 100 Gb/s Omni-Path) a step of "
@@ -453,37 +449,20 @@ def flagfile_line(name, measurements, grads, overlap):
 
 
 def update_flagfiles(measurements, grads, overlap):
+    """Rewrites each paper flagfile's `# Predicted:` block (`flagfile_line`), just above its `# Expected:`."""
     for name in FLAGFILES:
         path = os.path.join(REPO, "flags", f"{name}.flags")
         with open(path) as f:
-            lines = f.read().splitlines()
-        new = _wrap_comment(flagfile_line(name, measurements, grads, overlap))
-        # Drop an earlier Predicted: block (its line and the indented lines that continue it).
-        out, skipping = [], False
-        for line in lines:
-            if line.startswith("# Predicted:"):
-                skipping = True
-                continue
-            if skipping and line.startswith("#           "):
-                continue
-            skipping = False
-            out.append(line)
-        at = next(i for i, line in enumerate(out) if line.startswith("# Expected:"))
-        out[at:at] = new
+            text = re.sub(r"^# Predicted:.*\n(?:#           .*\n)*", "", f.read(), flags=re.M)
+        line = flagfile_line(name, measurements, grads, overlap)
+        new = textwrap.wrap(
+            line, 110, subsequent_indent="#           ", break_on_hyphens=False, break_long_words=False
+        )
+        at = text.index("# Expected:")
+        text = text[:at] + "\n".join(new) + "\n" + text[at:]
         with open(path, "w") as f:
-            f.write("\n".join(out) + "\n")
+            f.write(text)
         print(f"[time_to_train] {path}: {' '.join(new)}", flush=True)
-
-
-def _wrap_comment(text, width=110):
-    words, lines, current = text.split(), [], ""
-    for word in words:
-        if current and len(current) + 1 + len(word) > width:
-            lines.append(current)
-            current = "#           " + word
-        else:
-            current = f"{current} {word}" if current else word
-    return lines + [current]
 
 
 def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN, command=None):

@@ -7,13 +7,10 @@ As root, the machine to itself (it brings launch/emulated_cluster.sh up with as 
 layout, every link at --link_rate, and down at the end):
 
     python -m benchmarks.allreduce_hosts      # results/allreduce_hosts.md, raw in its folder
-    python -m benchmarks.allreduce_hosts --layouts=4x1 --sizes_mib=16 --variants=mpi,mpi_yield --out=/tmp/a.md
+    python -m benchmarks.allreduce_hosts --layouts=4x1 --sizes_mib=16 --variants=mpi,main --out=/tmp/a.md
 
 Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_TIME=5):
   mpi          Open MPI as horovodrun starts it
-  mpi_yield    + OMPI_MCA_mpi_yield_when_idle=1
-  mpi_ring     + Open MPI's tuned allreduce forced to the ring (coll_tuned_allreduce_algorithm=4)
-  mpi_rules    + hvd_lars/parallel/ompi_allreduce_rules.conf
   launch_env   launch/env.sh sourced first (as the launch scripts do), each rank set as hvd_lars.main sets it
   main         a bare horovodrun, each rank set as hvd_lars.main sets it (threads.HOROVOD_CPU_DEFAULTS)
   gloo         horovodrun --gloo from node1
@@ -34,24 +31,7 @@ import time
 from benchmarks import common
 
 REPO = common.REPO
-RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
-VARIANTS = {
-    "mpi": {},
-    "mpi_yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
-    "mpi_ring": {
-        "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-        "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
-    },
-    "mpi_rules": {
-        "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-        "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES,
-    },
-    "launch_env": {},
-    "main": {},
-    "gloo": {},
-    "horovod_keras": {},
-    "horovod_keras_off": {},
-}
+VARIANTS = ("mpi", "launch_env", "main", "gloo", "horovod_keras", "horovod_keras_off")
 # Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
 AS_THE_MAIN_PROGRAM = ("launch_env", "main")
 # Variants whose ranks start Horovod as a ported Horovod script does (horovod_keras.init, Horovod's cycle).
@@ -128,7 +108,6 @@ def launch(variant, layout, worker_args, timeout=1200):
         settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
         if variant not in AS_A_PORTED_SCRIPT:
             settings["HOROVOD_CYCLE_TIME"] = "5"  # a ported script keeps Horovod's own
-        settings.update(VARIANTS[variant])
         if variant == "gloo":  # launched from node1: the hosts cannot reach this machine's own name
             assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
             cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]

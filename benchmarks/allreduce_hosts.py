@@ -18,7 +18,6 @@ Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_T
   horovod_keras_off  the same with `init(ompi_allreduce_rules=False)`
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -228,7 +227,7 @@ def measure(args, layout, variant, sizes, link_bits):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--layouts", default="2x1,4x1,8x1,4x2", help="HOSTSxRANKS per host, comma-separated")
     parser.add_argument("--sizes_mib", default="0.0009765625,0.015625,0.25,1,4,16,64")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")

@@ -10,7 +10,6 @@ al., ICPP 2018: 94.8 for AlexNet, 46.9 for ResNet-50) x the decode cost per imag
     python -m benchmarks.benchmark_input --out results/input_pipeline.md   # about 6 minutes
 """
 
-import argparse
 import io
 import json
 import os
@@ -153,9 +152,7 @@ def _run(spec):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--out", default="")
     parser.add_argument("--workdir", default="/tmp/hvd_lars_input_benchmark")
     parser.add_argument("--rounds", type=int, default=2)

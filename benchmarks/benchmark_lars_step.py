@@ -6,7 +6,6 @@ same fixed gradients in one `tf.function`, timed interleaved; the figure is the 
     python -m benchmarks.benchmark_lars_step --repeats 2 --warmup 1 --out /tmp/lars_step.md   # a quick check
 """
 
-import argparse
 import statistics
 import time
 
@@ -55,7 +54,7 @@ def _portable(optimizer):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=60, help="interleaved timed steps per optimizer")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per optimizer first")
     parser.add_argument("--xla", action="store_true", help="also time with jit_compile=True")

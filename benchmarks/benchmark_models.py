@@ -264,9 +264,7 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=sorted(IMAGE_SIZES), help="the model of this run")
     parser.add_argument("--report_only", action="store_true", help="rebuild the markdown from the JSON files")

@@ -163,6 +163,13 @@ def git_sha():
 # --------------------------------------------------------------------------------------------- workers
 
 
+def argument_parser(doc):
+    """An argparse parser whose --help shows the benchmark's docstring `doc` as written."""
+    import argparse
+
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def command_line(name, argv=None):
     """The command that ran benchmark `name`, as a reader types it from the repository root."""
     argv = sys.argv[1:] if argv is None else argv
@@ -385,9 +392,7 @@ def mlperf_lars(learning_rate=0.1):
 
 
 def main(argv=None):
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--matmul", type=int, default=0, help="worker: print the tf.matmul rate at this size")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget_s", type=float, default=2.0, help="worker: seconds of timed products")

@@ -21,7 +21,6 @@ Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 16 updates), ea
 --scenarios replaces those rows of the existing report and keeps the others.
 """
 
-import argparse
 import datetime
 import functools
 import json
@@ -425,7 +424,7 @@ def report(results, args, out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "faults.md"))

@@ -17,7 +17,6 @@ file (`records_path`) holds it; a restart skips done runs and resumes a half-fin
 the report (`--report` and its PNG) and the records file are rewritten.
 """
 
-import argparse
 import dataclasses
 import fcntl
 import json
@@ -568,9 +567,7 @@ def _read_journal(path):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     ints = lambda text: [int(v) for v in text.split(",") if v]
     parser.add_argument("--output_dir", default=os.path.join("results", "runs", STUDY_TAG))
     parser.add_argument("--report", default=os.path.join("results", "large_batch_study.md"))

@@ -4,7 +4,6 @@ epochs of about 16,384 images, the first left out): one process against 2 Horovo
     python -m benchmarks.large_batch_throughput      # a few minutes, the machine to itself
 """
 
-import argparse
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ def measure(batch, ranks, workdir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--batches", default="128,512,2048,8192")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "large_batch_throughput.md"))
     args = parser.parse_args(argv)

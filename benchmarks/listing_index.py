@@ -6,7 +6,6 @@ with the kernel's caches dropped (root), and on 2 Horovod ranks (`image_folder.l
     python -m benchmarks.listing_index --classes=20 --repeats=1 --warm_only --out=/tmp/listing.md
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -103,7 +102,7 @@ def ms(seconds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--classes", type=int, default=CLASSES, help="class folders of the generated tree")
     parser.add_argument("--warm_only", action="store_true", help="do not drop the kernel's caches")

@@ -9,7 +9,6 @@ The first writes results/<flagfile's name>.md (the committed reference records c
 second a finished run's record, as `make train` does.
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -77,7 +76,7 @@ def train(flagfile, ranks, workdir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--flagfile", default="flags/fashion_mnist_lars.flags", help="the run to train")
     parser.add_argument("--np", type=int, default=2, help="ranks on this machine")
     parser.add_argument("--workdir", default="results/runs", help="parent folder of the new run directory")

@@ -613,9 +613,7 @@ def main(argv=None):
         if args.section == "threads":
             return worker_threads(args.role, args.out, batch=args.batch, inter_op=args.inter_op)
         return WORKERS[args.section](args.role, args.out, args.core)
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("section", choices=sorted(SECTIONS))
     parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")

@@ -18,7 +18,6 @@ Usage (from the repository root; arithmetic on committed measurements, seconds):
     python -m benchmarks.time_to_train --update_flagfiles   # and the paper flagfiles' Predicted:
 """
 
-import argparse
 import dataclasses
 import glob
 import json
@@ -642,9 +641,7 @@ def disagreement(measurements, predicted):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument(
         "--update_flagfiles", action="store_true", help="rewrite the paper flagfiles' Predicted:"
     )

@@ -572,19 +572,11 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", default=os.path.join("results", "runs", STUDY_TAG))
     parser.add_argument("--report", default=os.path.join("results", "large_batch_study.md"))
     names = lambda text: [v for v in text.split(",") if v]
-    parser.add_argument(
-        "--batches", type=ints, default=[8192, 2048, 512], help="small_cnn's batches, run in this order"
-    )
-    parser.add_argument(
-        "--nobn_batches", type=ints, default=[8192, 512], help="small_cnn_nobn's (2,048 optional: ~1 h)"
-    )
-    parser.add_argument(
-        "--nesterov_batches", type=ints, default=[8192], help="where the Nesterov arm runs (both networks)"
-    )
-    parser.add_argument(
-        "--networks", type=names, default=list(NETWORKS), help="the networks to train now (report: all)"
-    )
-    parser.add_argument("--arms", type=names, default=list(ARMS), help="the arms to train now (report: all)")
+    parser.add_argument("--batches", type=ints, default=[8192, 2048, 512], help="small_cnn's, in this order")
+    parser.add_argument("--nobn_batches", type=ints, default=[8192, 512], help="small_cnn_nobn's")
+    parser.add_argument("--nesterov_batches", type=ints, default=[8192], help="the Nesterov arm's")
+    parser.add_argument("--networks", type=names, default=list(NETWORKS), help="to train now (report: all)")
+    parser.add_argument("--arms", type=names, default=list(ARMS), help="to train now (report: all)")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--warmup_epochs", type=float, default=1.0)
     parser.add_argument("--weight_decay", type=float, default=5e-4)
@@ -592,29 +584,13 @@ def parse_args(argv=None):
     parser.add_argument("--sweep_points", type=int, default=3)
     parser.add_argument("--sweep_ratio", type=float, default=2.0)
     parser.add_argument("--max_extensions", type=int, default=2)
-    parser.add_argument(
-        "--learned_above",
-        type=float,
-        default=0.2,
-        help="validation top-1 at or below which a rate learned nothing (Fashion-MNIST's chance: 0.1)",
-    )
-    parser.add_argument(
-        "--untrained_extensions",
-        type=int,
-        default=4,
-        help="while no rate of a sweep learned anything, up to this many more rates below its lowest",
-    )
+    parser.add_argument("--learned_above", type=float, default=0.2, help="top-1 at which nothing learned")
+    parser.add_argument("--untrained_extensions", type=int, default=4, help="see next_sweep_index")
     parser.add_argument("--validation_examples", type=int, default=5000)
     parser.add_argument("--ranks", type=int, default=1, help="Horovod ranks per run (1: one process)")
     parser.add_argument("--run_timeout_s", type=float, default=6 * 3600)
-    parser.add_argument(
-        "--train_program",
-        default="-m hvd_lars.main",
-        help="what Python runs for each run (tests: the fault-injecting tests/support/kill_at_step.py)",
-    )
-    parser.add_argument(
-        "--report_only", action="store_true", help="rewrite the report from what is done; train nothing"
-    )
+    parser.add_argument("--train_program", default="-m hvd_lars.main", help="what Python runs for a run")
+    parser.add_argument("--report_only", action="store_true", help="rewrite the report; train nothing")
     parser.add_argument("--max_train_examples", type=int, default=0, help="smoke tests only")
     parser.add_argument("--max_eval_examples", type=int, default=0, help="smoke tests only")
     args = parser.parse_args(argv)

@@ -46,6 +46,7 @@ FLAGS = [
     "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
 ]  # fmt: skip
 TOTAL_STEPS = 16
+SIGNALS = ("sigkill", "sigterm", "usr1")
 SCENARIOS = (
     "sigkill", "sigterm", "usr1", "damaged_checkpoint", "diverge", "mismatch", "exit", "elastic",
     "join_smoke", "join_resnet50", "silent_host", "host_readd", "restarts",
@@ -124,6 +125,14 @@ def _rank_weights_match(run_dir, ranks):
     return same, trainable
 
 
+def _elastic_end(run_dir, ranks, status):
+    """(every rank's weights equal rank 0's, the final step, the `left` column) of a finished elastic job."""
+    same, _ = _rank_weights_match(run_dir, ranks)
+    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
+    return same, final, f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
+
+
 def _record(workdir):
     return os.path.join(workdir, "fault_time")
 
@@ -199,9 +208,7 @@ def run_elastic(workdir):
     from tests.support.elastic_job import remove_and_add
 
     status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir))
-    run_dir = os.path.join(workdir, "r")
-    same, _ = _rank_weights_match(run_dir, 2)
-    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    same, final, left = _elastic_end(os.path.join(workdir, "r"), 2, status)
     batches = re.findall(r"elastic attempt \d: \d worker\(s\) from update \d+, (\d+) images per rank", out)
     ok = (
         status == 0
@@ -211,8 +218,6 @@ def run_elastic(workdir):
         and final == ELASTIC_STEPS
     )
     ok = ok and all(u % 5 == 0 for u in updates)
-    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
-    left = f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
     detail = (
         f"attempts from updates {updates}, per-rank batches {batches}, taken up after "
         f"{taken_up[0]:.0f} / {taken_up[1]:.0f} s; the joined worker's weights "
@@ -303,13 +308,9 @@ def run_host_readd(workdir, cluster):
     from tests.support.elastic_job import HOSTS_TOTAL_STEPS, host_removed_and_added
 
     status, out, attempts, taken_up = host_removed_and_added(cluster, pathlib.Path(workdir))
-    run_dir = os.path.join(workdir, "r")
-    same, _ = _rank_weights_match(run_dir, 3)
-    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    same, final, left = _elastic_end(os.path.join(workdir, "r"), 3, status)
     shape = [(w, b) for w, _, b in attempts]
     ok = status == 0 and shape == [(3, 32), (2, 48), (3, 32)] and same and final == HOSTS_TOTAL_STEPS
-    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
-    left = f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
     detail = (
         f"attempts (workers, from update, per-rank batch) {attempts}; taken up after "
         + " / ".join(f"{t:.0f}" for t in taken_up)
@@ -456,7 +457,7 @@ def main(argv=None):
 def _run_scenarios(scenarios, args, results, cluster):
     with tempfile.TemporaryDirectory(dir="/var/tmp" if cluster else None) as tmp:
         reference = None
-        if {"sigkill", "sigterm", "usr1", "damaged_checkpoint"} & set(scenarios):
+        if {*SIGNALS, "damaged_checkpoint"} & set(scenarios):
             status, *_ = _train(os.path.join(tmp, "reference"))
             assert status == 0, "the uninterrupted reference run failed"
             reference = _load(os.path.join(tmp, "reference", "r"))
@@ -475,26 +476,22 @@ def _run_scenarios(scenarios, args, results, cluster):
             )
             return small_runs.final_tensors(os.path.join(workdir, "smoke"))
 
+        signals = {kind: functools.partial(run_signal, reference=reference, kind=kind) for kind in SIGNALS}
+        runs = {
+            **signals, "damaged_checkpoint": lambda w: run_damaged_checkpoint(w, reference),
+            "diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit, "elastic": run_elastic,
+            "join_smoke": lambda w: run_join(w, JOIN_SMOKE),
+            "join_resnet50": lambda w: run_join(w, JOIN_RESNET50),
+            "silent_host": lambda w: run_silent_host(w, cluster),
+            "host_readd": lambda w: run_host_readd(w, cluster),
+            "restarts": lambda w: run_restarts(w, restart_reference),
+        }  # fmt: skip
         for name in scenarios:
             results[name] = []
             for i in range(args.repetitions):
                 workdir = os.path.join(tmp, f"{name}{i}")
                 os.makedirs(workdir)
-                if name in ("sigkill", "sigterm", "usr1"):
-                    r = run_signal(workdir, reference, name)
-                elif name == "damaged_checkpoint":
-                    r = run_damaged_checkpoint(workdir, reference)
-                elif name in ("join_smoke", "join_resnet50"):
-                    r = run_join(workdir, JOIN_SMOKE if name == "join_smoke" else JOIN_RESNET50)
-                elif name == "silent_host":
-                    r = run_silent_host(workdir, cluster)
-                elif name == "host_readd":
-                    r = run_host_readd(workdir, cluster)
-                elif name == "restarts":
-                    r = run_restarts(workdir, restart_reference)
-                else:
-                    runs = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}
-                    r = {**runs, "elastic": run_elastic}[name](workdir)
+                r = runs[name](workdir)
                 print(f"[faults] {name} {i + 1}/{args.repetitions}: {r}", flush=True)
                 results[name].append(r)
 

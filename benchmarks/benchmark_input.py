@@ -10,6 +10,7 @@ al., ICPP 2018: 94.8 for AlexNet, 46.9 for ResNet-50) x the decode cost per imag
     python -m benchmarks.benchmark_input --out results/input_pipeline.md   # about 6 minutes
 """
 
+import glob
 import io
 import json
 import os
@@ -69,14 +70,8 @@ def make_fixtures(root, width, height):
 
 
 def _files(root):
-    paths = sorted(
-        os.path.join(folder, name)
-        for folder, _, names in os.walk(os.path.join(root, "train"))
-        for name in names
-        if name.endswith(".JPEG")
-    )
-    labels = [int(os.path.basename(os.path.dirname(p))[1:]) for p in paths]
-    return paths, labels
+    paths = sorted(glob.glob(os.path.join(root, "train", "*", "*.JPEG")))
+    return paths, [int(os.path.basename(os.path.dirname(p))[1:]) for p in paths]
 
 
 def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **_):
@@ -89,7 +84,6 @@ def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **
     from hvd_lars.data import encoded_images, order, tfdata_options
 
     paths, labels = _files(root)
-    source = tf.data.Dataset.from_tensor_slices((paths, paths, tf.constant(labels, tf.int32)))
     if kind == "train":
         # The main program's stream: each epoch's permutation of this rank's files, then read and decoded.
         paths_t, labels_t = tf.constant(paths), tf.constant(labels, tf.int32)
@@ -100,7 +94,8 @@ def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **
             stream, batch, 0, size, read=tf.io.read_file, threads=1, preprocessing=preprocessing
         )
     else:
-        ds = source.repeat().map(lambda name, path, label: tf.io.decode_jpeg(tf.io.read_file(path)))
+        ds = tf.data.Dataset.from_tensor_slices(paths).repeat()
+        ds = ds.map(lambda path: tf.io.decode_jpeg(tf.io.read_file(path)))
         ds = ds.map(lambda image: tf.reduce_sum(tf.cast(image[0, 0], tf.int32))).batch(batch)
         ds = ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(True, threads=1))
     iterator = iter(ds)
@@ -181,12 +176,9 @@ def main(argv=None):
     training = {name: [] for name in MODELS}
     for round_ in range(args.rounds):
         for name, variant in VARIANTS.items():
-            spec = dict(
-                what="pipeline", root=os.path.join(args.workdir, variant["fixture"]), batch=args.batch
-            )
-            rates[name].append(
-                _run({**spec, **variant, "batches": args.pipeline_batches})["images_per_second"]
-            )
+            root = os.path.join(args.workdir, variant["fixture"])
+            spec = dict(variant, what="pipeline", root=root, batch=args.batch, batches=args.pipeline_batches)
+            rates[name].append(_run(spec)["images_per_second"])
             print(f"round {round_}: {name}: {rates[name][-1]:.1f} images/s on one core", flush=True)
         for model_name in MODELS:
             spec = dict(what="train", model_name=model_name, batch=args.batch, steps=args.steps)

@@ -374,12 +374,9 @@ def _cpu_by_group(before, after, horovod_tids):
 
 
 def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
-    """One process of the `threads` section: world size 1 ("compute") or a Horovod rank ("ranks"); trains
-    ResNet-50 (mixed_bfloat16 where the CPU has it) on a synthetic batch of `batch` images for
-    WARMUP_STEPS + TIMED_STEPS steps with the main program's thread sizing (`hvd_lars.training.train.
-    configure_threads`: the CPUs this process may use; `inter_op` >= 0 overrides the inter-op pool, 0 being
-    TensorFlow's default) and records step times, the thread counts TensorFlow applied and CPU seconds
-    per thread group over the timed steps. Rank 0 writes the JSON `out`."""
+    """One process of section `threads` (world size 1, "compute", or a Horovod rank, "ranks"): ResNet-50's
+    step times at `batch` with the main program's thread sizing (`inter_op` >= 0 overrides the inter-op
+    pool), the threads TensorFlow applied and CPU seconds per thread group; rank 0 writes `out`."""
     if os.environ.get("HVD_LARS_BIND_LOCAL_RANK"):
         # horovodrun --gloo cannot bind: each rank binds itself to the core of its local rank.
         cores = sorted(os.sched_getaffinity(0))

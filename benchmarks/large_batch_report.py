@@ -15,16 +15,6 @@ IMAGENET_EPOCHS = (90, 100)  # ResNet-50, AlexNet
 SAME_ACCURACY = 0.005
 
 
-def chosen_scores(outcomes):
-    """{(network, arm, batch): [test top-1 of each seed of the chosen rate]} of the finished runs."""
-    out = {}
-    for group, outcome in outcomes.items():
-        values = [r["test_top1"] for r in outcome.records if r["chosen"]]
-        if values:
-            out[(group.network, group.arm, group.batch)] = values
-    return out
-
-
 def _loss(record, key):
     if record.get("diverged_at_step") is not None:
         return f"diverged at step {record['diverged_at_step']}"

@@ -151,10 +151,6 @@ def sizes_and_link_rate(parser, args):
         parser.error(f"--link_rate: {e}")
 
 
-def mib(size):
-    return f"{size / 2**20:.4g} MiB" if size >= 2**20 else f"{size / 2**10:.4g} KiB"
-
-
 def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command):
     lines = [
         "# Horovod's allreduce across 2, 4 and 8 emulated hosts",
@@ -172,8 +168,9 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        size = f"{r['size'] / 2**20:.4g} MiB" if r["size"] >= 2**20 else f"{r['size'] / 2**10:.4g} KiB"
         lines.append(
-            f"| {r['layout']} | {r['p']} | {r['variant']} | {mib(r['size'])} | {r['median_s']:.4f} | "
+            f"| {r['layout']} | {r['p']} | {r['variant']} | {size} | {r['median_s']:.4f} | "
             f"{r['bound_s']:.4f} | {r['median_s'] / r['bound_s']:.2f} |"
         )
     ported = sorted(

@@ -113,13 +113,10 @@ def run_worker(spec, timeout, env=None):
 # ------------------------------------------------------------------------------------------- the report
 
 
-def _slug(text):
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
-
-
 def raw_name(cpu, model):
     """The JSON file of one CPU's run of `model`: the CPU's short name and a hash of its identity."""
-    return f"{_slug(cpu['name'])}_{hashlib.sha256(cpu['key'].encode()).hexdigest()[:8]}_{model}.json"
+    slug = re.sub(r"[^a-z0-9]+", "_", cpu["name"].lower()).strip("_")
+    return f"{slug}_{hashlib.sha256(cpu['key'].encode()).hexdigest()[:8]}_{model}.json"
 
 
 def cpu_section(cpu):

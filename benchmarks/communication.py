@@ -248,10 +248,6 @@ def _ms(x):
     return f"{x * 1e3:.3g}" if x < 1 else f"{x * 1e3:,.0f}"
 
 
-def _size(n):
-    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
-
-
 def report(raw):
     import matplotlib
 
@@ -368,7 +364,8 @@ def _sweep_section(sweeps, np, plt):
     lines.append("|---" * (len(keys) + 1) + "|")
     for i, size in enumerate(SIZES):
         row = [_ms(statistics.median(sweeps[k]["times_s"][i])) for k in keys]
-        lines.append(f"| {_size(size)} | " + " | ".join(row) + " |")
+        named = f"{size // 2**20} MiB" if size >= 2**20 else f"{size // 2**10} KiB"
+        lines.append(f"| {named} | " + " | ".join(row) + " |")
     lines.append("")
     return lines
 

@@ -482,7 +482,8 @@ def study(args):
         outcomes = collect(args, store)
         for outcome in outcomes.values():
             for r in outcome.records:
-                store[r["run_name"]] = _stored(r)
+                # The walk's marks (role, chosen, edge) are recomputed each time; not stored.
+                store[r["run_name"]] = {k: v for k, v in r.items() if k not in ("role", "chosen", "edge")}
         save_records(args, store)
         large_batch_report.write(args, outcomes, _read_journal(journal), NETWORKS, ARMS)
         return outcomes
@@ -511,11 +512,6 @@ def study(args):
                 f"--arms={ARMS[group.arm].starts_from} (or run it first)."
             )
     return report()
-
-
-def _stored(record):
-    # The walk's marks (role, chosen, edge) are recomputed from the scores each time; not stored.
-    return {k: v for k, v in record.items() if k not in ("role", "chosen", "edge")}
 
 
 def _record(args, cell, summary):

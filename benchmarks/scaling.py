@@ -42,12 +42,6 @@ TIMED_STEPS = 10
 # ------------------------------------------------------------------------------------------- the worker
 
 
-def pin_to_core(core):
-    """One core per rank, as one rank per host of a 1-core cluster (set before TensorFlow starts)."""
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[core % len(cores)]})
-
-
 def synthetic_data(batch, image_size):
     """One fixed batch of `batch` random images and labels (1,000 classes), repeated."""
     import tensorflow as tf
@@ -86,8 +80,11 @@ def step_times(model, optimizer, data, snapshot=None):
 def worker_overlap_compression(role, out, core=0):
     """Runs on every rank ("ranks") or as one process of world size 1 on core `core` ("compute"); rank 0
     writes the JSON `out`."""
-    # Pinned before Horovod starts its background thread, which then shares the rank's core.
-    pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
+    # One core per rank, as one rank per host of a 1-core cluster; pinned before Horovod starts its
+    # background thread, which then shares the rank's core.
+    core = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[core % len(cores)]})
     from hvd_lars.parallel import collectives
 
     if role == "ranks":

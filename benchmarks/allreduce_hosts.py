@@ -1,58 +1,23 @@
-"""Horovod's allreduce across 2, 4 and 8 emulated hosts.
+"""Horovod's allreduce of a float32 tensor against size across 2, 4 and 8 emulated hosts, per layout (hosts x
+ranks per host) and variant, beside the ring bound 2(p - 1)/p x S / (0.9 x link rate), with a fit per layout
+of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta. Each size: 2 untimed allreduces, then `--repeats` timed ones,
+each after a barrier; medians.
 
---mode=sizes: the time of a plain `hvd.allreduce` of a float32 tensor against message size,
-per layout (hosts x ranks per host), transport and setting, beside the bandwidth-optimal ring bound
-2(p - 1)/p x S / (0.9 x link rate), and a fit per layout of t = 2(p - 1) alpha + 2(p - 1)/p x S / beta.
---mode=negotiation: a step of 161 separate small allreduce requests (as the overlapped
-reduction sends ResNet-50's gradients) against one grouped allreduce of the same tensors, no compute,
-with Horovod's response cache on and off: what the coordination of many requests costs per step.
+As root, the machine to itself (it brings launch/emulated_cluster.sh up with as many hosts as the largest
+layout, every link at --link_rate, and down at the end):
 
-Run as root from the repository root with the machine to itself (it brings up launch/emulated_cluster.sh
-with as many hosts as the largest layout, every link at --link_rate, and takes it down at the end):
-
-    python -m benchmarks.allreduce_hosts                    # results/allreduce_hosts.md, raw in its folder
-    python -m benchmarks.allreduce_hosts --mode=negotiation # results/negotiation_hosts.md, raw in its folder
-    python -m benchmarks.allreduce_hosts --layouts=4x1 --sizes_mib=16 --variants=mpi,mpi_yield --out=/tmp/a.md
-
-A run on another CPU or with other settings goes into the question's folder, its raw timings beside it
-(`--out=results/allreduce_hosts/<cpu or setting>.md`), and results/allreduce_hosts.md links it.
+    python -m benchmarks.allreduce_hosts      # results/allreduce_hosts.md, raw in its folder
+    python -m benchmarks.allreduce_hosts --layouts=4x1 --sizes_mib=16 --variants=mpi,main --out=/tmp/a.md
 
 Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_TIME=5):
-  mpi          Open MPI as horovodrun starts it, nothing else set
-  mpi_yield    + OMPI_MCA_mpi_yield_when_idle=1 (a rank waiting in MPI yields its core instead of polling)
-  mpi_ring     + Open MPI's tuned allreduce forced to the ring (coll_tuned_allreduce_algorithm=4)
-  mpi_rules    + hvd_lars/parallel/ompi_allreduce_rules.conf (from 1 MiB on 3+ ranks the ring, below:
-               Open MPI's own choice)
-  launch_env   launch/env.sh sourced first, as launch/horovodrun.sh, mpirun.sh and train.sbatch do, and each
-               rank sets what hvd_lars.main sets before MPI starts (hvd_lars.training.threads'
-               HOROVOD_CPU_DEFAULTS: the rules file, MPI yielding, a 5 ms cycle): a job of the launch scripts
-  main         a bare horovodrun, each rank setting what hvd_lars.main sets: `horovodrun python -m
-               hvd_lars.main`
-  gloo         horovodrun --gloo from node1 (Gloo's ring)
-  horovod_keras  a ported Horovod Keras script: a bare horovodrun, Horovod's own cycle time, each rank
-               starting Horovod with `hvd_lars.parallel.horovod_keras.init()` (which gives a CPU-only Open
-               MPI job the rules file unless the user or site chose an allreduce)
-  horovod_keras_off  the same with `init(ompi_allreduce_rules=False)`: Open MPI's own choice, the baseline
-  mpich        MPICH: `mpiexec.mpich -launcher ssh -hosts node1:r,...`, from node1, of the Python of
-               --mpich_venv, an environment whose Horovod install/setup.sh built against MPICH, each rank
-               set as the main program sets it (MPICH ignores the Open MPI settings among them). Not in
-               the default list;
-               make the environment once, with MPICH's programs first on PATH as `module load mpich` puts
-               them:
-                 mkdir -p /var/tmp/mpich_bin && for n in mpicc mpicxx mpirun mpiexec; do
-                   ln -sf /usr/bin/$n.mpich /var/tmp/mpich_bin/$n; done
-                 ln -sf /usr/bin/hydra_pmi_proxy /var/tmp/mpich_bin/   # what mpiexec starts next to it
-                 PATH=/var/tmp/mpich_bin:$PATH VENV=/var/tmp/hvd_lars_mpich_venv bash install/setup.sh
-                 python -m benchmarks.allreduce_hosts --variants=main,mpich,mpich_rsag,mpich_eager \\
-                   --mpich_venv=/var/tmp/hvd_lars_mpich_venv --out=results/allreduce_hosts/mpich.md
-  mpich_rsag   mpich with MPICH's allreduce set to reduce-scatter + allgather, its bandwidth-optimal one
-               (MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=reduce_scatter_allgather; MPICH 4.0.2 has no "ring" value)
-  mpich_eager  mpich with UCX_RNDV_THRESH=inf: UCX sends every message eagerly, never by rendezvous
-               (benchmarks/mpich_allreduce.py measures these settings on MPICH alone, without Horovod)
-Each size: 2 untimed allreduces, then `--repeats` timed ones, each after a barrier; the median is reported.
+  mpi          Open MPI as horovodrun starts it
+  launch_env   launch/env.sh sourced first (as the launch scripts do), each rank set as hvd_lars.main sets it
+  main         a bare horovodrun, each rank set as hvd_lars.main sets it (threads.HOROVOD_CPU_DEFAULTS)
+  gloo         horovodrun --gloo from node1
+  horovod_keras      a ported Horovod Keras script: Horovod's own cycle, `horovod_keras.init()`
+  horovod_keras_off  the same with `init(ompi_allreduce_rules=False)`
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -65,35 +30,9 @@ import time
 from benchmarks import common
 
 REPO = common.REPO
-RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
-VARIANTS = {
-    "mpi": {},
-    "mpi_yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
-    "mpi_ring": {
-        "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-        "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
-    },
-    "mpi_rules": {
-        "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-        "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES,
-    },
-    "launch_env": {},
-    "main": {},
-    "gloo": {},
-    "horovod_keras": {},
-    "horovod_keras_off": {},
-    # MPICH's ch4:ucx (Debian's) moves data between processes of one kernel through shared memory, past
-    # the emulated links (16 MiB in 7-14 ms at 200 Mbit/s, 18 KB on the link); over TCP it takes the links.
-    "mpich": {"UCX_TLS": "tcp,self"},
-    "mpich_rsag": {"UCX_TLS": "tcp,self", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "reduce_scatter_allgather"},
-    "mpich_eager": {"UCX_TLS": "tcp,self", "UCX_RNDV_THRESH": "inf"},
-}
-MPICH_VARIANTS = ("mpich", "mpich_rsag", "mpich_eager")  # these need --mpich_venv
-DEFAULT_VARIANTS = [v for v in VARIANTS if v not in MPICH_VARIANTS]
-# Launched from node1, since the hosts cannot reach this machine's own name.
-FROM_NODE1 = ("gloo", *MPICH_VARIANTS)
+VARIANTS = ("mpi", "launch_env", "main", "gloo", "horovod_keras", "horovod_keras_off")
 # Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
-AS_THE_MAIN_PROGRAM = ("launch_env", "main", *MPICH_VARIANTS)
+AS_THE_MAIN_PROGRAM = ("launch_env", "main")
 # Variants whose ranks start Horovod as a ported Horovod script does (horovod_keras.init, Horovod's cycle).
 AS_A_PORTED_SCRIPT = {"horovod_keras": "on", "horovod_keras_off": "off"}
 LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
@@ -113,82 +52,32 @@ def worker(args):
         import hvd_lars.parallel.horovod_keras as horovod_keras
 
         horovod_keras.init(ompi_allreduce_rules=args.horovod_keras_init == "on")
-        result_rules = os.environ.get("OMPI_MCA_coll_tuned_dynamic_rules_filename")
+        rules = os.environ.get("OMPI_MCA_coll_tuned_dynamic_rules_filename")
     else:
         hvd.init()
-        result_rules = None
-    if args.mode == "negotiation":
-        result = _negotiation(hvd, tf, args)
-    else:
-        result = _sizes(hvd, tf, args)
-    if hvd.rank() == 0:
-        result["rules_file"] = result_rules
-        result["controller"] = "mpi" if hvd.mpi_enabled() else "gloo"
-        result["size"], result["local_size"], result["cross_size"] = (
-            hvd.size(),
-            hvd.local_size(),
-            hvd.cross_size(),
-        )
-        with open(args.out, "w") as f:
-            json.dump(result, f)
-
-
-def _barrier(hvd, tf):
-    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
-
-
-def _sizes(hvd, tf, args):
-    """One allreduce of each size in turn: 2 untimed, then `args.repeats` timed, each after a barrier."""
+        rules = None
     result = {"sizes": [], "times_s": []}
+    # Each size: 2 untimed allreduces, then `args.repeats` timed, each after a barrier.
     for size in [int(s) for s in args.sizes.split(",")]:
         x = tf.fill([size // 4], float(hvd.rank() + 1))
-        name = f"allreduce_{size}"
         for _ in range(2):
-            y = hvd.allreduce(x, op=hvd.Sum, name=name)
+            y = hvd.allreduce(x, op=hvd.Sum, name=f"allreduce_{size}")
         expected = hvd.size() * (hvd.size() + 1) / 2
         if float(tf.reduce_min(y)) != expected or float(tf.reduce_max(y)) != expected:
             raise RuntimeError(f"allreduce of {size} B: wrong sum (expected {expected})")
         times = []
         for _ in range(args.repeats):
-            _barrier(hvd, tf)
+            hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
             start = time.perf_counter()
-            hvd.allreduce(x, op=hvd.Sum, name=name)
+            hvd.allreduce(x, op=hvd.Sum, name=f"allreduce_{size}")
             times.append(time.perf_counter() - start)
         result["sizes"].append(size)
         result["times_s"].append(times)
-    return result
-
-
-def _negotiation(hvd, tf, args):
-    """Steps of `args.tensors` separate allreduce requests of `args.tensor_bytes` each (as the overlapped
-    reduction sends a model's gradients: every request negotiated by Horovod's controller, then fused),
-    against steps of one grouped allreduce of the same tensors (one negotiation for all). Compute is nil:
-    the difference is what the requests' coordination costs per step."""
-    tensors = [tf.fill([args.tensor_bytes // 4], float(hvd.rank() + 1) + k) for k in range(args.tensors)]
-
-    @tf.function
-    def separate():
-        return [hvd.allreduce(t, op=hvd.Sum, name=f"g{k}") for k, t in enumerate(tensors)]
-
-    @tf.function
-    def grouped():
-        return hvd.grouped_allreduce(tensors, op=hvd.Sum, name="grouped")
-
-    result = {"tensors": args.tensors, "tensor_bytes": args.tensor_bytes}
-    for name, step in (("separate", separate), ("grouped", grouped)):
-        for _ in range(3):
-            out = step()
-        expected = hvd.size() * (hvd.size() + 1) / 2
-        if float(tf.reduce_max(tf.abs(out[0] - expected))) != 0.0:
-            raise RuntimeError(f"{name}: wrong sum")
-        times = []
-        for _ in range(args.repeats):
-            _barrier(hvd, tf)
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        result[f"{name}_s"] = times
-    return result
+    if hvd.rank() == 0:
+        result.update(rules_file=rules, controller="mpi" if hvd.mpi_enabled() else "gloo", size=hvd.size(),
+                      local_size=hvd.local_size(), cross_size=hvd.cross_size())  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(result, f)
 
 
 def parse_layout(text):
@@ -202,26 +91,14 @@ def parse_layout(text):
     return hosts, ranks
 
 
-def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=None):
+def launch(variant, layout, worker_args, timeout=1200):
     hosts, ranks = layout
     p = hosts * ranks
     host_list = ",".join(f"node{k}:{ranks}" for k in range(1, hosts + 1))
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_allreduce_") as shared:
         out = os.path.join(shared, "result.json")
-        if variant in MPICH_VARIANTS:
-            python = os.path.join(mpich_venv, "bin", "python")
-            argv = ["mpiexec.mpich", "-launcher", "ssh", "-hosts", host_list, "-n", str(p), python]
-        else:
-            python = sys.executable
-            argv = [
-                common.HOROVODRUN,
-                *(["--gloo"] if variant == "gloo" else []),
-                "-np",
-                str(p),
-                "-H",
-                host_list,
-            ]
-            argv += [python]
+        gloo = ["--gloo"] if variant == "gloo" else []
+        argv = [common.HOROVODRUN, *gloo, "-np", str(p), "-H", host_list, sys.executable]
         argv += ["-m", "benchmarks.allreduce_hosts", "--worker", *worker_args, f"--out={out}"]
         argv += ["--main_defaults"] if variant in AS_THE_MAIN_PROGRAM else []
         argv += (
@@ -230,10 +107,7 @@ def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=No
         settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
         if variant not in AS_A_PORTED_SCRIPT:
             settings["HOROVOD_CYCLE_TIME"] = "5"  # a ported script keeps Horovod's own
-        if cache == "off":
-            settings["HOROVOD_CACHE_CAPACITY"] = "0"
-        settings.update(VARIANTS[variant])
-        if variant in FROM_NODE1:
+        if variant == "gloo":  # launched from node1: the hosts cannot reach this machine's own name
             assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
             cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]
         elif variant == "launch_env":
@@ -248,8 +122,7 @@ def launch(variant, layout, worker_args, cache="on", timeout=1200, mpich_venv=No
         except subprocess.TimeoutExpired:
             # Only the launcher was killed: its ranks (on this machine's one kernel) would keep spinning
             # and take the cores from every later launch.
-            for pattern in ("benchmarks.allreduce_hosts --worker", "hydra_pmi_proxy", "mpiexec.mpich"):
-                subprocess.run(["pkill", "-9", "-f", pattern], capture_output=True)
+            subprocess.run(["pkill", "-9", "-f", "benchmarks.allreduce_hosts --worker"], capture_output=True)
             raise
         if result.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{shlex.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -278,10 +151,6 @@ def sizes_and_link_rate(parser, args):
         parser.error(f"--link_rate: {e}")
 
 
-def mib(size):
-    return f"{size / 2**20:.4g} MiB" if size >= 2**20 else f"{size / 2**10:.4g} KiB"
-
-
 def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command):
     lines = [
         "# Horovod's allreduce across 2, 4 and 8 emulated hosts",
@@ -299,8 +168,9 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        size = f"{r['size'] / 2**20:.4g} MiB" if r["size"] >= 2**20 else f"{r['size'] / 2**10:.4g} KiB"
         lines.append(
-            f"| {r['layout']} | {r['p']} | {r['variant']} | {mib(r['size'])} | {r['median_s']:.4f} | "
+            f"| {r['layout']} | {r['p']} | {r['variant']} | {size} | {r['median_s']:.4f} | "
             f"{r['bound_s']:.4f} | {r['median_s'] / r['bound_s']:.2f} |"
         )
     ported = sorted(
@@ -336,58 +206,17 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
     return lines
 
 
-def negotiation_report(args, results, matmul, command):
-    lines = [
-        "# Horovod's per-step coordination of many small tensors against p",
-        "",
-        *common.provenance_lines(command, matmul, args.raw),
-        f"- launch/emulated_cluster.sh, every link shaped to {args.link_rate}; a step is {args.tensors} "
-        f"allreduce requests of {args.tensor_bytes} B each (ResNet-50 has 161 gradients), issued at once in "
-        "one tf.function as the overlapped reduction issues them, against one grouped allreduce of the same "
-        f"tensors; no compute. HOROVOD_CYCLE_TIME=5; {args.repeats} timed steps after 3, each after a "
-        "barrier; medians. Overhead = separate - grouped: what negotiating the requests one by one costs.",
-        "",
-        "| layout | p | variant | response cache | separate s | grouped s | overhead per step ms | "
-        "per request us |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        over = r["separate_s"] - r["grouped_s"]
-        lines.append(
-            f"| {r['layout']} | {r['p']} | {r['variant']} | {r['cache']} | {r['separate_s']:.4f} | "
-            f"{r['grouped_s']:.4f} | {over * 1e3:.1f} | {over / args.tensors * 1e6:.0f} |"
-        )
-    return lines
-
-
-def measure(args, layout, variant, cache, sizes, link_bits):
-    """One launch of `layout` for `variant`: its result rows (one per size, or one negotiation row)."""
+def measure(args, layout, variant, sizes, link_bits):
+    """One launch of `layout` for `variant`: its result rows, one per size."""
     p, name = layout[0] * layout[1], f"{layout[0]}x{layout[1]}"
-    if args.mode == "negotiation":
-        worker_args = ["--mode=negotiation", f"--tensors={args.tensors}"]
-        worker_args += [f"--tensor_bytes={args.tensor_bytes}", f"--repeats={args.repeats}"]
-        data = launch(variant, layout, worker_args, cache, mpich_venv=args.mpich_venv)
-        separate, grouped = statistics.median(data["separate_s"]), statistics.median(data["grouped_s"])
-        print(f"[allreduce_hosts] {name} {variant} cache {cache}: {separate:.4f} s, grouped {grouped:.4f} s")
-        row = dict(layout=name, p=p, variant=variant, cache=cache, separate_s=separate, grouped_s=grouped)
-        return [dict(row, raw=data)]
     worker_args = [f"--sizes={','.join(map(str, sizes))}", f"--repeats={args.repeats}"]
-    data = launch(variant, layout, worker_args, cache, mpich_venv=args.mpich_venv)
+    data = launch(variant, layout, worker_args)
     rows = []
     for size, times in zip(data["sizes"], data["times_s"]):
         median, bound = statistics.median(times), bound_s(size, p, link_bits)
-        rows.append(
-            dict(
-                layout=name,
-                p=p,
-                variant=variant,
-                size=size,
-                times_s=times,
-                median_s=median,
-                bound_s=bound,
-                rules_file=data.get("rules_file"),
-            )
-        )
+        rules_file = data.get("rules_file")
+        rows.append(dict(layout=name, p=p, variant=variant, size=size, times_s=times, median_s=median,
+                         bound_s=bound, rules_file=rules_file))  # fmt: skip
         print(
             f"[allreduce_hosts] {name} {variant} {size} B: {median:.4f} s ({median / bound:.2f}x the bound)"
         )
@@ -395,52 +224,30 @@ def measure(args, layout, variant, cache, sizes, link_bits):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", default="sizes", choices=("sizes", "negotiation"))
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--layouts", default="2x1,4x1,8x1,4x2", help="HOSTSxRANKS per host, comma-separated")
     parser.add_argument("--sizes_mib", default="0.0009765625,0.015625,0.25,1,4,16,64")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
-    parser.add_argument(
-        "--mpich_venv", default=None, help="variant mpich: the environment built against MPICH"
-    )
-    parser.add_argument("--cache", default=None, help="on, off or on,off (default: on; negotiation: on,off)")
-    parser.add_argument("--tensors", type=int, default=161, help="negotiation: requests per step")
-    parser.add_argument("--tensor_bytes", type=int, default=4096, help="negotiation: bytes per request")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--link_rate", default="200mbit")
-    common.add_burst_ms_argument(parser)
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (sizes 5, negotiation 20)")
+    parser.add_argument("--burst_ms", type=int, default=common.LINK_BURST_MS, help="token bucket, ms")
+    parser.add_argument("--repeats", type=int, default=5, help="timed allreduces per size")
     parser.add_argument("--raw", default=None, help="raw timings (default: common.data_path of --out)")
-    parser.add_argument("--out", default=None, help="allreduce_hosts.md; negotiation: negotiation_hosts.md")
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "allreduce_hosts.md"))
     parser.add_argument("--worker", action="store_true", help="internal: run as one rank")
     parser.add_argument("--sizes", default="", help="internal: bytes, for --worker")
+    parser.add_argument("--main_defaults", action="store_true", help="internal: as hvd_lars.main")
     parser.add_argument(
-        "--main_defaults", action="store_true", help="internal: as hvd_lars.main, for --worker"
-    )
-    parser.add_argument(
-        "--horovod_keras_init", default="", help="internal: on/off, horovod_keras.init's rules, for --worker"
+        "--horovod_keras_init", default="", help="internal: on/off, horovod_keras.init's rules"
     )
     args, _ = parser.parse_known_args(argv)
-    if args.repeats is None:
-        args.repeats = 20 if args.mode == "negotiation" else 5
     if args.worker:
         worker(args)
         return
-    stem = "negotiation_hosts" if args.mode == "negotiation" else "allreduce_hosts"
-    args.out = args.out or os.path.join(common.RESULTS, f"{stem}.md")
     args.raw = args.raw or common.data_path(args.out)
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
-    if set(variants) & set(MPICH_VARIANTS) and not (
-        args.mpich_venv and os.path.exists(os.path.join(args.mpich_venv, "bin", "python"))
-    ):
-        parser.error(
-            f"--variants=mpich needs --mpich_venv, an environment with bin/python (got {args.mpich_venv!r})"
-        )
-    caches = (args.cache or ("on,off" if args.mode == "negotiation" else "on")).split(",")
-    if set(caches) - {"on", "off"}:
-        parser.error(f"--cache={args.cache!r}: expected on, off or on,off")
     try:
         layouts = [parse_layout(text) for text in args.layouts.split(",")]
     except ValueError as e:
@@ -451,19 +258,12 @@ def main(argv=None):
     with common.emulated_cluster(max(h for h, _ in layouts), args.link_rate, args.burst_ms):
         for layout in layouts:
             for variant in variants:
-                for cache in caches:
-                    results += measure(args, layout, variant, cache, sizes, link_bits)
+                results += measure(args, layout, variant, sizes, link_bits)
     command = common.command_line("allreduce_hosts", argv)
     with open(args.raw, "w") as f:
-        json.dump(
-            {"command": command, "link_rate": args.link_rate, "burst_ms": args.burst_ms, "results": results},
-            f,
-            indent=1,
-        )
-    if args.mode == "negotiation":
-        lines = negotiation_report(args, results, matmul, command)
-    else:
-        lines = sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command)
+        raw = {"command": command, "link_rate": args.link_rate, "burst_ms": args.burst_ms, "results": results}
+        json.dump(raw, f, indent=1)
+    lines = sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, command)
     common.write_report(args.out, "\n".join(lines))
     print(f"[allreduce_hosts] wrote {args.out}", flush=True)
 

@@ -1,35 +1,16 @@
 """The input pipeline against what training consumes, both measured in one run on this machine.
 
-Pipelines (`hvd_lars.data.encoded_images.train_dataset`, as `--dataset=image_folder` builds it: read file,
-decode, crop, resize, flip, normalise, batch) each run in a subprocess pinned to ONE core with a private
-tf.data pool of one thread, on JPEG fixtures made from Fashion-MNIST test images enlarged, tinted per channel
-and with pixel noise added so that they weigh about what ImageNet's weigh (smooth enlarged images would
-decode unrealistically fast):
+Each pipeline (`hvd_lars.data.encoded_images.train_dataset`) runs in a subprocess pinned to one core on
+JPEG fixtures of about ImageNet's weight (`make_fixtures`): ResNet-50's `inception` preprocessing at 224
+and AlexNet-BN's `caffe_scaled` at 227 (on 500x375 and on 256x256 files), and the bare JPEG decode.
+Training (the main program's model and optimizer, precision "auto", synthetic batches) runs on every core;
+consumption per core = images/s / cores. What a socket needs = the paper's images/s per socket (You et
+al., ICPP 2018: 94.8 for AlexNet, 46.9 for ResNet-50) x the decode cost per image.
 
-- ResNet-50: `--preprocessing=inception` at 224x224 (decodes only the random crop's JPEG blocks), on
-  500x375 files (about ImageNet's mean training image, ~110 KB);
-- AlexNet-BN: `--preprocessing=caffe_scaled` at 227x227 (decode the whole image, resize to 256x256, random
-  227 crop, mirror, mean, 1/256), on the same 500x375 files (what tensorflow-datasets' `imagenet2012`
-  holds) and on 256x256 files (what the paper's Caffe read: `convert_imageset --resize_height=256
-  --resize_width=256` stored ImageNet already resized);
-- the JPEG decode alone (`tf.io.decode_jpeg` of a whole 500x375 file), the floor of any pipeline that
-  decodes every image in full.
-
-Training (what the main program runs: `hvd_lars.models.get_model`, `DistributedOptimizer(LARS)`, precision
-"auto" = mixed_bfloat16 where the CPU has bf16, synthetic batches of 32, 3 warm-up + 10 timed steps) runs
-ResNet-50 at 224 and AlexNet-BN at 227 on every core; consumption per core = images/s / cores.
-Measurements alternate (pipelines, ResNet-50, AlexNet-BN, then again) so load changes hit all of them.
-
-Decode cost per image = 1 / (images/s on one core), in core-milliseconds. What a socket needs = the per-socket
-image rate of the paper's runs x that cost: AlexNet 100 epochs of ImageNet-1k (1,281,167 images) in 11
-minutes on 2,048 sockets is 94.8 images/s per socket; ResNet-50 90 epochs in 20 minutes on 2,048 sockets is
-46.9 images/s per socket (You et al., "ImageNet Training in Minutes", ICPP 2018).
-
-Usage (from the repository root; about 6 minutes with the machine to itself, nothing else running):
-    python -m benchmarks.benchmark_input --out results/input_pipeline.md
+    python -m benchmarks.benchmark_input --out results/input_pipeline.md   # about 6 minutes
 """
 
-import argparse
+import glob
 import io
 import json
 import os
@@ -89,14 +70,8 @@ def make_fixtures(root, width, height):
 
 
 def _files(root):
-    paths = sorted(
-        os.path.join(folder, name)
-        for folder, _, names in os.walk(os.path.join(root, "train"))
-        for name in names
-        if name.endswith(".JPEG")
-    )
-    labels = [int(os.path.basename(os.path.dirname(p))[1:]) for p in paths]
-    return paths, labels
+    paths = sorted(glob.glob(os.path.join(root, "train", "*", "*.JPEG")))
+    return paths, [int(os.path.basename(os.path.dirname(p))[1:]) for p in paths]
 
 
 def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **_):
@@ -109,7 +84,6 @@ def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **
     from hvd_lars.data import encoded_images, order, tfdata_options
 
     paths, labels = _files(root)
-    source = tf.data.Dataset.from_tensor_slices((paths, paths, tf.constant(labels, tf.int32)))
     if kind == "train":
         # The main program's stream: each epoch's permutation of this rank's files, then read and decoded.
         paths_t, labels_t = tf.constant(paths), tf.constant(labels, tf.int32)
@@ -120,7 +94,8 @@ def pipeline_worker(root, kind, batch, batches, preprocessing=None, size=224, **
             stream, batch, 0, size, read=tf.io.read_file, threads=1, preprocessing=preprocessing
         )
     else:
-        ds = source.repeat().map(lambda name, path, label: tf.io.decode_jpeg(tf.io.read_file(path)))
+        ds = tf.data.Dataset.from_tensor_slices(paths).repeat()
+        ds = ds.map(lambda path: tf.io.decode_jpeg(tf.io.read_file(path)))
         ds = ds.map(lambda image: tf.reduce_sum(tf.cast(image[0, 0], tf.int32))).batch(batch)
         ds = ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(True, threads=1))
     iterator = iter(ds)
@@ -172,9 +147,7 @@ def _run(spec):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--out", default="")
     parser.add_argument("--workdir", default="/tmp/hvd_lars_input_benchmark")
     parser.add_argument("--rounds", type=int, default=2)
@@ -203,12 +176,9 @@ def main(argv=None):
     training = {name: [] for name in MODELS}
     for round_ in range(args.rounds):
         for name, variant in VARIANTS.items():
-            spec = dict(
-                what="pipeline", root=os.path.join(args.workdir, variant["fixture"]), batch=args.batch
-            )
-            rates[name].append(
-                _run({**spec, **variant, "batches": args.pipeline_batches})["images_per_second"]
-            )
+            root = os.path.join(args.workdir, variant["fixture"])
+            spec = dict(variant, what="pipeline", root=root, batch=args.batch, batches=args.pipeline_batches)
+            rates[name].append(_run(spec)["images_per_second"])
             print(f"round {round_}: {name}: {rates[name][-1]:.1f} images/s on one core", flush=True)
         for model_name in MODELS:
             spec = dict(what="train", model_name=model_name, batch=args.batch, steps=args.steps)

@@ -1,23 +1,12 @@
-"""Cost of one LARS step relative to one Keras momentum-SGD step on ResNet-50's parameters.
-
-Run from the repository root (the steps are timed interleaved, so other work on the machine slows both):
+"""Cost of one LARS step relative to one Keras momentum-SGD step on ResNet-50's 161 parameter tensors
+(`keras.applications.ResNet50` without convolution biases), each optimizer updating its own copy from the
+same fixed gradients in one `tf.function`, timed interleaved; the figure is the median per-repetition ratio.
 
     python -m benchmarks.benchmark_lars_step --repeats 60 --xla --out results/lars_step.md
-
-`--repeats 2 --warmup 1 --out /tmp/lars_step.md` is a quick check of the script (under a minute).
-
-Both optimizers update their own copy of the same 161 float32 tensors (ResNet-50 v1.5 as built by
-`keras.applications.ResNet50(weights=None)`, with the convolution biases dropped as in the reference
-model: 53 conv kernels, 53 batch-norm gamma/beta pairs, the fc kernel and bias; about 25.5M parameters)
-from the same fixed random gradients, each in one `tf.function` (`optimizer.apply(grads, variables)`).
-The machine is shared, so the steps are timed interleaved (the order alternates every repetition) and the
-figure of merit is the median over repetitions of the per-repetition ratio LARS / SGD.
+    python -m benchmarks.benchmark_lars_step --repeats 2 --warmup 1 --out /tmp/lars_step.md   # a quick check
 """
 
-import argparse
-import os
 import statistics
-import subprocess
 import time
 
 import keras
@@ -27,8 +16,6 @@ import tensorflow as tf
 from benchmarks import common
 from hvd_lars import LARS, mlperf_exclusions
 from hvd_lars.training import epoch_logs
-
-REPO = common.REPO
 
 
 def resnet50_parameter_shapes():
@@ -61,30 +48,13 @@ def make_step(optimizer, shapes, seed, jit_compile):
     return step
 
 
-def _own_files_state():
-    """Whether the optimizer and this script are committed as measured ("-dirty" above may come from
-    other files of the shared work tree)."""
-    files = ["hvd_lars/optim/lars.py", os.path.relpath(os.path.abspath(__file__), REPO)]
-    try:
-        changed = subprocess.run(
-            ["git", "-C", REPO, "status", "--porcelain", *files], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "state of hvd_lars/optim/lars.py unknown"
-    return (
-        "hvd_lars/optim/lars.py and this script uncommitted"
-        if changed
-        else "hvd_lars/optim/lars.py and this script as committed"
-    )
-
-
 def _portable(optimizer):
     optimizer._fused = False
     return optimizer
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=60, help="interleaved timed steps per optimizer")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per optimizer first")
     parser.add_argument("--xla", action="store_true", help="also time with jit_compile=True")
@@ -129,21 +99,14 @@ def main(argv=None):
                 times[name].append(time.perf_counter() - start)
         sgd = times["sgd"]
         for name in names:
-            ratios = [t / s for t, s in zip(times[name], sgd)]
-            rows.append(
-                (
-                    "XLA" if jit else "graph",
-                    name,
-                    1e3 * statistics.median(times[name]),
-                    statistics.median(ratios),
-                    1e3 * min(times[name]),
-                )
+            ratio = statistics.median(t / s for t, s in zip(times[name], sgd))
+            mode, median, fastest = (
+                "XLA" if jit else "graph",
+                statistics.median(times[name]),
+                min(times[name]),
             )
-            print(
-                f"{rows[-1][0]:5s} {name:14s} median {rows[-1][2]:8.1f} ms  min {rows[-1][4]:8.1f} ms  "
-                f"median ratio to sgd {rows[-1][3]:.3f}",
-                flush=True,
-            )
+            rows.append((mode, name, 1e3 * median, ratio, 1e3 * fastest))
+            print(f"{mode:5s} {name:14s} median {1e3 * median:8.1f} ms, ratio to sgd {ratio:.3f}", flush=True)
         del steps
 
     if args.out:
@@ -153,7 +116,6 @@ def main(argv=None):
             "# LARS step cost vs Keras momentum SGD on ResNet-50's parameters",
             "",
             *common.provenance_lines(command, common.matmul_rate()),
-            f"- {_own_files_state()}",
             f"- software: Python {prov['python']}, TensorFlow {prov['tensorflow']}, Keras {prov['keras']}",
             f"- tensors: {len(shapes)}, parameters: {n_params:,} (float32)",
             f"- repetitions: {args.repeats} interleaved steps per optimizer, {args.warmup} warm-up steps",

@@ -1,34 +1,15 @@
-"""Training throughput on this CPU: hvd_lars's ResNet-50 and AlexNet-BN + LARS against plain Keras, float32
-and mixed_bfloat16, measured side by side in one run.
-
-For one model per run, each configuration trains in its own subprocess (`model.fit` on one synthetic batch
-of 32 images repeated, WARMUP_STEPS steps left out, then TIMED_STEPS timed; peak RSS of the process):
-
-- baseline ("plain Keras"): ResNet-50 is `keras.applications.ResNet50(weights=None)`; AlexNet-BN, which
-  Keras does not ship, is hvd_lars's `alexnet_bn` (stock Keras layers only) unchanged; both trained by
-  `keras.optimizers.SGD(momentum=0.9)`;
-- ours: `hvd_lars.models.get_model(name)` (ResNet-50 with its fused batch norm) trained by
-  `hvd_lars.DistributedOptimizer(hvd_lars.LARS)` (the MLPerf recipe: weight decay 1e-4, batch norm and
-  biases excluded), the step the main program runs;
-
-each in float32 and in mixed_bfloat16, in the order B32 B16 O32 O16 B32 B16 O32 O16: every configuration
-twice, once in each half of the run, so that slow drifts and a noisy neighbour weigh on both alike (records
-made before 2026-12-03 measured ours once, in the middle). Ratio = ours / the baseline's best precision on
-this CPU (each the mean of its runs). Fraction of peak = images/s x training FLOPs per image / the
-`tf.matmul` 4096x4096 rate of the same precision, measured at the start and end of the run (best). Training
-FLOPs per image come from the model's own layers (`hvd_lars.models.flops`: 3 x 2 x forward multiply-adds;
-ResNet-50 v1.5 4.09 G multiply-adds, 24.5 GFLOP per trained image; AlexNet-BN, one tower at 227x227, 1.14 G,
-6.8 GFLOP); the baseline ResNet-50 (v1) is counted from its own layers too (3.86 G, 23.1 GFLOP).
+"""Training throughput on this CPU: hvd_lars's ResNet-50 and AlexNet-BN + LARS (`DistributedOptimizer(LARS)`,
+the MLPerf recipe) against plain Keras (`keras.applications.ResNet50`, stock `alexnet_bn`, SGD momentum
+0.9), float32 and mixed_bfloat16, each configuration in its own subprocess, twice, in the order B32 B16 O32
+O16 B32 B16 O32 O16. Ratio = ours / the baseline's best precision; fraction of peak = images/s x training
+FLOPs per image (`hvd_lars.models.flops`) / this run's `tf.matmul` rate.
 
 Each run writes results/models_throughput/<cpu>_<model>.json; results/models_throughput.md is rebuilt from
-every such file, one section per CPU, keyed by what identifies it (`benchmarks.common.cpu`: /proc/cpuinfo's
-vendor, family, model, stepping and flags; not the noisy matmul rate), so a run on one CPU never replaces
-another's figures.
+every such file, one section per CPU (`cpu_section`, keyed by `common.cpu`).
 
-Usage (from the repository root; each about 7-14 minutes with the machine to itself, nothing else running):
-    python -m benchmarks.benchmark_models --model resnet50
-    python -m benchmarks.benchmark_models --model alexnet_bn
-    python -m benchmarks.benchmark_models --report_only      # markdown from the JSON files (seconds)
+    python -m benchmarks.benchmark_models --model resnet50    # about 14 minutes, the machine to itself
+    python -m benchmarks.benchmark_models --model alexnet_bn  # about 7
+    python -m benchmarks.benchmark_models --report_only       # the markdown from the JSON files
 """
 
 import argparse
@@ -73,9 +54,9 @@ def build(name, kind):
     return model, DistributedOptimizer(lars), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def train_throughput(name, kind, precision, jit_compile=False):
+def train_throughput(name, kind, precision):
     """Images/s of `model.fit` on one synthetic batch repeated, the step times and the minor page faults
-    per timed step (RUSAGE_SELF); in a fresh process. `jit_compile`: the step compiled by XLA."""
+    per timed step (RUSAGE_SELF); in a fresh process."""
     import keras
     import tensorflow as tf
 
@@ -84,14 +65,12 @@ def train_throughput(name, kind, precision, jit_compile=False):
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
     model, optimizer, loss = build(name, kind)
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
     size = IMAGE_SIZES[name]
     images = tf.random.stateless_uniform((BATCH, size, size, 3), seed=(5, 6))
     labels = tf.random.stateless_uniform((BATCH,), seed=(7, 8), maxval=1000, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    stamps = []
-
-    faults = []
+    stamps, faults = [], []
 
     class Stamp(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -112,15 +91,8 @@ def train_throughput(name, kind, precision, jit_compile=False):
     }
 
 
-def worker(spec):
-    result = train_throughput(spec["model"], spec["kind"], spec["precision"], spec.get("jit_compile", False))
-    result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print("RESULT " + json.dumps(result), flush=True)
-
-
 def run_worker(spec, timeout, env=None):
-    """One configuration `spec` in a fresh process (env: `common.worker_env()` unless given): spec and its
-    result in one dict. Raises RuntimeError when the worker prints no result."""
+    """One configuration `spec` in a fresh process: spec and its result in one dict."""
     start = time.perf_counter()
     if spec["kind"] == "matmul":
         result = {"gflops": common.matmul_rate()}
@@ -141,29 +113,22 @@ def run_worker(spec, timeout, env=None):
 # ------------------------------------------------------------------------------------------- the report
 
 
-def _slug(text):
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
-
-
 def raw_name(cpu, model):
     """The JSON file of one CPU's run of `model`: the CPU's short name and a hash of its identity."""
-    return f"{_slug(cpu['name'])}_{hashlib.sha256(cpu['key'].encode()).hexdigest()[:8]}_{model}.json"
+    slug = re.sub(r"[^a-z0-9]+", "_", cpu["name"].lower()).strip("_")
+    return f"{slug}_{hashlib.sha256(cpu['key'].encode()).hexdigest()[:8]}_{model}.json"
 
 
 def cpu_section(cpu):
-    """The heading of a CPU's section, "<short name>: <model name> (<key>)", e.g. "AMD EPYC with AVX-512
-    BF16: AMD EPYC 9R14 (AuthenticAMD family 25 model 17 stepping 1, flags 3f0c9a21)": records of one CPU
-    share it, records of two CPUs never do (`benchmarks.common.cpu`'s key). Records made before the key
-    was kept (their `cpu` has only `model`, `flags` and the short name, then stored as `family`) have
-    "(identity not recorded)" in its place."""
+    """A CPU's section heading, "<short name>: <model name> (<common.cpu key>)"; for older records (no key;
+    the short name stored as `family`) "(identity not recorded)" in place of the key."""
     if "key" in cpu:
         return f"{cpu['name']}: {cpu['model']} ({cpu['key']})"
     return f"{cpu['family']}: {cpu['model']} (identity not recorded)"
 
 
 def sections(text):
-    """{heading: body} of a models_throughput.md text: one entry per CPU (`## <cpu_section>`), its body
-    up to the next CPU's heading."""
+    """{heading: body} of a models_throughput.md text, one per CPU (`## <cpu_section>`)."""
     parts = re.split(r"^## (.+)$", text, flags=re.M)
     return {heading: body for heading, body in zip(parts[1::2], parts[2::2])}
 
@@ -195,8 +160,7 @@ def measure(args):
 
 
 def summarise(record):
-    """Rows (dicts) of one run: per (kind, precision) the mean images/s over its runs, ratio to the
-    baseline's best precision, fraction of the same precision's matmul peak, RSS; and the peaks."""
+    """(rows of one record, one per (kind, precision), and its matmul peaks)."""
     peaks = [r["gflops"] for r in record["runs"] if r["kind"] == "matmul"]
     peak = {p: max(x[d] for x in peaks) for p, d in (("float32", "float32"), ("mixed_bfloat16", "bfloat16"))}
     rows = {}
@@ -237,8 +201,7 @@ KINDS = {
 
 
 def report(raw_dir=RAW_DIR, out=MARKDOWN):
-    """Writes `out` from every JSON file in `raw_dir`: one section per CPU (`cpu_section`), one table per
-    model in it."""
+    """Writes `out` from every JSON file in `raw_dir`: a section per CPU, a table per model."""
     records = []
     for name in sorted(os.listdir(raw_dir)):
         if name.endswith(".json"):
@@ -258,10 +221,6 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
         "baseline's ResNet-50 v1 23.1, AlexNet-BN (one tower, 227x227) 6.8) / the `tf.matmul` 4096x4096",
         "GFLOP/s of the same precision in the same run. Raw figures: "
         f"`{os.path.relpath(os.path.abspath(raw_dir), common.REPO)}/*.json`.",
-        "",
-        "Earlier versions of this file counted 12.3 GFLOP per ResNet-50 image (multiply-adds taken for",
-        'FLOPs), so their fractions of peak were half the true ones; their 64x64 "functional trial" (one',
-        "timed step, fractions of peak above 1) is gone: every row now has 10 timed steps at full size.",
         "",
         "One section per CPU, headed `<short name>: <model name> (<vendor_id> family F model M stepping S,",
         "flags <hash of the whole /proc/cpuinfo flag list>)`: a run replaces only its own CPU's tables.",
@@ -302,9 +261,7 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=sorted(IMAGE_SIZES), help="the model of this run")
     parser.add_argument("--report_only", action="store_true", help="rebuild the markdown from the JSON files")
@@ -314,7 +271,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.argv = argv
     if args.worker:
-        return worker(json.loads(args.worker))
+        spec = json.loads(args.worker)
+        result = train_throughput(spec["model"], spec["kind"], spec["precision"])
+        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return print("RESULT " + json.dumps(result), flush=True)
     if not args.report_only:
         if not args.model:
             parser.error("--model is required (resnet50 or alexnet_bn), or --report_only")

@@ -1,12 +1,6 @@
-"""What every benchmark shares: the machine description, running workers, writing report sections, and the
-alpha-beta fits of an allreduce's time.
-
-Benchmarks run from the repository root as modules (`python -m benchmarks.<name>`); workers they start are
-modules too (`worker_command`), run from the repository root with it on PYTHONPATH (`worker_env`).
-
-Reports keep what a person wrote. A whole-file report (`write_report`) keeps everything from the line
-`HAND_WRITTEN` on; a report of sections (`write_section`) rewrites only the text between
-`<!-- section: NAME -->` and `<!-- end: NAME -->` and keeps everything outside the markers.
+"""What every benchmark shares: the machine a report names, running workers, writing reports (keeping what
+a person wrote: from the line `HAND_WRITTEN` on, or outside a section's markers), and the alpha-beta fits of
+an allreduce's time. Benchmarks and their workers run from the repository root as `python -m benchmarks.X`.
 
     python -m benchmarks.common                  # prints this machine's description (CPU and tf.matmul rate)
     python -m benchmarks.common --machine_line   # only the line a report names (install/*.sh use it)
@@ -25,7 +19,6 @@ import sys
 
 import numpy as np
 
-from hvd_lars import LARS, mlperf_exclusions
 from hvd_lars.training import epoch_logs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,11 +40,9 @@ HAND_WRITTEN = "<!-- written by hand from here on: kept when the file is regener
 
 
 def cpu(cpuinfo_path="/proc/cpuinfo"):
-    """This machine's CPU: dict with `model` (model name), `vendor`, `family`, `model_number`, `stepping`
-    (/proc/cpuinfo's vendor_id, cpu family, model, stepping), `flags` (those of CPU_FLAGS it has), `name` (a
-    short name such as "AMD EPYC with AVX-512 BF16") and `key`: vendor, family, model, stepping and a hash
-    of the whole flag list, which tells two CPUs apart that share a model name (not the noisy matmul rate).
-    """
+    """This machine's CPU (/proc/cpuinfo): `model` name, `vendor`, `family`, `model_number`, `stepping`,
+    `flags` (those of CPU_FLAGS), a short `name` and `key` (the identity and a hash of every flag), which
+    tells apart two CPUs that share a model name."""
     info = epoch_logs.cpuinfo(cpuinfo_path)
     model = info.get("model name", "unknown")
     flags = set(info.get("flags", "").split())
@@ -74,20 +65,17 @@ def cpu(cpuinfo_path="/proc/cpuinfo"):
 
 
 def matmul_rate(size=4096, repeats=5, budget_s=2.0):
-    """GFLOP/s of `tf.matmul` on (size, size) operands, {"float32": ..., "bfloat16": ..., "size": size} (2
-    size^3 FLOPs per product), measured in a fresh process so the caller's threads do not share it. Per
-    precision: the best of up to `repeats` products after a warm-up, stopping once `budget_s` seconds of
-    them have run; a precision whose warm-up alone takes over `budget_s` (bfloat16 on a CPU without bf16
-    instructions: 5-10 s a product) is rated by that product, whose set-up is then under 1% of it. Every
-    report names the rate of its own run through `machine` or `describe`."""
+    """GFLOP/s of `tf.matmul` on (size, size) operands (2 size^3 FLOPs), {"float32", "bfloat16", "size"},
+    measured in a fresh process: per precision the best of up to `repeats` products after a warm-up, within
+    `budget_s` s; a warm-up over `budget_s` (bfloat16 without bf16 instructions) is the measurement."""
     command = worker_command("common", "--matmul", str(size), "--repeats", str(repeats))
     result = run([*command, "--budget_s", str(budget_s)], timeout=600)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _best_product_seconds(product, repeats, budget_s):
-    """The shortest time of `product()` over a warm-up and up to `repeats` more calls, the warm-up counted
-    only when it alone exceeds `budget_s`; no call starts once the timed ones have run `budget_s`."""
+    """The shortest of up to `repeats` timed calls of `product()` after a warm-up (that warm-up where it
+    alone exceeds `budget_s`); no call starts once the timed ones have run `budget_s`."""
     import time
 
     start = time.perf_counter()
@@ -118,71 +106,50 @@ def _matmul_worker(size, repeats, budget_s):
     print(json.dumps({**rates, "size": size}))
 
 
-def cpu_identity(c):
-    """ "GenuineIntel family 6 model 207 stepping 2" of a `cpu()` dict (/proc/cpuinfo's vendor_id, cpu
-    family, model, stepping); None for a record made before `cpu()` kept them (a dict without "vendor", or
-    a string)."""
-    if isinstance(c, dict) and c.get("vendor"):
-        return f"{c['vendor']} family {c['family']} model {c['model_number']} stepping {c['stepping']}"
-    return None
-
-
 def cpu_text(c, host=None):
-    """A CPU as a report names it, from a `cpu()` dict: "<model name>; CPU: <cpu_identity>; CPU flags: ...",
-    `host` (hvd_lars.training.epoch_logs.machine's line, which begins with the model name) in place of the
-    model name where given. From an older record (a dict without the identity, or a string such as
-    "<model name>; bf16/AMX flags: ...") it is what the record holds, then "CPU vendor, family and model
-    NOT_RECORDED"."""
+    """ "<host or model name>; CPU: <vendor> family F model M stepping S; CPU flags: ..." of a `cpu()` dict;
+    of an older record (no identity, or a string) what it holds, and that the identity is NOT_RECORDED."""
     if isinstance(c, dict):
         flags = ", ".join(c.get("flags", [])) or "none of " + ", ".join(CPU_FLAGS)
-        identity = cpu_identity(c)
         head = host or c.get("model", "unknown")
-        if identity:
+        if c.get("vendor"):
+            identity = (
+                f"{c['vendor']} family {c['family']} model {c['model_number']} stepping {c['stepping']}"
+            )
             return f"{head}; CPU: {identity}; CPU flags: {flags}"
         return f"{head}; CPU flags: {flags}; CPU vendor, family and model {NOT_RECORDED}"
     head = f"{host}; {c}" if host else str(c)
     return f"{head}; CPU vendor, family and model {NOT_RECORDED}"
 
 
-def matmul_text(matmul):
-    """ "tf.matmul 4096^2: 404 GFLOP/s float32, 726 bfloat16" of a `matmul_rate` dict (without the size
-    where the record lacks it); for a record made without a rate (None, {}), "tf.matmul rate NOT_RECORDED"."""
-    if not matmul:
-        return f"tf.matmul rate {NOT_RECORDED}"
-    size = f" {matmul['size']}^2" if matmul.get("size") else ""  # records made before 2026-12-01 lack it
-    return f"tf.matmul{size}: {matmul['float32']:.0f} GFLOP/s float32, {matmul['bfloat16']:.0f} bfloat16"
-
-
 def describe(c, matmul, host=None):
-    """The machine of a recorded run in one line: `cpu_text(c, host)`, then `matmul_text(matmul)`. What the
+    """The machine of a recorded run in one line: `cpu_text(c, host)`, then its tf.matmul rate; what the
     record lacks is said to be NOT_RECORDED, never filled in."""
     if isinstance(c, str) and "tf.matmul" in c and not matmul:
-        return cpu_text(c, host)  # a string that holds its rate (benchmarks/scaling.py's, 2026-12-01/03)
-    return f"{cpu_text(c, host)}; {matmul_text(matmul)}"
+        return cpu_text(c, host)  # a string that holds its rate (older records of benchmarks/scaling.py)
+    if not matmul:
+        return f"{cpu_text(c, host)}; tf.matmul rate {NOT_RECORDED}"
+    size = f" {matmul['size']}^2" if matmul.get("size") else ""  # older records lack it
+    rate = f"{matmul['float32']:.0f} GFLOP/s float32, {matmul['bfloat16']:.0f} bfloat16"
+    return f"{cpu_text(c, host)}; tf.matmul{size}: {rate}"
 
 
 def machine(matmul):
-    """This machine in one line (`describe` of `cpu()` and hvd_lars.training.epoch_logs.machine()) with the
-    tf.matmul rate `matmul` (a `matmul_rate` dict, measured in this run).
-
-    Raises:
-        ValueError: `matmul` is empty: a report names the rate of its own run, so the caller measures it.
-    """
+    """This machine in one line (`describe`) with `matmul`, this run's `matmul_rate()`; ValueError if empty:
+    a report names the rate of its own run."""
     if not matmul:
         raise ValueError(f"machine: matmul={matmul!r}; pass this run's common.matmul_rate()")
     return describe(cpu(), matmul, epoch_logs.machine())
 
 
 def sha_text(sha):
-    """A git SHA for a report, in backticks; one with "-dirty" (or a list holding one) is followed by
-    "(DIRTY)"."""
+    """A git SHA for a report, in backticks; one with "-dirty" is followed by "(DIRTY)"."""
     return f"`{sha}` ({DIRTY})" if "-dirty" in sha else f"`{sha}`"
 
 
 def git_sha():
-    """This checkout's commit (hvd_lars.training.epoch_logs.git_sha), "-dirty" when the tree has uncommitted
-    changes; then a warning on stderr: a report of a dirty tree does not name the code that made it
-    (tests/test_results_files.py refuses such a report in results/), so commit and run again."""
+    """This checkout's commit, "-dirty" (with a warning: results/ refuses such a report) for uncommitted
+    changes."""
     sha = epoch_logs.git_sha(REPO)
     if sha.endswith("-dirty"):
         print(
@@ -194,6 +161,13 @@ def git_sha():
 
 
 # --------------------------------------------------------------------------------------------- workers
+
+
+def argument_parser(doc):
+    """An argparse parser whose --help shows the benchmark's docstring `doc` as written."""
+    import argparse
+
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def command_line(name, argv=None):
@@ -208,8 +182,8 @@ def worker_command(name, *args):
 
 
 def worker_env(**extra):
-    """os.environ with the repository first on PYTHONPATH (every worker imports this checkout), quiet
-    TensorFlow, Open MPI allowed as root, and `extra`."""
+    """os.environ with this checkout first on PYTHONPATH, quiet TensorFlow, Open MPI allowed as root, and
+    `extra`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -221,14 +195,8 @@ def worker_env(**extra):
 
 
 def run(command, env=None, timeout=1200, **kwargs):
-    """Runs `command` from the repository root (env: `worker_env()` unless given), output captured.
-
-    Returns:
-        subprocess.CompletedProcess with text stdout and stderr.
-    Raises:
-        RuntimeError: a non-zero exit, with the command and the last 3,000 characters of its output.
-        subprocess.TimeoutExpired: it ran past `timeout` seconds.
-    """
+    """Runs `command` from the repository root (env: `worker_env()` unless given), its text output captured;
+    RuntimeError with the end of its output for a non-zero exit."""
     result = subprocess.run(
         command,
         cwd=REPO,
@@ -250,11 +218,7 @@ def run(command, env=None, timeout=1200, **kwargs):
 
 
 def link_rate_bits(rate):
-    """Bits per second of a tc rate as launch/emulated_cluster.sh's LINK_RATE takes it ('200mbit' -> 2e8).
-
-    Raises:
-        ValueError: `rate` is not a number followed by kbit, mbit or gbit.
-    """
+    """Bits per second of a tc rate ('200mbit' -> 2e8); ValueError unless a number and kbit, mbit or gbit."""
     for unit, factor in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
         if rate.endswith(unit):
             try:
@@ -269,28 +233,11 @@ def link_rate_bits(rate):
 LINK_BURST_MS = 10
 
 
-def add_burst_ms_argument(parser):
-    """Adds --burst_ms (int, default LINK_BURST_MS) to an argparse parser of an emulated-cluster benchmark."""
-    parser.add_argument(
-        "--burst_ms",
-        type=int,
-        default=LINK_BURST_MS,
-        help="each link's token bucket in ms (emulated_cluster.sh's LINK_BURST_MS)",
-    )
-
-
 @contextlib.contextmanager
 def emulated_cluster(nodes, link_rate="", burst_ms=None):
-    """Brings up launch/emulated_cluster.sh with `nodes` hosts (node1, node2, ...; needs root), each link
-    shaped to `link_rate` ('' leaves them unshaped) with a token bucket `burst_ms` deep (None: the script's
-    default, LINK_BURST_MS=10), and takes it down when the block ends, however it ends
-    (SIGTERM included: inside the block it raises SystemExit, so the benchmark's `finally` clauses run).
-
-    Yields:
-        The environment the script was run with (NODES, LINK_RATE set).
-    Raises:
-        RuntimeError: `up` failed, with its output.
-    """
+    """launch/emulated_cluster.sh up with `nodes` hosts (root), each link shaped to `link_rate` ('': not)
+    with a `burst_ms` token bucket (None: LINK_BURST_MS), and down when the block ends, SIGTERM included;
+    yields the script's environment. RuntimeError with its output if `up` fails."""
     env = dict(os.environ, NODES=str(nodes), LINK_RATE=link_rate)
     if burst_ms is not None:
         env["LINK_BURST_MS"] = str(burst_ms)
@@ -320,9 +267,8 @@ def now():
 
 
 def provenance_lines(command, matmul, raw=None):
-    """Markdown list items: the command (run from the repository root), git SHA, date and machine (the
-    CPU's model name, identity and flags, cores, memory, OS, and `matmul`, this run's `matmul_rate()`),
-    and where the run's raw data is (`raw`, a path; see `data_path`) if it has any."""
+    """A report's first list items: the command, git SHA, date, machine (with `matmul`, this run's
+    `matmul_rate()`) and, if any, where the raw data is (`raw`)."""
     lines = [
         f"- Command (from the repository root): `{command}`",
         f"- Git SHA: {sha_text(git_sha())}; date (UTC): {now()}",
@@ -334,9 +280,8 @@ def provenance_lines(command, matmul, raw=None):
 
 
 def data_path(report, ext=".json"):
-    """Where the raw data of the report `report` goes (its folder made): a report at the top of results/
-    (results/NAME.md answers one question) keeps it in the question's folder, results/NAME/NAME.json; any
-    other report (a run in a question's folder, or outside results/) beside itself, <folder>/<stem>.json."""
+    """Where the raw data of `report` goes (its folder made): results/NAME/NAME.json for a top report
+    results/NAME.md, else beside the report."""
     folder, stem = os.path.split(os.path.splitext(os.path.abspath(report))[0])
     if folder == os.path.abspath(RESULTS):
         folder = os.path.join(folder, stem)
@@ -344,19 +289,13 @@ def data_path(report, ext=".json"):
     return os.path.join(folder, stem + ext)
 
 
-def hand_written(text):
-    """The part of a whole-file report a person wrote: from the `HAND_WRITTEN` line on ("" if none)."""
-    at = text.find(HAND_WRITTEN)
-    return text[at:] if at >= 0 else ""
-
-
 def write_report(path, generated):
     """Writes `generated` (Markdown) to `path`, followed by the hand-written part of the file it replaces."""
-    previous = ""
+    kept = ""
     if os.path.exists(path):
         with open(path) as f:
             previous = f.read()
-    kept = hand_written(previous)
+        kept = previous[previous.find(HAND_WRITTEN) :] if HAND_WRITTEN in previous else ""
     with open(path, "w") as f:
         f.write(generated.rstrip("\n") + "\n" + ("\n" + kept if kept else ""))
 
@@ -379,16 +318,6 @@ def write_section(path, name, body, title="# Results"):
         f.write(text)
 
 
-def section(path, name):
-    """The body of section `name` of the Markdown file `path` (None if absent)."""
-    with open(path) as f:
-        text = f.read()
-    found = re.search(
-        rf"<!-- section: {re.escape(name)} -->\n(.*?)\n<!-- end: {re.escape(name)} -->", text, re.S
-    )
-    return found.group(1) if found else None
-
-
 # ------------------------------------------------------------------------------ alpha-beta fits
 # An allreduce of S bytes takes t = latency + bytes moved / bandwidth (Hockney's model; the ring allreduce of
 # Patarasuk and Yuan, J. Parallel Distrib. Comput. 69(2), 2009, moves 2(p - 1)/p x S per rank in 2(p - 1)
@@ -397,15 +326,9 @@ def section(path, name):
 
 
 def fit(design, times):
-    """The x minimising sum_i ((design_i . x - t_i) / t_i)^2, and each point's |design_i . x - t_i| / t_i.
-
-    Args:
-        design: (n, k) array-like, one row per measurement; times: n measured times (s), all positive.
-    Returns:
-        (x: (k,) float array, relative residuals: (n,) float array).
-    Raises:
-        ValueError: fewer rows than unknowns, a shape mismatch, or a time that is not positive.
-    """
+    """The x minimising sum_i ((design_i . x - t_i) / t_i)^2 for an (n, k) design and n positive times,
+    and each |design_i . x - t_i| / t_i; ValueError for fewer rows than unknowns, a shape mismatch or a
+    time <= 0."""
     design, t = np.asarray(design, float), np.asarray(times, float)
     if design.ndim != 2 or design.shape[0] != t.shape[0] or design.shape[0] < design.shape[1]:
         raise ValueError(
@@ -454,10 +377,22 @@ def ring_per_p(ps, sizes, times):
     return {int(q): float(c) for q, c in zip(distinct, x[:-1])}, float(x[-1]), residual
 
 
-def main(argv=None):
-    import argparse
+def mlperf_lars(learning_rate=0.1):
+    """LARS as the benchmarks train with it: momentum 0.9, weight decay 1e-4, batch-norm parameters and
+    biases out of both the decay and the trust ratio (the MLPerf ResNet-50 recipe)."""
+    from hvd_lars import LARS, mlperf_exclusions
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return LARS(
+        learning_rate,
+        momentum=0.9,
+        weight_decay=1e-4,
+        exclude_from_weight_decay=mlperf_exclusions(),
+        exclude_from_layer_adaptation=mlperf_exclusions(),
+    )
+
+
+def main(argv=None):
+    parser = argument_parser(__doc__)
     parser.add_argument("--matmul", type=int, default=0, help="worker: print the tf.matmul rate at this size")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget_s", type=float, default=2.0, help="worker: seconds of timed products")
@@ -474,15 +409,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
-
-
-def mlperf_lars(learning_rate=0.1):
-    """LARS as the benchmarks train with it: momentum 0.9, weight decay 1e-4, batch-norm parameters and
-    biases out of both the decay and the trust ratio (the MLPerf ResNet-50 recipe)."""
-    return LARS(
-        learning_rate,
-        momentum=0.9,
-        weight_decay=1e-4,
-        exclude_from_weight_decay=mlperf_exclusions(),
-        exclude_from_layer_adaptation=mlperf_exclusions(),
-    )

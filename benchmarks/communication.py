@@ -16,7 +16,6 @@ machine for MPI, `ssh node1 horovodrun --gloo` for Gloo (its rendezvous must be 
 """
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -29,7 +28,6 @@ import time
 from benchmarks import common
 
 REPO = common.REPO
-SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
 RAW = os.path.join(common.RESULTS, "communication", "communication.json")
 MD = os.path.join(common.RESULTS, "communication.md")
 PNG = os.path.join(common.RESULTS, "communication.png")
@@ -142,13 +140,6 @@ BURST_MS = common.LINK_BURST_MS
 BURST_MS_BEFORE_RECORDED = 2
 
 
-def cluster(verb, link=""):
-    env = dict(os.environ, NODES="2", LINK_RATE=link, LINK_BURST_MS=str(BURST_MS))
-    result = subprocess.run([SCRIPT, verb], env=env, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"emulated_cluster.sh {verb}: {result.stdout}{result.stderr}")
-
-
 def launch(backend, worker_args, fusion=(None, None), timeout=900):
     """Runs this script's worker on node1 and node2 (1 rank each); returns rank 0's JSON result."""
     threshold, cycle = fusion
@@ -206,7 +197,7 @@ def measure(args, raw):
     stamp = {
         "command": common.command_line("communication", args.argv),
         "git_sha": common.git_sha(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": common.now(),
         "cpu": common.cpu(),
         "matmul": common.matmul_rate(),
         "machine": epoch_logs.machine(),
@@ -224,23 +215,21 @@ def measure(args, raw):
         todo = [t for t in todo if args.force or t[0] not in raw]
         if not todo:
             continue
-        cluster("down")
-        cluster("up", LINKS[link])
-        try:
-            with tempfile.NamedTemporaryFile("w", suffix=".json", dir="/var/tmp") as shapes_file:
-                json.dump(raw.get("shapes", {}), shapes_file)
-                shapes_file.flush()
-                for key, backend, fusion in todo:
-                    print(f"[communication] {key}", flush=True)
-                    if fusion is None:
-                        data = launch(backend, ["sweep", "--reps_small", "20", "--reps_large", "5"])
-                    else:
-                        worker = ["fusion", "--shapes", shapes_file.name, "--reps", "10"]
-                        data = launch(backend, worker, FUSION[fusion])
-                    raw[key] = {**data, **stamp, "link": link, "backend": backend, "fusion": fusion}
-                    _save(raw)
-        finally:
-            cluster("down")
+        with (
+            common.emulated_cluster(2, LINKS[link], BURST_MS),
+            tempfile.NamedTemporaryFile("w", suffix=".json", dir="/var/tmp") as shapes_file,
+        ):
+            json.dump(raw.get("shapes", {}), shapes_file)
+            shapes_file.flush()
+            for key, backend, fusion in todo:
+                print(f"[communication] {key}", flush=True)
+                if fusion is None:
+                    data = launch(backend, ["sweep", "--reps_small", "20", "--reps_large", "5"])
+                else:
+                    worker = ["fusion", "--shapes", shapes_file.name, "--reps", "10"]
+                    data = launch(backend, worker, FUSION[fusion])
+                raw[key] = {**data, **stamp, "link": link, "backend": backend, "fusion": fusion}
+                _save(raw)
 
 
 # --- report ------------------------------------------------------------------------------------------------
@@ -257,10 +246,6 @@ def _bursts(entries):
 
 def _ms(x):
     return f"{x * 1e3:.3g}" if x < 1 else f"{x * 1e3:,.0f}"
-
-
-def _size(n):
-    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
 
 
 def report(raw):
@@ -310,25 +295,7 @@ def report(raw):
         lines += _sweep_section(sweeps, np, plt)
     if fusion:
         lines += _fusion_section(fusion, raw.get("shapes", {}))
-    lines += [
-        "## Latency: what this set-up cannot show",
-        "",
-        _prose(
-            """
-            This kernel has no `netem` qdisc, so no delay can be added to the links: every alpha above is
-            the software path alone (Horovod's background cycle and negotiation, the TCP stack, the veth and
-            bridge in one kernel), with no wire, NIC or switch latency. On a real network that latency adds
-            to alpha: a few microseconds per hop on a data-centre Ethernet, more across racks. It would have
-            mattered for (1) the small messages of the sweep (below n1/2 in the first table, where alpha
-            dominates); (2) fusion off, where each of ResNet-50's 161 tensors pays alpha once instead of
-            once per fused buffer; (3) ring allreduce over many hosts, which pays 2 (p - 1) latencies per
-            allreduce (here p = 2). The bandwidth terms measured here do not depend on it.
-            """
-        ),
-        "",
-    ]
-    with open(MD, "w") as f:
-        f.write("\n".join(lines))
+    common.write_report(MD, "\n".join(lines))
     print(f"[communication] wrote {MD} and {PNG}")
 
 
@@ -378,22 +345,6 @@ def _sweep_section(sweeps, np, plt):
             fit = np.geomspace(sizes[0], sizes[-1], 100)
             line = "-" if backend == "mpi" else "--"
             ax.loglog(fit, alpha + fit / bandwidth, color=colours[link], linestyle=line, linewidth=1)
-    lines += [
-        "",
-        _prose(
-            """
-            Reading the table: Horovod's background loop wakes every HOROVOD_CYCLE_TIME (1 ms by
-            default) and a message waits for the next turn, so small messages take a whole number of
-            turns rather than a network latency, and alpha is about one to two cycles; the straight
-            alpha-beta line cannot follow those steps (the fit error column). The last column, bytes over
-            time for the largest message, is the bandwidth reached: where it stays well below an
-            unshaped or 10 Gbit/s link, the two hosts' shared 2 cores (TCP copies and the reduction), not
-            the shaper, are the limit. A fitted B above a shaped rate comes from the token bucket: its
-            burst (BURSTS at the rate) lets messages up to that size through at memory speed, which the fit
-            weighs as much as the largest messages.
-            """
-        ).replace("BURSTS", _bursts(sweeps.values())),
-    ]
     wire = np.geomspace(SIZES[0], SIZES[-1], 100)
     for link, rate in LINK_RATE_BITS.items():
         if rate and any(k.startswith(f"sweep|{link}|") for k in sweeps):
@@ -413,7 +364,8 @@ def _sweep_section(sweeps, np, plt):
     lines.append("|---" * (len(keys) + 1) + "|")
     for i, size in enumerate(SIZES):
         row = [_ms(statistics.median(sweeps[k]["times_s"][i])) for k in keys]
-        lines.append(f"| {_size(size)} | " + " | ".join(row) + " |")
+        named = f"{size // 2**20} MiB" if size >= 2**20 else f"{size // 2**10} KiB"
+        lines.append(f"| {named} | " + " | ".join(row) + " |")
     lines.append("")
     return lines
 
@@ -496,27 +448,13 @@ def _fusion_section(fusion, shapes):
         by_backend.setdefault(b, []).append(r)
     for b, rs in sorted(by_backend.items()):
         lines.append(f"- Fusion off against the defaults, {b}: ratios {min(rs):.2f}-{max(rs):.2f}.")
-    lines += [
-        "",
-        _prose(
-            """
-            Fusion trades the copies into and out of its buffer against one per-message cost per tensor.
-            Here a message costs only the software path (no wire latency: see the last section), so for
-            MPI the copies can cost as much as they save; Gloo's per-call set-up is dearer. On a real
-            network every unfused tensor also pays the network latency, which favours fusion; this
-            measurement cannot say by how much.
-            """
-        ),
-    ]
     seen = {json.dumps(v["horovod_environment"][0], sort_keys=True) for v in fusion.values()}
     lines += ["", f"Horovod variables as the ranks saw them: {', '.join(sorted(seen))}.", ""]
     return lines
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--worker", choices=("sweep", "fusion"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--shapes", help=argparse.SUPPRESS)
@@ -526,7 +464,7 @@ def main(argv=None):
     parser.add_argument("--parts", default="sweep,fusion", help="sweep, fusion or both (comma-separated)")
     parser.add_argument("--links", default=",".join(LINKS), help=f"among {', '.join(LINKS)}")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="mpi, gloo or both")
-    parser.add_argument("--fusion_link", default="10gbit", help="the link the fusion part runs on")
+    parser.add_argument("--fusion_link", default="10gbit", choices=LINKS, help="the fusion part's link")
     parser.add_argument("--force", action="store_true", help="measure again entries already in the .json")
     parser.add_argument("--report_only", action="store_true", help="only rewrite .md and .png from the .json")
     args = parser.parse_args(argv)
@@ -541,8 +479,6 @@ def main(argv=None):
         bad = [v for v in values if v not in valid]
         if bad:
             parser.error(f"--{name} {','.join(bad)}: expected among {', '.join(valid)}")
-    if args.fusion_link not in LINKS:
-        parser.error(f"--fusion_link {args.fusion_link}: expected one of {', '.join(LINKS)}")
     raw = {}
     if os.path.exists(RAW):
         with open(RAW) as f:

@@ -1,65 +1,26 @@
-"""Fault scenarios on 2 real Horovod ranks, each repeated, and what every run left behind.
+"""Fault scenarios on 2 real Horovod ranks, each repeated: time from the fault to the end of the job, what was
+left (exit status, checkpoints, summary.json) and whether the resumed run matched an uninterrupted one.
+Faults are injected by tests/support/kill_at_step.py and mismatch_worker.py (the library has no hooks).
 
-Run from the repository root, with the machine to itself (nothing else running: timings are reported);
-the `silent_host` scenario needs root (it brings up 2 emulated hosts, launch/emulated_cluster.sh):
-
-    python -m benchmarks.faults                  # 5 repetitions of every scenario, about 45 minutes
+    python -m benchmarks.faults          # results/faults.md; the machine to itself, about 45 minutes
     python -m benchmarks.faults --repetitions=1 --scenarios=sigterm,sigkill --out=/tmp/faults.md
 
-Writes results/faults.md (--out): per scenario the repetitions, the time from the fault to the end of the
-job (min / median / max), what was left (exit status, checkpoints, summary.json) and whether the resumed
-run matched an uninterrupted one; with the command, git SHA, date and machine. Faults are injected by
-tests/support/kill_at_step.py and tests/support/mismatch_worker.py (test-only code; the library has no fault
-hooks).
-
-Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 8 updates per epoch, 16 in all):
-  sigkill    rank 1 SIGKILLed after a random update: the job must end within 60 s; the latest checkpoint
-             (every 5 updates) loads; the run resumed from it must end where the uninterrupted run ends.
-  sigterm    rank 1 receives SIGTERM after a random update k: every rank stops at update k + 1, rank 0
-             checkpoints it, status 75; the resumed run starts at k + 1 and must end where the
-             uninterrupted run ends (weights and slots exactly; batch-norm moving statistics to 1e-5).
-  usr1       the same with SIGUSR1 to rank 0 (Slurm's warning before the time limit).
-  damaged_checkpoint  rank 1 SIGKILLed after a random update k >= 3 with a checkpoint after every update
-             (synchronous saves), then the newest checkpoint's data file cut to half its size: the restart
-             must warn naming it, resume from the checkpoint before it and end where the uninterrupted run
-             ends.
-  diverge    peak learning rate 1,000 (momentum SGD): every rank stops at the same update with status 3;
-             every kept checkpoint is finite; summary.json is strict JSON.
-  mismatch   rank 1's model has one more layer: an error naming the first difference, no hang.
-  exit       a complete run: time from rank 0's final line to the end of the job.
-  elastic    an elastic job (launch/elastic.sh, horovodrun --min-np 1 --max-np 2, Gloo) of 600 updates at
-             global batch 64 on 12,800 images: 2 workers, then 1 after the first epoch (the discovery
-             script drops a slot), then 2 again 3 s later. It must finish with status 0 and 3 attempts,
-             each from a commit, with per-rank batches 32, 64, 32; the worker that joined must end with
-             rank 0's weights bit for bit. Time to exit: from the discovery script's change to the
-             attempt that took it up (removal / addition).
-
-  join_smoke   an elastic job on flags/smoke.flags (200 updates per epoch, 3 epochs, global batch 32):
-             1 worker, then 2 once the first has started; status 0, the final test line, the joined
-             worker with rank 0's weights (fc1's 1 MiB gradient among small ones: the case that aborted
-             in Gloo before the response cache was switched off).
-  join_resnet50  the same with ResNet-50 at 32 x 32 on synthetic data (global batch 16, 20 updates per
-             epoch, 2 epochs): 161 gradient tensors, 25.6 million weights.
-
-  restarts   one 2-rank run of flags/smoke.flags (4 epochs of 4 updates, a checkpoint every 2) stopped five
-             times by tests/support/kill_at_step.py's --stop_schedule (SIGKILL of rank 1 after update 3,
-             of every rank after 8, SIGTERM to rank 0 after 9, SIGUSR1 to rank 1 after 11, SIGKILL of
-             every rank after 14) and restarted each time with the same command (tests/support/small_runs.py,
-             as tests/test_resume.py runs it): each start must resume where the stop left it (2, 6, 10, 12,
-             14), the last must finish, and the run must end tensor for tensor equal to an uninterrupted one
-             with every epoch's row once.
-
-  silent_host  2 emulated hosts (launch/emulated_cluster.sh; needs root) x 2 ranks, launch/horovodrun.sh:
-             node2's link goes down (`ip link set ... down`: no packet, no reset, its ranks alive) after
-             the first checkpoint. The job must end non-zero within 90 s, node2's ranks within
-             --hang_timeout_s=60 + 30 s, and the last checkpoint must load. Time to exit: from the link
-             going down to the end of the job.
-
-Scenarios given with --scenarios replace their rows in the existing report; the others' rows stay, under
-the line saying which run made them.
+Scenarios (Fashion-MNIST subset: 2,048 images, global batch 256, 16 updates), each with what must hold:
+  sigkill / sigterm / usr1  rank 1 SIGKILLed / SIGTERMed, rank 0 SIGUSR1ed after a random update: the job
+      ends (signals: at the next update, checkpointed, status 75) and the resumed run ends where the
+      uninterrupted one does
+  damaged_checkpoint  a kill, then the newest checkpoint cut to half: a warning, the one before it resumed
+  diverge    peak rate 1,000: every rank stops at one update, status 3, finite checkpoints, strict JSON
+  mismatch   rank 1's model has one more layer: an error naming the first difference, no hang
+  exit       a complete run: rank 0's final line to the end of the job
+  elastic    launch/elastic.sh, 2 -> 1 -> 2 workers: status 0, 3 attempts, the joined worker's weights equal
+  join_smoke / join_resnet50  a worker joining flags/smoke.flags / ResNet-50 at 32 x 32
+  restarts   one run stopped five times (--stop_schedule) and restarted: it ends equal to an uninterrupted one
+  silent_host / host_readd  (root, launch/emulated_cluster.sh) node2's link goes down: the job ends within
+      90 s; an elastic job of 3 hosts loses one and takes it back
+--scenarios replaces those rows of the existing report and keeps the others.
 """
 
-import argparse
 import datetime
 import functools
 import json
@@ -85,31 +46,13 @@ FLAGS = [
     "--global_batch_size=256", "--epochs=2", "--warmup_epochs=1", "--run_name=r", "--verbose=0",
 ]  # fmt: skip
 TOTAL_STEPS = 16
+SIGNALS = ("sigkill", "sigterm", "usr1")
 SCENARIOS = (
     "sigkill", "sigterm", "usr1", "damaged_checkpoint", "diverge", "mismatch", "exit", "elastic",
     "join_smoke", "join_resnet50", "silent_host", "host_readd", "restarts",
 )  # fmt: skip
 CLUSTER_SCENARIOS = {"silent_host": 2, "host_readd": 3}  # emulated hosts each needs
 TIMEOUT_S = 600
-ABOUT = (
-    "Fashion-MNIST subset (2,048 images, global batch 256 on 2 ranks, 16 updates), launched by horovodrun "
-    "(Open MPI). Time to exit: from the fault (the signal; for `mismatch` the start; for `exit` rank 0's "
-    "final line) to the end of the job, seconds. Matched: the resumed run's final checkpoint against an "
-    "uninterrupted run's: weights, optimizer slots and step exactly, batch-norm moving statistics to "
-    "1e-5 of each tensor's largest magnitude (averaged over the ranks at the resumed checkpoint in one run "
-    "only; the average of the ranks' linear moving averages is the same either way up to float32 rounding). "
-    "`elastic`: 12,800 images, global batch 64, 600 updates, launch/elastic.sh (Gloo); it must finish, so "
-    "it has no time to exit: its details give the seconds from each change of the discovery script to the "
-    "attempt that took it up. `silent_host`: flags/smoke.flags on 2 emulated hosts x 2 ranks, "
-    "launch/horovodrun.sh; time to exit from the link going down. `damaged_checkpoint`: a checkpoint "
-    "after every update, the newest one's data file cut to half after the kill. `join_smoke`, "
-    "`join_resnet50`: launch/elastic.sh, 1 worker then 2 (flags/smoke.flags; ResNet-50 at 32 x 32). "
-    "`host_readd`: 3 emulated hosts, launch/elastic.sh from node1, Fashion-MNIST 9,600 images at global "
-    "batch 96, 400 updates; node3 killed and dropped, then booted and listed again. `restarts`: "
-    "flags/smoke.flags on 2 ranks, 16 updates, stopped five times (SIGKILL of one rank and of all, SIGTERM, "
-    "SIGUSR1, SIGKILL of all) and restarted with one command; matched: every tensor equal to an "
-    "uninterrupted run's, every epoch's metrics row once; its details give each start's seconds."
-)
 
 
 def _train(workdir, *flags, fault=(), lines=None):
@@ -180,6 +123,14 @@ def _rank_weights_match(run_dir, ranks):
     trainable = [k for k in saved[0].files if k.startswith("t")]
     same = all(np.array_equal(saved[0][k], saved[r][k]) for r in range(1, ranks) for k in trainable)
     return same, trainable
+
+
+def _elastic_end(run_dir, ranks, status):
+    """(every rank's weights equal rank 0's, the final step, the `left` column) of a finished elastic job."""
+    same, _ = _rank_weights_match(run_dir, ranks)
+    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
+    return same, final, f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
 
 
 def _record(workdir):
@@ -257,9 +208,7 @@ def run_elastic(workdir):
     from tests.support.elastic_job import remove_and_add
 
     status, out, updates, taken_up = remove_and_add(pathlib.Path(workdir))
-    run_dir = os.path.join(workdir, "r")
-    same, _ = _rank_weights_match(run_dir, 2)
-    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    same, final, left = _elastic_end(os.path.join(workdir, "r"), 2, status)
     batches = re.findall(r"elastic attempt \d: \d worker\(s\) from update \d+, (\d+) images per rank", out)
     ok = (
         status == 0
@@ -269,8 +218,6 @@ def run_elastic(workdir):
         and final == ELASTIC_STEPS
     )
     ok = ok and all(u % 5 == 0 for u in updates)
-    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
-    left = f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
     detail = (
         f"attempts from updates {updates}, per-rank batches {batches}, taken up after "
         f"{taken_up[0]:.0f} / {taken_up[1]:.0f} s; the joined worker's weights "
@@ -361,13 +308,9 @@ def run_host_readd(workdir, cluster):
     from tests.support.elastic_job import HOSTS_TOTAL_STEPS, host_removed_and_added
 
     status, out, attempts, taken_up = host_removed_and_added(cluster, pathlib.Path(workdir))
-    run_dir = os.path.join(workdir, "r")
-    same, _ = _rank_weights_match(run_dir, 3)
-    final = int(_load(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+    same, final, left = _elastic_end(os.path.join(workdir, "r"), 3, status)
     shape = [(w, b) for w, _, b in attempts]
     ok = status == 0 and shape == [(3, 32), (2, 48), (3, 32)] and same and final == HOSTS_TOTAL_STEPS
-    summary = _strict(os.path.join(run_dir, "summary.json")) or {}
-    left = f"status {status}; final step {final}; test top-1 {summary.get('final_test_top1')}"
     detail = (
         f"attempts (workers, from update, per-rank batch) {attempts}; taken up after "
         + " / ".join(f"{t:.0f}" for t in taken_up)
@@ -461,8 +404,6 @@ def report(results, args, out):
     for line in earlier_made:
         lines += [line, ""]
     lines += [
-        ABOUT,
-        "",
         "| scenario | repetitions | passed | time to exit (min / median / max, s) | what was left | "
         "resume matched (largest moving-statistics difference) | details |",
         "|---|---|---|---|---|---|---|",
@@ -484,7 +425,7 @@ def report(results, args, out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "faults.md"))
@@ -516,7 +457,7 @@ def main(argv=None):
 def _run_scenarios(scenarios, args, results, cluster):
     with tempfile.TemporaryDirectory(dir="/var/tmp" if cluster else None) as tmp:
         reference = None
-        if {"sigkill", "sigterm", "usr1", "damaged_checkpoint"} & set(scenarios):
+        if {*SIGNALS, "damaged_checkpoint"} & set(scenarios):
             status, *_ = _train(os.path.join(tmp, "reference"))
             assert status == 0, "the uninterrupted reference run failed"
             reference = _load(os.path.join(tmp, "reference", "r"))
@@ -535,26 +476,22 @@ def _run_scenarios(scenarios, args, results, cluster):
             )
             return small_runs.final_tensors(os.path.join(workdir, "smoke"))
 
+        signals = {kind: functools.partial(run_signal, reference=reference, kind=kind) for kind in SIGNALS}
+        runs = {
+            **signals, "damaged_checkpoint": lambda w: run_damaged_checkpoint(w, reference),
+            "diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit, "elastic": run_elastic,
+            "join_smoke": lambda w: run_join(w, JOIN_SMOKE),
+            "join_resnet50": lambda w: run_join(w, JOIN_RESNET50),
+            "silent_host": lambda w: run_silent_host(w, cluster),
+            "host_readd": lambda w: run_host_readd(w, cluster),
+            "restarts": lambda w: run_restarts(w, restart_reference),
+        }  # fmt: skip
         for name in scenarios:
             results[name] = []
             for i in range(args.repetitions):
                 workdir = os.path.join(tmp, f"{name}{i}")
                 os.makedirs(workdir)
-                if name in ("sigkill", "sigterm", "usr1"):
-                    r = run_signal(workdir, reference, name)
-                elif name == "damaged_checkpoint":
-                    r = run_damaged_checkpoint(workdir, reference)
-                elif name in ("join_smoke", "join_resnet50"):
-                    r = run_join(workdir, JOIN_SMOKE if name == "join_smoke" else JOIN_RESNET50)
-                elif name == "silent_host":
-                    r = run_silent_host(workdir, cluster)
-                elif name == "host_readd":
-                    r = run_host_readd(workdir, cluster)
-                elif name == "restarts":
-                    r = run_restarts(workdir, restart_reference)
-                else:
-                    runs = {"diverge": run_diverge, "mismatch": run_mismatch, "exit": run_exit}
-                    r = {**runs, "elastic": run_elastic}[name](workdir)
+                r = runs[name](workdir)
                 print(f"[faults] {name} {i + 1}/{args.repetitions}: {r}", flush=True)
                 results[name].append(r)
 

@@ -1,11 +1,6 @@
-"""The large-batch study's report: a Markdown file and a PNG plot made from the finished runs' records.
+"""The large-batch study's report (Markdown and a PNG plot) from the finished runs' records
+(`large_batch_study._record`), rewritten after every run; its hand-written part is kept."""
 
-Called by `benchmarks.large_batch_study` after every run (so an interrupted study still has a report of
-what is done); the records are `large_batch_study._record` dicts. The hand-written part of the report (from
-`benchmarks.common.HAND_WRITTEN` on) is kept when the tables are rewritten.
-"""
-
-import datetime
 import math
 import os
 import statistics
@@ -20,18 +15,7 @@ IMAGENET_EPOCHS = (90, 100)  # ResNet-50, AlexNet
 SAME_ACCURACY = 0.005
 
 
-def chosen_scores(outcomes):
-    """{(network, arm, batch): [test top-1 of each seed of the chosen rate]} of the finished runs."""
-    out = {}
-    for group, outcome in outcomes.items():
-        values = [r["test_top1"] for r in outcome.records if r["chosen"]]
-        if values:
-            out[(group.network, group.arm, group.batch)] = values
-    return out
-
-
 def _loss(record, key):
-    """A loss for the tables: "diverged at step k" for a run the main program stopped as diverged."""
     if record.get("diverged_at_step") is not None:
         return f"diverged at step {record['diverged_at_step']}"
     return f"{record[key]:.4f}"
@@ -67,9 +51,8 @@ def _complete(args, outcome):
 
 
 def findings(args, network, outcomes, arms):
-    """Plain sentences for one network: each arm at each batch against the best arm at the smallest batch
-    ("holds" or "loses"), LARS against each momentum arm, and at which batches the paper's claim (LARS
-    holds the accuracy that the momentum arms lose) holds and where it breaks."""
+    """Sentences for one network: each arm at each batch against the best arm at the smallest batch, LARS
+    against each momentum arm, and where the paper's claim (LARS holds what momentum loses) holds."""
     mine = {(g.arm, g.batch): o for g, o in outcomes.items() if g.network == network and _complete(args, o)}
     batches = sorted({g.batch for g in outcomes if g.network == network})
     if not batches:
@@ -173,8 +156,7 @@ def why(args, train):
 
 
 def plot(args, outcomes, networks, arms, path):
-    """One panel per network (each its own y range: without batch norm a diverged arm sits near 10%):
-    mean test top-1 of each arm's chosen rate against the global batch."""
+    """Mean test top-1 of each arm's chosen rate against the global batch, a panel per network."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,13 +199,8 @@ def plot(args, outcomes, networks, arms, path):
 
 
 def write(args, outcomes, attempts, networks, arms):
-    """Writes `args.report` (Markdown) and the PNG beside it (same name, .png).
-
-    Args:
-        outcomes: {Group: Outcome} of every group of the study (`large_batch_study.collect`).
-        attempts: the run attempts of this output folder (`attempts.jsonl`'s entries).
-        networks, arms: `large_batch_study.NETWORKS` and `.ARMS`.
-    """
+    """Writes `args.report` and the PNG beside it from `outcomes` (`large_batch_study.collect`) and the
+    output folder's run `attempts`."""
     png = os.path.splitext(args.report)[0] + ".png"
     os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
     plot(args, outcomes, networks, arms, png)
@@ -236,7 +213,7 @@ def write(args, outcomes, attempts, networks, arms):
     recovered = [r for r in records if r["source"] != "run directory"]
     train = args.max_train_examples or 60000 - args.validation_examples
     seconds = sum(a["seconds"] for a in attempts)
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    now = common.now()
     commands = list(dict.fromkeys(a.get("command") for a in attempts if a.get("command")))
     lines = [
         "# Does LARS hold accuracy where momentum SGD loses it? (Fashion-MNIST, this machine)",
@@ -382,15 +359,13 @@ def write(args, outcomes, attempts, networks, arms):
 
 
 def _machine(machine):
-    """A run's machine in one short phrase (summary.json holds a dict; recovered records a string)."""
     if isinstance(machine, dict):
         return machine.get("cpu_model") or machine.get("cpu") or machine.get("hostname") or str(machine)
     return str(machine)
 
 
 def _run_machine(record):
-    """A run's machine, its CPU's identity and tf.matmul rate (`common.describe`): those the study measured
-    when it trained the run (`cpu`, `matmul`), or, for runs recorded before it did, said not recorded."""
+    """A run's machine (`common.describe`) with what the study measured when it trained it, if anything."""
     if record.get("cpu"):
         return common.describe(record["cpu"], record.get("matmul"), _machine(record["machine"]))
     return common.describe(_machine(record["machine"]), None)

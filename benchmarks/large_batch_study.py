@@ -1,55 +1,22 @@
 """Does LARS hold accuracy where momentum SGD loses it? Fashion-MNIST, global batch 512 to 8,192.
 
-One command runs the whole study (from the repository root), and the same command resumes it after an
-interruption:
+One command runs the whole study from the repository root and resumes it after an interruption;
+`--networks` and `--arms` train a part (the report always covers the whole study):
 
     python -m benchmarks.large_batch_study --output_dir=results/runs/hvd_lars_study
+    python -m benchmarks.large_batch_study --networks=small_cnn_nobn --arms=momentum,lars
 
-`--networks` and `--arms` select the part to train now (the report always covers the whole study, cells
-not run yet included), so it can be run in parts:
-
-    python -m benchmarks.large_batch_study --networks=small_cnn_nobn --arms=momentum,lars   # 1.5-2.2 h
-    python -m benchmarks.large_batch_study --arms=nesterov                                  # 0.6-0.9 h
-
-(measured 2026-12-01 on an Intel Xeon, 2 cores: a 12-epoch run takes about 6.5 min at batch 512 and 4.5
-min at 8,192 with the machine to itself; 4-6 runs per group; shared as the first 34 runs were, 1.6x.)
-
-(`nice -n 19` in front lets other work on the machine go first; the wall time then grows with it.)
-
-512 takes a smaller share of the training set per update (0.9%) than the paper's 32K took of ImageNet
-(2.6%), so it stands for the small-batch baseline. A smaller batch adds the small end at a higher cost
-per epoch (`--batches=8192,2048,512,128`: about 10 more runs of 7 to 8 minutes each).
-
-Two networks, through the product's main program, one process per run (`python -m hvd_lars.main`, run
-name `hvd_lars_study_<network tag><arm>_b<batch>_lr<rate>_s<seed>`):
-  `small_cnn` (batch norm, momentum 0.9; at `--batches`, default 8,192, 2,048, 512) and
-  `small_cnn_nobn` (the same layers without batch norm, He-normal; at `--nobn_batches`, default 8,192 and
-  512; 2,048 is optional: `--nobn_batches=8192,2048,512`, about 1 h more);
-and three arms:
-  (a) momentum SGD, linear scaling rule (peak = base rate x batch / 256) and gradual warmup (Goyal et al.
-      2017, arXiv 1706.02677);
-  (b) LARS (You et al., ICPP 2018), eta 0.001, trust ratio on every tensor as in the released solver;
-  (c) Nesterov momentum SGD, otherwise as (a) (Nado et al. 2021, arXiv 2102.06356: the strongest
-      momentum baseline), at `--nesterov_batches` (default 8,192) for both networks.
-All: the same epochs, linear warmup from 0, polynomial decay power 2 to 0 after warmup, momentum 0.9,
-weight decay 5e-4 (L2 in the gradient), no augmentation, float32, deterministic input order. The learning
-rate of each network, batch and arm is chosen on a validation split (the last 5,000 of the 60,000 training
-images, never trained on): a sweep of 3 rates a factor 2 apart on seed 0, extended by one rate at a time
-(at most `--max_extensions`) while the best is at an edge, and while no rate learned anything (validation
-top-1 at most `--learned_above`) one more below the lowest (at most `--untrained_extensions` more); the
-chosen rate is then run with the other seeds. Nesterov's sweep is on the momentum arm's grid and centred
-on the momentum arm's chosen rate at the same network and batch (so that arm must have finished its sweep
-first). The test set is reported only for the chosen rates.
-
-A run is done when its summary.json holds every epoch with validation and test scores, or when the records
-file of the report (`records_path`) holds its record with the same settings (runs whose directories
-are gone: the first 34 runs' records were recovered from the report's tables). A study started again skips
-done runs, resumes a half-finished one from its last checkpoint (the main program's `--resume`), and makes
-the same sweep decisions (they depend only on finished runs). After every run it rewrites the report
-(`--report`, a Markdown file, and the PNG plot beside it) and the records file from what is done.
+Networks `small_cnn` (at `--batches`) and `small_cnn_nobn` (at `--nobn_batches`), each run one process of
+`python -m hvd_lars.main`; arms: momentum SGD with the linear scaling rule and warmup (Goyal et al. 2017,
+arXiv 1706.02677), LARS (You et al., ICPP 2018), Nesterov momentum (Nado et al. 2021, arXiv 2102.06356; at
+`--nesterov_batches`, its sweep centred on the momentum arm's rate). Each arm's rate is chosen on a
+validation split (the last 5,000 training images) by a sweep of `--sweep_points` rates `--sweep_ratio`
+apart on seed 0, extended while the best is at an edge (`next_sweep_index`); the chosen rate then runs
+`--seeds` seeds, and only those report test scores. A run is done when its summary.json or the records
+file (`records_path`) holds it; a restart skips done runs and resumes a half-finished one. After every run
+the report (`--report` and its PNG) and the records file are rewritten.
 """
 
-import argparse
 import dataclasses
 import fcntl
 import json
@@ -281,15 +248,8 @@ def settings_of(args, cell):
 
 
 def check_same_run(args, cell, saved, where=None):
-    """Refuses to reuse a run trained with other settings (a changed grid or epoch budget).
-
-    Args:
-        saved: the run's recorded settings (its summary's "config", or a record's "settings").
-        where: what holds them, for the message (default: the run's directory).
-
-    Raises:
-        SystemExit: naming the directory (or file) and the differing setting.
-    """
+    """SystemExit, naming `where` (default: the run's directory) and the settings that differ, where the
+    `saved` settings (a summary's "config" or a record's "settings") are not this study's for `cell`."""
     changed = {k: (saved.get(k), v) for k, v in settings_of(args, cell).items() if saved.get(k) != v}
     if changed:
         raise SystemExit(
@@ -300,8 +260,7 @@ def check_same_run(args, cell, saved, where=None):
 
 
 def records_path(args):
-    """The records file of the report (`common.data_path`: results/large_batch_study/large_batch_study.json
-    for results/large_batch_study.md, beside any other report): every finished run's record, kept when run
+    """The records file of the report (`common.data_path`): every finished run's record, kept when run
     directories go."""
     return common.data_path(args.report)
 
@@ -325,11 +284,8 @@ def save_records(args, store):
 
 
 def finished(args, cell, store):
-    """The record of `cell` if it is done (its summary complete, or its record in `store`), else None.
-
-    Raises:
-        SystemExit: the run directory or the record holds the run with other settings.
-    """
+    """The record of `cell` if it is done (its summary complete, or its record in `store`), else None;
+    SystemExit (`check_same_run`) where either holds it with other settings."""
     summary = load_summary(args, cell)
     if summary:
         check_same_run(args, cell, summary["config"])
@@ -354,14 +310,8 @@ def _die_with_parent():
 
 
 def run_cell(args, cell, journal):
-    """Trains `cell` unless it is done (resuming its checkpoint if it has one); returns its summary.
-
-    Each attempt (run name, start time, seconds, exit status) is appended to the JSON-lines file
-    `journal`, whose sum of seconds is the study's wall time.
-
-    Raises:
-        SystemExit: the run failed (its log's tail is printed) or a finished run has other settings.
-    """
+    """Trains `cell` unless it is done (resuming its checkpoint if it has one) and returns its summary;
+    each attempt is appended to the JSON-lines file `journal`. SystemExit with the log's tail if it fails."""
     summary = load_summary(args, cell)
     if summary:
         check_same_run(args, cell, summary["config"])
@@ -381,32 +331,16 @@ def run_cell(args, cell, journal):
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
         log.flush()
         try:
-            result = subprocess.run(
-                command,
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=args.run_timeout_s,
+            returncode = subprocess.run(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout_s,
                 preexec_fn=_die_with_parent,
-            )
-            returncode = result.returncode
+            ).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             returncode = "timeout"
     seconds = time.time() - start
+    attempt = {"run": name, "start": start, "seconds": seconds, "returncode": returncode}
     with open(journal, "a") as f:
-        f.write(
-            json.dumps(
-                {
-                    "run": name,
-                    "start": start,
-                    "seconds": seconds,
-                    "returncode": returncode,
-                    "command": args.command,
-                }
-            )
-            + "\n"
-        )
+        f.write(json.dumps({**attempt, "command": args.command}) + "\n")
     summary = load_summary(args, cell)
     if returncode == 3 and diverged(summary) is not None:
         print(f"[study] {name}: diverged at step {diverged(summary)} (recorded at chance level), "
@@ -429,21 +363,16 @@ def run_cell(args, cell, journal):
 
 
 def next_sweep_index(scores, points, max_extensions, start=0, learned_above=None, untrained_extensions=0):
-    """The grid index to train next in one sweep, or None when the sweep is finished.
+    """The grid index to train next in one sweep (rate = centre x ratio**k), or None when it is finished.
 
     Args:
-        scores: {k: validation top-1} of the finished runs (k: rate = centre x ratio**k).
+        scores: {k: validation top-1} of the finished runs.
         points: rates in the first sweep, k in [start - points // 2, start + points - points // 2).
-        max_extensions: how many rates the sweep may add beyond the first, one at a time, each past
-            the edge where the best rate lies.
-        start: the first sweep's centre on the grid.
-        learned_above: a rate whose validation top-1 is at most this learned nothing (about chance); None:
-            no such rule.
-        untrained_extensions: while no rate of the sweep learned anything, it goes on below its lowest
-            rate (a rate too large diverges or stalls at chance; one too small still learns), one at a
-            time; each rate that learned nothing adds one to `max_extensions`, at most this many.
-
-    The best is the highest validation top-1; ties go to the smaller rate (the safer one).
+        max_extensions: rates the sweep may add, one at a time, past the edge where the best lies (the
+            best: the highest validation top-1, ties to the smaller rate).
+        learned_above: a validation top-1 at most this learned nothing; None: no such rule.
+        untrained_extensions: while no rate learned anything, the sweep goes below its lowest rate; each
+            rate that learned nothing adds one to `max_extensions`, at most this many.
     """
     first = range(start - points // 2, start + points - points // 2)
     for k in first:
@@ -470,9 +399,8 @@ def chosen_index(scores):
 
 
 def groups(args, networks=None, arms=None):
-    """The study's groups in the order they run (of `networks` and `arms`; default: all): network by
-    network, largest batch first as `--batches` orders them, arms in `ARMS` order (momentum before the
-    Nesterov arm that starts from its choice)."""
+    """The study's groups (of `networks` and `arms`; default: all) in the order they run: by network, by
+    batch as `--batches` orders them, by arm in `ARMS` order (momentum before the Nesterov arm)."""
     out = []
     for network in NETWORKS:
         if networks is not None and network not in networks:
@@ -498,9 +426,8 @@ class Outcome:
 
 
 def walk(args, group, obtain, store):
-    """Goes through `group`'s sweep and seeds; `obtain(cell)` gives a finished run's record (training it
-    first, when the study trains) or None, which stops the walk there; `store` ({run name: record}) holds
-    the records of runs whose directories are gone. Returns an `Outcome`."""
+    """The `Outcome` of `group`'s sweep and seeds; `obtain(cell)` gives a finished run's record (training
+    it first, when the study trains) or None, which stops the walk there."""
     arm = ARMS[group.arm]
     start = 0
     if arm.starts_from:
@@ -540,8 +467,7 @@ def obtain_done(args, store):
 
 
 def collect(args, store):
-    """{Group: Outcome} of every group of the study (whatever `--networks`/`--arms` select), from the
-    finished runs only: what the report is made from."""
+    """{Group: Outcome} of every group of the study, from the finished runs only (the report's)."""
     obtain = obtain_done(args, store)
     return {group: walk(args, group, obtain, store) for group in groups(args)}
 
@@ -556,7 +482,8 @@ def study(args):
         outcomes = collect(args, store)
         for outcome in outcomes.values():
             for r in outcome.records:
-                store[r["run_name"]] = _stored(r)
+                # The walk's marks (role, chosen, edge) are recomputed each time; not stored.
+                store[r["run_name"]] = {k: v for k, v in r.items() if k not in ("role", "chosen", "edge")}
         save_records(args, store)
         large_batch_report.write(args, outcomes, _read_journal(journal), NETWORKS, ARMS)
         return outcomes
@@ -585,11 +512,6 @@ def study(args):
                 f"--arms={ARMS[group.arm].starts_from} (or run it first)."
             )
     return report()
-
-
-def _stored(record):
-    # The walk's marks (role, chosen, edge) are recomputed from the scores each time; not stored.
-    return {k: v for k, v in record.items() if k not in ("role", "chosen", "edge")}
 
 
 def _record(args, cell, summary):
@@ -641,26 +563,16 @@ def _read_journal(path):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     ints = lambda text: [int(v) for v in text.split(",") if v]
     parser.add_argument("--output_dir", default=os.path.join("results", "runs", STUDY_TAG))
     parser.add_argument("--report", default=os.path.join("results", "large_batch_study.md"))
     names = lambda text: [v for v in text.split(",") if v]
-    parser.add_argument(
-        "--batches", type=ints, default=[8192, 2048, 512], help="small_cnn's batches, run in this order"
-    )
-    parser.add_argument(
-        "--nobn_batches", type=ints, default=[8192, 512], help="small_cnn_nobn's (2,048 optional: ~1 h)"
-    )
-    parser.add_argument(
-        "--nesterov_batches", type=ints, default=[8192], help="where the Nesterov arm runs (both networks)"
-    )
-    parser.add_argument(
-        "--networks", type=names, default=list(NETWORKS), help="the networks to train now (report: all)"
-    )
-    parser.add_argument("--arms", type=names, default=list(ARMS), help="the arms to train now (report: all)")
+    parser.add_argument("--batches", type=ints, default=[8192, 2048, 512], help="small_cnn's, in this order")
+    parser.add_argument("--nobn_batches", type=ints, default=[8192, 512], help="small_cnn_nobn's")
+    parser.add_argument("--nesterov_batches", type=ints, default=[8192], help="the Nesterov arm's")
+    parser.add_argument("--networks", type=names, default=list(NETWORKS), help="to train now (report: all)")
+    parser.add_argument("--arms", type=names, default=list(ARMS), help="to train now (report: all)")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--warmup_epochs", type=float, default=1.0)
     parser.add_argument("--weight_decay", type=float, default=5e-4)
@@ -668,29 +580,13 @@ def parse_args(argv=None):
     parser.add_argument("--sweep_points", type=int, default=3)
     parser.add_argument("--sweep_ratio", type=float, default=2.0)
     parser.add_argument("--max_extensions", type=int, default=2)
-    parser.add_argument(
-        "--learned_above",
-        type=float,
-        default=0.2,
-        help="validation top-1 at or below which a rate learned nothing (Fashion-MNIST's chance: 0.1)",
-    )
-    parser.add_argument(
-        "--untrained_extensions",
-        type=int,
-        default=4,
-        help="while no rate of a sweep learned anything, up to this many more rates below its lowest",
-    )
+    parser.add_argument("--learned_above", type=float, default=0.2, help="top-1 at which nothing learned")
+    parser.add_argument("--untrained_extensions", type=int, default=4, help="see next_sweep_index")
     parser.add_argument("--validation_examples", type=int, default=5000)
     parser.add_argument("--ranks", type=int, default=1, help="Horovod ranks per run (1: one process)")
     parser.add_argument("--run_timeout_s", type=float, default=6 * 3600)
-    parser.add_argument(
-        "--train_program",
-        default="-m hvd_lars.main",
-        help="what Python runs for each run (tests: the fault-injecting tests/support/kill_at_step.py)",
-    )
-    parser.add_argument(
-        "--report_only", action="store_true", help="rewrite the report from what is done; train nothing"
-    )
+    parser.add_argument("--train_program", default="-m hvd_lars.main", help="what Python runs for a run")
+    parser.add_argument("--report_only", action="store_true", help="rewrite the report; train nothing")
     parser.add_argument("--max_train_examples", type=int, default=0, help="smoke tests only")
     parser.add_argument("--max_eval_examples", type=int, default=0, help="smoke tests only")
     args = parser.parse_args(argv)

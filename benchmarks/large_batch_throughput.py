@@ -1,17 +1,9 @@
-"""Training images/s of the large-batch study's runs per global batch: one process against 2 Horovod ranks.
+"""Training images/s of the large-batch study's LARS runs per global batch (through the main program, 3
+epochs of about 16,384 images, the first left out): one process against 2 Horovod ranks on the same cores.
 
-Run from the repository root with the machine to itself (nothing else running: a few minutes):
-
-    python -m benchmarks.large_batch_throughput
-
-For each global batch it trains the study's LARS run (`benchmarks/large_batch_study.py`, the centre rate,
-float32) briefly through the main program, once as one process and once as 2 ranks on the same cores,
-one right after the other: 3 epochs of about 16,384 images each (`--steps_per_epoch`), the first left out
-of the rate (graph tracing); evaluation only after the last, on 1,000 test images. The study's epoch
-budget and its choice of one process per run come from this table.
+    python -m benchmarks.large_batch_throughput      # a few minutes, the machine to itself
 """
 
-import argparse
 import json
 import os
 import sys
@@ -41,7 +33,7 @@ def measure(batch, ranks, workdir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--batches", default="128,512,2048,8192")
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "large_batch_throughput.md"))
     args = parser.parse_args(argv)

@@ -1,27 +1,11 @@
-"""What a start of an image-folder run pays to know its files: listing the folder against reading the
-run's index file, on a generated tree of 100,000 small files.
+"""What a start of an image-folder run pays to know its files: listing the folders (`listing.list_split`)
+against reading the run's index (`listing.listed`), on a generated tree of 100,000 small files, warm and
+with the kernel's caches dropped (root), and on 2 Horovod ranks (`image_folder.list_splits`).
 
-Run from the repository root with the machine to itself (nothing else running; about a minute; the cold
-rows drop the kernel's caches, which needs root):
-
-    python -m benchmarks.listing_index --repeats=3
-
-`--classes=20 --repeats=1 --warm_only --out=/tmp/listing.md` is a quick check of the script (seconds).
-
-It writes `<tmp>/train/c0000 .. c0999/img_00000.JPEG ..` (100 files of 64 bytes per class; the listing never
-opens a file, so their content does not matter) and `validation/` with 5 per class, then measures in one
-process, each the median of `--repeats` tries:
-- listing both splits (`listing.list_split`), what every rank did on every start before;
-- `listing.listed` with a valid index file (load it, `stat` the 1,002 folders), what rank 0 does on a
-  later start of the run;
-- both again with the kernel's page, dentry and inode caches dropped first (`/proc/sys/vm/drop_caches`,
-  root only; skipped where not permitted), as on a first start or after the files left the cache;
-and on 2 Horovod ranks (`image_folder.list_splits`), each rank's time for the first start (rank 0 lists
-and broadcasts) and a later one (rank 0 reads the index and broadcasts; rank 1 never reads the folder).
-Writes `results/listing_index.md`.
+    python -m benchmarks.listing_index --repeats=3     # results/listing_index.md, about a minute
+    python -m benchmarks.listing_index --classes=20 --repeats=1 --warm_only --out=/tmp/listing.md
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -73,12 +57,13 @@ def list_both(root):
     return train
 
 
-def index_both(root, index_dir):
+def index_both(root, index_dir, reuse=True):
+    """Both splits through the run's index (`listing.listed`): written where `reuse` is False, else read."""
     train, reused = listing.listed(os.path.join(root, "train"), os.path.join(index_dir, "train.index.npz"))
     val, reused_val = listing.listed(
         os.path.join(root, "validation"), os.path.join(index_dir, "validation.index.npz"), train.classes
     )
-    assert reused and reused_val
+    assert (reused and reused_val) == reuse
     return train
 
 
@@ -117,7 +102,7 @@ def ms(seconds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--classes", type=int, default=CLASSES, help="class folders of the generated tree")
     parser.add_argument("--warm_only", action="store_true", help="do not drop the kernel's caches")
@@ -129,27 +114,16 @@ def main(argv=None):
         t = time.perf_counter()
         make_tree(root, classes)
         made = time.perf_counter() - t
-        train = list_both(root)
-        assert len(train.files) == classes * PER_CLASS
-        listing.listed(os.path.join(root, "train"), os.path.join(index_dir, "train.index.npz"))
-        listing.listed(
-            os.path.join(root, "validation"), os.path.join(index_dir, "validation.index.npz"), train.classes
-        )
+        assert len(list_both(root).files) == classes * PER_CLASS
+        index_both(root, index_dir, reuse=False)
         index_bytes = sum(os.path.getsize(os.path.join(index_dir, f)) for f in os.listdir(index_dir))
-        rows = {
-            "warm": (
-                timed(lambda: list_both(root), args.repeats),
-                timed(lambda: index_both(root, index_dir), args.repeats),
-            ),
-            "cold": (
-                (None, None)
-                if args.warm_only
-                else (
-                    timed(lambda: list_both(root), args.repeats, cold=True),
-                    timed(lambda: index_both(root, index_dir), args.repeats, cold=True),
-                )
-            ),
-        }
+        rows = {"warm": (None, None), "cold": (None, None)}
+        for caches in ("warm",) if args.warm_only else ("warm", "cold"):
+            listed_s = timed(lambda: list_both(root), args.repeats, cold=caches == "cold")
+            rows[caches] = (
+                listed_s,
+                timed(lambda: index_both(root, index_dir), args.repeats, cold=caches == "cold"),
+            )
         ranks = two_ranks(root, os.path.join(tmp, "run2", "image_folder_index"), classes)
     lines = [
         "# Listing an image folder once per run: listing against the run's index file",
@@ -183,13 +157,6 @@ def main(argv=None):
         "|---|---:|---:|",
         f"| first (rank 0 lists, writes the index, broadcasts) | {ms(ranks[0][0])} | {ms(ranks[1][0])} |",
         f"| later (rank 0 reads the index, broadcasts) | {ms(ranks[0][1])} | {ms(ranks[1][1])} |",
-        "",
-        "Before, every rank listed both folders at every start of the run: on N ranks sharing a file system, "
-        "N listings per start (N x the first column on the file server), and again at every resume. Now one "
-        "listing per run; later starts read the index and `stat` one folder per class. On a network file "
-        "system, where each directory read is a round trip to the metadata server, the listing's cost grows "
-        "with the number of files (1.28M for ImageNet) and the index check's with the number of folders "
-        "(1,002).",
     ]
     common.write_report(args.out, "\n".join(lines))
     print("\n".join(lines))

@@ -1,23 +1,15 @@
-"""The Markdown record of a training run (command, git SHA, date, machine with its CPU model, software, plan,
-per-epoch table), from its summary.json.
+"""The Markdown record of a training run (command, git SHA, date, machine, software, plan, per-epoch table)
+from its summary.json, with this machine's CPU identity and tf.matmul rate where the run was made here
+(a summary.json from another machine: said to be not recorded).
 
-A committed reference record (results/fashion_mnist_lars.md) changes only through this script's first form,
-which trains the flagfile afresh on this machine's ranks and writes results/<flagfile's name>.md; the second
-form writes the record of a finished run, as `make train` does into each run's own directory.
-
-summary.json names the machine by its CPU's model name (hvd_lars.training.epoch_logs.machine); the record
-adds the CPU's identity (vendor, family, model, stepping) and its tf.matmul rate, measured here right after
-the run. A summary.json from another machine gets neither: the record says they were not recorded.
-
-Usage (from the repository root):
-    python -m benchmarks.record_run [--flagfile=flags/fashion_mnist_lars.flags] [--np=2]
+    python -m benchmarks.record_run [--flagfile=flags/fashion_mnist_lars.flags] [--np=2]   # trains afresh
     python -m benchmarks.record_run --summary=RUN_DIR/summary.json --out=RUN_DIR/record.md --command="..."
-(the first: 12 epochs of Fashion-MNIST on 2 ranks, about 5 minutes on a 2-core AMD EPYC.)
+
+The first writes results/<flagfile's name>.md (the committed reference records change only so); the
+second a finished run's record, as `make train` does.
 """
 
-import argparse
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -76,19 +68,15 @@ def train(flagfile, ranks, workdir):
     returns its summary.json path."""
     name = os.path.splitext(os.path.basename(flagfile))[0]
     run_name = f"{name}_reference_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    hosts = f"localhost:{ranks}"
-    main_program = [sys.executable, "-m", "hvd_lars.main", f"--flagfile={flagfile}"]
-    subprocess.run(
-        [horovodrun, "-np", str(ranks), "-H", hosts, *main_program, f"--run_name={run_name}",
-         f"--workdir={workdir}", "--resume=false"],
-        env=common.worker_env(), check=True,
-    )  # fmt: skip
+    main_program = [sys.executable, "-m", "hvd_lars.main", f"--flagfile={flagfile}", f"--run_name={run_name}"]
+    launcher = [common.HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}"]
+    command = [*launcher, *main_program, f"--workdir={workdir}", "--resume=false"]
+    subprocess.run(command, env=common.worker_env(), check=True)
     return os.path.join(workdir, run_name, "summary.json")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--flagfile", default="flags/fashion_mnist_lars.flags", help="the run to train")
     parser.add_argument("--np", type=int, default=2, help="ranks on this machine")
     parser.add_argument("--workdir", default="results/runs", help="parent folder of the new run directory")
@@ -105,11 +93,7 @@ def main(argv=None):
         return
     out = args.out or os.path.join("results", os.path.basename(args.flagfile).removesuffix(".flags") + ".md")
     summary = train(args.flagfile, args.np, args.workdir)
-    write(
-        summary,
-        out,
-        shlex.join(["python", "-m", "benchmarks.record_run", *(sys.argv[1:] if argv is None else argv)]),
-    )
+    write(summary, out, common.command_line("record_run", argv))
     print(f"record: {out}")
 
 

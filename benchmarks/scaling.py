@@ -1,30 +1,15 @@
-"""Scale-out measurements for results/scaling.md: one function per section, the command line picks one.
+"""Scale-out measurements for results/scaling.md, one section per command; each writes its raw figures to
+results/scaling/<section>_<label>.json and rewrites its section from every JSON file of that section.
 
-Each section writes its raw figures to results/scaling/<section>_<label>.json and rewrites its own part of
-results/scaling.md (between `<!-- section: NAME -->` and `<!-- end: NAME -->`) from every JSON file of that
-section, so runs made separately (one per link rate) stand side by side and other sections are kept.
+Section `overlap_compression`: the step of ResNet-50 and AlexNet-BN with grouped against overlapped
+gradient allreduce, 1 rank per host on 1 core, beside the same batch's compute alone (exposed
+communication = step - compute), and ResNet-50's gradients allreduced with and without float16 compression.
+Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch.
 
-Section `overlap_compression`: step time of ResNet-50 (224x224) and AlexNet-BN
-(227x227) trained by `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank per
-host on 1 core each, gradients allreduced "grouped" (one grouped allreduce after the last gradient)
-against "overlap" (one allreduce per gradient, started as backprop produces it); the single-rank compute
-time of the same per-rank batch on the same core, measured in the same run, so that exposed communication
-= step time - compute time; and the time to allreduce ResNet-50's gradients (161 tensors, 25.6M float32
-values) with and without float16 compression. Precision: mixed_bfloat16 where the CPU has avx512_bf16 or
-amx_bf16, float32 elsewhere (hvd_lars.training.config.resolve_precision("auto")).
-
-Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global
-batch (`worker_threads`). What the runs show is written by hand in results/scaling.md after the section's
-end marker, so a rerun rewrites the table and keeps the reading.
-
-Usage (from the repository root, with the machine to itself, nothing else running; the link-rate runs need
-root: they bring up the emulated cluster, launch/emulated_cluster.sh, and take it down):
-    python -m benchmarks.scaling overlap_compression --link_rate=1gbit
-    python -m benchmarks.scaling overlap_compression --link_rate=10gbit
-    python -m benchmarks.scaling overlap_compression --local   # 2 ranks here, no shaping, no root
-    python -m benchmarks.scaling threads                       # no root
-    python -m benchmarks.scaling threads --report_only         # the section from the JSON (seconds)
-    python -m benchmarks.scaling overlap_compression --report_only   # from every link's JSON (seconds)
+    python -m benchmarks.scaling overlap_compression --link_rate=1gbit   # as root (and =10gbit)
+    python -m benchmarks.scaling overlap_compression --local             # 2 ranks here, no root
+    python -m benchmarks.scaling threads                                 # no root
+    python -m benchmarks.scaling threads --report_only                   # the section from the JSON
 """
 
 import argparse
@@ -32,17 +17,16 @@ import json
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
+from statistics import mean
 
 from benchmarks import common
 
 REPO = common.REPO
 RAW_DIR = os.path.join(common.RESULTS, "scaling")
 MARKDOWN = os.path.join(common.RESULTS, "scaling.md")
-CLUSTER = os.path.join(REPO, "launch", "emulated_cluster.sh")
 CLUSTER_SUBNET = "198.18.0.0/24"  # launch/emulated_cluster.sh's bridge network
 
 # Per-rank batches small enough that a run of both models, both modes and both link rates stays within
@@ -58,39 +42,49 @@ TIMED_STEPS = 10
 # ------------------------------------------------------------------------------------------- the worker
 
 
-def pin_to_core(core):
-    """One core per rank, as one rank per host of a 1-core cluster (set before TensorFlow starts)."""
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[core % len(cores)]})
+def synthetic_data(batch, image_size):
+    """One fixed batch of `batch` random images and labels (1,000 classes), repeated."""
+    import tensorflow as tf
+
+    shape = (batch, image_size, image_size, 3)
+    images = tf.random.stateless_uniform(shape, seed=(1, 2))
+    labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
+    return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
-def step_times(model, optimizer, data, steps):
+def step_times(model, optimizer, data, snapshot=None):
+    """Seconds of each of the TIMED_STEPS steps of `model.fit` after WARMUP_STEPS; `snapshot()` is called
+    as the timed steps begin and as they end."""
     import keras
 
     stamps = []
 
     class Stamp(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if batch == 0:
+        def on_train_batch_begin(self, step, logs=None):
+            if step == 0:
                 stamps.append(time.perf_counter())
+            if step == WARMUP_STEPS and snapshot:
+                snapshot()
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, step, logs=None):
             stamps.append(time.perf_counter())
+            if step == WARMUP_STEPS + TIMED_STEPS - 1 and snapshot:
+                snapshot()
 
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,
-    )
-    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Stamp()])
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS + TIMED_STEPS, verbose=0, callbacks=[Stamp()])
+    return [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
 
 
 def worker_overlap_compression(role, out, core=0):
     """Runs on every rank ("ranks") or as one process of world size 1 on core `core` ("compute"); rank 0
     writes the JSON `out`."""
-    # Pinned before Horovod starts its background thread, which then shares the rank's core.
-    pin_to_core(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core)
+    # One core per rank, as one rank per host of a 1-core cluster; pinned before Horovod starts its
+    # background thread, which then shares the rank's core.
+    core = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if role == "ranks" else core
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[core % len(cores)]})
     from hvd_lars.parallel import collectives
 
     if role == "ranks":
@@ -118,26 +112,18 @@ def worker_overlap_compression(role, out, core=0):
     modes = ("grouped", "overlap") if role == "ranks" else ("compute",)
     for name, spec in MODELS.items():
         keras.utils.set_random_seed(0)
-        shape = (spec["image_size"], spec["image_size"], 3)
-        model = get_model(name, input_shape=shape)
+        model = get_model(name, input_shape=(spec["image_size"], spec["image_size"], 3))
         batch = spec["per_rank_batch"]
-        images = tf.random.stateless_uniform((batch, *shape), seed=(1, 2))
-        labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
-        data = tf.data.Dataset.from_tensors((images, labels)).repeat()
+        data = synthetic_data(batch, spec["image_size"])
         entry = {"per_rank_batch": batch, "image_size": spec["image_size"], "modes": {}}
         entry["parameters"] = int(sum(int(tf.size(v)) for v in model.trainable_variables))
         entry["tensors"] = len(model.trainable_variables)
         for mode in modes:
-            lars = common.mlperf_lars()
-            optimizer = DistributedOptimizer(
-                lars, gradient_reduction="grouped" if mode == "compute" else mode
-            )
-            times = step_times(model, optimizer, data, WARMUP_STEPS + TIMED_STEPS)
-            entry["modes"][mode] = times[WARMUP_STEPS:]
+            reduction = "grouped" if mode == "compute" else mode
+            optimizer = DistributedOptimizer(common.mlperf_lars(), gradient_reduction=reduction)
+            entry["modes"][mode] = times = step_times(model, optimizer, data)
             if rank == 0:
-                print(
-                    f"[scaling] {name} {mode}: {statistics.mean(times[WARMUP_STEPS:]):.3f} s/step", flush=True
-                )
+                print(f"[scaling] {name} {mode}: {mean(times):.3f} s/step", flush=True)
         result["models"][name] = entry
         del model
         keras.backend.clear_session()
@@ -170,27 +156,17 @@ def _allreduce_times(get_model, tf):
             times.append(time.perf_counter() - start)
         out[compression] = times[WARMUP_STEPS:]
         if collectives.rank() == 0:
-            print(f"[scaling] allreduce {compression}: {statistics.mean(out[compression]):.3f} s", flush=True)
+            print(f"[scaling] allreduce {compression}: {mean(out[compression]):.3f} s", flush=True)
     return out
 
 
 # ------------------------------------------------------------------------------------- the orchestrator
 
 
-def _run(command, env=None, timeout=1200):
-    print(f"[scaling] $ {' '.join(shlex.quote(c) for c in command)}", flush=True)
-    proc = subprocess.run(command, cwd=REPO, env=env, timeout=timeout, capture_output=True, text=True)
-    lines = (proc.stdout + proc.stderr).splitlines()
-    for line in lines:
-        if "[scaling]" in line:
-            print("   " + line, flush=True)
-    if proc.returncode:
-        raise RuntimeError(f"{command[0]} exited {proc.returncode}:\n" + "\n".join(lines[-40:]))
-    return proc
-
-
-def _run_together(commands, env, timeout=1200):
-    print(f"[scaling] $ {len(commands)} at once: {shlex.join(commands[0])} ...", flush=True)
+def _run(*commands, env, timeout=1200):
+    """Runs `commands` at once from the repository root, echoing their "[scaling]" lines; RuntimeError
+    with the last 40 lines of one that fails."""
+    print(f"[scaling] $ {len(commands)} at once: {shlex.join(commands[0])}", flush=True)
     procs = [
         subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for c in commands
@@ -202,21 +178,23 @@ def _run_together(commands, env, timeout=1200):
             if p.poll() is None:
                 p.kill()
     for p, output in zip(procs, outputs):
-        for line in output.splitlines():
-            if "[scaling]" in line:
-                print("   " + line, flush=True)
+        print("\n".join("   " + line for line in output.splitlines() if "[scaling]" in line), flush=True)
         if p.returncode:
             raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
 
 
+def _read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def _machine(run):
-    """The machine of a run's record for its section: `common.describe` of its CPU (a `common.cpu()` dict;
-    a string in older records) and its tf.matmul rate (absent from older records)."""
+    """`common.describe` of a run's record (older records: the CPU a string, no tf.matmul rate)."""
     return common.describe(run["cpu"], run.get("matmul"), run["provenance"]["machine"])
 
 
 def overlap_compression(args):
-    """Section `overlap_compression`: see the module docstring."""
+    """Section `overlap_compression` (the module docstring)."""
     if args.report_only:
         return write_section("overlap_compression", _overlap_compression_markdown(), args.out)
     from hvd_lars.training import epoch_logs
@@ -234,56 +212,34 @@ def overlap_compression(args):
     _run(worker + ["--core=0", f"--out={compute_json}"], env=env)
     # 2. Compute with both cores busy: two such processes at once, one per core, as the two ranks load
     # this one machine (memory bandwidth, shared cache), but without communication.
-    _run_together(
-        [worker + ["--core=0", f"--out={busy_json}"], worker + ["--core=1", f"--out={busy_json}.core1"]], env
-    )
-    # 3. Two ranks, one per host.
-    # Each rank shares its one core with Horovod's background thread, which negotiates every cycle in
-    # blocking MPI calls; at Horovod's default cycle of 1 ms, polling MPI makes that thread take the
-    # core from the step itself. A 5 ms cycle (Horovod's default before 0.21) and MPI yielding while it
-    # waits keep the measured step about training and communication.
+    busy_workers = [
+        worker + [f"--core={c}", f"--out={busy_json}{suffix}"] for c, suffix in ((0, ""), (1, ".1"))
+    ]
+    _run(*busy_workers, env=env)
+    # 3. Two ranks, one per host. Each shares its core with Horovod's background thread, which negotiates
+    # every cycle in blocking MPI calls: a 5 ms cycle and MPI yielding keep the step about training and
+    # communication (section `threads` measures the cost of Horovod's defaults).
     env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
     mpirun = ["mpirun", "-np", "2", "--bind-to", "none", "--tag-output", "-mca", "mpi_yield_when_idle", "1"]
-    mpirun += [
-        arg for name in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "HOROVOD_CYCLE_TIME") for arg in ("-x", name)
-    ]
+    mpirun += ["-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "HOROVOD_CYCLE_TIME"]
+    ranks_worker = me + ["_worker", "overlap_compression", "--role=ranks", f"--out={ranks_json}"]
     if args.local:
-        hosts = "localhost (2 ranks, unshaped loopback)"
-        _run(
-            mpirun
-            + ["-H", "localhost:2"]
-            + me
-            + ["_worker", "overlap_compression", "--role=ranks", f"--out={ranks_json}"],
-            env=env,
-        )
-        link = "loopback (not shaped)"
+        hosts, link = "localhost (2 ranks, unshaped loopback)", "loopback (not shaped)"
+        _run(mpirun + ["-H", "localhost:2"] + ranks_worker, env=env)
     else:
         hosts = "node1, node2 (launch/emulated_cluster.sh, 1 rank each)"
-        cluster_env = dict(env, NODES="2", LINK_RATE=args.link_rate)
-        _run([CLUSTER, "up"], env=cluster_env, timeout=300)
-        try:
-            status = _run([CLUSTER, "status"], env=cluster_env, timeout=60).stdout
+        with common.emulated_cluster(2, args.link_rate) as cluster_env:
+            status = [common.EMULATED_CLUSTER, "status"]
+            status = subprocess.run(
+                status, env=cluster_env, capture_output=True, text=True, timeout=60
+            ).stdout
             mca = ["-mca", "btl_tcp_if_include", CLUSTER_SUBNET, "-mca", "oob_tcp_if_include", CLUSTER_SUBNET]
-            _run(
-                mpirun
-                + mca
-                + ["-H", "node1:1,node2:1"]
-                + me
-                + ["_worker", "overlap_compression", "--role=ranks", f"--out={ranks_json}"],
-                env=env,
-            )
-        finally:
-            _run([CLUSTER, "down"], env=cluster_env, timeout=300)
+            _run(mpirun + mca + ["-H", "node1:1,node2:1"] + ranks_worker, env=env)
         shaped = re.findall(r"rate ([0-9.]+[kmgt]?bit)", status)
         link = f"veth pair per host, tc tbf {args.link_rate} each way"
         if shaped:
             link += f" (tc reports {shaped[0]})"
-    with open(compute_json) as f:
-        compute = json.load(f)
-    with open(busy_json) as f:
-        busy = json.load(f)
-    with open(ranks_json) as f:
-        ranks = json.load(f)
+    compute, busy, ranks = (_read_json(path) for path in (compute_json, busy_json, ranks_json))
     record = {
         "section": "overlap_compression",
         "label": label,
@@ -301,41 +257,19 @@ def overlap_compression(args):
     }
     with open(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), "w") as f:
         json.dump(record, f, indent=1)
-    for path in (compute_json, busy_json, busy_json + ".core1", ranks_json):
+    for path in (compute_json, busy_json, busy_json + ".1", ranks_json):
         os.remove(path)
     write_section("overlap_compression", _overlap_compression_markdown(), args.out)
 
 
-def _mean(xs):
-    return statistics.mean(xs)
-
-
 def _overlap_compression_markdown():
-    runs = []
-    for name in sorted(os.listdir(RAW_DIR)):
-        if name.startswith("overlap_compression_") and name.endswith(".json"):
-            with open(os.path.join(RAW_DIR, name)) as f:
-                runs.append(json.load(f))
+    names = sorted(
+        n for n in os.listdir(RAW_DIR) if n.startswith("overlap_compression_") and n.endswith(".json")
+    )
+    runs = [_read_json(os.path.join(RAW_DIR, n)) for n in names]
     order = {"1gbit": 0, "10gbit": 1, "local": 2}
     runs.sort(key=lambda r: order.get(r["label"], 3))
-    lines = [
-        "## Overlapped gradient allreduce and float16 compression",
-        "",
-        "Step time of `model.fit` with `hvd_lars.DistributedOptimizer(LARS)` on synthetic data, 1 rank",
-        "per host pinned to 1 core; mean of 10 timed steps after 3 warm-up steps (min-max in brackets).",
-        "*compute alone* is the same per-rank batch trained by one process (world size 1) on rank 0's core",
-        "with the other core idle; *compute, both busy* runs two such processes at once, one per core, so",
-        "that they share the machine's memory bandwidth and cache as the two ranks do (the emulated hosts",
-        "share one machine). *exposed* = step time - compute, both busy: the communication that the step",
-        "does not hide. *grouped*: one grouped allreduce after the last gradient (the previous behaviour);",
-        "*overlap*: one allreduce per gradient, started as backprop produces it, fused by Horovod's",
-        "background thread. All figures of one link come from the same script run. Each rank shares its",
-        "one core with Horovod's background thread, which negotiates in blocking MPI calls every cycle: the",
-        "runs use a 5 ms cycle (Horovod's default before 0.21; now 1 ms) and MPI yielding while it waits, so",
-        "that this polling does not take the core from the step (section `threads` measures that cost).",
-        "Raw figures: `results/scaling/overlap_compression_*.json` (one per link).",
-        "",
-    ]
+    lines = []
     for run in runs:
         prov, ranks, compute = run["provenance"], run["ranks"], run["compute"]
         lines += [
@@ -352,19 +286,19 @@ def _overlap_compression_markdown():
         ]
         busy = run["compute_both_cores_busy"]
         for name, entry in ranks["models"].items():
-            alone = _mean(compute["models"][name]["modes"]["compute"])
-            c = _mean(busy["models"][name]["modes"]["compute"])
+            alone = mean(compute["models"][name]["modes"]["compute"])
+            c = mean(busy["models"][name]["modes"]["compute"])
             g, o = entry["modes"]["grouped"], entry["modes"]["overlap"]
             lines.append(
                 f"| {name} ({entry['parameters'] / 1e6:.1f}M) | {entry['per_rank_batch']} | {alone:.3f} "
-                f"| {c:.3f} | {_mean(g):.3f} [{min(g):.3f}-{max(g):.3f}] "
-                f"| {_mean(o):.3f} [{min(o):.3f}-{max(o):.3f}] | {_mean(g) - c:.3f} | {_mean(o) - c:.3f} "
-                f"| {_mean(o) / _mean(g):.2f} |"
+                f"| {c:.3f} | {mean(g):.3f} [{min(g):.3f}-{max(g):.3f}] "
+                f"| {mean(o):.3f} [{min(o):.3f}-{max(o):.3f}] | {mean(g) - c:.3f} | {mean(o) - c:.3f} "
+                f"| {mean(o) / mean(g):.2f} |"
             )
         lines += ["", "Seconds per step (mean of the timed steps)."]
         reduce = ranks["allreduce"]
         values = reduce["values"]
-        none, fp16 = _mean(reduce["none"]), _mean(reduce["fp16"])
+        none, fp16 = mean(reduce["none"]), mean(reduce["fp16"])
         # Ring allreduce: each rank sends 2 (N-1)/N of the buffer.
         factor = 2 * (ranks["world_size"] - 1) / ranks["world_size"]
         lines += [
@@ -387,7 +321,7 @@ def write_section(name, body, markdown=None):
     markdown = markdown or MARKDOWN
     title = (
         "# Scale-out measurements\n\nEach section is written by `python -m benchmarks.scaling SECTION` "
-        "(see its docstring) or `python -m benchmarks.checkpoint_cost`; the command, git SHA, date and "
+        "(see its docstring); the command, git SHA, date and "
         "machine of every run stand beside its figures. Text outside the section markers is written by hand "
         "and kept when a section is rewritten."
     )
@@ -437,12 +371,9 @@ def _cpu_by_group(before, after, horovod_tids):
 
 
 def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
-    """One process of the `threads` section: world size 1 ("compute") or a Horovod rank ("ranks"); trains
-    ResNet-50 (mixed_bfloat16 where the CPU has it) on a synthetic batch of `batch` images for
-    WARMUP_STEPS + TIMED_STEPS steps with the main program's thread sizing (`hvd_lars.training.train.
-    configure_threads`: the CPUs this process may use; `inter_op` >= 0 overrides the inter-op pool, 0 being
-    TensorFlow's default) and records step times, the thread counts TensorFlow applied and CPU seconds
-    per thread group over the timed steps. Rank 0 writes the JSON `out`."""
+    """One process of section `threads` (world size 1, "compute", or a Horovod rank, "ranks"): ResNet-50's
+    step times at `batch` with the main program's thread sizing (`inter_op` >= 0 overrides the inter-op
+    pool), the threads TensorFlow applied and CPU seconds per thread group; rank 0 writes `out`."""
     if os.environ.get("HVD_LARS_BIND_LOCAL_RANK"):
         # horovodrun --gloo cannot bind: each rank binds itself to the core of its local rank.
         cores = sorted(os.sched_getaffinity(0))
@@ -467,33 +398,12 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     precision = resolve_precision("auto")
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
-    shape = (224, 224, 3)
-    model = get_model(THREADS_MODEL, input_shape=shape)
-    images = tf.random.stateless_uniform((batch, *shape), seed=(1, 2))
-    labels = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=1000, dtype=tf.int32)
-    data = tf.data.Dataset.from_tensors((images, labels)).repeat()
-    lars = common.mlperf_lars()
-    snapshots, stamps = [], []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_begin(self, step, logs=None):
-            if step == 0:
-                stamps.append(time.perf_counter())
-            if step == WARMUP_STEPS:
-                snapshots.append(_thread_cpu())
-
-        def on_train_batch_end(self, step, logs=None):
-            stamps.append(time.perf_counter())
-            if step == WARMUP_STEPS + TIMED_STEPS - 1:
-                snapshots.append(_thread_cpu())
-
-    model.compile(
-        optimizer=DistributedOptimizer(lars),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,
+    model = get_model(THREADS_MODEL, input_shape=(224, 224, 3))
+    data = synthetic_data(batch, 224)
+    snapshots = []
+    times = step_times(
+        model, DistributedOptimizer(common.mlperf_lars()), data, lambda: snapshots.append(_thread_cpu())
     )
-    model.fit(data, epochs=1, steps_per_epoch=WARMUP_STEPS + TIMED_STEPS, verbose=0, callbacks=[Stamp()])
-    times = [b - a for a, b in zip(stamps, stamps[1:])][WARMUP_STEPS:]
     result = {
         "role": role,
         "world_size": size,
@@ -508,7 +418,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
         "timed_wall_s": sum(times),
     }
     print(
-        f"[scaling] {role} rank {rank}: {statistics.mean(times):.3f} s/step, CPU {result['cpu_s']}",
+        f"[scaling] {role} rank {rank}: {mean(times):.3f} s/step, CPU {result['cpu_s']}",
         flush=True,
     )
     results = collectives.gather_objects(result, name="scaling.threads") if size > 1 else [result]
@@ -543,43 +453,31 @@ def _threads_arm(name, spec, me, env, scratch):
     out = os.path.join(scratch, f".threads_{abs(hash(name))}.json")
     worker = me + ["_worker", "threads", f"--role={spec['role']}"]
     if spec["role"] == "compute":
+        outs = [f"{out}.{i}" for i in range(len(spec["cores"]))]
         commands = [
-            ["taskset", "-c", cores] + worker + [f"--batch={spec['batch']}", f"--out={out}.{i}"]
-            for i, cores in enumerate(spec["cores"])
+            ["taskset", "-c", cores, *worker, f"--batch={spec['batch']}", f"--out={o}"]
+            for cores, o in zip(spec["cores"], outs)
         ]
-        if len(commands) == 1:
-            _run(commands[0], env=env)
+        _run(*commands, env=env)
+    else:
+        outs = [out]
+        worker += [f"--batch={THREADS_GLOBAL_BATCH // 2}", f"--out={out}"]
+        if spec.get("gloo"):
+            launcher = [common.HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"]
+            env = dict(env, HVD_LARS_BIND_LOCAL_RANK="1", **spec["env"])
         else:
-            _run_together(commands, env)
-        runs = []
-        for i in range(len(commands)):
-            with open(f"{out}.{i}") as f:
-                runs += json.load(f)["ranks"]
-            os.remove(f"{out}.{i}")
-        return {"processes": runs}
-    batch = THREADS_GLOBAL_BATCH // 2
-    if spec.get("gloo"):
-        horovodrun = [common.HOROVODRUN, "--gloo", "-np", "2"]
-        arm_env = dict(env, HVD_LARS_BIND_LOCAL_RANK="1", **spec["env"])
-        _run(horovodrun + ["-H", "localhost:2"] + worker + [f"--batch={batch}", f"--out={out}"], env=arm_env)
-        with open(out) as f:
-            runs = json.load(f)["ranks"]
-        os.remove(out)
-        return {"processes": runs}
-    mpirun = ["mpirun", "-np", "2", "-H", "localhost:2", "--tag-output"]
-    mpirun += ["--map-by", "core", "--bind-to", "core"] if spec["bind"] else ["--bind-to", "none"]
-    for key, value in spec["mca"].items():
-        mpirun += ["-mca", key, value]
-    arm_env = dict(env, **spec["env"])
-    for name_ in ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", *spec["env"]]:
-        mpirun += ["-x", name_]
-    _run(
-        mpirun + worker + [f"--batch={batch}", f"--inter_op={spec.get('inter_op', -1)}", f"--out={out}"],
-        env=arm_env,
-    )
-    with open(out) as f:
-        runs = json.load(f)["ranks"]
-    os.remove(out)
+            launcher = ["mpirun", "-np", "2", "-H", "localhost:2", "--tag-output"]
+            launcher += ["--map-by", "core", "--bind-to", "core"] if spec["bind"] else ["--bind-to", "none"]
+            for key, value in spec["mca"].items():
+                launcher += ["-mca", key, value]
+            env = dict(env, **spec["env"])
+            for variable in ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", *spec["env"]]:
+                launcher += ["-x", variable]
+            worker += [f"--inter_op={spec.get('inter_op', -1)}"]
+        _run(launcher + worker, env=env)
+    runs = [process for o in outs for process in _read_json(o)["ranks"]]
+    for o in outs:
+        os.remove(o)
     return {"processes": runs}
 
 
@@ -588,8 +486,7 @@ def threads(args):
     the baseline is measured before, between and after the other arms."""
     raw = os.path.join(RAW_DIR, "threads_local.json")
     if args.report_only:
-        with open(raw) as f:
-            return write_section("threads", _threads_markdown(json.load(f)), args.out)
+        return write_section("threads", _threads_markdown(_read_json(raw)), args.out)
     from hvd_lars.training import epoch_logs
 
     os.makedirs(RAW_DIR, exist_ok=True)
@@ -635,9 +532,9 @@ def _threads_rates(record):
     for run in record["runs"]:
         procs = run["processes"]
         if procs[0]["role"] == "ranks":
-            rate = sum(p["batch"] for p in procs) / statistics.mean(procs[0]["step_s"])
+            rate = sum(p["batch"] for p in procs) / mean(procs[0]["step_s"])
         else:
-            rate = sum(p["batch"] / statistics.mean(p["step_s"]) for p in procs)
+            rate = sum(p["batch"] / mean(p["step_s"]) for p in procs)
         rates.append(rate)
     return rates
 
@@ -673,7 +570,7 @@ def _threads_markdown(record):
     for i, (run, rate) in enumerate(zip(runs, rates)):
         before = max([j for j in baseline_at if j < i] or [baseline_at[0]])
         after = min([j for j in baseline_at if j > i] or [baseline_at[-1]])
-        base = statistics.mean({rates[before], rates[after]}) if run["arm"] != THREADS_BASELINE else None
+        base = mean({rates[before], rates[after]}) if run["arm"] != THREADS_BASELINE else None
         first = run["processes"][0]
         steps = first["step_s"]
         timed = len(steps)
@@ -685,7 +582,7 @@ def _threads_markdown(record):
         cores = "; ".join(",".join(map(str, p["placement"]["cores"])) for p in run["processes"])
         lines.append(
             f"| {i + 1} | {run['arm']} | {threads['intra_op']} / {threads['inter_op']} | {cores} "
-            f"| {rate:.2f} | {'' if base is None else f'{rate / base:.2f}'} | {statistics.mean(steps):.2f} "
+            f"| {rate:.2f} | {'' if base is None else f'{rate / base:.2f}'} | {mean(steps):.2f} "
             f"({min(steps):.2f}-{max(steps):.2f}) | {pool:.2f} / {python:.2f} / {horovod:.2f} |"
         )
     return "\n".join(lines)
@@ -710,9 +607,7 @@ def main(argv=None):
         if args.section == "threads":
             return worker_threads(args.role, args.out, batch=args.batch, inter_op=args.inter_op)
         return WORKERS[args.section](args.role, args.out, args.core)
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument("section", choices=sorted(SECTIONS))
     parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
@@ -723,8 +618,6 @@ def main(argv=None):
     args.argv = argv
     if not args.local and not re.fullmatch(r"[0-9.]+(bit|kbit|mbit|gbit|tbit)", args.link_rate):
         parser.error(f"--link_rate={args.link_rate!r}: expected a tc rate such as 1gbit or 10gbit.")
-    if not args.local and not os.path.exists(CLUSTER):
-        parser.error(f"{CLUSTER} is missing (the emulated cluster); use --local for 2 ranks on this host.")
     SECTIONS[args.section](args)
 
 

@@ -8,27 +8,16 @@
     hidden        = overlap x backward time, backward time = 2/3 x compute                       (5)
     time to train = epochs x ceil(1,281,167 / global batch) x step time                          (6)
 
-Inputs, all committed measurements: (2)-(3) each model's float32 training step on this machine's cores
-(benchmarks/benchmark_models.py, results/models_throughput/*.json) and its tf.matmul 4096x4096 rate;
-(4) n = the float32 gradient bytes, fused into m = ceil(n / 128 MiB) messages (Horovod's default fusion
-buffer), alpha (Horovod's cost per fused message) and B (a ring edge's share of the link's rate, times
-100 Gbit/s for the paper's Omni-Path) fitted by `hosts_fit` to the allreduces at 2, 4 and 8 emulated hosts
-(results/allreduce_hosts/allreduce_hosts.json, variant "main"), lambda = LINK_LATENCY_S; (5) `overlap`
-from the overlapped runs of results/scaling.md (section overlap_compression); (6) the paper's updates per
-epoch. The report sets the predictions beside those of the 2-host link fit (`link_fit`,
-results/communication/communication.json). Why each input is taken as it is: docs/design.md, "The
-time-to-train model".
-
-`validate` checks the step model on the 2-host emulated cluster (predicted from the same run's compute,
-against the measured step, grouped and overlapped); benchmarks/validation_hosts.py checks it at 2, 4 and 8
-emulated hosts (results/validation_hosts.md).
+Inputs, all committed: (2)-(3) results/models_throughput/*.json; (4) n the float32 gradient bytes in
+m = ceil(n / 128 MiB) fused messages, alpha and B fitted by `hosts_fit` to results/allreduce_hosts/
+allreduce_hosts.json, lambda = LINK_LATENCY_S; (5) the overlapped runs of results/scaling/; (6) the paper's
+updates per epoch. Why each input is taken as it is: docs/design.md, "The time-to-train model".
 
 Usage (from the repository root; arithmetic on committed measurements, seconds):
     python -m benchmarks.time_to_train                      # results/time_to_train.md and .png
     python -m benchmarks.time_to_train --update_flagfiles   # and the paper flagfiles' Predicted:
 """
 
-import argparse
 import dataclasses
 import glob
 import json
@@ -36,6 +25,7 @@ import math
 import os
 import re
 import statistics
+import textwrap
 
 from benchmarks import common
 
@@ -45,21 +35,16 @@ MARKDOWN = os.path.join(RESULTS, "time_to_train.md")
 PNG = os.path.join(RESULTS, "time_to_train.png")
 
 IMAGENET_TRAIN_IMAGES = 1281167  # ILSVRC-2012 training set
-BACKWARD_SHARE = (
-    2.0 / 3.0
-)  # backward = input gradients + weight gradients, 2 of 3 passes (hvd_lars.models.flops)
+# backward = input gradients + weight gradients, 2 of 3 passes (hvd_lars.models.flops)
+BACKWARD_SHARE = 2.0 / 3.0
 FUSION_BYTES = 128 * 2**20  # Horovod 0.28.1's default HOROVOD_FUSION_THRESHOLD (horovodrun --help)
 SMALL_MESSAGES = (2**10, 2**16)  # alpha: the median time of these allreduce sizes
 LARGE_MESSAGES = 2**20  # B: fitted to allreduces of at least this many bytes
-# The multi-host allreduces eq. (4) is fitted to: benchmarks/allreduce_hosts.py's variant with the settings
-# hvd_lars.main runs with, at its layouts of 1 rank per host.
 HOSTS_JSON = "allreduce_hosts/allreduce_hosts.json"
-# The other inputs, under RESULTS: benchmarks/communication.py's sweeps, benchmarks/benchmark_models.py's
-# throughput records, benchmarks/scaling.py's emulated-cluster runs.
 COMMUNICATION_JSON = "communication/communication.json"
 THROUGHPUT_GLOB = "models_throughput/*.json"
 SCALING_GLOB = "scaling/overlap_compression_*.json"
-HOSTS_VARIANT = "main"
+HOSTS_VARIANT = "main"  # allreduce_hosts' variant with the settings hvd_lars.main runs with
 # The CPU of the committed emulated-cluster runs (results/scaling/overlap_compression_*.json), on which
 # the model is validated; its throughput records are the model's compute rates unless --cpu names another.
 DEFAULT_CPU = "AMD EPYC"
@@ -122,14 +107,8 @@ def updates_per_epoch(global_batch, images=IMAGENET_TRAIN_IMAGES):
 
 
 def ring_allreduce_s(nbytes, ranks, alpha_s, bandwidth, hop_latency_s=0.0, fusion_bytes=FUSION_BYTES):
-    """Seconds to average `nbytes` of gradients over `ranks` ranks with a ring allreduce, eq. (4).
-
-    Args:
-        nbytes: gradient bytes per rank (float32: 4 x parameters).
-        ranks: p >= 1 (0 s for 1).
-        alpha_s: per-message cost (s); bandwidth: bytes/s one rank sends; hop_latency_s: per ring step.
-        fusion_bytes: largest fused message; the gradients travel as ceil(nbytes / fusion_bytes) messages.
-    """
+    """Eq. (4): seconds to average `nbytes` per rank over `ranks` ranks (0 for 1) with a ring allreduce:
+    `alpha_s` per fused message of at most `fusion_bytes`, `bandwidth` bytes/s, `hop_latency_s` a step."""
     if ranks < 1 or nbytes < 0:
         raise ValueError(f"ring_allreduce_s: ranks={ranks}, nbytes={nbytes}; need ranks >= 1, nbytes >= 0.")
     if ranks == 1:
@@ -192,8 +171,8 @@ def predict(
 
 
 def link_fit(sweep):
-    """(alpha s, bandwidth bytes/s) of one entry of COMMUNICATION_JSON's sweeps (see docstring)."""
-
+    """(alpha s, bandwidth bytes/s) of one of COMMUNICATION_JSON's sweeps: the median of SMALL_MESSAGES,
+    the fit to LARGE_MESSAGES and more."""
     sizes = sweep["sizes"]
     medians = [statistics.median(t) for t in sweep["times_s"]]
     alpha = statistics.median(
@@ -205,25 +184,14 @@ def link_fit(sweep):
 
 
 def hosts_fit(record, variant=HOSTS_VARIANT):
-    """alpha and B of eq. (4) from benchmarks/allreduce_hosts.py's allreduces at 2, 4 and 8 emulated hosts.
-
-    Args:
-        record: results/allreduce_hosts/allreduce_hosts.json ({"link_rate", "results": [{"layout", "p",
-            "variant", "size", "median_s"}, ...]}); only `variant` at layouts of 1 rank per host ("<p>x1") is
-            used.
-
-    Returns:
-        dict: alpha_s, the median of the SMALL_MESSAGES allreduces at the smallest p (there every rank has
-        a core to itself: Horovod's cycle and the software path, no rank waiting for a core); bandwidth
-        (bytes/s) and share (of the link's configured rate), one B fitted to the allreduces of at least
-        LARGE_MESSAGES at every p at once, t = c_p + 2 (p - 1)/p x S / B with a latency c_p per p (least
-        squares on relative residuals); link_bits; per_p: {p: {"small_s": that p's median small-message
-        time, "share": B of the same form fitted to that p alone, "worst": the joint fit's largest
-        relative miss at that p, "n": the large allreduces at that p}}.
+    """alpha and B of eq. (4) from allreduce_hosts.json's `variant` at layouts of 1 rank per host: alpha_s,
+    the median SMALL_MESSAGES allreduce at the smallest p; bandwidth (bytes/s) and share (of link_bits), one
+    fit of t = c_p + 2 (p - 1)/p x S / B to the LARGE_MESSAGES at every p (`common.ring_per_p`); per_p:
+    {p: small_s, share fitted to that p alone, worst relative miss, n sizes}.
 
     Raises:
-        ValueError: fewer than 2 values of p with 2 or more large sizes, no small message at the smallest
-        p, or a non-positive fitted B; the message names what was found.
+        ValueError: fewer than 2 p with 2 or more large sizes, no small message at the smallest p, or a
+        non-positive fitted B.
     """
     import numpy as np
 
@@ -248,7 +216,6 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
         )
 
     def fit(subset):
-        """(latencies per p, 1/B, relative residuals) of t = c_p + 2 (p - 1)/p x S / B over `subset`."""
         columns = ([r["p"] for r in subset], [r["size"] for r in subset], [r["median_s"] for r in subset])
         return common.ring_per_p(*columns)
 
@@ -270,23 +237,14 @@ def hosts_fit(record, variant=HOSTS_VARIANT):
 
 
 def cpu_label(record):
-    """What names a throughput record's CPU: its key (vendor, family, model, stepping, flags) where the
-    record has one, else its short name (records made before the key)."""
+    """A throughput record's CPU key (`common.cpu`), else (older records) its short name."""
     cpu = record.get("cpu", {})
     return cpu.get("key") or cpu.get("family") or cpu.get("model") or "unknown CPU"
 
 
 def load_measurements(cpu=None):
-    """Everything the model takes from results/: per model the float32 rate here and the matmul peak, the
-    gradient bytes, the link fits, and the overlapped/grouped runs of the emulated cluster.
-
-    Args:
-        cpu: text contained in the CPU label (`cpu_label`) of the throughput records to use; None: the
-            only CPU there is.
-
-    Raises:
-        ValueError: records of several CPUs and no `cpu`, or none matching it; the message lists the CPUs.
-    """
+    """Everything the model takes from results/, the throughput records of the CPU whose `cpu_label`
+    contains `cpu` (None: the only CPU there is); ValueError, listing the CPUs, if that is not one CPU."""
     with open(os.path.join(RESULTS, COMMUNICATION_JSON)) as f:
         communication = json.load(f)
     links = {
@@ -349,11 +307,8 @@ def gradient_bytes(model_name):
 
 
 def validate(measurements, grads):
-    """Predicted against measured step times of the 2-host emulated cluster (results/scaling/, shaped links).
-
-    Returns (rows, overlap): rows of dicts (link, model, mode, compute, allreduce, predicted, measured,
-    error), and the overlap share calibrated on ResNet-50's overlapped run at 1 Gbit/s (None without it).
-    """
+    """Predicted against measured steps of the 2-host emulated cluster (results/scaling/): (rows, the
+    overlap share calibrated on ResNet-50's overlapped run at 1 Gbit/s, None without it)."""
     rows, cases = [], []
     for label, record in sorted(measurements["scaling"].items()):
         if label not in measurements["links"]:
@@ -404,47 +359,33 @@ FLAGFILES = {
 }
 
 
-def target_link(measurements, source="hosts"):
-    """(alpha, bandwidth, hop latency, share) of Omni-Path: alpha as measured, the reached share of the
-    link's rate applied to 100 Gbit/s, LINK_LATENCY_S per hop.
-
-    Args:
-        source: "hosts", the joint fit at 2, 4 and 8 emulated hosts under hvd_lars.main's settings
-            (`hosts_fit`); "2hosts", the 2-host 1 Gbit/s sweep at Horovod's
-            default cycle (`link_fit`; the model before).
-
-    Raises:
-        ValueError: an unknown source, or "hosts" where results/allreduce_hosts/allreduce_hosts.json is
-            missing or gives no fit (`load_measurements` keeps `hosts_fit`'s reason; the message names it).
-    """
-    if source == "2hosts":
-        alpha, bandwidth_1g = measurements["links"]["1gbit"]
-        share = bandwidth_1g * 8 / 1e9
-    elif source == "hosts":
-        if measurements.get("hosts") is None:
-            raise ValueError(
-                f"{measurements.get('hosts_error', f'no results/{HOSTS_JSON}')}: run python -m "
-                "benchmarks.allreduce_hosts (as root) at 2 or more layouts of 1 rank per host"
-            )
-        alpha, share = measurements["hosts"]["alpha_s"], measurements["hosts"]["share"]
-    else:
-        raise ValueError(f"target_link: source {source!r}; 'hosts' or '2hosts'")
+def target_link(measurements):
+    """(alpha, bandwidth, hop latency, share) of Omni-Path: alpha and the reached share of the link's rate
+    from `hosts_fit`, applied to 100 Gbit/s, LINK_LATENCY_S per hop. ValueError (with `load_measurements`'
+    reason) where results/allreduce_hosts/allreduce_hosts.json is missing or gives no fit."""
+    if measurements.get("hosts") is None:
+        raise ValueError(
+            f"{measurements.get('hosts_error', f'no results/{HOSTS_JSON}')}: run python -m "
+            "benchmarks.allreduce_hosts (as root) at 2 or more layouts of 1 rank per host"
+        )
+    alpha, share = measurements["hosts"]["alpha_s"], measurements["hosts"]["share"]
     return alpha, share * LINK_RATE_BITS / 8, LINK_LATENCY_S, share
 
 
-def _model_inputs(measurements, model):
+def _predict(measurements, grads, overlap, model, socket_name, sockets, batch, epochs):
+    """`predict` with this model's measured rates and Omni-Path's link (`target_link`)."""
     t = measurements["throughput"][model]
-    return t["images_per_second"], t["matmul_gflops"]
+    link = target_link(measurements)[:3]
+    socket = SOCKETS[socket_name]
+    return predict(t["images_per_second"], t["matmul_gflops"], grads[model], socket, sockets, batch, epochs,
+                   link, overlap)  # fmt: skip
 
 
-def predictions(measurements, grads, overlap, source="hosts"):
-    alpha, bandwidth, latency, _ = target_link(measurements, source)
+def predictions(measurements, grads, overlap):
     rows = []
     for model, socket_name, epochs, configs in PREDICTIONS:
-        rate, matmul = _model_inputs(measurements, model)
         for sockets, batch in configs:
-            p = predict(rate, matmul, grads[model], SOCKETS[socket_name], sockets, batch, epochs,
-                        (alpha, bandwidth, latency), overlap)  # fmt: skip
+            p = _predict(measurements, grads, overlap, model, socket_name, sockets, batch, epochs)
             paper = PAPER.get((model, sockets, batch, epochs))
             rows.append({"model": model, "socket": socket_name, "epochs": epochs, "sockets": sockets,
                          "global_batch": batch, "paper_minutes": paper and paper[0], **p})  # fmt: skip
@@ -461,14 +402,11 @@ def plot(measurements, grads, overlap, png=PNG):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    alpha, bandwidth, latency, _ = target_link(measurements)
     counts = [2**k for k in range(4, 13)]
     fig, (ax_time, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.5))
     for model, socket_name, epochs, _ in PREDICTIONS:
-        rate, matmul = _model_inputs(measurements, model)
         label = f"{MODEL_NAMES[model]}, {epochs} epochs, batch 32K, {SOCKETS[socket_name].name}"
-        ps = [predict(rate, matmul, grads[model], SOCKETS[socket_name], n, 32768, epochs,
-                      (alpha, bandwidth, latency), overlap) for n in counts]  # fmt: skip
+        ps = [_predict(measurements, grads, overlap, model, socket_name, n, 32768, epochs) for n in counts]
         line = ax_time.loglog(counts, [p["time_to_train_s"] / 60 for p in ps], marker="o", label=label)[0]
         ax_eff.semilogx(
             counts, [p["efficiency"] for p in ps], marker="o", color=line.get_color(), label=label
@@ -500,10 +438,7 @@ def flagfile_line(name, measurements, grads, overlap):
     epochs = float(re.search(r"^--epochs=([\d.]+)", text, re.M).group(1))
     if ranks * per_rank != batch:
         raise ValueError(f"{name}: {ranks} ranks x per-rank batch {per_rank} != global batch {batch}")
-    alpha, bandwidth, latency, _ = target_link(measurements)
-    rate, matmul = _model_inputs(measurements, model)
-    p = predict(rate, matmul, grads[model], SOCKETS[socket_name], ranks, batch, epochs,
-                (alpha, bandwidth, latency), overlap)  # fmt: skip
+    p = _predict(measurements, grads, overlap, model, socket_name, ranks, batch, epochs)
     return (
         f"# Predicted: {ranks} ranks x per-rank batch {per_rank} x accumulation 1 = {batch}; on {ranks} "
         f"{SOCKETS[socket_name].name} sockets (1 rank each, 100 Gb/s Omni-Path) a step of "
@@ -513,40 +448,23 @@ def flagfile_line(name, measurements, grads, overlap):
 
 
 def update_flagfiles(measurements, grads, overlap):
+    """Rewrites each paper flagfile's `# Predicted:` block (`flagfile_line`), just above its `# Expected:`."""
     for name in FLAGFILES:
         path = os.path.join(REPO, "flags", f"{name}.flags")
         with open(path) as f:
-            lines = f.read().splitlines()
-        new = _wrap_comment(flagfile_line(name, measurements, grads, overlap))
-        # Drop an earlier Predicted: block (its line and the indented lines that continue it).
-        out, skipping = [], False
-        for line in lines:
-            if line.startswith("# Predicted:"):
-                skipping = True
-                continue
-            if skipping and line.startswith("#           "):
-                continue
-            skipping = False
-            out.append(line)
-        at = next(i for i, line in enumerate(out) if line.startswith("# Expected:"))
-        out[at:at] = new
+            text = re.sub(r"^# Predicted:.*\n(?:#           .*\n)*", "", f.read(), flags=re.M)
+        line = flagfile_line(name, measurements, grads, overlap)
+        new = textwrap.wrap(
+            line, 110, subsequent_indent="#           ", break_on_hyphens=False, break_long_words=False
+        )
+        at = text.index("# Expected:")
+        text = text[:at] + "\n".join(new) + "\n" + text[at:]
         with open(path, "w") as f:
-            f.write("\n".join(out) + "\n")
+            f.write(text)
         print(f"[time_to_train] {path}: {' '.join(new)}", flush=True)
 
 
-def _wrap_comment(text, width=110):
-    words, lines, current = text.split(), [], ""
-    for word in words:
-        if current and len(current) + 1 + len(word) > width:
-            lines.append(current)
-            current = "#           " + word
-        else:
-            current = f"{current} {word}" if current else word
-    return lines + [current]
-
-
-def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKDOWN, command=None):
+def report(measurements, grads, rows, overlap, predicted, markdown=MARKDOWN, command=None):
     alpha, bandwidth, latency, share = target_link(measurements)
     command = command or common.command_line("time_to_train", [])
     lines = [
@@ -608,12 +526,7 @@ def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKD
         "",
     ]
     if not rows:
-        lines += [
-            "No shaped-link run of benchmarks/scaling.py is committed yet "
-            "(`results/scaling/overlap_compression_"
-            "1gbit.json`, `_10gbit.json`): nothing to validate against; the predictions below use overlap 0.",
-            "",
-        ]
+        lines += [f"No shaped-link run in `results/{SCALING_GLOB}`: the predictions use overlap 0.", ""]
     else:
         lines += [
             "1 rank per host, each on 1 core; compute = the same per-rank batch trained by one process per",
@@ -650,14 +563,7 @@ def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKD
                 f"- {r['link']}, {MODEL_NAMES[r['model']]}, {r['mode']}: the {len(steps)} measured steps: "
                 + ", ".join(f"{t:.2f}" for t in steps)
                 + f" s; {len(near)} of them lie within 20% of the predicted {r['predicted_s']:.2f} s, the "
-                f"others are up to {steps[-1] - r['predicted_s']:.1f} s slower. The step time is not one "
-                "figure with noise around it but a fast mode that the model predicts and stalls on top of "
-                "it. The stalls came only with the largest transfers here (AlexNet-BN's 250 MB of gradients, "
-                "its fc6 gradient alone 151 MB, beyond the 128 MiB fusion buffer and the 1-128 MiB sizes the "
-                "link fit was made on) through the token-bucket shaper; a shaper that drops what exceeds "
-                "its queue leaves TCP to recover from losses, which would give such stalls (not traced "
-                "here: no packet captures were taken). The model carries no stall term, so on a congested "
-                "or lossy network it is a lower bound.",
+                f"others are up to {steps[-1] - r['predicted_s']:.1f} s slower.",
             ]
         if not within:
             lines.append("")
@@ -678,7 +584,6 @@ def report(measurements, grads, rows, overlap, predicted, before, markdown=MARKD
             f"{p['efficiency']:.2f} | {p['time_to_train_s'] / 60:.1f} min | {paper} |"
         )
     lines += ["", "![predicted time to train and scaling efficiency](time_to_train.png)", ""]
-    lines += changes(measurements, predicted, before)
     lines += disagreement(measurements, predicted)
     common.write_report(markdown, "\n".join(lines).rstrip())
     print(f"[time_to_train] wrote {markdown}", flush=True)
@@ -709,33 +614,6 @@ def hosts_section(hosts):
     return lines
 
 
-def changes(measurements, predicted, before):
-    """Lines setting the predictions beside those of the 2-host link fit (`link_fit`)."""
-    a_old, _, _, share_old = target_link(measurements, "2hosts")
-    a_new, _, _, share_new = target_link(measurements)
-    lines = [
-        "### What the inputs from 2, 4 and 8 hosts changed",
-        "",
-        f"Before: alpha {a_old * 1e3:.2f} ms and B {share_old:.2f} of the link, from 2 emulated hosts at "
-        "1 Gbit/s under Horovod's default",
-        f"cycle (results/{COMMUNICATION_JSON}). Now: alpha {a_new * 1e3:.2f} ms and B {share_new:.2f}, "
-        "as above.",
-        "",
-        "| model | sockets | global batch | allreduce before | allreduce now | step before | step now "
-        "| time to train before | now | change |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for new, old in zip(predicted, before):
-        lines.append(
-            f"| {MODEL_NAMES[new['model']]} | {new['sockets']:,} | {new['global_batch']:,} | "
-            f"{_fmt_s(old['allreduce_s'])} | {_fmt_s(new['allreduce_s'])} | {_fmt_s(old['step_s'])} | "
-            f"{_fmt_s(new['step_s'])} | {old['time_to_train_s'] / 60:.1f} min | "
-            f"{new['time_to_train_s'] / 60:.1f} min | "
-            f"{new['time_to_train_s'] / old['time_to_train_s'] - 1:+.1%} |"
-        )
-    return lines + [""]
-
-
 def disagreement(measurements, predicted):
     """Paragraphs comparing the model with the paper's two runs, with the figures that decide it."""
     lines = ["## Model against paper", ""]
@@ -759,38 +637,11 @@ def disagreement(measurements, predicted):
             f"{p['time_to_train_s'] / 60:.1f} minutes: {p['time_to_train_s'] / 60 / p['paper_minutes']:.2f}x "
             "the paper."
         )
-    lines += [
-        "",
-        "Where the model and the paper part, and why:",
-        "",
-        "- Compute is carried over as a fraction of peak (eq. 3). Here oneDNN (TensorFlow 2.21, 2026)",
-        "  runs hvd_lars's float32 step at batch 32 on 2 out-of-order Zen 4 cores; the paper ran Intel",
-        "  Caffe (2017) at 16 images per socket, on 24 Skylake cores or 68 Knights Landing cores whose",
-        "  scalar and memory-bound work (batch norm, element-wise layers, the solver's per-layer LARS norms,",
-        "  the framework's own overhead) is slow next to their vector peak. Nothing here measures how much",
-        "  of the peak those chips reached; the paper's figures above say it was a smaller share than here.",
-        "- Peak at base clock: under AVX-512 both chips run below it (Skylake-SP's AVX-512 frequencies are",
-        "  lower than its base; Knights Landing drops by about 200 MHz), which would lengthen compute.",
-        "- AlexNet-BN: the paper's Caffe model groups conv2, conv4 and conv5 in 2 (0.72 G multiply-adds per",
-        "  image, Sze et al. 2017) where hvd_lars's one-tower model has 1.14 G (hvd_lars.models.flops;",
-        "  results/models_throughput.md): the paper's arithmetic per image was 36% smaller than the model's.",
-        "- Communication: a bandwidth-optimal ring at the share of the link reached here, 1 us per hop, no",
-        "  congestion, one rank per socket (both sockets of a node on one port in the paper's machines); the",
-        "  paper's Intel MLSL allreduce and its overlap are not measured here. On 2,048 sockets the latency",
-        "  term alone is 2 x 2,047 hops x 1 us per fused message.",
-        "- Not modelled: reading and decoding images (results/input_pipeline.md: a fraction of a core per",
-        "  socket at the paper's rates), evaluation, checkpoints, start-up, stragglers.",
-        "- Small per-socket batches: compute is taken as linear in the batch; at 8K on 2,048 sockets each",
-        "  socket trains 4 images per step, where oneDNN's kernels run far below their batch-32 efficiency",
-        "  (results/scaling.md, section threads, measures batch 16 against 32 on this machine).",
-    ]
     return lines
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = common.argument_parser(__doc__)
     parser.add_argument(
         "--update_flagfiles", action="store_true", help="rewrite the paper flagfiles' Predicted:"
     )
@@ -820,10 +671,9 @@ def main(argv=None):
     rows, overlap = validate(measurements, grads)
     overlap = overlap or 0.0
     predicted = predictions(measurements, grads, overlap)
-    before = predictions(measurements, grads, overlap, source="2hosts")
     plot(measurements, grads, overlap, os.path.splitext(args.out)[0] + ".png")
     command = common.command_line("time_to_train", argv)
-    report(measurements, grads, rows, overlap, predicted, before, args.out, command)
+    report(measurements, grads, rows, overlap, predicted, args.out, command)
     if args.update_flagfiles:
         update_flagfiles(measurements, grads, overlap)
 

@@ -64,18 +64,3 @@ def test_the_emulated_cluster_is_taken_down_when_the_benchmark_is_terminated(tmp
     )
     assert result.returncode == 128 + 15 and "not reached" not in result.stdout, result.stderr[-2000:]
     assert log.read_text().splitlines() == ["up 4 200mbit", "down 4 200mbit"]
-
-
-@pytest.mark.unit
-def test_split_step_takes_the_slowest_ranks_compute_and_the_fastest_ranks_allreduce():
-    from benchmarks import validation_hosts
-
-    # Two ranks, three steps. Rank 1 computes 20 ms longer in step 0, so rank 0 waits those 20 ms in its
-    # allreduce: the step's allreduce proper is rank 1's, its compute rank 1's.
-    rank0 = {"compute": [0.10, 0.11, 0.09], "allreduce": [0.08, 0.06, 0.07], "update": [0.01, 0.01, 0.02]}
-    rank1 = {"compute": [0.12, 0.10, 0.09], "allreduce": [0.06, 0.07, 0.07], "update": [0.01, 0.03, 0.02]}
-    parts = validation_hosts.split_parts([rank0, rank1])
-    assert parts["compute"] == pytest.approx(0.11)  # median of 0.12, 0.11, 0.09
-    assert parts["allreduce"] == pytest.approx(0.06)  # median of 0.06, 0.06, 0.07
-    assert parts["update"] == pytest.approx(0.015)  # median of the six: 0.01, 0.01, 0.01, 0.02, 0.02, 0.03
-    assert parts["step"] == pytest.approx(0.18)  # rank 0's sums: 0.19, 0.18, 0.18

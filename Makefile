@@ -30,7 +30,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 export OMPI_MCA_odls_base_sigkill_timeout ?= 10
 export PYTHONUNBUFFERED ?= 1
 
-.PHONY: setup train test test-quick test-backends lint format clean
+.PHONY: setup train test test-quick test-backends check-docs lint format clean
 
 setup:
 	$(if $(and $(DATA_DIR),$(filter fashion_mnist,$(DATASET))),FASHION_MNIST_DIR=$(DATA_DIR)) bash install/setup.sh
@@ -46,8 +46,13 @@ test: setup
 	bash install/test_services.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		--ignore=tests/docs
 	bash install/backends.sh
+
+# The README's code and commands as written, and its figures against results/ (tests/docs/).
+check-docs: setup
+	$(PY) -m pytest -v -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup tests/docs
 
 # The library on Keras's JAX and PyTorch backends, each in an environment without TensorFlow (.venv-backends/).
 test-backends:
@@ -56,7 +61,7 @@ test-backends:
 # The unit tier (no subprocess): the edit-test loop's few minutes.
 test-quick: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m unit -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -m unit -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/docs
 
 lint:
 	$(PY) -m ruff check .

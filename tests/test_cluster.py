@@ -530,8 +530,8 @@ def test_readme_cluster_sbatch_command_on_two_emulated_nodes(cluster, slurm, sha
     files, the flags that make the run small are appended, and Slurm's output goes to the run's folder
     (SBATCH_OUTPUT, which overrides the script's #SBATCH line). 4 ranks on node1 and node2, placed by
     train.sbatch itself (no placement exported)."""
+    from tests.docs.test_readme_code import FASHION_MNIST, RUN_SECTIONS, SMALL_FASHION_MNIST
     from tests.support import readme
-    from tests.test_readme_code import FASHION_MNIST, RUN_SECTIONS, SMALL_FASHION_MNIST
 
     command = readme.find_command("README.md", RUN_SECTIONS[1], "sbatch --nodes=2")
     data = shared_dir / "home" / "data" / "fashion-mnist"

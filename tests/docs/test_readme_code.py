@@ -30,12 +30,12 @@ RUN_SECTIONS = ("Two commands", "On a cluster (no root, the cluster's MPI and Py
 
 # command as written -> the test that runs it (tests/<file>::<function>).
 RUNS = {
-    "make train": "tests/test_readme_code.py::test_make_train_as_written_reaches_the_data_dir",
+    "make train": "tests/docs/test_readme_code.py::test_make_train_as_written_reaches_the_data_dir",
     "FASHION_MNIST_DIR=$HOME/data/fashion-mnist bash install/setup.sh": (
-        "tests/test_readme_code.py::test_cluster_setup_command_as_written"
+        "tests/docs/test_readme_code.py::test_cluster_setup_command_as_written"
     ),
     "launch/mpirun.sh localhost 2 flags/fashion_mnist_lars.flags --data_dir=$HOME/data/fashion-mnist": (
-        "tests/test_readme_code.py::test_first_cluster_command_as_written"
+        "tests/docs/test_readme_code.py::test_first_cluster_command_as_written"
     ),
     "sbatch --nodes=2 --ntasks-per-node=2 launch/slurm/train.sbatch flags/fashion_mnist_lars.flags "
     "--data_dir=$HOME/data/fashion-mnist": (
@@ -43,16 +43,17 @@ RUNS = {
     ),
     ".venv/bin/horovodrun -np 2 -H localhost:2 .venv/bin/python -m hvd_lars.main "
     "--flagfile=flags/fashion_mnist_lars.flags": (
-        "tests/test_readme_code.py::test_running_commands_as_written"
+        "tests/docs/test_readme_code.py::test_running_commands_as_written"
     ),
     ".venv/bin/python -m hvd_lars.main --flagfile=flags/smoke.flags": (
-        "tests/test_readme_code.py::test_running_commands_as_written"
+        "tests/docs/test_readme_code.py::test_running_commands_as_written"
     ),
 }
 # command as written -> why no test runs it (each is still checked by `check_command` where it can be).
 NOT_RUN = {
     "make test": "the test suite itself (.ci/run runs it)",
     "make test-quick": "the unit tier of this very suite",
+    "make check-docs": "these very checks (.ci/run runs it)",
     "module load gcc openmpi python/3.11": "environment modules are a cluster's; this machine has none",
     "git clone <this repository> hvd_lars && cd hvd_lars": "the checkout the tests run in",
 }

@@ -10,6 +10,7 @@ Every test carries exactly one tier marker (README, "Tests"):
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -87,3 +88,22 @@ def _no_file_failure_noted_before():
     module = sys.modules.get("hvd_lars.training.faults")
     if module is not None:
         module._noted = None
+
+
+@pytest.fixture(scope="module")
+def cluster(request):
+    """The emulated hosts of a system test module (launch/emulated_cluster.sh): its NODES, else 2."""
+    from tests.support.emulated_cluster import cluster_up
+
+    with cluster_up(getattr(request.module, "NODES", 2)) as c:
+        yield c
+
+
+@pytest.fixture
+def shared_dir(request):
+    """A fresh folder every emulated host sees (outside /tmp, which each host has of its own)."""
+    from tests.support.emulated_cluster import shared_folder
+
+    path = shared_folder(request.node.name)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

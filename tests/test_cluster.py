@@ -25,7 +25,6 @@ from tests.support.emulated_cluster import (
     CONTROLLER_ADDRESS,
     SCRIPT,
     SUBNET,
-    cluster_up,
     require_root,
     shared_folder,
     shell_command,
@@ -68,20 +67,6 @@ SILENT_HOST_LIMIT_S = 90
 # Longer than that: a rank's watchdog that fires first makes mpirun abort the job, and an aborting mpirun
 # waits for its daemon on the silent host (measured: still running 90 s later, 4 of 4 tries).
 SILENT_HOST_HANG_TIMEOUT_S = 60
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with cluster_up(2) as c:
-        yield c
-
-
-@pytest.fixture
-def shared_dir(request):
-    """A fresh folder every host sees (outside /tmp), removed afterwards."""
-    path = shared_folder(request.node.name)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 # 4 ranks on 2 cores: MPI's busy polling would take the cores from the ranks it waits for; yielding
@@ -246,44 +231,16 @@ def test_horovodrun_trains_across_two_hosts(mpi_run):
 
 
 @pytest.mark.system
-def test_launch_horovodrun_sh_with_a_host_list(cluster, mpi_run, shared_dir):
-    result = _run(
-        [
-            os.path.join(REPO, "launch", "horovodrun.sh"),
-            cluster.host_list(RANKS_PER_HOST),
-            str(WORLD_SIZE),
-            "flags/smoke.flags",
-            f"--workdir={shared_dir}",
-            "--gradient_reduction=grouped",
-        ],
-        RANKS_PER_SOCKET="2",
-        MPI_BIND="none",
-    )
-    assert "global batch 32 = 4 ranks x per-rank batch 8" in result.stdout
-    _assert_two_hosts(_summary(shared_dir))
-    reference, ours = _checkpoint_values(mpi_run[0], SMOKE_STEPS), _checkpoint_values(shared_dir, SMOKE_STEPS)
-    assert ours.keys() == reference.keys()
-    for name in reference:
-        np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
-
-
-@pytest.mark.system
-def test_launch_mpirun_sh_with_a_hostfile_gives_the_mpi_weights(cluster, mpi_run, shared_dir):
-    hostfile = shared_dir / "hostfile"
-    hostfile.write_text("".join(f"{h.name} slots={RANKS_PER_HOST}\n" for h in cluster.hosts))
-    result = _run(
-        [
-            os.path.join(REPO, "launch", "mpirun.sh"),
-            str(hostfile),
-            str(WORLD_SIZE),
-            "flags/smoke.flags",
-            f"--workdir={shared_dir}",
-            "--gradient_reduction=grouped",
-        ],
-        RANKS_PER_SOCKET="2",
-        MPI_BIND="none",
-        **MPI_NETWORK,
-    )
+@pytest.mark.parametrize("script", ["horovodrun.sh", "mpirun.sh"])
+def test_launch_script_gives_the_mpi_weights(cluster, mpi_run, shared_dir, script):
+    # launch/horovodrun.sh takes a host list; launch/mpirun.sh a hostfile, on the cluster network only.
+    hosts, network = cluster.host_list(RANKS_PER_HOST), {}
+    if script == "mpirun.sh":
+        hosts, network = shared_dir / "hostfile", MPI_NETWORK
+        hosts.write_text("".join(f"{h.name} slots={RANKS_PER_HOST}\n" for h in cluster.hosts))
+    command = [os.path.join(REPO, "launch", script), str(hosts), str(WORLD_SIZE), "flags/smoke.flags"]
+    flags = [f"--workdir={shared_dir}", "--gradient_reduction=grouped"]
+    result = _run([*command, *flags], RANKS_PER_SOCKET="2", MPI_BIND="none", **network)
     assert "global batch 32 = 4 ranks x per-rank batch 8" in result.stdout
     _assert_two_hosts(_summary(shared_dir))
     reference, ours = _checkpoint_values(mpi_run[0], SMOKE_STEPS), _checkpoint_values(shared_dir, SMOKE_STEPS)

@@ -13,7 +13,6 @@ share this machine's 2 cores: one intra-op thread per rank.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
-from tests.support.emulated_cluster import cluster_up, shared_folder, shell_command
+from tests.support.emulated_cluster import shell_command
 
 PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -40,19 +39,6 @@ WORLD_SIZE = 8
 # a tensor left unreduced leaves the ranks of one run apart, which `_check_run` finds bit for bit.
 GLOO_FRACTION_OF_MOVEMENT = 0.02
 ENV = {"PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_MCA_mpi_yield_when_idle": "1"}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with cluster_up(NODES) as c:
-        yield c
-
-
-@pytest.fixture
-def shared_dir(request):
-    path = shared_folder(request.node.name)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _weights(workdir, rank):

@@ -10,28 +10,13 @@ network. The run directory is outside /tmp, which each host has of its own.
 """
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 from tests.support.elastic_job import HOSTS_TOTAL_STEPS, host_removed_and_added
-from tests.support.emulated_cluster import cluster_up, shared_folder
 
 NODES = 3
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with cluster_up(NODES) as c:
-        yield c
-
-
-@pytest.fixture
-def shared_dir(request):
-    path = shared_folder(request.node.name)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.system

@@ -1,18 +1,12 @@
 """ImageNet-1k's one-time preparation: the user's ILSVRC-2012 tars converted into tensorflow-datasets'
-`imagenet2012` records under `data_dir`, and the test of whether a folder holds a finished one.
+`imagenet2012` records under `data_dir` (`hvd-lars-prepare imagenet2012`, `hvd_lars.prepare`), and the
+test of whether a folder holds a finished one.
 
-ImageNet cannot be downloaded automatically: the user puts `ILSVRC2012_img_train.tar` and
-`ILSVRC2012_img_val.tar` (from image-net.org) in a manual folder, and `prepare` converts them, once and on
-one node, before any training job (`hvd-lars-prepare imagenet2012`, `hvd_lars.prepare`; hours on the full
-set). Nothing is downloaded: the builder reads only `manual_dir`. The conversion turns ImageNet's CMYK
-JPEGs and its PNG-as-JPEG into plain RGB JPEGs.
-
-tensorflow-datasets writes into `data_dir/imagenet2012/incomplete.<6 characters>_<version>/` and renames
-that folder to `<version>/` only after every split and `dataset_info.json` are written, so an interrupted
-conversion (a signal, a full disk) never leaves a version folder; the folder it does leave, the next
-`prepare` removes. Prepared means exactly what a finished conversion leaves (`unfinished`): the version
-folder with `dataset_info.json` and `features.json`, the training and validation splits, and every record
-file those splits name. Training reads only prepared folders (`prepared_builder`).
+The user puts `ILSVRC2012_img_train.tar` and `ILSVRC2012_img_val.tar` (from image-net.org) in a manual
+folder; nothing is downloaded. tensorflow-datasets writes into `incomplete.<6 characters>_<version>/` and
+renames it to `<version>/` only when every split and `dataset_info.json` are written, so an interrupted
+conversion never leaves a version folder; the folder it does leave, the next `prepare` removes. Prepared
+means what a finished conversion leaves (`unfinished`); training reads only that (`prepared_builder`).
 """
 
 import contextlib
@@ -138,12 +132,9 @@ def validation_labels_path():
 
 
 def check_validation_tar(val_tar, labels_path=None):
-    """Refuses a validation tar that does not hold exactly the images the label file covers.
-
-    tensorflow-datasets' `imagenet2012` builder labels the validation images by position: it zips the
-    *sorted names in the tar* with the lines of its label file (`imagenet_common.get_validation_labels`),
-    so a tar missing `ILSVRC2012_val_00000001.JPEG` would give every later image its predecessor's label
-    (and a stray extra entry would shift the rest). This check runs before any preparation.
+    """Refuses a validation tar that does not hold exactly the images the label file covers:
+    tensorflow-datasets labels them by position in the tar's sorted names
+    (`imagenet_common.get_validation_labels`), so a missing or extra entry would shift every later label.
 
     Args:
         val_tar: path of `ILSVRC2012_img_val.tar`.
@@ -181,8 +172,8 @@ def check_validation_tar(val_tar, labels_path=None):
 
 @dataclasses.dataclass
 class Preparation:
-    """What `prepare` did: `converted` False when the data were prepared already; `removed`, the folders
-    interrupted preparations had left."""
+    """What `prepare` did: `converted` False when prepared already; `removed`, the folders interrupted
+    preparations had left."""
 
     builder: object
     converted: bool
@@ -192,12 +183,10 @@ class Preparation:
 def prepare(manual_dir, data_dir=None, starting=None):
     """Converts the tars in `manual_dir` into `imagenet2012` records under `data_dir`, unless prepared.
 
-    Before converting it checks that both tars are there, that `data_dir` can be written and has room for
-    about the tars' size (the records hold the same JPEG bytes), that the validation tar holds exactly the
-    labelled images (`check_validation_tar`), that no other preparation writes there (a lock file held in
-    the dataset's folder while converting) and that no damaged earlier preparation is in the way; then it
-    removes what interrupted preparations left (`INCOMPLETE_FOLDER`). tensorflow-datasets shows its
-    progress bars (examples generated, then shuffled and written, for each split) on stderr.
+    First it checks that both tars are there, that `data_dir` can be written and has room for the tars'
+    size, that the validation tar holds exactly the labelled images (`check_validation_tar`), that no other
+    preparation writes there (`LOCK_NAME`, held while converting) and that no damaged earlier preparation
+    is in the way; then it removes what interrupted preparations left (`INCOMPLETE_FOLDER`).
 
     Args:
         manual_dir: folder holding `MANUAL_FILES` (and, converted too when there, `OPTIONAL_FILE`); not

@@ -1,11 +1,8 @@
 """The order a rank reads its training shard in: a fresh permutation each epoch, a pure function of the
 seed and the epoch, so a stream can start at any position without reading what comes before it.
 
-The stream of a rank is epoch 0's permutation of its shard, then epoch 1's, and so on. Element k of the
-stream is `epoch_permutation(n, seed, k // n)[k % n]`: a run resumed after k elements computes one
-permutation (O(n) integers, whatever k is) and starts in the middle of it. The earlier pipelines drew
-`Dataset.shuffle(reshuffle_each_iteration=True)` orders instead, which can only be reached by iterating
-through every earlier epoch, decoding each image again.
+Element k of a rank's stream is `epoch_permutation(n, seed, k // n)[k % n]`: a run resumed after k
+elements computes one permutation (O(n) integers, whatever k is) and starts in the middle of it.
 """
 
 import tensorflow as tf

@@ -1,13 +1,10 @@
 """Top-1 / top-5 accuracy by one exact rule, shared by the training logs and the evaluation.
 
 A prediction is top-k correct when the true class is among the first k classes of the logits sorted in
-decreasing order, ties broken by class index (the lower index first), which is the order
-`argmax` and `tf.math.top_k` use. So top-1 agrees with `argmax(logits) == label` on every input, and
-tied logits never make several classes "correct" at once. `tf.math.in_top_k` (and Keras's
-`SparseTopKCategoricalAccuracy` / `TopKCategoricalAccuracy`, built on it) instead counts every class tied
-with the k-th logit as inside the top k: a model whose logits are all equal scores top-1 = top-5 = 1.0.
-
-A row holding a NaN logit counts as wrong (a NaN prediction is no prediction).
+decreasing order, ties broken by class index (the order of `argmax` and `tf.math.top_k`), so top-1 agrees
+with `argmax(logits) == label` and tied logits never make several classes correct at once (Keras's top-k
+metrics, built on `tf.math.in_top_k`, count every class tied with the k-th as inside: equal logits score
+top-1 = 1.0). A row holding a NaN logit counts as wrong.
 """
 
 import keras
@@ -56,9 +53,7 @@ class TopKAccuracy(keras.metrics.MeanMetricWrapper):
     """Fraction of examples whose label is among the top `k` logits (`top_k_correct`), for `compile`.
 
     Takes integer labels (B,) or (B, 1), or one-hot / smoothed targets (B, C) (their argmax is the
-    class), and logits (B, C) in any float dtype. Replaces Keras's `SparseCategoricalAccuracy` (top-1),
-    `SparseTopKCategoricalAccuracy` and `TopKCategoricalAccuracy`, so the training logs follow the
-    evaluation's rule.
+    class), and logits (B, C) in any float dtype.
 
     Args:
         k: int >= 1 (1 for top-1, 5 for top-5; give min(5, classes) for fewer than 5 classes).

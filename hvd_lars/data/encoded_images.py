@@ -120,33 +120,13 @@ def skipped_counter():
     return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_corrupt_images")
 
 
-def eval_dataset(
-    source,
-    batch,
-    image_size,
-    read=tf.identity,
-    deterministic=True,
-    threads=0,
-    preprocessing=None,
-    on_unreadable=None,
-):
-    """Finite batches (float32 (B, S, S, 3), int32 (B,)) of evaluation views of every source element,
-    in order, the last batch smaller; arguments as in `train_dataset`, nothing skipped."""
-    ds = source.map(lambda name, data, label: (name, data, label, tf.zeros([2], tf.int64)))
-    views = get_preprocessing(preprocessing)
-    decode = lambda data, s: views.eval(data, image_size)
-    ds = ds.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.map(_unreadable(on_unreadable, "evaluation")).batch(batch)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
-
-
 def pipeline(request, options, stream_from, eval_source, read=tf.identity, **sizes):
     """The `InputPipeline` of a data set of encoded images.
 
     Args:
         request: `InputRequest`; options: `EncodedImageOptions` (or a subclass).
         stream_from: callable(start: int >= 0) -> this rank's training source from element `start` on.
-        eval_source: this rank's evaluation source.
+        eval_source: this rank's evaluation source (finite; every element is evaluated once).
         read: data -> encoded bytes (`tf.io.read_file` where the data are paths).
         **sizes: num_train_examples, num_eval_examples, num_classes of `InputPipeline`.
     """
@@ -166,10 +146,16 @@ def pipeline(request, options, stream_from, eval_source, read=tf.identity, **siz
         start = start_batch * batch
         return train_dataset(stream_from(start), batch, seed, start=start, skipped=skipped, **views)
 
+    # Evaluation: every source element in order, the last batch smaller, nothing skipped.
+    decode = lambda data, s: get_preprocessing(options.preprocessing).eval(data, image_size)
+    evaluation = eval_source.map(lambda name, data, label: (name, data, label, tf.zeros([2], tf.int64)))
+    evaluation = evaluation.map(_guarded(decode, read, image_size), num_parallel_calls=tf.data.AUTOTUNE)
+    evaluation = evaluation.map(_unreadable(request.on_unreadable, "evaluation"))
+    evaluation = evaluation.batch(request.eval_batch or batch).prefetch(tf.data.AUTOTUNE)
     return InputPipeline(
         train=train_from(0),
         train_from=train_from,
-        eval=eval_dataset(eval_source, request.eval_batch or batch, **views),
+        eval=evaluation.with_options(tfdata_options.options(request.deterministic, request.input_threads)),
         input_shape=(image_size, image_size, 3),
         skipped_corrupt=skipped,
         **sizes,

@@ -36,82 +36,62 @@ PRIVATE_NAMES = {
 
 def own_iterations(optimizer):
     """The update counter `optimizer` keeps itself (an assignable `keras.Variable`): where a wrapper
-    redefines the public `iterations` as its held optimizer's, the wrapper's own count.
-
-    Relies on: `BaseOptimizer.__init__` creating `self._iterations`, the variable `iterations` returns.
-    """
+    redefines the public `iterations` as its held optimizer's, the wrapper's own count. Relies on:
+    `BaseOptimizer.__init__` creating `self._iterations`, the variable `iterations` returns."""
     return optimizer._iterations
 
 
 def built_variables(optimizer):
-    """The trainable variables `optimizer` was built with, in the order of its slots.
-
-    Relies on: `BaseOptimizer.build` storing `var_list` as `self._trainable_variables`.
-    """
+    """The trainable variables `optimizer` was built with, in the order of its slots. Relies on:
+    `BaseOptimizer.build` storing `var_list` as `self._trainable_variables`."""
     return optimizer._trainable_variables
 
 
 def own_variables(optimizer):
-    """The variables `optimizer` created itself (counter, rate, slots), without a held optimizer's.
-
-    Relies on: `BaseOptimizer` tracking what `add_variable` makes in `self._variables`, the list its
-    public `variables` returns on a plain optimizer.
-    """
+    """The variables `optimizer` created itself (counter, rate, slots), without a held optimizer's. Relies
+    on: `BaseOptimizer` tracking what `add_variable` makes in `self._variables`."""
     return optimizer._variables
 
 
 def variable_index(optimizer, variable):
     """The slot index of `variable` (a Keras variable or the backend variable it wraps) in `optimizer`.
-
-    Relies on: `BaseOptimizer._get_variable_index`, keyed by the variable's `_var_key`.
-    """
+    Relies on: `BaseOptimizer._get_variable_index`, keyed by the variable's `_var_key`."""
     return optimizer._get_variable_index(variable)
 
 
 def uses_weight_decay(optimizer, variable):
     """Whether Keras's own `exclude_from_weight_decay(var_list=..., var_names=...)` leaves `variable` in.
-
-    Relies on: `BaseOptimizer._use_weight_decay(variable)`.
-    """
+    Relies on: `BaseOptimizer._use_weight_decay(variable)`."""
     return optimizer._use_weight_decay(variable)
 
 
 def rate_object(optimizer):
     """What `optimizer` was given as its rate: a `LearningRateSchedule`, a callable or the rate variable
-    (the public `learning_rate` evaluates a schedule instead).
-
-    Relies on: `BaseOptimizer.__init__` storing it as `self._learning_rate`.
-    """
+    (the public `learning_rate` evaluates a schedule). Relies on: `BaseOptimizer.__init__` storing it as
+    `self._learning_rate`."""
     return optimizer._learning_rate
 
 
 def adopt_rate_variable(optimizer, variable):
     """Makes `variable` (a `keras.Variable`) `optimizer`'s rate, tracked once where a float rate's own
-    variable would be, so the optimizer saves and loads like one built with a float. Call from
-    `__init__`, after the base class's.
-
-    Relies on: `self._learning_rate` and the optimizer's `_tracker` store "variables" (`_track_variable`
-    appends to it; it is skipped where tracking was off when the variable was made).
-    """
+    variable would be, so the optimizer saves and loads like one built with a float; call from `__init__`,
+    after the base class's. Relies on: `self._learning_rate` and the `_tracker` store "variables"
+    (`_track_variable` appends to it; skipped where tracking was off when the variable was made)."""
     optimizer._learning_rate = variable
     if not optimizer._tracker.is_in_store("variables", variable):
         optimizer._track_variable(variable)
 
 
 def flatten_layers(model):
-    """`model` and every layer nested in it, once each (`model.layers` lists the top level only).
-
-    Relies on: `Layer._flatten_layers(include_self=True, recursive=True)`.
-    """
+    """`model` and every layer nested in it, once each (`model.layers` lists the top level only). Relies
+    on: `Layer._flatten_layers(include_self=True, recursive=True)`."""
     return model._flatten_layers()
 
 
 def symbolic_build(model, element_spec):
-    """Builds `model`'s layers and compiled metrics from the shapes of a batch (`element_spec`), as
-    `fit` does in its first step, so that its variables exist before any step runs.
-
-    Relies on: `Trainer._symbolic_build(data_batch=...)`.
-    """
+    """Builds `model`'s layers and compiled metrics from the shapes of a batch (`element_spec`), as `fit`
+    does in its first step, so its variables exist before any step runs. Relies on:
+    `Trainer._symbolic_build(data_batch=...)`."""
     model._symbolic_build(data_batch=element_spec)
 
 

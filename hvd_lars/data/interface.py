@@ -23,7 +23,7 @@ class InputRequest:
         eval_batch: images per evaluation batch; 0: the data set's own (Fashion-MNIST 1,000, the others
             `per_rank_batch`).
         deterministic: a fixed element order (exact resume, repeatable tests); False: faster, unordered.
-        input_threads: tf.data threads of this rank's private pool; 0: `tfdata_options.default_threads()`.
+        input_threads: tf.data threads of this rank's private pool; 0: as `tfdata_options.options` chooses.
         run_dir: a folder where a builder keeps what saves work on the run's later starts (image_folder:
             its listing index); None: nothing is kept.
         on_unreadable: None (a file that cannot be read or decoded stops the pipeline, naming it), or

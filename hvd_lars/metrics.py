@@ -12,23 +12,10 @@ import tensorflow as tf
 
 
 def top_k_correct(labels, logits, k):
-    """Whether each example's label is among the top `k` logits, ties broken by class index.
-
-    rank(label) = #{c : logit[c] > logit[label]} + #{c < label : logit[c] == logit[label]};
-    correct = rank(label) < k and the row has no NaN.
-
-    Args:
-        labels: int tensor (B,) of class indices in [0, C).
-        logits: float tensor (B, C) (float32, bfloat16 or float16: compared as given, so values that tie
-            in bfloat16 tie here).
-        k: int >= 1; values above C are treated as C (every finite row correct).
-
-    Returns:
-        bool tensor (B,).
-
-    Raises:
-        ValueError: `k` < 1.
-    """
+    """bool (B,): whether each label (int (B,), in [0, C)) is among the top `k` (int >= 1; above C: C)
+    of `logits` (float (B, C), compared as given, so bfloat16 ties stay ties), ties broken by class index:
+    rank(label) = #{c : logit[c] > logit[label]} + #{c < label : logit[c] == logit[label]}, correct when
+    rank(label) < k and the row has no NaN. Raises ValueError for `k` < 1."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k!r}.")
     logits = tf.cast(logits, tf.float32)  # exact for bfloat16/float16: ties are kept

@@ -59,11 +59,7 @@ DATASETS = {
 
 
 def dataset(name):
-    """The `Dataset` entry of `name`.
-
-    Raises:
-        ValueError: unknown name, listing the valid ones.
-    """
+    """The `Dataset` entry of `name`; ValueError for an unknown name, listing the valid ones."""
     if name not in DATASETS:
         raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}.")
     return DATASETS[name]

@@ -81,17 +81,12 @@ def train_dataset(
     preprocessing=None,
     on_unreadable=None,
 ):
-    """Endless batches (float32 (B, S, S, 3), int32 (B,)) of training views of `stream`'s elements.
-
-    Args:
-        stream: endless source in training order, starting at element `start` of this rank's stream.
-        seed: int; an image's crop and flip derive from (seed, its element index in the stream).
-        start: int >= 0, the stream index of `stream`'s first element.
-        skipped: None (a corrupt file stops the pipeline), or a `skipped_counter()` variable that counts
-            the corrupt files left out (the same file again each epoch it is met).
-        preprocessing: a name of `preprocessing.PREPROCESSINGS`.
-        on_unreadable: None, or callable(path: str, split: "training" or "evaluation") called with a file
-            that cannot be read or decoded (and is not skipped) instead of stopping; its image is zeros.
+    """Endless batches (float32 (B, S, S, 3), int32 (B,)) of training views of `stream`'s elements, `stream`
+    starting at element `start` of this rank's stream; an image's crop and flip derive from (seed, its
+    element index). `skipped`: None (a corrupt file stops the pipeline, naming it), or a
+    `skipped_counter()` that counts the corrupt files left out (each epoch they are met). `on_unreadable`:
+    None, or callable(path, split: "training" or "evaluation") called with a file that cannot be read or
+    decoded (and is not skipped) instead of stopping, its image then zeros.
     """
     ds = stream.enumerate(start=start).map(lambda i, e: (*e, tf.stack([tf.cast(seed, tf.int64), i])))
     views = get_preprocessing(preprocessing)
@@ -121,15 +116,10 @@ def skipped_counter():
 
 
 def pipeline(request, options, stream_from, eval_source, read=tf.identity, **sizes):
-    """The `InputPipeline` of a data set of encoded images.
-
-    Args:
-        request: `InputRequest`; options: `EncodedImageOptions` (or a subclass).
-        stream_from: callable(start: int >= 0) -> this rank's training source from element `start` on.
-        eval_source: this rank's evaluation source (finite; every element is evaluated once).
-        read: data -> encoded bytes (`tf.io.read_file` where the data are paths).
-        **sizes: num_train_examples, num_eval_examples, num_classes of `InputPipeline`.
-    """
+    """The `InputPipeline` of a data set of encoded images for `request` and `options`
+    (`EncodedImageOptions`): training from `stream_from(start)` (this rank's training source from element
+    `start` on), evaluation of every element of `eval_source` once, `read` turning data into encoded bytes;
+    `**sizes`: num_train_examples, num_eval_examples, num_classes."""
     image_size = options.image_size or DEFAULT_IMAGE_SIZE
     skipped = skipped_counter() if options.skip_corrupt else None
     batch, seed = request.per_rank_batch, request.seed + request.rank

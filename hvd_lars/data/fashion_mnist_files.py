@@ -32,16 +32,8 @@ _IDX_LABELS_MAGIC = 2049
 
 
 def load(split, data_dir=None):
-    """Reads one split into memory.
-
-    Args:
-        split: "train" or "test".
-        data_dir: folder holding the split's two IDX files, each gzipped (`FILES`) or uncompressed (the
-            same name without `.gz`); default `DEFAULT_DIR` (Debian's package).
-
-    Returns:
-        (images, labels): uint8 array of shape (N, 28, 28, 1) and int32 array of shape (N,), N = 60,000
-        for "train" and 10,000 for "test".
+    """(images uint8 (N, 28, 28, 1), labels int32 (N,)) of `split` ("train": N = 60,000, "test": 10,000)
+    from its two IDX files in `data_dir` (default `DEFAULT_DIR`), each gzipped (`FILES`) or not.
 
     Raises:
         ValueError: unknown split.

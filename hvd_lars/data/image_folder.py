@@ -32,15 +32,9 @@ def _index_path(index_dir, split):
 
 
 def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
-    """The `Listing`s (train, validation) of `data_dir`, made by one process of the job.
-
-    With Horovod running `world_size` > 1 ranks, rank 0 alone lists (or reads its index files
-    `<index_dir>/<split>.index.npz`, `listing.listed`) and broadcasts the listings; otherwise this
-    process lists. `index_dir` None: list every time.
-
-    Raises:
-        FileNotFoundError / ValueError: as `listing.list_split`, on every rank (rank 0's is broadcast).
-    """
+    """The `Listing`s (train, validation) of `data_dir`: with Horovod running `world_size` > 1 ranks, rank
+    0 alone lists (or reads its index files in `index_dir`, `listing.listed`) and broadcasts them, and its
+    FileNotFoundError or ValueError (as `listing.list_split`) is raised on every rank."""
     shared = world_size > 1 and collectives.size() == world_size
     blobs = None
     if not shared or rank == 0:
@@ -76,12 +70,7 @@ def _index_folder(run_dir):
 
 def image_folder_shapes(request, options):
     """`InputShapes` of `image_folder_input(request, options)`, from the training split's listing alone
-    (its index in the run directory while valid, else a listing saved there for the run's later starts).
-
-    Raises:
-        ValueError: `data_dir` not given, or a training folder the listing refuses.
-        FileNotFoundError: no training folder or no images in it.
-    """
+    (its index in the run directory while valid); raises as `image_folder_input` for that split."""
     _check_data_dir(request.data_dir)
     train_index = _index_path(_index_folder(request.run_dir), "train")
     train, _ = listing.listed(os.path.join(request.data_dir, "train"), train_index)
@@ -110,20 +99,13 @@ def _warn_missing_classes(train_listing, eval_listing):
 
 
 def image_folder_input(request, options):
-    """Images from `data_dir/train/<class>/` and `data_dir/validation/<class>/`, ImageNet-preprocessed.
+    """`InputPipeline` of `request.data_dir`/{train,validation}/<class>/ (`options`: `ImageFolderOptions`).
 
     Training: rank r reads the files `r::world_size` of the sorted list (`sharding.train_shard_indices`)
     in a fresh permutation each epoch (`order.index_stream`: `train_from(k)` opens no file before batch
     k). Evaluation: rank r reads a contiguous range; together the ranks read every file once.
     `request.max_*_examples` > 0 keep that many files spread evenly over the sorted list (every class
     stays represented). Classes missing from the validation split are named in a warning (rank 0).
-
-    Args:
-        request: `InputRequest` (`data_dir`: the folder holding train/ and validation/).
-        options: `ImageFolderOptions`.
-
-    Returns:
-        `InputPipeline` with images float32 (B, image_size, image_size, 3).
 
     Raises:
         ValueError: `data_dir` not given, bad rank/world size, or a folder the listing refuses.

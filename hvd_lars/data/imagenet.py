@@ -67,11 +67,8 @@ def _split_sizes(splits, max_train_examples, max_eval_examples):
 
 
 def imagenet_shapes(request, options):
-    """`InputShapes` of `imagenet_input(request, options)`, from the prepared data's dataset info.
-
-    Raises:
-        As `imagenet_preparation.prepared_builder`.
-    """
+    """`InputShapes` of `imagenet_input(request, options)`, from the prepared data's dataset info; raises
+    as `imagenet_preparation.prepared_builder`."""
     ds_builder = prepared_builder(request.data_dir)
     num_train, _ = _split_sizes(ds_builder.info.splits, request.max_train_examples, 0)
     image_size = options.image_size or DEFAULT_IMAGE_SIZE
@@ -83,19 +80,13 @@ def imagenet_shapes(request, options):
 
 
 def imagenet_input(request, options):
-    """ILSVRC-2012: 1,281,167 training and 50,000 validation images, 1,000 classes, preprocessed.
+    """`InputPipeline` of ILSVRC-2012 prepared in `request.data_dir` (`options`: `ImagenetOptions`):
+    1,281,167 training and 50,000 validation images, 1,000 classes.
 
     Rank r trains on the contiguous slice `train[r * m : (r + 1) * m]`, m = n // world_size (the prepared
     records are in a shuffled order already), read in `records.record_stream`'s order, and evaluates
     `validation[a_r : b_r]`, the ranges tiling the set. `request.max_*_examples` > 0 keep the first that
     many records.
-
-    Args:
-        request: `InputRequest` (`data_dir`: where the data were prepared).
-        options: `ImagenetOptions`.
-
-    Returns:
-        `InputPipeline` with images float32 (B, image_size, image_size, 3).
 
     Raises:
         imagenet_preparation.NotPrepared: (a FileNotFoundError) `data_dir` holds no finished preparation;

@@ -58,10 +58,8 @@ def eval_resize_size(image_size):
 
 
 def decode_rgb(data):
-    """Decodes JPEG/PNG/GIF/BMP bytes (scalar string tensor) to uint8 (H, W, 3) RGB.
-
-    Raises (when run): `tf.errors.InvalidArgumentError` for bytes that are no decodable image.
-    """
+    """Decodes JPEG/PNG/GIF/BMP bytes (scalar string tensor) to uint8 (H, W, 3) RGB; when run, raises
+    `tf.errors.InvalidArgumentError` for bytes that are no decodable image."""
     image = tf.cond(
         tf.io.is_jpeg(data),
         lambda: tf.io.decode_jpeg(data, channels=3),
@@ -72,11 +70,9 @@ def decode_rgb(data):
 
 
 def random_crop_window(height_width, seed):
-    """An Inception-style crop window [y, x, h, w] (int32, shape (4,)) inside an image of `height_width`.
-
-    Area in CROP_AREA_RANGE of the image, aspect ratio w/h in CROP_ASPECT_RATIO_RANGE; when
-    CROP_MAX_ATTEMPTS samples all fail (tiny or very elongated images), the evaluation centre crop.
-    """
+    """An Inception-style crop window [y, x, h, w] (int32, shape (4,)) inside an image of `height_width`:
+    area in CROP_AREA_RANGE, aspect ratio w/h in CROP_ASPECT_RATIO_RANGE; when CROP_MAX_ATTEMPTS samples
+    all fail (tiny or very elongated images), the evaluation centre crop."""
     height_width = tf.cast(height_width, tf.int32)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.concat([height_width, [3]], axis=0),
@@ -106,11 +102,8 @@ def center_crop_window(height_width):
 
 
 def decode_and_random_crop(data, seed):
-    """Decodes only the random crop window of `data`: uint8 (h, w, 3).
-
-    JPEGs are cropped inside the decoder (`decode_and_crop_jpeg`, decode and crop in one step); other
-    formats are decoded whole and sliced, giving the same pixels.
-    """
+    """Decodes only the random crop window of `data`: uint8 (h, w, 3). JPEGs are cropped inside the decoder
+    (`decode_and_crop_jpeg`); other formats are decoded whole and sliced, giving the same pixels."""
 
     def jpeg():
         window = random_crop_window(tf.image.extract_jpeg_shape(data)[:2], seed)
@@ -133,10 +126,8 @@ def normalize(image):
 
 
 def preprocess_train(data, seed, image_size=DEFAULT_IMAGE_SIZE):
-    """Training view of encoded image `data`: float32 (image_size, image_size, 3), normalised.
-
-    `seed`: int64 (2,); the crop and the flip use independent streams derived from it.
-    """
+    """Training view of encoded image `data`: float32 (image_size, image_size, 3), normalised; `seed`:
+    int64 (2,), split into the crop's and the flip's."""
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
     crop = decode_and_random_crop(data, crop_seed)
     image = tf.image.resize(crop, [image_size, image_size], method="bilinear")
@@ -154,32 +145,20 @@ def resize_short_side(image, short_side):
     return tf.image.resize(image, new_size, method="bilinear")
 
 
-def center_crop(image, size):
-    """The centred size x size crop of (H, W, C) `image` (H, W >= size); offsets (H - size) // 2 etc."""
-    height_width = tf.shape(image)[:2]
-    y = (height_width[0] - size) // 2
-    x = (height_width[1] - size) // 2
-    return image[y : y + size, x : x + size]
-
-
 def preprocess_eval(data, image_size=DEFAULT_IMAGE_SIZE):
-    """Evaluation view of encoded image `data`: short side to `eval_resize_size(image_size)`, centre crop.
-
-    Returns float32 (image_size, image_size, 3), normalised.
-    """
+    """Evaluation view of encoded image `data`: short side to `eval_resize_size(image_size)`, the centre
+    crop (offsets (H - size) // 2, (W - size) // 2); float32 (image_size, image_size, 3), normalised."""
     image = resize_short_side(decode_rgb(data), eval_resize_size(image_size))
-    image = normalize(center_crop(image, image_size))
+    y, x = tf.unstack((tf.shape(image)[:2] - image_size) // 2)
+    image = normalize(image[y : y + image_size, x : x + image_size])
     image.set_shape([image_size, image_size, 3])
     return image
 
 
 def caffe_crop_offsets(resized_side, image_size, seed=None):
-    """Top-left corner [y, x] (int32, shape (2,)) of Caffe's `image_size` square crop in a square image.
-
-    Training (`seed` given): y and x independent and uniform in [0, resized_side - image_size], as Caffe's
-    `DataTransformer` draws `Rand(side - crop + 1)`. Evaluation (`seed` None): the centre,
-    (resized_side - image_size) // 2 on both axes (14 for 227 in 256).
-    """
+    """Top-left corner [y, x] (int32, shape (2,)) of Caffe's `image_size` square crop in a square image:
+    with a `seed`, each uniform in [0, resized_side - image_size] (Caffe's `DataTransformer` draws
+    `Rand(side - crop + 1)`); without, the centre (resized_side - image_size) // 2 (14 for 227 in 256)."""
     if seed is None:
         return tf.fill([2], tf.constant((resized_side - image_size) // 2, tf.int32))
     return tf.random.stateless_uniform(
@@ -188,12 +167,9 @@ def caffe_crop_offsets(resized_side, image_size, seed=None):
 
 
 def preprocess_train_caffe(data, seed, image_size=ALEXNET_IMAGE_SIZE, scale=1.0):
-    """Caffe training view of encoded image `data`: float32 (image_size, image_size, 3).
-
-    Resized to 256x256 (for 227; `caffe_resize_size`, aspect ratio not kept), a random `image_size`
-    square crop (`caffe_crop_offsets`), mirrored left-right with probability 1/2, the channel means
-    subtracted, times `scale`. `seed`: int64 (2,), split into the crop's and the mirror's.
-    """
+    """Caffe training view of `data`: float32 (image_size, image_size, 3). Resized to 256x256 (for 227;
+    aspect ratio not kept), a random square crop (`caffe_crop_offsets`), mirrored with probability 1/2, the
+    channel means subtracted, times `scale`; `seed`: int64 (2,), split into the crop's and the mirror's."""
     return _caffe_view(data, image_size, scale, seed)
 
 
@@ -238,11 +214,7 @@ DEFAULT_PREPROCESSING = "inception"
 
 
 def get_preprocessing(name):
-    """`PREPROCESSINGS[name]`; None or "" gives the default ("inception").
-
-    Raises:
-        ValueError: unknown name, listing the valid ones.
-    """
+    """`PREPROCESSINGS[name]` (None or "": "inception"); ValueError for an unknown name, listing the valid."""
     name = name or DEFAULT_PREPROCESSING
     if name not in PREPROCESSINGS:
         raise ValueError(f"Unknown preprocessing {name!r}; valid names: {', '.join(sorted(PREPROCESSINGS))}.")

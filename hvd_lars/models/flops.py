@@ -24,18 +24,9 @@ _COUNTED = (
 
 
 def forward_multiply_adds(model):
-    """Multiply-adds of one forward pass of one image, per counted layer.
-
-    Args:
-        model: a built functional or Sequential `keras.Model` (input shape known).
-
-    Returns:
-        dict {layer name: multiply-adds (int)} over the convolutions and dense layers, in layer order.
-
-    Raises:
-        ValueError: a layer with a kernel of a kind not counted here (e.g. Conv2DTranspose,
-            SeparableConv2D, EinsumDense), naming it.
-    """
+    """{layer name: multiply-adds (int)} of one forward pass of one image over the convolutions and dense
+    layers of a built `keras.Model`, in layer order. Raises ValueError naming a layer with a kernel of a
+    kind not counted here (e.g. Conv2DTranspose, SeparableConv2D, EinsumDense)."""
     counts = {}
     for layer in keras_internals.flatten_layers(model):
         if isinstance(layer, keras.Model):
@@ -54,9 +45,5 @@ def forward_multiply_adds(model):
 
 
 def training_flops_per_image(model):
-    """FLOPs of one training step per image (a float): 3 x 2 x `forward_multiply_adds`.
-
-    Raises:
-        ValueError: as `forward_multiply_adds`.
-    """
+    """FLOPs of one training step per image (a float): 3 x 2 x `forward_multiply_adds` (which it raises)."""
     return 3.0 * 2.0 * sum(forward_multiply_adds(model).values())

@@ -83,12 +83,8 @@ PREPARATIONS = {"imagenet2012": prepare_imagenet}
 
 def run(dataset, manual_dir="", data_dir=""):
     """Prepares `dataset` (a name of `hvd_lars.data.DATASETS`), or says in one line that it needs nothing.
-
-    Raises:
-        UnknownDataset: an unknown name, listing the valid ones.
-        imagenet_preparation.CannotPrepare: the preparation refused, before anything is converted.
-        ImportError: tensorflow-datasets is not installed (imagenet2012).
-    """
+    Raises UnknownDataset (listing the valid names), `imagenet_preparation.CannotPrepare` (before anything
+    is converted) or ImportError (no tensorflow-datasets)."""
     if dataset not in DATASETS:
         raise UnknownDataset(f"unknown data set {dataset!r}; valid: {', '.join(sorted(DATASETS))}.")
     if dataset not in PREPARATIONS:

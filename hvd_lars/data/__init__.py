@@ -68,11 +68,8 @@ def dataset(name):
 def get_input(name, request, **options):
     """Builds this rank's `InputPipeline` of data set `name` (a key of `DATASETS`) for `request` (an
     `InputRequest`); `**options`: fields of the data set's `Dataset.options` (the others keep defaults).
-
-    Raises:
-        ValueError: unknown name (listing the valid ones), or an option the data set does not take (naming
-            it and the options it takes); otherwise what the builder raises.
-    """
+    Raises ValueError for an unknown name (listing the valid ones) or an option the data set does not
+    take (naming it and those it takes), and what the builder raises."""
     entry = dataset(name)
     return entry.build(request, _options(name, entry, options))
 
@@ -80,12 +77,8 @@ def get_input(name, request, **options):
 def describe_input(name, request, **options):
     """`InputShapes` of the input `get_input(name, request, **options)` would build, without building it:
     from the arguments (synthetic), the IDX headers (fashion_mnist), the training split's listing or its
-    index (image_folder), the prepared data's dataset info (imagenet2012).
-
-    Raises:
-        ValueError: as `get_input` for the arguments; otherwise what the data set raises for the files
-            the description reads (missing data, an unreadable header or listing).
-    """
+    index (image_folder), the prepared data's dataset info (imagenet2012). Raises as `get_input` for the
+    arguments, and what the data set raises for the files it reads."""
     entry = dataset(name)
     return entry.describe(request, _options(name, entry, options))
 

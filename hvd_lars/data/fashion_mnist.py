@@ -1,9 +1,6 @@
-"""Fashion-MNIST in memory: 60,000 training and 10,000 test images (28x28x1, 10 classes), a validation
-split held out of the training images on request, each rank's shard in a fresh order every epoch.
-
-The images come from Debian's IDX files (`fashion_mnist_files`), standardised with fixed constants; no
-augmentation (as in Xiao et al. 2017's benchmarks).
-"""
+"""Fashion-MNIST in memory (`fashion_mnist_files`): 60,000 training and 10,000 test images (28x28x1, 10
+classes), standardised, no augmentation (as Xiao et al. 2017's benchmarks), a validation split held out
+of the training images on request, each rank's shard in a fresh order every epoch."""
 
 import dataclasses
 

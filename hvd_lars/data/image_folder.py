@@ -87,17 +87,6 @@ def _read_file(path):
     return tf.io.read_file(path)
 
 
-def _warn_missing_classes(train_listing, eval_listing):
-    missing = eval_listing.missing_classes()
-    if missing:
-        warnings.warn(
-            f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
-            f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
-            "evaluation covers the classes it has.",
-            stacklevel=4,  # the caller of hvd_lars.data.get_input (which calls image_folder_input)
-        )
-
-
 def image_folder_input(request, options):
     """`InputPipeline` of `request.data_dir`/{train,validation}/<class>/ (`options`: `ImageFolderOptions`).
 
@@ -117,8 +106,14 @@ def image_folder_input(request, options):
     train_listing, eval_listing = list_splits(
         request.data_dir, _index_folder(request.run_dir), rank, world_size
     )
-    if rank == 0:
-        _warn_missing_classes(train_listing, eval_listing)
+    missing = eval_listing.missing_classes()
+    if rank == 0 and missing:
+        warnings.warn(
+            f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "
+            f"training classes ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); "
+            "evaluation covers the classes it has.",
+            stacklevel=3,  # the caller of hvd_lars.data.get_input (which calls image_folder_input)
+        )
     train_paths, train_labels = _spread(
         train_listing.paths(), train_listing.labels, request.max_train_examples
     )

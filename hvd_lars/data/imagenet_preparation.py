@@ -103,13 +103,8 @@ def unfinished(ds_builder):
 
 
 def prepared_builder(data_dir=None):
-    """The `imagenet2012` builder over a prepared `data_dir`; checks only, converts nothing.
-
-    Raises:
-        NotPrepared: `data_dir` lacks a finished preparation (`unfinished`), naming the command that
-            prepares it there.
-        ImportError: tensorflow-datasets is not installed.
-    """
+    """The `imagenet2012` builder over a prepared `data_dir`; checks only. Raises NotPrepared (naming the
+    command that prepares it there) or ImportError (no tensorflow-datasets)."""
     ds_builder = builder(data_dir)
     problem = unfinished(ds_builder)
     if problem:

@@ -54,15 +54,12 @@ class InputPipeline:
         train_from: callable(start_batch: int >= 0) -> the same stream from its batch `start_batch` on,
             for a resumed run; the elements before it are never read or decoded.
         eval: finite dataset of this rank's evaluation shard, same element structure, last batch smaller.
-        num_train_examples: training examples in the whole data set (all ranks).
-        num_eval_examples: evaluation examples in the whole data set (all ranks).
-        num_classes: number of labels.
-        input_shape: (H, W, C) of one image.
+        num_train_examples, num_eval_examples: examples in the whole data set (all ranks).
+        num_classes, input_shape: labels, and (H, W, C) of one image.
         skipped_corrupt: int64 `tf.Variable` counting corrupt training files skipped so far, or None
-            when the pipeline does not skip them (then a corrupt file raises an error naming it).
-        validation: finite dataset of this rank's shard of the validation split (held out of the
-            training set), same structure as `eval`; None when the run holds out none.
-        num_validation_examples: validation examples in the whole split (all ranks); 0 without one.
+            when the pipeline does not skip them.
+        validation, num_validation_examples: this rank's shard of the split held out of the training set
+            (as `eval`) and its size (all ranks); None and 0 without one.
     """
 
     train: tf.data.Dataset
@@ -90,16 +87,10 @@ class InputShapes:
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """One entry of `hvd_lars.data.DATASETS`.
-
-    Attributes:
-        build: callable(InputRequest, options) -> `InputPipeline` of the request's rank.
-        describe: callable(InputRequest, options) -> the `InputShapes` `build` would give, without
-            building.
-        options: frozen dataclass of the data set's own options, with their defaults.
-        default_dir: callable() -> the folder the data set reads when `InputRequest.data_dir` is empty,
-            or None when it has none.
-    """
+    """One entry of `hvd_lars.data.DATASETS`: `build(request, options)` -> `InputPipeline`,
+    `describe(request, options)` -> the `InputShapes` it would give, `options` (a frozen dataclass of the
+    data set's own options), `default_dir()` -> the folder read when `InputRequest.data_dir` is empty
+    (None: it has none)."""
 
     build: typing.Callable
     describe: typing.Callable

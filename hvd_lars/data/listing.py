@@ -40,19 +40,10 @@ def is_hidden(name):
 
 @dataclasses.dataclass(frozen=True)
 class Listing:
-    """The images of one split folder.
-
-    Attributes:
-        root: the split folder, as given.
-        files: paths relative to `root` ("<class>/<name>", "/"-separated, str with the file system's
-            undecodable bytes escaped as `os.fsdecode` does), sorted by (label, path).
-        labels: int32 array (len(files),), each file's class index.
-        classes: class names (tuple of str), index = label.
-        folders: ((path relative to root, "" for root), st_dev, st_ino, st_mtime_ns) of every folder
-            read, what `unchanged` compares.
-        given_classes: True when `classes` were given to `list_split` (a validation split), False when
-            they are the folder's own.
-    """
+    """The images of one split folder `root`: `files` relative to it ("<class>/<name>", undecodable bytes
+    escaped as `os.fsdecode` does) sorted by (label, path), their int32 `labels`, the `classes` (index =
+    label), the `folders` read ((path relative to root, st_dev, st_ino, st_mtime_ns), what `unchanged`
+    compares), and whether the classes were given to `list_split` (a validation split)."""
 
     root: str
     files: tuple
@@ -102,11 +93,8 @@ class Listing:
 
     @classmethod
     def from_bytes(cls, data):
-        """The listing `to_bytes` wrote, or None when it was written under other rules (`INDEX_VERSION`).
-
-        Raises:
-            ValueError / OSError: `data` is no such file (numpy's errors).
-        """
+        """The listing `to_bytes` wrote, or None under other rules (`INDEX_VERSION`); numpy's ValueError or
+        OSError when `data` is no such file."""
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             if int(z["version"]) != INDEX_VERSION:
                 return None
@@ -181,15 +169,9 @@ def _walk(root, path, rel, seen, folders, images, problems):
 
 
 def list_split(root, classes=None):
-    """Lists one split folder by the rules of the module docstring.
-
-    Args:
-        root: folder with one sub-folder per class.
-        classes: class names fixing the labels (the training split's, for a validation split); None:
-            the sorted class folders of `root`, each of which must then hold an image.
-
-    Returns:
-        `Listing`.
+    """The `Listing` of split folder `root` by the rules of the module docstring. `classes` fix the labels
+    (the training split's, for a validation split); None: the sorted class folders of `root`, each of
+    which must then hold an image.
 
     Raises:
         FileNotFoundError: `root` is missing or holds no images at all.
@@ -239,20 +221,10 @@ def list_split(root, classes=None):
 
 
 def listed(root, index_path=None, classes=None):
-    """The listing of `root`: read from `index_path` when that index is still valid, else listed anew
-    (`list_split`) and saved there (atomically: a temporary file, then a rename). An index cut short,
-    empty, of another format or a folder is listed again with a one-line warning, and so is an index that
-    cannot be written (it only saves work).
-
-    Valid means: written under this `INDEX_VERSION`, for the same folder and `classes`, and
-    `Listing.unchanged()`.
-
-    Returns:
-        (`Listing`, reused): reused is True when the index file was used.
-
-    Raises:
-        As `list_split`.
-    """
+    """(`Listing` of `root`, reused): read from `index_path` when that index is valid (this
+    `INDEX_VERSION`, the same folder and `classes`, `Listing.unchanged()`), else listed anew (`list_split`,
+    whose errors it raises) and saved there atomically. An index cut short, empty, of another format or a
+    folder, or one that cannot be written, costs a one-line warning and a new listing."""
     classes = tuple(classes) if classes is not None else None
     keep = bool(index_path)
     if index_path and os.path.isdir(index_path):

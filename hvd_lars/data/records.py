@@ -74,21 +74,11 @@ def blocks_of(file_instructions, block_records=0):
 def record_stream(
     file_instructions, seed, start=0, window_records=10_000, block_records=0, deterministic=True
 ):
-    """Endless `tf.data.Dataset` of serialized records (scalar string) in training order, from element
-    `start` of the stream (module docstring).
-
-    Args:
-        file_instructions: tensorflow-datasets `FileInstruction`s (filename, skip, take) of this rank's
-            slice; their takes sum to n > 0, the records of one epoch.
-        seed: int, this rank's shuffle seed.
-        start: int >= 0, elements of the stream to leave out.
-        window_records: records shuffled together (at least one block).
-        block_records: cut blocks to at most this many records (0: one block per file range).
-        deterministic: False lets the interleaved file reads return out of order (faster, not repeatable).
-
-    Raises:
-        ValueError: no records, or `start` < 0.
-    """
+    """Endless `tf.data.Dataset` of serialized records (scalar string) in training order (module
+    docstring) from element `start`, over tensorflow-datasets `FileInstruction`s (filename, skip, take) of
+    this rank's slice, `window_records` records shuffled together, blocks of at most `block_records`
+    records (0: one per file range); `deterministic` False lets file reads return out of order. Raises
+    ValueError for no records or `start` < 0."""
     files, skips, takes = blocks_of(file_instructions, block_records)
     num_records = int(takes.sum())
     if num_records < 1 or start < 0:
@@ -136,13 +126,8 @@ def record_stream(
 
 
 def record_sequence(file_instructions, parallel_reads=4):
-    """Finite `tf.data.Dataset` of the serialized records (scalar string) of `file_instructions`, each once,
-    in a fixed order (`parallel_reads` files read at a time, their records interleaved in turn); a block
-    that cannot be read yields `unreadable(filename)` as `record_stream` does.
-
-    Raises:
-        ValueError: no records.
-    """
+    """Finite `tf.data.Dataset` of the serialized records of `file_instructions`, each once, in a fixed
+    order (`parallel_reads` files interleaved), damaged blocks as in `record_stream`; ValueError for none."""
     files, skips, takes = blocks_of(file_instructions)
     if int(takes.sum()) < 1:
         raise ValueError(f"record_sequence needs records, got {len(files)} empty file ranges.")

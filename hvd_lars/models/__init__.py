@@ -23,15 +23,10 @@ MODELS = {
 
 
 def get_model(name, num_classes=1000, input_shape=None, **options):
-    """Builds model `name` (a key of `MODELS`) with float32 logits of shape (B, num_classes).
-
-    `input_shape`: (H, W, C) of the input images; None takes the model's nominal shape (227x227x3 for the
-    AlexNets, 224x224x3 for the ImageNet ResNets, 32x32x3 for `resnet20`, 28x28x1 for the small CNNs).
-    `**options`: the model's own keyword arguments (e.g. `zero_init_residual`, `fused_batch_norm`).
-
-    Raises:
-        ValueError: unknown name, listing the valid ones; an input shape the model cannot take.
-    """
+    """Builds model `name` (a key of `MODELS`) with float32 logits of shape (B, num_classes), for images
+    of `input_shape` (H, W, C; None: the model's nominal shape), with the model's own `**options` (e.g.
+    `zero_init_residual`). Raises ValueError for an unknown name (listing the valid ones) or an input
+    shape the model cannot take."""
     if name not in MODELS:
         raise ValueError(f"Unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}.")
     if input_shape is not None:

@@ -1,8 +1,5 @@
-"""Batch normalisation on TensorFlow's fused kernel (one pass forward, one backward) for NHWC images.
-
-Keras 3's `BatchNormalization` makes separate element-wise passes (after upcasting bfloat16), which are
-memory-bound on a CPU; `FusedBatchNormV3` (oneDNN's kernel where enabled) reads bfloat16 directly.
-"""
+"""Batch normalisation on TensorFlow's fused kernel (one pass forward, one backward) for NHWC images:
+Keras 3's `BatchNormalization` makes separate memory-bound passes (after upcasting bfloat16) on a CPU."""
 
 import keras
 import tensorflow as tf

@@ -103,19 +103,10 @@ def resnet(
 ):
     """Builds ResNet-`depth` (18, 34 or 50) for channels-last images.
 
-    Args:
-        depth: 18 or 34 (basic blocks) or 50 (bottleneck blocks, v1.5).
-        num_classes: width of the logits.
-        input_shape: (H, W, C) of the float input images; 224x224x3 for ImageNet.
-        zero_init_residual: start the last batch-norm gamma of every residual block at 0 (Goyal et al.
-            2017, section 5.1; MLPerf); False: gamma = 1 everywhere, as in He et al. 2016.
-        fused_batch_norm: `FusedBatchNormalization` (same variables, faster on CPU) instead of Keras's.
-
-    Returns:
-        A `keras.Model` from float (B, H, W, C) images to float32 logits (B, num_classes).
-
-    Raises:
-        ValueError: `depth` not in `STAGE_BLOCKS`.
+    `zero_init_residual` starts the last batch-norm gamma of every residual block at 0 (Goyal et al. 2017,
+    section 5.1; MLPerf; False: gamma 1, as He et al. 2016); `fused_batch_norm` uses
+    `FusedBatchNormalization`. Returns a `keras.Model` from float (B, H, W, C) images to float32 logits
+    (B, num_classes). Raises ValueError for a depth not in `STAGE_BLOCKS`.
     """
     if depth not in STAGE_BLOCKS:
         raise ValueError(f"ResNet depth must be one of {sorted(STAGE_BLOCKS)}, got {depth!r}.")

@@ -1,17 +1,11 @@
-"""hvd_lars: large-batch data-parallel training of image classifiers with LARS, warmup and Horovod.
+"""hvd_lars: large-batch data-parallel training of image classifiers with LARS, warmup and Horovod
+(You et al., "ImageNet Training in Minutes", ICPP 2018). The library (`hvd_lars.optim`, `hvd_lars.parallel`,
+`hvd_lars.models`, `hvd_lars.data`, `hvd_lars.metrics`) and the training application (`hvd_lars.training`,
+`python -m hvd_lars.main`); docs/development.md lays them out.
 
-Reproduces You et al., "ImageNet Training in Minutes" (ICPP 2018). Two wings:
-
-* the library, which other Keras 3 projects import: `hvd_lars.optim` (`LARS`, the warmup schedules,
-  `scaled_learning_rate`, `LearningRateWarmup`) and `hvd_lars.parallel` (the Keras 3 replacement for
-  `horovod.tensorflow.keras`: `DistributedOptimizer`, the Horovod-named callbacks, elastic state), beside
-  `hvd_lars.models`, `hvd_lars.data` and `hvd_lars.metrics`;
-* the training application, `hvd_lars.training`, started by `python -m hvd_lars.main`.
-
-`import hvd_lars` imports the library wing, which registers every Keras class the package defines for
-`keras.models.load_model`. The one exception is the training program (`python -m hvd_lars.main`,
-`hvd-lars-train`), which checks its flags before Keras and TensorFlow start: there the names are loaded on
-first use.
+`import hvd_lars` imports the library, which registers every Keras class the package defines for
+`keras.models.load_model`; the training program, which checks its flags before Keras and TensorFlow
+start, loads the names on first use.
 """
 
 import importlib

@@ -1,19 +1,10 @@
-"""Every private Keras 3 name hvd_lars reads or calls, behind one door.
-
-Keras 3 gives no public way to do a few things this package needs: read an optimizer's own update
-counter when a wrapper redefines `iterations`, find a variable's slot index, hand an optimizer a rate
-variable it did not make, list a model's nested layers, build a model from its data's shapes before the
-first step, and save Keras variables more than once per process with TensorFlow's asynchronous
-checkpoints. Each of those is one function here, with what it relies on. Nothing else in the package
-touches a private Keras name (tests/test_keras_internals.py holds that inventory), so a Keras release
-that changes one of them breaks here, in one place, and the test names the place.
+"""Every private Keras 3 name hvd_lars reads or calls, behind one door: one function for each thing Keras
+offers no public way to do, with what it relies on. Nothing else in the package touches a private Keras
+name (tests/test_keras_internals.py holds that inventory), except the hooks a subclass overrides where it
+is (`OVERRIDDEN_HOOKS`), which it may call through `super()`.
 
 Checked against Keras 3.12.4, 3.13.2, 3.14.1 and 3.15.1 with TensorFlow 2.21
 (`install/check_keras_versions.sh`, results/keras_versions.md), the range setup.cfg declares.
-
-Hooks that a subclass overrides where they are, because Keras calls them by name (they cannot be reached
-through a function), are listed in `OVERRIDDEN_HOOKS`; an override may call the base class's through
-`super()`.
 """
 
 # Optimizer methods Keras calls by name, which `hvd_lars.optim.lars.LARS` overrides.
@@ -44,97 +35,74 @@ PRIVATE_NAMES = {
 
 
 def own_iterations(optimizer):
-    """The update counter `keras.optimizers.Optimizer` keeps for `optimizer` itself (a `keras.Variable`,
-    assignable). Where a wrapper redefines the public `iterations` as its held optimizer's (as
-    `hvd_lars.DistributedOptimizer` does), this is the wrapper's own count: its micro-batches.
-
-    Relies on: `BaseOptimizer.__init__` creating `self._iterations`, the variable `iterations` returns.
-    """
+    """The update counter `optimizer` keeps itself (an assignable `keras.Variable`): where a wrapper
+    redefines the public `iterations` as its held optimizer's, the wrapper's own count. Relies on:
+    `BaseOptimizer.__init__` creating `self._iterations`, the variable `iterations` returns."""
     return optimizer._iterations
 
 
 def built_variables(optimizer):
-    """The trainable variables `optimizer` was built with, in the order of its slots.
-
-    Relies on: `BaseOptimizer.build` storing `var_list` as `self._trainable_variables`.
-    """
+    """The trainable variables `optimizer` was built with, in the order of its slots. Relies on:
+    `BaseOptimizer.build` storing `var_list` as `self._trainable_variables`."""
     return optimizer._trainable_variables
 
 
 def own_variables(optimizer):
-    """The variables `optimizer` created itself (counter, rate, slots), without a held optimizer's.
-
-    Relies on: `BaseOptimizer` tracking what `add_variable` makes in `self._variables`, the list its
-    public `variables` returns on a plain optimizer.
-    """
+    """The variables `optimizer` created itself (counter, rate, slots), without a held optimizer's. Relies
+    on: `BaseOptimizer` tracking what `add_variable` makes in `self._variables`."""
     return optimizer._variables
 
 
 def variable_index(optimizer, variable):
     """The slot index of `variable` (a Keras variable or the backend variable it wraps) in `optimizer`.
-
-    Relies on: `BaseOptimizer._get_variable_index`, keyed by the variable's `_var_key`.
-    """
+    Relies on: `BaseOptimizer._get_variable_index`, keyed by the variable's `_var_key`."""
     return optimizer._get_variable_index(variable)
 
 
 def uses_weight_decay(optimizer, variable):
     """Whether Keras's own `exclude_from_weight_decay(var_list=..., var_names=...)` leaves `variable` in.
-
-    Relies on: `BaseOptimizer._use_weight_decay(variable)`.
-    """
+    Relies on: `BaseOptimizer._use_weight_decay(variable)`."""
     return optimizer._use_weight_decay(variable)
 
 
 def rate_object(optimizer):
-    """What `optimizer` was given as its rate, as Keras holds it: a `LearningRateSchedule`, a callable or
-    the rate variable (the public `learning_rate` evaluates a schedule instead).
-
-    Relies on: `BaseOptimizer.__init__` storing it as `self._learning_rate`.
-    """
+    """What `optimizer` was given as its rate: a `LearningRateSchedule`, a callable or the rate variable
+    (the public `learning_rate` evaluates a schedule). Relies on: `BaseOptimizer.__init__` storing it as
+    `self._learning_rate`."""
     return optimizer._learning_rate
 
 
 def adopt_rate_variable(optimizer, variable):
-    """Makes `variable` (a `keras.Variable`) `optimizer`'s rate, tracked once, second in `variables` where
-    a float rate's own variable would be, so that the optimizer saves and loads (tf.train.Checkpoint,
-    `.keras`) like one built with a float. Call from `__init__`, after the base class's.
-
-    Relies on: `self._learning_rate` and the optimizer's `_tracker` store "variables" (`_track_variable`
-    appends to it; it is skipped where tracking was off when the variable was made).
-    """
+    """Makes `variable` (a `keras.Variable`) `optimizer`'s rate, tracked once where a float rate's own
+    variable would be, so the optimizer saves and loads like one built with a float; call from `__init__`,
+    after the base class's. Relies on: `self._learning_rate` and the `_tracker` store "variables"
+    (`_track_variable` appends to it; skipped where tracking was off when the variable was made)."""
     optimizer._learning_rate = variable
     if not optimizer._tracker.is_in_store("variables", variable):
         optimizer._track_variable(variable)
 
 
 def flatten_layers(model):
-    """`model` and every layer nested in it, once each (Keras's own traversal, as `model.layers` is not:
-    it lists the top level only).
-
-    Relies on: `Layer._flatten_layers(include_self=True, recursive=True)`.
-    """
+    """`model` and every layer nested in it, once each (`model.layers` lists the top level only). Relies
+    on: `Layer._flatten_layers(include_self=True, recursive=True)`."""
     return model._flatten_layers()
 
 
 def symbolic_build(model, element_spec):
-    """Builds `model`'s layers and compiled metrics from the shapes of a batch (`element_spec`), as
-    `fit` does in its first step, so that its variables exist before any step runs.
-
-    Relies on: `Trainer._symbolic_build(data_batch=...)`.
-    """
+    """Builds `model`'s layers and compiled metrics from the shapes of a batch (`element_spec`), as `fit`
+    does in its first step, so its variables exist before any step runs. Relies on:
+    `Trainer._symbolic_build(data_batch=...)`."""
     model._symbolic_build(data_batch=element_spec)
 
 
 def repair_async_checkpoint_copy():
     """Lets TensorFlow's asynchronous checkpoints save Keras 3 variables more than once per process.
 
-    TF's async writer copies each variable to a host copy in `object_map` through the variable's
-    `_copy_trackable_to_cpu`, first eagerly, then inside a `tf.function` at every later save. Keras 3.15's
-    TensorFlow `Variable` makes a new `tf.Variable` for itself on every call, so the second save raises
-    "tf.function only supports singleton tf.Variables created on the first call". Here the Keras variable
-    is mapped to the host copy of the `tf.Variable` it wraps, which TF updates in place at each save; both
-    serialize the same tensor ({"VARIABLE_VALUE": value}). Idempotent; only this one method is replaced.
+    TF's async writer copies each variable to the host through its `_copy_trackable_to_cpu`, inside a
+    `tf.function` from the second save on, where Keras 3.15's `Variable` making a new `tf.Variable` on
+    every call raises "tf.function only supports singleton tf.Variables created on the first call". Here
+    the Keras variable maps to the host copy of the `tf.Variable` it wraps (the same serialized tensor).
+    Idempotent; only this one method is replaced.
 
     Relies on: `keras.src.backend.tensorflow.core.Variable` (what `keras.Variable` is under TensorFlow),
     its `value` (the wrapped `tf.Variable`) and TF's `Trackable._copy_trackable_to_cpu(object_map)`.

@@ -1,6 +1,7 @@
 """Top-1 / top-5 accuracy by one exact rule, shared by the training logs and the evaluation.
 
 A prediction is top-k correct when the true class is among the first k classes of the logits sorted in
+<<<<<<< HEAD
 decreasing order, ties broken by class index (the lower index first), which is the order
 `argmax` and `tf.math.top_k` use. So top-1 agrees with `argmax(logits) == label` on every input, and
 tied logits never make several classes "correct" at once. `tf.math.in_top_k` (and Keras's
@@ -9,6 +10,12 @@ with the k-th logit as inside the top k: a model whose logits are all equal scor
 
 A row holding a NaN logit counts as wrong (a NaN prediction is no prediction). Written in `keras.ops`:
 it runs on every Keras 3 backend.
+=======
+decreasing order, ties broken by class index (the order of `argmax` and `tf.math.top_k`), so top-1 agrees
+with `argmax(logits) == label` and tied logits never make several classes correct at once (Keras's top-k
+metrics, built on `tf.math.in_top_k`, count every class tied with the k-th as inside: equal logits score
+top-1 = 1.0). A row holding a NaN logit counts as wrong.
+>>>>>>> h5
 """
 
 import keras
@@ -16,23 +23,10 @@ from keras import ops
 
 
 def top_k_correct(labels, logits, k):
-    """Whether each example's label is among the top `k` logits, ties broken by class index.
-
-    rank(label) = #{c : logit[c] > logit[label]} + #{c < label : logit[c] == logit[label]};
-    correct = rank(label) < k and the row has no NaN.
-
-    Args:
-        labels: int tensor (B,) of class indices in [0, C).
-        logits: float tensor (B, C) (float32, bfloat16 or float16: compared as given, so values that tie
-            in bfloat16 tie here).
-        k: int >= 1; values above C are treated as C (every finite row correct).
-
-    Returns:
-        bool tensor (B,).
-
-    Raises:
-        ValueError: `k` < 1.
-    """
+    """bool (B,): whether each label (int (B,), in [0, C)) is among the top `k` (int >= 1; above C: C)
+    of `logits` (float (B, C), compared as given, so bfloat16 ties stay ties), ties broken by class index:
+    rank(label) = #{c : logit[c] > logit[label]} + #{c < label : logit[c] == logit[label]}, correct when
+    rank(label) < k and the row has no NaN. Raises ValueError for `k` < 1."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k!r}.")
     logits = ops.cast(logits, "float32")  # exact for bfloat16/float16: ties are kept
@@ -57,9 +51,7 @@ class TopKAccuracy(keras.metrics.MeanMetricWrapper):
     """Fraction of examples whose label is among the top `k` logits (`top_k_correct`), for `compile`.
 
     Takes integer labels (B,) or (B, 1), or one-hot / smoothed targets (B, C) (their argmax is the
-    class), and logits (B, C) in any float dtype. Replaces Keras's `SparseCategoricalAccuracy` (top-1),
-    `SparseTopKCategoricalAccuracy` and `TopKCategoricalAccuracy`, so the training logs follow the
-    evaluation's rule.
+    class), and logits (B, C) in any float dtype.
 
     Args:
         k: int >= 1 (1 for top-1, 5 for top-5; give min(5, classes) for fewer than 5 classes).

@@ -6,15 +6,15 @@ Prepares a data set once, on one node, before the training jobs that read it:
     launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir=/data/tfds
 
 For `imagenet2012` it converts the two ILSVRC-2012 tars into tensorflow-datasets records under `--data_dir`
-(`hvd_lars.data.imagenet_preparation.prepare`: hours on the full set, with tensorflow-datasets' progress
-bars on stderr); an interrupted run leaves nothing that counts as prepared, and the same command run again
-starts afresh. The other data sets need no preparation and say so in one line. The only reader of its
-arguments. Exit status: 0 when the data are prepared (now or before) or need no preparation, 2 on bad input
-(one line `hvd_lars: error: ...`), 130 when interrupted (Ctrl-C).
+(`hvd_lars.data.imagenet_preparation.prepare`: hours on the full set); an interrupted run leaves nothing
+that counts as prepared, and the same command run again starts afresh. The other data sets need no
+preparation and say so in one line. Exit status: 0 when the data are prepared (now or before) or need
+none, 2 on bad input (one line `hvd_lars: error: ...`), 130 when interrupted (Ctrl-C).
 """
 
 import argparse
 import datetime
+import logging
 import os
 import sys
 import time
@@ -24,6 +24,7 @@ from hvd_lars.data import imagenet_preparation as imagenet
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+log = logging.getLogger("hvd_lars")
 
 
 class UnknownDataset(ValueError):
@@ -39,7 +40,7 @@ NO_PREPARATION = {
 
 
 def prepare_imagenet(manual_dir, data_dir):
-    """Prepares `imagenet2012` (unless prepared); prints where the records are and how to train on them."""
+    """Prepares `imagenet2012` (unless prepared); logs where the records are and how to train on them."""
     ds_builder = imagenet.builder(data_dir)
     root = os.path.abspath(ds_builder.data_dir_root)
     if imagenet.unfinished(ds_builder) is None:
@@ -48,13 +49,14 @@ def prepare_imagenet(manual_dir, data_dir):
 
     def starting(folder, removed):
         if removed:
-            print(f"hvd_lars: removed what interrupted preparations left: {', '.join(removed)}")
-        print(
-            f"hvd_lars: preparing imagenet2012 from --manual_dir={manual_dir} into {folder}, once: hours for "
-            "the full ILSVRC-2012 (1,281,167 training and 50,000 validation images; "
-            f"{imagenet.OPTIONAL_FILE}, unlabelled, is converted too when there). If it is interrupted, "
-            "nothing counts as prepared: run this command again.",
-            flush=True,
+            log.info("removed what interrupted preparations left: %s", ", ".join(removed))
+        log.info(
+            "preparing imagenet2012 from --manual_dir=%s into %s, once: hours for the full ILSVRC-2012 "
+            "(1,281,167 training and 50,000 validation images; %s, unlabelled, is converted too when "
+            "there). If it is interrupted, nothing counts as prepared: run this command again.",
+            manual_dir,
+            folder,
+            imagenet.OPTIONAL_FILE,
         )
 
     start = time.monotonic()
@@ -65,13 +67,13 @@ def prepare_imagenet(manual_dir, data_dir):
 
 def _report(ds_builder, root, what):
     splits = ds_builder.info.splits
-    print(
-        f"hvd_lars: imagenet2012 {what} under {ds_builder.data_path}: {splits['train'].num_examples:,} "
-        f"training and {splits['validation'].num_examples:,} validation images."
+    log.info(
+        f"imagenet2012 {what} under {ds_builder.data_path}: {splits['train'].num_examples:,} training and "
+        f"{splits['validation'].num_examples:,} validation images."
     )
-    print(
-        f"hvd_lars: train on it with --dataset=imagenet2012 --data_dir={root} (the ImageNet flagfiles set "
-        f"the dataset), e.g. launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir={root}"
+    log.info(
+        f"train on it with --dataset=imagenet2012 --data_dir={root} (the ImageNet flagfiles set the "
+        f"dataset), e.g. launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir={root}"
     )
 
 
@@ -81,22 +83,19 @@ PREPARATIONS = {"imagenet2012": prepare_imagenet}
 
 def run(dataset, manual_dir="", data_dir=""):
     """Prepares `dataset` (a name of `hvd_lars.data.DATASETS`), or says in one line that it needs nothing.
-
-    Raises:
-        UnknownDataset: an unknown name, listing the valid ones.
-        imagenet_preparation.CannotPrepare: the preparation refused, before anything is converted.
-        ImportError: tensorflow-datasets is not installed (imagenet2012).
-    """
+    Raises UnknownDataset (listing the valid names), `imagenet_preparation.CannotPrepare` (before anything
+    is converted) or ImportError (no tensorflow-datasets)."""
     if dataset not in DATASETS:
         raise UnknownDataset(f"unknown data set {dataset!r}; valid: {', '.join(sorted(DATASETS))}.")
     if dataset not in PREPARATIONS:
-        reason = NO_PREPARATION.get(dataset, "training reads its files as they are")
-        print(f"hvd_lars: {dataset} needs no preparation: {reason}.")
+        log.info("%s needs no preparation: %s.", dataset, NO_PREPARATION[dataset])
         return
     PREPARATIONS[dataset](manual_dir or None, data_dir or None)
 
 
 def main(argv=None):
+    from hvd_lars.main import configure_logging
+
     parser = argparse.ArgumentParser(
         prog="hvd-lars-prepare",
         description="\n\n".join(__doc__.split("\n\n")[1:3]),  # what it does, and the example
@@ -115,17 +114,14 @@ def main(argv=None):
         "(default: tensorflow-datasets' folder, ~/tensorflow_datasets, as for training)",
     )
     args = parser.parse_args(argv)
+    configure_logging()
     try:
         run(args.dataset, args.manual_dir, args.data_dir)
     except (UnknownDataset, imagenet.CannotPrepare, ImportError) as e:
-        print(f"hvd_lars: error: {e}", file=sys.stderr, flush=True)
+        log.error("%s", e)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(
-            "hvd_lars: interrupted: nothing new counts as prepared; run the same command again.",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.error("interrupted: nothing new counts as prepared; run the same command again.")
         return EXIT_INTERRUPTED
     return 0
 

@@ -139,9 +139,9 @@ def test_prepared_data_are_read_and_prepared_again_without_the_tars(prepared, tm
         prepare.main(["imagenet2012", f"--manual_dir={tmp_path / 'nothing_here'}", f"--data_dir={copy}"]) == 0
     )
     assert capsys.readouterr().out.splitlines() == [
-        f"hvd_lars: imagenet2012 is prepared already under {copy}/imagenet2012/5.1.0: 18 training and 6 "
+        f"[hvd_lars] imagenet2012 is prepared already under {copy}/imagenet2012/5.1.0: 18 training and 6 "
         "validation images.",
-        f"hvd_lars: train on it with --dataset=imagenet2012 --data_dir={copy} (the ImageNet flagfiles set "
+        f"[hvd_lars] train on it with --dataset=imagenet2012 --data_dir={copy} (the ImageNet flagfiles set "
         f"the dataset), e.g. launch/mpirun.sh hostfile 512 flags/resnet50_bs32k_lars.flags --data_dir={copy}",
     ]
     assert not os.path.exists(tmp_path / "nothing_here")
@@ -274,17 +274,17 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     # the same records as the uninterrupted preparation of the same tars.
     again = subprocess.run([*PREPARE, labels, "--", *arguments], cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    said = [line for line in again.stdout.splitlines() if line.startswith("hvd_lars")]
-    assert said[0] == f"hvd_lars: removed what interrupted preparations left: {left}"
+    said = [line for line in again.stdout.splitlines() if line.startswith("[hvd_lars]")]
+    assert said[0] == f"[hvd_lars] removed what interrupted preparations left: {left}"
     assert said[1].startswith(
-        f"hvd_lars: preparing imagenet2012 from --manual_dir={manual} into {dataset}/5.1.0"
+        f"[hvd_lars] preparing imagenet2012 from --manual_dir={manual} into {dataset}/5.1.0"
     )
     assert re.fullmatch(
-        rf"hvd_lars: imagenet2012 prepared in \d+:\d\d:\d\d \(h:mm:ss\) under {dataset}/5\.1\.0: 18 training "
-        r"and 6 validation images\.",
+        rf"\[hvd_lars\] imagenet2012 prepared in \d+:\d\d:\d\d \(h:mm:ss\) under {dataset}/5\.1\.0: "
+        r"18 training and 6 validation images\.",
         said[2],
     ), said
-    assert said[3].startswith(f"hvd_lars: train on it with --dataset=imagenet2012 --data_dir={data_dir} ")
+    assert said[3].startswith(f"[hvd_lars] train on it with --dataset=imagenet2012 --data_dir={data_dir} ")
     assert "Generating train examples..." in again.stdout + again.stderr  # tensorflow-datasets' bars
     assert sorted(os.listdir(dataset)) == sorted([preparation.LOCK_NAME, "5.1.0"])
     preparation.prepared_builder(data_dir)

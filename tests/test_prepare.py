@@ -41,7 +41,7 @@ def test_every_data_set_either_prepares_or_says_it_needs_nothing(capsys):
     for name, reason in prepare.NO_PREPARATION.items():
         assert _prepare(capsys, name, "--data_dir=/nonexistent") == (
             0,
-            [f"hvd_lars: {name} needs no preparation: {reason}."],
+            [f"[hvd_lars] {name} needs no preparation: {reason}."],
             [],
         )
     assert not os.path.exists("/nonexistent")

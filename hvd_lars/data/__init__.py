@@ -1,10 +1,8 @@
 """Input pipelines, sharded per rank: `DATASETS` maps a `--dataset` name to its `Dataset` entry.
 
-Every data set is built from one `InputRequest` (this rank's batch and shard, the seed, the data folder,
-caps, threads) and its own options (`Dataset.options`, a frozen dataclass), and returns an
-`InputPipeline` whose training stream can start at any batch (`InputPipeline.train_from`) without reading
-the ones before. `describe_input` takes the same and says what the model and the plan need
-(`InputShapes`: the image shape, the classes, the training examples) without building the input.
+Every data set is built from one `InputRequest` and its own options (`Dataset.options`) into an
+`InputPipeline` whose training stream can start at any batch without reading the ones before;
+`describe_input` says what the model and the plan need (`InputShapes`) without building the input.
 
     from hvd_lars.data import InputRequest, get_input
     data = get_input("synthetic", InputRequest(per_rank_batch=32, rank=0, world_size=1, seed=0),
@@ -65,64 +63,32 @@ DATASETS = {
 
 
 def dataset(name):
-    """The `Dataset` entry of `name`.
-
-    Raises:
-        ValueError: unknown name, listing the valid ones.
-    """
+    """The `Dataset` entry of `name`; ValueError for an unknown name, listing the valid ones."""
     if name not in DATASETS:
         raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}.")
     return DATASETS[name]
 
 
 def get_input(name, request, **options):
-    """Builds this rank's input pipeline of data set `name` (a key of `DATASETS`).
-
-    Args:
-        request: `InputRequest` (rank, world size, per-rank batch, seed, data folder, ...).
-        **options: the data set's own options (fields of its `Dataset.options`); those not given keep
-            their defaults.
-
-    Returns:
-        `InputPipeline`.
-
-    Raises:
-        ValueError: unknown name (listing the valid ones), or an option the data set does not take (one
-            line naming it and the options it takes); otherwise what the builder raises.
-    """
+    """Builds this rank's `InputPipeline` of data set `name` (a key of `DATASETS`) for `request` (an
+    `InputRequest`); `**options`: fields of the data set's `Dataset.options` (the others keep defaults).
+    Raises ValueError for an unknown name (listing the valid ones) or an option the data set does not
+    take (naming it and those it takes), and what the builder raises."""
     entry = dataset(name)
     return entry.build(request, _options(name, entry, options))
 
 
 def describe_input(name, request, **options):
-    """`InputShapes` (image shape, classes, training examples) of the input `get_input(name, request,
-    **options)` would build, without building it: nothing is allocated at the batch size, no image is
-    decoded.
-
-    - synthetic: from the arguments alone;
-    - fashion_mnist: from the IDX headers of the training files;
-    - image_folder: from the training split's listing index in the run directory while it is valid
-      (`listing.listed`: a `stat` per folder), else from a listing of `data_dir/train`, saved there
-      for the run's later starts (the validation split, which the shapes do not need, is left unread);
-    - imagenet2012: from the prepared data's dataset info (data that are not prepared are refused, as
-      `get_input` refuses them: `imagenet_preparation.NotPrepared`, naming the command that prepares).
-    In a job, one process describes and shares the result (`hvd_lars.training.train`), so a listing
-    is made once.
-
-    Raises:
-        ValueError: as `get_input` for the arguments; otherwise what the data set raises for the files
-            the description reads (missing data, an unreadable header or listing).
-    """
+    """`InputShapes` of the input `get_input(name, request, **options)` would build, without building it:
+    from the arguments (synthetic), the IDX headers (fashion_mnist), the training split's listing or its
+    index (image_folder), the prepared data's dataset info (imagenet2012). Raises as `get_input` for the
+    arguments, and what the data set raises for the files it reads."""
     entry = dataset(name)
     return entry.describe(request, _options(name, entry, options))
 
 
 def _options(name, entry, given):
-    """`entry.options` made of `given` (a dict).
-
-    Raises:
-        ValueError: a key that is not an option of the data set, naming it and those it takes.
-    """
+    """`entry.options` made of `given` (a dict); ValueError for a key that is not one of its fields."""
     wrong = sorted(set(given) - set(entry.option_names()))
     if wrong:
         request_fields = {f.name for f in dataclasses.fields(InputRequest)}

@@ -1,13 +1,9 @@
-"""Fashion-MNIST in memory: 60,000 training and 10,000 test images (28x28x1, 10 classes), a validation
-split held out of the training images on request, each rank's shard in a fresh order every epoch.
-
-The images come from Debian's IDX files (`fashion_mnist_files`), standardised with fixed constants; no
-augmentation (as in Xiao et al. 2017's benchmarks).
-"""
+"""Fashion-MNIST in memory (`fashion_mnist_files`): 60,000 training and 10,000 test images (28x28x1, 10
+classes), standardised, no augmentation (as Xiao et al. 2017's benchmarks), a validation split held out
+of the training images on request, each rank's shard in a fresh order every epoch."""
 
 import dataclasses
 
-import numpy as np
 import tensorflow as tf
 
 from hvd_lars.data import fashion_mnist_files as files
@@ -31,31 +27,6 @@ class FashionMnistOptions:
     validation_examples: int = 0
 
 
-def _in_memory(images, labels, normalize, shard, batch, deterministic, threads):
-    """Finite batches of `images[shard]` in order, the last smaller (evaluation)."""
-    ds = tf.data.Dataset.from_tensor_slices((images[shard], labels[shard]))
-    ds = ds.batch(batch, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
-
-
-def _in_memory_train(images, labels, normalize, batch, seed, deterministic, threads):
-    """`train_from` of this rank's shard (`images`, `labels`): endless batches, a fresh permutation each
-    epoch (`order.index_stream`), gathered per batch from the arrays."""
-    images, labels = tf.constant(images), tf.constant(labels)
-
-    def train_from(start_batch=0):
-        ds = order.index_stream(len(labels), seed, start=start_batch * batch)
-        ds = ds.batch(batch, drop_remainder=True)
-        ds = ds.map(
-            lambda i: (normalize(tf.gather(images, i)), tf.gather(labels, i)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-        return ds.prefetch(tf.data.AUTOTUNE).with_options(tfdata_options.options(deterministic, threads))
-
-    return train_from
-
-
 def _normalize(x):
     return (tf.cast(x, tf.float32) / 255.0 - files.MEAN) / files.STD
 
@@ -65,16 +36,10 @@ def fashion_mnist_input(request, options):
     Debian's), this rank's shard.
 
     With `options.validation_examples` = N > 0 the last N of the 60,000 training images are the
-    validation split (`InputPipeline.validation`); training uses the first 60,000 - N.
-    `request.max_train_examples` / `max_eval_examples` > 0 then keep only the first that many training
-    images and the first that many images of each evaluation split (smoke tests). Pixels are scaled to
-    [0, 1] and standardised with the mean and std of all 60,000 training images (fixed constants,
-    `fashion_mnist_files.MEAN` / `STD`; no label information). Evaluation batches hold
-    `request.eval_batch` images (0: `EVAL_BATCH`).
-
-    Args:
-        request: `InputRequest`.
-        options: `FashionMnistOptions`.
+    validation split (`InputPipeline.validation`). `request.max_train_examples` / `max_eval_examples` > 0
+    keep only the first that many training images and images of each evaluation split. Pixels are
+    scaled to [0, 1] and standardised with the training set's mean and std (`fashion_mnist_files.MEAN` /
+    `STD`). Evaluation batches hold `request.eval_batch` images (0: `EVAL_BATCH`).
 
     Raises:
         ValueError: `validation_examples` outside [0, 60,000); bad rank/world size.
@@ -91,25 +56,28 @@ def fashion_mnist_input(request, options):
     if request.max_eval_examples:
         x_test, y_test = x_test[: request.max_eval_examples], y_test[: request.max_eval_examples]
         x_val, y_val = x_val[: request.max_eval_examples], y_val[: request.max_eval_examples]
-    rank, world_size, threads = request.rank, request.world_size, request.input_threads
+    rank, world_size, batch = request.rank, request.world_size, request.per_rank_batch
+    opts = tfdata_options.options(request.deterministic, request.input_threads)
 
     def evaluation(images, labels):
         start, stop = eval_shard_range(len(images), rank, world_size)
-        batch = request.eval_batch or EVAL_BATCH
-        return _in_memory(
-            images, labels, _normalize, np.arange(start, stop), batch, request.deterministic, threads
-        )
+        ds = tf.data.Dataset.from_tensor_slices((images[start:stop], labels[start:stop]))
+        ds = ds.batch(request.eval_batch or EVAL_BATCH, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(lambda x, y: (_normalize(x), y), num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(opts)
 
     shard = train_shard_indices(len(x_train), rank, world_size)
-    train_from = _in_memory_train(
-        x_train[shard],
-        y_train[shard],
-        _normalize,
-        request.per_rank_batch,
-        request.seed + rank,
-        request.deterministic,
-        threads,
-    )
+    images, labels = tf.constant(x_train[shard]), tf.constant(y_train[shard])
+
+    def train_from(start_batch=0):
+        # A fresh permutation of the shard each epoch, gathered per batch from the arrays.
+        ds = order.index_stream(len(shard), request.seed + rank, start=start_batch * batch)
+        ds = ds.batch(batch, drop_remainder=True).map(
+            lambda i: (_normalize(tf.gather(images, i)), tf.gather(labels, i)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(opts)
+
     return InputPipeline(
         train=train_from(0),
         train_from=train_from,
@@ -134,11 +102,7 @@ def _check_validation_examples(validation_examples, num_train):
 
 def fashion_mnist_shapes(request, options):
     """`InputShapes` of `fashion_mnist_input(request, options)`, from the IDX headers of the training files
-    (`fashion_mnist_files.count`): no image is decoded.
-
-    Raises:
-        As `fashion_mnist_input`.
-    """
+    (`fashion_mnist_files.count`): no image is decoded. Raises as `fashion_mnist_input`."""
     num_train = files.count("train", request.data_dir)
     _check_validation_examples(options.validation_examples, num_train)
     num_train -= options.validation_examples

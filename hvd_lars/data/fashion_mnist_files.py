@@ -32,63 +32,34 @@ _IDX_LABELS_MAGIC = 2049
 
 
 def load(split, data_dir=None):
-    """Reads one split into memory.
-
-    Args:
-        split: "train" or "test".
-        data_dir: folder holding the split's two IDX files, each gzipped (`FILES`) or uncompressed (the
-            same name without `.gz`); default `DEFAULT_DIR` (Debian's package).
-
-    Returns:
-        (images, labels): uint8 array of shape (N, 28, 28, 1) and int32 array of shape (N,), N = 60,000
-        for "train" and 10,000 for "test".
+    """(images uint8 (N, 28, 28, 1), labels int32 (N,)) of `split` ("train": N = 60,000, "test": 10,000)
+    from its two IDX files in `data_dir` (default `DEFAULT_DIR`), each gzipped (`FILES`) or not.
 
     Raises:
         ValueError: unknown split.
         FileNotFoundError: a file is missing in both forms (says where to get the files).
-        IOError: a file is not a valid IDX file.
+        OSError: a file is not a valid IDX file, or the two disagree on the count.
     """
-    if split not in FILES:
-        raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
-    data_dir = data_dir or DEFAULT_DIR
-    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
-    images = _read_idx(image_file, _IDX_IMAGES_MAGIC)
-    labels = _read_idx(label_file, _IDX_LABELS_MAGIC)
-    if images.shape[0] != labels.shape[0]:
-        raise OSError(f"{image_file} has {images.shape[0]} images but {label_file} {labels.shape[0]} labels.")
+    images, labels = _read_split(split, data_dir, header_only=False)
     return images[..., None], labels.astype(np.int32)
 
 
 def count(split, data_dir=None):
-    """The number of images of one split, from its two IDX files' headers alone (their first 16 and 8
-    bytes: a gzipped file is decompressed only that far); `load` reads the data.
+    """The number of images of one split, from its two IDX files' headers alone (a gzipped file is
+    decompressed only that far). Raises as `load`, except that data cut short are only found by `load`."""
+    return _read_split(split, data_dir, header_only=True)[0][0]
 
-    Raises:
-        As `load`, except that a file whose data are cut short is only found by `load`.
-    """
+
+def _read_split(split, data_dir, header_only):
     if split not in FILES:
         raise ValueError(f"Fashion-MNIST split must be one of {sorted(FILES)}, got {split!r}.")
-    data_dir = data_dir or DEFAULT_DIR
-    image_file, label_file = (_find(data_dir, name) for name in FILES[split])
-    images = _read_header(image_file, _IDX_IMAGES_MAGIC)[0]
-    labels = _read_header(label_file, _IDX_LABELS_MAGIC)[0]
-    if images != labels:
-        raise OSError(f"{image_file} has {images} images but {label_file} {labels} labels.")
-    return images
-
-
-def _read_header(path, magic):
-    """The dimensions an IDX file's header gives (3 for images, 1 for labels)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    size = 16 if magic == _IDX_IMAGES_MAGIC else 8
-    with opener(path, "rb") as f:
-        header = f.read(size)
-    if len(header) < size:
-        raise OSError(f"{path}: {len(header)} bytes, shorter than an IDX header ({size}).")
-    found, *dims = struct.unpack(f">{size // 4}I", header)
-    if found != magic:
-        raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
-    return dims
+    image_file, label_file = (_find(data_dir or DEFAULT_DIR, name) for name in FILES[split])
+    images = _read_idx(image_file, _IDX_IMAGES_MAGIC, header_only)
+    labels = _read_idx(label_file, _IDX_LABELS_MAGIC, header_only)
+    counts = (images[0], labels[0]) if header_only else (len(images), len(labels))
+    if counts[0] != counts[1]:
+        raise OSError(f"{image_file} has {counts[0]} images but {label_file} {counts[1]} labels.")
+    return images, labels
 
 
 def _find(data_dir, name):
@@ -106,18 +77,19 @@ def _find(data_dir, name):
     )
 
 
-def _read_idx(path, magic):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    found, count = struct.unpack(">II", data[:8])
+def _read_idx(path, magic, header_only):
+    """The IDX file's array (uint8, shape its dimensions), or with `header_only` its dimensions."""
+    size = 16 if magic == _IDX_IMAGES_MAGIC else 8  # magic, then 3 dimensions (images) or 1 (labels)
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read(size) if header_only else f.read()
+    if len(data) < size:
+        raise OSError(f"{path}: {len(data)} bytes, shorter than an IDX header ({size}).")
+    found, *dims = struct.unpack(f">{size // 4}I", data[:size])
     if found != magic:
         raise OSError(f"{path}: IDX magic number {found}, expected {magic}.")
-    dims = [count]
-    if magic == _IDX_IMAGES_MAGIC:
-        dims += list(struct.unpack(">II", data[8:16]))
-    offset = 8 + 4 * (len(dims) - 1)
-    array = np.frombuffer(data, dtype=np.uint8, offset=offset)
+    if header_only:
+        return dims
+    array = np.frombuffer(data, dtype=np.uint8, offset=size)
     if array.size != int(np.prod(dims)):
         raise OSError(f"{path}: {array.size} bytes of data for shape {dims}.")
     return array.reshape(dims)

@@ -1,30 +1,23 @@
 """ImageNet-1k's one-time preparation: the user's ILSVRC-2012 tars converted into tensorflow-datasets'
-`imagenet2012` records under `data_dir`, and the test of whether a folder holds a finished one.
+`imagenet2012` records under `data_dir` (`hvd-lars-prepare imagenet2012`, `hvd_lars.prepare`), and the
+test of whether a folder holds a finished one.
 
-ImageNet cannot be downloaded automatically: the user puts `ILSVRC2012_img_train.tar` and
-`ILSVRC2012_img_val.tar` (from image-net.org) in a manual folder, and `prepare` converts them, once and on
-one node, before any training job (`hvd-lars-prepare imagenet2012`, `hvd_lars.prepare`; hours on the full
-set). Nothing is downloaded: the builder reads only `manual_dir`. The conversion turns ImageNet's CMYK
-JPEGs and its PNG-as-JPEG into plain RGB JPEGs.
-
-tensorflow-datasets writes into `data_dir/imagenet2012/incomplete.<6 characters>_<version>/` and renames
-that folder to `<version>/` only after every split and `dataset_info.json` are written, so an interrupted
-conversion (a signal, a full disk) never leaves a version folder; the folder it does leave, the next
-`prepare` removes. Prepared means exactly what a finished conversion leaves (`unfinished`): the version
-folder with `dataset_info.json` and `features.json`, the training and validation splits, and every record
-file those splits name. Training reads only prepared folders (`prepared_builder`).
+The user puts `ILSVRC2012_img_train.tar` and `ILSVRC2012_img_val.tar` (from image-net.org) in a manual
+folder; nothing is downloaded. tensorflow-datasets writes into `incomplete.<6 characters>_<version>/` and
+renames it to `<version>/` only when every split and `dataset_info.json` are written, so an interrupted
+conversion never leaves a version folder; the folder it does leave, the next `prepare` removes. Prepared
+means what a finished conversion leaves (`unfinished`); training reads only that (`prepared_builder`).
 """
 
 import contextlib
 import dataclasses
 import errno
 import fcntl
+import logging
 import os
 import re
 import shutil
 import tarfile
-
-from absl import logging
 
 NAME = "imagenet2012"
 MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
@@ -110,13 +103,8 @@ def unfinished(ds_builder):
 
 
 def prepared_builder(data_dir=None):
-    """The `imagenet2012` builder over a prepared `data_dir`; checks only, converts nothing.
-
-    Raises:
-        NotPrepared: `data_dir` lacks a finished preparation (`unfinished`), naming the command that
-            prepares it there.
-        ImportError: tensorflow-datasets is not installed.
-    """
+    """The `imagenet2012` builder over a prepared `data_dir`; checks only. Raises NotPrepared (naming the
+    command that prepares it there) or ImportError (no tensorflow-datasets)."""
     ds_builder = builder(data_dir)
     problem = unfinished(ds_builder)
     if problem:
@@ -138,24 +126,10 @@ def validation_labels_path():
 
 
 def check_validation_tar(val_tar, labels_path=None):
-    """Refuses a validation tar that does not hold exactly the images the label file covers.
-
-    tensorflow-datasets' `imagenet2012` builder labels the validation images by position: it zips the
-    *sorted names in the tar* with the lines of its label file (`imagenet_common.get_validation_labels`),
-    so a tar missing `ILSVRC2012_val_00000001.JPEG` would give every later image its predecessor's label
-    (and a stray extra entry would shift the rest). This check runs before any preparation.
-
-    Args:
-        val_tar: path of `ILSVRC2012_img_val.tar`.
-        labels_path: the label file (default `validation_labels_path()`); N lines cover the names
-            `VALIDATION_NAME.format(i)` for i in 1..N.
-
-    Returns:
-        N, the number of validation images.
-
-    Raises:
-        CannotPrepare: names missing from the tar or extra in it, with their counts and the first few.
-    """
+    """N, the validation images of `val_tar`, which must hold exactly the names `VALIDATION_NAME` of 1..N
+    whose labels are the N lines of `labels_path` (default `validation_labels_path()`): tensorflow-datasets
+    labels them by position in the tar's sorted names, so a missing or extra entry would shift every later
+    label. Raises CannotPrepare naming the names missing and extra, with their counts."""
     labels_path = labels_path or validation_labels_path()
     with open(labels_path) as f:
         count = len(f.read().strip().splitlines())
@@ -181,8 +155,8 @@ def check_validation_tar(val_tar, labels_path=None):
 
 @dataclasses.dataclass
 class Preparation:
-    """What `prepare` did: `converted` False when the data were prepared already; `removed`, the folders
-    interrupted preparations had left."""
+    """What `prepare` did: `converted` False when prepared already; `removed`, the folders interrupted
+    preparations had left."""
 
     builder: object
     converted: bool
@@ -192,22 +166,14 @@ class Preparation:
 def prepare(manual_dir, data_dir=None, starting=None):
     """Converts the tars in `manual_dir` into `imagenet2012` records under `data_dir`, unless prepared.
 
-    Before converting it checks that both tars are there, that `data_dir` can be written and has room for
-    about the tars' size (the records hold the same JPEG bytes), that the validation tar holds exactly the
-    labelled images (`check_validation_tar`), that no other preparation writes there (a lock file held in
-    the dataset's folder while converting) and that no damaged earlier preparation is in the way; then it
-    removes what interrupted preparations left (`INCOMPLETE_FOLDER`). tensorflow-datasets shows its
-    progress bars (examples generated, then shuffled and written, for each split) on stderr.
+    First it checks that both tars are there, that `data_dir` can be written and has room for the tars'
+    size, that the validation tar holds exactly the labelled images (`check_validation_tar`), that no other
+    preparation writes there (`LOCK_NAME`, held while converting) and that no damaged earlier preparation
+    is in the way; then it removes what interrupted preparations left (`INCOMPLETE_FOLDER`).
 
-    Args:
-        manual_dir: folder holding `MANUAL_FILES` (and, converted too when there, `OPTIONAL_FILE`); not
-            read when the data are prepared already.
-        data_dir: where the records go (None: tensorflow-datasets' default, as for training).
-        starting: None, or a callable(folder, removed) called once the checks have passed, just before
-            converting into `folder` (the version folder); `removed` as in `Preparation`.
-
-    Returns:
-        `Preparation`.
+    `manual_dir` holds `MANUAL_FILES` (and, converted too when there, `OPTIONAL_FILE`); `data_dir` None:
+    tensorflow-datasets' default. `starting(folder, removed)`, when given, is called once the checks have
+    passed, before converting into `folder` (the version folder). Returns a `Preparation`.
 
     Raises:
         CannotPrepare: as listed above, before any record is written.
@@ -230,9 +196,19 @@ def prepare(manual_dir, data_dir=None, starting=None):
                 f"would reuse that folder as it is: remove it (rm -r {ds_builder.data_path}) and run "
                 f"{command(root, manual_dir)} again."
             )
-        _check_space(tars, root)
+        needed, free = sum(os.path.getsize(path) for path in tars), shutil.disk_usage(root).free
+        if free < needed:  # the records hold the same JPEG bytes, a few re-encoded
+            raise CannotPrepare(
+                f"--data_dir={root} has {free / 1e9:,.1f} GB free; the records need about "
+                f"{needed / 1e9:,.1f} GB (the size of {', '.join(os.path.basename(p) for p in tars)}). Free "
+                "some space or prepare into another folder."
+            )
         check_validation_tar(tars[1])
-        removed = _remove_leftovers(os.path.dirname(os.fspath(ds_builder.data_path)))
+        folder = os.path.dirname(os.fspath(ds_builder.data_path))
+        removed = [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if INCOMPLETE_FOLDER.match(n)]
+        removed = [path for path in removed if os.path.isdir(path)]
+        for path in removed:
+            shutil.rmtree(path)
         if starting:
             starting(os.fspath(ds_builder.data_path), removed)
         config = tfds.download.DownloadConfig(
@@ -266,11 +242,8 @@ def _tars(manual_dir, root):
 
 @contextlib.contextmanager
 def _exclusive(folder, root):
-    """Creates `folder` and holds its `LOCK_NAME` while the block runs.
-
-    Raises:
-        CannotPrepare: `folder` cannot be created or written, or another process holds the lock.
-    """
+    """Creates `folder` and holds its `LOCK_NAME` while the block runs; CannotPrepare when `folder` cannot
+    be written or another process holds the lock."""
     path = os.path.join(folder, LOCK_NAME)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -292,29 +265,7 @@ def _exclusive(folder, root):
             if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
                 raise
             # E.g. Lustre mounted without -o flock: nothing can tell a second preparation here.
-            logging.warning("%s cannot be locked (%s); run one preparation at a time there.", path, e)
+            logging.getLogger(__name__).warning(
+                "%s cannot be locked (%s); run one preparation at a time there.", path, e
+            )
         yield
-
-
-def _check_space(tars, root):
-    """Raises CannotPrepare when `root`'s file system has less room than the tars take (the records hold
-    the same JPEG bytes, a few re-encoded)."""
-    needed = sum(os.path.getsize(path) for path in tars)
-    free = shutil.disk_usage(root).free
-    if free < needed:
-        raise CannotPrepare(
-            f"--data_dir={root} has {free / 1e9:,.1f} GB free; the records need about {needed / 1e9:,.1f} GB "
-            f"(the size of {', '.join(os.path.basename(p) for p in tars)}). Free some space or prepare into "
-            "another folder."
-        )
-
-
-def _remove_leftovers(folder):
-    """Removes the folders interrupted preparations left in `folder`; returns their paths."""
-    removed = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if INCOMPLETE_FOLDER.match(name) and os.path.isdir(path):
-            shutil.rmtree(path)
-            removed.append(path)
-    return removed

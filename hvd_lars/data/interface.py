@@ -1,9 +1,6 @@
 """What a data set of `hvd_lars.data` is: the `Dataset` entry of its registry, the `InputRequest` its
-builder is given, and what it gives back (`InputPipeline` built, `InputShapes` described).
-
-Every builder takes the same request (this rank's batch and shard, the seed, where the data lie, caps and
-threads) and the data set's own options, a frozen dataclass of its entry (`Dataset.options`).
-"""
+builder is given (with the data set's own options), and what it gives back (`InputPipeline` built,
+`InputShapes` described)."""
 
 import dataclasses
 import typing
@@ -20,20 +17,17 @@ class InputRequest:
         rank, world_size: this rank among `world_size` (0 <= rank < world_size); the builder reads rank
             `rank`'s shard (`hvd_lars.data.sharding`).
         seed: int >= 0; the training order and any random augmentation follow from (seed + rank).
-        data_dir: folder holding the data set; None or "": the data set's default (Fashion-MNIST: Debian's
-            folder; synthetic data read none).
+        data_dir: folder holding the data set; None or "": the data set's default.
         max_train_examples, max_eval_examples: > 0 keep only that many training / evaluation images
             (each data set says which); 0: all.
         eval_batch: images per evaluation batch; 0: the data set's own (Fashion-MNIST 1,000, the others
             `per_rank_batch`).
         deterministic: a fixed element order (exact resume, repeatable tests); False: faster, unordered.
-        input_threads: tf.data threads of this rank's private pool; 0: `tfdata_options.default_threads()`.
-        run_dir: a folder of the run where a builder keeps what only saves work on the run's later starts
-            (image_folder: its listing index, in `<run_dir>/image_folder_index/`); None: nothing is kept.
-        on_unreadable: None (an image file that cannot be read or decoded, or a record file that cannot be
-            read to its end (`records`), and is not skipped, stops the pipeline with
-            `tf.errors.InvalidArgumentError` naming it), or callable(path, split) called with it instead
-            (`encoded_images.train_dataset`).
+        input_threads: tf.data threads of this rank's private pool; 0: as `tfdata_options.options` chooses.
+        run_dir: a folder where a builder keeps what saves work on the run's later starts (image_folder:
+            its listing index); None: nothing is kept.
+        on_unreadable: None (a file that cannot be read or decoded stops the pipeline, naming it), or
+            callable(path, split) called with it instead (`encoded_images.train_dataset`).
     """
 
     per_rank_batch: int
@@ -56,21 +50,16 @@ class InputPipeline:
 
     Attributes:
         train: infinite `tf.data.Dataset` of (images float32 (B, H, W, C), labels int32 (B,)), B the
-            per-rank batch, reshuffled every epoch (`order`: a permutation per epoch from the seed).
-        train_from: callable(start_batch: int >= 0) -> the same stream from its batch `start_batch` on
-            (exactly batches start_batch, start_batch + 1, ... of `train`), for a resumed run: the
-            elements before it are never read or decoded, so starting costs the same at any batch.
+            per-rank batch, reshuffled every epoch.
+        train_from: callable(start_batch: int >= 0) -> the same stream from its batch `start_batch` on,
+            for a resumed run; the elements before it are never read or decoded.
         eval: finite dataset of this rank's evaluation shard, same element structure, last batch smaller.
-        num_train_examples: training examples in the whole data set (all ranks).
-        num_eval_examples: evaluation examples in the whole data set (all ranks).
-        num_classes: number of labels.
-        input_shape: (H, W, C) of one image.
+        num_train_examples, num_eval_examples: examples in the whole data set (all ranks).
+        num_classes, input_shape: labels, and (H, W, C) of one image.
         skipped_corrupt: int64 `tf.Variable` counting corrupt training files skipped so far, or None
-            when the pipeline does not skip them (then a corrupt file raises an error naming it).
-        validation: finite dataset of this rank's shard of the validation split (images held out of the
-            training set, never trained on; for choosing hyperparameters), same structure as `eval`; None
-            when the run holds out none.
-        num_validation_examples: validation examples in the whole split (all ranks); 0 without one.
+            when the pipeline does not skip them.
+        validation, num_validation_examples: this rank's shard of the split held out of the training set
+            (as `eval`) and its size (all ranks); None and 0 without one.
     """
 
     train: tf.data.Dataset
@@ -89,14 +78,7 @@ class InputPipeline:
 class InputShapes:
     """What a model and its plan need to know of an input, read without building it
     (`hvd_lars.data.describe_input`): the fields of the same name of the `InputPipeline` the same
-    request and options build.
-
-    Attributes:
-        input_shape: (H, W, C) of one image.
-        num_classes: number of labels.
-        num_train_examples: training examples in the whole data set (all ranks), after
-            `max_train_examples` and any held-out validation split.
-    """
+    request and options build (`num_train_examples` after caps and any held-out validation split)."""
 
     input_shape: tuple
     num_classes: int
@@ -105,18 +87,10 @@ class InputShapes:
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """One entry of `hvd_lars.data.DATASETS`.
-
-    Attributes:
-        build: callable(InputRequest, options) -> `InputPipeline` of the request's rank.
-        describe: callable(InputRequest, options) -> the `InputShapes` `build` would give, without
-            building: no batch allocated, no image decoded.
-        options: frozen dataclass of the data set's own options, with their defaults; its fields are
-            exactly the options the data set takes.
-        default_dir: callable() -> the folder the data set reads when `InputRequest.data_dir` is empty,
-            or None when it has none (image_folder needs a folder; synthetic reads none). A run's plan
-            records the folder this resolves to (`hvd_lars.training.plan`).
-    """
+    """One entry of `hvd_lars.data.DATASETS`: `build(request, options)` -> `InputPipeline`,
+    `describe(request, options)` -> the `InputShapes` it would give, `options` (a frozen dataclass of the
+    data set's own options), `default_dir()` -> the folder read when `InputRequest.data_dir` is empty
+    (None: it has none)."""
 
     build: typing.Callable
     describe: typing.Callable

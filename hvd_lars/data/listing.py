@@ -1,34 +1,16 @@
 """Listing an image folder (`<split>/<class>/<image>`) as users' folders really are, and its index file.
 
-What a listing keeps, and what it refuses (each refusal is one `ValueError` naming the paths, up to
-`SHOWN` per kind with their count, so a folder with several oddities is fixed in one round):
-- Class folders are the folders (or symbolic links to folders) in the split folder; labels are their
-  indices in sorted name order, the training split's order for every split.
-- Hidden entries are skipped at every level: names starting with "." (a notebook's
-  `.ipynb_checkpoints/`, macOS's `.DS_Store` and `._<name>` AppleDouble files, `.git/`) and
-  `HIDDEN_NAMES` (`__MACOSX/` of zip archives made on macOS, Windows's `Thumbs.db` and `desktop.ini`).
-- Images are the files whose extension, in any letter case, is one of `IMAGE_EXTENSIONS` (`.JPEG`,
-  `.jpg`, `.Png`, `.webp`, ...): the formats `preprocessing.decode_rgb` decodes. Any other file in a
-  class folder (TIFF or HEIC images, text, archives, pipes) is refused: it is either data the pipeline
-  cannot read or something misplaced, and dropping it silently would change the data set.
-- Sub-folders of a class folder are read too; their images belong to the class (as Keras's
-  `image_dataset_from_directory` and torchvision's `ImageFolder` do).
-- Symbolic links are followed, to files and to folders. A link that leads to a folder already read (a
-  loop such as `cat/all -> ..`, or one folder under two class names) is refused, naming the link and
-  the folder it repeats; a broken link is refused, naming it and its target.
-- A file in the split folder itself, outside every class folder (an unsorted validation set), is refused.
-- A training class folder without images is refused (that class's output would never be trained); a
-  validation split may lack classes (`missing_classes` names them) but may not have classes the
-  training split lacks.
-- File names may hold any bytes the file system allows (spaces, accents, invalid UTF-8): paths go to
-  TensorFlow as the file system's bytes (`os.fsencode`).
+The rules (docs/training.md, "Image folders"): labels are the class folders' indices in sorted name order
+(the training split's for every split); hidden entries (a leading ".", `HIDDEN_NAMES`) are skipped at every
+level; images are the files ending in one of `IMAGE_EXTENSIONS` in any letter case; sub-folders of a class
+folder belong to the class; symbolic links are followed. Everything else a listing meets is refused with
+one `ValueError` naming the paths (up to `SHOWN` per kind, with their count), so a folder is fixed in one
+round. Paths go to TensorFlow as the file system's bytes (`os.fsencode`), whatever they hold.
 
-Index file (an image folder is listed once per run): `listed(root, index_path)` saves
-the listing and, on later calls, reuses it while every folder it read still has the same device, inode
-and modification time (one `stat` per folder: about 1,000 for ImageNet instead of reading 1.28M names).
-Adding, removing or renaming a file or a link changes its folder's modification time; rewriting a file
-in place does not (its name stays listed and its new bytes are read). File systems that keep
-modification times in whole seconds miss a change made within the second of the listing.
+`listed(root, index_path)` saves the listing and reuses it while every folder it read keeps its device,
+inode and modification time (one `stat` per folder instead of reading every name). Adding, removing or
+renaming an entry changes its folder's modification time; rewriting a file in place does not (its new
+bytes are read); a change within the second of the listing is missed where times are whole seconds.
 """
 
 import dataclasses
@@ -48,6 +30,7 @@ HIDDEN_NAMES = frozenset({"__macosx", "thumbs.db", "desktop.ini"})
 SHOWN = 5
 # Bump when the listing rules change: an index written under other rules is listed again.
 INDEX_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def is_hidden(name):
@@ -55,26 +38,12 @@ def is_hidden(name):
     return name.startswith(".") or name.lower() in HIDDEN_NAMES
 
 
-def is_image_name(name):
-    """True when `name` ends with one of `IMAGE_EXTENSIONS`, in any letter case."""
-    return name.lower().endswith(IMAGE_EXTENSIONS)
-
-
 @dataclasses.dataclass(frozen=True)
 class Listing:
-    """The images of one split folder.
-
-    Attributes:
-        root: the split folder, as given.
-        files: paths relative to `root` ("<class>/<name>", "/"-separated, str with the file system's
-            undecodable bytes escaped as `os.fsdecode` does), sorted by (label, path).
-        labels: int32 array (len(files),), each file's class index.
-        classes: class names (tuple of str), index = label.
-        folders: ((path relative to root, "" for root), st_dev, st_ino, st_mtime_ns) of every folder
-            read, what `unchanged` compares.
-        given_classes: True when `classes` were given to `list_split` (a validation split), False when
-            they are the folder's own.
-    """
+    """The images of one split folder `root`: `files` relative to it ("<class>/<name>", undecodable bytes
+    escaped as `os.fsdecode` does) sorted by (label, path), their int32 `labels`, the `classes` (index =
+    label), the `folders` read ((path relative to root, st_dev, st_ino, st_mtime_ns), what `unchanged`
+    compares), and whether the classes were given to `list_split` (a validation split)."""
 
     root: str
     files: tuple
@@ -124,11 +93,8 @@ class Listing:
 
     @classmethod
     def from_bytes(cls, data):
-        """The listing `to_bytes` wrote, or None when it was written under other rules (`INDEX_VERSION`).
-
-        Raises:
-            ValueError / OSError: `data` is no such file (numpy's errors).
-        """
+        """The listing `to_bytes` wrote, or None under other rules (`INDEX_VERSION`); numpy's ValueError or
+        OSError when `data` is no such file."""
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             if int(z["version"]) != INDEX_VERSION:
                 return None
@@ -154,37 +120,31 @@ def _unblob(array):
     return [os.fsdecode(s) for s in data.split(b"\0")] if data else []
 
 
-class _Problems:
-    def __init__(self, root):
-        self.root = root
-        self.kinds = {}
-
-    def add(self, kind, text):
-        self.kinds.setdefault(kind, []).append(text)
-
-    def raise_if_any(self):
-        if not self.kinds:
-            return
-        parts = []
-        for kind, items in self.kinds.items():
-            shown = "; ".join(items[:SHOWN]) + ("; ..." if len(items) > SHOWN else "")
-            parts.append(f"{len(items):,} {kind}: {shown}")
-        raise ValueError(
-            f"Image folder {self.root} cannot be read as <class>/<image> folders: " + ". ".join(parts) + ". "
-            f"Images are files ending in {', '.join(IMAGE_EXTENSIONS)} (any letter case) inside one folder "
-            "per class; hidden files (a leading '.', __MACOSX, Thumbs.db, desktop.ini) are skipped. Move or "
-            "convert the files named (TIFF or HEIC to PNG or JPEG), or remove the links."
-        )
+def _refuse(root, problems):
+    """Raises the one ValueError naming `problems` ({kind: [path text, ...]}) when there are any."""
+    if not problems:
+        return
+    parts = []
+    for kind, items in problems.items():
+        shown = "; ".join(items[:SHOWN]) + ("; ..." if len(items) > SHOWN else "")
+        parts.append(f"{len(items):,} {kind}: {shown}")
+    raise ValueError(
+        f"Image folder {root} cannot be read as <class>/<image> folders: " + ". ".join(parts) + ". "
+        f"Images are files ending in {', '.join(IMAGE_EXTENSIONS)} (any letter case) inside one folder "
+        "per class; hidden files (a leading '.', __MACOSX, Thumbs.db, desktop.ini) are skipped. Move or "
+        "convert the files named (TIFF or HEIC to PNG or JPEG), or remove the links."
+    )
 
 
-def _walk(path, rel, seen, folders, images, problems):
+def _walk(root, path, rel, seen, folders, images, problems):
     """Reads folder `path` (relative path `rel`) and its sub-folders into `images` (relative paths)."""
+    add = lambda kind, text: problems.setdefault(kind, []).append(text)
     st = os.stat(path)
     key = (st.st_dev, st.st_ino)
     if key in seen:
-        problems.add(
+        add(
             "symbolic links to a folder already read (a loop, or one folder listed twice)",
-            f"{path} repeats {os.path.join(problems.root, seen[key]) if seen[key] else problems.root}",
+            f"{path} repeats {os.path.join(root, seen[key]) if seen[key] else root}",
         )
         return
     seen[key] = rel
@@ -196,28 +156,22 @@ def _walk(path, rel, seen, folders, images, problems):
             continue
         entry_rel = f"{rel}/{entry.name}"
         if entry.is_dir():  # follows symbolic links
-            _walk(entry.path, entry_rel, seen, folders, images, problems)
+            _walk(root, entry.path, entry_rel, seen, folders, images, problems)
         elif entry.is_file():  # follows symbolic links
-            if is_image_name(entry.name):
+            if entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 images.append(entry_rel)
             else:
-                problems.add("files that are not images this pipeline reads", entry.path)
+                add("files that are not images this pipeline reads", entry.path)
         elif entry.is_symlink():
-            problems.add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
+            add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
         else:
-            problems.add("entries that are neither files nor folders", entry.path)
+            add("entries that are neither files nor folders", entry.path)
 
 
 def list_split(root, classes=None):
-    """Lists one split folder by the rules of the module docstring.
-
-    Args:
-        root: folder with one sub-folder per class.
-        classes: class names fixing the labels (the training split's, for a validation split); None:
-            the sorted class folders of `root`, each of which must then hold an image.
-
-    Returns:
-        `Listing`.
+    """The `Listing` of split folder `root` by the rules of the module docstring. `classes` fix the labels
+    (the training split's, for a validation split); None: the sorted class folders of `root`, each of
+    which must then hold an image.
 
     Raises:
         FileNotFoundError: `root` is missing or holds no images at all.
@@ -228,8 +182,8 @@ def list_split(root, classes=None):
             f"Image folder {root} not found; expected {root}/<class>/<image>.JPEG "
             "(pass --data_dir=<folder holding train/ and validation/>)."
         )
-    problems = _Problems(root)
-    seen, folders = {}, []
+    problems, seen, folders = {}, {}, []
+    add = lambda kind, text: problems.setdefault(kind, []).append(text)
     st = os.stat(root)
     seen[(st.st_dev, st.st_ino)] = ""
     folders.append(("", st.st_dev, st.st_ino, st.st_mtime_ns))
@@ -241,25 +195,25 @@ def list_split(root, classes=None):
             if entry.is_dir():
                 class_folders.append(entry)
             elif entry.is_file() or not entry.is_symlink():
-                problems.add("files outside the class folders", entry.path)
+                add("files outside the class folders", entry.path)
             else:
-                problems.add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
+                add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
     found = [e.name for e in class_folders]
     names = list(classes) if classes is not None else found
     index = {c: i for i, c in enumerate(names)}
     for name in found:
         if name not in index:
-            problems.add("class folders the training split lacks", os.path.join(root, name))
+            add("class folders the training split lacks", os.path.join(root, name))
     files, labels = [], []
     for entry in class_folders:
         images = []
-        _walk(entry.path, entry.name, seen, folders, images, problems)
+        _walk(root, entry.path, entry.name, seen, folders, images, problems)
         if not images and classes is None:
-            problems.add("class folders without images", entry.path)
+            add("class folders without images", entry.path)
         images.sort()
         files += images
         labels += [index.get(entry.name, -1)] * len(images)
-    problems.raise_if_any()
+    _refuse(root, problems)
     if not files:
         raise FileNotFoundError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {root}/<class>/.")
     labels = np.asarray(labels, np.int32)
@@ -267,33 +221,25 @@ def list_split(root, classes=None):
 
 
 def listed(root, index_path=None, classes=None):
-    """The listing of `root`: read from `index_path` when that index is still valid, else listed anew
-    (`list_split`) and saved there (atomically: a temporary file, then a rename). An index cut short,
-    empty, of another format or a folder is listed again with a one-line warning, and so is an index that
-    cannot be written (it only saves work).
-
-    Valid means: written under this `INDEX_VERSION`, for the same folder and `classes`, and
-    `Listing.unchanged()`.
-
-    Returns:
-        (`Listing`, reused): reused is True when the index file was used.
-
-    Raises:
-        As `list_split`.
-    """
+    """(`Listing` of `root`, reused): read from `index_path` when that index is valid (this
+    `INDEX_VERSION`, the same folder and `classes`, `Listing.unchanged()`), else listed anew (`list_split`,
+    whose errors it raises) and saved there atomically. An index cut short, empty, of another format or a
+    folder, or one that cannot be written, costs a one-line warning and a new listing."""
     classes = tuple(classes) if classes is not None else None
     keep = bool(index_path)
     if index_path and os.path.isdir(index_path):
         keep = False  # never removed: a folder is no file of ours
-        _warn(f"the listing index {index_path} is a folder, not a listing index; {root} is listed again "
-              "and its listing is not kept there")  # fmt: skip
+        log.warning(
+            f"the listing index {index_path} is a folder, not a listing index; {root} is listed again "
+            "and its listing is not kept there"
+        )
     elif index_path and os.path.exists(index_path):
         try:
             with open(index_path, "rb") as f:
                 old = Listing.from_bytes(f.read())
         except (ValueError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
             old = None  # cut short, empty or another format: listed again, and written anew
-            _warn(
+            log.warning(
                 f"the listing index {index_path} is cut short, empty or not a listing index "
                 f"({type(e).__name__}: {e}); {root} is listed again"
             )
@@ -314,13 +260,9 @@ def listed(root, index_path=None, classes=None):
                 f.write(listing.to_bytes())
             os.replace(tmp, index_path)
         except OSError as e:  # the index only saves work: the listing is good without it
-            _warn(
+            log.warning(
                 f"could not keep the listing of {root} in {index_path} ({e}); the next start lists it again"
             )
             if os.path.isfile(tmp):
                 os.remove(tmp)
     return listing, False
-
-
-def _warn(message):
-    logging.getLogger(__name__).warning(message)

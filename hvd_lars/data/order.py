@@ -1,11 +1,8 @@
 """The order a rank reads its training shard in: a fresh permutation each epoch, a pure function of the
 seed and the epoch, so a stream can start at any position without reading what comes before it.
 
-The stream of a rank is epoch 0's permutation of its shard, then epoch 1's, and so on. Element k of the
-stream is `epoch_permutation(n, seed, k // n)[k % n]`: a run resumed after k elements computes one
-permutation (O(n) integers, whatever k is) and starts in the middle of it. The earlier pipelines drew
-`Dataset.shuffle(reshuffle_each_iteration=True)` orders instead, which can only be reached by iterating
-through every earlier epoch, decoding each image again.
+Element k of a rank's stream is `epoch_permutation(n, seed, k // n)[k % n]`: a run resumed after k
+elements computes one permutation (O(n) integers, whatever k is) and starts in the middle of it.
 """
 
 import tensorflow as tf
@@ -29,17 +26,8 @@ def epoch_permutation(num_examples, seed, epoch):
 
 def index_stream(num_examples, seed, start=0):
     """Endless `tf.data.Dataset` of int64 indices in [0, num_examples): the permutation of each epoch in
-    turn, starting at element `start` of that stream (element 0 is epoch 0's first index).
-
-    Args:
-        num_examples: int > 0, examples in this rank's shard.
-        seed: int, this rank's shuffle seed.
-        start: int >= 0, elements to leave out at the front; costs one permutation, never an iteration
-            through the elements left out.
-
-    Raises:
-        ValueError: `num_examples` < 1 or `start` < 0.
-    """
+    turn, from element `start` of that stream on (at the cost of one permutation, whatever `start`).
+    Raises ValueError for `num_examples` < 1 or `start` < 0."""
     if num_examples < 1 or start < 0:
         raise ValueError(f"index_stream needs num_examples >= 1 and start >= 0, got {num_examples}, {start}.")
     first_epoch, offset = divmod(int(start), int(num_examples))

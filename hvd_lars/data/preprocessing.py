@@ -2,37 +2,20 @@
 
 Two conventions, chosen by name (`PREPROCESSINGS`, the main program's `--preprocessing`):
 
-- `"inception"` (the default; ResNet-50): training (Szegedy et al., "Going deeper with convolutions", CVPR
-  2015, sec. 6; the TensorFlow and Flax ResNet-50 references): a random crop covering 8%-100% of the
-  image area with aspect ratio in [3/4, 4/3], decoded straight out of the JPEG (only the crop's blocks
-  are decompressed), resized to `image_size` squared, flipped left-right with probability 1/2.
-  Evaluation (He et al. 2016; Goyal et al. 2017): the short side resized to 256, the centre
+- `"inception"` (the default; ResNet-50): training (Szegedy et al. 2015, sec. 6; the TensorFlow and Flax
+  ResNet-50 references): a random crop of 8%-100% of the image area with aspect ratio in [3/4, 4/3],
+  decoded straight out of the JPEG, resized to `image_size` squared, flipped left-right with probability
+  1/2. Evaluation (He et al. 2016; Goyal et al. 2017): the short side resized to 256, the centre
   `image_size` squared cropped. Both end with per-channel mean/std normalisation.
-- `"caffe"` / `"caffe_scaled"` (AlexNet, AlexNet-BN: the paper's Caffe data layer): the image resized to
-  256x256 (aspect ratio not kept, as Caffe's `convert_imageset --resize_height=256 --resize_width=256`
-  stored ImageNet), then for training a 227x227 window at a uniformly random offset in [0, 29] per axis
-  and a left-right mirror with probability 1/2, for evaluation the centre window (offset (256 - 227) // 2
-  = 14); the training set's per-channel means are subtracted (`CAFFE_MEAN_RGB`), and `"caffe_scaled"`
-  then multiplies by 1/256. Sources (Intel Caffe 1.0.7): `models/bvlc_alexnet/train_val.prototxt`
-  (`crop_size: 227`, `mirror: true`, `mean_file`; the no-BN AlexNet) and
-  `models/intel_optimized_models/multinode/alexnet_bn_64nodes/train_val2.prototxt` (the same plus
-  `scale: 0.00390625`; the released LARS AlexNet-BN); Caffe's `DataTransformer` draws the offsets as
-  `Rand(256 - 227 + 1)` and takes `(256 - 227) / 2` for the test phase.
-
-  Mean image or per-channel means: those prototxts subtract Caffe's ImageNet mean *image*
-  (`imagenet_mean.binaryproto`, 3x256x256). Here the per-channel means of that image are subtracted
-  instead, because the mean image is a file made by a separate pass over the 1.28M training images
-  (Caffe's `compute_image_mean`) or downloaded from BVLC, neither of which a tensorflow-datasets
-  preparation has, and because ImageNet's mean image is nearly flat: it differs from its channel means
-  by at most 16.4, 13.0 and 9.1 grey levels (B, G, R; standard deviation 6.8, 5.4, 3.6 levels over the
-  256x256 positions, measured on Caffe's `python/caffe/imagenet/ilsvrc_2012_mean.npy`), small against
-  the pixels' own spread (about 60 levels), and a fixed, smooth offset the first convolution trains on
-  from scratch. It is a deliberate difference, not measured for accuracy here (no ImageNet).
+- `"caffe"` / `"caffe_scaled"` (the AlexNets, as the paper's Caffe data layer fed them; Intel Caffe 1.0.7's
+  `models/bvlc_alexnet/train_val.prototxt` and `alexnet_bn_64nodes/train_val2.prototxt`): the image
+  resized to 256x256 (aspect ratio not kept), then for training a 227x227 window at a uniformly random
+  offset in [0, 29] per axis and a mirror with probability 1/2, for evaluation the centre window (offset
+  14); the per-channel means of Caffe's mean image are subtracted (`CAFFE_MEAN_RGB`; docs/design.md says
+  why not the image), and `"caffe_scaled"` then multiplies by 1/256.
 
 Every function takes encoded bytes (JPEG, or PNG/GIF/BMP: ImageNet has a PNG saved as `.JPEG`) and decodes
-to RGB whatever the stored colour space (CMYK and greyscale JPEGs are in ImageNet's training set).
-Randomness is stateless: a `seed` is an int64 tensor of shape (2,), so the same seed gives the same crop.
-AlexNet (Krizhevsky et al. 2012) takes 227x227 crops; ResNet-50 224x224.
+to RGB whatever the stored colour space. Randomness is stateless: a `seed` is an int64 tensor of shape (2,).
 """
 
 import dataclasses
@@ -54,7 +37,7 @@ ALEXNET_IMAGE_SIZE = 227  # AlexNet / AlexNet-BN (Krizhevsky et al. 2012; You et
 # Flax references' values, 0.485/0.456/0.406 and 0.229/0.224/0.225 times 255).
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-# Caffe (see the module docstring): images stored at 256x256, 227x227 crops.
+# Caffe: images stored at 256x256, 227x227 crops.
 CAFFE_RESIZE = 256
 CAFFE_CROP = ALEXNET_IMAGE_SIZE
 # Channel means (0-255, R, G, B) of Caffe's ILSVRC-2012 mean image, i.e. of the training set resized to
@@ -75,10 +58,8 @@ def eval_resize_size(image_size):
 
 
 def decode_rgb(data):
-    """Decodes JPEG/PNG/GIF/BMP bytes (scalar string tensor) to uint8 (H, W, 3) RGB.
-
-    Raises (when run): `tf.errors.InvalidArgumentError` for bytes that are no decodable image.
-    """
+    """Decodes JPEG/PNG/GIF/BMP bytes (scalar string tensor) to uint8 (H, W, 3) RGB; when run, raises
+    `tf.errors.InvalidArgumentError` for bytes that are no decodable image."""
     image = tf.cond(
         tf.io.is_jpeg(data),
         lambda: tf.io.decode_jpeg(data, channels=3),
@@ -89,11 +70,9 @@ def decode_rgb(data):
 
 
 def random_crop_window(height_width, seed):
-    """An Inception-style crop window [y, x, h, w] (int32, shape (4,)) inside an image of `height_width`.
-
-    Area in CROP_AREA_RANGE of the image, aspect ratio w/h in CROP_ASPECT_RATIO_RANGE; when
-    CROP_MAX_ATTEMPTS samples all fail (tiny or very elongated images), the evaluation centre crop.
-    """
+    """An Inception-style crop window [y, x, h, w] (int32, shape (4,)) inside an image of `height_width`:
+    area in CROP_AREA_RANGE, aspect ratio w/h in CROP_ASPECT_RATIO_RANGE; when CROP_MAX_ATTEMPTS samples
+    all fail (tiny or very elongated images), the evaluation centre crop."""
     height_width = tf.cast(height_width, tf.int32)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.concat([height_width, [3]], axis=0),
@@ -123,11 +102,8 @@ def center_crop_window(height_width):
 
 
 def decode_and_random_crop(data, seed):
-    """Decodes only the random crop window of `data`: uint8 (h, w, 3).
-
-    JPEGs are cropped inside the decoder (`decode_and_crop_jpeg`, decode and crop in one step); other
-    formats are decoded whole and sliced, giving the same pixels.
-    """
+    """Decodes only the random crop window of `data`: uint8 (h, w, 3). JPEGs are cropped inside the decoder
+    (`decode_and_crop_jpeg`); other formats are decoded whole and sliced, giving the same pixels."""
 
     def jpeg():
         window = random_crop_window(tf.image.extract_jpeg_shape(data)[:2], seed)
@@ -150,10 +126,8 @@ def normalize(image):
 
 
 def preprocess_train(data, seed, image_size=DEFAULT_IMAGE_SIZE):
-    """Training view of encoded image `data`: float32 (image_size, image_size, 3), normalised.
-
-    `seed`: int64 (2,); the crop and the flip use independent streams derived from it.
-    """
+    """Training view of encoded image `data`: float32 (image_size, image_size, 3), normalised; `seed`:
+    int64 (2,), split into the crop's and the flip's."""
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
     crop = decode_and_random_crop(data, crop_seed)
     image = tf.image.resize(crop, [image_size, image_size], method="bilinear")
@@ -171,32 +145,20 @@ def resize_short_side(image, short_side):
     return tf.image.resize(image, new_size, method="bilinear")
 
 
-def center_crop(image, size):
-    """The centred size x size crop of (H, W, C) `image` (H, W >= size); offsets (H - size) // 2 etc."""
-    height_width = tf.shape(image)[:2]
-    y = (height_width[0] - size) // 2
-    x = (height_width[1] - size) // 2
-    return image[y : y + size, x : x + size]
-
-
 def preprocess_eval(data, image_size=DEFAULT_IMAGE_SIZE):
-    """Evaluation view of encoded image `data`: short side to `eval_resize_size(image_size)`, centre crop.
-
-    Returns float32 (image_size, image_size, 3), normalised.
-    """
+    """Evaluation view of encoded image `data`: short side to `eval_resize_size(image_size)`, the centre
+    crop (offsets (H - size) // 2, (W - size) // 2); float32 (image_size, image_size, 3), normalised."""
     image = resize_short_side(decode_rgb(data), eval_resize_size(image_size))
-    image = normalize(center_crop(image, image_size))
+    y, x = tf.unstack((tf.shape(image)[:2] - image_size) // 2)
+    image = normalize(image[y : y + image_size, x : x + image_size])
     image.set_shape([image_size, image_size, 3])
     return image
 
 
 def caffe_crop_offsets(resized_side, image_size, seed=None):
-    """Top-left corner [y, x] (int32, shape (2,)) of Caffe's `image_size` square crop in a square image.
-
-    Training (`seed` given): y and x independent and uniform in [0, resized_side - image_size], as Caffe's
-    `DataTransformer` draws `Rand(side - crop + 1)`. Evaluation (`seed` None): the centre,
-    (resized_side - image_size) // 2 on both axes (14 for 227 in 256).
-    """
+    """Top-left corner [y, x] (int32, shape (2,)) of Caffe's `image_size` square crop in a square image:
+    with a `seed`, each uniform in [0, resized_side - image_size] (Caffe's `DataTransformer` draws
+    `Rand(side - crop + 1)`); without, the centre (resized_side - image_size) // 2 (14 for 227 in 256)."""
     if seed is None:
         return tf.fill([2], tf.constant((resized_side - image_size) // 2, tf.int32))
     return tf.random.stateless_uniform(
@@ -204,41 +166,29 @@ def caffe_crop_offsets(resized_side, image_size, seed=None):
     )
 
 
-def caffe_resize(data, image_size):
-    """Decodes `data` and resizes it to `caffe_resize_size(image_size)` squared, bilinear, aspect ratio
-    not kept (Caffe's `convert_imageset` resize): float32 (S, S, 3) on the 0-255 scale."""
-    side = caffe_resize_size(image_size)
-    return tf.image.resize(decode_rgb(data), [side, side], method="bilinear")
-
-
-def caffe_normalize(image, scale=1.0):
-    """(image - CAFFE_MEAN_RGB) * scale, float32; image on the 0-255 scale, shape (..., 3)."""
-    return (tf.cast(image, tf.float32) - tf.constant(CAFFE_MEAN_RGB, tf.float32)) * scale
-
-
 def preprocess_train_caffe(data, seed, image_size=ALEXNET_IMAGE_SIZE, scale=1.0):
-    """Caffe training view of encoded image `data`: float32 (image_size, image_size, 3).
-
-    Resized to 256x256 (for 227), a random `image_size` square crop (`caffe_crop_offsets`), mirrored
-    left-right with probability 1/2, the channel means subtracted and the result multiplied by `scale`.
-    `seed`: int64 (2,); the crop and the mirror use independent streams derived from it.
-    """
-    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
-    image = caffe_resize(data, image_size)
-    y, x = tf.unstack(caffe_crop_offsets(caffe_resize_size(image_size), image_size, crop_seed))
-    image = image[y : y + image_size, x : x + image_size]
-    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-    image = caffe_normalize(image, scale)
-    image.set_shape([image_size, image_size, 3])
-    return image
+    """Caffe training view of `data`: float32 (image_size, image_size, 3). Resized to 256x256 (for 227;
+    aspect ratio not kept), a random square crop (`caffe_crop_offsets`), mirrored with probability 1/2, the
+    channel means subtracted, times `scale`; `seed`: int64 (2,), split into the crop's and the mirror's."""
+    return _caffe_view(data, image_size, scale, seed)
 
 
 def preprocess_eval_caffe(data, image_size=ALEXNET_IMAGE_SIZE, scale=1.0):
-    """Caffe evaluation view: resized to 256x256 (for 227), the centre crop, means subtracted, times
-    `scale`; float32 (image_size, image_size, 3)."""
-    image = caffe_resize(data, image_size)
-    y, x = tf.unstack(caffe_crop_offsets(caffe_resize_size(image_size), image_size))
-    image = caffe_normalize(image[y : y + image_size, x : x + image_size], scale)
+    """Caffe evaluation view: as `preprocess_train_caffe` with the centre crop and no mirror."""
+    return _caffe_view(data, image_size, scale)
+
+
+def _caffe_view(data, image_size, scale, seed=None):
+    side = caffe_resize_size(image_size)
+    image = tf.image.resize(decode_rgb(data), [side, side], method="bilinear")
+    crop_seed = flip_seed = None
+    if seed is not None:
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
+    y, x = tf.unstack(caffe_crop_offsets(side, image_size, crop_seed))
+    image = image[y : y + image_size, x : x + image_size]
+    if seed is not None:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    image = (image - tf.constant(CAFFE_MEAN_RGB, tf.float32)) * scale
     image.set_shape([image_size, image_size, 3])
     return image
 
@@ -264,11 +214,7 @@ DEFAULT_PREPROCESSING = "inception"
 
 
 def get_preprocessing(name):
-    """`PREPROCESSINGS[name]`; None or "" gives the default ("inception").
-
-    Raises:
-        ValueError: unknown name, listing the valid ones.
-    """
+    """`PREPROCESSINGS[name]` (None or "": "inception"); ValueError for an unknown name, listing the valid."""
     name = name or DEFAULT_PREPROCESSING
     if name not in PREPROCESSINGS:
         raise ValueError(f"Unknown preprocessing {name!r}; valid names: {', '.join(sorted(PREPROCESSINGS))}.")

@@ -1,24 +1,14 @@
-"""Training order over record files (TFRecord shards of tensorflow-datasets): blocks of records in a fresh
-order each epoch, shuffled in memory a window at a time, startable at any element without reading the
-records before its window.
+"""Training order over record files (TFRecord shards of tensorflow-datasets), startable at any element.
 
-Record files cannot be read at an arbitrary record, so the index permutation of `order` is not
-available. Instead a rank's records are cut into blocks (the file ranges tensorflow-datasets resolves
-its slice to, one per shard file, optionally cut smaller), and each epoch
-1. permutes the blocks (a pure function of the seed and the epoch, as `order.epoch_permutation`),
-2. reads `blocks_per_window` consecutive blocks of that order at a time (a window, `window_records`
-   records or a little more; 10,000 ImageNet records are about 1.1 GB of JPEG bytes, as much as the
-   shuffle buffer of the TensorFlow ResNet reference held) and permutes the whole window.
-Element k of the stream is therefore computable without reading: a run resumed after k elements reads
-only the window holding element k (at most `window_records` records, the same as a run starting at 0
-reads before its first batch) and drops the records of that window before k, undecoded. Records within
-a window are uniformly shuffled, which mixes better than a streaming shuffle buffer of the same size.
+Record files cannot be read at an arbitrary record, so a rank's records are cut into blocks (the file
+ranges of its slice, optionally cut smaller); each epoch permutes the blocks (a pure function of the seed
+and the epoch, as `order.epoch_permutation`), reads `window_records` records' worth of consecutive blocks
+at a time and permutes that whole window. Element k of the stream is thus known without reading: a run
+resumed after k elements reads only the window holding element k (docs/design.md, "Record order").
 
-A block whose file cannot be opened or read to the block's end (a `tf.errors.DataLossError` for a garbled
-or cut record, fewer records than the data set's info counts for a file cut at a record boundary, a file
-gone or not readable) yields the records read before the damage, then one `unreadable(filename)` element in
-place of the rest, and the stream goes on: the parse turns it into an image no decoder accepts, named by
-the record file, which the input pipeline hands over (`encoded_images`) as it does an unreadable image.
+A block whose file cannot be opened or read to the block's end (a `tf.errors.DataLossError`, fewer records
+than the data set's info counts, a file gone) yields the records read before the damage, then one
+`unreadable(filename)` element in place of the rest, and the stream goes on.
 """
 
 import numpy as np
@@ -84,21 +74,11 @@ def blocks_of(file_instructions, block_records=0):
 def record_stream(
     file_instructions, seed, start=0, window_records=10_000, block_records=0, deterministic=True
 ):
-    """Endless `tf.data.Dataset` of serialized records (scalar string) in training order, from element
-    `start` of the stream (module docstring).
-
-    Args:
-        file_instructions: tensorflow-datasets `FileInstruction`s (filename, skip, take) of this rank's
-            slice; their takes sum to n > 0, the records of one epoch.
-        seed: int, this rank's shuffle seed.
-        start: int >= 0, elements of the stream to leave out.
-        window_records: records shuffled together (at least one block).
-        block_records: cut blocks to at most this many records (0: one block per file range).
-        deterministic: False lets the interleaved file reads return out of order (faster, not repeatable).
-
-    Raises:
-        ValueError: no records, or `start` < 0.
-    """
+    """Endless `tf.data.Dataset` of serialized records (scalar string) in training order (module
+    docstring) from element `start`, over tensorflow-datasets `FileInstruction`s (filename, skip, take) of
+    this rank's slice, `window_records` records shuffled together, blocks of at most `block_records`
+    records (0: one per file range); `deterministic` False lets file reads return out of order. Raises
+    ValueError for no records or `start` < 0."""
     files, skips, takes = blocks_of(file_instructions, block_records)
     num_records = int(takes.sum())
     if num_records < 1 or start < 0:
@@ -146,13 +126,8 @@ def record_stream(
 
 
 def record_sequence(file_instructions, parallel_reads=4):
-    """Finite `tf.data.Dataset` of the serialized records (scalar string) of `file_instructions`, each once,
-    in a fixed order (`parallel_reads` files read at a time, their records interleaved in turn); a block
-    that cannot be read yields `unreadable(filename)` as `record_stream` does.
-
-    Raises:
-        ValueError: no records.
-    """
+    """Finite `tf.data.Dataset` of the serialized records of `file_instructions`, each once, in a fixed
+    order (`parallel_reads` files interleaved), damaged blocks as in `record_stream`; ValueError for none."""
     files, skips, takes = blocks_of(file_instructions)
     if int(takes.sum()) < 1:
         raise ValueError(f"record_sequence needs records, got {len(files)} empty file ranges.")

@@ -1,7 +1,6 @@
 """Synthetic data of any shape, for throughput: one fixed random batch repeated, no decoding.
 
-Measures the training step alone (as tf_cnn_benchmarks' synthetic mode does); `train_from(k)` is the same
-stream for every k. By default the epoch has
+Measures the training step alone (as tf_cnn_benchmarks' synthetic mode does). By default the epoch has
 ImageNet-1k's sizes, so steps per epoch match a real ImageNet run with the same batch.
 """
 
@@ -53,12 +52,8 @@ def _sizes(request, options):
 
 
 def synthetic_shapes(request, options):
-    """`InputShapes` of `synthetic_input(request, options)`, from the arguments alone: no batch is made
-    (a global batch of 32,768 at 224x224 would be 19.7 GB of float32).
-
-    Raises:
-        ValueError: a non-positive size, as `synthetic_input`.
-    """
+    """`InputShapes` of `synthetic_input(request, options)`, from the arguments alone (no batch is made).
+    Raises ValueError for a non-positive size, as `synthetic_input`."""
     image_size, num_train, _ = _sizes(request, options)
     return InputShapes((image_size, image_size, options.channels), options.num_classes, num_train)
 
@@ -67,22 +62,14 @@ def synthetic_input(request, options):
     """Standard-normal float32 images (B, image_size, image_size, channels), uniform int32 labels.
 
     `request.max_*_examples` > 0 cap the nominal sizes; `data_dir` is not read. Evaluation covers exactly
-    `num_eval_examples` images across ranks (contiguous ranges, as for real data), so `ExactEvaluation`'s
-    count check holds; its batches are `request.eval_batch` images (0: `per_rank_batch`).
-
-    Args:
-        request: `InputRequest`.
-        options: `SyntheticOptions`.
+    `num_eval_examples` images across ranks, in batches of `request.eval_batch` (0: `per_rank_batch`);
+    every training batch is the same, so `train_from(k)` is the same stream for every k.
 
     Raises:
         ValueError: bad rank/world size, or a non-positive size.
     """
-    rank, world_size, channels, classes = (
-        request.rank,
-        request.world_size,
-        options.channels,
-        options.num_classes,
-    )
+    rank, world_size = request.rank, request.world_size
+    channels, classes = options.channels, options.num_classes
     check_rank(rank, world_size)
     image_size, num_train, num_eval = _sizes(request, options)
     rng = np.random.default_rng(request.seed + rank)
@@ -97,7 +84,6 @@ def synthetic_input(request, options):
     )
     return InputPipeline(
         train=train,
-        # Every batch is the same one: the stream is where a resumed run left it at any batch.
         train_from=lambda start_batch=0: train,
         eval=evaluation,
         num_train_examples=num_train,

@@ -8,19 +8,15 @@ import tensorflow as tf
 from hvd_lars.parallel import collectives
 
 
-def default_threads():
-    """Input threads per rank when none are given: the CPUs of this process's affinity mask
-    (`os.sched_getaffinity`) divided among the ranks of its host (Horovod's `collectives.local_size()`),
-    at least 1. The training program passes its own figure (`hvd_lars.training.threads.threads_per_rank`,
-    which also reads cgroup limits and launcher bindings)."""
-    return max(1, len(os.sched_getaffinity(0)) // collectives.local_size())
-
-
 def options(deterministic, threads=0):
-    """`tf.data.Options`: order fixed or not; a private pool of `threads` (0: `default_threads()`)."""
+    """`tf.data.Options`: order fixed or not; a private pool of `threads`, 0: the CPUs of this process's
+    affinity mask divided among the ranks of its host (at least 1; the training program passes its own
+    figure, `hvd_lars.training.threads.threads_per_rank`)."""
     opts = tf.data.Options()
     opts.deterministic = bool(deterministic)
-    opts.threading.private_threadpool_size = threads or default_threads()
+    opts.threading.private_threadpool_size = threads or max(
+        1, len(os.sched_getaffinity(0)) // collectives.local_size()
+    )
     # One thread per op: parallelism comes from parallel elements, not from threads inside one decode.
     opts.threading.max_intra_op_parallelism = 1
     opts.autotune.enabled = True

@@ -1,14 +1,10 @@
 """AlexNet (one tower, with local response normalisation) and AlexNet-BN, the network of You et al. 2018.
 
-`alexnet`: Krizhevsky, Sutskever, Hinton, "ImageNet Classification with Deep Convolutional Neural
-Networks" (NIPS 2012), laid out as Caffe's `bvlc_alexnet` (the paper's no-BN comparison ran in Caffe) but
-as one tower: the two-GPU split is dropped (no grouped convolutions), so conv2/4/5 see all input
-channels and the network has 62,378,344 parameters with 1,000 classes.
-
-`alexnet_bn`: the AlexNet-BN of the released LARS solver (You et al. 2018; Intel Caffe 1.0.7's
-`models/intel_optimized_models/multinode/alexnet_bn_64nodes/train_val2.prototxt`): the LRN layers removed, a
-batch normalisation without learned scale/shift (epsilon 1e-4) after pool1, pool2, conv3 and conv4, its
-bias initialisers, 227x227 crops; one tower as `alexnet` (the prototxt groups conv2, conv4 and conv5 in 2).
+AlexNet: Krizhevsky, Sutskever, Hinton, NIPS 2012, laid out as Caffe's `bvlc_alexnet` but as one tower
+(no grouped convolutions): 62,378,344 parameters with 1,000 classes. AlexNet-BN: the released LARS
+solver's (Intel Caffe 1.0.7, `models/intel_optimized_models/multinode/alexnet_bn_64nodes/
+train_val2.prototxt`): no LRN, a batch norm without scale/shift after pool1, pool2, conv3 and conv4, its
+bias initialisers; one tower as well (the prototxt groups conv2, conv4 and conv5 in 2).
 """
 
 import keras
@@ -83,19 +79,23 @@ class LocalResponseNormalization(layers.Layer):
         }
 
 
-def _check_input(input_shape, name):
+def alexnet(num_classes=1000, input_shape=(227, 227, 3), batch_norm=False):
+    """One-tower AlexNet with LRN after conv1 and conv2, or (`batch_norm`) AlexNet-BN of You et al. 2018:
+    conv -> ReLU -> [max pool] -> BN (no scale/shift) after conv1-conv4, no LRN; then fc6 4096, fc7 4096
+    (each with dropout 0.5) and the logits (fc8).
+
+    Returns a `keras.Model` (named "alexnet" or "alexnet_bn") from float (B, H, W, C) images (227x227x3
+    nominal) to float32 logits (B, num_classes). Raises ValueError for images smaller than 67x67.
+    """
+    name = "alexnet_bn" if batch_norm else "alexnet"
     # conv1 (11x11, stride 4, no padding) and three 3x3 stride-2 max pools: 227 -> 55 -> 27 -> 13 -> 6.
     size = min(input_shape[0], input_shape[1])
     for kernel, stride in ((11, 4), (3, 2), (3, 2), (3, 2)):
         size = (size - kernel) // stride + 1
     if size < 1:
         raise ValueError(
-            f"{name} needs images of at least 67x67 pixels (227x227 nominal), got {input_shape!r}."
+            f"{name} needs images of at least 67x67 pixels (227x227 nominal), got {tuple(input_shape)!r}."
         )
-
-
-def _alexnet(num_classes, input_shape, batch_norm, name):
-    _check_input(input_shape, name)
     inputs = keras.Input(shape=input_shape, name="images")
     x = inputs
     biases = BIAS_INIT[name]
@@ -120,43 +120,16 @@ def _alexnet(num_classes, input_shape, batch_norm, name):
                 momentum=BN_MOMENTUM, epsilon=BN_EPSILON, center=False, scale=False, name=f"{conv_name}_bn"
             )(x)
     x = layers.Flatten(name="flatten")(x)
-    for fc_name in ("fc6", "fc7"):
+    for fc_name in ("fc6", "fc7", "logits"):
         x = layers.Dense(
-            4096,
+            num_classes if fc_name == "logits" else 4096,
             kernel_initializer=keras.initializers.RandomNormal(stddev=FC_STD[fc_name]),
             bias_initializer=keras.initializers.Constant(biases[fc_name]),
+            # Logits in float32 whatever the precision policy: the cross-entropy is computed in float32.
+            dtype="float32" if fc_name == "logits" else None,
             name=fc_name,
         )(x)
-        x = layers.ReLU(name=f"{fc_name}_relu")(x)
-        x = layers.Dropout(DROPOUT, name=f"{fc_name}_dropout")(x)
-    # Logits in float32 whatever the precision policy, so the softmax cross-entropy is computed in float32.
-    outputs = layers.Dense(
-        num_classes,
-        kernel_initializer=keras.initializers.RandomNormal(stddev=FC_STD["logits"]),
-        bias_initializer=keras.initializers.Constant(biases["logits"]),
-        dtype="float32",
-        name="logits",
-    )(x)
-    return keras.Model(inputs, outputs, name=name)
-
-
-def alexnet(num_classes=1000, input_shape=(227, 227, 3)):
-    """One-tower AlexNet with LRN after conv1 and conv2 (Krizhevsky et al. 2012, Caffe layout).
-
-    Returns a `keras.Model` from float (B, H, W, C) images (227x227x3 nominal) to float32 logits
-    (B, num_classes). Raises ValueError for images smaller than 67x67.
-    """
-    return _alexnet(num_classes, tuple(input_shape), batch_norm=False, name="alexnet")
-
-
-def alexnet_bn(num_classes=1000, input_shape=(227, 227, 3)):
-    """AlexNet-BN of You et al. 2018: conv -> ReLU -> [max pool] -> BN (no scale/shift), no LRN.
-
-    Layout (the released train_val2.prototxt): conv1 96x11x11/4 -> ReLU -> pool 3/2 -> BN -> conv2 256x5x5 ->
-    ReLU ->
-    pool 3/2 -> BN -> conv3 384x3x3 -> ReLU -> BN -> conv4 384x3x3 -> ReLU -> BN -> conv5 256x3x3 ->
-    ReLU -> pool 3/2 -> fc6 4096 -> dropout 0.5 -> fc7 4096 -> dropout 0.5 -> fc8 (logits).
-    Returns a `keras.Model` from float (B, H, W, C) images (227x227x3 nominal) to float32 logits
-    (B, num_classes). Raises ValueError for images smaller than 67x67.
-    """
-    return _alexnet(num_classes, tuple(input_shape), batch_norm=True, name="alexnet_bn")
+        if fc_name != "logits":
+            x = layers.ReLU(name=f"{fc_name}_relu")(x)
+            x = layers.Dropout(DROPOUT, name=f"{fc_name}_dropout")(x)
+    return keras.Model(inputs, x, name=name)

@@ -1,25 +1,17 @@
 """Arithmetic of a model, counted from its own layers: multiply-adds per image, and FLOPs of a training step.
 
-Published counts of image classifiers ("ResNet-50: 4.1 G", "AlexNet: 0.72 G") are multiply-adds of the
-forward pass over the convolutions and fully connected layers, one image at the nominal size; batch norm,
-activations, pooling and residual additions (a few percent of the arithmetic, all memory-bound) are left
-out. `forward_multiply_adds` counts the same way, so its totals compare with those figures:
-
-    multiply-adds of a layer = prod(kernel shape) x prod(output positions)
-
-(a Conv2D kernel (kh, kw, C_in / groups, C_out) applied at every output pixel; a Dense kernel (C_in, C_out)
-once per example; a DepthwiseConv2D kernel (kh, kw, C, multiplier) at every output pixel).
-
-A FLOP is one multiplication or one addition, so a multiply-add is 2 FLOPs, and a training step costs about
-3 forward passes: the forward pass, then for every layer the gradient with respect to its input and the
-gradient with respect to its weights, each as many multiply-adds as the forward pass (Goyal et al. 2017 and
-MLPerf count training the same way). `training_flops_per_image` = 3 x 2 x multiply-adds; it ignores that the
-first layer needs no input gradient (for ResNet-50, conv1 is 2.9% of the forward pass).
+Counted as published counts of image classifiers are ("ResNet-50: 4.1 G"): multiply-adds of the forward
+pass over convolutions and dense layers, one image (batch norm, activations, pooling and additions left
+out); a layer's are prod(kernel shape) x prod(output positions). A training step is about 3 forward
+passes (forward, input gradients, weight gradients; Goyal et al. 2017 and MLPerf count the same way) of
+2 FLOPs per multiply-add.
 """
 
 import math
 
 import keras
+
+from hvd_lars import keras_internals
 
 # Layers whose arithmetic is counted; any other layer holding a kernel is refused, so nothing is missed.
 _COUNTED = (
@@ -31,29 +23,14 @@ _COUNTED = (
 )
 
 
-def _leaf_layers(model):
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            yield from _leaf_layers(layer)
-        else:
-            yield layer
-
-
 def forward_multiply_adds(model):
-    """Multiply-adds of one forward pass of one image, per counted layer.
-
-    Args:
-        model: a built functional or Sequential `keras.Model` (input shape known).
-
-    Returns:
-        dict {layer name: multiply-adds (int)} over the convolutions and dense layers, in layer order.
-
-    Raises:
-        ValueError: a layer with a kernel of a kind not counted here (e.g. Conv2DTranspose,
-            SeparableConv2D, EinsumDense), naming it.
-    """
+    """{layer name: multiply-adds (int)} of one forward pass of one image over the convolutions and dense
+    layers of a built `keras.Model`, in layer order. Raises ValueError naming a layer with a kernel of a
+    kind not counted here (e.g. Conv2DTranspose, SeparableConv2D, EinsumDense)."""
     counts = {}
-    for layer in _leaf_layers(model):
+    for layer in keras_internals.flatten_layers(model):
+        if isinstance(layer, keras.Model):
+            continue
         if isinstance(layer, keras.layers.Conv2DTranspose) or not isinstance(layer, _COUNTED):
             if any(hasattr(layer, k) for k in ("kernel", "depthwise_kernel", "pointwise_kernel")):
                 raise ValueError(
@@ -68,10 +45,5 @@ def forward_multiply_adds(model):
 
 
 def training_flops_per_image(model):
-    """FLOPs of one training step per image: 3 passes (forward, input gradients, weight gradients) x 2
-    FLOPs per multiply-add x `forward_multiply_adds` (module docstring). A float.
-
-    Raises:
-        ValueError: as `forward_multiply_adds`.
-    """
+    """FLOPs of one training step per image (a float): 3 x 2 x `forward_multiply_adds` (which it raises)."""
     return 3.0 * 2.0 * sum(forward_multiply_adds(model).values())

@@ -2,49 +2,25 @@
 
 `small_cnn`: four 3x3 convolutions (16-16-32-32 channels), each followed by batch normalisation and ReLU,
 max-pooling after every second one, then dense 128 (batch norm, ReLU) and the logits: about 0.22M
-parameters for 28x28x1 input. `small_cnn_nobn`: the same layers without the normalisation.
+parameters for 28x28x1 input. `small_cnn_nobn`: the same without the normalisation, each convolution
+with a (zero-initialised) bias in place of batch norm's shift.
 """
 
 import keras
 from keras import layers
 
-# Batch-norm momentum 0.9 as in the released AlexNet-BN prototxt: with only ~15 updates per epoch at
-# batch 4K, Keras's default 0.99 leaves the running statistics near their initial values
-# (0.99 ** 70 ~ 0.5) and evaluation collapses (docs/design.md, "Batch-norm momentum").
+# Batch-norm momentum 0.9 as in the released AlexNet-BN prototxt (docs/design.md, "Batch-norm momentum").
 BN_MOMENTUM = 0.9
 
 
-def small_cnn(num_classes=10, input_shape=(28, 28, 1), channels=(16, 16, 32, 32), dense_units=128):
-    """The demo CNN. Channels-last; He-normal kernels (He et al. 2015) for the ReLU layers.
+def small_cnn(
+    num_classes=10, input_shape=(28, 28, 1), channels=(16, 16, 32, 32), dense_units=128, batch_norm=True
+):
+    """The demo CNN, channels-last, with (`batch_norm`) or without batch normalisation. He-normal kernels
+    (variance 2 / fan_in, He et al. 2015, eq. 10) for every layer a ReLU follows, Glorot for the logits.
 
     Returns a `keras.Model` mapping float (B, H, W, C) images to float32 logits (B, num_classes).
     """
-    return _small_cnn(num_classes, input_shape, channels, dense_units, batch_norm=True)
-
-
-def small_cnn_nobn(num_classes=10, input_shape=(28, 28, 1), channels=(16, 16, 32, 32), dense_units=128):
-    """`small_cnn` without batch normalisation: the same convolutions, pooling and dense layers, with the
-    ReLU directly after each convolution and after the dense layer.
-
-    Each convolution gets a bias (zero-initialised) in place of batch norm's shift beta; batch norm's scale
-    gamma, its moving statistics and nothing else go. For 28x28x1 input that is 896 fewer numbers than
-    `small_cnn` less the 96 convolution biases (0.217M parameters).
-
-    Initialisation: He-normal kernels (variance 2 / fan_in; He et al. 2015, "Delving Deep into
-    Rectifiers", eq. 10) for every layer followed by a ReLU. A ReLU zeroes half of a symmetric input, so a
-    kernel of variance 2 / fan_in keeps the second moment of each layer's pre-activations equal to the
-    previous layer's: without normalisation the signal neither shrinks nor grows through the 5 ReLU
-    layers, and the first updates at batch 512 already see gradients of the scale of the later ones.
-    Keras's default (Glorot uniform, variance 2 / (fan_in + fan_out) = 1 / fan_in here) halves that
-    moment at every ReLU layer, a factor 32 at the logits. The logits layer keeps Glorot uniform (no ReLU
-    follows it).
-
-    Returns a `keras.Model` mapping float (B, H, W, C) images to float32 logits (B, num_classes).
-    """
-    return _small_cnn(num_classes, input_shape, channels, dense_units, batch_norm=False)
-
-
-def _small_cnn(num_classes, input_shape, channels, dense_units, batch_norm):
     inputs = keras.Input(shape=input_shape, name="images")
     x = inputs
     for i, filters in enumerate(channels):

@@ -1,21 +1,11 @@
 """Top-1 / top-5 accuracy by one exact rule, shared by the training logs and the evaluation.
 
 A prediction is top-k correct when the true class is among the first k classes of the logits sorted in
-<<<<<<< HEAD
-decreasing order, ties broken by class index (the lower index first), which is the order
-`argmax` and `tf.math.top_k` use. So top-1 agrees with `argmax(logits) == label` on every input, and
-tied logits never make several classes "correct" at once. `tf.math.in_top_k` (and Keras's
-`SparseTopKCategoricalAccuracy` / `TopKCategoricalAccuracy`, built on it) instead counts every class tied
-with the k-th logit as inside the top k: a model whose logits are all equal scores top-1 = top-5 = 1.0.
-
-A row holding a NaN logit counts as wrong (a NaN prediction is no prediction). Written in `keras.ops`:
-it runs on every Keras 3 backend.
-=======
 decreasing order, ties broken by class index (the order of `argmax` and `tf.math.top_k`), so top-1 agrees
 with `argmax(logits) == label` and tied logits never make several classes correct at once (Keras's top-k
 metrics, built on `tf.math.in_top_k`, count every class tied with the k-th as inside: equal logits score
-top-1 = 1.0). A row holding a NaN logit counts as wrong.
->>>>>>> h5
+top-1 = 1.0). A row holding a NaN logit counts as wrong. Written in `keras.ops`: it runs on every Keras 3
+backend.
 """
 
 import keras

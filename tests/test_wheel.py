@@ -87,12 +87,13 @@ def installed(tmp_path_factory):
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    # What the wheel requires, from the project's environment, after the wheel's own site-packages.
+    # What the wheel requires with its plot extra (hvd-lars-train draws run.png), from the project's
+    # environment, after the wheel's own site-packages.
     with zipfile.ZipFile(wheel) as z:
         (metadata,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
         requires = [v for k, v in re.findall(r"^(Requires-Dist): (.*)$", z.read(metadata).decode(), re.M)]
     with open(os.path.join(site, "project_requirements.pth"), "w") as f:
-        f.write(_links_to_distributions([*requires, "horovod"], tmp / "borrowed") + "\n")
+        f.write(_links_to_distributions([*requires, "matplotlib", "horovod"], tmp / "borrowed") + "\n")
     installing = subprocess.run(
         [*pip, "--python", str(python), "install", "--no-deps", str(wheel)],
         capture_output=True, text=True, timeout=600,

@@ -1,10 +1,6 @@
-"""Gradient accumulation: the gradients of k micro-batches summed on the rank, handed on once per update.
-
-`hvd_lars.DistributedOptimizer(backward_passes_per_step=k)` uses it, so that ranks communicate once per
-update rather than once per micro-batch (Horovod's `backward_passes_per_step`). The accumulators are
-variables of the optimizer that uses this piece, made by it (`add_variable_from_reference`) and held as
-its attribute `_accumulated_gradients`, so its checkpoints hold them, a pending micro-batch included.
-"""
+"""Gradient accumulation: the gradients of k micro-batches summed on the rank and handed on once per
+update (`DistributedOptimizer(backward_passes_per_step=k)`), in accumulators that are variables of the
+optimizer (so its checkpoints hold a pending micro-batch)."""
 
 import keras
 
@@ -29,19 +25,9 @@ class GradientAccumulation:
         return [optimizer.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list]
 
     def apply(self, grads, accumulators, micro_batch, update):
-        """Adds this micro-batch's `grads` to `accumulators`, or on the update's last micro-batch calls
-        `update(gradients)` with the update's mean (or sum) and zeroes the accumulators.
-
-        Traceable: both branches are one `keras.ops.cond` on `micro_batch` (the 0-based count of
-        micro-batches before this one, a tensor or variable); only the update branch runs `update`, so
-        whatever `update` communicates is communicated once per update.
-
-        Args:
-            grads: list of gradients (None for a variable without one).
-            accumulators: the accumulators of `grads`' variables, in the same order.
-            micro_batch: int scalar tensor or variable.
-            update: callable(list of gradients or None), the update with the accumulated gradients.
-        """
+        """Adds this micro-batch's `grads` (None for no gradient) to `accumulators` (in the same order),
+        or on the update's last micro-batch calls `update(gradients)` with the update's mean (or sum) and
+        zeroes them: one traceable `keras.ops.cond` on `micro_batch` (micro-batches before this one)."""
         divisor = self.steps if self.average else 1
 
         def finish():
@@ -72,9 +58,7 @@ def accumulation_steps(optimizer):
 
 
 def at_update_boundary(optimizer):
-    """True when `optimizer` holds no partly accumulated gradients: every micro-batch seen so far belongs
-    to an applied update (always true without gradient accumulation). Through any chain of wrappers
-    (`DistributedOptimizer(backward_passes_per_step=k)`, Keras's `gradient_accumulation_steps=k`)."""
+    """True when `optimizer` (through any chain of wrappers) holds no partly accumulated gradients."""
     while True:
         steps = getattr(optimizer, "backward_passes_per_step", None) or getattr(
             optimizer, "gradient_accumulation_steps", None

@@ -1,19 +1,18 @@
-"""The `horovod.tensorflow.keras` namespace for Keras 3: a Horovod Keras script changes
-`import horovod.tensorflow.keras as hvd` into `import hvd_lars.parallel.horovod_keras as hvd` and keeps
-its calls, with Horovod's names, arguments and defaults.
+"""`horovod.tensorflow.keras` for Keras 3: a Horovod Keras script changes
+`import horovod.tensorflow.keras as hvd` into `import hvd_lars.parallel.horovod_keras as hvd` and keeps its
+calls, with Horovod's names, arguments and defaults.
 
-Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, its `callbacks` and its `elastic` is here
-(tests/test_horovod_names.py lists them against Horovod's installed sources): Horovod's own where they
-need no Keras (`shutdown`, `Average`, `Compression`, the process sets, ...), this package's Keras 3
-versions of the rest; `broadcast_global_variables` without a model is refused with what to use instead.
-The README's table lists each. Needs Horovod (the names a Horovod script uses come from it).
+Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, its `callbacks` and its `elastic`
+(tests/test_horovod_names.py): Horovod's own where they need no Keras, else Horovod's defaults and names
+set on this package's core (`hvd_lars.parallel`); no rule is implemented here. Needs Horovod.
 """
 
 import sys
 
 import keras
 
-from hvd_lars.parallel import callbacks, collectives, elastic, ompi_allreduce_rules  # noqa: F401
+from hvd_lars.parallel import collectives
+from hvd_lars.parallel import ompi_allreduce_rules as _rules
 from hvd_lars.parallel import optimizer as _optimizer
 from hvd_lars.parallel.callbacks import broadcast_model_and_optimizer
 from hvd_lars.parallel.collectives import (  # noqa: F401
@@ -25,8 +24,9 @@ from hvd_lars.parallel.collectives import (  # noqa: F401
     rank,
     size,
 )
+from hvd_lars.parallel.horovod_keras import callbacks, elastic  # noqa: F401
 
-# Horovod's own names that work on Keras 3 as they are (no Keras inside them): forwarded unchanged.
+# Horovod's own names that need no Keras: forwarded unchanged.
 _horovod = collectives.horovod_tensorflow()
 shutdown = _horovod.shutdown
 is_initialized = _horovod.is_initialized
@@ -52,29 +52,20 @@ Compression = _horovod.Compression
 
 
 def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
-    """`hvd.init()`: initialises Horovod (Horovod's `comm` and `process_sets` passed on) and returns
-    (rank, world size).
-
-    First, on a CPU-only Open MPI job whose user and site chose no allreduce, points Open MPI at the
-    ring for allreduces from 1 MiB on 3 or more ranks (`hvd_lars.parallel.ompi_allreduce_rules`), and
-    rank 0 of a job of 3 or more ranks says so in one line; `ompi_allreduce_rules=False` (or
-    `OMPI_MCA_coll_tuned_use_dynamic_rules=0` exported) leaves Open MPI's own choice. Horovod's other
-    settings (its cycle time) stay Horovod's. Only the first call of a process (before MPI starts) can set
-    the rules.
+    """`hvd.init()`: returns (rank, world size). First, on a CPU-only Open MPI job whose user and site
+    chose no allreduce, points Open MPI at the ring from 1 MiB on 3+ ranks (rank 0 of such a job says so
+    in one line; `hvd_lars.parallel.ompi_allreduce_rules`); `ompi_allreduce_rules=False` leaves Open MPI's.
 
     Raises:
         as `hvd_lars.parallel.collectives.init`.
     """
     line = None
-    if ompi_allreduce_rules and not collectives.horovod_tensorflow().is_initialized():
+    if ompi_allreduce_rules and not _horovod.is_initialized():
         line = _rules.apply()[1]
     result = collectives.init(comm=comm, process_sets=process_sets)
     if line and collectives.is_chief() and result[1] >= _rules.MIN_RANKS:  # smaller jobs keep Open MPI's
         sys.stdout.write(line + "\n")  # a Horovod script's output, as Horovod's own lines
     return result
-
-
-_rules = ompi_allreduce_rules  # `init`'s keyword has the module's name
 
 
 def DistributedOptimizer(
@@ -93,18 +84,11 @@ def DistributedOptimizer(
     process_set=global_process_set,
     scale_local_gradients=True,
 ):
-    """Horovod's `hvd.DistributedOptimizer`, with its arguments and defaults: an
-    `hvd_lars.parallel.optimizer.DistributedOptimizer` (see it for each argument) holding `optimizer`
-    (any Keras 3 optimizer). As Horovod's: the micro-batch gradients of `backward_passes_per_step` are
-    summed (`average_aggregated_gradients=False`), then averaged over ranks (`op=Average`);
-    `num_groups` is Horovod's deprecated name of `groups`.
-
-    Raises:
-        ValueError: an `op` other than Average or Sum, `groups` that are neither an int >= 1 nor a list
-            of lists of variables, or what `hvd_lars.parallel.optimizer.DistributedOptimizer` refuses.
-    """
-    if num_groups and groups is None:
-        groups = num_groups  # Horovod's deprecated spelling
+    """Horovod's `hvd.DistributedOptimizer`: `hvd_lars.parallel.optimizer.DistributedOptimizer` (see it for
+    each argument) with Horovod's defaults. Where the two differ: the micro-batch gradients of
+    `backward_passes_per_step` are summed here (`average_aggregated_gradients=False`, Horovod's), averaged
+    by `hvd_lars.DistributedOptimizer` (Keras's `gradient_accumulation_steps`). `num_groups` is Horovod's
+    deprecated name of `groups`."""
     return _optimizer.DistributedOptimizer(
         optimizer,
         backward_passes_per_step=backward_passes_per_step,
@@ -116,7 +100,7 @@ def DistributedOptimizer(
         process_set=process_set,
         op=op,
         gradient_predivide_factor=gradient_predivide_factor,
-        groups=groups,
+        groups=num_groups if num_groups and groups is None else groups,
         device_dense=device_dense,
         device_sparse=device_sparse,
     )
@@ -136,29 +120,29 @@ def PartialDistributedOptimizer(
     local_layers=None,
     scale_local_gradients=True,
 ):
-    """Horovod's `horovod.keras.PartialDistributedOptimizer`, with its arguments and defaults: a
-    `DistributedOptimizer` whose `local_layers` keep their gradients on each rank
-    (`hvd_lars.parallel.optimizer.PartialDistributedOptimizer`)."""
-    return _optimizer.PartialDistributedOptimizer(
-        optimizer,
-        local_layers=local_layers,
+    """Horovod's `horovod.keras.PartialDistributedOptimizer`: a `DistributedOptimizer` whose `local_layers`
+    (a layer or a list; their weights are looked up at the first step) keep their gradients on each rank,
+    as `register_local_var` does.
+
+    Raises:
+        ValueError: an entry of `local_layers` that is not a Keras layer.
+    """
+    layers = [local_layers] if isinstance(local_layers, keras.layers.Layer) else list(local_layers or [])
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise ValueError(f"local_layers must be Keras layers, got {layer!r}.")
+    distributed = DistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, groups=groups, process_set=process_set,
         scale_local_gradients=scale_local_gradients,
-        compression=compression,
-        name=name,
-        average_aggregated_gradients=False,
-        sparse_as_dense=sparse_as_dense,
-        process_set=process_set,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        groups=groups,
-        device_dense=device_dense,
-        device_sparse=device_sparse,
-    )
+    )  # fmt: skip
+    distributed._local_layers = layers
+    return distributed
 
 
 def broadcast_global_variables(root_rank, model=None):
-    """`hvd.broadcast_global_variables(root_rank)`: Keras 3 has no global variable collection, so the
-    model whose variables (and optimizer's) to broadcast is named: `broadcast_model_and_optimizer`.
+    """`hvd.broadcast_global_variables(root_rank)`: Keras 3 keeps no global variables, so the model (and its
+    optimizer) to broadcast is named.
 
     Raises:
         ValueError: `model` not given.
@@ -171,6 +155,16 @@ def broadcast_global_variables(root_rank, model=None):
     broadcast_model_and_optimizer(model, root_rank)
 
 
+# Horovod's collectives on tensor-compatible values (numbers, lists, NumPy arrays, tensors, variables),
+# returning a tf.Tensor eagerly or inside a `tf.function` (Horovod's own evaluate through Keras 2's session).
+
+
+def _tensor(value):
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(value)
+
+
 def allreduce(
     value,
     name=None,
@@ -180,43 +174,39 @@ def allreduce(
     op=None,
     compression=Compression.none,
 ):
-    """`hvd.allreduce`: a tensor-compatible value (number, list, NumPy array, tensor, variable) reduced
-    over ranks, Horovod's average when `op` is None; returns a tf.Tensor, also inside a `tf.function`."""
-    return collectives.allreduce_value(
-        value, name, average, prescale_factor, postscale_factor, op, compression
+    """`hvd.allreduce`: Horovod's, on the value as a tensor (its average when `op` is None)."""
+    return _horovod.allreduce(
+        _tensor(value), average=average, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, compression=compression, name=name,
     )  # fmt: skip
 
 
 def allgather(value, name=None):
-    """`hvd.allgather`: the ranks' values (tensor-compatible) concatenated along axis 0; a tf.Tensor."""
-    return collectives.allgather_value(value, name)
+    """`hvd.allgather`: the ranks' values concatenated along axis 0, in rank order."""
+    return _horovod.allgather(_tensor(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
-    """`hvd.broadcast`: rank `root_rank`'s tensor-compatible value on every rank; a tf.Tensor."""
-    return collectives.broadcast_value(value, root_rank, name)
+    """`hvd.broadcast`: rank `root_rank`'s value on every rank."""
+    return _horovod.broadcast(_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
     """`hvd.reducescatter`: the value reduced over ranks (`op`), this rank's part of axis 0."""
-    return collectives.reducescatter_value(value, name, op)
+    return _horovod.reducescatter(_tensor(value), op=op, name=name)
 
 
 def load_model(
     filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, legacy_opts=False
 ):
-    """`hvd.load_model`: Keras's `load_model` of `filepath` (.keras or .h5), whose optimizer, whatever it
-    is, comes back held by a DistributedOptimizer (Horovod's defaults, `compression`) with the state
-    the file saved, so `fit` averages gradients over ranks. A file saved with a DistributedOptimizer
-    keeps it (its compression set to `compression`).
+    """`hvd.load_model`: Keras's `load_model` of `filepath` (.keras or .h5), its optimizer, whatever it is,
+    held by a `DistributedOptimizer` (Horovod's defaults, `compression`) with the state the file saved.
+    A file saved with a DistributedOptimizer keeps it, its compression set to `compression`.
 
     Args:
         custom_optimizers: optimizer classes the file may hold (added to `custom_objects` by name).
         custom_objects: as Keras's.
         legacy_opts: False; Keras 3 has no legacy optimizers (True raises ValueError).
-
-    Raises:
-        ValueError: `legacy_opts=True`; what Keras's `load_model` raises.
     """
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no legacy optimizers; pass False.")
@@ -224,27 +214,19 @@ def load_model(
     objects.update({cls.__name__: cls for cls in custom_optimizers or ()})
     model = keras.models.load_model(filepath, custom_objects=objects)
     held = getattr(model, "optimizer", None)
-    if held is None:
+    while held is not None and not isinstance(held, _optimizer.DistributedOptimizer):
+        held = getattr(held, "inner_optimizer", None)  # through a LossScaleOptimizer
+    if held is not None:
+        held.compression = collectives.compression_name(compression)
         return model
-    distributed = _distributed_in(held)
-    if distributed is not None:
-        distributed.compression = collectives.compression_name(compression)
+    if model.optimizer is None:
         return model
-    # Wrap, don't rebuild: the loaded optimizer keeps its slots and counters. Compiling again records
-    # the wrapper in the compile config, so that the model saves and loads with it.
+    # Wrap, don't rebuild: the loaded optimizer keeps its slots and counters. Compiling again records the
+    # wrapper in the compile config, so that the model saves and loads with it.
     config = dict(model.get_compile_config())
     config.pop("optimizer")
     with keras.saving.custom_object_scope(objects):
         config = keras.saving.deserialize_keras_object(config)
-    config["optimizer"] = DistributedOptimizer(held, compression=compression)
+    config["optimizer"] = DistributedOptimizer(model.optimizer, compression=compression)
     model.compile(**config)
     return model
-
-
-def _distributed_in(optimizer):
-    """The DistributedOptimizer in `optimizer`'s chain of wrappers (LossScaleOptimizer), or None."""
-    while optimizer is not None:
-        if isinstance(optimizer, _optimizer.DistributedOptimizer):
-            return optimizer
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    return None

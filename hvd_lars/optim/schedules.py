@@ -23,6 +23,7 @@ Example:
     optimizer = hvd_lars.LARS(learning_rate=schedule, momentum=0.9)
 """
 
+import dataclasses
 import inspect
 
 import keras
@@ -37,26 +38,35 @@ from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_lear
 GOYAL_STEP_DECAY_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)
 
 
+def _schedule(cls):
+    """A schedule class as a dataclass (its fields are its arguments and config), registered with Keras."""
+    return keras.saving.register_keras_serializable(package="hvd_lars")(dataclasses.dataclass(eq=False)(cls))
+
+
+@dataclasses.dataclass(eq=False)
 class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from `warmup_start_learning_rate` (step 0) to `peak_learning_rate` (step W), then the
-    subclass's `_after_warmup(t)` towards `end_learning_rate`. The config is the constructor arguments."""
+    subclass's `_after_warmup(t)`. The fields are the constructor's arguments and the config."""
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_start_learning_rate=0.0,
-        end_learning_rate=0.0,
-    ):
-        self.peak_learning_rate = float(check("peak_learning_rate", peak_learning_rate, above(0)))
-        self.total_steps = int(check("total_steps", total_steps, above(0, whole=True)))
-        self.warmup_steps = int(check("warmup_steps", warmup_steps, Range(0, total_steps, whole=True)))
-        self.warmup_start_learning_rate = float(
-            check("warmup_start_learning_rate", warmup_start_learning_rate, at_least(0))
-        )
-        if end_learning_rate is not None:  # None: a schedule without one (step decay)
-            self.end_learning_rate = float(check("end_learning_rate", end_learning_rate, at_least(0)))
+    peak_learning_rate: float
+    total_steps: int
+    warmup_steps: int
+    warmup_start_learning_rate: float = 0.0
+
+    def __post_init__(self):
+        accepted = {
+            "peak_learning_rate": above(0),
+            "total_steps": above(0, whole=True),
+            "warmup_steps": Range(0, self.total_steps, whole=True),
+            "warmup_start_learning_rate": at_least(0),
+            "end_learning_rate": at_least(0),
+            "power": above(0),
+            "decay_factor": Range(0, 1, low_open=True, high_open=False),
+        }
+        for field in dataclasses.fields(self):
+            if field.name in accepted:
+                value = check(field.name, getattr(self, field.name), accepted[field.name])
+                setattr(self, field.name, int(value) if accepted[field.name].whole else float(value))
 
     def __call__(self, step):
         t = keras.ops.cast(step, "float32")
@@ -69,11 +79,10 @@ class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         raise NotImplementedError
 
     def get_config(self):
-        names = list(inspect.signature(type(self)).parameters)
-        return {name: getattr(self, name) for name in names}
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class WarmupPolynomialDecay(_WarmupSchedule):
     """Linear warmup to a peak learning rate, then polynomial decay to an end rate (MLPerf convention).
 
@@ -102,19 +111,8 @@ class WarmupPolynomialDecay(_WarmupSchedule):
         ValueError: arguments outside the ranges above, quoting them.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_start_learning_rate=0.0,
-        end_learning_rate=0.0,
-        power=2.0,
-    ):
-        super().__init__(
-            peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate, end_learning_rate
-        )
-        self.power = float(check("power", power, above(0)))
+    end_learning_rate: float = 0.0
+    power: float = 2.0
 
     def _after_warmup(self, t):
         return rate_curves.polynomial_decay(
@@ -127,7 +125,7 @@ class WarmupPolynomialDecay(_WarmupSchedule):
         )
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class PaperPolynomialDecay(WarmupPolynomialDecay):
     """Linear warmup from a start rate, then polynomial decay counted from step 0 (the paper's solver).
 
@@ -147,7 +145,7 @@ class PaperPolynomialDecay(WarmupPolynomialDecay):
         )
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class WarmupCosineDecay(_WarmupSchedule):
     """Linear warmup, then a half cosine from the peak (step W) to `end_learning_rate` (step T).
 
@@ -157,6 +155,8 @@ class WarmupCosineDecay(_WarmupSchedule):
     ```
     (Loshchilov and Hutter, SGDR, eq. 5, one cycle.) Arguments as `WarmupPolynomialDecay`, without power.
     """
+
+    end_learning_rate: float = 0.0
 
     def _after_warmup(self, t):
         return rate_curves.cosine_decay(
@@ -168,7 +168,7 @@ class WarmupCosineDecay(_WarmupSchedule):
         )
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class WarmupStepDecay(_WarmupSchedule):
     """Linear warmup, then the peak multiplied by `decay_factor` at each of `boundaries` (Goyal et al.).
 
@@ -189,25 +189,16 @@ class WarmupStepDecay(_WarmupSchedule):
         ValueError: an argument out of the ranges above.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_start_learning_rate=0.0,
-        boundaries=(),
-        decay_factor=0.1,
-    ):
-        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate, None)
-        bounds = list(boundaries)
+    boundaries: tuple = ()
+    decay_factor: float = 0.1
+
+    def __post_init__(self):
+        super().__post_init__()
+        bounds = list(self.boundaries)
         inside = Range(self.warmup_steps, self.total_steps, high_open=False, whole=True)
         if not (all(inside.accepts(b) for b in bounds) and bounds == sorted(set(bounds))):
-            refuse(
-                "boundaries",
-                boundaries,
-                f"strictly increasing whole numbers in [{inside.low}, {inside.high}]",
-            )
-        self.decay_factor = float(check("decay_factor", decay_factor, Range(0, 1, True, False)))
+            accepted = f"strictly increasing whole numbers in [{inside.low}, {inside.high}]"
+            refuse("boundaries", self.boundaries, accepted)
         self.boundaries = [int(b) for b in bounds]
 
     def _after_warmup(self, t):

@@ -7,42 +7,26 @@ import keras
 from hvd_lars import keras_internals
 
 
-class GradientAccumulation:
-    """k micro-batches per update: accumulate, or (at the update's last micro-batch) update.
+def accumulate(grads, accumulators, micro_batch, steps, average, update):
+    """Adds this micro-batch's `grads` (None for no gradient) to `accumulators` (in the same order), or
+    on the update's last of `steps` micro-batches calls `update(gradients)` with the update's mean
+    (`average`, as Keras's accumulation) or sum (Horovod's) and zeroes them: one traceable
+    `keras.ops.cond` on `micro_batch` (the micro-batches before this one)."""
 
-    Args:
-        steps: int >= 1, micro-batches per update.
-        average: True: the update gets the micro-batches' mean gradient (Keras's own
-            `gradient_accumulation_steps`); False: their sum (Horovod's `average_aggregated_gradients=False`).
-    """
+    def finish():
+        update(
+            [None if g is None else (g + a) / (steps if average else 1) for g, a in zip(grads, accumulators)]
+        )
+        for g, a in zip(grads, accumulators):
+            if g is not None:
+                a.assign(keras.ops.zeros_like(a))
 
-    def __init__(self, steps, average):
-        self.steps = steps
-        self.average = average
+    def add():
+        for g, a in zip(grads, accumulators):
+            if g is not None:
+                a.assign_add(keras.ops.cast(g, a.dtype))
 
-    def create(self, optimizer, var_list):
-        """One zero accumulator per variable of `var_list`, made by `optimizer` (its variables)."""
-        return [optimizer.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list]
-
-    def apply(self, grads, accumulators, micro_batch, update):
-        """Adds this micro-batch's `grads` (None for no gradient) to `accumulators` (in the same order),
-        or on the update's last micro-batch calls `update(gradients)` with the update's mean (or sum) and
-        zeroes them: one traceable `keras.ops.cond` on `micro_batch` (micro-batches before this one)."""
-        divisor = self.steps if self.average else 1
-
-        def finish():
-            totals = [None if g is None else (g + a) / divisor for g, a in zip(grads, accumulators)]
-            update(totals)
-            for g, a in zip(grads, accumulators):
-                if g is not None:
-                    a.assign(keras.ops.zeros_like(a))
-
-        def accumulate():
-            for g, a in zip(grads, accumulators):
-                if g is not None:
-                    a.assign_add(keras.ops.cast(g, a.dtype))
-
-        keras.ops.cond((micro_batch + 1) % self.steps == 0, finish, accumulate)
+    keras.ops.cond((micro_batch + 1) % steps == 0, finish, add)
 
 
 def accumulation_steps(optimizer):

@@ -9,7 +9,7 @@ from hvd_lars import keras_internals
 from hvd_lars.arguments import above, check, refuse
 from hvd_lars.optim.wrapping import innermost_optimizer
 from hvd_lars.parallel import collectives
-from hvd_lars.parallel.accumulation import GradientAccumulation
+from hvd_lars.parallel.accumulation import accumulate
 
 LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
@@ -26,7 +26,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     held optimizer's own `gradient_accumulation_steps` is taken over as `backward_passes_per_step`. For
     float16 loss scaling, wrap the scaler (`DistributedOptimizer(LossScaleOptimizer(opt))`) or make the
     wrapper under `mixed_float16`: either gives a `DistributedLossScaleOptimizer`; the other nesting is
-    refused. Why: docs/design.md, "Keras's private names, and loss scaling" and "Gradient accumulation".
+    refused (docs/design.md, "Keras's private names, and loss scaling", "Gradient accumulation"). Compile
+    with `jit_compile=False` (Horovod's XLA ops are not built here).
 
     Example:
 
@@ -34,39 +35,28 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", jit_compile=False)
 
     Args:
-        optimizer: any Keras 3 optimizer, built or not (not built if it has `gradient_accumulation_steps`),
-            a `LossScaleOptimizer` included.
-        backward_passes_per_step: int >= 1, micro-batches per update; None: the held optimizer's
-            `gradient_accumulation_steps`, or 1.
-        compression: "none" or "fp16" (float16 on the wire, divided by the world size before the sum;
-            see `hvd_lars.parallel.collectives.allreduce_gradients`), or Horovod's `Compression.none` /
-            `Compression.fp16`.
-        gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it;
-            Horovod fuses what is ready) or "grouped" (one grouped allreduce after the last gradient).
+        optimizer: any Keras 3 optimizer (not built if it has `gradient_accumulation_steps`).
+        backward_passes_per_step: int >= 1; None: the held optimizer's `gradient_accumulation_steps`, or 1.
+        compression: "none" or "fp16", or Horovod's `Compression.none` / `.fp16` (`collectives`).
+        gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it) or
+            "grouped" (one grouped allreduce after the last gradient).
         name: str; default "distributed_<name of optimizer>".
-        average_aggregated_gradients: True (here): an update's micro-batch gradients are averaged, as
-            Keras's `gradient_accumulation_steps` does; False: summed (Horovod's default).
+        average_aggregated_gradients: bool, see above (True here, as Keras's accumulation).
         scale_local_gradients: True: gradients of local variables (`register_local_var`) are divided by
-            the world size; False leaves them as computed.
-        sparse_as_dense: accepted and ignored: sparse gradients are always made dense before the allreduce.
-        process_set: None or Horovod's global process set; any other set is refused.
+            the world size.
         op: "average" or "sum", or Horovod's `Average` / `Sum`.
-        gradient_predivide_factor: float > 0 (1.0): gradients times 1 / f before the sum, f / world size
-            after it (Horovod's split of the mean); ignored with op "sum", as Horovod does.
-        groups: None, an int k >= 1 (k grouped allreduces of consecutive variables), or a list of lists of
-            variables (or their paths), each one grouped allreduce: Horovod's `groups`, in place of
-            `gradient_reduction`.
-        device_dense: "" or a TensorFlow device for the collectives (Horovod's argument).
-        device_sparse: accepted and ignored (sparse gradients are made dense).
+        gradient_predivide_factor: float > 0: gradients times 1 / f before the sum, f / world size after
+            it (Horovod's); ignored with op "sum".
+        groups: None, an int k >= 1 (k grouped allreduces of consecutive variables), or lists of
+            variables (or paths), each one grouped allreduce (Horovod's), in place of `gradient_reduction`.
+        device_dense: "" or a TensorFlow device for the collectives.
+        sparse_as_dense, device_sparse, process_set: Horovod's, accepted (sparse gradients are always made
+            dense; only the global process set).
 
     Raises:
         ValueError: an argument out of the ranges above, `optimizer` not a Keras 3 optimizer or already
-            distributed, `backward_passes_per_step` contradicting the optimizer's
-            `gradient_accumulation_steps`, an accumulating optimizer already built, both `groups` and
-            `gradient_reduction="grouped"`, another process set; `LossScaleOptimizer(DistributedOptimizer(
-            opt))` where the scaler is made.
-
-    Compile models with `jit_compile=False` (Horovod's XLA ops are not built here).
+            distributed, an accumulating optimizer already built or whose accumulation contradicts
+            `backward_passes_per_step`; `LossScaleOptimizer(DistributedOptimizer(opt))` where it is made.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
@@ -136,7 +126,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         keras.optimizers.Optimizer.__init__(self, learning_rate=_held_optimizers_rate, name=name)
         self.inner_optimizer = optimizer
         self.backward_passes_per_step = steps
-        self._accumulation = GradientAccumulation(steps, average_aggregated_gradients)
         self.compression = compression
         self.gradient_reduction = gradient_reduction
         self.average_aggregated_gradients = average_aggregated_gradients
@@ -155,7 +144,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.built:
             return
         if self.backward_passes_per_step > 1:
-            self._accumulated_gradients = self._accumulation.create(self, var_list)
+            self._accumulated_gradients = [
+                self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
+            ]
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -179,7 +170,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             if variables is not None:
                 indices = [keras_internals.variable_index(self, v) for v in variables]
             accumulators = [self._accumulated_gradients[i] for i in indices]
-            self._accumulation.apply(grads, accumulators, keras_internals.own_iterations(self), update)
+            counter, steps = keras_internals.own_iterations(self), self.backward_passes_per_step
+            accumulate(grads, accumulators, counter, steps, self.average_aggregated_gradients, update)
         keras_internals.own_iterations(self).assign_add(1)
 
     def _average(self, grads, variables=None):
@@ -240,18 +232,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """This wrapper's own (micro-batch counter, accumulators), then the held optimizer's."""
         return keras_internals.own_variables(self) + self.inner_optimizer.variables
 
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        """Applied updates: the held optimizer's counter."""
-        return self.inner_optimizer.iterations
+    learning_rate = property(
+        lambda self: self.inner_optimizer.learning_rate,
+        lambda self, rate: setattr(self.inner_optimizer, "learning_rate", rate),
+    )
+    iterations = property(lambda self: self.inner_optimizer.iterations, doc="Applied updates.")
 
     @property
     def loss_scale_factor(self):
@@ -340,25 +325,13 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
     """What `DistributedOptimizer(LossScaleOptimizer(opt))` returns: averages the scaled gradients over
     ranks, then the held `LossScaleOptimizer` checks them (the same decision on every rank), unscales and
     applies. Being itself a `LossScaleOptimizer`, it is not wrapped again by `model.compile` under
-    `mixed_float16`. The loss scale state (`dynamic_scale`, `step_counter`, `initial_scale`,
-    `dynamic_growth_steps`) is the held optimizer's.
+    `mixed_float16`. The loss scale state is the held optimizer's.
     """
 
-    @property
-    def dynamic_scale(self):
-        return self.inner_optimizer.dynamic_scale
-
-    @property
-    def step_counter(self):
-        return self.inner_optimizer.step_counter
-
-    @property
-    def initial_scale(self):
-        return self.inner_optimizer.initial_scale
-
-    @property
-    def dynamic_growth_steps(self):
-        return self.inner_optimizer.dynamic_growth_steps
+    dynamic_scale = property(lambda self: self.inner_optimizer.dynamic_scale)
+    step_counter = property(lambda self: self.inner_optimizer.step_counter)
+    initial_scale = property(lambda self: self.inner_optimizer.initial_scale)
+    dynamic_growth_steps = property(lambda self: self.inner_optimizer.dynamic_growth_steps)
 
     def check_finite(self, grads):
         return self.inner_optimizer.check_finite(grads)

@@ -11,6 +11,7 @@ import sys
 
 import keras
 
+from hvd_lars.arguments import refuse
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel import ompi_allreduce_rules as _rules
 from hvd_lars.parallel import optimizer as _optimizer
@@ -89,40 +90,16 @@ def DistributedOptimizer(
     `backward_passes_per_step` are summed here (`average_aggregated_gradients=False`, Horovod's), averaged
     by `hvd_lars.DistributedOptimizer` (Keras's `gradient_accumulation_steps`). `num_groups` is Horovod's
     deprecated name of `groups`."""
-    return _optimizer.DistributedOptimizer(
-        optimizer,
-        backward_passes_per_step=backward_passes_per_step,
-        compression=compression,
-        name=name,
-        average_aggregated_gradients=average_aggregated_gradients,
-        scale_local_gradients=scale_local_gradients,
-        sparse_as_dense=sparse_as_dense,
-        process_set=process_set,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        groups=num_groups if num_groups and groups is None else groups,
-        device_dense=device_dense,
-        device_sparse=device_sparse,
-    )
+    arguments = dict(locals())  # the core's own names, `num_groups` aside
+    if arguments.pop("num_groups") and groups is None:
+        arguments["groups"] = num_groups
+    return _optimizer.DistributedOptimizer(**arguments)
 
 
-def PartialDistributedOptimizer(
-    optimizer,
-    name=None,
-    device_dense="",
-    device_sparse="",
-    compression=Compression.none,
-    sparse_as_dense=False,
-    gradient_predivide_factor=1.0,
-    op=Average,
-    groups=None,
-    process_set=global_process_set,
-    local_layers=None,
-    scale_local_gradients=True,
-):
-    """Horovod's `horovod.keras.PartialDistributedOptimizer`: a `DistributedOptimizer` whose `local_layers`
-    (a layer or a list; their weights are looked up at the first step) keep their gradients on each rank,
-    as `register_local_var` does.
+def PartialDistributedOptimizer(optimizer, name=None, *, local_layers=None, **kwargs):
+    """Horovod's `horovod.keras.PartialDistributedOptimizer`: a `DistributedOptimizer` (Horovod's other
+    arguments and defaults, as keywords) whose `local_layers` (a layer or a list; their weights are looked
+    up at the first step) keep their gradients on each rank, as `register_local_var` does.
 
     Raises:
         ValueError: an entry of `local_layers` that is not a Keras layer.
@@ -130,12 +107,8 @@ def PartialDistributedOptimizer(
     layers = [local_layers] if isinstance(local_layers, keras.layers.Layer) else list(local_layers or [])
     for layer in layers:
         if not isinstance(layer, keras.layers.Layer):
-            raise ValueError(f"local_layers must be Keras layers, got {layer!r}.")
-    distributed = DistributedOptimizer(
-        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-        gradient_predivide_factor, op, groups=groups, process_set=process_set,
-        scale_local_gradients=scale_local_gradients,
-    )  # fmt: skip
+            refuse("local_layers", layer, "Keras layers")
+    distributed = DistributedOptimizer(optimizer, name, **kwargs)
     distributed._local_layers = layers
     return distributed
 

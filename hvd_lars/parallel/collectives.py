@@ -39,11 +39,8 @@ def launcher_world_size(environ=None):
 
 
 def init(comm=None, process_sets=None):
-    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`) and returns (rank, world size).
-
-    Args:
-        comm, process_sets: Horovod's `hvd.init` arguments (an MPI communicator or list of ranks; process
-            sets to register), passed on; None for every rank of the launcher's job.
+    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`), passing on `hvd.init`'s
+    `comm` and `process_sets`, and returns (rank, world size).
 
     Raises:
         RuntimeError: a launcher started several ranks but Horovod cannot be imported.
@@ -93,35 +90,31 @@ def horovod_tensorflow():
     return hvd
 
 
+# Horovod's rank and sizes (`cross_*`: among the hosts holding a rank with this local rank); without
+# Horovod, rank 0 of a world of 1.
+
+
 def rank():
-    """This process's rank in [0, size()); 0 without Horovod."""
     return _hvd.rank() if _hvd else 0
 
 
 def local_rank():
-    """This process's rank on its node; 0 without Horovod."""
     return _hvd.local_rank() if _hvd else 0
 
 
 def size():
-    """World size: number of ranks; 1 without Horovod."""
     return _hvd.size() if _hvd else 1
 
 
 def local_size():
-    """Number of ranks on this process's host (node); 1 without Horovod."""
     return _hvd.local_size() if _hvd else 1
 
 
 def cross_size():
-    """Number of hosts holding a rank with this process's local rank (the host count when every host
-    runs the same number of ranks); 1 without Horovod."""
     return _hvd.cross_size() if _hvd else 1
 
 
 def cross_rank():
-    """This process's host index among the hosts holding a rank with its local rank (Horovod's
-    `cross_rank`); 0 without Horovod."""
     return _hvd.cross_rank() if _hvd else 0
 
 
@@ -237,8 +230,7 @@ def allreduce_gradients(
 
 
 def device_scope(device):
-    """`tf.device(device)` for Horovod's `device`/`device_dense` arguments; no scope for "" (TensorFlow's
-    own placement, unchanged inside a caller's scope)."""
+    """`tf.device(device)` for Horovod's `device` arguments; no scope for "" (TensorFlow's placement)."""
     import contextlib
 
     import tensorflow as tf
@@ -254,8 +246,7 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
     n = size()
     pre, post = 1.0, 1.0
     if compression == "fp16":
-        # Divided before the rounding to float16 (by N, or by Horovod's predivide factor f, the rest
-        # after), in the gradient's precision; summed, not averaged.
+        # Divided before the rounding to float16 (by N, or by f and the rest after), then summed.
         if op == "average":
             pre, post = (predivide, predivide / n) if predivide != 1.0 else (n, 1.0)
         wire = [tf.cast(g / tf.cast(pre, g.dtype), tf.float16) for g in tensors]
@@ -310,9 +301,8 @@ def broadcast_variables(variables, root_rank=0, what="variables"):
 
 
 def structural_path(variable):
-    """`variable.path` (or `.name`) without the numbers Keras appends to automatic names, e.g.
-    "sequential_3/dense_7/kernel" -> "sequential/dense/kernel", "sgd/dense_7_kernel_momentum" ->
-    "sgd/dense_kernel_momentum": what ranks that built the same model in different sessions agree on."""
+    """`variable.path` (or `.name`) without the numbers of Keras's automatic names ("sequential_3/dense_7/
+    kernel" -> "sequential/dense/kernel"): what ranks that built the same model agree on."""
     path = getattr(variable, "path", None) or variable.name.split(":")[0]
     return re.sub(r"_\d+(?=[_/]|$)", "", path)
 
@@ -368,8 +358,7 @@ def check_same_variables(variables, what="variables"):
 
 
 def broadcast_object(value, root_rank=0, name="hvd_lars.broadcast_object"):
-    """Rank `root_rank`'s picklable `value` on every rank (itself with size 1): how a decision taken on
-    rank 0 alone (a work directory it cannot write) reaches every rank."""
+    """Rank `root_rank`'s picklable `value` on every rank (itself with size 1)."""
     if size() == 1:
         return value
     return _hvd.broadcast_object(value, root_rank=root_rank, name=name)

@@ -83,11 +83,8 @@ class LearningRateWarmupCallback(LearningRateWarmup):
     Args:
         initial_lr: float > 0, the rate after warmup (already scaled for the global batch).
         warmup_epochs: float > 0 (5, Goyal et al.).
-        momentum_correction: True (Horovod's default): where the rate changes, the velocity of Keras's SGD
-            or RMSprop is rescaled by new / old rate (`correct_momentum`); no-op without momentum; refused
-            at train begin for `hvd_lars.LARS` and Nesterov SGD (`momentum_slots`).
-        steps_per_epoch: batches per epoch; None: `fit`'s. Updates per epoch are batches divided by the
-            optimizer's gradient accumulation.
+        momentum_correction: True (Horovod's default): `correct_momentum` where the rate changes.
+        steps_per_epoch: batches per epoch (None: `fit`'s), divided by the gradient accumulation.
         verbose: 1 prints on rank 0 when the warmup ends.
 
     Raises:

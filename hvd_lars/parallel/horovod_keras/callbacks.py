@@ -21,15 +21,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     every batch, with `epoch + batch / steps_per_epoch`. A constant `multiplier` means staircase. At each
     epoch end `logs["lr"]` is the rate.
 
-    Args:
-        initial_lr: float > 0. multiplier: number, or callable of the epoch (float).
-        start_epoch, end_epoch: ints (0, None). staircase: bool (True).
-        momentum_correction: True (Horovod's default): as `LearningRateWarmupCallback`'s.
-        steps_per_epoch: batches per epoch for `staircase=False`; None: `fit`'s.
-
-    Raises:
-        ValueError: `initial_lr` not a number > 0; at train begin, an optimizer whose rate is a schedule
-            or callable, unknown steps per epoch, or a refused momentum correction.
+    `initial_lr` a float > 0 (else ValueError); `momentum_correction` and the errors at train begin as
+    `LearningRateWarmupCallback`'s; `steps_per_epoch` for `staircase=False` (None: `fit`'s).
     """
 
     def __init__(

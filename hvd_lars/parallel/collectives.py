@@ -90,32 +90,18 @@ def horovod_tensorflow():
     return hvd
 
 
+def _horovods(name, alone):
+    def get():
+        return getattr(_hvd, name)() if _hvd else alone
+
+    get.__name__ = get.__qualname__ = name
+    return get
+
+
 # Horovod's rank and sizes (`cross_*`: among the hosts holding a rank with this local rank); without
 # Horovod, rank 0 of a world of 1.
-
-
-def rank():
-    return _hvd.rank() if _hvd else 0
-
-
-def local_rank():
-    return _hvd.local_rank() if _hvd else 0
-
-
-def size():
-    return _hvd.size() if _hvd else 1
-
-
-def local_size():
-    return _hvd.local_size() if _hvd else 1
-
-
-def cross_size():
-    return _hvd.cross_size() if _hvd else 1
-
-
-def cross_rank():
-    return _hvd.cross_rank() if _hvd else 0
+rank, local_rank, cross_rank = (_horovods(name, 0) for name in ("rank", "local_rank", "cross_rank"))
+size, local_size, cross_size = (_horovods(name, 1) for name in ("size", "local_size", "cross_size"))
 
 
 def host_names():

@@ -65,13 +65,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: int, the rank whose state wins (0).
-        device: "" or a TensorFlow device for the broadcasts (Horovod's argument).
-        local_variables: a `keras.Variable` or a list of them, model variables left out of the
-            broadcast (Horovod's argument): each rank keeps its own values. The optimizer's variables
-            are all broadcast, as Horovod's callback does.
-
-    Raises:
-        ValueError: an entry of `local_variables` that is not a `keras.Variable`.
+        device: "" or a TensorFlow device for the broadcasts.
+        local_variables: a `keras.Variable` or a list of them (else ValueError): model variables that keep
+            each rank's own values (the optimizer's are all broadcast, as Horovod's).
     """
 
     def __init__(self, root_rank=0, device="", local_variables=None):
@@ -119,11 +115,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
     on every rank: the mean over all examples when the ranks run equal steps of equal batches. For
     `model.evaluate(..., return_dict=True)`, use `average_metrics`.
 
-    Args:
-        device: "" or a TensorFlow device for the allreduce (Horovod's argument).
-
-    Raises:
-        RuntimeError: the ranks' logs hold different keys (named in the message).
+    `device`: "" or a TensorFlow device for the allreduce. RuntimeError when the ranks' logs hold
+    different keys.
     """
 
     def __init__(self, device=""):

@@ -139,11 +139,8 @@ class CommitState(keras.callbacks.Callback):
     """Commits the elastic state every `every_steps` updates (`optimizer.iterations`), recording the
     count in `state.step`, never inside a gradient-accumulation cycle (`at_update_boundary`). A commit due
     at an epoch's last update waits for the epoch's end, so its evaluation, logs and checkpoint come
-    first. Place it after the fault guard, the loggers and the checkpoint callbacks.
-
-    Args:
-        state: a `KerasState` with a `step` attribute.
-        every_steps: int >= 1.
+    first. Place it after the fault guard, the loggers and the checkpoint callbacks. `state`: a
+    `KerasState` with a `step` attribute; `every_steps`: a whole number >= 1.
     """
 
     def __init__(self, state, every_steps):

@@ -279,12 +279,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return [v.numpy() for v in self.variables]
 
     def set_weights(self, weights):
-        """Assigns `weights` (as `get_weights` returns them) to `variables` in order, paired as Keras's
-        `Optimizer.set_weights` pairs them (`zip`): how `load_model` restores an `.h5` file's state.
-
-        Raises:
-            ValueError: unbuilt, or an array whose shape differs from its variable's.
-        """
+        """Assigns `weights` (as `get_weights` returns them) to `variables` in order, paired by `zip` as
+        Keras's `set_weights` (how `load_model` restores an `.h5` file); ValueError when unbuilt or on a
+        shape that differs."""
         if not self.built:
             raise ValueError(f"{self.name!r} is not built; build it before set_weights.")
         for variable, value in zip(self.variables, weights):

@@ -115,11 +115,7 @@ def PartialDistributedOptimizer(optimizer, name=None, *, local_layers=None, **kw
 
 def broadcast_global_variables(root_rank, model=None):
     """`hvd.broadcast_global_variables(root_rank)`: Keras 3 keeps no global variables, so the model (and its
-    optimizer) to broadcast is named.
-
-    Raises:
-        ValueError: `model` not given.
-    """
+    optimizer) to broadcast is named; ValueError without it."""
     if model is None:
         raise ValueError(
             "broadcast_global_variables: Keras 3 keeps no global variable collection; pass the model "
@@ -174,13 +170,7 @@ def load_model(
 ):
     """`hvd.load_model`: Keras's `load_model` of `filepath` (.keras or .h5), its optimizer, whatever it is,
     held by a `DistributedOptimizer` (Horovod's defaults, `compression`) with the state the file saved.
-    A file saved with a DistributedOptimizer keeps it, its compression set to `compression`.
-
-    Args:
-        custom_optimizers: optimizer classes the file may hold (added to `custom_objects` by name).
-        custom_objects: as Keras's.
-        legacy_opts: False; Keras 3 has no legacy optimizers (True raises ValueError).
-    """
+    `custom_optimizers`: classes added to `custom_objects` by name; `legacy_opts=True`: ValueError."""
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no legacy optimizers; pass False.")
     objects = dict(custom_objects or {})

@@ -11,11 +11,7 @@ from hvd_lars.parallel.elastic import KerasState, run  # noqa: F401
 class CommitStateCallback(keras.callbacks.Callback):
     """Horovod's `hvd.elastic.CommitStateCallback`: commits `state` every `batches_per_commit` batches and
     at the end of every epoch, at update boundaries only: a commit due while a gradient-accumulation
-    cycle is incomplete waits for the batch that completes it (see `CommitState`).
-
-    Args:
-        state: a `KerasState`.
-        batches_per_commit: int >= 1 (1, Horovod's default).
+    cycle is incomplete waits for the batch that completes it. `batches_per_commit`: a whole number >= 1.
     """
 
     def __init__(self, state, batches_per_commit=1):
@@ -49,10 +45,8 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     """Horovod's `hvd.elastic.UpdateBatchStateCallback`: keeps `state.batch` = the batches of the current
     epoch done so far (0 at each epoch end), and after a reset shortens the first epoch of the next `fit`
     by the batches the restored state had done (through `model.stop_training`, set after its last batch
-    and cleared at its end: Keras 3 no longer reads Horovod's `params['steps']`).
-
-    Args:
-        state: a `KerasState` with a `batch` attribute.
+    and cleared at its end: Keras 3 no longer reads Horovod's `params['steps']`). `state`: a `KerasState`
+    with a `batch` attribute.
     """
 
     def __init__(self, state):
@@ -83,10 +77,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Horovod's `hvd.elastic.UpdateEpochStateCallback`: at each epoch end, `state.epoch` = the epochs
     done in all attempts (Keras counts from 0 in every `fit`; the attempt's start is `state.epoch` at
-    `on_train_begin`).
-
-    Args:
-        state: a `KerasState` with an `epoch` attribute.
+    `on_train_begin`), `state` a `KerasState` with an `epoch` attribute.
     """
 
     def __init__(self, state):

@@ -37,6 +37,17 @@ class Range:
         return f"{kind} {' and '.join(parts)}".strip()
 
 
+def is_number(value):
+    """True for what `float()` takes that is not a bool or a string: numbers, NumPy and tensor scalars."""
+    if isinstance(value, (bool, str, bytes)):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def at_least(low, whole=False):
     return Range(low=low, whole=whole)
 

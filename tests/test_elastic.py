@@ -43,7 +43,7 @@ def test_resolve_batch_names_the_worker_counts_that_fit():
 @pytest.mark.unit
 def test_commit_interval_is_checked():
     for bad in (0, -1, 2.5):
-        with pytest.raises(ValueError, match=rf"int >= 1, got {bad!r}"):
+        with pytest.raises(ValueError, match=rf"every_steps must be a whole number >= 1, got {bad!r}"):
             hvd_elastic.CommitState(object(), bad)
     with pytest.raises(ValueError, match=r"--elastic_commit_every_steps must be a whole number >= 1, got 0"):
         TrainConfig(global_batch_size=64, elastic_commit_every_steps=0).validate()
@@ -97,7 +97,7 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
     model.compile(optimizer=LARS(0.1), loss="mse")
     x, y = np.arange(24, dtype="float32").reshape(8, 3) / 24, np.ones((8, 2), "float32")
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    state = hvd_elastic.KerasState(model, step=2).state()
+    state = hvd_elastic.KerasState(model, step=2)
     every = lambda: [v.numpy().copy() for v in model.variables + model.optimizer.variables]
     committed = every()
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)

@@ -15,6 +15,7 @@ import tensorflow as tf  # noqa: E402
 
 from hvd_lars import LARS, BroadcastGlobalVariablesCallback, DistributedOptimizer, WarmupPolynomialDecay  # noqa: E402
 from hvd_lars.parallel import elastic  # noqa: E402
+from hvd_lars.parallel.horovod_keras import elastic as horovod_elastic  # noqa: E402
 
 GRADS = [np.array([[0.5, -2.0], [1.0, 3.0]], "float32"), np.array([-1.0, 0.25], "float32")]
 START = [np.array([[1.0, 2.0], [-1.0, 0.5]], "float32"), np.array([0.1, -0.2], "float32")]
@@ -274,7 +275,9 @@ def test_sparse_as_dense_and_the_global_process_set_are_accepted_others_refused(
     import horovod.tensorflow as hvd
 
     DistributedOptimizer(keras.optimizers.SGD(0.1), sparse_as_dense=True, process_set=hvd.global_process_set)
-    with pytest.raises(ValueError, match=r"only the global process set .* launch that subset as a job"):
+    with pytest.raises(
+        ValueError, match=r"process_set must be the global process set \(launch a subset of ranks as a job\)"
+    ):
         DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=hvd.ProcessSet([0]))
     with pytest.raises(ValueError, match="sparse_as_dense must be a bool, got 'yes'"):
         DistributedOptimizer(keras.optimizers.SGD(0.1), sparse_as_dense="yes")
@@ -311,7 +314,7 @@ def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
     model = _accumulating_model()
     state = elastic.KerasState(model, step=0, batch=0, epoch=0)
     commit = elastic.CommitState(state, every_steps=1) if callback == "CommitState" else None
-    commit = commit or elastic.CommitStateCallback(state, batches_per_commit=1)
+    commit = commit or horovod_elastic.CommitStateCallback(state, batches_per_commit=1)
     model.fit(X[:1], Y[:1], batch_size=1, verbose=0, callbacks=[commit])
     state.restore()
     assert int(model.optimizer._iterations) == 0
@@ -333,9 +336,9 @@ def test_batch_and_epoch_state_callbacks_resume_inside_an_epoch():
             seen.append((state.epoch, state.batch))
 
     callbacks = [
-        elastic.UpdateEpochStateCallback(state),
-        elastic.UpdateBatchStateCallback(state),
-        elastic.CommitStateCallback(state, batches_per_commit=2),
+        horovod_elastic.UpdateEpochStateCallback(state),
+        horovod_elastic.UpdateBatchStateCallback(state),
+        horovod_elastic.CommitStateCallback(state, batches_per_commit=2),
         Record(),
     ]
     x = np.zeros((4, 1), "float32")

@@ -208,7 +208,7 @@ def test_momentum_correction_names():
     assert LARS.from_config(opt.get_config()).momentum_correction == "warmup"
     with pytest.raises(ValueError, match="must be one of .*got 'goyal'"):
         LARS(schedule, momentum_correction="goyal")
-    with pytest.raises(ValueError, match="'warmup' .* int `warmup_steps`.*got 0.5"):
+    with pytest.raises(ValueError, match="'warmup'.* int `warmup_steps`.*got 0.5"):
         LARS(0.5, momentum_correction="warmup")
 
 

@@ -294,14 +294,14 @@ def test_make_schedule_builds_each_registered_schedule():
         (
             "step",
             dict(boundaries=[3, 50]),
-            r"boundaries must be strictly increasing ints in \[warmup_steps=5",
+            r"boundaries must be strictly increasing whole numbers in \[5, 90\]",
         ),
         ("step", dict(boundaries=[60, 30]), r"got \[60, 30\]"),
-        ("step", dict(decay_factor=0.0), "decay_factor must be in"),
+        ("step", dict(decay_factor=0.0), "decay_factor must be a finite number > 0 and <= 1"),
         (
             "cosine",
             dict(warmup_start_learning_rate=-0.5),
-            "warmup_start_learning_rate must be >= 0, got -0.5",
+            "warmup_start_learning_rate must be a finite number >= 0, got -0.5",
         ),
     ],
 )
@@ -314,7 +314,7 @@ def test_make_schedule_errors(name, kwargs, fragment):
 def test_numpy_integer_steps_are_accepted_and_stored_as_int():
     s = WarmupCosineDecay(1.0, np.int64(100), np.int32(10))
     assert type(s.get_config()["total_steps"]) is int and type(s.get_config()["warmup_steps"]) is int
-    with pytest.raises(ValueError, match="total_steps must be an int > 0, got 10.5"):
+    with pytest.raises(ValueError, match="total_steps must be a whole number > 0, got 10.5"):
         WarmupCosineDecay(1.0, 10.5, 1)
 
 

@@ -87,7 +87,8 @@ def installed(tmp_path_factory):
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    # What the wheel requires, from the project's environment, after the wheel's own site-packages.
+    # What the wheel requires with its `train` extra (the application's), from the project's environment,
+    # after the wheel's own site-packages.
     with zipfile.ZipFile(wheel) as z:
         (metadata,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
         requires = [v for k, v in re.findall(r"^(Requires-Dist): (.*)$", z.read(metadata).decode(), re.M)]

@@ -1,9 +1,5 @@
-"""LARS: layer-wise adaptive rate scaling for Keras 3.
-
-You, Gitman, Ginsburg, "Large Batch Training of Convolutional Networks" (arXiv 1708.03888), as used by
-You, Zhang, Hsieh, Demmel, Keutzer, "ImageNet Training in Minutes" (ICPP 2018, arXiv 1709.05011) and
-released in Intel Caffe 1.0.7.
-"""
+"""LARS: layer-wise adaptive rate scaling for Keras 3 (You, Gitman, Ginsburg, arXiv 1708.03888, as
+released with You et al., "ImageNet Training in Minutes", ICPP 2018, in Intel Caffe 1.0.7)."""
 
 import numbers
 import re
@@ -13,17 +9,14 @@ import keras
 from keras import ops
 
 from hvd_lars import keras_internals
+from hvd_lars.arguments import Range, above, at_least, check, refuse
 
-# How the trust ratio's gradient norm is taken. "paper" is the released Caffe code and the TF/MLPerf
-# reference (eta * ||w|| / (||g|| + beta * ||w|| + eps)); "decayed_gradient" takes the norm of the
-# decayed gradient (eta * ||w|| / (||g + beta * w|| + eps)), as in NVIDIA's apex LARC and several
-# PyTorch ports; "update" rescales the momentum-filtered update instead of the gradient (trust ratio of
-# ||w|| to the norm of the new velocity), as in LAMB-style implementations with SGD momentum.
+# The trust ratio's denominator: "paper" (the released Caffe code, the MLPerf reference), "decayed_gradient"
+# (apex LARC, PyTorch ports), "update" (LAMB-style, the norm of the new velocity).
 TRUST_RATIO_MODES = ("paper", "decayed_gradient", "update")
 
-# How the velocity (which holds the learning rate) follows a change of the rate; see LARS's docstring.
-# "none": Intel Caffe 1.0.7's fused SGD update, which the paper's runs used; "warmup": Intel Caffe's
-# non-fused update (lr_t / lr_{t-1} during warmup only); "always": Goyal et al. 2017, eq. 10.
+# How the velocity follows a change of the rate: "none" (Intel Caffe's fused update, the paper's runs),
+# "warmup" (its non-fused update: during warmup only), "always" (Goyal et al. 2017, eq. 10).
 MOMENTUM_CORRECTIONS = ("none", "warmup", "always")
 
 # Batch-norm parameters and biases: left out of weight decay and layer adaptation by the MLPerf ResNet-50
@@ -32,13 +25,8 @@ MLPERF_EXCLUSIONS = (r"(^|/)(gamma|beta|bias|moving_mean|moving_variance)$|batch
 
 
 def mlperf_exclusions():
-    """Regexes excluding batch-norm parameters and biases, for both exclusion arguments of `LARS`.
-
-    Returns:
-        A list of regex strings matched with `re.search` against Keras 3 `variable.path` (for example
-        `conv1_bn/gamma`, `fc8/bias`). Pass it as `exclude_from_weight_decay` and
-        `exclude_from_layer_adaptation` to reproduce the MLPerf ResNet-50 LARS recipe.
-    """
+    """Regexes (for `re.search` on `variable.path`, e.g. `conv1_bn/gamma`, `fc8/bias`) of batch-norm
+    parameters and biases: both exclusion arguments of `LARS` in the MLPerf ResNet-50 recipe."""
     return list(MLPERF_EXCLUSIONS)
 
 
@@ -55,18 +43,16 @@ class LARS(keras.optimizers.Optimizer):
     w     = w - v               (nesterov: w = w - m * v - lr_t * trust * (g + beta * w))
     ```
 
-    `||.||` is the L2 norm of the whole tensor; `||g||` is taken before weight decay is added. The rate is
-    inside the velocity (Caffe-style), so `v` is in units of the weights; all coefficients are
-    dimensionless. With `eta` 0.001 the trust ratio is typically 1e-4 to 1e-2, so LARS peak rates are 10-30
-    where SGD's are 0.1-3. `trust_ratio_mode` selects the published variants:
+    `||.||` is the L2 norm of the whole tensor, `||g||` taken before weight decay. The rate is inside the
+    velocity (Caffe-style). With `eta` 0.001, LARS peak rates are 10-30 where SGD's are 0.1-3.
+    `trust_ratio_mode` selects the published variants:
       * `"paper"`: as above.
       * `"decayed_gradient"`: `trust = eta * ||w|| / (||g + beta * w|| + eps)`.
       * `"update"`: `u = m * u + (g + beta * w)`, `w = w - lr_t * eta * ||w|| / (||u|| + eps) * u`.
     A tensor whose `variable.path` matches a regex of `exclude_from_weight_decay` (or is named in Keras's
     `exclude_from_weight_decay()`) gets `beta = 0`; one that matches `exclude_from_layer_adaptation` gets
-    `trust = 1`. A zero gradient still decays with trust 1 in `"paper"` mode, as the released solver does.
-    Weight decay is applied here only, never by the Keras base class. `iterations` counts applied
-    updates (with `gradient_accumulation_steps=k`, once per `k` calls of `apply`); schedules see it.
+    `trust = 1`. Weight decay is applied here only, never by the Keras base class. `iterations` counts
+    applied updates (with `gradient_accumulation_steps=k`, once per `k` calls of `apply`); schedules see it.
 
     Args:
         learning_rate: float >= 0, a `keras.Variable`, a `LearningRateSchedule` of the update count, or a
@@ -85,15 +71,12 @@ class LARS(keras.optimizers.Optimizer):
             rescaled by `lr_t / lr_{t-1}` before the update never (`"none"`, the released solver's default
             build), only during warmup (`"warmup"`, its non-fused path; needs a schedule with an int
             `warmup_steps`) or always (`"always"`, Goyal et al. 2017, eq. 10).
-        name: str, or None for Keras's automatic name ("lars", then "lars_1", ... in one program), which
-            prefixes the paths of the optimizer's variables (`lars/iteration`, `lars_1/iteration`).
+        name: str, or None for Keras's automatic name ("lars", "lars_1", ...).
         **kwargs: passed to `keras.optimizers.Optimizer` (clipnorm, use_ema, ...).
 
     Raises:
-        ValueError: a negative float `learning_rate`, `eta` <= 0, `momentum` outside [0, 1), negative
-            `weight_decay` or `epsilon`, a non-number for any of them, an unknown `trust_ratio_mode` or
-            `momentum_correction`, a correction with `trust_ratio_mode="update"`, `"warmup"` without a
-            schedule that has `warmup_steps`, or an invalid regex; the message quotes the value received.
+        ValueError: a number out of the ranges above, an unknown mode or correction, a correction with
+            `trust_ratio_mode="update"`, `"warmup"` without a schedule with `warmup_steps`, a bad regex.
 
     Example:
         >>> optimizer = LARS(WarmupPolynomialDecay(20.0, total_steps=1000, warmup_steps=100),
@@ -120,28 +103,26 @@ class LARS(keras.optimizers.Optimizer):
     ):
         shared_rate = learning_rate if isinstance(learning_rate, keras.Variable) else None
         if shared_rate is not None:
-            # The base class would make a rate variable of its own; a placeholder callable keeps it from
-            # doing so (untracking one afterwards edits the tracked variable list in place, which
-            # tf.train.Checkpoint refuses to save).
+            # A placeholder keeps the base class from making a rate variable of its own (untracking one
+            # afterwards leaves a list tf.train.Checkpoint refuses to save).
             learning_rate = _rate_set_below
         elif isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool):
-            _check_range("learning_rate", learning_rate, 0.0, None, ">= 0")
-            learning_rate = float(learning_rate)  # the Keras base class accepts Python floats only
+            learning_rate = float(check("learning_rate", learning_rate, at_least(0)))  # Keras: floats only
         # weight_decay is not passed on: the base class would apply a second, decoupled decay.
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         if shared_rate is not None:
             # The caller's variable itself (a callback or another optimizer may change it).
             keras_internals.adopt_rate_variable(self, shared_rate)
-        _check_range("momentum", momentum, 0.0, 1.0, "in [0, 1)")
-        _check_range("weight_decay", weight_decay, 0.0, None, ">= 0")
-        _check_range("epsilon", epsilon, 0.0, None, ">= 0")
-        if not isinstance(eta, numbers.Real) or isinstance(eta, bool) or not eta > 0:
-            raise ValueError(f"eta (trust coefficient) must be a number > 0, got {eta!r}.")
+        check("momentum", momentum, Range(0, 1))
+        check("weight_decay", weight_decay, at_least(0))
+        check("epsilon", epsilon, at_least(0))
+        check("eta", eta, above(0))
         if trust_ratio_mode not in TRUST_RATIO_MODES:
-            raise ValueError(
-                f"trust_ratio_mode must be one of {TRUST_RATIO_MODES}, got {trust_ratio_mode!r}."
-            )
-        momentum_correction = _correction_name(momentum_correction)
+            refuse("trust_ratio_mode", trust_ratio_mode, f"one of {TRUST_RATIO_MODES}")
+        if isinstance(momentum_correction, bool):
+            momentum_correction = "always" if momentum_correction else "none"
+        if momentum_correction not in MOMENTUM_CORRECTIONS:
+            refuse("momentum_correction", momentum_correction, f"one of {MOMENTUM_CORRECTIONS} or a bool")
         if momentum_correction != "none" and trust_ratio_mode == "update":
             # There the velocity is in gradient units: rescaling it by lr_t / lr_{t-1} corrects nothing.
             raise ValueError(
@@ -153,12 +134,8 @@ class LARS(keras.optimizers.Optimizer):
         if momentum_correction == "warmup":
             steps = getattr(keras_internals.rate_object(self), "warmup_steps", None)
             if not isinstance(steps, numbers.Integral) or isinstance(steps, bool):
-                raise ValueError(
-                    "momentum_correction='warmup' corrects during the schedule's warmup, so learning_rate "
-                    "must be a schedule with an int `warmup_steps` (any hvd_lars.optim.schedules "
-                    "schedule); got "
-                    f"{learning_rate!r}."
-                )
+                refuse("with momentum_correction='warmup', learning_rate", learning_rate,
+                       "a schedule with an int `warmup_steps` (any of hvd_lars.optim.schedules)")  # fmt: skip
             self._correction_steps = int(steps)
         self.momentum = float(momentum)
         self.lars_weight_decay = float(weight_decay)
@@ -173,8 +150,7 @@ class LARS(keras.optimizers.Optimizer):
         self.exclude_from_layer_adaptation_patterns = _compile_patterns(
             "exclude_from_layer_adaptation", exclude_from_layer_adaptation
         )
-        # TensorFlow's fused kernels (one-pass L2 norm, fused momentum update) make the step cost about
-        # what Keras SGD's does; other backends use the portable keras.ops path (same results).
+        # TensorFlow's fused kernels (one-pass norm, fused momentum update); other backends: keras.ops.
         self._fused = keras.backend.backend() == "tensorflow"
 
     def build(self, variables):
@@ -184,9 +160,7 @@ class LARS(keras.optimizers.Optimizer):
         super().build(variables)
         self.velocities = self.add_optimizer_variables(variables, "velocity")
         paths = [getattr(v, "path", v.name) for v in variables]
-        # Per-variable Python constants: update_step receives the backend tf.Variable, which has no
-        # .path, so the choice is made here and looked up by index.
-        # Keras's own exclude_from_weight_decay(var_list=..., var_names=...) counts too.
+        # Decided here by index: update_step receives the backend variable, which has no .path.
         self._decay_mask = [
             not _matches(self.exclude_from_weight_decay_patterns, p)
             and keras_internals.uses_weight_decay(self, v)
@@ -203,8 +177,7 @@ class LARS(keras.optimizers.Optimizer):
             if not any(pattern.search(p) for p in paths)
         ]
         if unmatched:
-            # Once per optimizer (build runs once): a pattern matching nothing is almost always a pattern
-            # written for `variable.name` or for Keras 2 names, which silently disables the exclusion.
+            # Usually a pattern written for `variable.name` or Keras 2 names: the exclusion does nothing.
             warnings.warn(
                 f"LARS exclusion pattern(s) {', '.join(unmatched)} match no variable path of the "
                 f"{len(paths)} variables (paths look like {paths[:3]}).",
@@ -221,11 +194,7 @@ class LARS(keras.optimizers.Optimizer):
             self._previous_learning_rate.assign(ops.cast(learning_rate, "float32"))
 
     def update_step(self, gradient, variable, learning_rate):
-        """Applies one LARS update to `variable` (any rank, float32 or float16/bfloat16).
-
-        The velocity slot holds the negated velocity `-v` (the sign convention of Keras SGD and of
-        TensorFlow's fused momentum kernel), so that the step is `w += slot`.
-        """
+        """One LARS update of `variable`; the slot holds `-v` (Keras SGD's sign), so `w += slot`."""
         dtype = variable.dtype
         index = keras_internals.variable_index(self, variable)
         slot = self.velocities[index]
@@ -346,24 +315,6 @@ def _apply_keras_momentum(variable, slot, learning_rate, gradient, momentum, nes
     )
 
 
-def _correction_name(value):
-    """`MOMENTUM_CORRECTIONS` name of `value` (False -> "none", True -> "always"); ValueError otherwise."""
-    if isinstance(value, bool):
-        return "always" if value else "none"
-    if value not in MOMENTUM_CORRECTIONS:
-        raise ValueError(
-            f"momentum_correction must be one of {MOMENTUM_CORRECTIONS} (or a bool), got {value!r}."
-        )
-    return value
-
-
-def _check_range(name, value, low, high, accepted):
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    ok = ok and value >= low and (high is None or value < high)
-    if not ok:
-        raise ValueError(f"{name} must be a number {accepted}, got {value!r}.")
-
-
 def _compile_patterns(name, patterns):
     if patterns is None:
         return []
@@ -374,7 +325,7 @@ def _compile_patterns(name, patterns):
         try:
             compiled.append(re.compile(p))
         except (re.error, TypeError) as e:
-            raise ValueError(f"{name}: {p!r} is not a valid regular expression ({e}).") from e
+            refuse(name, p, f"regular expressions ({e})")
     return compiled
 
 

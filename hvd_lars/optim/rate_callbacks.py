@@ -14,14 +14,10 @@ from hvd_lars.optim.wrapping import held_rate, to_float
 class LearningRateWarmup(keras.callbacks.Callback):
     """Sets a float learning rate from a schedule of the optimizer's update counter before every batch.
 
-    For any Keras 3 optimizer built with a plain float learning rate (SGD, Adam, `hvd_lars.LARS`, a
-    `LossScaleOptimizer` around one): before each training batch,
-    `optimizer.learning_rate = schedule(optimizer.iterations)`. The rate depends only on `schedule` and
-    the update counter, never on the optimizer's current (already changed) rate, so a run restored from
-    a checkpoint, which restores `iterations`, continues the curve exactly. `optimizer.iterations` counts
-    applied updates: with `gradient_accumulation_steps=A` Keras reports micro-batches // A, so the rate
-    changes once per update, as the paper's schedule counts iterations (Keras itself would evaluate a
-    schedule given to such an optimizer at the micro-batch count).
+    For any Keras 3 optimizer built with a float rate (through its wrappers): before each batch,
+    `optimizer.learning_rate = schedule(optimizer.iterations)`, from the update counter alone, so a run
+    restored from a checkpoint continues the curve exactly, and with gradient accumulation the rate
+    changes once per update.
 
     Args:
         schedule: callable of the step (int, optimizer updates from 0) returning the rate as a float or
@@ -29,11 +25,10 @@ class LearningRateWarmup(keras.callbacks.Callback):
             `keras.optimizers.schedules.LearningRateSchedule`.
 
     Raises:
-        ValueError: `schedule` is not callable; at train begin, the optimizer's learning rate is itself a
-            schedule or a callable (then give it the schedule and drop this callback, or a float).
+        ValueError: `schedule` is not callable; at train begin, the optimizer's rate is a schedule or
+            callable.
 
-    With `steps_per_execution=k > 1` Keras runs batch hooks once per k steps, so the rate is set once per
-    k steps (a warning says so); a schedule inside the optimizer has no such limit.
+    With `steps_per_execution=k > 1` the rate is set once per k steps (a warning says so).
     """
 
     def __init__(self, schedule):
@@ -72,14 +67,9 @@ class LearningRateWarmup(keras.callbacks.Callback):
 class LearningRateLogger(keras.callbacks.Callback):
     """Adds `learning_rate` to the epoch logs: the rate the optimizer used for its last update of the epoch.
 
-    Works for a float rate (set by `LearningRateWarmup`, by Keras's `LearningRateScheduler` or by hand;
-    read at epoch end, so its place relative to `LearningRateWarmup` does not matter) and for a schedule
-    inside the optimizer, whatever counter that optimizer feeds its schedule (applied updates for
-    `hvd_lars.LARS`, micro-batches for Keras's optimizers with gradient accumulation): the schedule's
-    rate is read through `optimizer.learning_rate` before each batch, which is what the batch's update
-    uses. Place it before CSVLogger and TensorBoard. Keras's TensorBoard also writes `learning_rate`
-    itself, as the optimizer's rate at epoch end: the same for a float rate, one update later for a
-    schedule (its value for the next update).
+    A float rate is read at epoch end; a schedule inside the optimizer through `optimizer.learning_rate`
+    before each batch (what that batch's update uses, whatever counter the optimizer feeds it). Place it
+    before CSVLogger and TensorBoard (whose own `learning_rate` is, for a schedule, the next update's).
 
     Args:
         key: str, the name in the logs (`"learning_rate"`).

@@ -1,32 +1,29 @@
-"""Units of a learning-rate policy: epochs to optimizer steps, and rates per 256 images to peak rates.
+"""Units of a learning-rate policy: epochs to optimizer steps, and rates per 256 images to peak rates,
+the one place that converts."""
 
-Flags and papers speak in epochs and in learning rates per reference batch; schedules speak in optimizer
-steps and absolute rates. These two helpers are the one place that converts.
-"""
+from hvd_lars.arguments import above, at_least, check, refuse
 
 # Goyal et al. (2017), section 2.1: lr = 0.1 * global_batch / 256 for ResNet-50 with momentum SGD.
 REFERENCE_BATCH = 256
 
 
 def scaled_learning_rate(base_lr, global_batch, reference_batch=REFERENCE_BATCH):
-    """Linear scaling rule: the peak learning rate for a global batch (Goyal et al. 2017, eq. in 2.1).
+    """Linear scaling rule (Goyal et al. 2017, section 2.1): `base_lr * global_batch / reference_batch`.
 
     Args:
         base_lr: float > 0, learning rate per `reference_batch` images.
         global_batch: int > 0, images per optimizer update summed over all ranks (and micro-batches).
         reference_batch: int > 0, the batch at which `base_lr` was tuned (256 in the references).
 
-    Returns:
-        float: `base_lr * global_batch / reference_batch`.
-
     Raises:
         ValueError: a non-positive argument.
     """
-    for name, value in (("base_lr", base_lr), ("global_batch", global_batch)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}.")
-    if not reference_batch > 0:
-        raise ValueError(f"reference_batch must be > 0, got {reference_batch!r}.")
+    for name, value in (
+        ("base_lr", base_lr),
+        ("global_batch", global_batch),
+        ("reference_batch", reference_batch),
+    ):
+        check(name, value, above(0))
     return float(base_lr) * global_batch / reference_batch
 
 
@@ -39,31 +36,22 @@ def epochs_to_steps(epochs, num_examples, global_batch):
     Raises:
         ValueError: `global_batch` larger than `num_examples`, or a negative count.
     """
-    if epochs < 0 or num_examples <= 0 or global_batch <= 0:
-        raise ValueError(
-            f"need epochs >= 0, num_examples > 0, global_batch > 0; got {epochs!r}, "
-            f"{num_examples!r}, {global_batch!r}."
-        )
-    steps_per_epoch = num_examples // global_batch
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"global batch {global_batch} is larger than the data set ({num_examples} examples): "
-            "not one full step per epoch."
-        )
-    return steps_in_epochs(epochs, steps_per_epoch)
+    check("epochs", epochs, at_least(0))
+    check("num_examples", num_examples, above(0))
+    check("global_batch", global_batch, above(0))
+    if global_batch > num_examples:
+        refuse("global_batch", global_batch, f"no larger than the data set ({num_examples} examples)")
+    return steps_in_epochs(epochs, num_examples // global_batch)
 
 
 def steps_in_epochs(epochs, steps_per_epoch):
     """Optimizer steps in `epochs` (a float >= 0) of `steps_per_epoch` steps: the nearest whole number, and
-    at least 1 for any `epochs` > 0, so that a requested fraction of an epoch (0.5 epoch of 1 step) is
-    never silently no step at all.
+    at least 1 for any `epochs` > 0 (half an epoch of 1 step is a step, not none).
 
     Raises:
         ValueError: a negative or non-finite `epochs`, or `steps_per_epoch` < 1.
     """
-    if not 0 <= epochs < float("inf") or steps_per_epoch < 1:
-        raise ValueError(
-            f"need finite epochs >= 0 and steps_per_epoch >= 1; got {epochs!r}, {steps_per_epoch!r}."
-        )
+    check("epochs", epochs, at_least(0))
+    check("steps_per_epoch", steps_per_epoch, at_least(1))
     steps = int(round(epochs * steps_per_epoch))
     return max(steps, 1) if epochs > 0 else 0

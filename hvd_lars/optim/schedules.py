@@ -13,11 +13,9 @@ Units are steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal
 - `"cosine"`, `WarmupCosineDecay`, and `"step"`, `WarmupStepDecay` (Goyal et al. 2017: x0.1 at epochs 30,
   60 and 80 of 90), both after warmup.
 
-A schedule counts optimizer updates, never micro-batches. `hvd_lars.LARS` evaluates it at
-`optimizer.iterations`; Keras's own optimizers evaluate it at their micro-batch counter when
-`gradient_accumulation_steps` is set, so give those a float rate and
-`hvd_lars.optim.rate_callbacks.LearningRateWarmup`. How the two polynomial conventions differ, and when
-LARS's momentum correction matters after a change of rate: docs/design.md, "Learning-rate schedules".
+A schedule counts optimizer updates, never micro-batches (Keras's own optimizers with
+`gradient_accumulation_steps` count micro-batches: give those a float rate and `LearningRateWarmup`).
+The two polynomial conventions: docs/design.md, "Learning-rate schedules".
 
 Example:
 
@@ -25,11 +23,12 @@ Example:
     optimizer = hvd_lars.LARS(learning_rate=schedule, momentum=0.9)
 """
 
+import dataclasses
 import inspect
-import numbers
 
 import keras
 
+from hvd_lars.arguments import Range, above, at_least, check, refuse
 from hvd_lars.optim import rate_curves
 
 # Re-exported: the units helpers belong to the learning-rate policy's public interface.
@@ -39,24 +38,35 @@ from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_lear
 GOYAL_STEP_DECAY_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)
 
 
+def _schedule(cls):
+    """A schedule class as a dataclass (its fields are its arguments and config), registered with Keras."""
+    return keras.saving.register_keras_serializable(package="hvd_lars")(dataclasses.dataclass(eq=False)(cls))
+
+
+@dataclasses.dataclass(eq=False)
 class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from `warmup_start_learning_rate` (step 0) to `peak_learning_rate` (step W), then the
-    subclass's `_after_warmup(t)`; checks the shared arguments. The config is the constructor arguments."""
+    subclass's `_after_warmup(t)`. The fields are the constructor's arguments and the config."""
 
-    def __init__(self, peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate):
-        if not peak_learning_rate > 0:
-            raise ValueError(f"peak_learning_rate must be > 0, got {peak_learning_rate!r}.")
-        if not (_is_int(total_steps) and total_steps > 0):
-            raise ValueError(f"total_steps must be an int > 0, got {total_steps!r}.")
-        if not (_is_int(warmup_steps) and 0 <= warmup_steps < total_steps):
-            raise ValueError(
-                f"warmup_steps must be an int in [0, total_steps={total_steps}), got {warmup_steps!r}."
-            )
-        _check_non_negative("warmup_start_learning_rate", warmup_start_learning_rate)
-        self.peak_learning_rate = float(peak_learning_rate)
-        self.total_steps = int(total_steps)
-        self.warmup_steps = int(warmup_steps)
-        self.warmup_start_learning_rate = float(warmup_start_learning_rate)
+    peak_learning_rate: float
+    total_steps: int
+    warmup_steps: int
+    warmup_start_learning_rate: float = 0.0
+
+    def __post_init__(self):
+        accepted = {
+            "peak_learning_rate": above(0),
+            "total_steps": above(0, whole=True),
+            "warmup_steps": Range(0, self.total_steps, whole=True),
+            "warmup_start_learning_rate": at_least(0),
+            "end_learning_rate": at_least(0),
+            "power": above(0),
+            "decay_factor": Range(0, 1, low_open=True, high_open=False),
+        }
+        for field in dataclasses.fields(self):
+            if field.name in accepted:
+                value = check(field.name, getattr(self, field.name), accepted[field.name])
+                setattr(self, field.name, int(value) if accepted[field.name].whole else float(value))
 
     def __call__(self, step):
         t = keras.ops.cast(step, "float32")
@@ -69,11 +79,10 @@ class _WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         raise NotImplementedError
 
     def get_config(self):
-        names = list(inspect.signature(type(self)).parameters)
-        return {name: getattr(self, name) for name in names}
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class WarmupPolynomialDecay(_WarmupSchedule):
     """Linear warmup to a peak learning rate, then polynomial decay to an end rate (MLPerf convention).
 
@@ -84,13 +93,9 @@ class WarmupPolynomialDecay(_WarmupSchedule):
     t <  W:  lr = start + (peak - start) * t / W
     t >= W:  lr = end + (peak - end) * (1 - min(t - W, D) / D) ** power
     ```
-    This is the MLPerf ResNet-50 LARS reference: `PolynomialDecayWithWarmup` in mlcommons/training
-    `image_classification/tensorflow2/lars_util.py` (commit 6b277bbe, lines 112-125 and 151-158:
-    `decay_steps = train_steps - warmup_steps + 1`, Keras's `PolynomialDecay` at `step - warmup_steps`,
-    warmup `peak * step / warmup_steps` from 0), as its TF1 predecessors (`train_steps - w_steps + 1`).
-    Because the decay spans one step more than the T - W updates after warmup, the last update
-    (t = T - 1) uses `end + (peak - end) * (2 / D) ** power`, not `end`; the end rate is reached at
-    t = T + 1, after training. (Dividing by T - W instead would reach `end` at t = T.)
+    Source: the MLPerf ResNet-50 LARS reference, `PolynomialDecayWithWarmup` in mlcommons/training
+    `image_classification/tensorflow2/lars_util.py` (commit 6b277bbe, lines 112-125 and 151-158), so the
+    end rate is reached at t = T + 1, after training (docs/design.md, "Learning-rate schedules").
 
     Args:
         peak_learning_rate: float > 0, the rate reached at the end of warmup.
@@ -106,21 +111,8 @@ class WarmupPolynomialDecay(_WarmupSchedule):
         ValueError: arguments outside the ranges above, quoting them.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_start_learning_rate=0.0,
-        end_learning_rate=0.0,
-        power=2.0,
-    ):
-        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate)
-        _check_non_negative("end_learning_rate", end_learning_rate)
-        if not power > 0:
-            raise ValueError(f"power must be > 0, got {power!r}.")
-        self.end_learning_rate = float(end_learning_rate)
-        self.power = float(power)
+    end_learning_rate: float = 0.0
+    power: float = 2.0
 
     def _after_warmup(self, t):
         return rate_curves.polynomial_decay(
@@ -133,7 +125,7 @@ class WarmupPolynomialDecay(_WarmupSchedule):
         )
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class PaperPolynomialDecay(WarmupPolynomialDecay):
     """Linear warmup from a start rate, then polynomial decay counted from step 0 (the paper's solver).
 
@@ -142,12 +134,9 @@ class PaperPolynomialDecay(WarmupPolynomialDecay):
     W <= t < T:  lr = end + (peak - end) * (1 - t / T) ** power
     t >= T:      lr = end
     ```
-    The rate therefore drops at step W from `peak` to `end + (peak - end) * (1 - W / T) ** power`. This is
-    the released Intel Caffe AlexNet-BN solver of You et al. (ICPP 2018): Caffe's `poly` policy
-    (`end = 0`, power 2) with a linear warmup from `start = 1` (Intel Caffe 1.0.7
-    `src/caffe/solvers/sgd_solver.cpp`: `GetWarmUpLR`, lines 48-55, while `iter < warmup_iter`, lines
-    77-80; `base_lr * (1 - iter / max_iter) ^ power`, lines 102-105). Arguments, returns and errors are
-    those of `WarmupPolynomialDecay`.
+    (so the rate drops at step W). Source: the Intel Caffe AlexNet-BN solver of You et al. (ICPP 2018),
+    Caffe's `poly` policy with a linear warmup (Intel Caffe 1.0.7 `src/caffe/solvers/sgd_solver.cpp`,
+    lines 48-55, 77-80, 102-105). Arguments, returns and errors are those of `WarmupPolynomialDecay`.
     """
 
     def _after_warmup(self, t):
@@ -156,7 +145,7 @@ class PaperPolynomialDecay(WarmupPolynomialDecay):
         )
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class WarmupCosineDecay(_WarmupSchedule):
     """Linear warmup, then a half cosine from the peak (step W) to `end_learning_rate` (step T).
 
@@ -167,17 +156,7 @@ class WarmupCosineDecay(_WarmupSchedule):
     (Loshchilov and Hutter, SGDR, eq. 5, one cycle.) Arguments as `WarmupPolynomialDecay`, without power.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_start_learning_rate=0.0,
-        end_learning_rate=0.0,
-    ):
-        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate)
-        _check_non_negative("end_learning_rate", end_learning_rate)
-        self.end_learning_rate = float(end_learning_rate)
+    end_learning_rate: float = 0.0
 
     def _after_warmup(self, t):
         return rate_curves.cosine_decay(
@@ -189,7 +168,7 @@ class WarmupCosineDecay(_WarmupSchedule):
         )
 
 
-@keras.saving.register_keras_serializable(package="hvd_lars")
+@_schedule
 class WarmupStepDecay(_WarmupSchedule):
     """Linear warmup, then the peak multiplied by `decay_factor` at each of `boundaries` (Goyal et al.).
 
@@ -207,31 +186,20 @@ class WarmupStepDecay(_WarmupSchedule):
         decay_factor: float in (0, 1] (0.1 in Goyal et al.).
 
     Raises:
-        ValueError: the shared arguments out of range, boundaries not increasing or outside
-            [warmup_steps, total_steps], or a decay factor outside (0, 1].
+        ValueError: an argument out of the ranges above.
     """
 
-    def __init__(
-        self,
-        peak_learning_rate,
-        total_steps,
-        warmup_steps,
-        warmup_start_learning_rate=0.0,
-        boundaries=(),
-        decay_factor=0.1,
-    ):
-        super().__init__(peak_learning_rate, total_steps, warmup_steps, warmup_start_learning_rate)
-        bounds = list(boundaries)
-        ok = all(_is_int(b) for b in bounds) and bounds == sorted(set(bounds))
-        if not (ok and all(self.warmup_steps <= b <= self.total_steps for b in bounds)):
-            raise ValueError(
-                f"boundaries must be strictly increasing ints in [warmup_steps={self.warmup_steps}, "
-                f"total_steps={self.total_steps}], got {boundaries!r}."
-            )
-        if not 0 < decay_factor <= 1:
-            raise ValueError(f"decay_factor must be in (0, 1], got {decay_factor!r}.")
+    boundaries: tuple = ()
+    decay_factor: float = 0.1
+
+    def __post_init__(self):
+        super().__post_init__()
+        bounds = list(self.boundaries)
+        inside = Range(self.warmup_steps, self.total_steps, high_open=False, whole=True)
+        if not (all(inside.accepts(b) for b in bounds) and bounds == sorted(set(bounds))):
+            accepted = f"strictly increasing whole numbers in [{inside.low}, {inside.high}]"
+            refuse("boundaries", self.boundaries, accepted)
         self.boundaries = [int(b) for b in bounds]
-        self.decay_factor = float(decay_factor)
 
     def _after_warmup(self, t):
         values = [self.peak_learning_rate * self.decay_factor**i for i in range(len(self.boundaries) + 1)]
@@ -301,12 +269,3 @@ def make_schedule(
                 f"{key}={value!r} does not apply to schedule {name!r}, which takes {list(accepted)}."
             )
     return cls(**{k: v for k, v in arguments.items() if k in accepted})
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_non_negative(name, value):
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}.")

@@ -1,8 +1,8 @@
-"""The Keras 3 layer for Horovod: every Horovod call (`collectives.py`), `DistributedOptimizer`
-(`optimizer.py`), the Horovod-named callbacks (`callbacks.py`, the learning-rate ones in
-`learning_rate_callbacks.py`), elastic state (`elastic.py`), Open MPI's allreduce rules for CPU ranks
-(`ompi_allreduce_rules.py` and its `.conf`) and the `horovod.tensorflow.keras` namespace a ported script
-imports (`horovod_keras.py`). Imports nothing of `hvd_lars.training`.
+"""The Keras 3 core for Horovod: every Horovod call (`collectives.py`), `DistributedOptimizer`
+(`optimizer.py`, `accumulation.py`), the broadcast and metric averaging (`callbacks.py`), Horovod's warmup
+(`learning_rate_callbacks.py`), elastic state (`elastic.py`) and Open MPI's allreduce rules for CPU ranks
+(`ompi_allreduce_rules.py`); `horovod_keras/` sets `horovod.tensorflow.keras`'s names and defaults on it.
+Imports nothing of `hvd_lars.training`.
 """
 
 import hvd_lars

@@ -1,62 +1,32 @@
-"""Gradient accumulation: the gradients of k micro-batches summed on the rank, handed on once per update.
-
-`hvd_lars.DistributedOptimizer(backward_passes_per_step=k)` uses it, so that ranks communicate once per
-update rather than once per micro-batch (Horovod's `backward_passes_per_step`). The accumulators are
-variables of the optimizer that uses this piece, made by it (`add_variable_from_reference`) and held as
-its attribute `_accumulated_gradients`, so its checkpoints hold them, a pending micro-batch included.
-"""
+"""Gradient accumulation: the gradients of k micro-batches summed on the rank and handed on once per
+update (`DistributedOptimizer(backward_passes_per_step=k)`), in accumulators that are variables of the
+optimizer (so its checkpoints hold a pending micro-batch)."""
 
 import keras
 
 from hvd_lars import keras_internals
 
 
-class GradientAccumulation:
-    """k micro-batches per update: accumulate, or (at the update's last micro-batch) update.
+def accumulate(grads, accumulators, micro_batch, steps, average, update):
+    """Adds this micro-batch's `grads` (None for no gradient) to `accumulators` (in the same order), or
+    on the update's last of `steps` micro-batches calls `update(gradients)` with the update's mean
+    (`average`, as Keras's accumulation) or sum (Horovod's) and zeroes them: one traceable
+    `keras.ops.cond` on `micro_batch` (the micro-batches before this one)."""
 
-    Args:
-        steps: int >= 1, micro-batches per update.
-        average: True: the update gets the micro-batches' mean gradient (Keras's own
-            `gradient_accumulation_steps`); False: their sum (Horovod's `average_aggregated_gradients=False`).
-    """
+    def finish():
+        update(
+            [None if g is None else (g + a) / (steps if average else 1) for g, a in zip(grads, accumulators)]
+        )
+        for g, a in zip(grads, accumulators):
+            if g is not None:
+                a.assign(keras.ops.zeros_like(a))
 
-    def __init__(self, steps, average):
-        self.steps = steps
-        self.average = average
+    def add():
+        for g, a in zip(grads, accumulators):
+            if g is not None:
+                a.assign_add(keras.ops.cast(g, a.dtype))
 
-    def create(self, optimizer, var_list):
-        """One zero accumulator per variable of `var_list`, made by `optimizer` (its variables)."""
-        return [optimizer.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list]
-
-    def apply(self, grads, accumulators, micro_batch, update):
-        """Adds this micro-batch's `grads` to `accumulators`, or on the update's last micro-batch calls
-        `update(gradients)` with the update's mean (or sum) and zeroes the accumulators.
-
-        Traceable: both branches are one `keras.ops.cond` on `micro_batch` (the 0-based count of
-        micro-batches before this one, a tensor or variable); only the update branch runs `update`, so
-        whatever `update` communicates is communicated once per update.
-
-        Args:
-            grads: list of gradients (None for a variable without one).
-            accumulators: the accumulators of `grads`' variables, in the same order.
-            micro_batch: int scalar tensor or variable.
-            update: callable(list of gradients or None), the update with the accumulated gradients.
-        """
-        divisor = self.steps if self.average else 1
-
-        def finish():
-            totals = [None if g is None else (g + a) / divisor for g, a in zip(grads, accumulators)]
-            update(totals)
-            for g, a in zip(grads, accumulators):
-                if g is not None:
-                    a.assign(keras.ops.zeros_like(a))
-
-        def accumulate():
-            for g, a in zip(grads, accumulators):
-                if g is not None:
-                    a.assign_add(keras.ops.cast(g, a.dtype))
-
-        keras.ops.cond((micro_batch + 1) % self.steps == 0, finish, accumulate)
+    keras.ops.cond((micro_batch + 1) % steps == 0, finish, add)
 
 
 def accumulation_steps(optimizer):
@@ -72,9 +42,7 @@ def accumulation_steps(optimizer):
 
 
 def at_update_boundary(optimizer):
-    """True when `optimizer` holds no partly accumulated gradients: every micro-batch seen so far belongs
-    to an applied update (always true without gradient accumulation). Through any chain of wrappers
-    (`DistributedOptimizer(backward_passes_per_step=k)`, Keras's `gradient_accumulation_steps=k`)."""
+    """True when `optimizer` (through any chain of wrappers) holds no partly accumulated gradients."""
     while True:
         steps = getattr(optimizer, "backward_passes_per_step", None) or getattr(
             optimizer, "gradient_accumulation_steps", None

@@ -1,18 +1,9 @@
-"""The callbacks of `horovod.tensorflow.keras`, for Keras 3 (Horovod's own use `var.ref()`, `optimizer.lr`
-and `keras.backend.get_value`, which Keras 3 lacks; Horovod issue 4290). The learning-rate ones are in
-`hvd_lars.parallel.learning_rate_callbacks`, and here by name too.
-
-Same names and arguments as Horovod's, so a Horovod Keras script changes its imports only:
-
-```python
-from hvd_lars.parallel import collectives as hvd                      # hvd.init(), hvd.rank(), hvd.size()
-from hvd_lars import DistributedOptimizer
-from hvd_lars.parallel.callbacks import (
-    BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback)
-```
+"""The core's callbacks: the model and optimizer broadcast (`BroadcastGlobalVariablesCallback`) and the
+metric averaging (`MetricAverageCallback`, `average_metrics`), with Horovod's names and arguments; Horovod's
+warmup is `hvd_lars.parallel.learning_rate_callbacks.LearningRateWarmupCallback`, here by name too.
 
 Put `MetricAverageCallback` before callbacks that read the epoch logs (EarlyStopping, ReduceLROnPlateau,
-ModelCheckpoint, CSVLogger, TensorBoard); Keras adds its History and progress bar after the user's list.
+ModelCheckpoint, CSVLogger, TensorBoard).
 """
 
 import zlib
@@ -20,23 +11,18 @@ import zlib
 import keras
 
 from hvd_lars import keras_internals
+from hvd_lars.arguments import is_number
 from hvd_lars.parallel import collectives
-from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401  (hvd.callbacks.*)
-    LearningRateScheduleCallback,
-    LearningRateWarmupCallback,
-)
+from hvd_lars.parallel.learning_rate_callbacks import LearningRateWarmupCallback  # noqa: F401
 
 
 def broadcast_model_and_optimizer(model, root_rank=0, local_variables=()):
     """Overwrites the model's and its optimizer's variables on every rank with rank `root_rank`'s.
 
-    Model: weights and non-trainable state (batch-norm statistics); optimizer (built first, from the
-    model's trainable variables, if it is not yet): step counters, slots, accumulators, learning-rate and
-    loss-scale variables. Dropout seed states stay per rank, so ranks draw different masks as separate
-    processes do. The ranks' lists must agree in number, shapes and dtypes, position by position; the
-    paths may differ (a model loaded with `keras.models.load_model` on rank 0 against the same model
-    built in code elsewhere). `local_variables`: model variables that keep each rank's own values.
-    No-op with world size 1.
+    Model: weights and non-trainable state; optimizer (built first if it is not): counters, slots,
+    accumulators, rate and loss-scale variables. Dropout seed states stay per rank. The ranks' lists must
+    agree in number, shapes and dtypes; paths may differ. `local_variables`: model variables that keep
+    each rank's own values. No-op with world size 1.
 
     Raises:
         ValueError: the model is not built yet (a `Sequential` without `keras.Input`, a subclassed model
@@ -71,25 +57,17 @@ def is_built(model):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Gives every rank rank `root_rank`'s model and optimizer state before the first update of each `fit`.
 
-    Broadcasts at the first batch of every `fit` call, after every callback's `on_train_begin` (so after a
-    `keras.callbacks.BackupAndRestore` restore or a checkpoint restored on rank 0 only, wherever this
-    callback stands in the list) and after the optimizer is built: a fresh start and every resume begin
-    from the same state on all ranks. A model that Keras would build in its first step (a `Sequential`
-    without `keras.Input`, a subclassed model) is built first, as Keras builds models under a
-    distribution strategy: from the shapes and dtypes of `fit`'s data (`iterator.element_spec`, no batch
-    is consumed), together with its optimizer, then broadcast, then the first step runs. See
-    `broadcast_model_and_optimizer` for what is sent. (Horovod's broadcasts after the first batch
-    instead, when Keras 2 had just created the slots, so its first update mixes ranks' weights.)
+    At the first batch of every `fit`, after every callback's `on_train_begin` (so after any restore,
+    wherever it stands in the list): a fresh start and every resume begin from the same state. A model
+    Keras would build in its first step (a `Sequential` without `keras.Input`, a subclassed model) is
+    built first from the shapes of `fit`'s data, no batch consumed. What is sent:
+    `broadcast_model_and_optimizer`. (Horovod's broadcasts after the first update.)
 
     Args:
         root_rank: int, the rank whose state wins (0).
-        device: "" or a TensorFlow device for the broadcasts (Horovod's argument).
-        local_variables: a `keras.Variable` or a list of them, model variables left out of the
-            broadcast (Horovod's argument): each rank keeps its own values. The optimizer's variables
-            are all broadcast, as Horovod's callback does.
-
-    Raises:
-        ValueError: an entry of `local_variables` that is not a `keras.Variable`.
+        device: "" or a TensorFlow device for the broadcasts.
+        local_variables: a `keras.Variable` or a list of them (else ValueError): model variables that keep
+            each rank's own values (the optimizer's are all broadcast, as Horovod's).
     """
 
     def __init__(self, root_rank=0, device="", local_variables=None):
@@ -133,17 +111,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replaces every number in the epoch logs, Keras's `val_*` included, by its mean over ranks.
 
-    At each epoch end of `fit`, so that EarlyStopping, ReduceLROnPlateau, ModelCheckpoint and the loggers
-    placed after this callback (and Keras's History) see the same values on every rank. The plain mean
-    over ranks is the mean over all examples when every rank runs the same number of steps on batches of
-    the same size, as sharded data-parallel input does. For `model.evaluate(..., return_dict=True)`
-    (whose result callbacks cannot change), use `average_metrics`.
+    At each epoch end of `fit`, so that the callbacks after it (and Keras's History) see the same values
+    on every rank: the mean over all examples when the ranks run equal steps of equal batches. For
+    `model.evaluate(..., return_dict=True)`, use `average_metrics`.
 
-    Args:
-        device: "" or a TensorFlow device for the allreduce (Horovod's argument).
-
-    Raises:
-        RuntimeError: the ranks' logs hold different keys (named in the message).
+    `device`: "" or a TensorFlow device for the allreduce. RuntimeError when the ranks' logs hold
+    different keys.
     """
 
     def __init__(self, device=""):
@@ -163,7 +136,7 @@ def average_metrics(logs):
     """
     if not logs or collectives.size() == 1:
         return logs
-    keys = sorted(k for k, v in logs.items() if _is_number(v))
+    keys = sorted(k for k, v in logs.items() if is_number(v))
     # The keys' checksum travels with the values: different keys on some rank would else pair one
     # rank's loss with another's accuracy.
     checksum = zlib.crc32(",".join(keys).encode())
@@ -177,41 +150,3 @@ def average_metrics(logs):
     for key, total in zip(keys, sums[:-1]):
         logs[key] = float(total / collectives.size())
     return logs
-
-
-def _is_number(value):
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(value, (str, bytes))
-
-
-class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True`.
-
-    Horovod's takes no file path (its Spark estimators set one afterwards); Keras 3's ModelCheckpoint
-    checks the path when it is made, so here `filepath` is a keyword argument and required. Use it on
-    rank 0 only, after `MetricAverageCallback`, so that the best epoch is judged on the ranks' mean.
-
-    Args:
-        monitor, verbose, save_weights_only, mode, save_freq: Horovod's and Keras's.
-        filepath: str, ending in ".keras" (or ".weights.h5" with `save_weights_only`).
-
-    Raises:
-        ValueError: no `filepath`; Keras's own for a path it refuses.
-    """
-
-    def __init__(
-        self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch", *,
-        filepath=None,
-    ):  # fmt: skip
-        if filepath is None:
-            raise ValueError(
-                "BestModelCheckpoint needs filepath=... (e.g. 'best.keras'): Keras 3's ModelCheckpoint "
-                "checks its path when it is made, where Horovod's Spark estimator set it afterwards."
-            )
-        super().__init__(
-            filepath, monitor=monitor, verbose=verbose, save_best_only=True,
-            save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
-        )  # fmt: skip

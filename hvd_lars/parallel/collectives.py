@@ -1,9 +1,5 @@
-"""Data-parallel glue between Keras 3 and Horovod's TensorFlow collectives: every Horovod call lives here.
-
-Horovod's own Keras layer (`horovod.tensorflow.keras`) does not support Keras 3 (Horovod issue 4290): its
-DistributedOptimizer hooks methods Keras 3 never calls, so gradients would silently not be averaged.
-This module therefore builds on `horovod.tensorflow` collectives directly. Without Horovod installed, or
-run outside a launcher, everything works as a single process (rank 0 of world size 1).
+"""Every Horovod call of the core, on `horovod.tensorflow`'s collectives (Horovod's own Keras layer does
+not work with Keras 3). Without Horovod, or outside a launcher, a single process: rank 0 of world size 1.
 """
 
 import os
@@ -11,12 +7,13 @@ import re
 
 import numpy as np
 
+from hvd_lars.arguments import above, check, refuse
+
 _hvd = None  # horovod.tensorflow once `init()` has run with Horovod available.
 
-# The number of processes a launcher started in this process's own job step, most specific first:
-# Open MPI's mpirun (also under horovodrun, and inside Slurm, where its daemons run as a step of their own),
-# Horovod's Gloo launcher, a PMI launcher (MPICH/Intel MPI's hydra, srun --mpi=pmi2), PMIx, srun. Job-level
-# variables such as SLURM_NTASKS are not among them: a batch step of one process has them too.
+# The processes a launcher started in this job step, most specific first: Open MPI (also under horovodrun
+# and Slurm), Horovod's Gloo launcher, PMI (hydra, srun --mpi=pmi2), PMIx, srun; not job-level variables
+# such as SLURM_NTASKS, which a batch step of one process has too.
 LAUNCHER_SIZE_VARIABLES = (
     "OMPI_COMM_WORLD_SIZE",
     "HOROVOD_SIZE",
@@ -42,18 +39,13 @@ def launcher_world_size(environ=None):
 
 
 def init(comm=None, process_sets=None):
-    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`) and returns (rank, world size).
-
-    Args:
-        comm, process_sets: Horovod's `hvd.init` arguments (an MPI communicator or list of ranks; process
-            sets to register), passed on; None for every rank of the launcher's job.
+    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`), passing on `hvd.init`'s
+    `comm` and `process_sets`, and returns (rank, world size).
 
     Raises:
         RuntimeError: a launcher started several ranks but Horovod cannot be imported.
         WorldSizeMismatch: a launcher says it started N processes (`launcher_world_size`) and Horovod
-            reports another world size, e.g. 1 because its MPI could not join the launcher's job (Horovod
-            built against another MPI, a missing PMI/PMIx plug-in): every process would train alone as
-            rank 0 and write the same run directory. The message names both figures.
+            reports another world size (its MPI could not join the launcher's job), naming both.
     """
     global _hvd
     if _hvd is None or not _hvd.is_initialized():
@@ -68,8 +60,7 @@ def init(comm=None, process_sets=None):
                 ) from e
             return 0, 1
         hvd.init(comm=comm, process_sets=process_sets)
-        # Elastic jobs change their size by design; their launcher's variables describe the first start.
-        # A `comm` of some ranks makes a smaller world on purpose.
+        # Elastic jobs change size by design, and a `comm` of some ranks makes a smaller world on purpose.
         elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
         if launched and launched != hvd.size() and not elastic and comm is None:
             raise WorldSizeMismatch(
@@ -84,9 +75,7 @@ def init(comm=None, process_sets=None):
 
 
 def horovod_tensorflow():
-    """The `horovod.tensorflow` module, imported (without initialising it): for
-    `hvd_lars.parallel.horovod_keras`, which forwards Horovod's own names that need no Keras
-    (`shutdown`, `is_initialized`, `Average`, `Compression`, the process sets, ...) unchanged.
+    """The `horovod.tensorflow` module, imported (not initialised).
 
     Raises:
         ImportError: Horovod is not installed, saying how to build it.
@@ -101,57 +90,32 @@ def horovod_tensorflow():
     return hvd
 
 
-def rank():
-    """This process's rank in [0, size()); 0 without Horovod."""
-    return _hvd.rank() if _hvd else 0
+def _horovods(name, alone):
+    def get():
+        return getattr(_hvd, name)() if _hvd else alone
+
+    get.__name__ = get.__qualname__ = name
+    return get
 
 
-def local_rank():
-    """This process's rank on its node; 0 without Horovod."""
-    return _hvd.local_rank() if _hvd else 0
-
-
-def size():
-    """World size: number of ranks; 1 without Horovod."""
-    return _hvd.size() if _hvd else 1
-
-
-def local_size():
-    """Number of ranks on this process's host (node); 1 without Horovod."""
-    return _hvd.local_size() if _hvd else 1
-
-
-def cross_size():
-    """Number of hosts holding a rank with this process's local rank (the host count when every host
-    runs the same number of ranks); 1 without Horovod."""
-    return _hvd.cross_size() if _hvd else 1
-
-
-def cross_rank():
-    """This process's host index among the hosts holding a rank with its local rank (Horovod's
-    `cross_rank`); 0 without Horovod."""
-    return _hvd.cross_rank() if _hvd else 0
+# Horovod's rank and sizes (`cross_*`: among the hosts holding a rank with this local rank); without
+# Horovod, rank 0 of a world of 1.
+rank, local_rank, cross_rank = (_horovods(name, 0) for name in ("rank", "local_rank", "cross_rank"))
+size, local_size, cross_size = (_horovods(name, 1) for name in ("size", "local_size", "cross_size"))
 
 
 def host_names():
-    """Sorted distinct host names of all ranks (`socket.gethostname()` on each), e.g. ["node1", "node2"].
-
-    A collective: every rank must call it. Without Horovod, this machine's name alone.
-    """
+    """Sorted distinct host names of all ranks (a collective); without Horovod, this machine's."""
     import socket
 
     return sorted(set(gather_objects(socket.gethostname(), name="hvd_lars.host_names")))
 
 
 def gather_objects(obj, name):
-    """List of `obj` (any picklable value) from every rank, in rank order; [obj] with world size 1.
-
-    A collective: every rank must call it with the same `name`. Runs TensorFlow ops, so TensorFlow's
-    thread pools are fixed afterwards.
-    """
+    """List of the picklable `obj` from every rank, in rank order (a collective, the same `name` on every
+    rank; TensorFlow's thread pools are fixed afterwards); [obj] with world size 1."""
     if size() == 1:
         return [obj]
-    # Objects travel pickled; Horovod's allgather_object gathers one per rank.
     return list(_hvd.allgather_object(obj, name=name))
 
 
@@ -164,35 +128,24 @@ def is_chief():
 GRADIENT_REDUCTIONS = ("overlap", "grouped")
 GRADIENT_COMPRESSIONS = ("none", "fp16")
 GRADIENT_OPS = ("average", "sum")
-# Horovod's two compressors (`horovod.tensorflow.Compression.none`, `.fp16`), known by their module and
-# class names so that recognising one needs no import of Horovod.
+# Horovod's two compressors, known by class name so that recognising one needs no import of Horovod.
 _HOROVOD_COMPRESSORS = {"NoneCompressor": "none", "FP16Compressor": "fp16"}
 
 
 def compression_name(compression):
-    """ "none" or "fp16" for `compression`: one of those strings, or Horovod's `Compression.none` /
-    `Compression.fp16` (the classes `horovod.tensorflow.Compression` holds, or instances of them).
-
-    Raises:
-        ValueError: anything else (another compressor class included), quoted, with what is accepted.
-    """
+    """ "none" or "fp16" for one of those strings or Horovod's `Compression.none` / `Compression.fp16`
+    (classes or instances); ValueError for anything else."""
     if isinstance(compression, str) and compression in GRADIENT_COMPRESSIONS:
         return compression
     cls = compression if isinstance(compression, type) else type(compression)
     if cls.__module__ == "horovod.tensorflow.compression" and cls.__name__ in _HOROVOD_COMPRESSORS:
         return _HOROVOD_COMPRESSORS[cls.__name__]
-    raise ValueError(
-        f"compression={compression!r}; valid: {', '.join(GRADIENT_COMPRESSIONS)}, hvd.Compression.none "
-        "or hvd.Compression.fp16."
-    )
+    refuse("compression", compression, f"one of {GRADIENT_COMPRESSIONS}, hvd.Compression.none or .fp16")
 
 
 def op_name(op):
-    """ "average" or "sum" for `op`: one of those strings, or Horovod's `hvd.Average` / `hvd.Sum`.
-
-    Raises:
-        ValueError: any other value (Horovod's Adasum, Min, Max, Product included), quoted.
-    """
+    """ "average" or "sum" for one of those strings or Horovod's `hvd.Average` / `hvd.Sum`; ValueError for
+    anything else (Adasum, Min, Max, Product included)."""
     if isinstance(op, str) and op in GRADIENT_OPS:
         return op
     if not isinstance(op, str) and op is not None:
@@ -201,10 +154,7 @@ def op_name(op):
             return "average"
         if op == hvd.Sum:
             return "sum"
-    raise ValueError(
-        f"op={op!r}; valid: {', '.join(GRADIENT_OPS)}, hvd.Average or hvd.Sum (Horovod's Keras "
-        "optimizer takes only these two)."
-    )
+    refuse("op", op, f"one of {GRADIENT_OPS}, hvd.Average or hvd.Sum (as Horovod's Keras optimizer)")
 
 
 def allreduce_gradients(
@@ -213,27 +163,14 @@ def allreduce_gradients(
     """Averages (or sums) a list of gradients over ranks; identity with world size 1.
 
     Args:
-        grads: list of tensors (any shape; float16, bfloat16, float32 or float64) or `None` (a variable
-            without a gradient: passed through untouched on every rank). `tf.IndexedSlices` are made
-            dense first (Horovod's `sparse_as_dense`): the same bytes on every rank, whatever the rows.
-        reduction: "overlap": one allreduce per tensor, each depending on its own gradient only, so that
-            inside a `tf.function` TensorFlow's executor starts each as soon as backprop has produced that
-            gradient, and Horovod's background thread fuses those that are ready together into few ring
-            allreduces (as Horovod's own `DistributedGradientTape` does); "grouped": one grouped
-            allreduce of all tensors, which starts only when the last gradient exists.
-        compression: "none", or "fp16" (or Horovod's `Compression` classes, `compression_name`): each
-            tensor is divided by the world size in its own precision,
-            cast to float16, summed over ranks and cast back, halving the bytes on the wire. Dividing
-            before the sum (Horovod's `prescale_factor`) keeps the sum of N ranks at the size of one
-            rank's gradient, so it cannot overflow float16 (max 65,504) at 2,048 ranks as a sum of
-            undivided values can. The price is at the other end: values below 6.1e-5 * N (float16's
-            smallest normal number) lose relative precision and below 6e-8 * N become 0 (at N = 2,048:
-            0.12 and 1.2e-4). Dynamic loss scaling lifts them: in `DistributedOptimizer(
-            LossScaleOptimizer(...))` the scaled gradients travel, and an overflow on the wire reaches
-            the loss scaler's check, which halves the scale.
-            A bfloat16 route is not offered: Horovod 0.28.1's allreduce refuses bfloat16, bfloat16 sends
-            the same 16 bits per value as float16, and its only gain (range, so no prescaling) would
-            need either an allgather (N times the bytes) or new reduction kernels in Horovod.
+        grads: list of tensors (float16, bfloat16, float32 or float64; `tf.IndexedSlices` made dense) or
+            None (no gradient: passed through).
+        reduction: "overlap": one allreduce per tensor, started as soon as backprop has produced it
+            (Horovod fuses those that are ready); "grouped": one grouped allreduce after the last one.
+        compression: "none", or "fp16" (or Horovod's `Compression` classes): each tensor is divided by the
+            world size in its own precision, cast to float16, summed over ranks and cast back, so the sum
+            cannot overflow float16 (small values lose precision instead; loss scaling lifts them). Why
+            and why no bfloat16: docs/design.md, "Gradient compression".
         op: "average" (the mean over ranks) or "sum" (or Horovod's `Average` / `Sum`, `op_name`).
         predivide: float > 0, Horovod's `gradient_predivide_factor` f for "average": each tensor is
             multiplied by 1 / f before the sum and by f / N after it (the same mean; f = N moves all of
@@ -248,14 +185,12 @@ def allreduce_gradients(
         (bfloat16 gradients travel as float32, since Horovod has no bfloat16 reduction).
 
     Raises:
-        ValueError: an unknown `reduction`, `compression` or `op`, or `predivide` not > 0, naming the
-            accepted values.
+        ValueError: an unknown `reduction`, `compression` or `op`, or `predivide` not > 0.
     """
     if reduction not in GRADIENT_REDUCTIONS:
-        raise ValueError(f"gradient reduction {reduction!r}; valid: {', '.join(GRADIENT_REDUCTIONS)}.")
+        refuse("reduction", reduction, f"one of {GRADIENT_REDUCTIONS}")
     compression, op = compression_name(compression), op_name(op)
-    if isinstance(predivide, bool) or not isinstance(predivide, (int, float)) or not predivide > 0:
-        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}.")
+    check("predivide", predivide, above(0))
     if size() == 1:
         return list(grads)
     import tensorflow as tf
@@ -281,8 +216,7 @@ def allreduce_gradients(
 
 
 def device_scope(device):
-    """`tf.device(device)` for Horovod's `device`/`device_dense` arguments; no scope for "" (TensorFlow's
-    own placement, unchanged inside a caller's scope)."""
+    """`tf.device(device)` for Horovod's `device` arguments; no scope for "" (TensorFlow's placement)."""
     import contextlib
 
     import tensorflow as tf
@@ -291,18 +225,14 @@ def device_scope(device):
 
 
 def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
-    """One allreduce of `tensors` (a grouped one when `grouped`, else of the one tensor), in their dtypes.
-
-    Named by position, not by the graph's tensor and scope names: those carry Keras's automatic layer
-    names, which differ between ranks that created different numbers of layers (broadcast_variables).
-    """
+    """One allreduce of `tensors` (grouped when `grouped`, else of the one tensor), in their dtypes, named
+    by position: Keras's automatic layer names may differ between ranks (see `broadcast_variables`)."""
     import tensorflow as tf
 
     n = size()
     pre, post = 1.0, 1.0
     if compression == "fp16":
-        # Divided before the rounding to float16 (by N, or by Horovod's predivide factor f, the rest
-        # after), in the gradient's precision; summed, not averaged.
+        # Divided before the rounding to float16 (by N, or by f and the rest after), then summed.
         if op == "average":
             pre, post = (predivide, predivide / n) if predivide != 1.0 else (n, 1.0)
         wire = [tf.cast(g / tf.cast(pre, g.dtype), tf.float16) for g in tensors]
@@ -331,11 +261,9 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
 def broadcast_variables(variables, root_rank=0, what="variables"):
     """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values.
 
-    The ranks first compare their lists (`check_same_variables`), then broadcast each variable under a
-    name given by its position in the list: Horovod pairs the ranks' collectives by name, and names made
-    from Keras's automatic layer names (`sequential_3/dense_7/...`) differ between ranks that created
-    different numbers of layers before, which would leave every rank waiting for a tensor that the others
-    never send.
+    The ranks first compare their lists (`check_same_variables`), then broadcast each variable named by
+    its position: names from Keras's automatic layer names (`dense_7`) may differ between ranks, and
+    Horovod pairs collectives by name.
 
     Raises:
         RuntimeError: the ranks' lists differ (see `check_same_variables`).
@@ -355,14 +283,12 @@ def broadcast_variables(variables, root_rank=0, what="variables"):
             name = f"hvd_lars.broadcast.{i}"
             var.assign(_hvd.broadcast(var.read_value(), root_rank, name=name, ignore_name_scope=True))
 
-    # Same starting point on every rank: model weights, optimizer slots, step counter.
     broadcast_all()
 
 
 def structural_path(variable):
-    """`variable.path` (or `.name`) without the numbers Keras appends to automatic names, e.g.
-    "sequential_3/dense_7/kernel" -> "sequential/dense/kernel", "sgd/dense_7_kernel_momentum" ->
-    "sgd/dense_kernel_momentum": what ranks that built the same model in different sessions agree on."""
+    """`variable.path` (or `.name`) without the numbers of Keras's automatic names ("sequential_3/dense_7/
+    kernel" -> "sequential/dense/kernel"): what ranks that built the same model agree on."""
     path = getattr(variable, "path", None) or variable.name.split(":")[0]
     return re.sub(r"_\d+(?=[_/]|$)", "", path)
 
@@ -376,10 +302,8 @@ def describe_variables(variables):
 
 
 def first_difference(lists, what="variables"):
-    """The message naming the first difference between rank 0's list (`lists[0]`) and another rank's,
-    or None when they agree: the same number of variables, and the same shape and dtype at each position.
-    Paths may differ (a model loaded by `keras.models.load_model` against the same one built in code);
-    they are named in the message. `lists[r]` is rank r's `describe_variables`."""
+    """The message naming the first difference (in number, or shape or dtype at a position; paths may
+    differ) between rank 0's `describe_variables` (`lists[0]`) and another rank's, or None."""
     reference = lists[0]
 
     def layout(items):
@@ -409,16 +333,10 @@ def first_difference(lists, what="variables"):
 
 
 def check_same_variables(variables, what="variables"):
-    """Raises the same RuntimeError on every rank when the ranks' `variables` differ in number, or in shape
-    or dtype at some position, naming the first difference (with each rank's path there); returns
-    otherwise. Paths alone may differ.
-
-    A collective (one allgather of the descriptions): every rank must call it, before any collective
-    that exchanges the variables, so that a mismatch is an error instead of a hang. No-op with size 1.
-    """
+    """Raises the same RuntimeError on every rank when the ranks' `variables` differ (`first_difference`).
+    A collective, before those that exchange the variables, so a mismatch is an error, not a hang."""
     if size() == 1:
         return
-    # Python lists travel pickled; Horovod's allgather_object gathers one per rank, in rank order.
     lists = _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists")
     message = first_difference(lists, what)
     if message:
@@ -426,19 +344,15 @@ def check_same_variables(variables, what="variables"):
 
 
 def broadcast_object(value, root_rank=0, name="hvd_lars.broadcast_object"):
-    """Rank `root_rank`'s picklable `value` on every rank (itself with size 1): how a decision taken on
-    rank 0 alone (a work directory it cannot write) reaches every rank."""
+    """Rank `root_rank`'s picklable `value` on every rank (itself with size 1)."""
     if size() == 1:
         return value
     return _hvd.broadcast_object(value, root_rank=root_rank, name=name)
 
 
 def average_variables(variables, name="hvd_lars.average_variables"):
-    """Replaces each variable (Keras or tf, float) by its mean over ranks, eagerly; no-op with size 1.
-
-    Used for batch-norm moving statistics: gradients keep the trainable weights identical, but each rank
-    updates its moving mean and variance from its own batches, so they drift apart.
-    """
+    """Replaces each variable (Keras or tf, float) by its mean over ranks, eagerly (batch-norm moving
+    statistics, which each rank updates from its own batches); no-op with size 1."""
     if size() == 1 or not variables:
         return
     import keras
@@ -450,26 +364,18 @@ def average_variables(variables, name="hvd_lars.average_variables"):
 
 
 def allreduce_sum(values, name):
-    """Sums a float64 NumPy array (or list of numbers) over ranks; returns a NumPy array.
-
-    Used for exact counts (correct predictions, examples seen) and for example-weighted metric sums.
-    `name` must be the same on every rank and unique per call site.
-    """
+    """Sums a float64 NumPy array (or list of numbers) over ranks, exactly; returns a NumPy array. `name`:
+    the same on every rank, one per call site."""
     array = np.asarray(values, dtype=np.float64)
     if size() == 1:
         return array
     import tensorflow as tf
 
-    # Eager allreduce of host values: Sum, not Average, so weights (example counts) stay exact.
     return _hvd.allreduce(tf.constant(array), op=_hvd.Sum, name=name).numpy()
 
 
 def max_over_ranks(number, name):
-    """The largest of the ranks' integers `number`, on every rank; `number` itself with world size 1.
-
-    Used for a count each rank keeps of its own (the elastic loop's attempts) where a rank that joined
-    later has seen fewer. `name` must be the same on every rank and unique per call site.
-    """
+    """The largest of the ranks' integers `number`, on every rank (`name` as for `allreduce_sum`)."""
     if size() == 1:
         return int(number)
     import tensorflow as tf
@@ -483,11 +389,8 @@ def barrier():
 
 
 def broadcast_bytes(data, name, root_rank=0):
-    """Rank `root_rank`'s `data` (bytes) on every rank; the other ranks pass anything (e.g. None).
-
-    Used to hand rank 0's image-folder listing to every rank, so only one process reads the folder.
-    Identity with size 1. `name` must be the same on every rank and unique per call site.
-    """
+    """Rank `root_rank`'s `data` (bytes) on every rank, the others passing anything (`name` as for
+    `allreduce_sum`)."""
     if size() == 1:
         return data
     import tensorflow as tf
@@ -500,49 +403,3 @@ def broadcast_bytes(data, name, root_rank=0):
     else:
         array = np.zeros(length, np.uint8)
     return _hvd.broadcast(tf.constant(array), root_rank, name=f"{name}.data").numpy().tobytes()
-
-
-# Horovod's collectives on tensor-compatible values, as `horovod.tensorflow.keras` offers them (its own
-# evaluate eagerly through Keras 2's `backend.get_session()` when not executing eagerly, which Keras 3 lacks):
-# here the tensor is returned, eagerly or inside a `tf.function`. Horovod initialised first (`init`).
-
-
-def _as_tensor(value):
-    import tensorflow as tf
-
-    return tf.convert_to_tensor(value)  # lists, NumPy arrays, tensors, tf and Keras variables
-
-
-def allreduce_value(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
-                    compression=None):  # fmt: skip
-    """`hvd.allreduce(value, ...)`: `value` reduced over ranks by `op` (Horovod's `Average` when None;
-    `Sum`, `Min`, `Max`, `Product`, `Adasum`), scaled by `prescale_factor` before and `postscale_factor`
-    after; `compression` one of Horovod's compressors (None: none). Returns a tf.Tensor of the value's
-    shape and dtype."""
-    hvd = horovod_tensorflow()
-    # Horovod's own allreduce, unchanged: its op, scaling and compression semantics.
-    return hvd.allreduce(
-        _as_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, compression=compression or hvd.Compression.none, name=name,
-    )  # fmt: skip
-
-
-def allgather_value(value, name=None):
-    """`hvd.allgather(value)`: the ranks' values concatenated along the first axis, in rank order (they
-    may differ in that axis only)."""
-    # Horovod's own allgather.
-    return horovod_tensorflow().allgather(_as_tensor(value), name=name)
-
-
-def broadcast_value(value, root_rank, name=None):
-    """`hvd.broadcast(value, root_rank)`: rank `root_rank`'s value on every rank (same shape on all)."""
-    # Horovod's own broadcast.
-    return horovod_tensorflow().broadcast(_as_tensor(value), root_rank, name=name)
-
-
-def reducescatter_value(value, name=None, op=None):
-    """`hvd.reducescatter(value, op=Average)`: `value` reduced over ranks, then split along the first
-    axis, each rank keeping its part (rank r the r-th of `size()` near-equal parts)."""
-    hvd = horovod_tensorflow()
-    # Horovod's own reducescatter.
-    return hvd.reducescatter(_as_tensor(value), op=hvd.Average if op is None else op, name=name)

@@ -1,27 +1,20 @@
 """Open MPI's allreduce for CPU ranks: the coll/tuned rules file beside this module and when a job gets it.
 
-Open MPI's fixed decision (coll/tuned, Open MPI 4.1) picks, for 1-64 MiB on 4-8 ranks, an algorithm that
-took 1.86-2.15x the bandwidth-optimal ring bound on emulated hosts; the ring itself 1.07-1.37x
-(results/allreduce_hosts.md). `RULES_FILE` is a coll/tuned dynamic rules file: allreduce on communicators
-of 3 ranks and more, below 1 MiB Open MPI's own choice (the faster there), from 1 MiB algorithm 4, the
-ring; communicators of 2 ranks keep Open MPI's choice. The cost: with the ring an element's summation
-order depends on where it falls in Horovod's fusion buffer, which the overlapped reduction fills in the
-order gradients arrive, so two runs of one job on 3+ Open MPI ranks can differ by float32 rounding (1e-7
-relative; results/archive/allreduce_order.md); one grouped reduction fuses in one fixed order and stays
-bit-reproducible.
+Open MPI 4.1's fixed decision took 1.86-2.15x the ring bound for 1-64 MiB on 4-8 emulated hosts, the ring
+1.07-1.37x (results/allreduce_hosts.md). `RULES_FILE`: on communicators of 3+ ranks, from 1 MiB the ring
+(algorithm 4), below it Open MPI's choice. The cost: the overlapped reduction's sums then depend on the
+order gradients arrive (1e-7 relative between runs; results/archive/allreduce_order.md).
 
-`apply` points Open MPI at the file (`RULES_SETTINGS`, read when MPI starts, i.e. before Horovod's init)
-on CPU-only Open MPI jobs, unless the user or the site chose an allreduce (`chosen_allreduce`); GPU jobs
-(Horovod reduces on the GPU there), Gloo jobs and other MPIs are left alone.
-`hvd_lars.parallel.horovod_keras.init()` and the main program (`hvd_lars.training.threads`) call it;
-exporting `OMPI_MCA_coll_tuned_use_dynamic_rules=0` restores Open MPI's choice for both.
+`apply` (called by `horovod_keras.init()` and `hvd_lars.training.threads`, before MPI starts) sets
+`RULES_SETTINGS` on CPU-only Open MPI jobs unless the user or the site chose an allreduce
+(`chosen_allreduce`; `OMPI_MCA_coll_tuned_use_dynamic_rules=0` is such a choice).
 """
 
 import os
 import shutil
 
 RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ompi_allreduce_rules.conf")
-# The communicator size from which the file's rules apply (its one size rule): smaller ones keep Open MPI's.
+# The communicator size from which the file's rules apply.
 MIN_RANKS = 3
 RULES_SETTINGS = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
@@ -32,10 +25,9 @@ _CHOICE_PREFIX, _COMPONENT_CHOICE = "coll_tuned_", "coll"
 
 
 def parameter_files(environ=None):
-    """The Open MPI parameter files (`name = value` lines) that exist, in the order Open MPI reads them:
-    the list in `OMPI_MCA_mca_base_param_files` when set, else `$HOME/.openmpi/mca-params.conf` and
-    `openmpi-mca-params.conf` of Open MPI's configuration folder (`$OPAL_SYSCONFDIR`,
-    `$OPAL_PREFIX/etc`, `<prefix>/etc` of the `mpirun` on PATH, Debian's `/etc/openmpi`)."""
+    """The Open MPI parameter files that exist, in Open MPI's order: `OMPI_MCA_mca_base_param_files`'s
+    list, else `$HOME/.openmpi/mca-params.conf` and `openmpi-mca-params.conf` of `$OPAL_SYSCONFDIR`,
+    `$OPAL_PREFIX/etc`, the `mpirun` on PATH's `<prefix>/etc`, `/etc/openmpi`."""
     environ = os.environ if environ is None else environ
     listed = environ.get("OMPI_MCA_mca_base_param_files")
     if listed is not None:
@@ -76,10 +68,8 @@ def _chosen_in_file(path):
 
 def chosen_allreduce(environ=None, files=None):
     """Where the user or the site chose Open MPI's collectives, or None: the first `OMPI_MCA_coll_tuned_*`
-    (or `OMPI_MCA_coll`) variable of `environ` (default `os.environ`), e.g.
-    "OMPI_MCA_coll_tuned_use_dynamic_rules=0", else the first `coll_tuned_*` (or `coll`) line of a
-    parameter file (`files`, default `parameter_files(environ)`), e.g. "coll_tuned_allreduce_algorithm in
-    /etc/openmpi/openmpi-mca-params.conf"."""
+    (or `OMPI_MCA_coll`) variable of `environ` ("OMPI_MCA_coll_tuned_use_dynamic_rules=0"), else the first
+    `coll_tuned_*` (or `coll`) line of a parameter file (`files`, default `parameter_files(environ)`)."""
     environ = os.environ if environ is None else environ
     for name in sorted(environ):
         if name.startswith("OMPI_MCA_" + _CHOICE_PREFIX) or name == "OMPI_MCA_" + _COMPONENT_CHOICE:
@@ -92,9 +82,8 @@ def chosen_allreduce(environ=None, files=None):
 
 
 def open_mpi_job(environ=None):
-    """True when Horovod would reduce through Open MPI: Horovod's MPI library is Open MPI (its
-    libopen-pal is loaded with `horovod.tensorflow`, or Open MPI's launcher set `OMPI_COMM_WORLD_SIZE`)
-    and Horovod's controller is not Gloo (`HOROVOD_CONTROLLER=gloo`, horovodrun --gloo's rendezvous)."""
+    """True when Horovod would reduce through Open MPI: its MPI is Open MPI (libopen-pal loaded with
+    `horovod.tensorflow`, or `OMPI_COMM_WORLD_SIZE` set) and its controller is not Gloo."""
     environ = os.environ if environ is None else environ
     if environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo" or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ:
         return False
@@ -120,17 +109,12 @@ def gpu_job():
 
 def apply(environ=None, open_mpi=None, gpu=None, files=None):
     """Sets `RULES_SETTINGS` in `environ` (default `os.environ`) for a CPU-only Open MPI job whose user
-    and site chose no allreduce. Call before Horovod initialises MPI, which reads them.
-
-    Args:
-        environ: a dict of environment variables.
-        open_mpi, gpu: bools; None: `open_mpi_job(environ)`, `gpu_job()`.
-        files: Open MPI parameter files to read; None: `parameter_files(environ)`.
+    and site chose no allreduce, before Horovod initialises MPI. `open_mpi`, `gpu`: None asks
+    `open_mpi_job`, `gpu_job`; `files`: as for `chosen_allreduce`.
 
     Returns:
-        (applied, line): {name: value} of what was set ({} when nothing), and the one log line that says
-        what was done and how to turn it off, or why the rules were left out (None for a job that is not
-        a CPU-only Open MPI job, which has nothing to say).
+        ({name: value} set, or {}; the log line saying what was done, or why not, or None when the job
+        is not a CPU-only Open MPI job).
     """
     environ = os.environ if environ is None else environ
     if not (open_mpi_job(environ) if open_mpi is None else open_mpi):

@@ -120,7 +120,7 @@ def local_variables(rank):
     """register_local_var, PartialDistributedOptimizer, BroadcastGlobalVariablesCallback(local_variables)."""
     keras = _keras()
     from hvd_lars import BroadcastGlobalVariablesCallback, DistributedOptimizer
-    from hvd_lars.parallel.optimizer import PartialDistributedOptimizer
+    from hvd_lars.parallel.horovod_keras import PartialDistributedOptimizer
 
     out = {}
     for case in ("register_local_var", "partial"):

@@ -1,0 +1,99 @@
+"""`horovod.tensorflow.keras.callbacks` for Keras 3: Horovod's five callbacks, with Horovod's arguments."""
+
+import keras
+
+from hvd_lars.arguments import above, check
+from hvd_lars.optim.wrapping import to_float
+from hvd_lars.parallel.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback  # noqa: F401
+from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401
+    LearningRateWarmupCallback,
+    check_rate_settable,
+    correct_momentum,
+    momentum_slots,
+)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Horovod's `LearningRateScheduleCallback`: between epochs `start_epoch` (included) and `end_epoch`
+    (excluded; None: to the end), the rate is `initial_lr * multiplier(epoch)`.
+
+    `epoch` is `fit`'s epoch index. `staircase=True`: set at the first batch of each epoch; False: before
+    every batch, with `epoch + batch / steps_per_epoch`. A constant `multiplier` means staircase. At each
+    epoch end `logs["lr"]` is the rate.
+
+    `initial_lr` a float > 0 (else ValueError); `momentum_correction` and the errors at train begin as
+    `LearningRateWarmupCallback`'s; `steps_per_epoch` for `staircase=False` (None: `fit`'s).
+    """
+
+    def __init__(
+        self,
+        initial_lr,
+        multiplier,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        momentum_correction=True,
+        steps_per_epoch=None,
+    ):
+        super().__init__()
+        self.initial_lr = float(check("initial_lr", initial_lr, above(0)))
+        self.staircase = staircase if callable(multiplier) else True
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.momentum_correction = bool(momentum_correction)
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = None
+
+    def on_train_begin(self, logs=None):
+        check_rate_settable(self.model.optimizer, type(self).__name__)
+        if self.momentum_correction:
+            momentum_slots(self.model.optimizer)  # refuses LARS and Nesterov before the first update
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(f"{type(self).__name__} needs steps_per_epoch (fit could not tell it).")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        epoch = self._epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if not self.staircase:
+            epoch += batch / self.steps_per_epoch
+        elif batch:
+            return
+        optimizer = self.model.optimizer
+        old, new = to_float(optimizer.learning_rate), self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = float(new)
+        if self.momentum_correction:
+            correct_momentum(optimizer, old, float(new))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = to_float(self.model.optimizer.learning_rate)
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True`, and
+    `filepath` a required keyword (Keras 3 checks it when the callback is made; Horovod's Spark estimators
+    set it later). On rank 0 only, after `MetricAverageCallback`.
+
+    Raises:
+        ValueError: no `filepath`; Keras's own for a path it refuses.
+    """
+
+    def __init__(
+        self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch", *,
+        filepath=None,
+    ):  # fmt: skip
+        if filepath is None:
+            raise ValueError(
+                "BestModelCheckpoint needs filepath=... (e.g. 'best.keras'): Keras 3's ModelCheckpoint "
+                "checks its path when it is made, where Horovod's Spark estimator set it afterwards."
+            )
+        super().__init__(
+            filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+            save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
+        )  # fmt: skip

@@ -61,9 +61,8 @@ def keep_damaged(path, run_dir, copy=False):
     """Moves (or copies) the file `path` to its path relative to `run_dir` under `<run_dir>/damaged/`
     (`.1`, `.2`, ... appended where that name is taken); returns the new path."""
     rel = os.path.relpath(path, run_dir)
-    return _move(
-        path, os.path.join(run_dir, DAMAGED, os.path.basename(path) if rel[:2] == ".." else rel), copy
-    )
+    rel = os.path.basename(path) if rel.startswith(os.pardir) else rel
+    return _move(path, os.path.join(run_dir, DAMAGED, rel), copy)
 
 
 def set_aside(paths, run_dir, run_id):
@@ -500,14 +499,11 @@ def _set_aside_other_lineages(folder, path, run_id, run_dir):
 
 
 def _name_in_index(folder, path):
-    # Rewrites the index unless it names `path` newest and lists only files that are there: `path` newest,
-    # after the others it listed that are there, in the CheckpointState text format, names relative.
+    # The index names `path` newest, after the others it listed that are still there (CheckpointState's
+    # text format, names relative).
     state = tf.train.get_checkpoint_state(folder)
-    listed = list(state.all_model_checkpoint_paths) if state else []
-    present = [p for p in listed if os.path.exists(f"{p}.index")]
-    if state and os.path.abspath(state.model_checkpoint_path) == path and present == listed:
-        return
-    names = [os.path.basename(p) for p in present if os.path.abspath(p) != path] + [os.path.basename(path)]
+    listed = [p for p in (state.all_model_checkpoint_paths if state else []) if os.path.exists(f"{p}.index")]
+    names = [os.path.basename(p) for p in listed if os.path.abspath(p) != path] + [os.path.basename(path)]
     lines = [f'model_checkpoint_path: "{names[-1]}"', *(f'all_model_checkpoint_paths: "{n}"' for n in names)]
     index = os.path.join(folder, "checkpoint")
     with open(f"{index}.tmp", "w") as f:

@@ -40,6 +40,10 @@ MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")
 CLAIM_FILE = "running.json"
 HEARTBEAT_S = 30.0  # the claim's refresh period
 STALE_S = 4 * HEARTBEAT_S  # another host's claim is stale after 4 missed refreshes
+_AGAIN = (  # a second Ctrl-C
+    b"hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the last "
+    b"complete checkpoint is kept.\n"
+)
 _RESUME = "then start the same command again: it resumes from the last complete checkpoint."
 _noted = None
 _last_progress = time.monotonic()
@@ -70,11 +74,8 @@ def watched(pid=None):
         args = _cmdline(shell)
     except (OSError, IndexError, ValueError):
         return None
-    return launcher, shell if args[1:2] == ["-c"] and os.path.basename(args[0]) in (
-        "sh",
-        "dash",
-        "bash",
-    ) else None
+    shelled = args[1:2] == ["-c"] and os.path.basename(args[0]) in ("sh", "dash", "bash")
+    return launcher, shell if shelled else None
 
 
 class StopSignals:
@@ -84,22 +85,14 @@ class StopSignals:
     process at once with status 130. The previous handlers come back on exit."""
 
     def __init__(self, signals=STOP_SIGNALS, period_s=1.0):
-        self.signals, self.period_s = signals, period_s
-        self.received = None
-        self._previous = {}
-        self._launcher_stop = None
-        self._thread = None
+        self.signals, self.period_s, self._previous = signals, period_s, {}
+        self.received = self._launcher_stop = self._thread = None
 
     def _handler(self, signum, frame):
         if self.received is None:
             self.received = self._launcher_stop or signal.Signals(signum).name
         elif signum == signal.SIGINT:
-            # Written as is: a signal handler must not wait for the logging module's locks.
-            os.write(
-                2,
-                b"hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the "
-                b"last complete checkpoint is kept.\n",
-            )
+            os.write(2, _AGAIN)  # as is: a signal handler must not wait for the logging module's locks
             os._exit(128 + signal.SIGINT)
 
     def __enter__(self):
@@ -282,16 +275,12 @@ class FaultGuard(keras.callbacks.Callback):
         self.signals = signals
         self.checkpoint = checkpoint
         self.accumulation_steps = accumulation_steps
-        self._rate = None
-        self._pending = None  # (step, ranks signalled) once the ranks agreed to stop
+        self._rate = self._pending = None  # _pending: (step, ranks signalled) once the ranks agreed to stop
 
     def on_train_begin(self, logs=None):
         # Everything a checkpoint holds: weights, batch-norm statistics, optimizer slots.
-        variables = [
-            v.value
-            for v in [*self.model.variables, *self.model.optimizer.variables]
-            if "float" in str(v.dtype)
-        ]
+        variables = [*self.model.variables, *self.model.optimizer.variables]
+        variables = [v.value for v in variables if "float" in str(v.dtype)]
         key = tuple(id(v) for v in variables)
         if _CHECKS.get(self.model, (None,))[0] != key:
             check = lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
@@ -390,11 +379,9 @@ def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
     """Raises `ValueError` on every rank (a collective) when rank 0 cannot write `run_dir` or it lacks room
     for `keep_checkpoints` + 1 checkpoints of `checkpoint_size` bytes (a new one is written before the
     oldest is deleted)."""
-    problem = (
-        run_dir_problem(run_dir, (keep_checkpoints + 1) * checkpoint_size) if collectives.is_chief() else None
-    )
-    problem = collectives.broadcast_object(problem, name="hvd_lars.run_dir_check")
-    if problem:
+    needed = (keep_checkpoints + 1) * checkpoint_size
+    problem = run_dir_problem(run_dir, needed) if collectives.is_chief() else None
+    if problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_check"):
         raise ValueError(problem)
 
 
@@ -606,8 +593,7 @@ class RunDirClaim:
         outcome = None
         if collectives.is_chief():
             try:
-                line = take(self.run_dir)
-                if line:
+                if line := take(self.run_dir):
                     log.info(line)
             except (RunDirInUse, OSError) as e:
                 outcome = str(e)

@@ -93,11 +93,7 @@ def _floats(value):
 
 
 def read_json(path):
-    """The JSON file at `path`, with "NaN", "Infinity" and "-Infinity" read back as floats.
-
-    Raises:
-        OSError: the file cannot be read. json.JSONDecodeError: it is not JSON.
-    """
+    """The JSON file at `path`, with "NaN", "Infinity" and "-Infinity" read back as floats."""
     with open(path) as f:
         return _floats(json.load(f))
 
@@ -145,10 +141,7 @@ class RunRecord:
 
 def read_record(prefix):
     """The record ({"run_id": str, "plan": dict}) of the checkpoint at `prefix`, or None where it has none.
-
-    Raises:
-        ValueError: the record is not such JSON. tf.errors.OpError: the checkpoint cannot be read.
-    """
+    Raises `ValueError` for a record that is not one, `tf.errors.OpError` for a checkpoint it cannot read."""
     reader = tf.train.load_checkpoint(prefix)
     if not reader.has_tensor(RECORD_KEY):
         return None
@@ -223,12 +216,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._pending_step = None
 
     def save(self):
-        """Saves the checkpoint of the current update, once per update; a collective.
-
-        Raises:
-            hvd_lars.training.faults.FileFailure: rank 0 could not write it, or some rank noted a failed
-                write or read before (nothing is written then); on every rank.
-        """
+        """Saves the checkpoint of the current update, once per update; a collective that raises
+        `faults.FileFailure` on every rank when the write fails or a rank noted a failure before."""
         step = int(self.model.optimizer.iterations)
         # Every rank: the checkpoint holds all ranks' statistics, so a resumed run goes on as the
         # uninterrupted one does.
@@ -278,11 +267,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         return self._error(reason or "its files are missing after the write")
 
     def sync(self):
-        """Waits for rank 0's background write, if any (not a collective).
-
-        Raises:
-            hvd_lars.training.faults.FileFailure: on rank 0, the write failed.
-        """
+        """Waits for rank 0's background write, if any (no collective); `faults.FileFailure` if it failed."""
         error = self._wait()
         if error:
             raise faults.FileFailure(error)
@@ -348,13 +333,8 @@ def open_manager(checkpoint, directory, max_to_keep, run_dir=None, wait_s=120):
 
 def resume_or_begin(model, optimizer, build, run_dir, plan, config):
     """Rank 0's start: restores the checkpoint the run continues into `model` and `optimizer` (not built;
-    `build()` builds it), or begins a new lineage, then `keep_newest(run_dir, config.keep_earlier_runs)`.
-    A refusal comes back in the `Lineage` (`share` raises it on every rank) and changes nothing.
-
-    Args:
-        plan: this run's `Plan`, compared with the checkpoint's.
-        config: `TrainConfig` (`resume`, `allow_plan_change`, `keep_earlier_runs`).
-    """
+    `build()` builds it) if its plan fits `plan` under `config` (`TrainConfig`), or begins a new lineage,
+    then `keep_newest`. A refusal comes back in the `Lineage` (`share` raises it) and changes nothing."""
     try:
         started = _resume_or_begin(model, optimizer, build, run_dir, plan, config)
     except LineageRefused as e:
@@ -481,14 +461,8 @@ def _set_aside_damaged(unreadable, run_dir, last=False):
 def _set_aside_other_lineages(folder, path, run_id, run_dir):
     # Checkpoints recording another run id go under earlier_runs/<their run id>/; unreadable ones stay.
     others = {}
-    for prefix in candidates(folder):
-        if prefix == path or not os.path.exists(f"{prefix}.index"):
-            continue
-        try:
-            record = read_record(prefix)
-        except _READ_ERRORS:
-            continue
-        if record is not None and record["run_id"] != run_id:
+    for prefix, record in _records(folder):
+        if prefix != path and record is not None and record["run_id"] != run_id:
             others.setdefault(record["run_id"], []).append(prefix)
     for other, prefixes in sorted(others.items()):
         kept = set_aside(
@@ -520,10 +494,15 @@ def _earlier_run_id(run_dir):
             return saved["run_id"]
     except (OSError, ValueError):
         pass
-    for prefix in candidates(os.path.join(run_dir, CHECKPOINTS)):
-        try:
-            record = read_record(prefix)
-        except _READ_ERRORS:
-            continue
+    for _, record in _records(os.path.join(run_dir, CHECKPOINTS)):
         return record["run_id"] if record else UNRECORDED
     return UNRECORDED
+
+
+def _records(folder):
+    # (prefix, its record or None) of each readable checkpoint of `folder`, in the order of `candidates`.
+    for prefix in candidates(folder):
+        try:
+            yield prefix, read_record(prefix)
+        except _READ_ERRORS:
+            pass

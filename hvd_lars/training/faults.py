@@ -53,9 +53,13 @@ _CHECKS = weakref.WeakKeyDictionary()
 
 
 def _stat(pid, field):
-    # A field of /proc/<pid>/stat after the command name, which may hold spaces and parentheses.
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[field])
+    # A field of /proc/<pid>/stat after the command name (which may hold spaces and parentheses): 1 the
+    # parent, 19 the start time in clock ticks since boot; None where the process is gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[field])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _cmdline(pid):
@@ -127,11 +131,7 @@ class StopSignals:
                 if signal.SIGCONT in received and now - woke < self.period_s + 1.0:
                     return self._launcher_stopped("mpirun is stopping the job")
             woke = now
-            try:
-                gone = os.getppid() != launcher or (shell is not None and _stat(launcher, 1) != shell)
-            except (OSError, IndexError, ValueError):
-                gone = True
-            if gone:
+            if os.getppid() != launcher or (shell is not None and _stat(launcher, 1) != shell):
                 return self._launcher_stopped("the launcher is gone")
 
     def _launcher_stopped(self, reason):
@@ -255,19 +255,12 @@ class Preempted(Exception):
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """At every update boundary, on every rank, one allreduce of the ranks' votes: a non-finite loss or
-    model or optimizer variable stops every rank (`TrainingDiverged`; under a `LossScaleOptimizer`, whose
-    scaler skips such updates, the loss is not checked); a stop signal makes rank 0 save `checkpoint` and
-    every rank raise `Preempted` (at an epoch's last update, after the epoch's callbacks, through
-    `after_epoch()`); a noted failure raises `FileFailure`. Place it before the checkpoint, evaluation and
-    logging callbacks, so that nothing of a diverged update is saved.
-
-    Args:
-        signals: `StopSignals` in force while training.
-        checkpoint: `hvd_lars.training.checkpoints.PeriodicCheckpoint`.
-        accumulation_steps: micro-batches per update.
-        total_steps: the run's last update (a signal during it does not stop a finished run).
-    """
+    """At every update boundary (of `accumulation_steps` micro-batches), one allreduce of the ranks' votes:
+    a non-finite loss (unchecked under a `LossScaleOptimizer`, which skips such updates) or variable raises
+    `TrainingDiverged`; a stop signal of `signals` (`StopSignals`) makes rank 0 save `checkpoint` (a
+    `PeriodicCheckpoint`) and every rank raise `Preempted`, at an epoch's last update through `after_epoch()`,
+    unless it is the run's last (`total_steps`); a noted failure raises `FileFailure`. Place it before the
+    checkpoint, evaluation and logging callbacks, so that nothing of a diverged update is saved."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
@@ -393,14 +386,9 @@ def heartbeat():
 
 class ProgressWatchdog(keras.callbacks.Callback):
     """Ends this process with `exit(EXIT_HUNG)` (default `os._exit`) after `timeout_s` seconds (0 or None:
-    never) without a `heartbeat`; it records one at every batch and epoch boundary, as the checkpoint and
-    the evaluation do. Time the process spends stopped (SIGSTOP, `scontrol suspend`) does not count.
-    A context manager around training (its thread lives inside) and a Keras callback; docs/design.md says
-    why.
-
-    Raises:
-        ValueError: a negative or NaN `timeout_s`.
-    """
+    never) without a `heartbeat` (one at every batch and epoch boundary, checkpoint and evaluation batch);
+    time the process spends stopped does not count. A context manager around training and a Keras
+    callback (why: docs/design.md). Raises `ValueError` for a negative or NaN `timeout_s`."""
 
     def __init__(self, timeout_s, exit=os._exit):
         super().__init__()
@@ -464,14 +452,6 @@ class RunDirInUse(ValueError):
     """Another live job holds the run directory (one line, exit status 2 from the main program)."""
 
 
-def _process_start(pid):
-    # The start time of process `pid` in clock ticks since boot, or None where it is gone.
-    try:
-        return _stat(pid, 19)
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def holder():
     """This process as a claim records it, with the Slurm job and restart it runs in."""
     try:
@@ -483,7 +463,7 @@ def holder():
         "host": socket.gethostname(),
         "boot": boot,
         "pid": os.getpid(),
-        "process_start": _process_start(os.getpid()),
+        "process_start": _stat(os.getpid(), 19),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
@@ -494,7 +474,7 @@ def _why_stale(claim, age_s):
     # Why the holder of `claim`, refreshed `age_s` seconds ago by the file system's clock, is gone, or None.
     me = holder()
     here = claim.get("host") == me["host"] and claim.get("boot") == me["boot"]
-    if here and _process_start(claim.get("pid")) != claim.get("process_start"):
+    if here and _stat(claim.get("pid"), 19) != claim.get("process_start"):
         return "its process is gone"
     # Slurm starts a requeued job only once every process of its earlier start has ended.
     if me["slurm_job"] and claim.get("slurm_job") == me["slurm_job"]:
@@ -511,11 +491,7 @@ def _describe(claim):
 
 def take(run_dir):
     """Claims `run_dir` for this process; returns the line to print when it took over a stale claim.
-
-    Raises:
-        RunDirInUse: a live job holds it (naming its host and process, and what to do).
-        OSError: the claim cannot be written.
-    """
+    Raises `RunDirInUse` where a live job holds it, `OSError` where the claim cannot be written."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, CLAIM_FILE)
     taken_over = None
@@ -578,11 +554,7 @@ def release(run_dir):
 
 class RunDirClaim:
     """Context manager on every rank, a collective on entry: rank 0 claims `run_dir` (`take`) and refreshes
-    the claim while inside.
-
-    Raises:
-        RunDirInUse: on every rank, when another live job holds the directory.
-    """
+    the claim while inside; every rank raises `RunDirInUse` when another live job holds it."""
 
     def __init__(self, run_dir):
         self.run_dir = run_dir

@@ -85,12 +85,12 @@ def watched(pid=None):
 class StopSignals:
     """Context manager, in the main thread (elsewhere it records nothing): SIGTERM, SIGUSR1 and SIGINT are
     recorded (`received`, the first one's name) instead of ending the process, and so is this rank's MPI
-    launcher stopping the job (its SIGCONT) or gone (checked every `period_s`); a second SIGINT ends the
+    launcher stopping the job (its SIGCONT) or gone (checked every second); a second SIGINT ends the
     process at once with status 130. The previous handlers come back on exit."""
 
-    def __init__(self, signals=STOP_SIGNALS, period_s=1.0):
-        self.signals, self.period_s, self._previous = signals, period_s, {}
+    def __init__(self):
         self.received = self._launcher_stop = self._thread = None
+        self._previous = {}
 
     def _handler(self, signum, frame):
         if self.received is None:
@@ -100,7 +100,7 @@ class StopSignals:
             os._exit(128 + signal.SIGINT)
 
     def __enter__(self):
-        for s in self.signals:
+        for s in STOP_SIGNALS:
             try:
                 self._previous[s] = signal.signal(s, self._handler)
             except ValueError:  # not the main thread
@@ -121,14 +121,14 @@ class StopSignals:
     def _watch(self, launcher, shell):
         woke = time.monotonic()
         while True:
-            readable, _, _ = select.select([self._read], [], [], self.period_s)
+            readable, _, _ = select.select([self._read], [], [], 1.0)
             now = time.monotonic()
             if readable:
                 received = os.read(self._read, 64)
                 if not received:
                     return  # __exit__ closed the pipe
                 # mpirun's SIGCONT finds this thread on time; one that ends a stop finds it held past it.
-                if signal.SIGCONT in received and now - woke < self.period_s + 1.0:
+                if signal.SIGCONT in received and now - woke < 2.0:
                     return self._launcher_stopped("mpirun is stopping the job")
             woke = now
             if os.getppid() != launcher or (shell is not None and _stat(launcher, 1) != shell):

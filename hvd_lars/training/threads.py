@@ -18,11 +18,7 @@ from hvd_lars.parallel import collectives, ompi_allreduce_rules
 
 
 def parse_cpu_list(text):
-    """'0-3,8,10-11' (the kernel's CPU list format) -> [0, 1, 2, 3, 8, 10, 11].
-
-    Raises:
-        ValueError: text that is not a CPU list, quoted.
-    """
+    """'0-3,8,10-11' (the kernel's CPU list format) -> [0, 1, 2, 3, 8, 10, 11]; `ValueError` otherwise."""
     cpus = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         first, _, last = part.partition("-")
@@ -63,12 +59,8 @@ def usable_cpus():
 
 
 def threads_per_rank(local_size=None, cores=None, usable=None):
-    """Threads one rank should run, an int >= 1 (the module's formula). Defaults: Horovod's
-    `collectives.local_size()` (1 before `init`), this process's affinity mask and `usable_cpus()`.
-
-    Raises:
-        ValueError: local_size < 1 or an empty core list.
-    """
+    """Threads one rank should run, an int >= 1 (the module's formula; `ValueError` for local_size < 1 or
+    no cores). Defaults: `collectives.local_size()` (1 before `init`), the affinity mask, `usable_cpus()`."""
     local_size = collectives.local_size() if local_size is None else local_size
     cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
     usable = usable_cpus() if usable is None else usable

@@ -19,7 +19,7 @@ KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 def _claim_of(pid, **changes):
     from hvd_lars.training import faults
 
-    return {**faults.holder(), "pid": pid, "process_start": faults._process_start(pid), **changes}
+    return {**faults.holder(), "pid": pid, "process_start": faults._stat(pid, 19), **changes}
 
 
 def _write(run_dir, record, age_s=0.0):

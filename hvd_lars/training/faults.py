@@ -1,15 +1,11 @@
 """How training stops: every rank together, at an update boundary, keeping the last complete checkpoint
-(docs/faults.md has the table of causes and what each gives).
+(docs/faults.md: each cause, its exit status and what it leaves).
 
-- `FaultGuard`: a non-finite loss or variable on any rank stops every rank after the same update
-  (`TrainingDiverged`, exit status 3); a stop signal (SIGTERM, SIGUSR1, Ctrl-C) or the launcher's end
-  (`LauncherWatch`) on any rank stops every rank with a checkpoint of that step (`Preempted`, exit 75);
-  a failed write or read (`note`, `FileFailure`) stops every rank with one line (exit 2). The decisions
-  are one allreduce per update, so no rank enters a collective that another has left.
-- `ProgressWatchdog`: a rank with no progress for `--hang_timeout_s` ends its process (exit 4).
-- `RunDirClaim`: one job per run directory (`running.json`, refreshed while the job lives; a holder that
-  is gone is taken over).
-- `check_run_dir`: the run directory is writable and has room before training.
+- `FaultGuard`: one allreduce per update of the ranks' votes: a non-finite value (`TrainingDiverged`),
+  a stop signal or the launcher's end (`StopSignals`, `Preempted`), a failed write or read (`note`,
+  `FileFailure`).
+- `ProgressWatchdog`: a rank with no progress for `--hang_timeout_s` ends its process.
+- `RunDirClaim`: one job per run directory; `check_run_dir`: writable, with room, before training.
 """
 
 import json
@@ -31,9 +27,39 @@ import tensorflow as tf
 from hvd_lars.data.imagenet_preparation import COMMAND
 from hvd_lars.parallel import collectives
 
+log = logging.getLogger(__name__)
+# EX_TEMPFAIL of sysexits.h: stopped at a checkpoint on request, to be started again (143 would be a
+# process killed by SIGTERM before it could save).
+EXIT_PREEMPTED = 75
+EXIT_DIVERGED = 3  # the same flags would diverge again: not a retry
+EXIT_HUNG = 4  # no progress for --hang_timeout_s (ProgressWatchdog)
+# A scheduler's or a container's stop, Slurm's time-limit warning (launch/slurm/train.sbatch), Ctrl-C.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # The names Open MPI, MPICH and Intel MPI give the launcher that starts a host's ranks itself.
 MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")
-SHELLS = ("sh", "dash", "bash")
+CLAIM_FILE = "running.json"
+HEARTBEAT_S = 30.0  # the claim's refresh period
+STALE_S = 4 * HEARTBEAT_S  # another host's claim is stale after 4 missed refreshes
+_AGAIN = (  # a second Ctrl-C
+    b"hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the last "
+    b"complete checkpoint is kept.\n"
+)
+_RESUME = "then start the same command again: it resumes from the last complete checkpoint."
+_noted = None
+_last_progress = time.monotonic()
+# model -> (ids of the variables, their traced finite check): tracing ResNet-50's at every `fit` cost
+# 2.5-5 s (results/archive/fit_overhead.md).
+_CHECKS = weakref.WeakKeyDictionary()
+
+
+def _stat(pid, field):
+    # A field of /proc/<pid>/stat after the command name (which may hold spaces and parentheses): 1 the
+    # parent, 19 the start time in clock ticks since boot; None where the process is gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[field])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _cmdline(pid):
@@ -41,103 +67,100 @@ def _cmdline(pid):
         return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
 
 
-def _parent(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        # The command name (field 2) may hold spaces and parentheses: fields after the last ')'.
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
 def watched(pid=None):
-    """(mpirun's pid, the pid of the `sh -c` shell above it or None) when process `pid` (default this one)
-    was started by an MPI launcher on this host, else None."""
+    """(the pid of the MPI launcher that started process `pid` (default this one) on this host, that of
+    the `sh -c` shell above it or None), or None when no MPI launcher started it."""
     try:
-        launcher = _parent(pid or os.getpid())
+        launcher = _stat(pid or os.getpid(), 1)
         if os.path.basename(_cmdline(launcher)[0]) not in MPI_LAUNCHERS:
             return None
-        shell = _parent(launcher)
+        shell = _stat(launcher, 1)
         args = _cmdline(shell)
     except (OSError, IndexError, ValueError):
         return None
-    if len(args) >= 3 and os.path.basename(args[0]) in SHELLS and args[1] == "-c":
-        return launcher, shell
-    return launcher, None
+    shelled = args[1:2] == ["-c"] and os.path.basename(args[0]) in ("sh", "dash", "bash")
+    return launcher, shell if shelled else None
 
 
-class LauncherWatch:
-    """Calls `on_stop(reason)` once, from a daemon thread, when this rank's MPI launcher is stopping or gone
-    (see the module's docstring); checks every `period_s` seconds. A context manager, entered in the main
-    thread (it takes Python's signal wakeup fd while inside)."""
+class StopSignals:
+    """Context manager, in the main thread (elsewhere it records nothing): SIGTERM, SIGUSR1 and SIGINT are
+    recorded (`received`, the first one's name) instead of ending the process, and so is this rank's MPI
+    launcher stopping the job (its SIGCONT) or gone (checked every second); a second SIGINT ends the
+    process at once with status 130. The previous handlers come back on exit."""
 
-    def __init__(self, on_stop, period_s=1.0):
-        self.on_stop = on_stop
-        self.period_s = period_s
-        self._thread = None
+    def __init__(self):
+        self.received = self._launcher_stop = self._thread = None
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        if self.received is None:
+            self.received = self._launcher_stop or signal.Signals(signum).name
+        elif signum == signal.SIGINT:
+            os.write(2, _AGAIN)  # as is: a signal handler must not wait for the logging module's locks
+            os._exit(128 + signal.SIGINT)
 
     def __enter__(self):
+        for s in STOP_SIGNALS:
+            try:
+                self._previous[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread
+                return self
         pids = watched()
-        if pids is None:
-            return self
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        # A Python handler, so that the signal reaches the wakeup fd; continuing is the kernel's doing.
-        self._previous_cont = signal.signal(signal.SIGCONT, lambda signum, frame: None)
-        self._thread = threading.Thread(
-            target=self._watch, args=pids, name="hvd_lars.launcher_watch", daemon=True
-        )
-        self._thread.start()
+        if pids is not None:
+            self._read, self._write = os.pipe()
+            os.set_blocking(self._write, False)
+            self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+            # A Python handler, so that SIGCONT reaches the wakeup fd; continuing is the kernel's doing.
+            self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda signum, frame: None)
+            self._thread = threading.Thread(
+                target=self._watch, args=pids, name="hvd_lars.launcher", daemon=True
+            )
+            self._thread.start()
         return self
 
     def _watch(self, launcher, shell):
         woke = time.monotonic()
         while True:
-            readable, _, _ = select.select([self._read], [], [], self.period_s)
+            readable, _, _ = select.select([self._read], [], [], 1.0)
             now = time.monotonic()
             if readable:
                 received = os.read(self._read, 64)
                 if not received:
                     return  # __exit__ closed the pipe
-                # Resumed from a stop, this thread was held far past its period; mpirun's SIGCONT finds it
-                # on time.
-                if signal.SIGCONT in received and now - woke < self.period_s + 1.0:
-                    self.on_stop("mpirun is stopping the job")
-                    return
+                # mpirun's SIGCONT finds this thread on time; one that ends a stop finds it held past it.
+                if signal.SIGCONT in received and now - woke < 2.0:
+                    return self._launcher_stopped("mpirun is stopping the job")
             woke = now
-            try:
-                gone = os.getppid() != launcher or (shell is not None and _parent(launcher) != shell)
-            except (OSError, IndexError, ValueError):
-                gone = True
-            if gone:
-                self.on_stop("the launcher is gone")
-                return
+            if os.getppid() != launcher or (shell is not None and _stat(launcher, 1) != shell):
+                return self._launcher_stopped("the launcher is gone")
+
+    def _launcher_stopped(self, reason):
+        # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
+        self._launcher_stop = reason
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def __exit__(self, *exc):
-        if self._thread is None:
-            return False
-        signal.set_wakeup_fd(self._previous_fd)
-        signal.signal(signal.SIGCONT, self._previous_cont)
-        os.close(self._write)  # the thread reads end-of-file and returns
-        self._thread.join()
-        os.close(self._read)
-        self._thread = None
+        if self._thread is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._write)  # the thread reads end-of-file and returns
+            self._thread.join()
+            os.close(self._read)
+            self._thread = None
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
         return False
 
 
-_RESUME = "then start the same command again: it resumes from the last complete checkpoint."
-_noted = None
-
-
 class FileFailure(OSError):
-    """A write of the run or a read of its data failed on some rank; the message names the file, why, and
-    what to do."""
+    """A write of the run or a read of its data failed on some rank; the message says which, why and what
+    to do."""
 
 
 def note(message):
-    """Keeps `message` (str) as this rank's failure, unless one is kept already (the first one is the
-    cause; later ones follow from it)."""
+    """Keeps `message` (None: nothing) as this rank's failure unless one is kept: the first is the cause."""
     global _noted
-    if _noted is None:
-        _noted = message
+    _noted = _noted or message
 
 
 def noted():
@@ -158,9 +181,8 @@ def write_failure(path, error):
 
 
 def note_unreadable(path, split):
-    """Notes a `split` ("training" or "evaluation") file at `path` that cannot be read or decoded: an image,
-    or a record file of prepared data (tensorflow-datasets' `*.tfrecord-NNNNN-of-NNNNN`) that cannot be
-    read to its end."""
+    """Notes a `split` ("training" or "evaluation") file that cannot be read or decoded: an image, or a
+    record file of prepared data (`*.tfrecord-NNNNN-of-NNNNN`) that cannot be read to its end."""
     if ".tfrecord" in os.path.basename(path):
         what, fix = "record file", f"Restore it from a copy or prepare the data set again with {COMMAND}"
         skip = " (or pass --skip_corrupt to leave out the records it cannot give)"
@@ -172,12 +194,8 @@ def note_unreadable(path, split):
 
 
 def write_atomically(path, write, mode="w"):
-    """Writes the file `path` through `write(file)` into `<path>.tmp`, then renames it over `path`, so the
-    file is whole or as it was. On an `OSError` the temporary file is removed and the failure noted.
-
-    Returns:
-        True when `path` was written.
-    """
+    """Writes `path` through `write(file)` into `<path>.tmp`, renamed over `path`, so the file is whole or
+    as it was; returns whether it was written. An `OSError` is noted, the temporary file removed."""
     tmp = f"{path}.tmp"
     try:
         with open(tmp, mode, **({} if "b" in mode else {"newline": ""})) as f:
@@ -191,7 +209,7 @@ def write_atomically(path, write, mode="w"):
 
 
 def remove_quietly(*paths):
-    """Removes the files `paths` that exist; a failure to remove one is ignored (it is left behind)."""
+    """Removes the files `paths` that exist, leaving any it cannot remove."""
     for path in paths:
         try:
             os.remove(path)
@@ -201,154 +219,48 @@ def remove_quietly(*paths):
 
 def vote():
     """This rank's vote for an allreduce: 1.0 when it noted a failure, else 0.0."""
-    return 0.0 if _noted is None else 1.0
+    return float(_noted is not None)
 
 
 def raise_noted():
-    """Raises `FileFailure` on every rank with the failure of the lowest rank that noted one; call it on
-    every rank once a vote found one (a collective: one gather). The failure is then forgotten."""
+    """Raises `FileFailure` with the failure of the lowest rank that noted one, and forgets it; call it on
+    every rank once a vote found one (a collective)."""
     global _noted
     messages = collectives.gather_objects(_noted, name="hvd_lars.file_failure")
     _noted = None
     rank, message = next((r, m) for r, m in enumerate(messages) if m)
-    where = f"rank {rank} of {len(messages)}: " if len(messages) > 1 else ""
-    raise FileFailure(where + message)
+    raise FileFailure((f"rank {rank} of {len(messages)}: " if len(messages) > 1 else "") + message)
 
 
 def agree(name="hvd_lars.file_failure_vote"):
-    """A collective: raises `FileFailure` on every rank when any rank noted a failure (`raise_noted`)."""
+    """A collective: raises `FileFailure` on every rank when any rank noted a failure."""
     if collectives.allreduce_sum([vote()], name=name)[0]:
         raise_noted()
 
 
-log = logging.getLogger(__name__)
-
-# EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): the job stopped cleanly
-# at a checkpoint because it was asked to and should be started again. Not 143 (128 + SIGTERM), which is
-# what a process killed by SIGTERM before it could save reports.
-EXIT_PREEMPTED = 75
-# Training diverged: starting again with the same flags would diverge again; not a retry.
-EXIT_DIVERGED = 3
-# No progress for --hang_timeout_s: the process ended itself (ProgressWatchdog); restart from the checkpoint
-# once the cause (a silent host or link, a hung file system) is gone.
-EXIT_HUNG = 4
-# The signals that ask training to stop at the next update boundary and checkpoint: a scheduler's or a
-# container's stop, Slurm's time-limit warning (launch/slurm/train.sbatch), Ctrl-C.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-
 class TrainingDiverged(RuntimeError):
-    """The loss or the weights became non-finite; `step` (the update that made them so) and
-    `learning_rate` (that update's rate) are attributes."""
+    """The loss or the variables became non-finite at update `step`."""
 
-    def __init__(self, message, step, learning_rate):
+    def __init__(self, message, step):
         super().__init__(message)
         self.step = step
-        self.learning_rate = learning_rate
 
 
 class Preempted(Exception):
-    """Training stopped at update `step` because a rank received `signal_name`; `checkpoint` is the path of
-    the checkpoint rank 0 wrote at that step (None on the other ranks)."""
+    """A rank was asked to stop; training stopped at update `step`, its checkpoint written."""
 
-    def __init__(self, message, step, signal_name, checkpoint):
+    def __init__(self, message, step):
         super().__init__(message)
         self.step = step
-        self.signal_name = signal_name
-        self.checkpoint = checkpoint
-
-
-class StopSignals:
-    """Context manager: while inside, SIGTERM, SIGUSR1 and SIGINT are recorded (`received`, the first one's
-    name) instead of ending the process, and so is an MPI launcher stopping or gone (`LauncherWatch`); the
-    previous handlers come back on exit. A second SIGINT (Ctrl-C pressed again) ends the process at once
-    with status 130, keeping the last complete checkpoint. Outside the main thread, where Python cannot
-    install handlers, it records nothing and the signals keep their defaults."""
-
-    def __init__(self, signals=STOP_SIGNALS):
-        self.signals = signals
-        self.received = None
-        self._previous = {}
-        self._launcher_stop = None
-        self._watch = LauncherWatch(self._on_launcher_stop)
-
-    def _handler(self, signum, frame):
-        if self.received is None:
-            self.received = self._launcher_stop or signal.Signals(signum).name
-        elif signum == signal.SIGINT:
-            # Written as is: a signal handler must not wait for the logging module's locks.
-            os.write(
-                2,
-                b"hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the "
-                b"last complete checkpoint is kept.\n",
-            )
-            os._exit(128 + signal.SIGINT)
-
-    def _on_launcher_stop(self, reason):
-        # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
-        self._launcher_stop = reason
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def __enter__(self):
-        for s in self.signals:
-            try:
-                self._previous[s] = signal.signal(s, self._handler)
-            except ValueError:  # not the main thread
-                break
-        if self._previous:  # the watch stops training through the handlers
-            self._watch.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._watch.__exit__(*exc)
-        for s, previous in self._previous.items():
-            signal.signal(s, previous)
-        self._previous = {}
-        return False
-
-
-# model -> (the ids of the variables checked, their traced check): traced once per model and variable list,
-# not at every fit. Tracing the check of ResNet-50's 1,000 variables took 2.5-5 s, paid by every `fit` call
-# (each attempt of an elastic job, a loop that fits per epoch: results/archive/fit_overhead.md).
-_CHECKS = weakref.WeakKeyDictionary()
-
-
-def _all_finite(model, variables):
-    """A traced function returning True when every value of `variables` (live tf.Variables) is finite;
-    the same function for the same model and variables."""
-    key = tuple(id(v) for v in variables)
-    cached = _CHECKS.get(model)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-
-    @tf.function(autograph=False)
-    def check():
-        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
-
-    _CHECKS[model] = (key, check)
-    return check
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """At every update boundary, on every rank: stops training on all ranks when any rank's loss or model
-    or optimizer variables (weights, batch-norm statistics, slots) are non-finite (`TrainingDiverged`), or
-    when any rank received a stop signal (rank 0 then saves a checkpoint through `checkpoint.save()` and
-    every rank raises `Preempted`; at an epoch's last update, after the epoch's own callbacks).
-
-    Batch-norm moving variances overflow first (they hold squared activations): a run diverging at a
-    huge rate had infinite moving variances one update before its weights or loss became non-finite.
-
-    Place it before the checkpoint, evaluation and logging callbacks, so that nothing of a diverged update
-    is saved, and `after_epoch()` after all of them. Under a `LossScaleOptimizer` the loss is not checked (a
-    non-finite scaled loss is how the loss scaler finds overflows; it skips that update), the variables
-    are.
-
-    Args:
-        signals: `StopSignals` in force while training.
-        checkpoint: `hvd_lars.training.checkpoints.PeriodicCheckpoint` (its `save()` is a collective).
-        accumulation_steps: micro-batches per update; checks run only at update boundaries.
-        total_steps: the run's last update (a signal that arrives during it does not stop a finished run).
-    """
+    """At every update boundary (of `accumulation_steps` micro-batches), one allreduce of the ranks' votes:
+    a non-finite loss (unchecked under a `LossScaleOptimizer`, which skips such updates) or variable raises
+    `TrainingDiverged`; a stop signal of `signals` (`StopSignals`) makes rank 0 save `checkpoint` (a
+    `PeriodicCheckpoint`) and every rank raise `Preempted`, at an epoch's last update through `after_epoch()`,
+    unless it is the run's last (`total_steps`); a noted failure raises `FileFailure`. Place it before the
+    checkpoint, evaluation and logging callbacks, so that nothing of a diverged update is saved."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
@@ -356,35 +268,30 @@ class FaultGuard(keras.callbacks.Callback):
         self.signals = signals
         self.checkpoint = checkpoint
         self.accumulation_steps = accumulation_steps
-        self._finite = None
-        self._rate = None
-        self._pending = None  # (step, ranks signalled) once the ranks agreed to stop
+        self._rate = self._pending = None  # _pending: (step, ranks signalled) once the ranks agreed to stop
 
     def on_train_begin(self, logs=None):
-        # Weights, batch-norm moving statistics and optimizer slots: all of it goes into a checkpoint.
-        variables = list(self.model.variables) + list(self.model.optimizer.variables)
-        self._finite = _all_finite(self.model, [v.value for v in variables if "float" in str(v.dtype)])
+        # Everything a checkpoint holds: weights, batch-norm statistics, optimizer slots.
+        variables = [*self.model.variables, *self.model.optimizer.variables]
+        variables = [v.value for v in variables if "float" in str(v.dtype)]
+        key = tuple(id(v) for v in variables)
+        if _CHECKS.get(self.model, (None,))[0] != key:
+            check = lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
+            _CHECKS[self.model] = (key, tf.function(check, autograph=False))
+        self._finite = _CHECKS[self.model][1]
         self._scaled = isinstance(self.model.optimizer, keras.optimizers.LossScaleOptimizer)
 
-    def _boundary(self, batch):
-        return (batch + 1) % self.accumulation_steps == 0
-
     def on_train_batch_begin(self, batch, logs=None):
-        if self._boundary(batch):
-            # The rate of the update this micro-batch applies (a schedule's is a function of the counter).
-            self._rate = self.model.optimizer.learning_rate
+        if (batch + 1) % self.accumulation_steps == 0:
+            self._rate = self.model.optimizer.learning_rate  # that of the update this micro-batch applies
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._boundary(batch):
+        if (batch + 1) % self.accumulation_steps:
             return
-        finite = bool(self._finite())
-        if not self._scaled and logs and "loss" in logs:
-            finite = finite and bool(np.isfinite(float(logs["loss"])))
-        # Votes of all ranks: how many saw non-finite values, how many received a stop signal, how many
-        # failed to write or read a file (`note`).
+        loss = None if self._scaled else (logs or {}).get("loss")
+        finite = bool(self._finite()) and (loss is None or bool(np.isfinite(float(loss))))
         diverged, signalled, failed = collectives.allreduce_sum(
-            [0.0 if finite else 1.0, 1.0 if self.signals.received else 0.0, vote()],
-            name="hvd_lars.fault_guard",
+            [float(not finite), float(self.signals.received is not None), vote()], name="hvd_lars.fault_guard"
         )
         if failed:
             raise_noted()
@@ -400,58 +307,49 @@ class FaultGuard(keras.callbacks.Callback):
                 "(or --base_learning_rate) or lengthen --warmup_epochs, and start afresh (--noresume or "
                 "another --run_name).",
                 step,
-                rate,
             )
         if signalled and not self._pending:
             self._pending = (step, int(signalled))
+            # At the epoch's last update the epoch ends first (evaluation, checkpoint, logs), so that the
+            # resumed run, which starts with the next epoch, misses none of it.
             if batch + 1 != (self.params or {}).get("steps"):
                 self._stop()
-            # At the epoch's last update: the epoch ends first (evaluation, its checkpoint of this step, its
-            # logs), so that the resumed run, which starts with the next epoch, misses none of it; the
-            # callback from `after_epoch()` then stops training.
 
     def _stop(self):
         step, signalled = self._pending
-        # This update's checkpoint (already written at an epoch end: save() does not repeat it), complete
-        # on disk before any rank exits, also when it is written in the background.
+        # This update's checkpoint, complete on disk before any rank exits.
         self.checkpoint.save()
         self.checkpoint.finish()
         path = self.checkpoint.manager.latest_checkpoint if collectives.is_chief() else "written by rank 0"
-        name = self.signals.received
         raise Preempted(
             f"preempted: a stop request (SIGTERM, SIGUSR1, Ctrl-C, the launcher's stop) reached {signalled} "
-            f"of {collectives.size()} rank(s) (this one: {name or 'none'}); stopped at step {step}, "
-            f"checkpoint {path}. Start the same command again to resume from step {step} (exit status "
-            f"{EXIT_PREEMPTED}: requeue).",
+            f"of {collectives.size()} rank(s) (this one: {self.signals.received or 'none'}); stopped at "
+            f"step {step}, checkpoint {path}. Start the same command again to resume from step {step} (exit "
+            f"status {EXIT_PREEMPTED}: requeue).",
             step,
-            name,
-            path,
         )
 
     def after_epoch(self):
-        """The callback to place last (after checkpoints, evaluation and loggers): it stops training at the
-        end of an epoch whose last update found a stop signal."""
+        """The callback to place last: it stops training after an epoch whose last update found a signal."""
         guard = self
 
         class StopAfterEpoch(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
                 agree()  # a write of this epoch's logs or checkpoint, a read of its evaluation
-                # After the last update of the run there is nothing left to resume: training ends normally.
-                if guard._pending and guard._pending[0] < guard.total_steps:
+                if guard._pending and guard._pending[0] < guard.total_steps:  # else training ends anyway
                     guard._stop()
 
         return StopAfterEpoch()
 
 
 def checkpoint_bytes(variables):
-    """Bytes the values of `variables` (Keras or tf variables) take in a checkpoint: their sizes times their
-    dtypes' widths (the checkpoint adds an index of a few KiB)."""
+    """Bytes the values of `variables` take in a checkpoint: sizes times dtype widths (without its index)."""
     return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
 
 
 def run_dir_problem(run_dir, needed_bytes):
-    """Why training cannot write to `run_dir` (str), or None: it cannot be created, a file cannot be
-    written in it, or its file system has fewer than `needed_bytes` (int) free. Creates `run_dir`."""
+    """Why training cannot write to `run_dir` (which it creates), or None: it cannot be created, a file
+    cannot be written in it, or its file system has fewer than `needed_bytes` free."""
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, f".write_test.{os.getpid()}")
@@ -471,62 +369,30 @@ def run_dir_problem(run_dir, needed_bytes):
 
 
 def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
-    """Refuses to train when rank 0 cannot write `run_dir` or lacks room for `keep_checkpoints` + 1
-    checkpoints of `checkpoint_size` bytes (the manager writes a new one before deleting the oldest).
-
-    A collective: rank 0 decides, every rank raises the same error.
-
-    Raises:
-        ValueError: naming the path, the free and the needed space.
-    """
+    """Raises `ValueError` on every rank (a collective) when rank 0 cannot write `run_dir` or it lacks room
+    for `keep_checkpoints` + 1 checkpoints of `checkpoint_size` bytes (a new one is written before the
+    oldest is deleted)."""
     needed = (keep_checkpoints + 1) * checkpoint_size
     problem = run_dir_problem(run_dir, needed) if collectives.is_chief() else None
-    problem = collectives.broadcast_object(problem, name="hvd_lars.run_dir_check")
-    if problem:
+    if problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_check"):
         raise ValueError(problem)
 
 
-_last_progress = time.monotonic()
-
-
 def heartbeat():
-    """Records that this rank made progress now (an update, an evaluation batch, a checkpoint written or
-    waited for); `ProgressWatchdog` measures from the latest. Cheap: one clock read."""
+    """Records that this rank made progress now; `ProgressWatchdog` measures from the latest."""
     global _last_progress
     _last_progress = time.monotonic()
 
 
 class ProgressWatchdog(keras.callbacks.Callback):
-    """Ends this process when it has made no progress (`heartbeat`) for `timeout_s` seconds.
-
-    Why: when a host or its link goes silent (power, cable, a switch port), its processes send neither
-    data nor a reset, and the other ranks wait inside a collective. Open MPI's TCP transport waits for
-    the kernel's retransmission limit (about 15 minutes with Linux's tcp_retries2=15) and Horovod's stall
-    shutdown cannot act while its background thread is itself blocked in that collective, so the job
-    would hang. (Gloo's own timeout, HOROVOD_GLOO_TIMEOUT_SECONDS, ends such a wait by itself.) This
-    rank's process exits with `EXIT_HUNG` after a message naming the wait and the last update; its
-    launcher then ends the job, and the last complete checkpoint stays.
-
-    Progress is reported by this callback at every training batch's end and epoch boundary, by
-    `hvd_lars.training.epoch_logs.ExactEvaluation` at every evaluation batch, and by the checkpoint callback
-    around each write, so `timeout_s` must exceed the longest wait of a rank on another's lone work
-    outside those: rank 0 listing an image folder, one checkpoint write on a slow disk, the start of a
-    new elastic worker.
-
-    Use as a context manager around training (the thread is started on entry and stopped on exit,
-    whatever happens), and as a Keras callback in `fit`.
-
-    Time the process spends stopped (SIGSTOP, `scontrol suspend`) is not counted: the watchdog's thread
-    notices that it did not run itself for longer than 2 checks + 1 s and discounts that gap.
-
-    Args:
-        timeout_s: float seconds > 0, or 0 / None for no watchdog.
-        exit: the function called to end the process (default `os._exit`); its argument is `EXIT_HUNG`.
-    """
+    """Ends this process with `exit(EXIT_HUNG)` (default `os._exit`) after `timeout_s` seconds (0 or None:
+    never) without a `heartbeat` (one at every batch and epoch boundary, checkpoint and evaluation batch);
+    time the process spends stopped does not count. A context manager around training and a Keras
+    callback (why: docs/design.md). Raises `ValueError` for a negative or NaN `timeout_s`."""
 
     def __init__(self, timeout_s, exit=os._exit):
         super().__init__()
-        if timeout_s is not None and (timeout_s < 0 or timeout_s != timeout_s):
+        if timeout_s is not None and not timeout_s >= 0:
             raise ValueError(f"hang timeout must be >= 0 seconds (0: off), got {timeout_s!r}.")
         self.timeout_s = timeout_s or 0
         self._exit = exit
@@ -555,110 +421,60 @@ class ProgressWatchdog(keras.callbacks.Callback):
         woke = time.monotonic()
         while not self._stop.wait(period):
             now = time.monotonic()
-            if now - woke > 2 * period + 1.0:
-                # This thread itself did not run for that long: the whole process was stopped (SIGSTOP,
-                # Slurm's `scontrol suspend`, a paused VM), not waiting on a peer. The stopped time is not
-                # time without progress (the monotonic clock counts it).
+            if now - woke > 2 * period + 1.0:  # this thread did not run either: the process was stopped
                 _last_progress += now - woke - period
             woke = now
-            idle = now - _last_progress
-            if idle <= self.timeout_s:
-                continue
+            if now - _last_progress > self.timeout_s:
+                return self._fire(now - _last_progress)
+
+    def _fire(self, idle):
+        try:
+            step = int(self.model.optimizer.iterations)
+        except Exception:  # the message must go out whatever the state
             step = "?"
-            try:
-                step = int(self.model.optimizer.iterations) if self.model is not None else "?"
-            except Exception:  # noqa: BLE001 - the message must go out whatever the state
-                pass
-            log.error(
-                f"rank {collectives.rank()} of {collectives.size()}: no progress for {idle:.0f} s "
-                f"(--hang_timeout_s={self.timeout_s:g}) after update {step}: a peer or its link has gone "
-                "silent, or a collective waits for a rank that never comes. Ending this process (exit "
-                f"status {EXIT_HUNG}) so that the launcher ends the job; the last complete checkpoint is "
-                "kept.",
-                extra={"every_rank": True},
-            )
-            self.fired = True
-            self._exit(EXIT_HUNG)
-            return
+        log.error(
+            f"rank {collectives.rank()} of {collectives.size()}: no progress for {idle:.0f} s "
+            f"(--hang_timeout_s={self.timeout_s:g}) after update {step}: a peer or its link has gone "
+            "silent, or a collective waits for a rank that never comes. Ending this process (exit "
+            f"status {EXIT_HUNG}) so that the launcher ends the job; the last complete checkpoint is kept.",
+            extra={"every_rank": True},
+        )
+        self.fired = True
+        self._exit(EXIT_HUNG)
 
-    def on_train_begin(self, logs=None):
+    def on_train_batch_end(self, *args, **kwargs):
         heartbeat()
 
-    def on_train_batch_end(self, batch, logs=None):
-        heartbeat()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        heartbeat()
-
-    def on_epoch_end(self, epoch, logs=None):
-        heartbeat()
-
-
-log = logging.getLogger(__name__)
-
-CLAIM_FILE = "running.json"
-# Refresh period of the claim, and the age after which a claim of another host is taken as its job's end:
-# 4 missed refreshes (a loaded file server, a slow checkpoint write on the holder's host).
-HEARTBEAT_S = 30.0
-STALE_S = 4 * HEARTBEAT_S
+    on_train_begin = on_epoch_begin = on_epoch_end = on_train_batch_end
 
 
 class RunDirInUse(ValueError):
     """Another live job holds the run directory (one line, exit status 2 from the main program)."""
 
 
-# The ways training ends on every rank at once, each still able to run a collective.
-ENDED_TOGETHER = (Preempted, TrainingDiverged, FileFailure)
-
-
-def _boot_id():
+def holder():
+    """This process as a claim records it, with the Slurm job and restart it runs in."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+            boot = f.read().strip()
     except OSError:
-        return ""
-
-
-def _process_start(pid):
-    """The start time of process `pid` in clock ticks since boot (Linux), or None where it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def holder():
-    """This process as a claim records it (with the Slurm job and restart it runs in, if any)."""
-    pid = os.getpid()
+        boot = ""
     return {
         "host": socket.gethostname(),
-        "boot": _boot_id(),
-        "pid": pid,
-        "process_start": _process_start(pid),
+        "boot": boot,
+        "pid": os.getpid(),
+        "process_start": _stat(os.getpid(), 19),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
     }
 
 
-def _file_system_now(run_dir):
-    """The file system's current time, as the modification time of a file written in `run_dir` now."""
-    probe = os.path.join(run_dir, f".clock.{os.getpid()}")
-    with open(probe, "w"):
-        pass
-    try:
-        return os.stat(probe).st_mtime
-    finally:
-        os.remove(probe)
-
-
-def why_stale(claim, age_s):
-    """Why the holder of `claim` (a dict as `holder()` makes it) whose file was last refreshed `age_s`
-    seconds ago is gone, or None where it may still run."""
+def _why_stale(claim, age_s):
+    # Why the holder of `claim`, refreshed `age_s` seconds ago by the file system's clock, is gone, or None.
     me = holder()
     here = claim.get("host") == me["host"] and claim.get("boot") == me["boot"]
-    if here and _process_start(claim.get("pid")) != claim.get("process_start"):
+    if here and _stat(claim.get("pid"), 19) != claim.get("process_start"):
         return "its process is gone"
     # Slurm starts a requeued job only once every process of its earlier start has ended.
     if me["slurm_job"] and claim.get("slurm_job") == me["slurm_job"]:
@@ -674,37 +490,34 @@ def _describe(claim):
 
 
 def take(run_dir):
-    """Claims `run_dir` (str) for this process; returns the line to print when a stale claim was taken over,
-    else None.
-
-    Raises:
-        RunDirInUse: a live job holds it, naming its host and process and what to do.
-        OSError: the claim cannot be written.
-    """
+    """Claims `run_dir` for this process; returns the line to print when it took over a stale claim.
+    Raises `RunDirInUse` where a live job holds it, `OSError` where the claim cannot be written."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, CLAIM_FILE)
-    mine = json.dumps(holder())
     taken_over = None
     for _ in range(3):  # another start may take over or claim between the reads below
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
+                f.write(json.dumps(holder()))
+            return taken_over
         except FileExistsError:
             pass
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(mine)
-            return taken_over
         try:
             with open(path) as f:
                 text = f.read()
-            age = _file_system_now(run_dir) - os.stat(path).st_mtime
+            refreshed = os.stat(path).st_mtime
+            # Its age by the file system's clock: the modification time of a file written now.
+            probe = os.path.join(run_dir, f".clock.{os.getpid()}")
+            open(probe, "w").close()
+            age = os.stat(probe).st_mtime - refreshed
+            os.remove(probe)
         except FileNotFoundError:
             continue  # its holder just ended
         try:
             claim = json.loads(text)
         except ValueError:
             claim = {}  # being written, or cut short by a crash: stale once it is not refreshed
-        reason = why_stale(claim, age)
+        reason = _why_stale(claim, age)
         if reason is None:
             raise RunDirInUse(
                 f"the run directory {run_dir} is in use by {_describe(claim)}: it holds {path}. Wait for "
@@ -740,12 +553,8 @@ def release(run_dir):
 
 
 class RunDirClaim:
-    """Context manager, on every rank: rank 0 claims `run_dir` (`take`) and refreshes the claim while inside;
-    every rank raises rank 0's refusal. A collective on entry.
-
-    Raises:
-        RunDirInUse: on every rank, when another live job holds the directory.
-    """
+    """Context manager on every rank, a collective on entry: rank 0 claims `run_dir` (`take`) and refreshes
+    the claim while inside; every rank raises `RunDirInUse` when another live job holds it."""
 
     def __init__(self, run_dir):
         self.run_dir = run_dir
@@ -756,8 +565,7 @@ class RunDirClaim:
         outcome = None
         if collectives.is_chief():
             try:
-                line = take(self.run_dir)
-                if line:
+                if line := take(self.run_dir):
                     log.info(line)
             except (RunDirInUse, OSError) as e:
                 outcome = str(e)
@@ -770,10 +578,9 @@ class RunDirClaim:
         return self
 
     def _refresh(self):
-        path = os.path.join(self.run_dir, CLAIM_FILE)
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                os.utime(path)
+                os.utime(os.path.join(self.run_dir, CLAIM_FILE))
             except OSError:
                 pass  # a full or lost disk: the run's own writes report it
 
@@ -783,8 +590,8 @@ class RunDirClaim:
             self._thread.join()
             self._thread = None
             release(self.run_dir)
-        if exc_type is None or issubclass(exc_type, ENDED_TOGETHER):
-            # No rank exits before the claim is gone: a launcher that kills the others when one exits
-            # (srun --kill-on-bad-exit, after a pre-emption's status 75) would leave it behind.
+        if exc_type is None or issubclass(exc_type, (Preempted, TrainingDiverged, FileFailure)):
+            # Ended together, so no rank exits before the claim is gone: a launcher that kills the others
+            # when one exits (srun --kill-on-bad-exit) would leave it behind.
             collectives.barrier()
         return False

@@ -47,12 +47,18 @@ print("readme fragment: every rank holds rank 0's weights")
 """,
         expect="readme fragment: every rank holds rank 0's weights",
     ),
-    # A fragment that compiles `model` with its optimizer; one epoch of `data` follows.
+    # A fragment that fuses the batch norm of `model` and compiles it with its optimizer; one epoch of `data`
+    # follows, on the fused layer.
     "model": Preamble(
-        before=_MODEL_AND_DATA,
+        before=_MODEL_AND_DATA
+        + """
+model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(8, 3),
+                          keras.layers.BatchNormalization(), keras.layers.Flatten(), keras.layers.Dense(10)])
+""",
         after="""
 history = model.fit(data, epochs=1, verbose=0)
 assert np.isfinite(history.history["loss"][-1]), history.history
+assert type(model.layers[1]).__name__ == "FusedBatchNormalization", model.layers
 print("readme fragment: trained one epoch")
 """,
         expect="readme fragment: trained one epoch",

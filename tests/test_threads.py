@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from hvd_lars.training import threads
+from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.threads import describe_cores, parse_cpu_list, threads_per_rank
 from tests.support import REPO
 
@@ -134,3 +135,17 @@ def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
     )
     assert "ENV 5 1 1" in out.stdout, out.stderr[-2000:]
     assert f"RULES {os.path.join(REPO, 'hvd_lars', 'parallel', 'ompi_allreduce_rules.conf')}" in out.stdout
+
+
+@pytest.mark.unit
+def test_thread_settings_are_read_back_from_tensorflow():
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # this process's TensorFlow is initialised: its pools are fixed
+    before = threads.applied_threads()
+    requested = threads.configure_threads(TrainConfig(intra_op_threads=7, inter_op_threads=3), world_size=1)
+    assert requested == (7, 3)
+    # The request came too late: what is reported is what TensorFlow runs with, not the request.
+    assert threads.applied_threads() == before
+    assert (before["intra_op"], before["inter_op"]) != (7, 3)
+    assert before["intra_op"] == tf.config.threading.get_intra_op_parallelism_threads()

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from hvd_lars import main
+from hvd_lars.training.config import TrainConfig
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import run_main
@@ -244,3 +246,24 @@ def test_batch_not_divisible_by_ranks_is_refused_on_every_rank(tmp_path):
     assert result.returncode != 0
     assert "--global_batch_size=4095 does not divide by the world size 2" in result.stdout + result.stderr
     assert not (tmp_path / "fashion_mnist_lars_b4096").exists()
+
+
+@pytest.mark.unit
+def test_every_field_is_a_flag_with_its_declared_default_and_help():
+    for name, field in {f.name: f for f in dataclasses.fields(TrainConfig)}.items():
+        flag = main.FLAGS[name]
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        assert flag.default == default, name
+        assert flag.help.startswith(field.metadata["help"]), name
+
+
+@pytest.mark.unit
+def test_only_errors_raised_by_the_package_count_as_bad_input():
+    with pytest.raises(ValueError) as ours:
+        TrainConfig(seed=-1).validate()
+    assert main._raised_here(ours.value)
+    import keras
+
+    with pytest.raises(ValueError) as keras_own:
+        keras.layers.Dense(1, activation="no_such_activation")
+    assert not main._raised_here(keras_own.value)

@@ -1,23 +1,16 @@
-"""Each setting declared once: the flags come from the fields, every value is checked by its declaration,
-every setting is part of the plan or not, and epochs never turn into 0 steps silently."""
+"""Each setting declared once (config.py): every value is checked by its declaration, a resume compares the
+plan it makes (plan.py) by meaning, and epochs never turn into 0 steps silently."""
 
 import dataclasses
 import math
 import os
-import types
 
-import keras
-import numpy as np
 import pytest
 
-from hvd_lars import main
 from hvd_lars.arguments import Range
 from hvd_lars.optim.scaling import steps_in_epochs
-from hvd_lars.training import epoch_logs, faults
-from hvd_lars.training.checkpoints import Lineage
 from hvd_lars.training.config import TrainConfig, plan_settings
 from hvd_lars.training.plan import make_plan, plan_changes
-from hvd_lars.training.train import callbacks_in_order, fit
 
 pytestmark = pytest.mark.unit
 
@@ -63,26 +56,6 @@ def test_bad_values_are_one_line_naming_flag_and_value(name, value, fragment):
     with pytest.raises(ValueError) as info:
         _config(**{name: value}).validate()
     assert fragment in str(info.value)
-
-
-def test_every_field_is_a_flag_with_its_declared_default_and_help():
-    for name, field in FIELDS.items():
-        flag = main.FLAGS[name]
-        default = list(field.default) if isinstance(field.default, tuple) else field.default
-        assert flag.default == default, name
-        assert flag.help.startswith(field.metadata["help"]), name
-
-
-def test_which_settings_are_part_of_the_plan():
-    # A new setting must be put on one side of this line, by hand.
-    assert set(plan_settings()) == {
-        "dataset", "data_dir", "image_size", "preprocessing", "deterministic", "model", "optimizer",
-        "global_batch_size", "accumulation_steps", "gradient_compression", "precision", "label_smoothing",
-        "epochs", "warmup_epochs", "base_learning_rate", "peak_learning_rate", "warmup_start_learning_rate",
-        "end_learning_rate", "schedule", "decay_power", "decay_boundaries_epochs", "decay_factor", "momentum",
-        "weight_decay", "eta", "trust_ratio_mode", "momentum_correction", "exclude_bn_and_bias", "epsilon",
-        "seed", "max_train_examples", "validation_examples", "steps_per_epoch",
-    }  # fmt: skip
 
 
 # A value other than the default for each setting of the plan (precision: compared as resolved).
@@ -236,68 +209,3 @@ def test_a_fraction_of_an_epoch_is_never_zero_steps(epochs, steps_per_epoch, ste
 def test_warmup_of_half_an_epoch_of_one_step_is_one_step():
     plan = make_plan(_config(warmup_epochs=0.5, steps_per_epoch=1, epochs=5), 1, 6400)
     assert plan.warmup_steps == 1 and plan.total_steps == 5
-
-
-def test_the_callbacks_run_in_this_order(tmp_path):
-    config = _config()
-    marker = keras.callbacks.Callback()
-    watchdog = faults.ProgressWatchdog(0)
-
-    def job_of(config):
-        run = types.SimpleNamespace(
-            config=config, run_dir=str(tmp_path), watchdog=watchdog, signals=None, extra_callbacks=[marker]
-        )
-        model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=0))
-        return types.SimpleNamespace(
-            run=run, model=model, manager=None, lineage=Lineage("r"), progress=keras.callbacks.Callback()
-        )
-
-    job = job_of(config)
-    data = types.SimpleNamespace(
-        eval=None, num_eval_examples=10, validation="v", num_validation_examples=5, skipped_corrupt=None
-    )
-    plan = make_plan(config, 1, 6400)
-    summary, commit = keras.callbacks.Callback(), keras.callbacks.Callback()
-    order = callbacks_in_order(job, data, plan, summary, commit)
-    names = [type(c).__name__ for c in order]
-    assert names == [
-        "FaultGuard", "ProgressWatchdog", "Callback", "MetricAverageCallback", "ImagesPerSecond",
-        "LearningRateLogger", "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV",
-        "TensorBoardScalars", "Callback", "PeriodicCheckpoint", "Callback", "StopAfterEpoch", "EpochProgress",
-    ]  # fmt: skip
-    assert order[1] is watchdog and order[2] is job.progress and order[8] is marker
-    assert order[11] is summary and order[13] is commit
-    # The guard checkpoints through the attempt's checkpointer (at a stop), which saves the run's progress.
-    assert order[0].checkpoint is order[12] and order[12].progress is job.progress
-    assert [c.prefix for c in order if isinstance(c, epoch_logs.ExactEvaluation)] == ["test", "val"]
-    assert isinstance(order[9], epoch_logs.MetricsCSV)
-    assert order[-1].every_s == 30 and order[-1].images_per_batch == plan.per_rank_batch_size
-    quiet = callbacks_in_order(job_of(_config(verbose=0)), data, plan, summary)
-    assert type(quiet[-1]).__name__ == "StopAfterEpoch"
-    epoch_lines = callbacks_in_order(job_of(_config(verbose=2)), data, plan, summary)
-    assert epoch_lines[-1].every_s is None
-
-
-def test_a_callback_that_stops_training_is_not_undone():
-    # EarlyStopping-like: stops after the first epoch; fit must not start the remaining epochs again.
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    import tensorflow as tf
-
-    stream = tf.data.Dataset.from_tensor_slices((np.ones((4, 2), "float32"), np.ones((4, 1), "float32")))
-    data = types.SimpleNamespace(train_from=lambda start: stream.batch(2).repeat(), num_classes=1)
-    plan = make_plan(_config(epochs=3, steps_per_epoch=2), 1, 6400)
-    stop = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", True)
-    )
-    fit(model, data, plan, _config(verbose=0), [stop], 0)
-    assert int(model.optimizer.iterations) == 2
-
-
-def test_only_errors_raised_by_the_package_count_as_bad_input():
-    with pytest.raises(ValueError) as ours:
-        _config(seed=-1).validate()
-    assert main._raised_here(ours.value)
-    with pytest.raises(ValueError) as keras_own:
-        keras.layers.Dense(1, activation="no_such_activation")
-    assert not main._raised_here(keras_own.value)

@@ -2,12 +2,23 @@
 few updates on synthetic data at world size 1, with evaluation, a checkpoint, and a resume from it."""
 
 import json
+import types
 
+import keras
+import numpy as np
 import pytest
 
-from hvd_lars.training import epoch_logs
+from hvd_lars.training import epoch_logs, faults
+from hvd_lars.training.checkpoints import Lineage
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.train import run
+from hvd_lars.training.plan import make_plan
+from hvd_lars.training.train import callbacks_in_order, fit, run
+
+
+def _config(**kw):
+    return TrainConfig(
+        **{**dict(peak_learning_rate=2.0, global_batch_size=64, epochs=3, warmup_epochs=1), **kw}
+    )
 
 
 def smoke(tmp_path, **overrides):
@@ -42,3 +53,61 @@ def test_the_loop_trains_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch
     lines = (tmp_path / "loop" / "metrics.csv").read_text().splitlines()
     assert [line.split(",")[:2] for line in lines[1:]] == [["0", "2"], ["1", "4"]]
     assert (tmp_path / "loop" / "run.png").stat().st_size > 0
+
+
+@pytest.mark.unit
+def test_the_callbacks_run_in_this_order(tmp_path):
+    config = _config()
+    marker = keras.callbacks.Callback()
+    watchdog = faults.ProgressWatchdog(0)
+
+    def job_of(config):
+        run = types.SimpleNamespace(
+            config=config, run_dir=str(tmp_path), watchdog=watchdog, signals=None, extra_callbacks=[marker]
+        )
+        model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=0))
+        return types.SimpleNamespace(
+            run=run, model=model, manager=None, lineage=Lineage("r"), progress=keras.callbacks.Callback()
+        )
+
+    job = job_of(config)
+    data = types.SimpleNamespace(
+        eval=None, num_eval_examples=10, validation="v", num_validation_examples=5, skipped_corrupt=None
+    )
+    plan = make_plan(config, 1, 6400)
+    summary, commit = keras.callbacks.Callback(), keras.callbacks.Callback()
+    order = callbacks_in_order(job, data, plan, summary, commit)
+    names = [type(c).__name__ for c in order]
+    assert names == [
+        "FaultGuard", "ProgressWatchdog", "Callback", "MetricAverageCallback", "ImagesPerSecond",
+        "LearningRateLogger", "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV",
+        "TensorBoardScalars", "Callback", "PeriodicCheckpoint", "Callback", "StopAfterEpoch", "EpochProgress",
+    ]  # fmt: skip
+    assert order[1] is watchdog and order[2] is job.progress and order[8] is marker
+    assert order[11] is summary and order[13] is commit
+    # The guard checkpoints through the attempt's checkpointer (at a stop), which saves the run's progress.
+    assert order[0].checkpoint is order[12] and order[12].progress is job.progress
+    assert [c.prefix for c in order if isinstance(c, epoch_logs.ExactEvaluation)] == ["test", "val"]
+    assert isinstance(order[9], epoch_logs.MetricsCSV)
+    assert order[-1].every_s == 30 and order[-1].images_per_batch == plan.per_rank_batch_size
+    quiet = callbacks_in_order(job_of(_config(verbose=0)), data, plan, summary)
+    assert type(quiet[-1]).__name__ == "StopAfterEpoch"
+    epoch_lines = callbacks_in_order(job_of(_config(verbose=2)), data, plan, summary)
+    assert epoch_lines[-1].every_s is None
+
+
+@pytest.mark.unit
+def test_a_callback_that_stops_training_is_not_undone():
+    # EarlyStopping-like: stops after the first epoch; fit must not start the remaining epochs again.
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    import tensorflow as tf
+
+    stream = tf.data.Dataset.from_tensor_slices((np.ones((4, 2), "float32"), np.ones((4, 1), "float32")))
+    data = types.SimpleNamespace(train_from=lambda start: stream.batch(2).repeat(), num_classes=1)
+    plan = make_plan(_config(epochs=3, steps_per_epoch=2), 1, 6400)
+    stop = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", True)
+    )
+    fit(model, data, plan, _config(verbose=0), [stop], 0)
+    assert int(model.optimizer.iterations) == 2

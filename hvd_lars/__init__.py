@@ -95,4 +95,12 @@ def _training_program():
 
 
 if not _training_program():
-    __getattr__("LARS")
+    try:
+        __getattr__("LARS")
+    except ModuleNotFoundError as e:  # Keras's default backend without TensorFlow: say what to do
+        if e.name != "tensorflow" or _backend() != "tensorflow":
+            raise
+        raise ImportError(
+            "Keras's backend is TensorFlow (KERAS_BACKEND unset), which is not installed: pip install "
+            "'hvd_lars[train]', or set KERAS_BACKEND=jax (or torch) with that package installed."
+        ) from None

@@ -4,6 +4,9 @@ environment without TensorFlow (`make test-backends`); with `torch` installed, `
 the same way."""
 
 import importlib
+import importlib.util
+import os
+import subprocess
 import sys
 
 import keras
@@ -151,3 +154,17 @@ def test_the_tensorflow_parts_say_what_they_need_off_tensorflow(package):
         return
     with pytest.raises(ImportError, match=rf"^{package} needs tensorflow.* pip install 'hvd_lars\[train\]'"):
         importlib.import_module(package)
+
+
+@pytest.mark.horovod  # a process: a fresh interpreter on Keras's default backend
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None, reason="TensorFlow is installed here")
+def test_import_on_the_default_backend_without_tensorflow_says_what_to_install():
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import hvd_lars"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: Keras's backend is TensorFlow (KERAS_BACKEND unset), which is not installed: pip "
+        "install 'hvd_lars[train]', or set KERAS_BACKEND=jax (or torch) with that package installed."
+    )

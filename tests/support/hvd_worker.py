@@ -16,6 +16,22 @@ import tempfile
 
 import numpy as np
 
+if __name__ == "__main__":  # a rank; the test imports this module for its names
+    import keras
+    import tensorflow as tf
+    from keras.optimizers import SGD, Adam, Lamb, LossScaleOptimizer
+
+    from hvd_lars import (
+        LARS,
+        BroadcastGlobalVariablesCallback,
+        DistributedOptimizer,
+        LearningRateWarmupCallback,
+        MetricAverageCallback,
+        WarmupPolynomialDecay,
+    )
+    from hvd_lars.parallel import collectives
+    from hvd_lars.parallel.callbacks import average_metrics
+
 STEPS = 3
 GLOBAL_BATCH = 8
 RATES = [0.05, 0.02, 0.04]  # per batch, for the "variable" rates (set by a callback before each batch)
@@ -26,11 +42,7 @@ CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exce
 
 
 def main(out_dir, calls):
-    from hvd_lars.parallel import collectives
-
     rank, size = collectives.init()
-    import tensorflow as tf
-
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores
     results = {}
     for call in calls:
@@ -38,15 +50,6 @@ def main(out_dir, calls):
         results[(function, *args)] = globals()[function](rank, size, *args)
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(results, f)
-
-
-# ----------------------------------------------------------------------------------------------- shared
-
-
-def _keras():
-    import keras
-
-    return keras
 
 
 def data(rank, size):
@@ -58,18 +61,21 @@ def data(rank, size):
     return (x[:, mine].reshape(-1, 4), y[:, mine].reshape(-1, 2)), (x.reshape(-1, 4), y.reshape(-1, 2))
 
 
-def make_model(weights=None):
-    keras = _keras()
+def make_model(random=False):
+    """4 -> 3 (tanh) -> 2, from `initial_weights()` unless `random`."""
     model = keras.Sequential(
-        [
-            keras.Input((4,)),
-            keras.layers.Dense(3, activation="tanh", name="hidden"),
-            keras.layers.Dense(2, name="out"),
-        ]
+        [keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(2)]
     )
-    if weights is not None:
-        model.set_weights(weights)
+    if not random:
+        model.set_weights(initial_weights())
     return model
+
+
+def one_weight_model():
+    """y = w x, w = 0."""
+    return keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
 
 
 def initial_weights():
@@ -99,9 +105,6 @@ def make_optimizer(name, rate_kind):
     """(optimizer, callbacks): `name` with its rate given as `rate_kind`; for a "variable" rate, a callback
     that sets RATES before each batch (LARS's in the keras.Variable it was given, the others' by assigning
     optimizer.learning_rate), as schedule callbacks do."""
-    keras = _keras()
-    from hvd_lars import LARS
-
     held = keras.Variable(0.05) if (name, rate_kind) == ("lars", "variable") else None
 
     class SetRate(keras.callbacks.Callback):
@@ -119,31 +122,27 @@ def make_optimizer(name, rate_kind):
     }[rate_kind]
     callbacks = [SetRate()] if rate_kind == "variable" else []
     if name == "sgd":
-        return keras.optimizers.SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM), callbacks
+        return SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM), callbacks
     if name == "adam":
-        return keras.optimizers.Adam(rate, weight_decay=0.01), callbacks
+        return Adam(rate, weight_decay=0.01), callbacks
     if name == "lamb":
-        return keras.optimizers.Lamb(rate), callbacks
+        return Lamb(rate), callbacks
     return LARS(rate, weight_decay=1e-3, eta=0.1), callbacks
 
 
 def wrapped(optimizer, wrap):
     """DistributedOptimizer around `optimizer` ("bare"), around a loss scaler around it ("lso_inside"), or
     made under mixed_float16, where it adds the loss scaler itself ("lso_chosen")."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
     if wrap == "bare":
         return DistributedOptimizer(optimizer)
     if wrap == "lso_inside":
-        return DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=64.0))
+        return DistributedOptimizer(LossScaleOptimizer(optimizer, initial_scale=64.0))
     return chosen_under_mixed_float16(lambda: DistributedOptimizer(optimizer))
 
 
 def chosen_under_mixed_float16(make):
     """The optimizer `make()` returns while Keras's dtype policy is mixed_float16 (then float32 again):
     DistributedOptimizer chooses to scale the loss itself there."""
-    keras = _keras()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         return make()
@@ -154,9 +153,6 @@ def chosen_under_mixed_float16(make):
 def scalar_steps(optimizer, grads_per_step):
     """[w, loss scale, iterations] after each of the hand-made gradients of one scalar weight w (from 0),
     applied in a tf.function as model.fit does."""
-    keras = _keras()
-    import tensorflow as tf
-
     w = keras.Variable(0.0)
     optimizer.build([w])
     step = tf.function(lambda g: optimizer.apply([g], [w]))
@@ -169,8 +165,6 @@ def scalar_steps(optimizer, grads_per_step):
 
 def traced_update(optimizer, variables):
     """The graph of one `optimizer.apply` on float32 gradients of `variables` (traced, not run)."""
-    import tensorflow as tf
-
     optimizer.build(variables)
 
     def update(*grads):
@@ -179,15 +173,12 @@ def traced_update(optimizer, variables):
     return tf.function(update).get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
 
 
-# ------------------------------------------------ the optimizer matrix: every optimizer, rate and nesting
-
-
 def one_process(rank, size, name, rate_kind):
     """The reference of `two_ranks(name, rate_kind, ...)`: the plain optimizer, one process on the whole
     batch; its final weights."""
     _, (x_all, y_all) = data(rank, size)
     optimizer, callbacks = make_optimizer(name, rate_kind)
-    model = fit(make_model(initial_weights()), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks)
+    model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks)
     return values(model.trainable_variables)
 
 
@@ -195,15 +186,10 @@ def two_ranks(rank, size, name, rate_kind, wrap):
     """`name` with its rate as `rate_kind`, `wrapped` as `wrap`, on this rank's half of each batch: weights,
     optimizer state, and that state restored by tf.train.Checkpoint into a freshly built model and optimizer
     of the same kind and by a .keras save and load."""
-    keras = _keras()
-    import tensorflow as tf
-
     keras.saving.register_keras_serializable(package="hvd_worker")(_callable_rate)
     (x, y), _ = data(rank, size)
     optimizer, callbacks = make_optimizer(name, rate_kind)
-    model = fit(
-        make_model(initial_weights()), wrapped(optimizer, wrap), x, y, GLOBAL_BATCH // size, callbacks
-    )
+    model = fit(make_model(), wrapped(optimizer, wrap), x, y, GLOBAL_BATCH // size, callbacks)
     optimizer = model.optimizer
     result = {
         "final": values(model.trainable_variables),
@@ -229,11 +215,8 @@ def two_ranks(rank, size, name, rate_kind, wrap):
 
 def first_gradient_norm(rank, size):
     """The global norm of the first gradient on the whole batch (what SGD's global_clipnorm sees)."""
-    keras = _keras()
-    import tensorflow as tf
-
     _, (x_all, y_all) = data(rank, size)
-    model = make_model(initial_weights())
+    model = make_model()
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(
             keras.losses.mean_squared_error(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
@@ -241,28 +224,17 @@ def first_gradient_norm(rank, size):
     return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
 
 
-# ----------------------------------------------------------------------------------------- loss scalers
-
-
 def loss_scaler_inside(rank, size):
     """DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8 and 0: the
     mean 4 unscales to 1, so w = -1 on both ranks."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    optimizer = DistributedOptimizer(
-        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4)
-    )
+    optimizer = DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4))
     return scalar_steps(optimizer, [8.0 if rank == 0 else 0.0])
 
 
 def loss_scaler_chosen(rank, size):
     """Chosen under mixed_float16, the initial scale set before the build: inf on rank 0 and 8 on rank 1 ->
     the mean is inf, both skip, scale 4 -> 2; then 8 and 0 at scale 2 -> unscaled mean 2 -> w = -2."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    chosen = chosen_under_mixed_float16(lambda: DistributedOptimizer(keras.optimizers.SGD(1.0)))
+    chosen = chosen_under_mixed_float16(lambda: DistributedOptimizer(SGD(1.0)))
     chosen.inner_optimizer.initial_scale = 4.0
     return scalar_steps(chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0])
 
@@ -270,17 +242,10 @@ def loss_scaler_chosen(rank, size):
 def loss_scaler_around_the_wrapper(rank, size):
     """A loss scaler around the wrapper (of a plain optimizer, or of another loss scaler) would decide rank
     by rank: the error each raises when made ("" if none)."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    LSO = keras.optimizers.LossScaleOptimizer
     errors = {}
-    for case, inner in (
-        ("plain", keras.optimizers.SGD(1.0)),
-        ("loss scaler", LSO(keras.optimizers.SGD(1.0))),
-    ):
+    for case, inner in (("plain", SGD(1.0)), ("loss scaler", LossScaleOptimizer(SGD(1.0)))):
         try:
-            LSO(DistributedOptimizer(inner))
+            LossScaleOptimizer(DistributedOptimizer(inner))
             errors[case] = ""
         except ValueError as e:
             errors[case] = str(e)
@@ -292,17 +257,10 @@ def loss_scaler_keras_adds(rank, size):
     the loss itself, and model.compile leaves it as it is. Step 1: rank 0's input is inf (its gradient is not
     finite), rank 1's gives 2 x scale 4 = 8; step 2: both give 2, the mean 2 at rate 1 moves the kernel to -2.
     The optimizer's types and [kernel, scale] after each step."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential(
-            [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-        )
-        model.compile(
-            optimizer=DistributedOptimizer(keras.optimizers.SGD(1.0)), loss="mae", jit_compile=False
-        )
+        model = one_weight_model()
+        model.compile(optimizer=DistributedOptimizer(SGD(1.0)), loss="mae", jit_compile=False)
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
         optimizer.dynamic_scale.assign(4.0)
@@ -317,18 +275,15 @@ def loss_scaler_keras_adds(rank, size):
         keras.mixed_precision.set_global_policy("float32")
 
 
-# ----------------------------------------------------------------------------------------- accumulation
-
-
 def _accumulated(rank, size, distributed, plain):
     """`distributed` on 2 ranks x 2 micro-batches of 2 rows against `plain` in one process on the 8 rows of
     each update: final weights of both, and [iterations, the wrapper's micro-batch counter]."""
     (x, y), (x_all, y_all) = data(rank, size)
-    model = fit(make_model(initial_weights()), distributed, x, y, GLOBAL_BATCH // size // 2)
+    model = fit(make_model(), distributed, x, y, GLOBAL_BATCH // size // 2)
     wrapper = model.optimizer
     while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
         wrapper = wrapper.inner_optimizer
-    reference = fit(make_model(initial_weights()), plain, x_all, y_all, GLOBAL_BATCH)
+    reference = fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH)
     return {
         "final": values(model.trainable_variables),
         "counts": [int(model.optimizer.iterations), int(wrapper._iterations)],
@@ -338,30 +293,19 @@ def _accumulated(rank, size, distributed, plain):
 
 def accumulation_sgd_adopted(rank, size):
     """Keras's own gradient_accumulation_steps, taken over by the wrapper."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    SGD = keras.optimizers.SGD
     distributed = DistributedOptimizer(SGD(0.05, momentum=0.9, gradient_accumulation_steps=2))
     return _accumulated(rank, size, distributed, SGD(0.05, momentum=0.9))
 
 
 def accumulation_lars_schedule_lso_inside(rank, size):
-    keras = _keras()
-    from hvd_lars import LARS, DistributedOptimizer, WarmupPolynomialDecay
-
     schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
-    inside = keras.optimizers.LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0)
+    inside = LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0)
     return _accumulated(
         rank, size, DistributedOptimizer(inside, backward_passes_per_step=2), LARS(schedule(), eta=0.1)
     )
 
 
 def accumulation_adam_lso_chosen(rank, size):
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    Adam = keras.optimizers.Adam
     distributed = chosen_under_mixed_float16(
         lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)
     )
@@ -371,11 +315,8 @@ def accumulation_adam_lso_chosen(rank, size):
 def allreduces_per_accumulation_branch(rank, size):
     """Ranks talk once per update: the HorovodAllreduce ops in each branch of the cond of a traced update
     with backward_passes_per_step=2 (only the one taken on an update's last micro-batch should hold any)."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
-    graph = traced_update(optimizer, make_model(initial_weights()).trainable_variables).graph.as_graph_def()
+    optimizer = DistributedOptimizer(SGD(0.05), backward_passes_per_step=2)
+    graph = traced_update(optimizer, make_model().trainable_variables).graph.as_graph_def()
     functions = {f.signature.name: f for f in graph.library.function}
     return [
         sum(n.op == "HorovodAllreduce" for n in functions[node.attr[branch].func.name].node_def)
@@ -385,24 +326,16 @@ def allreduces_per_accumulation_branch(rank, size):
     ]
 
 
-# ------------------------------------------------------------------------------ reduction and collectives
-
-
 def gradient_reduction(rank, size, reduction, compression):
     """SGD under DistributedOptimizer(gradient_reduction=`reduction`, compression=`compression`), the ranks'
     gradients of different magnitudes (as float16 rounding then shows): final weights, and the ops of a traced
     update: [per-tensor allreduces, grouped allreduces, Horovod ops on float16 tensors]."""
-    keras = _keras()
-    import tensorflow as tf
-
-    from hvd_lars import DistributedOptimizer
-
     (x, y), _ = data(rank, size)
     make = lambda: DistributedOptimizer(  # noqa: E731
-        keras.optimizers.SGD(0.05, momentum=0.9), gradient_reduction=reduction, compression=compression
+        SGD(0.05, momentum=0.9), gradient_reduction=reduction, compression=compression
     )
-    model = fit(make_model(initial_weights()), make(), x, y * (1.0 + 3.0 * rank), GLOBAL_BATCH // size)
-    ops = traced_update(make(), make_model(initial_weights()).trainable_variables).graph.get_operations()
+    model = fit(make_model(), make(), x, y * (1.0 + 3.0 * rank), GLOBAL_BATCH // size)
+    ops = traced_update(make(), make_model().trainable_variables).graph.get_operations()
     kinds = [op.type for op in ops]
     halves = [op for op in ops if op.type.startswith("Horovod") and op.inputs[0].dtype == tf.float16]
     return {
@@ -414,26 +347,18 @@ def gradient_reduction(rank, size, reduction, compression):
 def max_over_ranks(rank, size):
     """`collectives.max_over_ranks` of the elastic loop's attempt count, where a rank that joined later
     (here rank 0, 1 attempt) has seen fewer attempts than the others (3)."""
-    from hvd_lars.parallel import collectives
-
     return int(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts"))
-
-
-# -------------------------------------------------------------------------------------------- callbacks
 
 
 def broadcast_at_start_and_on_resume(rank, size):
     """Different initial weights per rank (seed 10 + rank); BroadcastGlobalVariablesCallback(0) gives rank 0's
     on both in the first fit. Then a resume that restored rank 0 only (weights moved, counter set to 100):
     the next fit starts from rank 0's state on every rank. Weights + optimizer variables after each fit."""
-    keras = _keras()
-    from hvd_lars import BroadcastGlobalVariablesCallback, DistributedOptimizer
-
     (x, y), _ = data(rank, size)
     keras.utils.set_random_seed(10 + rank)
-    model = make_model()
+    model = make_model(random=True)
     result = {"initial": np.asarray(model.get_weights()[0])}
-    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
+    optimizer = DistributedOptimizer(SGD(0.05, momentum=0.9))
     fit(model, optimizer, x, y, GLOBAL_BATCH // size, [BroadcastGlobalVariablesCallback(0)])
     result["first_fit"] = values(model.trainable_variables) + values(model.optimizer.variables)
     if rank == 0:
@@ -450,14 +375,8 @@ def broadcast_at_start_and_on_resume(rank, size):
 def metric_average(rank, size):
     """MetricAverageCallback, val_* included: loss 10 on rank 0 and 20 on rank 1, val_loss 1.0 and 3.0 (mean
     absolute error of a zero model); EarlyStopping's best, the history, average_metrics(model.evaluate())."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer, MetricAverageCallback
-    from hvd_lars.parallel.callbacks import average_metrics
-
-    model = keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-    )
-    model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mae", jit_compile=False)
+    model = one_weight_model()
+    model.compile(optimizer=DistributedOptimizer(SGD(0.0)), loss="mae", jit_compile=False)
     validation = (np.ones((1, 1), np.float32), np.full((1, 1), 1.0 + 2.0 * rank, np.float32))
     stop = keras.callbacks.EarlyStopping(monitor="val_loss")
     history = model.fit(
@@ -480,9 +399,6 @@ def metric_average(rank, size):
 def warmup_rates(rank, size):
     """The rate before each of 12 updates: Horovod's warmup from 0.4 / 2 to 0.4 over 2 epochs of 4 updates;
     at update 9 the user's own callback sets 0.1, which the warmup callback (finished) leaves alone."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer, LearningRateWarmupCallback
-
     rates = []
 
     class Record(keras.callbacks.Callback):
@@ -494,8 +410,8 @@ def warmup_rates(rank, size):
                 self.model.optimizer.learning_rate = 0.1
 
     fit(
-        make_model(initial_weights()),
-        DistributedOptimizer(keras.optimizers.SGD(0.0)),
+        make_model(),
+        DistributedOptimizer(SGD(0.0)),
         np.zeros((16, 4), np.float32),
         np.zeros((16, 2), np.float32),
         4,

@@ -2,9 +2,9 @@
 
 Each case is a function of this module, `case(rank, size, *args)`, that returns what the test checks. One
 process group runs many cases (one TensorFlow start-up per rank): each argument "function:arg:arg" calls that
-function, and each rank pickles {(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch
-norm, so 2 ranks x B rows must give the updates of one process on the 2B rows. Every case starts both ranks
-from the same weights, except `broadcast_at_start_and_on_resume`.
+function (an error in it is noted with the call), and each rank pickles {(function, *args): result} to
+OUT_DIR/rank<r>.pkl. Models have no batch norm, so 2 ranks x B rows must give the updates of one process on
+the 2B rows. Every case starts both ranks from the same weights, except `broadcast_at_start_and_on_resume`.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
@@ -47,7 +47,11 @@ def main(out_dir, calls):
     results = {}
     for call in calls:
         function, *args = call.split(":")
-        results[(function, *args)] = globals()[function](rank, size, *args)
+        try:
+            results[(function, *args)] = globals()[function](rank, size, *args)
+        except Exception as e:
+            e.add_note(f"in hvd_worker.{function}{(rank, size, *args)}")  # the case, in the job's output
+            raise
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(results, f)
 

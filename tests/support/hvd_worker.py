@@ -1,71 +1,85 @@
 """One rank of the 2-rank tests of the Horovod glue (tests/test_distributed.py runs it through horovodrun).
 
-A group runs many cases in one process group (one TensorFlow start-up per rank) and writes this rank's
-results to <out>/<group>_rank<r>.npz, keyed "<case>/<what>"; the test compares the ranks, the references
-and the hand-computed values. Models have no batch norm, so 2 ranks x B rows must give the updates of one
-process on the 2B rows. Every case starts both ranks from the same weights, except the broadcast cases.
+Each case is a function of this module, `case(rank, size, *args)`, that returns what the test checks. One
+process group runs many cases (one TensorFlow start-up per rank): each argument "function:arg:arg" calls that
+function (an error in it is noted with the call), and each rank pickles {(function, *args): result} to
+OUT_DIR/rank<r>.pkl. Models have no batch norm, so 2 ranks x B rows must give the updates of one process on
+the 2B rows. Every case starts both ranks from the same weights, except `broadcast_at_start_and_on_resume`.
 
-Usage: hvd_worker.py OUT_DIR GROUP     (GROUP: matrix, behaviour)
+Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
 
 import os
+import pickle
 import sys
+import tempfile
 
 import numpy as np
 
+if __name__ == "__main__":  # a rank; the test imports this module for its names
+    import keras
+    import tensorflow as tf
+    from keras.optimizers import SGD, Adam, Lamb, LossScaleOptimizer
+
+    from hvd_lars import (
+        LARS,
+        BroadcastGlobalVariablesCallback,
+        DistributedOptimizer,
+        LearningRateWarmupCallback,
+        MetricAverageCallback,
+        WarmupPolynomialDecay,
+    )
+    from hvd_lars.parallel import collectives
+    from hvd_lars.parallel.callbacks import average_metrics
+
 STEPS = 3
 GLOBAL_BATCH = 8
-RATES = [0.05, 0.02, 0.04]  # per batch, for the "variable" cases (set by a callback before each batch)
+RATES = [0.05, 0.02, 0.04]  # per batch, for the "variable" rates (set by a callback before each batch)
 OPTIMIZERS = ("sgd", "adam", "lamb", "lars")
 RATE_KINDS = ("float", "variable", "schedule", "callable")
 WRAPS = ("bare", "lso_inside", "lso_chosen")
 CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exceeds it
 
 
-def main(out_dir, group):
-    from hvd_lars.parallel import collectives
-
+def main(out_dir, calls):
     rank, size = collectives.init()
-    import tensorflow as tf
-
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores
     results = {}
-    {"matrix": run_matrix, "behaviour": run_behaviour}[group](results, rank, size)
-    os.makedirs(out_dir, exist_ok=True)
-    np.savez(os.path.join(out_dir, f"{group}_rank{rank}.npz"), **results)
+    for call in calls:
+        function, *args = call.split(":")
+        try:
+            results[(function, *args)] = globals()[function](rank, size, *args)
+        except Exception as e:
+            e.add_note(f"in hvd_worker.{function}{(rank, size, *args)}")  # the case, in the job's output
+            raise
+    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(results, f)
 
 
-# ----------------------------------------------------------------------------------------------- shared
-
-
-def _keras():
-    import keras
-
-    return keras
-
-
-def data(rank, size, rows_per_step=GLOBAL_BATCH, seed=0):
+def data(rank, size):
     """(x, y) of this rank and of the whole job, step by step: rank r takes its slice of every step."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(STEPS, rows_per_step, 4)).astype(np.float32)
-    y = rng.normal(size=(STEPS, rows_per_step, 2)).astype(np.float32)
-    per_rank = rows_per_step // size
-    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS, GLOBAL_BATCH, 4)).astype(np.float32)
+    y = rng.normal(size=(STEPS, GLOBAL_BATCH, 2)).astype(np.float32)
+    mine = slice(rank * GLOBAL_BATCH // size, (rank + 1) * GLOBAL_BATCH // size)
     return (x[:, mine].reshape(-1, 4), y[:, mine].reshape(-1, 2)), (x.reshape(-1, 4), y.reshape(-1, 2))
 
 
-def make_model(weights=None):
-    keras = _keras()
+def make_model(random=False):
+    """4 -> 3 (tanh) -> 2, from `initial_weights()` unless `random`."""
     model = keras.Sequential(
-        [
-            keras.Input((4,)),
-            keras.layers.Dense(3, activation="tanh", name="hidden"),
-            keras.layers.Dense(2, name="out"),
-        ]
+        [keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(2)]
     )
-    if weights is not None:
-        model.set_weights(weights)
+    if not random:
+        model.set_weights(initial_weights())
     return model
+
+
+def one_weight_model():
+    """y = w x, w = 0."""
+    return keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
 
 
 def initial_weights():
@@ -83,51 +97,56 @@ def values(variables):
     return [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
 
 
-def record(results, case, name, arrays):
-    for i, a in enumerate(arrays):
-        results[f"{case}/{name}/{i}"] = np.asarray(a)
+def types(optimizer):
+    return [type(optimizer).__name__, type(optimizer.inner_optimizer).__name__]
 
 
 def _callable_rate():
     return 0.03
 
 
-def make_optimizer(name, rate_kind, rate_variable=None, **kwargs):
-    keras = _keras()
-    from hvd_lars import LARS
+def make_optimizer(name, rate_kind):
+    """(optimizer, callbacks): `name` with its rate given as `rate_kind`; for a "variable" rate, a callback
+    that sets RATES before each batch (LARS's in the keras.Variable it was given, the others' by assigning
+    optimizer.learning_rate), as schedule callbacks do."""
+    held = keras.Variable(0.05) if (name, rate_kind) == ("lars", "variable") else None
+
+    class SetRate(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if held is not None:
+                held.assign(RATES[batch])
+            else:
+                self.model.optimizer.learning_rate = RATES[batch]
 
     rate = {
         "float": 0.05,
-        "variable": rate_variable if name == "lars" else 0.05,
+        "variable": 0.05 if held is None else held,
         "schedule": keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.5),
         "callable": _callable_rate,
     }[rate_kind]
+    callbacks = [SetRate()] if rate_kind == "variable" else []
     if name == "sgd":
-        return keras.optimizers.SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM, **kwargs)
+        return SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM), callbacks
     if name == "adam":
-        return keras.optimizers.Adam(rate, weight_decay=0.01, **kwargs)
+        return Adam(rate, weight_decay=0.01), callbacks
     if name == "lamb":
-        return keras.optimizers.Lamb(rate, **kwargs)
-    return LARS(rate, weight_decay=1e-3, eta=0.1, **kwargs)
+        return Lamb(rate), callbacks
+    return LARS(rate, weight_decay=1e-3, eta=0.1), callbacks
 
 
-def wrap(optimizer, kind, **kwargs):
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    if kind == "bare":
-        return DistributedOptimizer(optimizer, **kwargs)
-    if kind == "lso_inside":
-        return DistributedOptimizer(
-            keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=64.0), **kwargs
-        )
-    return chosen_under_mixed_float16(lambda: DistributedOptimizer(optimizer, **kwargs))
+def wrapped(optimizer, wrap):
+    """DistributedOptimizer around `optimizer` ("bare"), around a loss scaler around it ("lso_inside"), or
+    made under mixed_float16, where it adds the loss scaler itself ("lso_chosen")."""
+    if wrap == "bare":
+        return DistributedOptimizer(optimizer)
+    if wrap == "lso_inside":
+        return DistributedOptimizer(LossScaleOptimizer(optimizer, initial_scale=64.0))
+    return chosen_under_mixed_float16(lambda: DistributedOptimizer(optimizer))
 
 
 def chosen_under_mixed_float16(make):
     """The optimizer `make()` returns while Keras's dtype policy is mixed_float16 (then float32 again):
     DistributedOptimizer chooses to scale the loss itself there."""
-    keras = _keras()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         return make()
@@ -135,239 +154,22 @@ def chosen_under_mixed_float16(make):
         keras.mixed_precision.set_global_policy("float32")
 
 
-def set_rate_callback(rate_variable):
-    keras = _keras()
-
-    class SetRate(keras.callbacks.Callback):
-        # A rate held in a variable and changed during training, as schedule callbacks do.
-        def on_train_batch_begin(self, batch, logs=None):
-            if rate_variable is not None:
-                rate_variable.assign(RATES[batch])
-            else:
-                self.model.optimizer.learning_rate = RATES[batch]
-
-    return SetRate()
-
-
-# ----------------------------------------------------------------------------------------------- matrix
-
-
-def run_matrix(results, rank, size):
-    """SGD, Adam, Lamb, LARS x float rate, variable, schedule, callable x bare, inside a loss scaler,
-    around a loss scaler: weights, optimizer state, and that state restored by tf.train.Checkpoint and
-    by a .keras save and load."""
-    keras = _keras()
-    import tensorflow as tf
-
-    keras.saving.register_keras_serializable(package="hvd_worker")(_callable_rate)
-    (x, y), (x_all, y_all) = data(rank, size)
-    w0 = initial_weights()
-    scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hvd_worker_{os.getpid()}")
-    for name in OPTIMIZERS:
-        for rate_kind in RATE_KINDS:
-            fresh_rate = lambda k=rate_kind: keras.Variable(0.05) if k == "variable" else None  # noqa: E731
-            # One process on the whole batch, the plain optimizer.
-            rate = fresh_rate()
-            callbacks = (
-                [set_rate_callback(rate if name == "lars" else None)] if rate_kind == "variable" else []
-            )
-            reference = fit(
-                make_model(w0), make_optimizer(name, rate_kind, rate), x_all, y_all, GLOBAL_BATCH, callbacks
-            )
-            record(results, f"{name}/{rate_kind}", "reference", values(reference.trainable_variables))
-            if name == "sgd":
-                model = make_model(w0)
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(
-                        keras.losses.mean_squared_error(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
-                    )
-                grads = tape.gradient(loss, model.trainable_variables)
-                results[f"{name}/{rate_kind}/first_gradient_norm"] = np.asarray(tf.linalg.global_norm(grads))
-            for kind in WRAPS:
-                case = f"{name}/{rate_kind}/{kind}"
-                rate = fresh_rate()
-                callbacks = (
-                    [set_rate_callback(rate if name == "lars" else None)] if rate_kind == "variable" else []
-                )
-                model = fit(
-                    make_model(w0),
-                    wrap(make_optimizer(name, rate_kind, rate), kind),
-                    x,
-                    y,
-                    GLOBAL_BATCH // size,
-                    callbacks,
-                )
-                optimizer = model.optimizer
-                record(results, case, "final", values(model.trainable_variables))
-                saved = values(optimizer.variables)
-                record(results, case, "state", saved)
-                results[f"{case}/iterations"] = np.asarray(int(optimizer.iterations))
-                results[f"{case}/types"] = np.asarray(
-                    [type(optimizer).__name__, type(optimizer.inner_optimizer).__name__]
-                )
-                # tf.train.Checkpoint into a freshly built model and optimizer of the same kind.
-                path = os.path.join(scratch, case.replace("/", "_"))
-                tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
-                fresh = make_model()
-                fresh.compile(optimizer=wrap(make_optimizer(name, rate_kind, fresh_rate()), kind), loss="mse")
-                fresh.optimizer.build(fresh.trainable_variables)
-                tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(
-                    os.path.join(path, "ckpt")
-                ).assert_consumed()
-                record(results, case, "checkpoint_state", values(fresh.optimizer.variables))
-                model.save(os.path.join(path, "model.keras"))
-                loaded = keras.models.load_model(os.path.join(path, "model.keras"))
-                record(results, case, "keras_state", values(loaded.optimizer.variables))
-                results[f"{case}/keras_type"] = np.asarray(type(loaded.optimizer).__name__)
-
-
-# -------------------------------------------------------------------------------------------- behaviour
-
-
-def run_behaviour(results, rank, size):
-    keras = _keras()
-    import tensorflow as tf
-
-    from hvd_lars import DistributedOptimizer
-
-    LSO = keras.optimizers.LossScaleOptimizer
-
-    def scalar_steps(optimizer, grads_per_step):
-        # Hand-made gradients of one scalar weight, applied in a tf.function as model.fit does.
-        w = keras.Variable(0.0)
-        optimizer.build([w])
-        step = tf.function(lambda g: optimizer.apply([g], [w]))
-        out = []
-        for g in grads_per_step:
-            step(tf.constant(g, tf.float32))
-            out.append([float(w.numpy()), float(optimizer.dynamic_scale.numpy()), int(optimizer.iterations)])
-        return np.asarray(out)
-
-    # DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8
-    # and 0: the mean 4 unscales to 1, so w = -1 on both ranks.
-    results["lso_inside/steps"] = scalar_steps(
-        DistributedOptimizer(LSO(keras.optimizers.SGD(1.0), initial_scale=4)), [8.0 if rank == 0 else 0.0]
-    )
-    # Chosen under mixed_float16, the initial scale set before the build: inf on rank 0 and 8 on rank 1
-    # -> the mean is inf, both skip, scale 4 -> 2; then 8 and 0 at scale 2 -> unscaled mean 2 -> w = -2.
-    chosen = chosen_under_mixed_float16(lambda: DistributedOptimizer(keras.optimizers.SGD(1.0)))
-    chosen.inner_optimizer.initial_scale = 4.0
-    results["lso_chosen/steps"] = scalar_steps(
-        chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0]
-    )
-    # A loss scaler around the wrapper (one that scales the loss or one that does not) would decide rank
-    # by rank: refused when it is made.
-    for case, inner in (
-        ("around_plain", keras.optimizers.SGD(1.0)),
-        ("two_scalers", LSO(keras.optimizers.SGD(1.0))),
-    ):
-        try:
-            LSO(DistributedOptimizer(inner))
-            results[f"{case}/error"] = np.asarray("")
-        except ValueError as e:
-            results[f"{case}/error"] = np.asarray(str(e))
-
-    keras_built_loss_scaler(results, rank)
-    accumulation(results, rank, size)
-    reductions(results, rank, size)
-    callbacks(results, rank, size)
-    counts(results, rank)
-
-
-def keras_built_loss_scaler(results, rank):
-    """mixed_float16 set before the optimizer is made, as a Keras script does: DistributedOptimizer scales
-    the loss itself, and model.compile leaves it as it is."""
-    keras = _keras()
-    from hvd_lars import DistributedOptimizer
-
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = keras.Sequential(
-            [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-        )
-        model.compile(
-            optimizer=DistributedOptimizer(keras.optimizers.SGD(1.0)), loss="mae", jit_compile=False
-        )
-        optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
-        optimizer.dynamic_scale.assign(4.0)
-        results["keras_built/types"] = np.asarray(
-            [type(optimizer).__name__, type(optimizer.inner_optimizer).__name__]
-        )
-        rows = []
-        # Step 1: rank 0's input is inf (its gradient is not finite), rank 1's gives 2 x scale 4 = 8.
-        # Step 2: both give 2: the mean 2 at rate 1 moves the kernel to -2.
-        for x in ([np.inf if rank == 0 else 2.0], [2.0]):
-            model.fit(np.array([x], np.float32), np.array([[-1.0]], np.float32), batch_size=1, verbose=0)
-            rows.append(
-                [float(model.trainable_variables[0].numpy()[0, 0]), float(optimizer.dynamic_scale.numpy())]
-            )
-        results["keras_built/steps"] = np.asarray(rows)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
-def accumulation(results, rank, size):
-    """2 ranks x 2 micro-batches of 2 rows against one process on the 8 rows of each update."""
-    keras = _keras()
-    from hvd_lars import LARS, DistributedOptimizer, WarmupPolynomialDecay
-
-    LSO = keras.optimizers.LossScaleOptimizer
-    (x, y), (x_all, y_all) = data(rank, size)
-    w0 = initial_weights()
-    schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
-    cases = {
-        # Keras's own gradient_accumulation_steps, taken over by the wrapper.
-        "sgd_adopted": (
-            lambda: DistributedOptimizer(
-                keras.optimizers.SGD(0.05, momentum=0.9, gradient_accumulation_steps=2)
-            ),
-            lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-        ),
-        "lars_schedule_lso_inside": (
-            lambda: DistributedOptimizer(
-                LSO(LARS(schedule(), eta=0.1), initial_scale=64.0), backward_passes_per_step=2
-            ),
-            lambda: LARS(schedule(), eta=0.1),
-        ),
-        "adam_lso_chosen": (
-            lambda: chosen_under_mixed_float16(
-                lambda: DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2)
-            ),
-            lambda: keras.optimizers.Adam(0.01),
-        ),
-    }
-    for case, (distributed_one, plain) in cases.items():
-        model = fit(make_model(w0), distributed_one(), x, y, GLOBAL_BATCH // size // 2)
-        record(results, f"accumulation/{case}", "final", values(model.trainable_variables))
-        wrapper = model.optimizer
-        while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
-            wrapper = wrapper.inner_optimizer
-        results[f"accumulation/{case}/counts"] = np.asarray(
-            [int(model.optimizer.iterations), int(wrapper._iterations)]
-        )
-        reference = fit(make_model(w0), plain(), x_all, y_all, GLOBAL_BATCH)
-        record(results, f"accumulation/{case}", "reference", values(reference.trainable_variables))
-
-    # Ranks talk once per update: of the two branches of the traced update, only the one taken on an
-    # update's last micro-batch holds allreduces.
-    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
-    variables = make_model(w0).trainable_variables
-    optimizer.build(variables)
-    graph = traced_update(optimizer, variables).graph.as_graph_def()
-    functions = {f.signature.name: f for f in graph.library.function}
-    branches = []
-    for node in graph.node:
-        if node.op in ("If", "StatelessIf"):
-            for branch in ("then_branch", "else_branch"):
-                body = functions[node.attr[branch].func.name]
-                branches.append(sum(n.op == "HorovodAllreduce" for n in body.node_def))
-    results["accumulation/allreduces_per_branch"] = np.asarray(branches)
+def scalar_steps(optimizer, grads_per_step):
+    """[w, loss scale, iterations] after each of the hand-made gradients of one scalar weight w (from 0),
+    applied in a tf.function as model.fit does."""
+    w = keras.Variable(0.0)
+    optimizer.build([w])
+    step = tf.function(lambda g: optimizer.apply([g], [w]))
+    out = []
+    for g in grads_per_step:
+        step(tf.constant(g, tf.float32))
+        out.append([float(w.numpy()), float(optimizer.dynamic_scale.numpy()), int(optimizer.iterations)])
+    return np.asarray(out)
 
 
 def traced_update(optimizer, variables):
     """The graph of one `optimizer.apply` on float32 gradients of `variables` (traced, not run)."""
-    import tensorflow as tf
+    optimizer.build(variables)
 
     def update(*grads):
         optimizer.apply(list(grads), variables)
@@ -375,104 +177,211 @@ def traced_update(optimizer, variables):
     return tf.function(update).get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
 
 
-def counts(results, rank):
-    """`collectives.max_over_ranks`: the elastic loop's attempt count, where a rank that joined later
-    (here rank 0) has seen fewer attempts than the others."""
-    from hvd_lars.parallel import collectives
+def one_process(rank, size, name, rate_kind):
+    """The reference of `two_ranks(name, rate_kind, ...)`: the plain optimizer, one process on the whole
+    batch; its final weights."""
+    _, (x_all, y_all) = data(rank, size)
+    optimizer, callbacks = make_optimizer(name, rate_kind)
+    model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks)
+    return values(model.trainable_variables)
 
-    results["counts/max"] = np.asarray(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts"))
 
-
-def reductions(results, rank, size):
-    """Overlapped against grouped allreduce, without and with float16 compression."""
-    keras = _keras()
-    import tensorflow as tf
-
-    from hvd_lars import DistributedOptimizer
-
+def two_ranks(rank, size, name, rate_kind, wrap):
+    """`name` with its rate as `rate_kind`, `wrapped` as `wrap`, on this rank's half of each batch: weights,
+    optimizer state, and that state restored by tf.train.Checkpoint into a freshly built model and optimizer
+    of the same kind and by a .keras save and load."""
+    keras.saving.register_keras_serializable(package="hvd_worker")(_callable_rate)
     (x, y), _ = data(rank, size)
-    # Rank-dependent scale: the ranks' gradients differ in magnitude, as float16 rounding then shows.
-    y = y * (1.0 + 3.0 * rank)
-    w0 = initial_weights()
-    for reduction in ("overlap", "grouped"):
-        for compression in ("none", "fp16"):
-            case = f"reduction/{reduction}/{compression}"
-            make = lambda r=reduction, c=compression: DistributedOptimizer(  # noqa: E731
-                keras.optimizers.SGD(0.05, momentum=0.9), gradient_reduction=r, compression=c
-            )
-            model = fit(make_model(w0), make(), x, y, GLOBAL_BATCH // size)
-            record(results, case, "final", values(model.trainable_variables))
-            # The ops a traced update holds: per-tensor allreduces, or one grouped allreduce.
-            optimizer = make()
-            variables = make_model(w0).trainable_variables
-            optimizer.build(variables)
-            traced = traced_update(optimizer, variables)
-            kinds = [op.type for op in traced.graph.get_operations()]
-            halves = [
-                op
-                for op in traced.graph.get_operations()
-                if op.type.startswith("Horovod") and op.inputs[0].dtype == tf.float16
-            ]
-            results[f"{case}/ops"] = np.asarray(
-                [kinds.count("HorovodAllreduce"), kinds.count("HorovodGroupedAllreduce"), len(halves)]
-            )
+    optimizer, callbacks = make_optimizer(name, rate_kind)
+    model = fit(make_model(), wrapped(optimizer, wrap), x, y, GLOBAL_BATCH // size, callbacks)
+    optimizer = model.optimizer
+    result = {
+        "final": values(model.trainable_variables),
+        "state": values(optimizer.variables),
+        "iterations": int(optimizer.iterations),
+        "types": types(optimizer),
+    }
+    path = tempfile.mkdtemp()
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
+    fresh = make_model()
+    fresh.compile(optimizer=wrapped(make_optimizer(name, rate_kind)[0], wrap), loss="mse")
+    fresh.optimizer.build(fresh.trainable_variables)
+    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(
+        os.path.join(path, "ckpt")
+    ).assert_consumed()
+    result["checkpoint_state"] = values(fresh.optimizer.variables)
+    model.save(os.path.join(path, "model.keras"))
+    loaded = keras.models.load_model(os.path.join(path, "model.keras"))
+    result["keras_state"] = values(loaded.optimizer.variables)
+    result["keras_type"] = type(loaded.optimizer).__name__
+    return result
 
 
-def callbacks(results, rank, size):
-    keras = _keras()
-    from hvd_lars import (
-        BroadcastGlobalVariablesCallback,
-        DistributedOptimizer,
-        LearningRateWarmupCallback,
-        MetricAverageCallback,
-    )
-    from hvd_lars.parallel.callbacks import average_metrics
-
-    (x, y), _ = data(rank, size)
-    # Broadcast: different initial weights per rank; after fit, rank 0's run on both.
-    keras.utils.set_random_seed(10 + rank)
+def first_gradient_norm(rank, size):
+    """The global norm of the first gradient on the whole batch (what SGD's global_clipnorm sees)."""
+    _, (x_all, y_all) = data(rank, size)
     model = make_model()
-    results["broadcast/initial"] = np.asarray(model.get_weights()[0])
-    fit(
-        model,
-        DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
-        x,
-        y,
-        GLOBAL_BATCH // size,
-        [BroadcastGlobalVariablesCallback(0)],
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(
+            keras.losses.mean_squared_error(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
+        )
+    return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
+
+
+def loss_scaler_inside(rank, size):
+    """DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8 and 0: the
+    mean 4 unscales to 1, so w = -1 on both ranks."""
+    optimizer = DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4))
+    return scalar_steps(optimizer, [8.0 if rank == 0 else 0.0])
+
+
+def loss_scaler_chosen(rank, size):
+    """Chosen under mixed_float16, the initial scale set before the build: inf on rank 0 and 8 on rank 1 ->
+    the mean is inf, both skip, scale 4 -> 2; then 8 and 0 at scale 2 -> unscaled mean 2 -> w = -2."""
+    chosen = chosen_under_mixed_float16(lambda: DistributedOptimizer(SGD(1.0)))
+    chosen.inner_optimizer.initial_scale = 4.0
+    return scalar_steps(chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0])
+
+
+def loss_scaler_around_the_wrapper(rank, size):
+    """A loss scaler around the wrapper (of a plain optimizer, or of another loss scaler) would decide rank
+    by rank: the error each raises when made ("" if none)."""
+    errors = {}
+    for case, inner in (("plain", SGD(1.0)), ("loss scaler", LossScaleOptimizer(SGD(1.0)))):
+        try:
+            LossScaleOptimizer(DistributedOptimizer(inner))
+            errors[case] = ""
+        except ValueError as e:
+            errors[case] = str(e)
+    return errors
+
+
+def loss_scaler_keras_adds(rank, size):
+    """mixed_float16 set before the optimizer is made, as a Keras script does: DistributedOptimizer scales
+    the loss itself, and model.compile leaves it as it is. Step 1: rank 0's input is inf (its gradient is not
+    finite), rank 1's gives 2 x scale 4 = 8; step 2: both give 2, the mean 2 at rate 1 moves the kernel to -2.
+    The optimizer's types and [kernel, scale] after each step."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = one_weight_model()
+        model.compile(optimizer=DistributedOptimizer(SGD(1.0)), loss="mae", jit_compile=False)
+        optimizer = model.optimizer
+        optimizer.build(model.trainable_variables)
+        optimizer.dynamic_scale.assign(4.0)
+        steps = []
+        for x in ([np.inf if rank == 0 else 2.0], [2.0]):
+            model.fit(np.array([x], np.float32), np.array([[-1.0]], np.float32), batch_size=1, verbose=0)
+            steps.append(
+                [float(model.trainable_variables[0].numpy()[0, 0]), float(optimizer.dynamic_scale.numpy())]
+            )
+        return {"types": types(optimizer), "steps": np.asarray(steps)}
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _accumulated(rank, size, distributed, plain):
+    """`distributed` on 2 ranks x 2 micro-batches of 2 rows against `plain` in one process on the 8 rows of
+    each update: final weights of both, and [iterations, the wrapper's micro-batch counter]."""
+    (x, y), (x_all, y_all) = data(rank, size)
+    model = fit(make_model(), distributed, x, y, GLOBAL_BATCH // size // 2)
+    wrapper = model.optimizer
+    while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
+        wrapper = wrapper.inner_optimizer
+    reference = fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH)
+    return {
+        "final": values(model.trainable_variables),
+        "counts": [int(model.optimizer.iterations), int(wrapper._iterations)],
+        "reference": values(reference.trainable_variables),
+    }
+
+
+def accumulation_sgd_adopted(rank, size):
+    """Keras's own gradient_accumulation_steps, taken over by the wrapper."""
+    distributed = DistributedOptimizer(SGD(0.05, momentum=0.9, gradient_accumulation_steps=2))
+    return _accumulated(rank, size, distributed, SGD(0.05, momentum=0.9))
+
+
+def accumulation_lars_schedule_lso_inside(rank, size):
+    schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
+    inside = LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0)
+    return _accumulated(
+        rank, size, DistributedOptimizer(inside, backward_passes_per_step=2), LARS(schedule(), eta=0.1)
     )
-    record(
-        results,
-        "broadcast",
-        "first_fit",
-        values(model.trainable_variables) + values(model.optimizer.variables),
+
+
+def accumulation_adam_lso_chosen(rank, size):
+    distributed = chosen_under_mixed_float16(
+        lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)
     )
-    # A resume that restored rank 0 only (here: weights moved, counter set to 100): the next fit starts
-    # from rank 0's state on every rank.
+    return _accumulated(rank, size, distributed, Adam(0.01))
+
+
+def allreduces_per_accumulation_branch(rank, size):
+    """Ranks talk once per update: the HorovodAllreduce ops in each branch of the cond of a traced update
+    with backward_passes_per_step=2 (only the one taken on an update's last micro-batch should hold any)."""
+    optimizer = DistributedOptimizer(SGD(0.05), backward_passes_per_step=2)
+    graph = traced_update(optimizer, make_model().trainable_variables).graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph.library.function}
+    return [
+        sum(n.op == "HorovodAllreduce" for n in functions[node.attr[branch].func.name].node_def)
+        for node in graph.node
+        if node.op in ("If", "StatelessIf")
+        for branch in ("then_branch", "else_branch")
+    ]
+
+
+def gradient_reduction(rank, size, reduction, compression):
+    """SGD under DistributedOptimizer(gradient_reduction=`reduction`, compression=`compression`), the ranks'
+    gradients of different magnitudes (as float16 rounding then shows): final weights, and the ops of a traced
+    update: [per-tensor allreduces, grouped allreduces, Horovod ops on float16 tensors]."""
+    (x, y), _ = data(rank, size)
+    make = lambda: DistributedOptimizer(  # noqa: E731
+        SGD(0.05, momentum=0.9), gradient_reduction=reduction, compression=compression
+    )
+    model = fit(make_model(), make(), x, y * (1.0 + 3.0 * rank), GLOBAL_BATCH // size)
+    ops = traced_update(make(), make_model().trainable_variables).graph.get_operations()
+    kinds = [op.type for op in ops]
+    halves = [op for op in ops if op.type.startswith("Horovod") and op.inputs[0].dtype == tf.float16]
+    return {
+        "final": values(model.trainable_variables),
+        "ops": [kinds.count("HorovodAllreduce"), kinds.count("HorovodGroupedAllreduce"), len(halves)],
+    }
+
+
+def max_over_ranks(rank, size):
+    """`collectives.max_over_ranks` of the elastic loop's attempt count, where a rank that joined later
+    (here rank 0, 1 attempt) has seen fewer attempts than the others (3)."""
+    return int(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts"))
+
+
+def broadcast_at_start_and_on_resume(rank, size):
+    """Different initial weights per rank (seed 10 + rank); BroadcastGlobalVariablesCallback(0) gives rank 0's
+    on both in the first fit. Then a resume that restored rank 0 only (weights moved, counter set to 100):
+    the next fit starts from rank 0's state on every rank. Weights + optimizer variables after each fit."""
+    (x, y), _ = data(rank, size)
+    keras.utils.set_random_seed(10 + rank)
+    model = make_model(random=True)
+    result = {"initial": np.asarray(model.get_weights()[0])}
+    optimizer = DistributedOptimizer(SGD(0.05, momentum=0.9))
+    fit(model, optimizer, x, y, GLOBAL_BATCH // size, [BroadcastGlobalVariablesCallback(0)])
+    result["first_fit"] = values(model.trainable_variables) + values(model.optimizer.variables)
     if rank == 0:
         for v in model.trainable_variables:
             v.assign(v + 1.0)
         model.optimizer.inner_optimizer.iterations.assign(100)
-    model.fit(
-        x,
-        y,
-        batch_size=GLOBAL_BATCH // size,
-        shuffle=False,
-        verbose=0,
-        callbacks=[BroadcastGlobalVariablesCallback(0)],
-    )
-    record(
-        results, "broadcast", "resumed", values(model.trainable_variables) + values(model.optimizer.variables)
-    )
-    results["broadcast/iterations"] = np.asarray(int(model.optimizer.iterations))
+    broadcast = [BroadcastGlobalVariablesCallback(0)]
+    model.fit(x, y, batch_size=GLOBAL_BATCH // size, shuffle=False, verbose=0, callbacks=broadcast)
+    result["resumed"] = values(model.trainable_variables) + values(model.optimizer.variables)
+    result["iterations"] = int(model.optimizer.iterations)
+    return result
 
-    # Metric averaging, val_* included: val_loss 1.0 on rank 0 and 3.0 on rank 1 (mean absolute error of
-    # a zero model); EarlyStopping must see 2.0 on both.
-    model = keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-    )
-    model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mae", jit_compile=False)
-    target = 1.0 + 2.0 * rank
+
+def metric_average(rank, size):
+    """MetricAverageCallback, val_* included: loss 10 on rank 0 and 20 on rank 1, val_loss 1.0 and 3.0 (mean
+    absolute error of a zero model); EarlyStopping's best, the history, average_metrics(model.evaluate())."""
+    model = one_weight_model()
+    model.compile(optimizer=DistributedOptimizer(SGD(0.0)), loss="mae", jit_compile=False)
+    validation = (np.ones((1, 1), np.float32), np.full((1, 1), 1.0 + 2.0 * rank, np.float32))
     stop = keras.callbacks.EarlyStopping(monitor="val_loss")
     history = model.fit(
         np.ones((2, 1), np.float32),
@@ -480,43 +389,41 @@ def callbacks(results, rank, size):
         batch_size=2,
         epochs=2,
         verbose=0,
-        validation_data=(np.ones((1, 1), np.float32), np.full((1, 1), target, np.float32)),
+        validation_data=validation,
         callbacks=[MetricAverageCallback(), stop],
     )
-    results["metric_average/best"] = np.asarray(stop.best)
-    results["metric_average/val_loss"] = np.asarray(history.history["val_loss"])
-    results["metric_average/loss"] = np.asarray(history.history["loss"])
-    evaluated = model.evaluate(
-        np.ones((1, 1), np.float32), np.full((1, 1), target, np.float32), verbose=0, return_dict=True
-    )
-    results["metric_average/evaluate"] = np.asarray(average_metrics(evaluated)["loss"])
+    return {
+        "best": float(stop.best),
+        "val_loss": history.history["val_loss"],
+        "loss": history.history["loss"],
+        "evaluate": float(average_metrics(model.evaluate(*validation, verbose=0, return_dict=True))["loss"]),
+    }
 
-    # Horovod's warmup from 0.4 / 2 to 0.4 over 2 epochs of 4 updates; at update 9 the user's own
-    # callback sets 0.1, which the warmup callback (finished) leaves alone.
-    keras = _keras()
+
+def warmup_rates(rank, size):
+    """The rate before each of 12 updates: Horovod's warmup from 0.4 / 2 to 0.4 over 2 epochs of 4 updates;
+    at update 9 the user's own callback sets 0.1, which the warmup callback (finished) leaves alone."""
+    rates = []
 
     class Record(keras.callbacks.Callback):
-        rates = []
-
         def on_train_batch_begin(self, batch, logs=None):
-            self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+            rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
         def on_train_batch_end(self, batch, logs=None):
             if int(self.model.optimizer.iterations) == 10:
                 self.model.optimizer.learning_rate = 0.1
 
-    model = make_model(initial_weights())
     fit(
-        model,
-        DistributedOptimizer(keras.optimizers.SGD(0.0)),
+        make_model(),
+        DistributedOptimizer(SGD(0.0)),
         np.zeros((16, 4), np.float32),
         np.zeros((16, 2), np.float32),
         4,
         [LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), Record()],
         epochs=3,
     )
-    results["warmup/rates"] = np.asarray(Record.rates)
+    return rates
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])

@@ -13,8 +13,9 @@ hvd`), with three models: Keras 3's ResNet50 as it is ("as is"), the same after
 
 Per run: images/s (images of all ranks over the slowest rank's wall time of the window) and images per
 CPU-second (the same images over the summed process CPU time, `time.process_time`, of all ranks in the
-window: the figure that holds on a loaded machine). Runs alternate (peer, as is, fused, own; the order
-reversed every other repetition), `--repetitions` of each, medians reported. At the end every rank hashes
+window: the figure that holds on a loaded machine). Per layout and repetition one launch per side runs its
+models and dtypes in turn (peer; as is, fused, own), the side that goes first and the order inside reversed
+every other repetition; `--repetitions` of each, medians reported. At the end every rank hashes
 its trainable weights (SHA-256 of their bytes) and the run fails unless all ranks' hashes agree; the batch
 norm moving statistics are each rank's own on both sides (Horovod averages gradients, not them).
 
@@ -30,9 +31,15 @@ localhost:2`), `2h` and `4h` 2 and 4 emulated hosts, one rank each, on `--link_r
 (launch/emulated_cluster.sh, needs root; a smaller `--image_size` where ResNet-50's steps are too long there,
 the same on both sides).
 
+`--profile` (after a run, same `--out`) adds a profile of one step per side: the peer's and hvd_lars's
+`applications.ResNet50` (as is, fused), 1 process, the run's workload, the step after warm-up under
+tf.profiler, op time by layer kind (batch norm, convolution, other) and by op type.
+
     python -m benchmarks.peer                                    # 1 process and 2 ranks, float32 and bf16
     python -m benchmarks.peer --image_size=112 --steps=6         # smaller images, shorter window
     python -m benchmarks.peer --layouts=2h,4h --link_rate=1gbit  # as root: emulated hosts
+    python -m benchmarks.peer --profile  # after a run: a profile of one step per side, into its report
+    python -m benchmarks.peer --report_only  # the report again from its JSON (written after every launch)
 """
 
 import argparse
@@ -58,6 +65,7 @@ ROW_NAMES = {
     "fused": "`applications.ResNet50`, `fuse_batch_norm`",
     "own": "project's `get_model('resnet50')`",
 }
+PROVENANCE_PREFIXES = ("- Command (from the repository root)", "- Git SHA:", "- Machine:", "- Raw data:")
 LAYOUT_NAMES = {"1": "1 process", "2": "2 ranks", "2h": "2 emulated hosts", "4h": "4 emulated hosts"}
 
 
@@ -139,8 +147,16 @@ def train(keras, hvd, tf, model_name, dtype, args):
 
     marks = {}
 
+    profile = f"{args.profile_dir}/{model_name}_{dtype}" if args.profile_dir else None
+
     class Window(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if profile and batch == args.warmup:
+                tf.profiler.experimental.start(profile)
+
         def on_train_batch_end(self, batch, logs=None):
+            if profile and batch == args.warmup:
+                tf.profiler.experimental.stop()
             if batch in (args.warmup - 1, args.warmup + args.steps - 1):
                 marks[batch] = (time.perf_counter(), time.process_time())
 
@@ -156,6 +172,7 @@ def train(keras, hvd, tf, model_name, dtype, args):
     for weight in model.trainable_weights:
         digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
     return {
+        "profile": op_times(profile) if profile else None,
         "rank": rank,
         "size": size,
         "wall_s": t1 - t0,
@@ -169,10 +186,52 @@ def train(keras, hvd, tf, model_name, dtype, args):
     }
 
 
+def op_times(folder):
+    """{"by_type": {op type: ms}, "by_layer": {"batch norm"|"convolution"|"other": ms}} of the TensorFlow
+    ops in the profile (tf.profiler's XSpace) under `folder`: every op's duration summed over the threads
+    that ran it, forward and backward (an op is a batch norm's where its name holds a `*_bn` scope, Keras 3's
+    `*_bn_1` included, as every batch norm of applications.ResNet50 is named); executor events (`A::B`) are
+    left out."""
+    import collections
+    import glob
+    import re
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    by_type, by_layer = collections.Counter(), collections.Counter()
+    for path in glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True):
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+        for plane in space.planes:
+            if not plane.name.startswith("/host:CPU"):
+                continue
+            for line in plane.lines:
+                for event in line.events:
+                    name = plane.event_metadata[event.metadata_id].name
+                    scope, _, kind = name.rpartition(":")
+                    if (
+                        not scope
+                        or "::" in name
+                        or " " in name
+                        or "PartitionedCall" in kind
+                        or kind.startswith("__")
+                    ):
+                        continue
+                    ms = event.duration_ps / 1e9
+                    by_type[kind] += ms
+                    if re.search(r"_bn(_\d+)?/", scope + "/"):
+                        layer = "batch norm"
+                    else:
+                        layer = "convolution" if "conv" in kind.lower() else "other"
+                    by_layer[layer] += ms
+    return {"by_type": dict(by_type), "by_layer": dict(by_layer)}
+
+
 # --------------------------------------------------------------------------------------------- driver
 
 
-def launch(side, runs, layout, args, peer_path, env_base, shared):
+def launch(side, runs, layout, args, peer_path, env_base, shared, profile=False):
     """One process per rank of `side` ("peer" or "hvd_lars") doing `runs` ((name, dtype) pairs) in turn;
     returns one record per run, its ranks' figures summed (images, CPU time) or the slowest (wall)."""
     from benchmarks.common import HOROVODRUN
@@ -183,7 +242,9 @@ def launch(side, runs, layout, args, peer_path, env_base, shared):
         f"--image_size={args.image_size}", f"--batch_size={args.batch_size}", f"--warmup={args.warmup}",
         f"--steps={args.steps}", f"--result={result}",
     ]  # fmt: skip
-    python = [sys.executable, "-m", "benchmarks.peer", *worker_args]
+    if profile:
+        worker_args.append(f"--profile_dir={shared}/profile_{side}")
+    python = [sys.executable, "-m", __spec__.name, *worker_args]
     if layout == "1":
         ranks, command = 1, python
     elif layout.endswith("h"):
@@ -224,12 +285,12 @@ def launch(side, runs, layout, args, peer_path, env_base, shared):
             "cpu_s": cpu, "images_per_s": images / wall, "images_per_cpu_s": images / cpu,
             "weights_identical": True, "loss": records[0]["loss"], "process_s": took, "load": os.getloadavg(),
             "keras": records[0]["keras"], "tensorflow": records[0]["tensorflow"],
-            "horovod": records[0]["horovod"],
+            "horovod": records[0]["horovod"], "profile": records[0].get("profile"),
         })  # fmt: skip
     return out
 
 
-def measure(args, peer_path):
+def measure(args, peer_path, save=None):
     """Every run of every layout and dtype; returns the list of run records. Per layout and repetition,
     one launch of the peer (its dtypes in turn) and one of hvd_lars (each model and dtype in turn): a
     process start, TensorFlow's import and the launcher are paid once per side. The side that goes first,
@@ -265,7 +326,72 @@ def measure(args, peer_path):
                                 f"images/CPU-s (load {run['load'][0]:.1f}, process {run['process_s']:.0f} s)",
                                 flush=True,
                             )
+                        if save:
+                            save(all_runs)
     return all_runs
+
+
+def profile(args, peer_path):
+    """One process per side (1 process, no launcher), each of `args.dtypes`: the peer and hvd_lars's
+    `applications.ResNet50` as is and fused, the step after warm-up under tf.profiler; returns their run
+    records with "profile" (`op_times`). Their timed windows are not the measurement's (the profiler ran
+    in them)."""
+    from benchmarks.common import REPO, worker_env
+
+    env_base = {k: v for k, v in worker_env().items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
+    env_base.pop("TF_USE_LEGACY_KERAS", None)
+    env_base["PYTHONPATH"] = REPO
+    runs = []
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_peer_profile_") as shared:
+        for side, names in (("peer", ["peer"]), ("hvd_lars", ["as_is", "fused"])):
+            todo = [(n, d) for d in args.dtypes for n in names]
+            runs += launch(side, todo, "1", args, peer_path, env_base, shared, profile=True)
+    return runs
+
+
+def profile_lines(data):
+    """The report's profile section of `data["profile"]` (a dict of command, sha, date, runs)."""
+    from benchmarks.common import sha_text
+
+    prof = data["profile"]
+    lines = [
+        "",
+        "## Profile of one step per side",
+        "",
+        f"- Command (from the repository root): `{prof['command']}`; git SHA: {sha_text(prof['sha'])}; date "
+        f"(UTC): {prof['date']}; machine: {prof['machine']}",
+        "",
+        "One training step after warm-up under `tf.profiler`, 1 process, the same workload: the TensorFlow "
+        "ops' time (ms, summed over the threads that ran them, forward and backward), by layer kind (an op "
+        "is a batch norm's where its scope is a `*_bn` layer) and the 8 op types that took longest.",
+        "",
+    ]
+    for dtype in dict.fromkeys(r["dtype"] for r in prof["runs"]):
+        these = [r for r in prof["runs"] if r["dtype"] == dtype]
+        heads = ["peer" if r["name"] == "peer" else ROW_NAMES[r["name"]] for r in these]
+        lines += [f"{dtype}:", "", "| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(these)]
+        for kind in ("batch norm", "convolution", "other"):
+            lines.append(
+                f"| {kind} | "
+                + " | ".join(f"{r['profile']['by_layer'].get(kind, 0):.0f}" for r in these)
+                + " |"
+            )
+        lines.append(
+            "| all ops | " + " | ".join(f"{sum(r['profile']['by_layer'].values()):.0f}" for r in these) + " |"
+        )
+        lines += ["", "| op type | " + " | ".join(heads) + " |", "|---|" + "---|" * len(these)]
+        totals = {}
+        for r in these:
+            for kind, ms in r["profile"]["by_type"].items():
+                totals[kind] = max(totals.get(kind, 0), ms)
+        for kind in sorted(totals, key=totals.get, reverse=True)[:8]:
+            lines.append(
+                f"| `{kind}` | "
+                + " | ".join(f"{r['profile']['by_type'].get(kind, 0):.0f}" for r in these)
+                + " |"
+            )
+        lines.append("")
+    return lines
 
 
 class _nothing:
@@ -297,9 +423,7 @@ def rows(runs):
     return out
 
 
-def report(args, runs, matmul, command, raw):
-    from benchmarks.common import provenance_lines
-
+def report(args, runs, provenance, profile_section=()):
     first = runs[0]
     reps = max(r["repetition"] for r in runs) + 1
     loads = [r["load"][0] for r in runs]
@@ -316,7 +440,7 @@ def report(args, runs, matmul, command, raw):
         "`MetricAverageCallback` fails at the first epoch end on TensorFlow 2.21 (`module 'keras.backend' "
         "has no attribute 'constant'`).",
         "",
-        *provenance_lines(command, matmul, raw=raw),
+        *provenance,
         f"- Workload: ResNet-50 at {args.image_size}x{args.image_size}x3, 1,000 classes, per-rank batch "
         f"{args.batch_size}, SGD momentum 0.9, synthetic data; {args.warmup} warm-up steps, then "
         f"{args.steps} timed steps; {reps} alternating repetitions, medians.",
@@ -350,6 +474,7 @@ def report(args, runs, matmul, command, raw):
         row_name = "peer" if r["name"] == "peer" else ROW_NAMES[r["name"]]
         lines.append(f"| {LAYOUT_NAMES[r['layout']]} | {r['dtype']} | {row_name} | "
                      + " | ".join(f"{v:.3f}" for v in values) + " |")  # fmt: skip
+    lines += profile_section
     return "\n".join(lines) + "\n"
 
 
@@ -358,6 +483,18 @@ def main(argv=None):
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("peer", "hvd_lars"), help=argparse.SUPPRESS)
     parser.add_argument("--runs", help=argparse.SUPPRESS)
+    parser.add_argument("--profile_dir", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one step per side (1 process) and add it to the report of an earlier run (--out): "
+        "its workload and dtypes",
+    )
+    parser.add_argument(
+        "--report_only",
+        action="store_true",
+        help="rewrite the report (--out) from its JSON, measuring nothing",
+    )
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--layouts", default="1,2", help="of 1, 2, 2h, 4h (emulated hosts: root)")
     parser.add_argument("--dtypes", default="float32,mixed_bfloat16")
@@ -378,7 +515,17 @@ def main(argv=None):
 
     from importlib.metadata import version
 
-    from benchmarks.common import RESULTS, command_line, data_path, matmul_rate, write_report
+    from benchmarks.common import (
+        RESULTS,
+        command_line,
+        data_path,
+        git_sha,
+        machine,
+        matmul_rate,
+        now,
+        provenance_lines,
+        write_report,
+    )
 
     args.layouts = args.layouts.split(",")
     args.dtypes = args.dtypes.split(",")
@@ -391,12 +538,38 @@ def main(argv=None):
     peer_path = ensure_peer(tf_keras, args.peer_dir or peer_dir(tf_keras))
     out = args.out or os.path.join(RESULTS, "peer.md")
     command = command_line("peer", sys.argv[1:] if argv is None else argv)
-    matmul = matmul_rate()
-    runs = measure(args, peer_path)
     raw = data_path(out)
+    if args.profile:
+        with open(raw) as f:
+            data = json.load(f)
+        data["profile"] = {
+            "command": command,
+            "sha": git_sha(),
+            "date": now(),
+            "machine": machine(matmul_rate()),
+            "runs": profile(argparse.Namespace(**{**data["args"], "steps": 1}), peer_path),  # its workload
+        }
+    elif args.report_only:
+        with open(raw) as f:
+            data = json.load(f)
+    else:
+        matmul = matmul_rate()
+        data = {"command": command, "matmul": matmul, "args": vars(args), "runs": []}
+        data["provenance"] = provenance_lines(command, matmul, raw=raw)
+
+        def save(runs):  # after every launch: a run stopped early keeps what it measured (--report_only)
+            with open(raw, "w") as f:
+                json.dump({**data, "runs": runs}, f, indent=1)
+
+        data["runs"] = measure(args, peer_path, save)
     with open(raw, "w") as f:
-        json.dump({"command": command, "matmul": matmul, "args": vars(args), "runs": runs}, f, indent=1)
-    write_report(out, report(args, runs, matmul, command, raw))
+        json.dump(data, f, indent=1)
+    if "provenance" not in data:  # a run made before the JSON kept them: its report's lines
+        with open(out) as f:
+            data["provenance"] = [x for x in f.read().splitlines() if x.startswith(PROVENANCE_PREFIXES)]
+    measured = argparse.Namespace(**data["args"])
+    section = profile_lines(data) if data.get("profile") else ()
+    write_report(out, report(measured, data["runs"], data["provenance"], section))
     print(f"[peer] wrote {out} and {raw}")
 
 

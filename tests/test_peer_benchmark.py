@@ -1,6 +1,7 @@
 """benchmarks/peer.py as results/README.md gives it (`python -m benchmarks.peer`), with tiny arguments and its
 report in tmp_path: the peer (tf_keras + Horovod's own Keras layer) and hvd_lars's fused run, one process
-each (2 ranks take over 2 minutes on a loaded 2-core machine), one step, the report's row and provenance."""
+each, one step, the report's row and provenance: about 100 s on the 2-core machine at load 7, 155 s at
+load 12 (2 ranks per side took over 2 minutes)."""
 
 import json
 import os
@@ -23,11 +24,11 @@ def test_peer_benchmark_one_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.peer", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=115,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = out.read_text()
-    assert "- Command (from the repository root): `python -m benchmarks.peer --layouts=2" in text
+    assert "- Command (from the repository root): `python -m benchmarks.peer --layouts=1" in text
     cpu = common.cpu()
     assert f"CPU: {cpu['vendor']} family {cpu['family']} model {cpu['model_number']} stepping " in text
     assert re.search(r"tf\.matmul 4096\^2: \d+ GFLOP/s float32", text)

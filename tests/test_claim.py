@@ -1,8 +1,11 @@
-"""One job per run directory: a second start on a live run is refused on every rank and leaves the first
-untouched; a claim whose holder is gone is taken over with one line, and the restart resumes."""
+"""One job per run directory: rank 0 holds a kernel lock on `<run_dir>/running.lock`, so a second start on a
+live run is refused on every rank and leaves the first untouched, and a holder that ends in any way (SIGKILL
+included) leaves the lock free: the kernel drops it, and the restart resumes."""
 
+import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,106 +17,75 @@ import pytest
 from tests.support import REPO
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
+# Another process that tries the claim at each line "take" on its stdin and says what it got.
+CLAIMANT = (
+    "import sys\n"
+    "from hvd_lars.training import faults\n"
+    "for line in sys.stdin:\n"
+    "    try:\n"
+    "        claim = faults.RunDirClaim(sys.argv[1]).__enter__()\n"
+    "        print('held', flush=True)\n"
+    "    except faults.RunDirInUse as e:\n"
+    "        print(e, flush=True)\n"
+)
+STARTED = r"\(started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+\)"
 
 
-def _claim_of(pid, **changes):
-    from hvd_lars.training import faults
-
-    return {**faults.holder(), "pid": pid, "process_start": faults._stat(pid, 19), **changes}
-
-
-def _write(run_dir, record, age_s=0.0):
-    path = run_dir / "running.json"
-    path.write_text(json.dumps(record) if isinstance(record, dict) else record)
-    if age_s:
-        then = time.time() - age_s
-        os.utime(path, (then, then))
-    return path
-
-
-@pytest.mark.unit
-def test_a_claim_is_taken_released_and_refused_while_its_holder_lives(tmp_path):
-    from hvd_lars.training import faults
-
-    run_dir = tmp_path / "run"
-    assert faults.take(str(run_dir)) is None
-    record = json.loads((run_dir / "running.json").read_text())
-    assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
-    faults.release(str(run_dir))
-    assert not (run_dir / "running.json").exists()
-
-    # A live process of this host holds it (the parent of this one): refused, naming it, the claim kept.
-    holder = os.getppid()
-    path = _write(run_dir, _claim_of(holder, started="2026-12-06 10:00:00 UTC"))
-    before = path.read_text()
-    with pytest.raises(faults.RunDirInUse) as refused:
-        faults.take(str(run_dir))
-    assert str(refused.value).startswith(
-        f"the run directory {run_dir} is in use by process {holder} on host {socket.gethostname()} "
-        f"(started 2026-12-06 10:00:00 UTC): it holds {path}. Wait for that job to end or stop it"
+def _refusal(run_dir, pid):
+    return (
+        f"the run directory {re.escape(str(run_dir))} is in use by process {pid} on host "
+        f"{re.escape(socket.gethostname())} {STARTED}: wait for it to end or stop it "
+        r"\(a stopped job resumes with its own command\), or train in another directory \(--run_name, "
+        r"--workdir\)\."
     )
-    assert path.read_text() == before
-    # Another host's claim, refreshed 10 s ago: refused too.
-    _write(run_dir, _claim_of(holder, host="node7", boot="x"), age_s=10)
-    with pytest.raises(faults.RunDirInUse, match="in use by process .* on host node7"):
-        faults.take(str(run_dir))
-    # release() leaves a claim of another process alone.
-    faults.release(str(run_dir))
-    assert path.exists()
 
 
-@pytest.mark.unit
-def test_a_claim_whose_holder_is_gone_is_taken_over_with_one_line(tmp_path):
+def _free(run_dir):
+    """Whether no process holds the lock of `run_dir` (tried from this process, then released)."""
+    fd = os.open(os.path.join(run_dir, "running.lock"), os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=REPO)
+
+
+@pytest.mark.horovod
+def test_the_claim_is_refused_while_its_holder_lives_and_free_once_it_ends(tmp_path):
     from hvd_lars.training import faults
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    # The same host: its process is gone (the pid is in use again, by a process of another start time).
-    gone = os.getppid()
-    _write(run_dir, _claim_of(gone, process_start=12345, started="then"))
-    line = faults.take(str(run_dir))
-    assert line == (
-        f"took over the run directory {run_dir} from process {gone} on host {socket.gethostname()} "
-        "(started then): its process is gone."
-    )
-    assert json.loads((run_dir / "running.json").read_text())["pid"] == os.getpid()
-    # Another host's claim not refreshed for longer than STALE_S, measured on the file system's clock.
-    _write(run_dir, _claim_of(1, host="node7", boot="x", started="then"), age_s=faults.STALE_S + 30)
-    line = faults.take(str(run_dir))
-    assert line.startswith(
-        f"took over the run directory {run_dir} from process 1 on host node7 (started then): "
-    )
-    assert f"its claim was last refreshed {faults.STALE_S + 30:.0f} s ago" in line
-    # A claim cut short (a crash while it was written) blocks only until it is as old.
-    _write(run_dir, '{"host": "no', age_s=5)
-    with pytest.raises(faults.RunDirInUse):
-        faults.take(str(run_dir))
-    _write(run_dir, '{"host": "no', age_s=faults.STALE_S + 1)
-    taken = faults.take(str(run_dir))
-    assert taken.startswith(f"took over the run directory {run_dir} from an earlier job: ")
-    assert not [n for n in os.listdir(run_dir) if n != "running.json"]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", CLAIMANT, str(run_dir)], cwd=REPO, env=_env(), **pipes)
 
+    def take():
+        other.stdin.write("take\n")
+        other.stdin.flush()
+        return other.stdout.readline().strip()
 
-@pytest.mark.unit
-def test_a_requeued_slurm_job_takes_over_its_earlier_start_on_any_node(tmp_path, monkeypatch):
-    from hvd_lars.training import faults
-
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    # The first start's rank 0 on node7, killed 10 s ago before it could remove its claim.
-    earlier = _claim_of(1, host="node7", boot="x", started="then", slurm_job="77", slurm_restart="0")
-    _write(run_dir, earlier, age_s=10)
-    assert faults.take(str(run_dir)) == (
-        f"took over the run directory {run_dir} from process 1 on host node7 (started then): it was an "
-        "earlier start (restart 0) of this Slurm job."
-    )
-    # Another job, or another step of this start, on another node: refused.
-    for other in (dict(slurm_job="78", slurm_restart="1"), dict(slurm_job="77", slurm_restart="1")):
-        _write(run_dir, {**earlier, **other}, age_s=10)
-        with pytest.raises(faults.RunDirInUse, match="on host node7"):
-            faults.take(str(run_dir))
+    try:
+        with faults.RunDirClaim(str(run_dir)) as claim:
+            holder = os.pread(claim._fd, 1024, 0).decode()
+            assert re.fullmatch(
+                f"process {os.getpid()} on host {re.escape(socket.gethostname())} {STARTED}\n", holder
+            )
+            assert re.fullmatch(_refusal(run_dir, os.getpid()), take())
+        assert take() == "held"  # released at the end of the `with`
+        with pytest.raises(faults.RunDirInUse) as refused:
+            faults.RunDirClaim(str(run_dir)).__enter__()
+        assert re.fullmatch(_refusal(run_dir, other.pid), str(refused.value))
+        other.stdin.close()
+        assert other.wait(timeout=60) == 0
+    finally:
+        other.kill()
+    assert _free(run_dir)  # its holder ended
 
 
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.
@@ -122,10 +94,6 @@ FLAGS = [
     "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
     "--verbose=0",
 ]  # fmt: skip
-
-
-def _env():
-    return dict(os.environ, PYTHONPATH=REPO)
 
 
 def _start_paused(workdir, until):
@@ -150,6 +118,7 @@ def _start_paused(workdir, until):
 def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_the_first_finishes_alone(tmp_path):
     until = tmp_path / "go_on"
     first = _start_paused(tmp_path, until)
+    run_dir = tmp_path / "smoke"
     try:
         # The same run directory, 2 ranks under mpirun (the job submitted twice).
         second = subprocess.run(
@@ -161,21 +130,17 @@ def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_the_first_fin
             timeout=300,
         )
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-3000:]
-        run_dir = tmp_path / "smoke"
-        line = (
-            f"hvd_lars: error: the run directory {run_dir} is in use by process {first.pid} on host "
-            f"{socket.gethostname()}"
-        )
-        # Refused on both ranks, said once.
-        assert second.stderr.count(line) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        # Refused on both ranks, said once, in one line.
+        lines = [line for line in second.stderr.splitlines() if "hvd_lars: error:" in line]
+        assert len(lines) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        assert re.fullmatch("hvd_lars: error: " + _refusal(run_dir, first.pid), lines[0].strip()), lines
         until.write_text("")
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
         first.kill()
-    run_dir = tmp_path / "smoke"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["plan"]["total_steps"] == 12 and len(summary["epochs"]) == 3
-    assert not (run_dir / "earlier_runs").exists() and not (run_dir / "running.json").exists()
+    assert not (run_dir / "earlier_runs").exists() and _free(run_dir)
 
 
 @pytest.mark.horovod
@@ -184,7 +149,7 @@ def test_a_killed_holder_never_blocks_the_restart_which_resumes(tmp_path):
     first.send_signal(signal.SIGKILL)
     first.wait()
     run_dir = tmp_path / "smoke"
-    assert json.loads((run_dir / "running.json").read_text())["pid"] == first.pid
+    assert (run_dir / "running.lock").read_text().startswith(f"process {first.pid} on host ")
     restart = subprocess.run(
         [sys.executable, "-m", "hvd_lars.main", *FLAGS, f"--workdir={tmp_path}"],
         cwd=REPO,
@@ -194,10 +159,5 @@ def test_a_killed_holder_never_blocks_the_restart_which_resumes(tmp_path):
         timeout=300,
     )
     assert restart.returncode == 0, restart.stderr[-3000:]
-    assert (
-        f"[hvd_lars] took over the run directory {run_dir} from process {first.pid} on host "
-        f"{socket.gethostname()}" in restart.stdout
-    )
-    assert "its process is gone." in restart.stdout
     assert "(step 2)" in restart.stdout  # resumed from the checkpoint of update 2
-    assert not (run_dir / "running.json").exists()
+    assert _free(run_dir)

@@ -67,20 +67,20 @@ def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path
     assert noted[0] == (train, "training")
 
     faults.note_unreadable(*noted[0])
-    assert faults.noted() == (
+    assert faults.note() == (
         f"cannot read or decode the training record file {train}. Restore it from a copy or prepare the "
         "data set again with hvd-lars-prepare (or pass --skip_corrupt to leave out the records it cannot "
         f"give), {ADVICE}"
     )
     with pytest.raises(faults.FileFailure):
-        faults.raise_noted()
+        faults.agree()
     faults.note_unreadable(*noted[-1])
-    assert faults.noted() == (
+    assert faults.note() == (
         f"cannot read or decode the evaluation record file {evaluation}. Restore it from a copy or prepare "
         f"the data set again with hvd-lars-prepare, {ADVICE}"
     )
     with pytest.raises(faults.FileFailure):
-        faults.raise_noted()
+        faults.agree()
 
 
 @pytest.mark.horovod

@@ -40,7 +40,7 @@ def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
     logger = MetricsCSV(str(path))
     logger.set_model(_model_with_step(3))
     logger.on_epoch_end(0, {"loss": 0.5})
-    assert path.read_text() == "epoch,step,loss\n0,3,0.5\n" and faults.noted() is None
+    assert path.read_text() == "epoch,step,loss\n0,3,0.5\n" and faults.note() is None
     # The next write goes to /dev/full: ENOSPC, as on a full disk.
     os.symlink("/dev/full", f"{path}.tmp")
     logger.set_model(_model_with_step(6))
@@ -51,11 +51,11 @@ def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
         f"could not write {path}: [Errno 28] No space left on device. Free space or make it writable there "
         f"(or choose another --workdir), {ADVICE}"
     )
-    assert faults.noted() == message
+    assert faults.note() == message
     faults.note("a later failure")  # follows from the first: not the one reported
     with pytest.raises(faults.FileFailure) as raised:
-        faults.raise_noted()  # one process: no rank in the message
-    assert str(raised.value) == message and faults.noted() is None
+        faults.agree()  # one process: no rank in the message
+    assert str(raised.value) == message and faults.note() is None
     faults.agree()  # nothing noted: nothing raised
 
 
@@ -85,12 +85,12 @@ def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
     from hvd_lars.training import faults
 
     faults.note_unreadable(*noted[0])
-    assert faults.noted() == (
+    assert faults.note() == (
         f"cannot read or decode the training image file {noted[0][0]}. Repair or remove it (or pass "
         f"--skip_corrupt to leave such training files out), {ADVICE}"
     )
     with pytest.raises(faults.FileFailure):
-        faults.raise_noted()
+        faults.agree()
 
 
 def _one_line_from_rank_0(result, began, fragment):

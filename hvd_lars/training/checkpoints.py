@@ -224,7 +224,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
         if self.progress is not None:
             self.progress.capture()
-        if step != self._last_saved and collectives.is_chief() and not faults.noted():
+        if step != self._last_saved and collectives.is_chief() and not faults.note():
             faults.note(self._wait() or self._write(step))
         faults.agree("hvd_lars.checkpoint_error")
         self._last_saved = step

@@ -286,10 +286,7 @@ class ExactEvaluation(keras.callbacks.Callback):
             total += self._counts(images, labels).numpy()
             faults.heartbeat()
         # With the counts, whether a rank failed to read an evaluation file.
-        counts = [*total, faults.vote()]
-        loss, top1, top5, count, failed = collectives.allreduce_sum(counts, name="hvd_lars.eval_counts")
-        if failed:
-            faults.raise_noted()
+        loss, top1, top5, count = faults.agree("hvd_lars.eval_counts", total)
         if int(count) != self.num_examples:
             raise RuntimeError(
                 f"evaluated {int(count)} {self.prefix} images across ranks, expected {self.num_examples}."

@@ -1,14 +1,9 @@
-"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint
-(docs/faults.md: each cause, its exit status and what it leaves).
+"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint.
+`FaultGuard` votes once per update on divergence, stop signals (`StopSignals`) and noted failed writes or
+reads (`note`, `agree`); `ProgressWatchdog` ends a hung rank; `RunDirClaim` and `check_run_dir` guard the
+run directory. Each cause, its exit status and what it leaves: docs/faults.md."""
 
-- `FaultGuard`: one allreduce per update of the ranks' votes: a non-finite value (`TrainingDiverged`),
-  a stop signal or the launcher's end (`StopSignals`, `Preempted`), a failed write or read (`note`,
-  `FileFailure`).
-- `ProgressWatchdog`: a rank with no progress for `--hang_timeout_s` ends its process.
-- `RunDirClaim`: one job per run directory; `check_run_dir`: writable, with room, before training.
-"""
-
-import json
+import fcntl
 import logging
 import os
 import re
@@ -16,6 +11,7 @@ import select
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import weakref
@@ -37,13 +33,8 @@ EXIT_HUNG = 4  # no progress for --hang_timeout_s (ProgressWatchdog)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # The names Open MPI, MPICH and Intel MPI give the launcher that starts a host's ranks itself.
 MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")
-CLAIM_FILE = "running.json"
-HEARTBEAT_S = 30.0  # the claim's refresh period
-STALE_S = 4 * HEARTBEAT_S  # another host's claim is stale after 4 missed refreshes
-_AGAIN = (  # a second Ctrl-C
-    b"hvd_lars: interrupted again: ending now, without waiting for this update's checkpoint; the last "
-    b"complete checkpoint is kept.\n"
-)
+LOCK_FILE = "running.lock"  # RunDirClaim's, in the run directory
+_AGAIN = b"hvd_lars: interrupted again: ending now; the last complete checkpoint is kept.\n"  # 2nd Ctrl-C
 _RESUME = "then start the same command again: it resumes from the last complete checkpoint."
 _noted = None
 _last_progress = time.monotonic()
@@ -53,13 +44,9 @@ _CHECKS = weakref.WeakKeyDictionary()
 
 
 def _stat(pid, field):
-    # A field of /proc/<pid>/stat after the command name (which may hold spaces and parentheses): 1 the
-    # parent, 19 the start time in clock ticks since boot; None where the process is gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[field])
-    except (OSError, IndexError, ValueError):
-        return None
+    # Field `field` of /proc/<pid>/stat after the command name (which may hold spaces and parentheses).
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[field])
 
 
 def _cmdline(pid):
@@ -67,11 +54,11 @@ def _cmdline(pid):
         return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
 
 
-def watched(pid=None):
-    """(the pid of the MPI launcher that started process `pid` (default this one) on this host, that of
-    the `sh -c` shell above it or None), or None when no MPI launcher started it."""
+def watched():
+    """(pid of the MPI launcher that started this process, pid of the `sh -c` shell above it or None), or
+    None when no MPI launcher started it."""
     try:
-        launcher = _stat(pid or os.getpid(), 1)
+        launcher = _stat(os.getpid(), 1)
         if os.path.basename(_cmdline(launcher)[0]) not in MPI_LAUNCHERS:
             return None
         shell = _stat(launcher, 1)
@@ -83,10 +70,10 @@ def watched(pid=None):
 
 
 class StopSignals:
-    """Context manager, in the main thread (elsewhere it records nothing): SIGTERM, SIGUSR1 and SIGINT are
-    recorded (`received`, the first one's name) instead of ending the process, and so is this rank's MPI
-    launcher stopping the job (its SIGCONT) or gone (checked every second); a second SIGINT ends the
-    process at once with status 130. The previous handlers come back on exit."""
+    """Context manager, in the main thread (elsewhere it does nothing): SIGTERM, SIGUSR1 and SIGINT are
+    recorded in `received` (the first one's name) instead of ending the process, and so is this rank's MPI
+    launcher stopping the job (its SIGCONT) or ending (checked every second). A second SIGINT ends the
+    process at once with status 130."""
 
     def __init__(self):
         self.received = self._launcher_stop = self._thread = None
@@ -100,13 +87,11 @@ class StopSignals:
             os._exit(128 + signal.SIGINT)
 
     def __enter__(self):
-        for s in STOP_SIGNALS:
-            try:
-                self._previous[s] = signal.signal(s, self._handler)
-            except ValueError:  # not the main thread
-                return self
-        pids = watched()
-        if pids is not None:
+        try:
+            self._previous = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS}
+        except ValueError:  # not the main thread
+            return self
+        if (pids := watched()) is not None:
             self._read, self._write = os.pipe()
             os.set_blocking(self._write, False)
             self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
@@ -122,22 +107,19 @@ class StopSignals:
         woke = time.monotonic()
         while True:
             readable, _, _ = select.select([self._read], [], [], 1.0)
-            now = time.monotonic()
-            if readable:
-                received = os.read(self._read, 64)
-                if not received:
-                    return  # __exit__ closed the pipe
-                # mpirun's SIGCONT finds this thread on time; one that ends a stop finds it held past it.
-                if signal.SIGCONT in received and now - woke < 2.0:
-                    return self._launcher_stopped("mpirun is stopping the job")
-            woke = now
-            if os.getppid() != launcher or (shell is not None and _stat(launcher, 1) != shell):
-                return self._launcher_stopped("the launcher is gone")
-
-    def _launcher_stopped(self, reason):
-        # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
-        self._launcher_stop = reason
-        os.kill(os.getpid(), signal.SIGTERM)
+            now, received = time.monotonic(), os.read(self._read, 64) if readable else b"-"
+            if not received:
+                return  # __exit__ closed the pipe
+            # mpirun's SIGCONT finds this thread on time; one that ends a stop finds it held past it.
+            if signal.SIGCONT in received and now - woke < 2.0:
+                self._launcher_stop = "mpirun is stopping the job"
+            elif os.getppid() != launcher or (shell is not None and _parent(launcher) != shell):
+                self._launcher_stop = "the launcher is gone"
+            else:
+                woke = now
+                continue
+            # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
+            return os.kill(os.getpid(), signal.SIGTERM)
 
     def __exit__(self, *exc):
         if self._thread is not None:
@@ -149,7 +131,13 @@ class StopSignals:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous = {}
-        return False
+
+
+def _parent(pid):
+    try:
+        return _stat(pid, 1)
+    except (OSError, IndexError, ValueError):
+        return None  # gone
 
 
 class FileFailure(OSError):
@@ -157,14 +145,11 @@ class FileFailure(OSError):
     to do."""
 
 
-def note(message):
-    """Keeps `message` (None: nothing) as this rank's failure unless one is kept: the first is the cause."""
+def note(message=None):
+    """Keeps `message` (None: nothing) as this rank's failure unless one is kept (the first is the cause);
+    returns the failure kept, or None. `agree` raises it on every rank."""
     global _noted
     _noted = _noted or message
-
-
-def noted():
-    """This rank's failure message, or None."""
     return _noted
 
 
@@ -174,10 +159,8 @@ def write_failure(path, error):
         reason = f"[Errno {error.errno}] {error.strerror}"
     else:  # TensorFlow's: one line, without the name of its function and op
         reason = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]", "", " ".join(str(error).split())).strip()
-    return (
-        f"could not write {path}: {reason}. Free space or make it writable there (or choose another "
-        f"--workdir), {_RESUME}"
-    )
+    fix = "Free space or make it writable there (or choose another --workdir)"
+    return f"could not write {path}: {reason}. {fix}, {_RESUME}"
 
 
 def note_unreadable(path, split):
@@ -191,6 +174,20 @@ def note_unreadable(path, split):
         skip = " (or pass --skip_corrupt to leave such training files out)"
     skip = skip if split == "training" else ""
     note(f"cannot read or decode the {split} {what} {path}. {fix}{skip}, {_RESUME}")
+
+
+def agree(name="hvd_lars.file_failure_vote", counts=()):
+    """A collective (one `name` per call site): sums `counts` over ranks in one allreduce with the ranks'
+    failure votes and returns the sums (float64 NumPy array). Raises `FileFailure` on every rank instead
+    when a rank noted a failure, with the lowest such rank's message, and forgets this rank's."""
+    global _noted
+    sums = collectives.allreduce_sum([*counts, _noted is not None], name=name)
+    if not sums[-1]:
+        return sums[:-1]
+    messages = collectives.gather_objects(_noted, name="hvd_lars.file_failure")
+    _noted = None
+    rank, message = next((r, m) for r, m in enumerate(messages) if m)
+    raise FileFailure((f"rank {rank} of {len(messages)}: " if len(messages) > 1 else "") + message)
 
 
 def write_atomically(path, write, mode="w"):
@@ -217,57 +214,34 @@ def remove_quietly(*paths):
             pass
 
 
-def vote():
-    """This rank's vote for an allreduce: 1.0 when it noted a failure, else 0.0."""
-    return float(_noted is not None)
-
-
-def raise_noted():
-    """Raises `FileFailure` with the failure of the lowest rank that noted one, and forgets it; call it on
-    every rank once a vote found one (a collective)."""
-    global _noted
-    messages = collectives.gather_objects(_noted, name="hvd_lars.file_failure")
-    _noted = None
-    rank, message = next((r, m) for r, m in enumerate(messages) if m)
-    raise FileFailure((f"rank {rank} of {len(messages)}: " if len(messages) > 1 else "") + message)
-
-
-def agree(name="hvd_lars.file_failure_vote"):
-    """A collective: raises `FileFailure` on every rank when any rank noted a failure."""
-    if collectives.allreduce_sum([vote()], name=name)[0]:
-        raise_noted()
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the variables became non-finite at update `step`."""
+class Stopped(Exception):
+    """Training stopped on every rank at update `step`; the message says why and what to do."""
 
     def __init__(self, message, step):
         super().__init__(message)
         self.step = step
 
 
-class Preempted(Exception):
+class Preempted(Stopped):
     """A rank was asked to stop; training stopped at update `step`, its checkpoint written."""
 
-    def __init__(self, message, step):
-        super().__init__(message)
-        self.step = step
+
+class TrainingDiverged(Stopped, RuntimeError):
+    """The loss or the variables became non-finite at update `step`."""
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """At every update boundary (of `accumulation_steps` micro-batches), one allreduce of the ranks' votes:
-    a non-finite loss (unchecked under a `LossScaleOptimizer`, which skips such updates) or variable raises
+    """One allreduce of the ranks' votes at every update (of `accumulation_steps` micro-batches): a
+    non-finite loss (unchecked under a `LossScaleOptimizer`, which skips such updates) or variable raises
     `TrainingDiverged`; a stop signal of `signals` (`StopSignals`) makes rank 0 save `checkpoint` (a
-    `PeriodicCheckpoint`) and every rank raise `Preempted`, at an epoch's last update through `after_epoch()`,
-    unless it is the run's last (`total_steps`); a noted failure raises `FileFailure`. Place it before the
+    `PeriodicCheckpoint`) and every rank raise `Preempted` (at an epoch's last update through `after_epoch()`,
+    unless it is update `total_steps`, the last); a noted failure raises `FileFailure`. Place it before the
     checkpoint, evaluation and logging callbacks, so that nothing of a diverged update is saved."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
+        self.signals, self.checkpoint, self.accumulation_steps = signals, checkpoint, accumulation_steps
         self.total_steps = float("inf") if total_steps is None else total_steps
-        self.signals = signals
-        self.checkpoint = checkpoint
-        self.accumulation_steps = accumulation_steps
         self._rate = self._pending = None  # _pending: (step, ranks signalled) once the ranks agreed to stop
 
     def on_train_begin(self, logs=None):
@@ -290,11 +264,8 @@ class FaultGuard(keras.callbacks.Callback):
             return
         loss = None if self._scaled else (logs or {}).get("loss")
         finite = bool(self._finite()) and (loss is None or bool(np.isfinite(float(loss))))
-        diverged, signalled, failed = collectives.allreduce_sum(
-            [float(not finite), float(self.signals.received is not None), vote()], name="hvd_lars.fault_guard"
-        )
-        if failed:
-            raise_noted()
+        votes = [not finite, self.signals.received is not None]
+        diverged, signalled = agree("hvd_lars.fault_guard", votes)  # a noted failure raises first
         step = int(self.model.optimizer.iterations)
         if diverged:
             rate = float(keras.ops.convert_to_numpy(self._rate))
@@ -317,8 +288,7 @@ class FaultGuard(keras.callbacks.Callback):
 
     def _stop(self):
         step, signalled = self._pending
-        # This update's checkpoint, complete on disk before any rank exits.
-        self.checkpoint.save()
+        self.checkpoint.save()  # this update's, complete on disk before any rank exits
         self.checkpoint.finish()
         path = self.checkpoint.manager.latest_checkpoint if collectives.is_chief() else "written by rank 0"
         raise Preempted(
@@ -352,14 +322,11 @@ def run_dir_problem(run_dir, needed_bytes):
     cannot be written in it, or its file system has fewer than `needed_bytes` free."""
     try:
         os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, f".write_test.{os.getpid()}")
-        with open(probe, "wb") as f:
+        with tempfile.TemporaryFile(dir=run_dir) as f:
             f.write(b"0")
-        os.remove(probe)
     except OSError as e:
         return f"cannot write the run directory {run_dir}: {e}. Choose a writable --workdir."
-    free = shutil.disk_usage(run_dir).free
-    if free < needed_bytes:
+    if (free := shutil.disk_usage(run_dir).free) < needed_bytes:
         return (
             f"the run directory {run_dir} has {free / 2**20:.1f} MiB free, but training needs "
             f"{needed_bytes / 2**20:.1f} MiB there for its checkpoints. Free space, lower "
@@ -369,9 +336,8 @@ def run_dir_problem(run_dir, needed_bytes):
 
 
 def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
-    """Raises `ValueError` on every rank (a collective) when rank 0 cannot write `run_dir` or it lacks room
-    for `keep_checkpoints` + 1 checkpoints of `checkpoint_size` bytes (a new one is written before the
-    oldest is deleted)."""
+    """A collective: raises `ValueError` on every rank when rank 0 cannot write `run_dir` or it lacks room
+    for `keep_checkpoints` + 1 checkpoints of `checkpoint_size` bytes (the newest is written first)."""
     needed = (keep_checkpoints + 1) * checkpoint_size
     problem = run_dir_problem(run_dir, needed) if collectives.is_chief() else None
     if problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_check"):
@@ -385,20 +351,17 @@ def heartbeat():
 
 
 class ProgressWatchdog(keras.callbacks.Callback):
-    """Ends this process with `exit(EXIT_HUNG)` (default `os._exit`) after `timeout_s` seconds (0 or None:
-    never) without a `heartbeat` (one at every batch and epoch boundary, checkpoint and evaluation batch);
-    time the process spends stopped does not count. A context manager around training and a Keras
-    callback (why: docs/design.md). Raises `ValueError` for a negative or NaN `timeout_s`."""
+    """A context manager around training and a Keras callback: ends this process with `exit(EXIT_HUNG)`
+    (default `os._exit`) after `timeout_s` seconds (0 or None: never) without a `heartbeat` (one at every
+    batch and epoch boundary, checkpoint and evaluation batch); time the process spends stopped does not
+    count. Raises `ValueError` for a negative or NaN `timeout_s`."""
 
     def __init__(self, timeout_s, exit=os._exit):
         super().__init__()
         if timeout_s is not None and not timeout_s >= 0:
             raise ValueError(f"hang timeout must be >= 0 seconds (0: off), got {timeout_s!r}.")
-        self.timeout_s = timeout_s or 0
-        self._exit = exit
-        self._stop = threading.Event()
-        self._thread = None
-        self.fired = False
+        self.timeout_s, self._exit, self.fired = timeout_s or 0, exit, False
+        self._stop, self._thread = threading.Event(), None
 
     def __enter__(self):
         heartbeat()
@@ -413,7 +376,6 @@ class ProgressWatchdog(keras.callbacks.Callback):
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        return False
 
     def _watch(self):
         global _last_progress
@@ -423,11 +385,11 @@ class ProgressWatchdog(keras.callbacks.Callback):
             now = time.monotonic()
             if now - woke > 2 * period + 1.0:  # this thread did not run either: the process was stopped
                 _last_progress += now - woke - period
+            if (idle := now - _last_progress) > self.timeout_s:
+                break
             woke = now
-            if now - _last_progress > self.timeout_s:
-                return self._fire(now - _last_progress)
-
-    def _fire(self, idle):
+        else:
+            return
         try:
             step = int(self.model.optimizer.iterations)
         except Exception:  # the message must go out whatever the state
@@ -449,149 +411,52 @@ class ProgressWatchdog(keras.callbacks.Callback):
 
 
 class RunDirInUse(ValueError):
-    """Another live job holds the run directory (one line, exit status 2 from the main program)."""
-
-
-def holder():
-    """This process as a claim records it, with the Slurm job and restart it runs in."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return {
-        "host": socket.gethostname(),
-        "boot": boot,
-        "pid": os.getpid(),
-        "process_start": _stat(os.getpid(), 19),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "slurm_job": os.environ.get("SLURM_JOB_ID"),
-        "slurm_restart": os.environ.get("SLURM_RESTART_COUNT", "0"),
-    }
-
-
-def _why_stale(claim, age_s):
-    # Why the holder of `claim`, refreshed `age_s` seconds ago by the file system's clock, is gone, or None.
-    me = holder()
-    here = claim.get("host") == me["host"] and claim.get("boot") == me["boot"]
-    if here and _stat(claim.get("pid"), 19) != claim.get("process_start"):
-        return "its process is gone"
-    # Slurm starts a requeued job only once every process of its earlier start has ended.
-    if me["slurm_job"] and claim.get("slurm_job") == me["slurm_job"]:
-        if claim.get("slurm_restart") != me["slurm_restart"]:
-            return f"it was an earlier start (restart {claim.get('slurm_restart')}) of this Slurm job"
-    if age_s > STALE_S:
-        return f"its claim was last refreshed {age_s:.0f} s ago (every {HEARTBEAT_S:.0f} s while it runs)"
-    return None
-
-
-def _describe(claim):
-    return f"process {claim.get('pid')} on host {claim.get('host')} (started {claim.get('started')})"
-
-
-def take(run_dir):
-    """Claims `run_dir` for this process; returns the line to print when it took over a stale claim.
-    Raises `RunDirInUse` where a live job holds it, `OSError` where the claim cannot be written."""
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, CLAIM_FILE)
-    taken_over = None
-    for _ in range(3):  # another start may take over or claim between the reads below
-        try:
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
-                f.write(json.dumps(holder()))
-            return taken_over
-        except FileExistsError:
-            pass
-        try:
-            with open(path) as f:
-                text = f.read()
-            refreshed = os.stat(path).st_mtime
-            # Its age by the file system's clock: the modification time of a file written now.
-            probe = os.path.join(run_dir, f".clock.{os.getpid()}")
-            open(probe, "w").close()
-            age = os.stat(probe).st_mtime - refreshed
-            os.remove(probe)
-        except FileNotFoundError:
-            continue  # its holder just ended
-        try:
-            claim = json.loads(text)
-        except ValueError:
-            claim = {}  # being written, or cut short by a crash: stale once it is not refreshed
-        reason = _why_stale(claim, age)
-        if reason is None:
-            raise RunDirInUse(
-                f"the run directory {run_dir} is in use by {_describe(claim)}: it holds {path}. Wait for "
-                "that job to end or stop it (a stopped job resumes with its own command), or train in "
-                "another directory (--run_name, --workdir)."
-            )
-        # Set aside under a name of this process's own, then check it is still the claim judged stale.
-        aside = f"{path}.stale.{os.getpid()}"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            continue
-        with open(aside) as f:
-            if f.read() != text:  # another start claimed it meanwhile: give it back
-                os.rename(aside, path)
-                continue
-        os.remove(aside)
-        was = _describe(claim) if claim else "an earlier job"
-        taken_over = f"took over the run directory {run_dir} from {was}: {reason}."
-    raise RunDirInUse(f"the run directory {run_dir} is claimed and released by other starts meanwhile")
-
-
-def release(run_dir):
-    """Removes this process's claim of `run_dir`, if it still holds it."""
-    path = os.path.join(run_dir, CLAIM_FILE)
-    try:
-        with open(path) as f:
-            claim = json.load(f)
-        if claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname():
-            os.remove(path)
-    except (OSError, ValueError):
-        pass
+    """Another live process holds the run directory (one line, exit status 2 from the main program)."""
 
 
 class RunDirClaim:
-    """Context manager on every rank, a collective on entry: rank 0 claims `run_dir` (`take`) and refreshes
-    the claim while inside; every rank raises `RunDirInUse` when another live job holds it."""
+    """Context manager on every rank, a collective on entry: rank 0 holds an exclusive lock on
+    `<run_dir>/running.lock` until exit, the file naming the holder; every rank raises `RunDirInUse` where
+    another process holds it. The kernel drops the lock when its process ends, however it ends, so a killed
+    holder never blocks a restart. On a file system shared by several hosts this needs working POSIX locks
+    (NFSv4, Lustre mounted with -o flock)."""
 
     def __init__(self, run_dir):
-        self.run_dir = run_dir
-        self._stop = threading.Event()
-        self._thread = None
+        self.run_dir, self._fd = run_dir, None
 
     def __enter__(self):
-        outcome = None
+        problem = None
         if collectives.is_chief():
             try:
-                if line := take(self.run_dir):
-                    log.info(line)
-            except (RunDirInUse, OSError) as e:
-                outcome = str(e)
-        outcome = collectives.broadcast_object(outcome, name="hvd_lars.run_dir_claim")
-        if outcome is not None:
-            raise RunDirInUse(outcome)
-        if collectives.is_chief():
-            self._thread = threading.Thread(target=self._refresh, name="hvd_lars.claim", daemon=True)
-            self._thread.start()
+                self._fd = self._lock(os.path.join(self.run_dir, LOCK_FILE))
+            except RunDirInUse as e:
+                problem = str(e)
+            except OSError as e:  # no POSIX locks there: an NFSv3 mount without lockd, Lustre without flock
+                problem = f"cannot lock the run directory {self.run_dir}: {e}. Choose another --workdir."
+        if (problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_claim")) is not None:
+            raise RunDirInUse(problem)
         return self
 
-    def _refresh(self):
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                os.utime(os.path.join(self.run_dir, CLAIM_FILE))
-            except OSError:
-                pass  # a full or lost disk: the run's own writes report it
+    def _lock(self, path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
+            holder = os.pread(fd, 1024, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirInUse(
+                f"the run directory {self.run_dir} is in use by {holder}: wait for it to end or stop it (a "
+                "stopped job resumes with its own command), or train in another directory (--run_name, "
+                "--workdir)."
+            ) from None
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        os.pwrite(
+            fd, f"process {os.getpid()} on host {socket.gethostname()} (started {started})\n".encode(), 0
+        )
+        return fd
 
-    def __exit__(self, exc_type, exc, tb):
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            release(self.run_dir)
-        if exc_type is None or issubclass(exc_type, (Preempted, TrainingDiverged, FileFailure)):
-            # Ended together, so no rank exits before the claim is gone: a launcher that kills the others
-            # when one exits (srun --kill-on-bad-exit) would leave it behind.
-            collectives.barrier()
-        return False
+    def __exit__(self, *exc):
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None

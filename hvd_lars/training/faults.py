@@ -1,7 +1,6 @@
-"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint.
-`FaultGuard` votes once per update on divergence, stop signals (`StopSignals`) and noted failed writes or
-reads (`note`, `agree`); `ProgressWatchdog` ends a hung rank; `RunDirClaim` and `check_run_dir` guard the
-run directory. Each cause, its exit status and what it leaves: docs/faults.md."""
+"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint
+(docs/faults.md: each cause, its exit status, what it leaves). `FaultGuard` votes at every update on what
+`StopSignals` and `note` record; `ProgressWatchdog`, `RunDirClaim` and `check_run_dir` guard the run."""
 
 import fcntl
 import logging
@@ -24,15 +23,12 @@ from hvd_lars.data.imagenet_preparation import COMMAND
 from hvd_lars.parallel import collectives
 
 log = logging.getLogger(__name__)
-# EX_TEMPFAIL of sysexits.h: stopped at a checkpoint on request, to be started again (143 would be a
-# process killed by SIGTERM before it could save).
-EXIT_PREEMPTED = 75
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): stopped at a checkpoint on request, to be started again
 EXIT_DIVERGED = 3  # the same flags would diverge again: not a retry
 EXIT_HUNG = 4  # no progress for --hang_timeout_s (ProgressWatchdog)
 # A scheduler's or a container's stop, Slurm's time-limit warning (launch/slurm/train.sbatch), Ctrl-C.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-# The names Open MPI, MPICH and Intel MPI give the launcher that starts a host's ranks itself.
-MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")
+MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")  # Open MPI, MPICH, Intel MPI
 LOCK_FILE = "running.lock"  # RunDirClaim's, in the run directory
 _AGAIN = b"hvd_lars: interrupted again: ending now; the last complete checkpoint is kept.\n"  # 2nd Ctrl-C
 _RESUME = "then start the same command again: it resumes from the last complete checkpoint."
@@ -43,10 +39,13 @@ _last_progress = time.monotonic()
 _CHECKS = weakref.WeakKeyDictionary()
 
 
-def _stat(pid, field):
-    # Field `field` of /proc/<pid>/stat after the command name (which may hold spaces and parentheses).
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[field])
+def _parent(pid):
+    # The field after the state in /proc/<pid>/stat, past the command name (which may hold parentheses).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None  # gone
 
 
 def _cmdline(pid):
@@ -58,22 +57,21 @@ def watched():
     """(pid of the MPI launcher that started this process, pid of the `sh -c` shell above it or None), or
     None when no MPI launcher started it."""
     try:
-        launcher = _stat(os.getpid(), 1)
+        launcher = _parent(os.getpid())
         if os.path.basename(_cmdline(launcher)[0]) not in MPI_LAUNCHERS:
             return None
-        shell = _stat(launcher, 1)
+        shell = _parent(launcher)
         args = _cmdline(shell)
-    except (OSError, IndexError, ValueError):
+    except (OSError, IndexError):
         return None
     shelled = args[1:2] == ["-c"] and os.path.basename(args[0]) in ("sh", "dash", "bash")
     return launcher, shell if shelled else None
 
 
 class StopSignals:
-    """Context manager, in the main thread (elsewhere it does nothing): SIGTERM, SIGUSR1 and SIGINT are
-    recorded in `received` (the first one's name) instead of ending the process, and so is this rank's MPI
-    launcher stopping the job (its SIGCONT) or ending (checked every second). A second SIGINT ends the
-    process at once with status 130."""
+    """Context manager, in the main thread (elsewhere it does nothing): records in `received` the first of
+    SIGTERM, SIGUSR1, SIGINT, or this rank's MPI launcher stopping the job (its SIGCONT) or ending (checked
+    every second), instead of ending the process. A second SIGINT ends the process at once (status 130)."""
 
     def __init__(self):
         self.received = self._launcher_stop = self._thread = None
@@ -97,9 +95,7 @@ class StopSignals:
             self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
             # A Python handler, so that SIGCONT reaches the wakeup fd; continuing is the kernel's doing.
             self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda signum, frame: None)
-            self._thread = threading.Thread(
-                target=self._watch, args=pids, name="hvd_lars.launcher", daemon=True
-            )
+            self._thread = threading.Thread(target=self._watch, args=pids, daemon=True)
             self._thread.start()
         return self
 
@@ -133,16 +129,8 @@ class StopSignals:
         self._previous = {}
 
 
-def _parent(pid):
-    try:
-        return _stat(pid, 1)
-    except (OSError, IndexError, ValueError):
-        return None  # gone
-
-
 class FileFailure(OSError):
-    """A write of the run or a read of its data failed on some rank; the message says which, why and what
-    to do."""
+    """A write of the run or a read of its data failed on a rank; the message says which, why, what to do."""
 
 
 def note(message=None):
@@ -164,15 +152,14 @@ def write_failure(path, error):
 
 
 def note_unreadable(path, split):
-    """Notes a `split` ("training" or "evaluation") file that cannot be read or decoded: an image, or a
-    record file of prepared data (`*.tfrecord-NNNNN-of-NNNNN`) that cannot be read to its end."""
+    """Notes a `split` ("training" or "evaluation") image, or record file of prepared data
+    (`*.tfrecord-NNNNN-of-NNNNN`), that cannot be read or decoded to its end."""
     if ".tfrecord" in os.path.basename(path):
         what, fix = "record file", f"Restore it from a copy or prepare the data set again with {COMMAND}"
-        skip = " (or pass --skip_corrupt to leave out the records it cannot give)"
+        skip = "leave out the records it cannot give"
     else:
-        what, fix = "image file", "Repair or remove it"
-        skip = " (or pass --skip_corrupt to leave such training files out)"
-    skip = skip if split == "training" else ""
+        what, fix, skip = "image file", "Repair or remove it", "leave such training files out"
+    skip = f" (or pass --skip_corrupt to {skip})" if split == "training" else ""
     note(f"cannot read or decode the {split} {what} {path}. {fix}{skip}, {_RESUME}")
 
 
@@ -190,19 +177,17 @@ def agree(name="hvd_lars.file_failure_vote", counts=()):
     raise FileFailure((f"rank {rank} of {len(messages)}: " if len(messages) > 1 else "") + message)
 
 
-def write_atomically(path, write, mode="w"):
-    """Writes `path` through `write(file)` into `<path>.tmp`, renamed over `path`, so the file is whole or
-    as it was; returns whether it was written. An `OSError` is noted, the temporary file removed."""
+def write_atomically(path, write):
+    """Writes the text file `path` through `write(file)` into `<path>.tmp`, renamed over `path`, so the file
+    is whole or as it was. An `OSError` is noted, the temporary file removed."""
     tmp = f"{path}.tmp"
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"newline": ""})) as f:
+        with open(tmp, "w", newline="") as f:
             write(f)
         os.replace(tmp, path)
-        return True
     except OSError as e:
         remove_quietly(tmp)
         note(write_failure(path, e))
-        return False
 
 
 def remove_quietly(*paths):
@@ -231,12 +216,11 @@ class TrainingDiverged(Stopped, RuntimeError):
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """One allreduce of the ranks' votes at every update (of `accumulation_steps` micro-batches): a
-    non-finite loss (unchecked under a `LossScaleOptimizer`, which skips such updates) or variable raises
-    `TrainingDiverged`; a stop signal of `signals` (`StopSignals`) makes rank 0 save `checkpoint` (a
-    `PeriodicCheckpoint`) and every rank raise `Preempted` (at an epoch's last update through `after_epoch()`,
-    unless it is update `total_steps`, the last); a noted failure raises `FileFailure`. Place it before the
-    checkpoint, evaluation and logging callbacks, so that nothing of a diverged update is saved."""
+    """One allreduce (`agree`) at every update of `accumulation_steps` micro-batches: a noted failure raises
+    `FileFailure`; a non-finite loss (unchecked under a `LossScaleOptimizer`) or variable `TrainingDiverged`;
+    a signal of `signals` (`StopSignals`) has `checkpoint` (a `PeriodicCheckpoint`) saved and `Preempted`
+    raised, at an epoch's last update by `after_epoch()` unless it is the last, `total_steps`. Place it
+    before the checkpoint, evaluation and logging callbacks: nothing of a diverged update is saved."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
@@ -264,8 +248,7 @@ class FaultGuard(keras.callbacks.Callback):
             return
         loss = None if self._scaled else (logs or {}).get("loss")
         finite = bool(self._finite()) and (loss is None or bool(np.isfinite(float(loss))))
-        votes = [not finite, self.signals.received is not None]
-        diverged, signalled = agree("hvd_lars.fault_guard", votes)  # a noted failure raises first
+        diverged, signalled = agree("hvd_lars.fault_guard", [not finite, self.signals.received is not None])
         step = int(self.model.optimizer.iterations)
         if diverged:
             rate = float(keras.ops.convert_to_numpy(self._rate))
@@ -332,7 +315,6 @@ def run_dir_problem(run_dir, needed_bytes):
             f"{needed_bytes / 2**20:.1f} MiB there for its checkpoints. Free space, lower "
             "--keep_checkpoints, or choose another --workdir."
         )
-    return None
 
 
 def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
@@ -410,16 +392,11 @@ class ProgressWatchdog(keras.callbacks.Callback):
     on_train_begin = on_epoch_begin = on_epoch_end = on_train_batch_end
 
 
-class RunDirInUse(ValueError):
-    """Another live process holds the run directory (one line, exit status 2 from the main program)."""
-
-
 class RunDirClaim:
-    """Context manager on every rank, a collective on entry: rank 0 holds an exclusive lock on
-    `<run_dir>/running.lock` until exit, the file naming the holder; every rank raises `RunDirInUse` where
-    another process holds it. The kernel drops the lock when its process ends, however it ends, so a killed
-    holder never blocks a restart. On a file system shared by several hosts this needs working POSIX locks
-    (NFSv4, Lustre mounted with -o flock)."""
+    """Context manager on every rank, a collective on entry: rank 0 holds a lock on `<run_dir>/running.lock`
+    (which names it) until exit; every rank raises `ValueError` while another process holds it. The kernel
+    drops the lock when its holder ends, however it ends. On a file system shared by several hosts this
+    needs working POSIX locks (NFSv4, Lustre mounted with -o flock)."""
 
     def __init__(self, run_dir):
         self.run_dir, self._fd = run_dir, None
@@ -429,22 +406,23 @@ class RunDirClaim:
         if collectives.is_chief():
             try:
                 self._fd = self._lock(os.path.join(self.run_dir, LOCK_FILE))
-            except RunDirInUse as e:
+            except ValueError as e:
                 problem = str(e)
             except OSError as e:  # no POSIX locks there: an NFSv3 mount without lockd, Lustre without flock
                 problem = f"cannot lock the run directory {self.run_dir}: {e}. Choose another --workdir."
         if (problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_claim")) is not None:
-            raise RunDirInUse(problem)
+            raise ValueError(problem)
         return self
 
     def _lock(self, path):
+        # A POSIX lock: this process closing any descriptor of the file would release it.
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
             holder = os.pread(fd, 1024, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise RunDirInUse(
+            raise ValueError(
                 f"the run directory {self.run_dir} is in use by {holder}: wait for it to end or stop it (a "
                 "stopped job resumes with its own command), or train in another directory (--run_name, "
                 "--workdir)."

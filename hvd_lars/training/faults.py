@@ -405,7 +405,7 @@ class RunDirClaim:
         problem = None
         if collectives.is_chief():
             try:
-                self._fd = self._lock(os.path.join(self.run_dir, LOCK_FILE))
+                self._fd = self._take(os.path.join(self.run_dir, LOCK_FILE))
             except ValueError as e:
                 problem = str(e)
             except OSError as e:  # no POSIX locks there: an NFSv3 mount without lockd, Lustre without flock
@@ -414,7 +414,7 @@ class RunDirClaim:
             raise ValueError(problem)
         return self
 
-    def _lock(self, path):
+    def _take(self, path):
         # A POSIX lock: this process closing any descriptor of the file would release it.
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -419,9 +419,11 @@ class RunDirClaim:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
+        except OSError as e:
             holder = os.pread(fd, 1024, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
+            if not isinstance(e, (BlockingIOError, PermissionError)):  # EAGAIN or EACCES: another holds it
+                raise
             raise ValueError(
                 f"the run directory {self.run_dir} is in use by {holder}: wait for it to end or stop it (a "
                 "stopped job resumes with its own command), or train in another directory (--run_name, "

@@ -9,6 +9,7 @@ import logging
 import os
 import platform
 import subprocess
+import sys
 import time
 
 import keras
@@ -329,7 +330,8 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
         loss = "".join(f" - loss: {x:.4f}" if x > 1e-3 else f" - loss: {x:.4e}" for x in loss)
         rate = per_second * self.images_per_batch
         head = f"{done}/{self.batches_per_epoch} - {now - self._began[0]:.0f}s - {rate:.0f} images/s"
-        print(f"{head}{loss} - {left} left", flush=True)  # the stream of Keras's epoch lines
+        sys.stdout.write(f"{head}{loss} - {left} left\n")  # one write, as a launcher's pipe reads it
+        sys.stdout.flush()
 
 
 def _duration(seconds):

@@ -90,6 +90,7 @@ def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp
     [
         (b"epoch,loss,top1\n0,2.0,0.5\n", "KeyError: 'step'"),  # not a metrics.csv of this package
         (b"epoch,step,loss\n0,8,2.0\n\xff\xfe\n", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+        (b"epoch,step,loss\n0,8,2.0\n1,16,1.", "ValueError: empty or cut short"),  # a copy interrupted
     ],
 )
 def test_an_unreadable_csv_is_renamed_with_one_warning_and_begun_anew(tmp_path, caplog, text, problem):

@@ -205,13 +205,12 @@ class ExactEvaluation(keras.callbacks.Callback):
 
 class Progress(keras.callbacks.Callback):
     """What a checkpoint records beyond the model (`variable`): the epoch's running metric sums (an epoch
-    resumed mid-way reports the whole epoch's) and the run's time over its starts. Adds `images_per_second`
-    (all ranks', per second of training) and `epoch_time_s` to the epoch logs."""
+    resumed mid-way reports the whole epoch's) and the run's time over its starts. Adds `epoch_time_s` and
+    `images_per_second` (all ranks' micro-batches of global batch / accumulation steps) to the epoch logs."""
 
     def __init__(self, plan):
         super().__init__()
-        self.steps_per_epoch = plan.steps_per_epoch
-        self.images_per_batch = plan.global_batch_size / plan.accumulation_steps  # a micro-batch, all ranks
+        self.plan = plan
         self.variable = tf.Variable("", dtype=tf.string, trainable=False, name="progress")
         self.restored, self._pending, self._begun = {}, None, time.perf_counter()
 
@@ -238,7 +237,7 @@ class Progress(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_began, self._batches = time.perf_counter(), 0
         step, sums = int(self.model.optimizer.iterations), self.restored.pop("metric_sums", None)
-        if sums and step % self.steps_per_epoch and step == self.restored.get("step"):
+        if sums and step % self.plan.steps_per_epoch and step == self.restored.get("step"):
             self._pending = sums
 
     def on_train_batch_end(self, batch, logs=None):
@@ -249,8 +248,8 @@ class Progress(keras.callbacks.Callback):
         self._batches += 1
 
     def on_epoch_end(self, epoch, logs=None):
-        elapsed = time.perf_counter() - self._epoch_began
-        logs.update(images_per_second=self.images_per_batch * self._batches / elapsed, epoch_time_s=elapsed)
+        elapsed, images = time.perf_counter() - self._epoch_began, self._batches * self.plan.global_batch_size
+        logs.update(images_per_second=images / self.plan.accumulation_steps / elapsed, epoch_time_s=elapsed)
 
 
 class MetricsCSV(keras.callbacks.Callback):
@@ -262,8 +261,11 @@ class MetricsCSV(keras.callbacks.Callback):
         super().__init__()
         self.path, self.rows = path, []
         try:
-            with open(path, newline="") as f:  # a row's empty values and values beyond the header left out
-                rows = [{k: v for k, v in row.items() if k and v} for row in csv.DictReader(f, restval="")]
+            with open(path) as f:
+                text = f.read()
+            if not text.endswith("\n"):  # written whole, it ends with its last row's line end
+                raise ValueError("empty or cut short")
+            rows = [{k: v for k, v in row.items() if k and v} for row in csv.DictReader(text.splitlines())]
             self.rows = [row for row in rows if int(row["epoch"]) >= 0 and int(row["step"]) <= start_step]
         except (OSError, ValueError, KeyError) as e:  # UnicodeDecodeError is a ValueError
             if os.path.exists(path):
@@ -287,10 +289,9 @@ class TensorBoardScalars(keras.callbacks.Callback):
         self.log_dir, self._writer = log_dir, None
 
     def on_epoch_end(self, epoch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy())
         try:
             self._writer = self._writer or tf.summary.create_file_writer(self.log_dir)
-            with self._writer.as_default(step=step):
+            with self._writer.as_default(step=int(self.model.optimizer.iterations)):
                 for key, value in sorted({"epoch": epoch + 1, **(logs or {})}.items()):
                     tf.summary.scalar(key, float(value))
             self._writer.flush()
@@ -326,12 +327,11 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
             return
         self._last, per_second = (now, done), (done - before) / max(now - then, 1e-9)
         left = _duration((self.batches_per_epoch - done) / per_second)
-        loss = [float(logs["loss"])] if "loss" in (logs or {}) else []  # written as Keras's epoch line does
-        loss = "".join(f" - loss: {x:.4f}" if x > 1e-3 else f" - loss: {x:.4e}" for x in loss)
-        rate = per_second * self.images_per_batch
-        head = f"{done}/{self.batches_per_epoch} - {now - self._began[0]:.0f}s - {rate:.0f} images/s"
-        sys.stdout.write(f"{head}{loss} - {left} left\n")  # one write, as a launcher's pipe reads it
-        sys.stdout.flush()
+        x = float((logs or {}).get("loss", "nan"))  # written as Keras's epoch line writes it
+        loss = f"{x:.4f}" if x > 1e-3 else f"{x:.4e}"
+        rate = f"{now - self._began[0]:.0f}s - {per_second * self.images_per_batch:.0f} images/s"
+        sys.stdout.write(f"{done}/{self.batches_per_epoch} - {rate} - loss: {loss} - {left} left\n")
+        sys.stdout.flush()  # one write of the whole line: a launcher's pipe prefixes each piece it reads
 
 
 def _duration(seconds):

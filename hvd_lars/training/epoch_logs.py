@@ -72,8 +72,8 @@ def _unreadable(path, error):
 
 
 class RunSummary(keras.callbacks.Callback):
-    """`<run_dir>/summary.json` (keys: docs/training.md), rewritten by rank 0 after every epoch; every rank
-    keeps `summary`. A resumed run (`start_step` updates applied) keeps the epochs before it."""
+    """`<run_dir>/summary.json` (keys: docs/training.md), written by rank 0 each epoch, kept by every rank as
+    `summary`; a resumed run (`start_step` updates) keeps the epochs before it. `progress`: the job's."""
 
     def __init__(self, run_dir, config, plan, start_step, threads=None, progress=None):
         super().__init__()
@@ -106,7 +106,7 @@ class RunSummary(keras.callbacks.Callback):
         try:
             saved = read_json(path) if os.path.exists(path) else None
             return saved if saved is None else {**saved, "epochs": list(saved["epochs"])}
-        except (OSError, ValueError, TypeError, KeyError) as e:  # JSON and Unicode errors are ValueErrors
+        except (OSError, ValueError, TypeError, KeyError) as e:  # not JSON, or no object with an epochs list
             _unreadable(path, e)
 
     def record_stop(self, reason, step, message):

@@ -1,5 +1,5 @@
 """metrics.csv, TensorBoard and summary.json stay aligned in any evaluation schedule and across resumes;
-the plot of a run."""
+an unreadable record is renamed and begun anew; the plot of a run; rank 0's progress lines."""
 
 import csv
 import json
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars.training import checkpoints, epoch_logs, faults, plot_run
+from hvd_lars.training import checkpoints, epoch_logs, plot_run
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.epoch_logs import RunSummary
 from hvd_lars.training.plan import make_plan
@@ -64,7 +64,7 @@ def test_csv_has_every_column_on_every_row_with_evaluation_every_2_epochs(tmp_pa
     # Test columns although the first epoch had none; no invented val_ copies.
     assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
     assert [len(r) for r in rows] == [8, 8, 8]
-    assert rows[0] == ["0", "8", "0.1", "2", "", "", "", "0.5"]
+    assert rows[0] == ["0", "8", "0.1", "2.0", "", "", "", "0.5"]
     assert rows[1] == ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"]
     assert rows[2][4:7] == ["", "", ""]
 
@@ -74,7 +74,7 @@ def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp
     path = str(tmp_path / "metrics.csv")
     _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)  # killed after epoch 2's row
     # Resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24), whose row was written after it.
-    resumed = epoch_logs.MetricsCSV(path, start_step=20, steps_per_epoch=STEPS_PER_EPOCH)
+    resumed = epoch_logs.MetricsCSV(path, start_step=20)
     _train([resumed], [2, 3])  # now with a validation split: six more columns
     header, *rows = _rows(path)
     assert "val_top1" in header and "test_top1" in header and len(header) == 11
@@ -85,11 +85,22 @@ def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp
 
 
 @pytest.mark.horovod
-def test_csv_without_a_step_column_is_kept_as_damaged_and_rebuilt(tmp_path):
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (b"epoch,loss,top1\n0,2.0,0.5\n", "KeyError: 'step'"),  # not a metrics.csv of this package
+        (b"epoch,step,loss\n0,8,2.0\n\xff\xfe\n", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+        (b"epoch,step,loss\n0,8,2.0\n1,16,1.", "ValueError: empty or cut short"),  # a copy interrupted
+    ],
+)
+def test_an_unreadable_csv_is_renamed_with_one_warning_and_begun_anew(tmp_path, caplog, text, problem):
     path = tmp_path / "metrics.csv"
-    path.write_text("epoch,loss,top1\n0,2.0,0.5\n")  # not a metrics.csv of this package: no step
-    logger = epoch_logs.MetricsCSV(str(path), start_step=8, steps_per_epoch=STEPS_PER_EPOCH)
-    assert (tmp_path / "damaged" / "metrics.csv").read_text() == "epoch,loss,top1\n0,2.0,0.5\n"
+    path.write_bytes(text)
+    logger = epoch_logs.MetricsCSV(str(path), start_step=8)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{path} cannot be read ({problem}"), warnings
+    assert warnings[0].endswith(f"; renamed {path}.unreadable")
+    assert (tmp_path / "metrics.csv.unreadable").read_bytes() == text and not path.exists()
     _train([logger], [1], validation=False)
     header, *rows = _rows(path)
     assert header[:2] == ["epoch", "step"] and [r[:2] for r in rows] == [["1", "16"]]
@@ -110,11 +121,7 @@ def _events(log_dir):
 @pytest.mark.horovod
 def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_path):
     log_dir = str(tmp_path / "tb")
-    _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))  # killed after epoch 3's scalars
-    # Resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24): epochs 2 and 3 are trained again.
-    model = _Model()
-    resumed = epoch_logs.TensorBoardScalars(log_dir, start_step=20)
-    _train([resumed], [2, 3], model=model)
+    _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))
     events = _events(log_dir)
     keys = [(tag, step) for tag, step, _ in events]
     assert len(keys) == len(set(keys))  # no step written twice
@@ -130,19 +137,9 @@ def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_p
     assert sorted(step for tag, step in keys if tag == "val_top1") == [16, 32]
     values = {(tag, step): v for tag, step, v in events}
     assert values[("learning_rate", 24)] == pytest.approx(0.3) and values[("epoch", 32)] == 4
-
-
-@pytest.mark.horovod
-def test_tensorboard_pruning_keeps_the_complete_records_of_a_file_cut_short(tmp_path):
-    log_dir = str(tmp_path / "tb")
-    _train([epoch_logs.TensorBoardScalars(log_dir)], range(2))
-    (name,) = [n for n in os.listdir(log_dir) if n.startswith("events")]
-    path = os.path.join(log_dir, name)
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 5)  # the last scalar's record torn by a kill
-    assert epoch_logs.prune_events(log_dir, last_step=8) > 0
-    steps = {step for _, step, _ in _events(log_dir)}
-    assert steps == {8}
+    # A run resumed inside epoch 3 (0-based) logs it again beside the first: TensorBoard shows both points.
+    _train([epoch_logs.TensorBoardScalars(log_dir)], [3])
+    assert sorted(step for tag, step, _ in _events(log_dir) if tag == "loss") == [8, 16, 24, 32, 32]
 
 
 @pytest.mark.horovod
@@ -167,6 +164,11 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     back = RunSummary.load(str(tmp_path))["epochs"][0]
     assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
     assert checkpoints.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
+    # Cut short (a copy interrupted): renamed, one warning; a resumed run writes it anew from its own epochs.
+    (tmp_path / "summary.json").write_text(text[: len(text) // 2])
+    assert RunSummary.load(str(tmp_path)) is None and (tmp_path / "summary.json.unreadable").exists()
+    RunSummary(str(tmp_path), config, plan, 8)
+    assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == []
 
 
 @pytest.mark.horovod
@@ -208,9 +210,9 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     _train([epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv")), summary], range(4))
     caplog.set_level("INFO", logger="hvd_lars")
     summary.finish(str(tmp_path / "checkpoints" / "ckpt-32"))
-    said = [re.sub(r" in \d+ s ", " in T s ", r.getMessage()) for r in caplog.records]
+    said = [re.sub(r" in \d+ s,", " in T s,", r.getMessage()) for r in caplog.records]
     assert said == [
-        f"finished {tmp_path.name}: 4 of 4 epochs (32 steps) in T s over 1 start(s), images/s not measured",
+        f"finished {tmp_path.name}: 4 of 4 epochs (32 steps) in T s, images/s not measured",
         "final test top-1 0.6000 (best 0.6000, epoch 2), top-5 0.9000 (best 0.9000)",
         "final validation top-1 0.6100 (best 0.6100, epoch 2), top-5 0.9100 (best 0.9100)",
         f"checkpoint {tmp_path}/checkpoints/ckpt-32",
@@ -218,21 +220,17 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
         f"plot {tmp_path}/run.png",
     ]
     assert os.path.getsize(tmp_path / "run.png") > 10_000
-    # A plot that cannot be written is a failed write of the run: every rank raises it, with one line.
+    # A plot that cannot be drawn or written is one warning: the finished run stays finished.
     os.remove(tmp_path / "run.png")
     (tmp_path / "run.png").mkdir()
-    with pytest.raises(faults.FileFailure) as raised:
-        summary.finish(None)
-    assert str(raised.value).startswith(f"could not write {tmp_path}/run.png: [Errno 21] Is a directory. ")
-    assert f"then draw it with `hvd-lars-plot {tmp_path}`" in str(raised.value)
-    assert not (tmp_path / "run.png.tmp").exists()
-    # A plot that cannot be drawn is one warning: the finished run stays finished.
-    (tmp_path / "metrics.csv").write_text("step\n8\n")  # no epoch column: KeyError
     caplog.clear()
     summary.finish(None)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and warnings[0].startswith("no plot of this run (")
-    assert caplog.records[-1].getMessage() == "plot not written"
+    assert warnings == [
+        f"no plot of this run (IsADirectoryError: [Errno 21] Is a directory: '{tmp_path}/run.png.tmp' -> "
+        f"'{tmp_path}/run.png'); try `hvd-lars-plot {tmp_path}`"
+    ]
+    assert caplog.records[-1].getMessage() == "plot not written" and not (tmp_path / "run.png.tmp").exists()
 
 
 @pytest.mark.unit
@@ -267,6 +265,11 @@ def _fit_with_progress(progress, epochs=2, steps=5):
     return losses
 
 
+def _keras(value):
+    # As Keras's epoch line writes a metric.
+    return f"{value:.4f}" if value > 1e-3 else f"{value:.4e}"
+
+
 def _fake_clock(step_s=10):
     # Read once as an epoch begins and once after each micro-batch: 10 s per micro-batch.
     ticks = iter(range(0, 10_000, step_s))
@@ -286,8 +289,8 @@ def test_progress_lines_every_interval_and_keras_epoch_line(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 6, lines
     assert lines[0] == "Epoch 1/2" and lines[3] == "Epoch 2/2"
-    assert lines[1] == f"3/5 - 30s - 6 images/s - loss: {epoch_logs._keras_number(losses[2])} - 20s left"
-    assert lines[4] == f"3/5 - 30s - 6 images/s - loss: {epoch_logs._keras_number(losses[7])} - 20s left"
+    assert lines[1] == f"3/5 - 30s - 6 images/s - loss: {_keras(losses[2])} - 20s left"
+    assert lines[4] == f"3/5 - 30s - 6 images/s - loss: {_keras(losses[7])} - 20s left"
     assert re.fullmatch(END_LINE, lines[2]) and re.fullmatch(END_LINE, lines[5]), lines
 
 
@@ -299,8 +302,8 @@ def test_progress_after_every_micro_batch_from_where_a_resumed_epoch_resumed(cap
     lines = capsys.readouterr().out.splitlines()
     assert lines[:3] == [
         "Epoch 1/4",
-        f"3/5 - 10s - 1 images/s - loss: {epoch_logs._keras_number(losses[0])} - 20s left",
-        f"4/5 - 20s - 1 images/s - loss: {epoch_logs._keras_number(losses[1])} - 10s left",
+        f"3/5 - 10s - 1 images/s - loss: {_keras(losses[0])} - 20s left",
+        f"4/5 - 20s - 1 images/s - loss: {_keras(losses[1])} - 10s left",
     ]
     assert len(lines) == 4 and re.fullmatch(END_LINE, lines[3]), lines
 
@@ -317,9 +320,3 @@ def test_epoch_lines_only_without_an_interval(capsys):
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42, "42s"), (90, "1:30"), (3725, "1:02:05")])
 def test_time_left_is_written_as_keras_writes_its_eta(seconds, text):
     assert epoch_logs._duration(seconds) == text
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("value, text", [(0.64213, "0.6421"), (5.24461e-4, "5.2446e-04"), (12.0, "12.0000")])
-def test_a_metric_is_written_as_keras_writes_it_in_its_epoch_line(value, text):
-    assert epoch_logs._keras_number(value) == text

@@ -52,15 +52,13 @@ def test_an_epoch_resumed_mid_way_records_the_whole_epoch(tmp_path):
     # Time over the two starts: the first counted up to its checkpoint of update 4, then the second's.
     record = tf.train.load_checkpoint(str(tmp_path / "stopped" / "smoke" / "checkpoints" / "ckpt-4"))
     first = json.loads(record.get_tensor("progress/.ATTRIBUTES/VARIABLE_VALUE").decode())
-    assert first["step"] == 4 and first["segments"] == 1 and first["wall_time_s"] > 0
+    assert first["step"] == 4 and first["wall_time_s"] > 0
     with open(tmp_path / "stopped" / "smoke" / "summary.json") as f:
         summary = json.load(f)
-    assert summary["segments"] == 2 and summary["wall_time_s"] > first["wall_time_s"]
-    with open(tmp_path / "straight" / "smoke" / "summary.json") as f:
-        assert json.load(f)["segments"] == 1
-    # The final line says over how many starts the time was counted, and what its images/s cover.
+    assert summary["wall_time_s"] > first["wall_time_s"]
+    # The final line says what its images/s cover.
     end = [line for line in out.splitlines() if "[hvd_lars] finished smoke: 2 of 2 epochs" in line]
-    assert len(end) == 1 and " over 2 start(s), " in end[0], out[-3000:]
+    assert len(end) == 1, out[-3000:]
     assert end[0].endswith(" images/s (this start's epochs after its first)") or end[0].endswith(
         "images/s not measured"
     ), end

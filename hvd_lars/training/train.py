@@ -31,7 +31,7 @@ from hvd_lars.training.checkpoints import (
     resume_or_begin,
 )
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.epoch_logs import ExactEvaluation, ImagesPerSecond, Progress, RunSummary
+from hvd_lars.training.epoch_logs import ExactEvaluation, Progress, RunSummary
 from hvd_lars.training.plan import (
     batch_norm_note,
     build_optimizer,
@@ -139,7 +139,7 @@ def start(run, plan, shapes, agree=True):
     if collectives.is_chief():  # before the manager opens the folder: a fresh start moves old files away
         lineage = resume_or_begin(model, optimizer, build, run.run_dir, plan, config)
     build()
-    record, progress = RunRecord(plan.settings), Progress(plan.steps_per_epoch)
+    record, progress = RunRecord(plan.settings), Progress(plan)
     checkpoint = tf.train.Checkpoint(
         model=model, optimizer=optimizer, run=record.variable, progress=progress.variable
     )
@@ -172,7 +172,7 @@ def attempt(job, plan, data, commit=None):
                 "with another --run_name or --noresume."
             )
         return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, config, plan, start_step, applied, job)
+    summary = RunSummary(run_dir, config, plan, start_step, applied, job.progress)
     callbacks = callbacks_in_order(job, data, plan, summary, commit)
     try:
         fit(model, data, plan, config, callbacks, start_step)
@@ -204,10 +204,9 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
         )
     loggers, lines = [], []
     if chief:
-        csv_path = os.path.join(run_dir, "metrics.csv")
         loggers = [
-            epoch_logs.MetricsCSV(csv_path, start_step, plan.steps_per_epoch, job.lineage),
-            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard"), start_step, job.lineage),
+            epoch_logs.MetricsCSV(os.path.join(run_dir, "metrics.csv"), start_step),
+            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard")),
         ]
     if chief and config.verbose:
         every_s = config.progress_every_s if config.verbose == 1 else None
@@ -216,10 +215,9 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
         job.run.watchdog,
-        job.progress,  # an epoch resumed mid-way starts from the metric sums of its earlier updates
+        job.progress,  # an epoch resumed mid-way starts from its earlier updates' metric sums; images/s
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
         *_skipped_corrupt(data),
-        ImagesPerSecond(images_per_batch),
         LearningRateLogger(),
         *evaluations,
         *job.run.extra_callbacks,

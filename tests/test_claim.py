@@ -119,7 +119,7 @@ def test_a_requeued_slurm_job_takes_over_its_earlier_start_on_any_node(tmp_path,
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
     "--verbose=0",
 ]  # fmt: skip
 

@@ -231,7 +231,7 @@ def test_a_worker_joining_smoke_flags_ends_with_rank_0s_weights(tmp_path):
 
 
 # smoke.flags as a resumable run with a checkpoint after every update (synchronous).
-RESUMABLE = ["--run_name=r", "--resume=true", "--checkpoint_every_steps=1", "--noasync_checkpoints",
+RESUMABLE = ["--run_name=r", "--checkpoint_every_steps=1", "--noasync_checkpoints",
              "--precision=float32", "--verbose=0"]  # fmt: skip
 
 

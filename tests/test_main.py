@@ -89,11 +89,11 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     assert summary["images_per_second"] > 0 and summary["wall_time_s"] > 0
     assert len(summary["git_sha"]) >= 7
     # metrics.csv: one row per epoch, each with the header's fields; test_* and val_* columns although the
-    # first epoch was not evaluated, and no invented ones; every row of the run's one lineage.
+    # first epoch was not evaluated, and no invented ones.
     header, *lines = list(csv.reader(open(run_dir / "metrics.csv")))
     assert {len(line) for line in lines} == {len(header)}
-    assert header[:3] == ["epoch", "step", "run_id"] and {line[2] for line in lines} == {summary["run_id"]}
-    assert set(header) == {"epoch", "step", "run_id", "loss", "top1", "top5", "learning_rate"} | {
+    assert header[:2] == ["epoch", "step"]
+    assert set(header) == {"epoch", "step", "loss", "top1", "top5", "learning_rate"} | {
         "images_per_second",
         "epoch_time_s",
         *(f"{s}_{m}" for s in ("test", "val") for m in ("loss", "top1", "top5")),
@@ -107,7 +107,7 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     scalars = _scalars(run_dir / "tensorboard")
     assert len(scalars) == len(set(scalars))
     tags = {tag for tag, _ in scalars}
-    assert tags == set(header) - {"step", "run_id"}
+    assert tags == set(header) - {"step"}
     assert sorted(step for tag, step in scalars if tag == "loss") == [8, 16]
     assert [step for tag, step in scalars if tag in ("test_top1", "val_top1")] == [16, 16]
     # The plot of the run, by one command.

@@ -76,16 +76,16 @@ def test_the_callbacks_run_in_this_order(tmp_path):
     order = callbacks_in_order(job, data, plan, summary, commit)
     names = [type(c).__name__ for c in order]
     assert names == [
-        "FaultGuard", "ProgressWatchdog", "Callback", "MetricAverageCallback", "ImagesPerSecond",
-        "LearningRateLogger", "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV",
-        "TensorBoardScalars", "Callback", "PeriodicCheckpoint", "Callback", "StopAfterEpoch", "EpochProgress",
+        "FaultGuard", "ProgressWatchdog", "Callback", "MetricAverageCallback", "LearningRateLogger",
+        "ExactEvaluation", "ExactEvaluation", "Callback", "MetricsCSV", "TensorBoardScalars", "Callback",
+        "PeriodicCheckpoint", "Callback", "StopAfterEpoch", "EpochProgress",
     ]  # fmt: skip
-    assert order[1] is watchdog and order[2] is job.progress and order[8] is marker
-    assert order[11] is summary and order[13] is commit
+    assert order[1] is watchdog and order[2] is job.progress and order[7] is marker
+    assert order[10] is summary and order[12] is commit
     # The guard checkpoints through the attempt's checkpointer (at a stop), which saves the run's progress.
-    assert order[0].checkpoint is order[12] and order[12].progress is job.progress
+    assert order[0].checkpoint is order[11] and order[11].progress is job.progress
     assert [c.prefix for c in order if isinstance(c, epoch_logs.ExactEvaluation)] == ["test", "val"]
-    assert isinstance(order[9], epoch_logs.MetricsCSV)
+    assert isinstance(order[8], epoch_logs.MetricsCSV)
     assert order[-1].every_s == 30 and order[-1].images_per_batch == plan.per_rank_batch_size
     quiet = callbacks_in_order(job_of(_config(verbose=0)), data, plan, summary)
     assert type(quiet[-1]).__name__ == "StopAfterEpoch"

@@ -19,7 +19,7 @@ from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_a
 from hvd_lars.training import checkpoints, epoch_logs, faults, threads
 from hvd_lars.training.checkpoints import PeriodicCheckpoint  # tests/support/kill_at_step.py replaces it
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.epoch_logs import ExactEvaluation, ImagesPerSecond, Progress, RunSummary
+from hvd_lars.training.epoch_logs import ExactEvaluation, Progress, RunSummary
 from hvd_lars.training.plan import (
     batch_norm_note,
     build_optimizer,
@@ -100,7 +100,7 @@ def start(job, plan, shapes, agree=True):
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     build = functools.partial(optimizer.build, model.trainable_variables)  # a no-op once built
-    job.model, job.progress = model, Progress(plan.steps_per_epoch)
+    job.model, job.progress = model, Progress(plan)
     if chief:
         try:
             path = checkpoints.resume(model, optimizer, build, job.run_dir, plan, config.allow_plan_change)
@@ -129,7 +129,7 @@ def attempt(job, plan, data, commit=None):
             done = f"{start_step} of {plan.total_steps} steps"
             log.info(f"{run_dir} complete ({done}); nothing to do: {checkpoints.AFRESH.format(run_dir)}.")
         return RunSummary.load(run_dir)
-    summary = RunSummary(run_dir, config, plan, start_step, applied, job)
+    summary = RunSummary(run_dir, config, plan, start_step, applied, job.progress)
     callbacks = callbacks_in_order(job, data, plan, summary, commit)
     try:
         fit(model, data, plan, config, callbacks, start_step)
@@ -155,8 +155,8 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
         evaluations.append(evaluate(data.validation, data.num_validation_examples, prefix="val"))
     loggers, lines, path = [], [], functools.partial(os.path.join, job.run_dir)
     if chief:
-        csv = epoch_logs.MetricsCSV(path("metrics.csv"), start_step, plan.steps_per_epoch)
-        loggers = [csv, epoch_logs.TensorBoardScalars(path("tensorboard"), start_step)]
+        csv = epoch_logs.MetricsCSV(path("metrics.csv"), start_step)
+        loggers = [csv, epoch_logs.TensorBoardScalars(path("tensorboard"))]
     if chief and config.verbose:
         every_s = config.progress_every_s if config.verbose == 1 else None
         batches = plan.steps_per_epoch * plan.accumulation_steps
@@ -164,10 +164,9 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
         job.watchdog,
-        job.progress,  # an epoch resumed mid-way starts from the metric sums of its earlier updates
+        job.progress,  # an epoch resumed mid-way starts from its earlier updates' metric sums; images/s
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
         *_skipped_corrupt(data),
-        ImagesPerSecond(images_per_batch),
         LearningRateLogger(),
         *evaluations,
         *job.extra_callbacks,

@@ -70,7 +70,7 @@ def train(flagfile, ranks, workdir):
     run_name = f"{name}_reference_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     main_program = [sys.executable, "-m", "hvd_lars.main", f"--flagfile={flagfile}", f"--run_name={run_name}"]
     launcher = [common.HOROVODRUN, "-np", str(ranks), "-H", f"localhost:{ranks}"]
-    command = [*launcher, *main_program, f"--workdir={workdir}", "--resume=false"]
+    command = [*launcher, *main_program, f"--workdir={workdir}"]
     subprocess.run(command, env=common.worker_env(), check=True)
     return os.path.join(workdir, run_name, "summary.json")
 

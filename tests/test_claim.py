@@ -91,7 +91,7 @@ def test_the_claim_is_refused_while_its_holder_lives_and_free_once_it_ends(tmp_p
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
     "--verbose=0",
 ]  # fmt: skip
 
@@ -140,7 +140,7 @@ def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_the_first_fin
         first.kill()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["plan"]["total_steps"] == 12 and len(summary["epochs"]) == 3
-    assert not (run_dir / "earlier_runs").exists() and _free(run_dir)
+    assert _free(run_dir)
 
 
 @pytest.mark.horovod

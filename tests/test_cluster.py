@@ -393,7 +393,7 @@ def _sbatch_two_nodes(slurm, shared_dir, out, *flags, python=None):
     cmd = [
         "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
         f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
-        "--steps_per_epoch=10", "--resume=true", *flags,
+        "--steps_per_epoch=10", *flags,
     ]  # fmt: skip
     return slurm.run(cmd).stdout.strip().split(";")[0]
 

@@ -31,13 +31,12 @@ def test_resolve_batch_names_the_worker_counts_that_fit():
     config = TrainConfig(global_batch_size=96, accumulation_steps=2)
     assert train.resolve_batch(config, 3) == (96, 16)
     assert train.resolve_batch(config, 48) == (96, 1)
-    with pytest.raises(train.ElasticBatchError) as e:
+    with pytest.raises(ValueError) as e:  # the main program's one-line error, exit status 2
         train.resolve_batch(config, 5)
     message = str(e.value)
     assert "now has 5 workers" in message and "global batch of 96 images" in message
     # 96 / (n x 2) whole: n in the divisors of 48.
     assert "worker counts that divide it: 1, 2, 3, 4, 6, 8, 12, 16, 24, 48." in message
-    assert isinstance(e.value, ValueError)  # the main program's one-line error, exit status 2
 
 
 @pytest.mark.unit
@@ -188,8 +187,8 @@ def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_
     out = job.output()
     assert returncode != 0
     assert (
-        "hvd_lars: error: the elastic job now has 2 workers, and the global batch of 63 images does not "
-        "divide by 2 workers x 1 accumulation steps" in out
+        "hvd_lars: error: the elastic job now has 2 workers: the global batch of 63 images does not fit them "
+        "(x 1 accumulation steps)" in out
     ), out[-6000:]
     assert "worker counts that divide it: 1, 3, 7, 9, 21, 63." in out
     assert "elastic attempt 2" not in out
@@ -231,7 +230,7 @@ def test_a_worker_joining_smoke_flags_ends_with_rank_0s_weights(tmp_path):
 
 
 # smoke.flags as a resumable run with a checkpoint after every update (synchronous).
-RESUMABLE = ["--run_name=r", "--resume=true", "--checkpoint_every_steps=1", "--noasync_checkpoints",
+RESUMABLE = ["--run_name=r", "--checkpoint_every_steps=1", "--noasync_checkpoints",
              "--precision=float32", "--verbose=0"]  # fmt: skip
 
 
@@ -239,7 +238,6 @@ RESUMABLE = ["--run_name=r", "--resume=true", "--checkpoint_every_steps=1", "--n
 def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resumes_under_its_own(tmp_path):
     # The plan check meets the elastic job's first sync (no collective may come before it).
     import hashlib
-    import os
     import subprocess
     import sys
 
@@ -265,7 +263,7 @@ def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resu
     refusal = "holds a run with another plan (peak_learning_rate 1.0 -> 2.0), the plan of its checkpoint "
     refusals = [line for line in out.splitlines() if "hvd_lars: error:" in line and refusal in line]
     assert [line.split("]")[0] for line in refusals] == ["[0"], out[-6000:]  # rank 0, once
-    assert digests() == before and os.listdir(tmp_path / "r").count("earlier_runs") == 0
+    assert digests() == before
     # Its own flags: rank 0 resumes the checkpoint of update 4 and both workers finish the run.
     job = ElasticJob(tmp_path, "localhost:2", 2, 2, flagfile="flags/smoke.flags", base_flags=RESUMABLE)
     returncode, out = job.finish(), job.output()

@@ -126,7 +126,7 @@ def small_disk(tmp_path):
 
 
 SMOKE = [
-    "--flagfile=flags/smoke.flags", "--precision=float32", "--resume=true", "--epochs=6",
+    "--flagfile=flags/smoke.flags", "--precision=float32", "--epochs=6",
     "--steps_per_epoch=5", "--checkpoint_every_steps=1", "--noasync_checkpoints", "--keep_checkpoints=3",
     "--verbose=0",
 ]  # fmt: skip
@@ -161,7 +161,7 @@ def one_damaged_read(tmp_path, dataset, data_dir, damaged, original, fragment):
     command = [
         *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", f"--dataset={dataset}", f"--data_dir={data_dir}",
         "--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=2", "--warmup_epochs=0",
-        "--peak_learning_rate=0.1", "--checkpoint_every_steps=1", "--resume=true", "--run_name=r",
+        "--peak_learning_rate=0.1", "--checkpoint_every_steps=1", "--run_name=r",
         f"--workdir={tmp_path / 'w'}", "--verbose=0",
     ]  # fmt: skip
     began = time.monotonic()

@@ -20,7 +20,7 @@ KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 # flags/smoke.flags on 2 ranks: 3 epochs of 4 updates, a checkpoint every 2; the stop lands after update 5.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
     "--verbose=0",
 ]  # fmt: skip
 PAUSE_AT = 5

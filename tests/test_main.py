@@ -160,7 +160,10 @@ def test_two_ranks_subset(tmp_path):
     "flags, line",
     [
         (["--epoch=3"], "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
-        (["--noresum"], "--noresum: no such flag; did you mean --resume? (--help lists them)"),
+        (
+            ["--noasync_checkpoint"],
+            "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)",
+        ),
         (
             ["--model=vgg99"],
             "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, resnet50, small_cnn, "

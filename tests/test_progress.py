@@ -17,7 +17,7 @@ KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 # uninterrupted run writes too.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=7", "--epochs=2",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--keep_checkpoints=9", "--resume=true",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--keep_checkpoints=9",
     "--verbose=2",
 ]  # fmt: skip
 

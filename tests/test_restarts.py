@@ -60,7 +60,6 @@ PLAN = [
     "--steps_per_epoch=2",
     "--epochs=3",
     "--checkpoint_every_steps=1",
-    "--resume=true",
     "--noasync_checkpoints",
 ]
 
@@ -91,7 +90,7 @@ def _rows(workdir):
 def test_a_kill_before_an_epochs_logs_loses_none_of_them(tmp_path):
     # 3 epochs of 3 steps; killed after update 3, the last of epoch 0, before its evaluation, logs and
     # checkpoint (the checkpoint comes after the loggers, so no checkpoint is ever ahead of its epoch's logs).
-    flags = ["--steps_per_epoch=3", "--epochs=3", "--resume=true"]
+    flags = ["--steps_per_epoch=3", "--epochs=3"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert _run(flags, straight).returncode == 0
     assert _run([*flags, "--kill_at_step=3"], killed, program=(KILLER,)).returncode != 0

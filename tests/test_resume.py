@@ -129,6 +129,16 @@ def _config(**changes):
     return TrainConfig(**{**base, **changes})
 
 
+def _save(run_dir, model, optimizer, plan, step):
+    """A checkpoint of update `step` under `plan` in `<run_dir>/checkpoints`, as `train.start` makes it."""
+    from hvd_lars.training import checkpoints
+
+    optimizer.iterations.assign(step)
+    record = checkpoints.plan_variable(plan.settings)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, plan=record)
+    tf.train.CheckpointManager(checkpoint, str(run_dir / "checkpoints"), 3).save(checkpoint_number=step)
+
+
 def _key(variable):
     # A variable's path without the number Keras gives the second LARS made in one process ("lars_1/..."):
     # the checkpoint pairs variables by object, not by path.
@@ -149,25 +159,20 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
     for v in model.variables + optimizer.variables:
         if "iteration" not in v.path:
             v.assign(rng.normal(size=v.shape).astype(v.dtype))
-    optimizer.iterations.assign(5)
-    record = checkpoints.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
-    record.assign("20261201T000000Z-abcdef")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
-    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+    _save(tmp_path, model, optimizer, make_plan(old, 1, 64, (8, 8, 3)), step=5)
     saved = {_key(v): v.numpy() for v in model.variables + optimizer.variables}
 
     new = _config(accumulation_steps=2, momentum_correction="always")
     plan = make_plan(new, 1, 64, (8, 8, 3))
     model, optimizer, build = _built(new, plan)
-    refused = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, new)
-    assert isinstance(refused.error, checkpoints.LineageRefused) and refused.restored is None
-    assert "(momentum_correction 'none' -> 'always'; accumulation_steps 1 -> 2)" in str(refused.error)
+    with pytest.raises(checkpoints.ResumeRefused) as refused:
+        checkpoints.resume(model, optimizer, build, str(tmp_path), plan, ())
+    assert "(momentum_correction 'none' -> 'always'; accumulation_steps 1 -> 2)" in str(refused.value)
 
-    allowed = dataclasses.replace(new, allow_plan_change=("accumulation_steps", "momentum_correction"))
-    model, optimizer, build = _built(allowed, plan)
-    resumed = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, allowed)
-    assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
-    assert resumed.run_id == "20261201T000000Z-abcdef"
+    model, optimizer, build = _built(new, plan)
+    allowed = ("accumulation_steps", "momentum_correction")
+    resumed = checkpoints.resume(model, optimizer, build, str(tmp_path), plan, allowed)
+    assert resumed == str(tmp_path / "checkpoints" / "ckpt-5")
     new_ones = [v for v in optimizer.variables if _key(v) not in saved]
     # 18 gradient accumulators (one per trainable tensor) and the previous learning rate, at zero.
     assert sorted({v.path.rsplit("_", 1)[-1] for v in new_ones}) == ["accumulator", "rate"]
@@ -188,124 +193,51 @@ def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_
     default = _config(dataset="fashion_mnist", image_size=0)
     model, optimizer, build = _built(default, make_plan(default, 1, 64, (8, 8, 3)))
     build()
-    optimizer.iterations.assign(5)
-    record = checkpoints.RunRecord(make_plan(default, 1, 64, (8, 8, 3)).settings)
-    record.assign("20261201T000000Z-abcdef")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, run=record.variable)
-    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
+    _save(tmp_path, model, optimizer, make_plan(default, 1, 64, (8, 8, 3)), step=5)
 
     spelled = dataclasses.replace(default, data_dir=DEFAULT_DIR)
     plan = make_plan(spelled, 1, 64, (8, 8, 3))
     model, optimizer, build = _built(spelled, plan)
-    resumed = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, spelled)
-    assert resumed.error is None and resumed.restored == str(tmp_path / "checkpoints" / "ckpt-5")
-    assert resumed.run_id == "20261201T000000Z-abcdef" and int(optimizer.iterations) == 5
+    resumed = checkpoints.resume(model, optimizer, build, str(tmp_path), plan, ())
+    assert resumed == str(tmp_path / "checkpoints" / "ckpt-5") and int(optimizer.iterations) == 5
 
     elsewhere = dataclasses.replace(default, data_dir=str(tmp_path))
     plan = make_plan(elsewhere, 1, 64, (8, 8, 3))
     model, optimizer, build = _built(elsewhere, plan)
-    refused = checkpoints.resume_or_begin(model, optimizer, build, str(tmp_path), plan, elsewhere)
-    assert f"(data_dir {os.path.realpath(DEFAULT_DIR)!r} -> {str(tmp_path)!r})" in str(refused.error)
+    with pytest.raises(checkpoints.ResumeRefused) as refused:
+        checkpoints.resume(model, optimizer, build, str(tmp_path), plan, ())
+    assert f"(data_dir {os.path.realpath(DEFAULT_DIR)!r} -> {str(tmp_path)!r})" in str(refused.value)
 
 
 @pytest.mark.unit
-def test_a_checkpoint_without_a_run_record_is_refused_in_one_line_and_left_as_it_is(tmp_path, capsys):
+def test_a_checkpoint_without_a_plan_record_is_refused_in_one_line_and_left_as_it_is(tmp_path, capsys):
     from hvd_lars.training import checkpoints
     from hvd_lars.training.plan import make_plan
 
-    checkpoint = tf.train.Checkpoint(step=tf.Variable(5))  # no "run": not written by a run of hvd_lars
+    checkpoint = tf.train.Checkpoint(step=tf.Variable(5))  # no "plan": not written by a run of hvd_lars
     tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
     before = sorted(os.listdir(tmp_path / "checkpoints"))
-    config = _config(allow_plan_change=("any",))
-    refused = checkpoints.resume_or_begin(None, None, None, str(tmp_path), make_plan(config, 1, 64), config)
-    assert isinstance(refused.error, checkpoints.LineageRefused) and refused.restored is None
-    assert str(refused.error) == (
-        f"the checkpoint {tmp_path}/checkpoints/ckpt-5 holds no run record (the run id and plan every "
-        "checkpoint of hvd_lars holds): its plan cannot be checked. Start afresh with --noresume or another "
-        "--run_name."
+    config = _config()
+    with pytest.raises(checkpoints.ResumeRefused) as refused:
+        checkpoints.resume(None, None, None, str(tmp_path), make_plan(config, 1, 64), ("any",))
+    assert str(refused.value) == (
+        f"no checkpoint in {tmp_path}/checkpoints can be read: {tmp_path}/checkpoints/ckpt-5 (it holds no "
+        f"plan record); to train afresh, give another --run_name or remove {tmp_path}."
     )
     assert os.listdir(tmp_path) == ["checkpoints"] and sorted(os.listdir(tmp_path / "checkpoints")) == before
     assert capsys.readouterr().out == ""
 
 
 @pytest.mark.unit
-def test_a_start_tries_the_index_newest_first_then_in_the_order_saved_then_the_rest(tmp_path):
+def test_a_start_tries_the_index_newest_first_then_the_rest_from_the_highest_step(tmp_path):
     from hvd_lars.training import checkpoints
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     for step in (2, 3, 4, 7, 9):
         (folder / f"ckpt-{step}.index").write_bytes(b"")
-    # An index that lists ckpt-7 (of another run, copied in) before this run's 2, 3, 4.
-    lines = [
-        'model_checkpoint_path: "ckpt-3"',
-        *(f'all_model_checkpoint_paths: "ckpt-{s}"' for s in (7, 2, 4, 3)),
-    ]
+    lines = ['model_checkpoint_path: "ckpt-3"', *(f'all_model_checkpoint_paths: "ckpt-{s}"' for s in (2, 3))]
     (folder / "checkpoint").write_text("\n".join(lines) + "\n")
     assert [os.path.basename(p) for p in checkpoints.candidates(str(folder))] == [
-        "ckpt-3", "ckpt-4", "ckpt-2", "ckpt-7", "ckpt-9",
+        "ckpt-3", "ckpt-9", "ckpt-7", "ckpt-4", "ckpt-2",
     ]  # fmt: skip
-
-
-# ------------------------------------------------------------------------------ earlier runs kept
-# Run ids in the order they started; "unrecorded" (files without a run id) counts as the oldest.
-B, C, D = "20260101T000000Z-00000b", "20260201T000000Z-00000c", "20260301T000000Z-00000d"
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("keep, kept", [(3, [B, C, D]), (1, [D]), (0, None)])
-def test_a_fresh_start_keeps_the_newest_earlier_runs_and_names_each_it_removes(tmp_path, caplog, keep, kept):
-    caplog.set_level("INFO", logger="hvd_lars")
-    import json
-
-    from hvd_lars.training import checkpoints
-
-    run, earlier = tmp_path / "r", tmp_path / "r" / "earlier_runs"
-    for name in (C, "unrecorded", B):
-        (earlier / name / "checkpoints").mkdir(parents=True)
-        (earlier / name / "metrics.csv").write_text("epoch\n")
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "ckpt-4.index").write_bytes(b"")
-    (run / "summary.json").write_text(json.dumps({"run_id": D}))  # the run a fresh start replaces
-
-    config = _config(resume=False, keep_earlier_runs=keep)
-    started = checkpoints.resume_or_begin(None, None, None, str(run), None, config)
-    assert started.error is None and started.run_id not in (B, C, D)
-    assert (sorted(os.listdir(earlier)) if earlier.exists() else None) == kept
-    assert sorted(os.listdir(run)) == (["earlier_runs"] if kept else [])
-    keeps = {
-        3: f"{earlier} keeps the newest 3 earlier runs (--keep_earlier_runs=3; rm -r {earlier} clears them)",
-        1: f"{earlier} keeps the newest earlier run (--keep_earlier_runs=1; rm -r {earlier} clears them)",
-        0: "--keep_earlier_runs=0 keeps no earlier run",
-    }[keep]
-    moved = "kept in" if keep else "moved to"
-    removed = ["unrecorded", B, C, D][: 4 - keep]
-    assert [r.getMessage() for r in caplog.records if r.levelname == "INFO"] == [
-        f"--noresume: a new run begins in {run}; the earlier run's checkpoints/, summary.json are "
-        f"{moved} {earlier / D}; {keeps}",
-        *(f"removed {earlier / name}, an earlier run: {keeps}" for name in removed),
-    ]
-
-
-@pytest.mark.unit
-def test_a_start_keeps_what_is_not_a_run_and_a_refused_start_removes_nothing(tmp_path, capsys):
-    from hvd_lars.training import checkpoints
-    from hvd_lars.training.plan import make_plan
-
-    earlier = tmp_path / "earlier_runs"
-    for name in (B, C, "notes"):
-        (earlier / name).mkdir(parents=True)
-    old, new = _config(), _config(seed=1, keep_earlier_runs=0)
-    record = checkpoints.RunRecord(make_plan(old, 1, 64, (8, 8, 3)).settings)
-    record.assign(D)
-    checkpoint = tf.train.Checkpoint(run=record.variable)
-    tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), 3).save(checkpoint_number=5)
-    new_plan = make_plan(new, 1, 64, (8, 8, 3))
-    refused = checkpoints.resume_or_begin(None, None, None, str(tmp_path), new_plan, new)
-    assert "(seed 0 -> 1)" in str(refused.error) and sorted(os.listdir(earlier)) == [B, C, "notes"]
-    assert capsys.readouterr().out == ""
-
-    assert checkpoints.keep_newest(str(tmp_path), 1) == [str(earlier / B)]
-    assert sorted(os.listdir(earlier)) == [C, "notes"]
-    assert checkpoints.keep_newest(str(tmp_path), 0) == [str(earlier / C)]
-    assert os.listdir(earlier) == ["notes"]  # not a run's folder: left, and the folder with it

@@ -145,7 +145,7 @@ def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
     # Paused after update 10 (checkpoints at 5 and 10) until the requeue's SIGTERM reaches the ranks: they
     # stop at the next update, 11, with its checkpoint.
     job = _sbatch(cluster, tmp_path, "--steps_per_epoch=30", "--epochs=2", "--checkpoint_every_steps=5",
-                  "--resume=true", *_paused(tmp_path, 10))  # fmt: skip
+                  *_paused(tmp_path, 10))  # fmt: skip
     _wait_paused(cluster, job, tmp_path)
     cluster.run(["scontrol", "requeue", job])
     # Slurm holds a requeued job back (Reason=BeginTime); a real pre-emption waits too, the test need not.
@@ -167,7 +167,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
     # Paused after update 20 until the USR1 reaches the ranks: they stop at update 21.
     job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=0",
-                  "--resume=true", *_paused(tmp_path, 20))  # fmt: skip
+                  *_paused(tmp_path, 20))  # fmt: skip
     summary_path = tmp_path / "smoke" / "summary.json"
     _wait_paused(cluster, job, tmp_path)
     # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.

@@ -61,11 +61,11 @@ def test_the_callbacks_run_in_this_order(tmp_path):
     watchdog = faults.ProgressWatchdog(0)
 
     def job_of(config):
-        run = types.SimpleNamespace(
-            config=config, run_dir=str(tmp_path), watchdog=watchdog, signals=None, extra_callbacks=[marker]
-        )
         model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=0))
-        return types.SimpleNamespace(run=run, model=model, manager=None, progress=keras.callbacks.Callback())
+        return types.SimpleNamespace(
+            config=config, run_dir=str(tmp_path), watchdog=watchdog, signals=None, extra_callbacks=[marker],
+            model=model, manager=None, progress=keras.callbacks.Callback(),
+        )  # fmt: skip
 
     job = job_of(config)
     data = types.SimpleNamespace(

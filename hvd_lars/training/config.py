@@ -138,17 +138,12 @@ class TrainConfig:
         "results/runs", "Parent folder of the run directory.", group="Checkpoints and resume"
     )
     run_name: str = setting("", "Run directory name; empty: derived from the flags.")
-    resume: bool = setting(True, "Resume from the run directory's latest checkpoint.")
     allow_plan_change: tuple = setting(
         (), "Settings of the plan a resumed run may change, by name (e.g. weight_decay,schedule), or any."
     )
     checkpoint_every_steps: int = setting(0, "Checkpoint every N updates (0: epoch ends only).", _COUNT)
     checkpoint_at_epoch_end: bool = setting(True, "Checkpoint at each epoch end (after evaluation).")
     keep_checkpoints: int = setting(3, "How many recent checkpoints to keep.", _POSITIVE_COUNT)
-    # 3, as --keep_checkpoints: a fresh start by mistake, or two, still leaves the run before them.
-    keep_earlier_runs: int = setting(
-        3, "Earlier runs kept in earlier_runs/, where a fresh start moves the run it replaces.", _COUNT
-    )
     async_checkpoints: bool = setting(True, "Rank 0 writes checkpoints in a background thread.")
     eval_every_epochs: int = setting(
         1, "Evaluate every N epochs (and after the last).", _POSITIVE_COUNT, group="Evaluation and logs"

@@ -258,8 +258,8 @@ class FaultGuard(keras.callbacks.Callback):
             raise TrainingDiverged(
                 f"training diverged at step {step} (learning rate {rate:.6g}): non-finite loss or variables "
                 f"on {int(diverged)} of {collectives.size()} rank(s); {kept}. Lower --peak_learning_rate "
-                "(or --base_learning_rate) or lengthen --warmup_epochs, and start afresh (--noresume or "
-                "another --run_name).",
+                "(or --base_learning_rate) or lengthen --warmup_epochs, and train afresh under another "
+                "--run_name.",
                 step,
             )
         if signalled and not self._pending:

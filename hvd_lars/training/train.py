@@ -1,11 +1,5 @@
-"""The training loop: data-parallel `model.fit` with LARS (or momentum SGD) and a warmup schedule.
-
-`run(config)` trains a job of fixed size, top to bottom: the plan (`make_plan`), `start` (seeds, model,
-optimizer, the checkpoint to resume from), `attempt`, whose `callbacks_in_order` and `fit` train to the
-plan's end. `run_elastic(config)` shares the preface (`Run.resolve`) and retries `attempt` in Horovod's
-elastic loop after every membership change: the global batch, steps and schedule stay; the per-rank batch
-adapts (docs/design.md, "The loop").
-"""
+"""The training loop (docs/design.md, "The loop"): `run` trains a job of fixed size (`Job.resolve`, `start`,
+`attempt`); `run_elastic` retries `attempt` after each change of workers, with the same plan."""
 
 import dataclasses
 import functools
@@ -22,14 +16,8 @@ from hvd_lars.optim.rate_callbacks import LearningRateLogger
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel import elastic as hvd_elastic
 from hvd_lars.parallel.callbacks import MetricAverageCallback, broadcast_model_and_optimizer
-from hvd_lars.training import epoch_logs, faults, threads
-from hvd_lars.training.checkpoints import (
-    Lineage,
-    PeriodicCheckpoint,
-    RunRecord,
-    open_manager,
-    resume_or_begin,
-)
+from hvd_lars.training import checkpoints, epoch_logs, faults, threads
+from hvd_lars.training.checkpoints import PeriodicCheckpoint  # tests/support/kill_at_step.py replaces it
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.epoch_logs import ExactEvaluation, Progress, RunSummary
 from hvd_lars.training.plan import (
@@ -45,89 +33,66 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class Run:
-    """What a run resolves once, before its first attempt: its settings, run directory, the threads asked
-    of TensorFlow, its stop signals and hang watchdog, and the caller's callbacks."""
+class Job:
+    """A run: settings, run directory, stop signals, watchdog, the caller's callbacks; once `start`ed, model,
+    progress, `checkpoint`, and rank 0's `started`: (the path restored or None, the refusal or None)."""
 
     config: TrainConfig
     run_dir: str
-    requested_threads: tuple
     signals: faults.StopSignals
     watchdog: faults.ProgressWatchdog
     extra_callbacks: list
+    model: keras.Model = None
+    checkpoint: tf.train.Checkpoint = None
+    manager: tf.train.CheckpointManager = None
+    progress: Progress = None
+    started: tuple = (None, None)
 
     @classmethod
     def resolve(cls, config, global_batch, world_size, extra_callbacks=()):
         """The run directory is `--run_name`, or named after the data, model, optimizer and global batch."""
-        run_name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
-        return cls(
-            config,
-            os.path.join(config.workdir, run_name),
-            threads.configure_threads(config, world_size),
-            faults.StopSignals(),
-            faults.ProgressWatchdog(config.hang_timeout_s),
-            list(extra_callbacks),
-        )
-
-
-@dataclasses.dataclass
-class Job:
-    """What a run keeps across its attempts: the `Run`, the model with its optimizer, the checkpoint manager,
-    the lineage rank 0 resumed or began, the checkpoint's run record and progress record."""
-
-    run: Run
-    model: keras.Model
-    manager: tf.train.CheckpointManager
-    lineage: Lineage
-    record: RunRecord
-    progress: Progress
+        name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
+        threads.configure_threads(config, world_size)  # the pool sizes the run log shows per rank
+        signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
+        return cls(config, os.path.join(config.workdir, name), signals, watchdog, list(extra_callbacks))
 
     def agree(self):
-        """Rank 0's lineage and resumed progress on every rank (a collective); a ValueError on every rank
-        where rank 0 refused the run directory's checkpoint."""
-        self.lineage.share()
-        self.record.assign(self.lineage.run_id)
-        self.progress.resume(self.lineage.restored)
+        """Rank 0's start on every rank (a collective): its refusal raised on every rank (`ResumeRefused`),
+        or the progress of the checkpoint it restored, and the checkpoint manager once rank 0 chose."""
+        restored, refusal = collectives.broadcast_object(self.started, name="hvd_lars.start")
+        if refusal:
+            raise checkpoints.ResumeRefused(refusal)
+        self.progress.resume(restored)
+        if self.manager is None:
+            folder, keep = os.path.join(self.run_dir, "checkpoints"), self.config.keep_checkpoints
+            self.manager = tf.train.CheckpointManager(self.checkpoint, folder, max_to_keep=keep)
 
 
 def run(config, extra_callbacks=()):
-    """Trains according to `config` (not elastic) on every rank; returns the summary dict.
-
-    `extra_callbacks` run on every rank after evaluation and before the loggers and the checkpoint, so
-    what they add to the epoch logs is recorded.
-
-    Raises:
-        ValueError: bad configuration, a run directory that is not writable, lacks the space for a few
-            checkpoints or is in use by another job, or holds a checkpoint of another plan or run.
-        FileNotFoundError: missing data.
-        hvd_lars.training.faults.TrainingDiverged, Preempted, FileFailure: on every rank, after the same
-            update (docs/faults.md).
-    """
+    """Trains `config` on every rank; returns the summary dict. `extra_callbacks` run after evaluation, before
+    the loggers. Raises ValueError (bad configuration; a run directory not writable, short of space, in use or
+    not resumable), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
     rank, world_size = collectives.init()
     global_batch, per_rank_batch = config.resolve_batch(world_size)
-    run = Run.resolve(config, global_batch, world_size, extra_callbacks)
-    faults.check_run_dir(run.run_dir, 0, 0)  # writable, before anything of the run is read or made
-    with faults.RunDirClaim(run.run_dir):  # no second job on this directory, before anything is moved
-        request = input_request(config, per_rank_batch, rank, world_size, run.run_dir)
+    job = Job.resolve(config, global_batch, world_size, extra_callbacks)
+    faults.check_run_dir(job.run_dir, 0, 0)  # writable, before anything of the run is read or made
+    with faults.RunDirClaim(job.run_dir):  # no second job on this directory
+        request = input_request(config, per_rank_batch, rank, world_size, job.run_dir)
         data = get_input(config.dataset, request, **input_options(config))
         plan = make_plan(config, world_size, data)
-        job = start(run, plan, data)
+        start(job, plan, data)
         # Rank 0's weights, slots and step counter on every rank (not its dropout seed state).
         broadcast_model_and_optimizer(job.model)
-        with run.signals, run.watchdog:
+        with job.signals, job.watchdog:
             return attempt(job, plan, data)
 
 
-def start(run, plan, shapes, agree=True):
-    """Seeds, precision, the compiled model with its built optimizer for `plan`, and the checkpoint rank 0
-    resumed from or the lineage it began (`checkpoints.resume_or_begin`); returns the `Job`.
-
-    `shapes` has `num_classes` and `input_shape`. `agree`: share rank 0's outcome now (`Job.agree`); False
-    where no collective may run yet (before an elastic job's first sync).
-    """
-    config, rank = run.config, collectives.rank()
+def start(job, plan, shapes, agree=True):
+    """The compiled model and built optimizer of `plan` (`shapes`: `num_classes`, `input_shape`), and rank
+    0's `checkpoints.resume`, shared now (`Job.agree`) unless `agree` is False (elastic, before a sync)."""
+    config, chief = job.config, collectives.is_chief()
     # Per-rank seeds: dropout masks differ across ranks; the initial weights are rank 0's, broadcast later.
-    keras.utils.set_random_seed(config.seed + rank)
+    keras.utils.set_random_seed(config.seed + collectives.rank())
     keras.mixed_precision.set_global_policy(plan.precision)
     model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
     optimizer = build_optimizer(config, plan)
@@ -135,42 +100,34 @@ def start(run, plan, shapes, agree=True):
     # Horovod's collectives must stay outside XLA clusters (its XLA ops are not built).
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False)
     build = functools.partial(optimizer.build, model.trainable_variables)  # a no-op once built
-    lineage = Lineage()
-    if collectives.is_chief():  # before the manager opens the folder: a fresh start moves old files away
-        lineage = resume_or_begin(model, optimizer, build, run.run_dir, plan, config)
+    job.model, job.progress = model, Progress(plan)
+    if chief:
+        try:
+            path = checkpoints.resume(model, optimizer, build, job.run_dir, plan, config.allow_plan_change)
+            job.started = (path, None)
+        except checkpoints.ResumeRefused as e:
+            job.started = (None, str(e))
     build()
-    record, progress = RunRecord(plan.settings), Progress(plan)
-    checkpoint = tf.train.Checkpoint(
-        model=model, optimizer=optimizer, run=record.variable, progress=progress.variable
-    )
-    folder = os.path.join(run.run_dir, "checkpoints")
-    manager = open_manager(checkpoint, folder, config.keep_checkpoints, run.run_dir)
-    job = Job(run, model, manager, lineage, record, progress)
+    records = dict(plan=checkpoints.plan_variable(plan.settings), progress=job.progress.variable)
+    job.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, **records)
     if agree:
         job.agree()
-    return job
 
 
 def attempt(job, plan, data, commit=None):
-    """Trains from the optimizer's update count to the plan's end at this world size (`plan`, this rank's
-    `data`); `commit`: an elastic job's commit callback. Returns the summary dict."""
-    config, model, run_dir, chief = job.run.config, job.model, job.run.run_dir, collectives.is_chief()
+    """Trains from the update count to the end of `plan` on this rank's `data`; returns the summary."""
+    config, model, run_dir, chief = job.config, job.model, job.run_dir, collectives.is_chief()
     model.train_function = None  # traced for this attempt's world size
     applied = threads.applied_threads(data.train)
     _announce(job, plan, applied)
     # Before anything is written: the run directory is writable and holds a few checkpoints.
     variables = model.variables + model.optimizer.variables
     faults.check_run_dir(run_dir, faults.checkpoint_bytes(variables), config.keep_checkpoints)
-    note = batch_norm_note(model, plan)
-    if note and chief:
-        log.info(note)
     start_step = int(model.optimizer.iterations)
     if start_step >= plan.total_steps:
         if chief:
-            log.info(
-                f"{run_dir} complete ({start_step} of {plan.total_steps} steps); nothing to do. Train again "
-                "with another --run_name or --noresume."
-            )
+            done = f"{start_step} of {plan.total_steps} steps"
+            log.info(f"{run_dir} complete ({done}); nothing to do: {checkpoints.AFRESH.format(run_dir)}.")
         return RunSummary.load(run_dir)
     summary = RunSummary(run_dir, config, plan, start_step, applied, job.progress)
     callbacks = callbacks_in_order(job, data, plan, summary, commit)
@@ -185,42 +142,34 @@ def attempt(job, plan, data, commit=None):
 
 def callbacks_in_order(job, data, plan, summary, commit=None):
     """The callbacks of one attempt, in the order Keras runs them (docs/design.md, "The loop")."""
-    config, chief, start_step = job.run.config, collectives.is_chief(), int(job.model.optimizer.iterations)
-    run_dir, every, images_per_batch = job.run.run_dir, config.eval_every_epochs, plan.per_rank_batch_size
-    images_per_batch *= collectives.size()
-    checkpointer = PeriodicCheckpoint(
-        job.manager,
-        config.checkpoint_every_steps,
-        plan.accumulation_steps,
-        at_epoch_end=config.checkpoint_at_epoch_end,
-        asynchronous=config.async_checkpoints,
-        progress=job.progress,
+    config, chief, start_step = job.config, collectives.is_chief(), int(job.model.optimizer.iterations)
+    images_per_batch = plan.per_rank_batch_size * collectives.size()
+    evaluate = functools.partial(
+        ExactEvaluation, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
     )
-    guard = faults.FaultGuard(job.run.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
-    evaluations = [ExactEvaluation(data.eval, data.num_eval_examples, every, plan.epochs)]
+    saves = (config.checkpoint_every_steps, plan.accumulation_steps, config.checkpoint_at_epoch_end)
+    checkpointer = PeriodicCheckpoint(job.manager, *saves, config.async_checkpoints, job.progress)
+    guard = faults.FaultGuard(job.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
+    evaluations = [evaluate(data.eval, data.num_eval_examples)]
     if data.validation is not None:  # the held-out training images (--validation_examples), as val_*
-        evaluations.append(
-            ExactEvaluation(data.validation, data.num_validation_examples, every, plan.epochs, "val")
-        )
-    loggers, lines = [], []
+        evaluations.append(evaluate(data.validation, data.num_validation_examples, prefix="val"))
+    loggers, lines, path = [], [], functools.partial(os.path.join, job.run_dir)
     if chief:
-        loggers = [
-            epoch_logs.MetricsCSV(os.path.join(run_dir, "metrics.csv"), start_step),
-            epoch_logs.TensorBoardScalars(os.path.join(run_dir, "tensorboard")),
-        ]
+        csv = epoch_logs.MetricsCSV(path("metrics.csv"), start_step)
+        loggers = [csv, epoch_logs.TensorBoardScalars(path("tensorboard"))]
     if chief and config.verbose:
         every_s = config.progress_every_s if config.verbose == 1 else None
         batches = plan.steps_per_epoch * plan.accumulation_steps
         lines = [epoch_logs.EpochProgress(plan.epochs, batches, images_per_batch, every_s)]
     return [
         guard,  # first: nothing of a diverged update is evaluated, logged, saved or committed
-        job.run.watchdog,
+        job.watchdog,
         job.progress,  # an epoch resumed mid-way starts from its earlier updates' metric sums; images/s
         MetricAverageCallback(),  # every callback below sees rank-averaged training metrics
         *_skipped_corrupt(data),
         LearningRateLogger(),
         *evaluations,
-        *job.run.extra_callbacks,
+        *job.extra_callbacks,
         *loggers,
         summary,
         checkpointer,  # after the loggers: no epoch's checkpoint exists without that epoch's logs
@@ -243,9 +192,8 @@ def _skipped_corrupt(data):
 
 
 def fit(model, data, plan, config, callbacks, step):
-    """`model.fit` from update `step` to the plan's last: an epoch resumed mid-way first, then the whole
-    epochs. The training stream starts at the micro-batches already consumed, without reading them
-    (`InputPipeline.train_from`). A callback that sets `model.stop_training` ends training there."""
+    """`model.fit` from update `step` to the plan's last: an epoch resumed mid-way first (its stream starts
+    after the micro-batches consumed: `train_from`), then the whole epochs, unless `model.stop_training`."""
     while step < plan.total_steps:
         train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
@@ -267,110 +215,68 @@ def fit(model, data, plan, config, callbacks, step):
 
 def _announce(job, plan, applied):
     """The plan and every rank's cores and threads in the run log (a collective: one gather)."""
-    placements = collectives.gather_objects(
-        {**threads.placement(), "host": os.uname().nodename, **applied}, name="hvd_lars.placement"
-    )
+    mine = {**threads.placement(), "host": os.uname().nodename, **applied}
+    placements = collectives.gather_objects(mine, name="hvd_lars.placement")
     applied["cores_per_rank"] = [p["cores"] for p in placements]
     if not collectives.is_chief():
         return
     log.info(plan.describe())
     log.info(threads.describe_placements(placements))
-    requested = job.run.requested_threads
-    if (applied["intra_op"], applied["inter_op"]) != requested:
-        log.info(
-            f"TensorFlow runs {applied['intra_op']} intra-op / {applied['inter_op']} inter-op threads (0: "
-            f"its default), not the {requested[0]} / {requested[1]} asked for: it was initialised before "
-            "hvd_lars could size its pools."
-        )
-    log.info(f"run directory {job.run.run_dir}")
-
-
-class ElasticBatchError(ValueError):
-    """The workers of an elastic job cannot share the plan's global batch evenly."""
+    if note := batch_norm_note(job.model, plan):
+        log.info(note)
+    log.info(f"run directory {job.run_dir}")
 
 
 def run_elastic(config, extra_callbacks=()):
-    """Trains according to `config` (`elastic` True) while workers leave and join; returns the summary.
-
-    No collective comes before the elastic loop's first sync, where a joining worker meets the others:
-    rank 0 alone describes the input (`describe_input`), every sync broadcasts that description first, and
-    each rank builds its job from it at its first sync, then takes rank 0's variables. Each attempt builds
-    this rank's shard and traces the step for the world size of the moment.
-
-    Raises:
-        ValueError: not launched by an elastic launcher, no `--global_batch_size`, or any error of `run`.
-        ElasticBatchError: a new worker count does not divide the global batch (every rank).
-    """
+    """`run` while workers leave and join. No collective before the first sync, where a joining worker meets
+    the others (`_JobState.sync`). Raises as `run` does, and ValueError: no elastic launcher or
+    `--global_batch_size` (`check_launched`), a worker count that does not divide the global batch."""
     # Horovod's response cache lets each rank fuse cached tensors by its own fusion threshold, which an
     # elastic reset leaves different on re-initialised ranks (results/faults.md, "worker joining"): off.
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()
     check_launched(config)
-    run = Run.resolve(config, config.global_batch_size, collectives.size(), extra_callbacks)
+    job = Job.resolve(config, config.global_batch_size, collectives.size(), extra_callbacks)
     shapes = None
     if collectives.is_chief():
         try:  # the error, if any, every rank raises at the first sync rather than wait for rank 0
-            problem = faults.run_dir_problem(run.run_dir, 0)
-            if problem:
+            if problem := faults.run_dir_problem(job.run_dir, 0):
                 raise ValueError(problem)
-            request = input_request(config, config.global_batch_size, 0, 1, run.run_dir)
+            request = input_request(config, config.global_batch_size, 0, 1, job.run_dir)
             shapes = describe_input(config.dataset, request, **input_options(config))
         except (ValueError, OSError) as e:
             shapes = e
-
-    def build(shapes):
-        # The plan for 1 worker: global batch, steps and schedule are those of any worker count.
-        job = start(run, make_plan(config, 1, shapes), shapes, agree=False)
-        faults.heartbeat()  # building the model is this rank's progress while the others wait
-        return job
-
-    state = _JobState(shapes, build)
-    state.attempts = 0
-    with run.signals, run.watchdog:
-        return hvd_elastic.run(functools.partial(_elastic_attempt, run))(state)
+    with job.signals, job.watchdog:
+        return hvd_elastic.run(_elastic_attempt)(_JobState(job, shapes))
 
 
-def _elastic_attempt(run, state):
+def _elastic_attempt(state):
     """One attempt of an elastic job at the world size of the moment."""
-    config, rank, world_size = run.config, collectives.rank(), collectives.size()
-    resolve_batch(config, world_size)  # ElasticBatchError, naming the worker counts that fit
-    plan = make_plan(config, world_size, state.shapes)
-    request = input_request(config, plan.per_rank_batch_size, rank, world_size, run.run_dir)
-    data = get_input(config.dataset, request, **input_options(config))
+    job, rank, world_size = state.job, collectives.rank(), collectives.size()
+    resolve_batch(job.config, world_size)  # a ValueError naming the worker counts that fit
+    plan = make_plan(job.config, world_size, state.shapes)
+    request = input_request(job.config, plan.per_rank_batch_size, rank, world_size, job.run_dir)
+    data = get_input(job.config.dataset, request, **input_options(job.config))
     # The largest count of any rank: the number goes on when rank 0 joined later or the old one is gone.
     state.attempts = collectives.max_over_ranks(state.attempts + 1, name="hvd_lars.elastic.attempt")
     if collectives.is_chief():
         log.info(
             f"elastic attempt {state.attempts}: {world_size} worker(s) from update "
-            f"{int(state.job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank per "
+            f"{int(job.model.optimizer.iterations)}, {plan.per_rank_batch_size} images per rank per "
             f"micro-batch (global batch {plan.global_batch_size})"
         )
-    return attempt(
-        state.job, plan, data, commit=hvd_elastic.CommitState(state, config.elastic_commit_every_steps)
-    )
+    return attempt(job, plan, data, hvd_elastic.CommitState(state, job.config.elastic_commit_every_steps))
 
 
 class _JobState(State):
-    """The elastic state of the job, built at its first sync: `sync()` broadcasts rank 0's input
-    description (or its error, raised on every rank), builds the job (`build(shapes)` -> `Job`) on a rank
-    that has none, shares rank 0's lineage (`Job.agree`), then syncs the model and optimizer
-    (`hvd_elastic.KerasState`, to which commits, restores and resets go)."""
+    """The elastic state of a `Job`: `sync()` gives rank 0's input description (rank 0 alone reads it) to a
+    rank without a model, which `start`s (the plan of 1 worker: steps and schedule are those of any count),
+    shares rank 0's start, then syncs the model and optimizer (`hvd_elastic.KerasState`, which commits)."""
 
-    def __init__(self, shapes, build):
-        super().__init__(
-            bcast_object=lambda value: collectives.broadcast_object(value, name="hvd_lars.elastic.hosts"),
-            get_rank=collectives.rank,
-        )
-        self.shapes, self._build = shapes, build
-        self.job = self.keras = None
-
-    @property
-    def step(self):
-        return self.keras.step
-
-    @step.setter
-    def step(self, value):
-        self.keras.step = value
+    def __init__(self, job, shapes):
+        bcast = functools.partial(collectives.broadcast_object, name="hvd_lars.elastic.hosts")
+        super().__init__(bcast_object=bcast, get_rank=collectives.rank)
+        self.job, self.shapes, self.keras, self.attempts = job, shapes, None, 0
 
     def sync(self):
         self.shapes = collectives.broadcast_object(self.shapes, name="hvd_lars.elastic.shapes")
@@ -378,9 +284,10 @@ class _JobState(State):
             raise self.shapes
         if self.shapes is None:
             raise RuntimeError("elastic sync: rank 0 holds no description of the input (it joined late?).")
-        if self.job is None:
-            self.job = self._build(self.shapes)
-            self.keras = hvd_elastic.KerasState(self.job.model, step=int(self.job.model.optimizer.iterations))
+        if self.keras is None:
+            start(self.job, make_plan(self.job.config, 1, self.shapes), self.shapes, agree=False)
+            faults.heartbeat()  # building the model is this rank's progress while the others wait
+            self.keras = hvd_elastic.KerasState(self.job.model)
         self.job.agree()
         self.keras.sync()
 
@@ -397,35 +304,26 @@ class _JobState(State):
 
 
 def check_launched(config, environ=None):
-    """Refuses `--elastic` outside an elastic launcher (HOROVOD_ELASTIC not "1") or without
-    `--global_batch_size` (the plan must not change with the worker count), with a ValueError."""
-    environ = os.environ if environ is None else environ
-    if environ.get("HOROVOD_ELASTIC") != "1":
+    """A ValueError for `--elastic` outside an elastic launcher or without `--global_batch_size`."""
+    elastic = (os.environ if environ is None else environ).get("HOROVOD_ELASTIC")
+    if elastic != "1":
         raise ValueError(
             "--elastic needs an elastic launcher: horovodrun -np N --min-np MIN --max-np MAX "
-            "--host-discovery-script SCRIPT (launch/elastic.sh); HOROVOD_ELASTIC is "
-            f"{environ.get('HOROVOD_ELASTIC')!r}, not '1'."
+            f"--host-discovery-script SCRIPT (launch/elastic.sh); HOROVOD_ELASTIC is {elastic!r}, not '1'."
         )
     if not config.global_batch_size:
-        raise ValueError(
-            f"--elastic needs --global_batch_size (got 0 with --per_rank_batch_size="
-            f"{config.per_rank_batch_size}): the global batch and the schedule stay the plan's whatever the "
-            "number of workers, and the per-rank batch follows from them."
-        )
+        per_rank = config.per_rank_batch_size
+        raise ValueError(f"--elastic needs --global_batch_size (got 0 with --per_rank_batch_size={per_rank})")
 
 
 def resolve_batch(config, world_size):
-    """`TrainConfig.resolve_batch` for `world_size` workers, raising `ElasticBatchError` that names the
-    worker counts dividing the global batch."""
+    """`TrainConfig.resolve_batch` for `world_size` workers; its ValueError names the counts that fit."""
     try:
         return config.resolve_batch(world_size)
     except ValueError as e:
-        divisor = config.accumulation_steps
-        fits = [n for n in range(1, 65) if config.global_batch_size % (n * divisor) == 0]
-        raise ElasticBatchError(
-            f"the elastic job now has {world_size} workers, and the global batch of "
-            f"{config.global_batch_size} images does not divide by {world_size} workers x "
-            f"{divisor} accumulation steps. The plan's global batch does not change with the workers; "
-            f"worker counts that divide it: {', '.join(map(str, fits))}. Give the discovery script such "
-            f"counts (or --max-np), or choose a global batch that they divide. ({e})"
+        batch, divisor = config.global_batch_size, config.accumulation_steps
+        fits = ", ".join(str(n) for n in range(1, 65) if batch % (n * divisor) == 0)
+        raise ValueError(
+            f"the elastic job now has {world_size} workers: the global batch of {batch} images does not fit "
+            f"them (x {divisor} accumulation steps); worker counts that divide it: {fits}. ({e})"
         ) from e

@@ -39,7 +39,7 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
 # both runs average the ranks' batch-norm statistics at the same updates and end tensor for tensor equal.
 RESTART_FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=4",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--resume=true", "--max_eval_examples=32",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
     "--verbose=0",
 ]  # fmt: skip
 TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]

@@ -1,10 +1,6 @@
 """Horovod's gradual warmup for Keras 3 (`LearningRateWarmupCallback`), with Horovod's momentum correction
-(Goyal et al. 2017, section 2.1).
-
-Horovod sets `optimizer.momentum` to `m * lr_new / lr_old` for the one batch in which the rate changes;
-Keras 3 bakes `momentum` into the compiled step, so here the velocity of an optimizer whose velocity
-carries the rate (`v = m v - lr g`: Keras's SGD and RMSprop) is rescaled by `lr_new / lr_old` before that
-update, which is the same. `hvd_lars.LARS` corrects its own velocity (`momentum_correction=`).
+(Goyal et al. 2017, section 2.1), which Keras 3 takes as a rescaled velocity: `hvd_lars.optim.lars.
+correct_momentum` (docs/design.md, "Momentum correction").
 """
 
 import sys
@@ -12,6 +8,7 @@ import sys
 import keras
 
 from hvd_lars.arguments import above, check
+from hvd_lars.optim.lars import LARS, correct_momentum
 from hvd_lars.optim.rate_callbacks import LearningRateWarmup
 from hvd_lars.optim.wrapping import held_rate, innermost_optimizer, to_float
 from hvd_lars.parallel import collectives
@@ -20,44 +17,26 @@ from hvd_lars.parallel.accumulation import accumulation_steps
 
 def momentum_slots(optimizer):
     """The variables holding `optimizer`'s velocity in units of the rate (through its wrappers); [] without
-    momentum (Adam, or momentum 0).
-
-    Raises:
-        ValueError: momentum where rescaling the velocity is not Horovod's correction: `hvd_lars.LARS`
-            (its own `momentum_correction=`), Nesterov SGD, any other optimizer; the message says to pass
-            `momentum_correction=False`.
-    """
+    momentum. ValueError where rescaling it is not Horovod's correction (LARS, Nesterov SGD, others)."""
     inner = innermost_optimizer(optimizer)
     momentum = getattr(inner, "momentum", None)
     if momentum is None or not float(momentum):
         return []
-    from hvd_lars.optim.lars import LARS
-
-    cls = type(inner).__name__
-    if isinstance(inner, LARS):
-        reason = "LARS rescales its own velocity: LARS(..., momentum_correction='always' or 'warmup')"
-    elif type(inner) is keras.optimizers.SGD and not inner.nesterov:
+    if type(inner) is keras.optimizers.SGD and not inner.nesterov:
         return list(getattr(inner, "momentums", []))  # none before it is built (nothing to rescale)
-    elif type(inner) is keras.optimizers.RMSprop:
+    if type(inner) is keras.optimizers.RMSprop:
         # Keras 3's RMSprop keeps m = momentum m + lr g / rms in `_momentums` (private, Keras 3.15).
         return list(getattr(inner, "_momentums", []))
+    if isinstance(inner, LARS):
+        reason = "LARS rescales its own velocity: LARS(..., momentum_correction='always' or 'warmup')"
     elif type(inner) is keras.optimizers.SGD:
         reason = "Nesterov's look-ahead step uses the momentum too, so rescaling the velocity is not exact"
     else:
-        reason = f"{cls}'s velocity is not known to carry the learning rate"
+        reason = f"{type(inner).__name__}'s velocity is not known to carry the learning rate"
     raise ValueError(
-        f"momentum_correction=True with {cls}(momentum={momentum:g}): {reason}; pass "
+        f"momentum_correction=True with {type(inner).__name__}(momentum={momentum:g}): {reason}; pass "
         "momentum_correction=False to the learning-rate callback."
     )
-
-
-def correct_momentum(optimizer, old_rate, new_rate):
-    """Rescales `optimizer`'s velocity (`momentum_slots`) by `new_rate / old_rate` before the update that
-    uses `new_rate`; nothing when the rates are equal or `old_rate` is 0."""
-    if old_rate == new_rate or not old_rate:
-        return
-    for slot in momentum_slots(optimizer):
-        slot.assign(slot * (new_rate / old_rate))
 
 
 def check_rate_settable(optimizer, who):
@@ -83,7 +62,7 @@ class LearningRateWarmupCallback(LearningRateWarmup):
     Args:
         initial_lr: float > 0, the rate after warmup (already scaled for the global batch).
         warmup_epochs: float > 0 (5, Goyal et al.).
-        momentum_correction: True (Horovod's default): `correct_momentum` where the rate changes.
+        momentum_correction: True (Horovod's default): the velocity rescaled where the rate changes.
         steps_per_epoch: batches per epoch (None: `fit`'s), divided by the gradient accumulation.
         verbose: 1 prints on rank 0 when the warmup ends.
 
@@ -133,8 +112,9 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         check_rate_settable(optimizer, type(self).__name__)
         old = to_float(optimizer.learning_rate)
         super()._set_rate()
-        if self.momentum_correction:
-            correct_momentum(optimizer, old, to_float(optimizer.learning_rate))
+        new = to_float(optimizer.learning_rate)
+        if self.momentum_correction and new != old:
+            correct_momentum(momentum_slots(optimizer), old, new)
         # This update's rate was the last of the warmup (epoch + 1 / U reached W).
         if (to_float(optimizer.iterations) + 1) / self._updates_per_epoch >= self.warmup_epochs:
             self._finished = True

@@ -3,12 +3,12 @@
 import keras
 
 from hvd_lars.arguments import above, check
+from hvd_lars.optim.lars import correct_momentum
 from hvd_lars.optim.wrapping import to_float
 from hvd_lars.parallel.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback  # noqa: F401
 from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401
     LearningRateWarmupCallback,
     check_rate_settable,
-    correct_momentum,
     momentum_slots,
 )
 
@@ -67,8 +67,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         old, new = to_float(optimizer.learning_rate), self.initial_lr * self.multiplier(epoch)
         optimizer.learning_rate = float(new)
-        if self.momentum_correction:
-            correct_momentum(optimizer, old, float(new))
+        if self.momentum_correction and new != old:
+            correct_momentum(momentum_slots(optimizer), old, float(new))
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:

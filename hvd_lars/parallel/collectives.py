@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from hvd_lars.arguments import above, check, refuse
+from hvd_lars.arguments import refuse
 
 _hvd = None  # horovod.tensorflow once `init()` has run with Horovod available.
 
@@ -39,13 +39,9 @@ def launcher_world_size(environ=None):
 
 
 def init(comm=None, process_sets=None):
-    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`), passing on `hvd.init`'s
-    `comm` and `process_sets`, and returns (rank, world size).
-
-    Raises:
-        RuntimeError: a launcher started several ranks but Horovod cannot be imported.
-        WorldSizeMismatch: a launcher says it started N processes (`launcher_world_size`) and Horovod
-            reports another world size (its MPI could not join the launcher's job), naming both.
+    """Initialises Horovod once (again after `horovod.tensorflow.shutdown()`) with `hvd.init`'s `comm` and
+    `process_sets`; returns (rank, world size). RuntimeError: several ranks launched but no Horovod;
+    `WorldSizeMismatch`: Horovod's world size is not the launcher's (`launcher_world_size`).
     """
     global _hvd
     if _hvd is None or not _hvd.is_initialized():
@@ -75,11 +71,7 @@ def init(comm=None, process_sets=None):
 
 
 def horovod_tensorflow():
-    """The `horovod.tensorflow` module, imported (not initialised).
-
-    Raises:
-        ImportError: Horovod is not installed, saying how to build it.
-    """
+    """The `horovod.tensorflow` module, imported (not initialised); ImportError saying how to build it."""
     try:
         import horovod.tensorflow as hvd
     except ImportError as e:
@@ -160,37 +152,18 @@ def op_name(op):
 def allreduce_gradients(
     grads, reduction="overlap", compression="none", op="average", predivide=1.0, groups=None, device=""
 ):
-    """Averages (or sums) a list of gradients over ranks; identity with world size 1.
+    """Averages (or sums) over ranks a list of gradients (tensors, `tf.IndexedSlices` made dense, or None,
+    passed through); returns a list of the same length, each in its own dtype. Identity with world size 1.
 
-    Args:
-        grads: list of tensors (float16, bfloat16, float32 or float64; `tf.IndexedSlices` made dense) or
-            None (no gradient: passed through).
-        reduction: "overlap": one allreduce per tensor, started as soon as backprop has produced it
-            (Horovod fuses those that are ready); "grouped": one grouped allreduce after the last one.
-        compression: "none", or "fp16" (or Horovod's `Compression` classes): each tensor is divided by the
-            world size in its own precision, cast to float16, summed over ranks and cast back, so the sum
-            cannot overflow float16 (small values lose precision instead; loss scaling lifts them). Why
-            and why no bfloat16: docs/design.md, "Gradient compression".
-        op: "average" (the mean over ranks) or "sum" (or Horovod's `Average` / `Sum`, `op_name`).
-        predivide: float > 0, Horovod's `gradient_predivide_factor` f for "average": each tensor is
-            multiplied by 1 / f before the sum and by f / N after it (the same mean; f = N moves all of
-            the division before the sum). 1.0: Horovod's default; with "fp16" the division by N then
-            happens before the sum, as above. Ignored with "sum", as Horovod ignores it.
-        groups: None, or a list of lists of positions in `grads` (Horovod's `groups`): each list one
-            grouped allreduce, every position in no list an allreduce of its own; replaces `reduction`.
-        device: "" (TensorFlow's placement) or a device for the collectives (Horovod's `device_dense`).
-
-    Returns:
-        A list of the same length: the mean (or sum) over ranks of each gradient, in its own dtype
-        (bfloat16 gradients travel as float32, since Horovod has no bfloat16 reduction).
-
-    Raises:
-        ValueError: an unknown `reduction`, `compression` or `op`, or `predivide` not > 0.
+    `reduction`: "overlap" (one allreduce per tensor, enqueued as backprop produces it; Horovod fuses those
+    ready) or "grouped" (one grouped allreduce after the last). `compression`: "none" or "fp16": divided by
+    N in its own precision, summed in float16 (docs/design.md, "Gradient compression"). `op`: "average" or
+    "sum". `predivide`: float
+    > 0, Horovod's `gradient_predivide_factor` f: times 1 / f before the sum, f / N after (ignored with
+    "sum"). `groups`: None or lists of positions, each one grouped allreduce (replaces `reduction`).
+    `device`: "" or a device for the collectives. bfloat16 travels as float32 (Horovod has no bfloat16 sum).
+    The arguments are `DistributedOptimizer`'s, checked there.
     """
-    if reduction not in GRADIENT_REDUCTIONS:
-        refuse("reduction", reduction, f"one of {GRADIENT_REDUCTIONS}")
-    compression, op = compression_name(compression), op_name(op)
-    check("predivide", predivide, above(0))
     if size() == 1:
         return list(grads)
     import tensorflow as tf
@@ -259,15 +232,9 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
 
 
 def broadcast_variables(variables, root_rank=0, what="variables"):
-    """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values.
-
-    The ranks first compare their lists (`check_same_variables`), then broadcast each variable named by
-    its position: names from Keras's automatic layer names (`dense_7`) may differ between ranks, and
-    Horovod pairs collectives by name.
-
-    Raises:
-        RuntimeError: the ranks' lists differ (see `check_same_variables`).
-    """
+    """Overwrites `variables` (Keras or tf) on every rank with rank `root_rank`'s, after
+    `check_same_variables`; each named by its position (Keras's automatic names may differ between ranks,
+    and Horovod pairs collectives by name)."""
     if size() == 1:
         return
     import keras
@@ -286,42 +253,27 @@ def broadcast_variables(variables, root_rank=0, what="variables"):
     broadcast_all()
 
 
-def structural_path(variable):
-    """`variable.path` (or `.name`) without the numbers of Keras's automatic names ("sequential_3/dense_7/
-    kernel" -> "sequential/dense/kernel"): what ranks that built the same model agree on."""
-    path = getattr(variable, "path", None) or variable.name.split(":")[0]
-    return re.sub(r"_\d+(?=[_/]|$)", "", path)
-
-
 def describe_variables(variables):
-    """[(structural path, shape tuple, dtype name)] of `variables`, the description ranks compare."""
-    return [
-        (structural_path(v), tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype)))
-        for v in variables
-    ]
+    """[(path without the numbers of Keras's automatic names, shape, dtype name)]: what ranks compare."""
+    described = []
+    for v in variables:
+        path = re.sub(r"_\d+(?=[_/]|$)", "", getattr(v, "path", None) or v.name.split(":")[0])
+        described.append((path, tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype))))
+    return described
 
 
 def first_difference(lists, what="variables"):
-    """The message naming the first difference (in number, or shape or dtype at a position; paths may
-    differ) between rank 0's `describe_variables` (`lists[0]`) and another rank's, or None."""
+    """The message naming the first difference in number, shape or dtype (paths may differ) between rank
+    0's `describe_variables` (`lists[0]`) and another rank's, or None."""
     reference = lists[0]
-
-    def layout(items):
-        return [(tuple(shape), dtype) for _, shape, dtype in items]
-
     for r, other in enumerate(lists[1:], start=1):
-        if layout(other) == layout(reference):
+        mine, theirs = [d[1:] for d in reference], [d[1:] for d in other]
+        if mine == theirs:
             continue
-        i = next(
-            (i for i, (a, b) in enumerate(zip(layout(reference), layout(other))) if a != b),
-            min(len(reference), len(other)),
-        )
+        i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
 
         def entry(items, i=i):
-            if i >= len(items):
-                return "nothing (its list ends there)"
-            path, shape, dtype = items[i]
-            return f"{path} {list(shape)} {dtype}"
+            return f"{items[i][0]} {list(items[i][1])} {items[i][2]}" if i < len(items) else "nothing"
 
         return (
             f"ranks disagree about the {what} they exchange: rank 0 has {len(reference)}, rank {r} has "
@@ -333,12 +285,13 @@ def first_difference(lists, what="variables"):
 
 
 def check_same_variables(variables, what="variables"):
-    """Raises the same RuntimeError on every rank when the ranks' `variables` differ (`first_difference`).
-    A collective, before those that exchange the variables, so a mismatch is an error, not a hang."""
+    """Raises the same RuntimeError on every rank when the ranks' `variables` differ (a collective, before
+    those that exchange them, so a mismatch is an error, not a hang)."""
     if size() == 1:
         return
-    lists = _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists")
-    message = first_difference(lists, what)
+    message = first_difference(
+        _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists"), what
+    )
     if message:
         raise RuntimeError(message)
 

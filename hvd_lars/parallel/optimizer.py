@@ -18,16 +18,12 @@ LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Averages each update's gradients over all ranks, then lets `optimizer` apply them.
 
-    Per update, on every rank: the gradients of the rank's `backward_passes_per_step` micro-batches are
-    averaged locally (summed with `average_aggregated_gradients=False`, Horovod's default, which
-    `hvd_lars.parallel.horovod_keras.DistributedOptimizer` sets), averaged over ranks in one round of
-    allreduces and handed to `optimizer.apply`, so clipping, weight decay, the update rule and `iterations`
-    see the global mean gradient once per update. With world size 1 it behaves exactly as `optimizer`. The
-    held optimizer's own `gradient_accumulation_steps` is taken over as `backward_passes_per_step`. For
-    float16 loss scaling, wrap the scaler (`DistributedOptimizer(LossScaleOptimizer(opt))`) or make the
-    wrapper under `mixed_float16`: either gives a `DistributedLossScaleOptimizer`; the other nesting is
-    refused (docs/design.md, "Keras's private names, and loss scaling", "Gradient accumulation"). Compile
-    with `jit_compile=False` (Horovod's XLA ops are not built here).
+    Per update, on every rank: the gradients of `backward_passes_per_step` micro-batches are averaged
+    locally (summed with `average_aggregated_gradients=False`, Horovod's default), averaged over ranks and
+    handed to `optimizer.apply`, so clipping, weight decay, the update rule and `iterations` see the global
+    mean gradient once per update; with world size 1 it is `optimizer`. For float16 loss scaling, wrap the
+    scaler or make the wrapper under `mixed_float16` (a `DistributedLossScaleOptimizer`; docs/design.md,
+    "Keras's private names, and loss scaling"). Compile with `jit_compile=False` (no Horovod XLA ops).
 
     Example:
 
@@ -37,18 +33,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     Args:
         optimizer: any Keras 3 optimizer (not built if it has `gradient_accumulation_steps`).
         backward_passes_per_step: int >= 1; None: the held optimizer's `gradient_accumulation_steps`, or 1.
-        compression: "none" or "fp16", or Horovod's `Compression.none` / `.fp16` (`collectives`).
-        gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it) or
-            "grouped" (one grouped allreduce after the last gradient).
+        compression: "none" or "fp16", or Horovod's `Compression.none` / `.fp16`.
+        gradient_reduction: "overlap" or "grouped" (`collectives.allreduce_gradients`).
         name: str; default "distributed_<name of optimizer>".
         average_aggregated_gradients: bool, see above (True here, as Keras's accumulation).
-        scale_local_gradients: True: gradients of local variables (`register_local_var`) are divided by
-            the world size.
+        scale_local_gradients: True: gradients of `register_local_var`'s variables divided by world size.
         op: "average" or "sum", or Horovod's `Average` / `Sum`.
-        gradient_predivide_factor: float > 0: gradients times 1 / f before the sum, f / world size after
-            it (Horovod's); ignored with op "sum".
+        gradient_predivide_factor: float > 0, Horovod's (ignored with op "sum").
         groups: None, an int k >= 1 (k grouped allreduces of consecutive variables), or lists of
-            variables (or paths), each one grouped allreduce (Horovod's), in place of `gradient_reduction`.
+            variables (or paths), each one grouped allreduce, in place of `gradient_reduction`.
         device_dense: "" or a TensorFlow device for the collectives.
         sparse_as_dense, device_sparse, process_set: Horovod's, accepted (sparse gradients are always made
             dense; only the global process set).
@@ -56,7 +49,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     Raises:
         ValueError: an argument out of the ranges above, `optimizer` not a Keras 3 optimizer or already
             distributed, an accumulating optimizer already built or whose accumulation contradicts
-            `backward_passes_per_step`; `LossScaleOptimizer(DistributedOptimizer(opt))` where it is made.
+            `backward_passes_per_step`; `LossScaleOptimizer(DistributedOptimizer(opt))`.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
@@ -92,9 +85,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if gradient_reduction not in collectives.GRADIENT_REDUCTIONS:
             refuse("gradient_reduction", gradient_reduction, f"one of {collectives.GRADIENT_REDUCTIONS}")
         check("gradient_predivide_factor", gradient_predivide_factor, above(0))
-        for arg, value in ("device_dense", device_dense), ("device_sparse", device_sparse):
-            if not isinstance(value, str):
-                refuse(arg, value, "a device string ('' for TensorFlow's placement)")
         for arg, value in (
             ("average_aggregated_gradients", average_aggregated_gradients),
             ("scale_local_gradients", scale_local_gradients),

@@ -29,27 +29,16 @@ from hvd_lars.parallel.horovod_keras import callbacks, elastic  # noqa: F401
 
 # Horovod's own names that need no Keras: forwarded unchanged.
 _horovod = collectives.horovod_tensorflow()
-shutdown = _horovod.shutdown
-is_initialized = _horovod.is_initialized
-start_timeline = _horovod.start_timeline
-stop_timeline = _horovod.stop_timeline
-mpi_threads_supported = _horovod.mpi_threads_supported
-mpi_enabled = _horovod.mpi_enabled
-mpi_built = _horovod.mpi_built
-gloo_enabled = _horovod.gloo_enabled
-gloo_built = _horovod.gloo_built
-nccl_built = _horovod.nccl_built
-ddl_built = _horovod.ddl_built
-ccl_built = _horovod.ccl_built
-cuda_built = _horovod.cuda_built
-rocm_built = _horovod.rocm_built
-ProcessSet = _horovod.ProcessSet
-global_process_set = _horovod.global_process_set
-add_process_set = _horovod.add_process_set
-remove_process_set = _horovod.remove_process_set
-Average = _horovod.Average
-Sum = _horovod.Sum
-Compression = _horovod.Compression
+Average, Sum, Compression, global_process_set = (_horovod.Average, _horovod.Sum, _horovod.Compression,
+                                                 _horovod.global_process_set)  # fmt: skip
+globals().update(
+    (name, getattr(_horovod, name))
+    for name in (
+        "shutdown is_initialized start_timeline stop_timeline mpi_threads_supported mpi_enabled mpi_built "
+        "gloo_enabled gloo_built nccl_built ddl_built ccl_built cuda_built rocm_built ProcessSet "
+        "add_process_set remove_process_set"
+    ).split()
+)
 
 
 def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):

@@ -49,19 +49,15 @@ def check_rate_settable(optimizer, who):
 
 
 class LearningRateWarmupCallback(LearningRateWarmup):
-    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2): the rate grows linearly from about
-    `initial_lr / size` to `initial_lr` over the first `warmup_epochs` epochs, set before every batch.
-
-    Before update `t` (from 0), with `U` updates per epoch and `W = warmup_epochs`:
-    `lr = initial_lr / size * (e * (size - 1) / W + 1)` with `e = min((t + 1) / U, W)`, the formula of
-    Horovod 0.28.1's code (`horovod/_keras/callbacks.py`; initial_lr 0.2, W 5, U 5, 2 ranks: 0.104, then
-    0.200 at update 24). `t` is the optimizer's update counter, so a resumed run continues the ramp
-    exactly. After the warmup the rate stays `initial_lr` until another callback changes it. The optimizer
-    needs a float learning rate. At each epoch end `logs["lr"]` is the rate, as Horovod's.
+    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2), set before every batch: before update `t`
+    (from 0, the optimizer's counter, so a resumed run continues the ramp), with `U` updates per epoch,
+    `lr = initial_lr / size * (e * (size - 1) / W + 1)`, `e = min((t + 1) / U, W)` (Horovod 0.28.1's
+    `horovod/_keras/callbacks.py`). Afterwards the rate stays until another callback changes it. The
+    optimizer needs a float rate. At each epoch end `logs["lr"]` is the rate, as Horovod's.
 
     Args:
         initial_lr: float > 0, the rate after warmup (already scaled for the global batch).
-        warmup_epochs: float > 0 (5, Goyal et al.).
+        warmup_epochs: float > 0, W (5, Goyal et al.).
         momentum_correction: True (Horovod's default): the velocity rescaled where the rate changes.
         steps_per_epoch: batches per epoch (None: `fit`'s), divided by the gradient accumulation.
         verbose: 1 prints on rank 0 when the warmup ends.

@@ -54,7 +54,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def __new__(cls, optimizer=None, *args, **kwargs):
         optimizer = kwargs.get("optimizer", optimizer)
-        if cls is DistributedOptimizer and _scales_the_loss(optimizer):
+        # A loss scaler, or a plain optimizer under mixed_float16 (where compile would wrap the wrapper).
+        scales = isinstance(optimizer, LossScaleOptimizer) or (
+            not isinstance(optimizer, DistributedOptimizer)
+            and isinstance(optimizer, keras.optimizers.Optimizer)
+            and keras.config.dtype_policy().name == "mixed_float16"
+        )
+        if cls is DistributedOptimizer and scales:
             cls = DistributedLossScaleOptimizer
         return super().__new__(cls)
 
@@ -265,13 +271,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_weights(self):
-        """Values of `variables` (this wrapper's, then the held optimizer's), as `.h5` files save them."""
+        """Values of `variables`, as `.h5` files save them."""
         return [v.numpy() for v in self.variables]
 
     def set_weights(self, weights):
-        """Assigns `weights` (as `get_weights` returns them) to `variables` in order, paired by `zip` as
-        Keras's `set_weights` (how `load_model` restores an `.h5` file); ValueError when unbuilt or on a
-        shape that differs."""
+        """Assigns `weights` to `variables` in order, as Keras's `set_weights` (how `load_model` restores an
+        `.h5` file); ValueError when unbuilt or on a shape that differs."""
         if not self.built:
             raise ValueError(f"{self.name!r} is not built; build it before set_weights.")
         for variable, value in zip(self.variables, weights):
@@ -292,9 +297,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "scale_local_gradients": self.scale_local_gradients,
             "op": self.op,
             "gradient_predivide_factor": self.gradient_predivide_factor,
-            "groups": self.groups
-            if self.groups is None or isinstance(self.groups, int)
-            else [list(group) for group in self.groups],
+            "groups": self.groups,
             "device_dense": self.device_dense,
         }
 
@@ -340,11 +343,7 @@ def _variable_key(variable):
 
 
 def _group_keys(groups):
-    """Horovod's list of lists of variables as lists of `_variable_key`s (paths for Keras variables).
-
-    Raises:
-        ValueError: an entry that is not a list of variables (or their paths).
-    """
+    """Horovod's list of lists of variables as lists of `_variable_key`s; ValueError for other entries."""
     for group in groups:
         if not isinstance(group, (list, tuple)):
             refuse("an entry of groups", group, "a list of variables")
@@ -370,16 +369,3 @@ def _accumulation_steps(backward_passes_per_step, own_steps):
             f"{own_steps}; give one of them."
         )
     return steps
-
-
-def _scales_the_loss(optimizer):
-    """Whether `DistributedOptimizer(optimizer)` is a `DistributedLossScaleOptimizer`: `optimizer` is a
-    loss scaler, or a plain optimizer given while Keras's dtype policy is `mixed_float16` (where
-    `model.compile` would otherwise put a loss scaler around the wrapper)."""
-    if isinstance(optimizer, LossScaleOptimizer):
-        return True
-    return (
-        isinstance(optimizer, keras.optimizers.Optimizer)
-        and not isinstance(optimizer, DistributedOptimizer)
-        and keras.config.dtype_policy().name == "mixed_float16"
-    )

@@ -10,6 +10,7 @@ set on this package's core (`hvd_lars.parallel`); no rule is implemented here. N
 import sys
 
 import keras
+import tensorflow as tf
 
 from hvd_lars.arguments import refuse
 from hvd_lars.parallel import collectives
@@ -42,13 +43,9 @@ globals().update(
 
 
 def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
-    """`hvd.init()`: returns (rank, world size). First, on a CPU-only Open MPI job whose user and site
-    chose no allreduce, points Open MPI at the ring from 1 MiB on 3+ ranks (rank 0 of such a job says so
-    in one line; `hvd_lars.parallel.ompi_allreduce_rules`); `ompi_allreduce_rules=False` leaves Open MPI's.
-
-    Raises:
-        as `hvd_lars.parallel.collectives.init`.
-    """
+    """`hvd.init()`: (rank, world size), as `collectives.init`. First, on a CPU-only Open MPI job whose
+    user and site chose no allreduce, Open MPI's ring from 1 MiB on 3+ ranks (`ompi_allreduce_rules`; rank
+    0 says so in one line); `ompi_allreduce_rules=False` leaves Open MPI's choice."""
     line = None
     if ompi_allreduce_rules and not _horovod.is_initialized():
         line = _rules.apply()[1]
@@ -87,12 +84,8 @@ def DistributedOptimizer(
 
 def PartialDistributedOptimizer(optimizer, name=None, *, local_layers=None, **kwargs):
     """Horovod's `horovod.keras.PartialDistributedOptimizer`: a `DistributedOptimizer` (Horovod's other
-    arguments and defaults, as keywords) whose `local_layers` (a layer or a list; their weights are looked
-    up at the first step) keep their gradients on each rank, as `register_local_var` does.
-
-    Raises:
-        ValueError: an entry of `local_layers` that is not a Keras layer.
-    """
+    arguments, as keywords) whose `local_layers` (a layer or a list, else ValueError) keep their gradients
+    on each rank, as `register_local_var` does."""
     layers = [local_layers] if isinstance(local_layers, keras.layers.Layer) else list(local_layers or [])
     for layer in layers:
         if not isinstance(layer, keras.layers.Layer):
@@ -117,12 +110,6 @@ def broadcast_global_variables(root_rank, model=None):
 # returning a tf.Tensor eagerly or inside a `tf.function` (Horovod's own evaluate through Keras 2's session).
 
 
-def _tensor(value):
-    import tensorflow as tf
-
-    return tf.convert_to_tensor(value)
-
-
 def allreduce(
     value,
     name=None,
@@ -134,24 +121,24 @@ def allreduce(
 ):
     """`hvd.allreduce`: Horovod's, on the value as a tensor (its average when `op` is None)."""
     return _horovod.allreduce(
-        _tensor(value), average=average, op=op, prescale_factor=prescale_factor,
+        tf.convert_totf.convert_to_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, compression=compression, name=name,
     )  # fmt: skip
 
 
 def allgather(value, name=None):
     """`hvd.allgather`: the ranks' values concatenated along axis 0, in rank order."""
-    return _horovod.allgather(_tensor(value), name=name)
+    return _horovod.allgather(tf.convert_totf.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
     """`hvd.broadcast`: rank `root_rank`'s value on every rank."""
-    return _horovod.broadcast(_tensor(value), root_rank, name=name)
+    return _horovod.broadcast(tf.convert_totf.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
     """`hvd.reducescatter`: the value reduced over ranks (`op`), this rank's part of axis 0."""
-    return _horovod.reducescatter(_tensor(value), op=op, name=name)
+    return _horovod.reducescatter(tf.convert_totf.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(

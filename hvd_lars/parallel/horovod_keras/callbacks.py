@@ -14,15 +14,11 @@ from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
-    """Horovod's `LearningRateScheduleCallback`: between epochs `start_epoch` (included) and `end_epoch`
-    (excluded; None: to the end), the rate is `initial_lr * multiplier(epoch)`.
-
-    `epoch` is `fit`'s epoch index. `staircase=True`: set at the first batch of each epoch; False: before
-    every batch, with `epoch + batch / steps_per_epoch`. A constant `multiplier` means staircase. At each
-    epoch end `logs["lr"]` is the rate.
-
-    `initial_lr` a float > 0 (else ValueError); `momentum_correction` and the errors at train begin as
-    `LearningRateWarmupCallback`'s; `steps_per_epoch` for `staircase=False` (None: `fit`'s).
+    """Horovod's `LearningRateScheduleCallback`: from epoch `start_epoch` to `end_epoch` (excluded; None:
+    to the end) of `fit`, the rate is `initial_lr` (a float > 0) times `multiplier(epoch)`, set at each
+    epoch's first batch (`staircase`, and for a constant `multiplier`) or before every batch with
+    `epoch + batch / steps_per_epoch` (None: `fit`'s). At each epoch end `logs["lr"]` is the rate.
+    `momentum_correction` and the errors at train begin as `LearningRateWarmupCallback`'s.
     """
 
     def __init__(
@@ -76,12 +72,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True`, and
-    `filepath` a required keyword (Keras 3 checks it when the callback is made; Horovod's Spark estimators
-    set it later). On rank 0 only, after `MetricAverageCallback`.
-
-    Raises:
-        ValueError: no `filepath`; Keras's own for a path it refuses.
+    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True` and `filepath`
+    a required keyword (ValueError without: Keras 3 checks it when the callback is made, where Horovod's
+    Spark estimators set it later). On rank 0 only, after `MetricAverageCallback`.
     """
 
     def __init__(

@@ -109,11 +109,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 def average_metrics(logs):
-    """Replaces each number in the dict `logs` by its mean over ranks, in place, and returns `logs`.
-
-    Raises:
-        RuntimeError: the ranks' dicts hold different numeric keys.
-    """
+    """Replaces each number in the dict `logs` by its mean over ranks, in place, and returns `logs`;
+    RuntimeError when the ranks' dicts hold different numeric keys."""
     if not logs or collectives.size() == 1:
         return logs
     keys = sorted(k for k, v in logs.items() if is_number(v))

@@ -11,9 +11,8 @@ from hvd_lars.arguments import refuse
 
 _hvd = None  # horovod.tensorflow once `init()` has run with Horovod available.
 
-# The processes a launcher started in this job step, most specific first: Open MPI (also under horovodrun
-# and Slurm), Horovod's Gloo launcher, PMI (hydra, srun --mpi=pmi2), PMIx, srun; not job-level variables
-# such as SLURM_NTASKS, which a batch step of one process has too.
+# A launcher's process count for this job step, most specific first (Open MPI, Horovod's Gloo, PMI, PMIx,
+# srun); not job-level variables such as SLURM_NTASKS, which a batch step of one process has too.
 LAUNCHER_SIZE_VARIABLES = (
     "OMPI_COMM_WORLD_SIZE",
     "HOROVOD_SIZE",
@@ -90,8 +89,7 @@ def _horovods(name, alone):
     return get
 
 
-# Horovod's rank and sizes (`cross_*`: among the hosts holding a rank with this local rank); without
-# Horovod, rank 0 of a world of 1.
+# Horovod's rank and sizes (`cross_*`: among the hosts with this local rank); without Horovod, 0 and 1.
 rank, local_rank, cross_rank = (_horovods(name, 0) for name in ("rank", "local_rank", "cross_rank"))
 size, local_size, cross_size = (_horovods(name, 1) for name in ("size", "local_size", "cross_size"))
 
@@ -116,7 +114,6 @@ def is_chief():
     return rank() == 0
 
 
-# How gradients travel (DistributedOptimizer's `gradient_reduction`, `compression` and `op` arguments).
 GRADIENT_REDUCTIONS = ("overlap", "grouped")
 GRADIENT_COMPRESSIONS = ("none", "fp16")
 GRADIENT_OPS = ("average", "sum")
@@ -154,15 +151,14 @@ def allreduce_gradients(
 ):
     """Averages (or sums) over ranks a list of gradients (tensors, `tf.IndexedSlices` made dense, or None,
     passed through); returns a list of the same length, each in its own dtype. Identity with world size 1.
+    The arguments are `DistributedOptimizer`'s, checked there.
 
     `reduction`: "overlap" (one allreduce per tensor, enqueued as backprop produces it; Horovod fuses those
-    ready) or "grouped" (one grouped allreduce after the last). `compression`: "none" or "fp16": divided by
-    N in its own precision, summed in float16 (docs/design.md, "Gradient compression"). `op`: "average" or
-    "sum". `predivide`: float
-    > 0, Horovod's `gradient_predivide_factor` f: times 1 / f before the sum, f / N after (ignored with
-    "sum"). `groups`: None or lists of positions, each one grouped allreduce (replaces `reduction`).
-    `device`: "" or a device for the collectives. bfloat16 travels as float32 (Horovod has no bfloat16 sum).
-    The arguments are `DistributedOptimizer`'s, checked there.
+    ready) or "grouped" (one grouped allreduce after the last). `compression`: "none" or "fp16" (divided by
+    N in its own precision, summed in float16: docs/design.md, "Gradient compression"). `op`: "average" or
+    "sum". `predivide`: Horovod's `gradient_predivide_factor` f, times 1 / f before the sum and f / N after
+    (ignored with "sum"). `groups`: None or lists of positions, each one grouped allreduce (replaces
+    `reduction`). `device`: "" or a device. bfloat16 travels as float32 (Horovod has no bfloat16 sum).
     """
     if size() == 1:
         return list(grads)
@@ -224,11 +220,8 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
         # One op: waits for every gradient of the group, then Horovod fuses them into few messages.
         name = "hvd_lars.gradients" if k == 0 else f"hvd_lars.gradients.{k}"
         reduced = _hvd.grouped_allreduce(wire, name=name, ignore_name_scope=True, **scale)
-    out = []
-    for g, r in zip(tensors, reduced):
-        r = tf.cast(r, g.dtype) if r.dtype != g.dtype else r
-        out.append(r * tf.cast(post, g.dtype) if post != 1.0 else r)
-    return out
+    reduced = [tf.cast(r, g.dtype) for g, r in zip(tensors, reduced)]  # no op where the dtypes agree
+    return reduced if post == 1.0 else [r * tf.cast(post, r.dtype) for r in reduced]
 
 
 def broadcast_variables(variables, root_rank=0, what="variables"):
@@ -344,15 +337,4 @@ def barrier():
 def broadcast_bytes(data, name, root_rank=0):
     """Rank `root_rank`'s `data` (bytes) on every rank, the others passing anything (`name` as for
     `allreduce_sum`)."""
-    if size() == 1:
-        return data
-    import tensorflow as tf
-
-    # The length first (the others must allocate as much), then the bytes as one uint8 tensor.
-    mine = len(data) if rank() == root_rank else 0
-    length = int(_hvd.broadcast(tf.constant([mine], tf.int64), root_rank, name=f"{name}.size").numpy()[0])
-    if rank() == root_rank:
-        array = np.frombuffer(data, np.uint8)
-    else:
-        array = np.zeros(length, np.uint8)
-    return _hvd.broadcast(tf.constant(array), root_rank, name=f"{name}.data").numpy().tobytes()
+    return broadcast_object(data, root_rank, name)

@@ -75,8 +75,8 @@ class KerasState(_ObjectState):
 
 def run(func):
     """`func(state)` under Horovod's elastic loop (`horovod.common.elastic.run_fn`, as
-    `horovod.tensorflow.elastic.run`): synchronised from rank 0 first, retried after a membership change
-    or a worker's death from the last commit; returns what the attempt that completes returns."""
+    `horovod.tensorflow.elastic.run`): synchronised from rank 0, retried from the last commit after a
+    membership change or a worker's death; returns what the attempt that completes returns."""
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
 
@@ -132,8 +132,6 @@ class CommitState(keras.callbacks.Callback):
         self._commit_if_due()
 
     def on_epoch_end(self, epoch, logs=None):
-        # After the callbacks placed before this one (evaluation, logs, the epoch's checkpoint): a
-        # membership change taken up here never skips the end of the epoch it interrupts.
         self._commit_if_due()
 
     def _commit_if_due(self):

@@ -1,6 +1,5 @@
 """Horovod's gradual warmup for Keras 3 (`LearningRateWarmupCallback`), with Horovod's momentum correction
-(Goyal et al. 2017, section 2.1), which Keras 3 takes as a rescaled velocity: `hvd_lars.optim.lars.
-correct_momentum` (docs/design.md, "Momentum correction").
+(Goyal et al. 2017, section 2.1) as a rescaled velocity (docs/design.md, "Momentum correction").
 """
 
 import sys
@@ -10,7 +9,7 @@ import keras
 from hvd_lars.arguments import above, check
 from hvd_lars.optim.lars import LARS, correct_momentum
 from hvd_lars.optim.rate_callbacks import LearningRateWarmup
-from hvd_lars.optim.wrapping import held_rate, innermost_optimizer, to_float
+from hvd_lars.optim.wrapping import innermost_optimizer, to_float
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.accumulation import accumulation_steps
 
@@ -37,15 +36,6 @@ def momentum_slots(optimizer):
         f"momentum_correction=True with {type(inner).__name__}(momentum={momentum:g}): {reason}; pass "
         "momentum_correction=False to the learning-rate callback."
     )
-
-
-def check_rate_settable(optimizer, who):
-    """Raises ValueError unless `optimizer` holds a float rate (a variable a callback can set)."""
-    if not isinstance(held_rate(optimizer), keras.Variable):
-        raise ValueError(
-            f"{who} sets a float learning rate; {optimizer.name!r} has a schedule or callable. Build the "
-            "optimizer with a float rate (the callback sets it), or drop the callback."
-        )
 
 
 class LearningRateWarmupCallback(LearningRateWarmup):
@@ -86,15 +76,13 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         if self.momentum_correction:
             momentum_slots(self.model.optimizer)  # refuses LARS and Nesterov before the first update
         self._updates_per_epoch = max(1, batches // accumulation_steps(self.model.optimizer))
-        self._finished = self._epoch() >= self.warmup_epochs
+        updates = to_float(self.model.optimizer.iterations)
+        self._finished = updates / self._updates_per_epoch >= self.warmup_epochs
         super().on_train_begin(logs)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = to_float(self.model.optimizer.learning_rate)
-
-    def _epoch(self):
-        return to_float(self.model.optimizer.iterations) / self._updates_per_epoch
 
     def _warmup_rate(self, step):
         size = collectives.size()
@@ -105,7 +93,6 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         if self._finished:
             return
         optimizer = self.model.optimizer
-        check_rate_settable(optimizer, type(self).__name__)
         old = to_float(optimizer.learning_rate)
         super()._set_rate()
         new = to_float(optimizer.learning_rate)

@@ -39,13 +39,8 @@ def parameter_files(environ=None):
         folders.append("/etc/openmpi")
         candidates = [os.path.join(home, ".openmpi", "mca-params.conf")]
         candidates += [os.path.join(f, "openmpi-mca-params.conf") for f in folders if f]
-    seen, files = set(), []
-    for path in candidates:
-        path = os.path.expanduser(path.strip())
-        if path and path not in seen and os.path.isfile(path):
-            seen.add(path)
-            files.append(path)
-    return files
+    paths = [os.path.expanduser(p.strip()) for p in candidates]
+    return [p for i, p in enumerate(paths) if p and p not in paths[:i] and os.path.isfile(p)]
 
 
 def chosen_allreduce(environ=None, files=None):

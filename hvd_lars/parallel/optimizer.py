@@ -181,8 +181,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             groups=self._group_positions(grads, variables),
             device=self.device_dense,
         )
-        if not any(local):
-            return collectives.allreduce_gradients(grads, **how)
         # Local variables' gradients stay out of the allreduce (None there keeps the positions).
         shared = collectives.allreduce_gradients(
             [None if is_local else g for g, is_local in zip(grads, local)], **how
@@ -206,16 +204,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return [[where[key] for key in group if key in where] for group in self.groups]
 
     def register_local_var(self, var):
-        """Keeps the gradient of `var` (a `keras.Variable` or a `tf.Variable`; else ValueError) on its rank
-        (Horovod's `register_local_var`): not averaged over ranks, divided by the world size when
-        `scale_local_gradients`. Call before the first step."""
+        """Horovod's: keeps the gradient of `var` (a `keras.Variable` or a `tf.Variable`, else ValueError) on
+        its rank, divided by the world size when `scale_local_gradients`. Call before the first step."""
         if not (isinstance(var, keras.Variable) or _is_tf_variable(var)):
             refuse("register_local_var's var", var, "a keras.Variable or a tf.Variable")
         self._local_keys.add(_variable_key(var))
 
     def _local_mask(self, variables):
-        if not (self._local_keys or self._local_layers):
-            return [False] * len(variables)
         keys = set(self._local_keys)
         keys.update(_variable_key(v) for layer in self._local_layers for v in layer.trainable_weights)
         return [_variable_key(v) in keys for v in variables]
@@ -313,10 +308,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 @keras.saving.register_keras_serializable(package="hvd_lars")
 class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
     """What `DistributedOptimizer(LossScaleOptimizer(opt))` returns: averages the scaled gradients over
-    ranks, then the held `LossScaleOptimizer` checks them (the same decision on every rank), unscales and
-    applies. Being itself a `LossScaleOptimizer`, it is not wrapped again by `model.compile` under
-    `mixed_float16`. The loss scale state is the held optimizer's.
-    """
+    ranks, then the held `LossScaleOptimizer` (and its state) checks them alike on every rank, unscales and
+    applies. Being a `LossScaleOptimizer`, `model.compile` does not wrap it again under `mixed_float16`."""
 
     dynamic_scale = property(lambda self: self.inner_optimizer.dynamic_scale)
     step_counter = property(lambda self: self.inner_optimizer.step_counter)

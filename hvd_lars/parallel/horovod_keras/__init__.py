@@ -1,8 +1,6 @@
 """`horovod.tensorflow.keras` for Keras 3: a Horovod Keras script changes
 `import horovod.tensorflow.keras as hvd` into `import hvd_lars.parallel.horovod_keras as hvd` and keeps its
-calls, with Horovod's names, arguments and defaults.
-
-Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, its `callbacks` and its `elastic`
+calls. Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, `callbacks` and `elastic`
 (tests/test_horovod_names.py): Horovod's own where they need no Keras, else Horovod's defaults and names
 set on this package's core (`hvd_lars.parallel`); no rule is implemented here. Needs Horovod.
 """
@@ -106,8 +104,8 @@ def broadcast_global_variables(root_rank, model=None):
     broadcast_model_and_optimizer(model, root_rank)
 
 
-# Horovod's collectives on tensor-compatible values (numbers, lists, NumPy arrays, tensors, variables),
-# returning a tf.Tensor eagerly or inside a `tf.function` (Horovod's own evaluate through Keras 2's session).
+# Horovod's collectives on numbers, lists, arrays, tensors or variables, returning a tf.Tensor eagerly or in
+# a `tf.function` (Horovod's own evaluate through Keras 2's session).
 
 
 def allreduce(

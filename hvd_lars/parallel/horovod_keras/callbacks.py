@@ -4,11 +4,10 @@ import keras
 
 from hvd_lars.arguments import above, check
 from hvd_lars.optim.lars import correct_momentum
-from hvd_lars.optim.wrapping import to_float
+from hvd_lars.optim.wrapping import held_rate, to_float
 from hvd_lars.parallel.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback  # noqa: F401
 from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401
     LearningRateWarmupCallback,
-    check_rate_settable,
     momentum_slots,
 )
 
@@ -41,7 +40,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self._epoch = None
 
     def on_train_begin(self, logs=None):
-        check_rate_settable(self.model.optimizer, type(self).__name__)
+        if not isinstance(held_rate(self.model.optimizer), keras.Variable):
+            raise ValueError(
+                f"{type(self).__name__} sets a float learning rate; {self.model.optimizer.name!r} has a "
+                "schedule or callable. Build the optimizer with a float rate, or drop the callback."
+            )
         if self.momentum_correction:
             momentum_slots(self.model.optimizer)  # refuses LARS and Nesterov before the first update
         if not self.staircase and not self.steps_per_epoch:

@@ -41,11 +41,8 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
     """Horovod's `hvd.elastic.UpdateBatchStateCallback`: keeps `state.batch` = the batches of the current
-    epoch done so far (0 at each epoch end), and after a reset shortens the first epoch of the next `fit`
-    by the batches the restored state had done (through `model.stop_training`, set after its last batch
-    and cleared at its end: Keras 3 no longer reads Horovod's `params['steps']`). `state`: a `KerasState`
-    with a `batch` attribute.
-    """
+    epoch done (0 at each epoch end), and after a reset shortens the next `fit`'s first epoch by the batches
+    the restored state had done (`model.stop_training`: Keras 3 reads no `params['steps']`)."""
 
     def __init__(self, state):
         super().__init__()

@@ -119,24 +119,24 @@ def allreduce(
 ):
     """`hvd.allreduce`: Horovod's, on the value as a tensor (its average when `op` is None)."""
     return _horovod.allreduce(
-        tf.convert_totf.convert_to_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
+        tf.convert_to_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, compression=compression, name=name,
     )  # fmt: skip
 
 
 def allgather(value, name=None):
     """`hvd.allgather`: the ranks' values concatenated along axis 0, in rank order."""
-    return _horovod.allgather(tf.convert_totf.convert_to_tensor(value), name=name)
+    return _horovod.allgather(tf.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
     """`hvd.broadcast`: rank `root_rank`'s value on every rank."""
-    return _horovod.broadcast(tf.convert_totf.convert_to_tensor(value), root_rank, name=name)
+    return _horovod.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
     """`hvd.reducescatter`: the value reduced over ranks (`op`), this rank's part of axis 0."""
-    return _horovod.reducescatter(tf.convert_totf.convert_to_tensor(value), op=op, name=name)
+    return _horovod.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(

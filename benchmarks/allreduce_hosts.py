@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from benchmarks import common
 
@@ -39,11 +38,7 @@ LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 
 
 def worker(args):
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    hvd, tf = common.horovod_rank()
     if args.main_defaults:
         from hvd_lars.training import threads
 
@@ -56,28 +51,15 @@ def worker(args):
     else:
         hvd.init()
         rules = None
-    result = {"sizes": [], "times_s": []}
-    # Each size: 2 untimed allreduces, then `args.repeats` timed, each after a barrier.
-    for size in [int(s) for s in args.sizes.split(",")]:
-        x = tf.fill([size // 4], float(hvd.rank() + 1))
-        for _ in range(2):
-            y = hvd.allreduce(x, op=hvd.Sum, name=f"allreduce_{size}")
-        expected = hvd.size() * (hvd.size() + 1) / 2
-        if float(tf.reduce_min(y)) != expected or float(tf.reduce_max(y)) != expected:
-            raise RuntimeError(f"allreduce of {size} B: wrong sum (expected {expected})")
-        times = []
-        for _ in range(args.repeats):
-            hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
-            start = time.perf_counter()
-            hvd.allreduce(x, op=hvd.Sum, name=f"allreduce_{size}")
-            times.append(time.perf_counter() - start)
-        result["sizes"].append(size)
-        result["times_s"].append(times)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    result = {
+        "sizes": sizes,
+        "times_s": [common.allreduce_times(hvd, tf, s, args.repeats, hvd.Sum) for s in sizes],
+    }
     if hvd.rank() == 0:
         result.update(rules_file=rules, controller="mpi" if hvd.mpi_enabled() else "gloo", size=hvd.size(),
                       local_size=hvd.local_size(), cross_size=hvd.cross_size())  # fmt: skip
-        with open(args.out, "w") as f:
-            json.dump(result, f)
+        common.write_json(args.out, result, indent=None)
 
 
 def parse_layout(text):
@@ -107,12 +89,11 @@ def launch(variant, layout, worker_args, timeout=1200):
         settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
         if variant not in AS_A_PORTED_SCRIPT:
             settings["HOROVOD_CYCLE_TIME"] = "5"  # a ported script keeps Horovod's own
-        if variant == "gloo":  # launched from node1: the hosts cannot reach this machine's own name
-            assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
-            cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]
+        if variant == "gloo":
+            cmd = common.on_node1(argv, settings)
         elif variant == "launch_env":
-            assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
-            cmd = ["bash", "-c", f"source launch/env.sh && env {assignments} {shlex.join(argv)}"]
+            sourced = f"source launch/env.sh && env {common.env_assignments(settings)} {shlex.join(argv)}"
+            cmd = ["bash", "-c", sourced]
         else:
             cmd = argv
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
@@ -126,8 +107,7 @@ def launch(variant, layout, worker_args, timeout=1200):
             raise
         if result.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{shlex.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-        with open(out) as f:
-            data = json.load(f)
+        data = common.read_json(out)
         if (data["size"], data["local_size"], data["cross_size"]) != (p, ranks, hosts):
             raise RuntimeError(f"{host_list}: Horovod saw size/local/cross {data['size']}/"
                                f"{data['local_size']}/{data['cross_size']}")  # fmt: skip

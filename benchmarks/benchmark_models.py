@@ -155,8 +155,7 @@ def measure(args):
         "runs": runs,
     }
     os.makedirs(args.raw_dir, exist_ok=True)
-    with open(os.path.join(args.raw_dir, raw_name(record["cpu"], args.model)), "w") as f:
-        json.dump(record, f, indent=1)
+    common.write_json(os.path.join(args.raw_dir, raw_name(record["cpu"], args.model)), record)
 
 
 def summarise(record):
@@ -205,8 +204,7 @@ def report(raw_dir=RAW_DIR, out=MARKDOWN):
     records = []
     for name in sorted(os.listdir(raw_dir)):
         if name.endswith(".json"):
-            with open(os.path.join(raw_dir, name)) as f:
-                records.append(json.load(f))
+            records.append(common.read_json(os.path.join(raw_dir, name)))
     lines = [
         "# Training throughput on CPU: hvd_lars against plain Keras (images/s per process)",
         "",

@@ -214,7 +214,49 @@ def run(command, env=None, timeout=1200, **kwargs):
     return result
 
 
+def horovod_rank():
+    """horovod.tensorflow and tensorflow in a benchmark's rank, TensorFlow on 1 intra-op and 2 inter-op
+    threads (Horovod not initialised yet)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    return hvd, tf
+
+
+def allreduce_times(hvd, tf, size, repeats, op):
+    """Seconds of `repeats` allreduces (`op`) of `size` bytes of float32 (rank + 1 on every rank), each after
+    a barrier, after 2 untimed ones (buffers, connections, response cache) whose result is checked."""
+    import time
+
+    x, name = tf.fill([size // 4], float(hvd.rank() + 1)), f"allreduce_{size}"
+    for _ in range(2):
+        y = hvd.allreduce(x, op=op, name=name)
+    expected = (hvd.size() + 1) / 2 * (hvd.size() if op == hvd.Sum else 1)
+    if not float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == expected:
+        raise RuntimeError(f"allreduce of {size} B: wrong result (expected {expected})")
+    times = []
+    for _ in range(repeats):
+        hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
+        start = time.perf_counter()
+        hvd.allreduce(x, op=op, name=name)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 # ------------------------------------------------------------------------------------ emulated cluster
+
+
+def env_assignments(settings):
+    """`settings` as `K=V` words for `env` in a shell command."""
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
+
+
+def on_node1(argv, settings):
+    """`argv` run from the repository on the emulated cluster's node1 with `settings` (launched from there:
+    the hosts cannot reach this machine's own name)."""
+    return ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {env_assignments(settings)} {shlex.join(argv)}"]
 
 
 def link_rate_bits(rate):
@@ -287,6 +329,16 @@ def data_path(report, ext=".json"):
         folder = os.path.join(folder, stem)
     os.makedirs(folder, exist_ok=True)
     return os.path.join(folder, stem + ext)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path, data, indent=1):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=indent)
 
 
 def write_report(path, generated):

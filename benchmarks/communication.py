@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import statistics
 import subprocess
 import tempfile
@@ -48,48 +47,26 @@ MODELS = {"resnet50": (224, 224, 3), "alexnet": (227, 227, 3)}
 
 # --- worker: one rank ------------------------------------------------------------------------------------
 def _init_worker():
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    hvd, tf = common.horovod_rank()
     hvd.init()
     return hvd, tf
-
-
-def _barrier(hvd, tf):
-    hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
 
 
 def worker_sweep(out, reps_small, reps_large):
     """Times one allreduce (Average) of a float32 tensor of each size, after a barrier, on rank 0."""
     hvd, tf = _init_worker()
-    result = {"sizes": SIZES, "times_s": []}
-    for size in SIZES:
-        x = tf.fill([size // 4], float(hvd.rank() + 1))
-        name = f"sweep_{size}"
-        for _ in range(2):  # warm-up: buffers, connections, Horovod's response cache
-            y = hvd.allreduce(x, op=hvd.Average, name=name)
-        expected = (hvd.size() + 1) / 2
-        low, high = float(tf.reduce_min(y)), float(tf.reduce_max(y))
-        if low != expected or high != expected:
-            raise RuntimeError(f"allreduce of {size} B gave [{low}, {high}], expected {expected}")
-        times = []
-        for _ in range(reps_small if size <= 2**20 else reps_large):
-            _barrier(hvd, tf)
-            start = time.perf_counter()
-            hvd.allreduce(x, op=hvd.Average, name=name)
-            times.append(time.perf_counter() - start)
-        result["times_s"].append(times)
-    _finish(hvd, result, out)
+    times = [
+        common.allreduce_times(hvd, tf, size, reps_small if size <= 2**20 else reps_large, hvd.Average)
+        for size in SIZES
+    ]
+    _finish(hvd, {"sizes": SIZES, "times_s": times}, out)
 
 
 def worker_fusion(out, shapes_file, reps):
     """Times the allreduce of a model's whole gradient list: one grouped allreduce (as hvd_lars averages
     gradients) and one allreduce per tensor in the same tf.function (Horovod fuses what is ready)."""
     hvd, tf = _init_worker()
-    with open(shapes_file) as f:
-        models = json.load(f)
+    models = common.read_json(shapes_file)
     result = {}
     for model, shapes in models.items():
         grads = [tf.fill(shape, float(hvd.rank() + 1)) for shape in shapes]
@@ -110,7 +87,7 @@ def worker_fusion(out, shapes_file, reps):
                 raise RuntimeError(f"{model} {style}: wrong average")
             times = []
             for _ in range(reps):
-                _barrier(hvd, tf)
+                hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
                 start = time.perf_counter()
                 fn(grads)
                 times.append(time.perf_counter() - start)
@@ -129,8 +106,7 @@ def _finish(hvd, result, out):
         result.update(
             hosts=hosts, horovod_environment=seen, controller="mpi" if hvd.mpi_enabled() else "gloo"
         )
-        with open(out, "w") as f:
-            json.dump(result, f)
+        common.write_json(out, result, indent=None)
 
 
 # --- driver ----------------------------------------------------------------------------------------------
@@ -159,14 +135,12 @@ def launch(backend, worker_args, fusion=(None, None), timeout=900):
             cmd = argv
             env.update(settings)
         else:
-            assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
-            cmd = ["ssh", "node1", f"cd {shlex.quote(REPO)} && env {assignments} {shlex.join(argv)}"]
+            cmd = common.on_node1(argv, settings)
         start = time.time()
         result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-        with open(out) as f:
-            data = json.load(f)
+        data = common.read_json(out)
     data["wall_s"] = round(time.time() - start, 1)
     return data
 
@@ -186,8 +160,7 @@ def gradient_shapes():
 def _save(raw):
     os.makedirs(os.path.dirname(RAW), exist_ok=True)
     tmp = RAW + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(raw, f, indent=1)
+    common.write_json(tmp, raw)
     os.replace(tmp, RAW)
 
 
@@ -481,8 +454,7 @@ def main(argv=None):
             parser.error(f"--{name} {','.join(bad)}: expected among {', '.join(valid)}")
     raw = {}
     if os.path.exists(RAW):
-        with open(RAW) as f:
-            raw = json.load(f)
+        raw = common.read_json(RAW)
     if not args.report_only:
         if os.geteuid() != 0:
             parser.error("needs root: it brings up the emulated cluster (launch/emulated_cluster.sh)")

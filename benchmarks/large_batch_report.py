@@ -149,7 +149,7 @@ def why(args, train):
         "the update count and nothing else. The epoch budget is what about 3 hours of this 2-core machine "
         "allow for the whole grid with its sweeps and seeds (one process per run trains 2,500-2,800 "
         "images/s at every batch here, faster than 2 Horovod ranks on the same cores: "
-        "`results/large_batch_throughput.md`). It leaves the largest batch "
+        "`results/archive/large_batch_throughput.md`). It leaves the largest batch "
         f"{max(1, round(train / largest)) * args.epochs} updates, far fewer than ImageNet's thousands, so "
         "at the largest batches the update count, not only the batch, is under test:",
     ]

@@ -6,7 +6,6 @@ with the kernel's caches dropped (root), and on 2 Horovod ranks (`image_folder.l
     python -m benchmarks.listing_index --classes=20 --repeats=1 --warm_only --out=/tmp/listing.md
 """
 
-import json
 import os
 import statistics
 import sys
@@ -92,8 +91,7 @@ def two_ranks(root, index_dir, classes=CLASSES):
     common.run(command + [root, index_dir, out], timeout=600)
     times = {}
     for rank in range(2):
-        with open(os.path.join(out, f"times_{rank}.json")) as f:
-            times[rank] = json.load(f)
+        times[rank] = common.read_json(os.path.join(out, f"times_{rank}.json"))
     return times
 
 

@@ -13,7 +13,6 @@ Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same glo
 """
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -131,8 +130,7 @@ def worker_overlap_compression(role, out, core=0):
     if role == "ranks":
         result["allreduce"] = _allreduce_times(get_model, tf)
     if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+        common.write_json(out, result)
 
 
 def _allreduce_times(get_model, tf):
@@ -181,11 +179,6 @@ def _run(*commands, env, timeout=1200):
         print("\n".join("   " + line for line in output.splitlines() if "[scaling]" in line), flush=True)
         if p.returncode:
             raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
-
-
-def _read_json(path):
-    with open(path) as f:
-        return json.load(f)
 
 
 def _machine(run):
@@ -239,7 +232,7 @@ def overlap_compression(args):
         link = f"veth pair per host, tc tbf {args.link_rate} each way"
         if shaped:
             link += f" (tc reports {shaped[0]})"
-    compute, busy, ranks = (_read_json(path) for path in (compute_json, busy_json, ranks_json))
+    compute, busy, ranks = (common.read_json(path) for path in (compute_json, busy_json, ranks_json))
     record = {
         "section": "overlap_compression",
         "label": label,
@@ -255,8 +248,7 @@ def overlap_compression(args):
         "compute_both_cores_busy": busy,
         "ranks": ranks,
     }
-    with open(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), "w") as f:
-        json.dump(record, f, indent=1)
+    common.write_json(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), record)
     for path in (compute_json, busy_json, busy_json + ".1", ranks_json):
         os.remove(path)
     write_section("overlap_compression", _overlap_compression_markdown(), args.out)
@@ -266,7 +258,7 @@ def _overlap_compression_markdown():
     names = sorted(
         n for n in os.listdir(RAW_DIR) if n.startswith("overlap_compression_") and n.endswith(".json")
     )
-    runs = [_read_json(os.path.join(RAW_DIR, n)) for n in names]
+    runs = [common.read_json(os.path.join(RAW_DIR, n)) for n in names]
     order = {"1gbit": 0, "10gbit": 1, "local": 2}
     runs.sort(key=lambda r: order.get(r["label"], 3))
     lines = []
@@ -423,8 +415,7 @@ def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
     )
     results = collectives.gather_objects(result, name="scaling.threads") if size > 1 else [result]
     if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"ranks": results}, f, indent=1)
+        common.write_json(out, {"ranks": results})
 
 
 # name -> how the arm runs: "ranks" (mpirun, 2 ranks), or "compute" processes (world size 1) on "cores".
@@ -475,7 +466,7 @@ def _threads_arm(name, spec, me, env, scratch):
                 launcher += ["-x", variable]
             worker += [f"--inter_op={spec.get('inter_op', -1)}"]
         _run(launcher + worker, env=env)
-    runs = [process for o in outs for process in _read_json(o)["ranks"]]
+    runs = [process for o in outs for process in common.read_json(o)["ranks"]]
     for o in outs:
         os.remove(o)
     return {"processes": runs}
@@ -486,7 +477,7 @@ def threads(args):
     the baseline is measured before, between and after the other arms."""
     raw = os.path.join(RAW_DIR, "threads_local.json")
     if args.report_only:
-        return write_section("threads", _threads_markdown(_read_json(raw)), args.out)
+        return write_section("threads", _threads_markdown(common.read_json(raw)), args.out)
     from hvd_lars.training import epoch_logs
 
     os.makedirs(RAW_DIR, exist_ok=True)
@@ -520,8 +511,7 @@ def threads(args):
         "wall_time_s": round(time.time() - started),
         "runs": runs,
     }
-    with open(raw, "w") as f:
-        json.dump(record, f, indent=1)
+    common.write_json(raw, record)
     write_section("threads", _threads_markdown(record), args.out)
 
 

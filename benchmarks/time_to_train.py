@@ -245,8 +245,7 @@ def cpu_label(record):
 def load_measurements(cpu=None):
     """Everything the model takes from results/, the throughput records of the CPU whose `cpu_label`
     contains `cpu` (None: the only CPU there is); ValueError, listing the CPUs, if that is not one CPU."""
-    with open(os.path.join(RESULTS, COMMUNICATION_JSON)) as f:
-        communication = json.load(f)
+    communication = common.read_json(os.path.join(RESULTS, COMMUNICATION_JSON))
     links = {
         k.split("|")[1]: link_fit(v)
         for k, v in communication.items()
@@ -255,8 +254,7 @@ def load_measurements(cpu=None):
     throughput = {}
     records = []
     for path in sorted(glob.glob(os.path.join(RESULTS, THROUGHPUT_GLOB))):
-        with open(path) as f:
-            records.append((path, json.load(f)))
+        records.append((path, common.read_json(path)))
     labels = sorted({cpu_label(r) for _, r in records})
     if cpu is not None:
         records = [(p, r) for p, r in records if cpu in cpu_label(r)]
@@ -281,8 +279,7 @@ def load_measurements(cpu=None):
         }
     scaling = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, SCALING_GLOB))):
-        with open(path) as f:
-            record = json.load(f)
+        record = common.read_json(path)
         scaling[record["label"]] = record
     hosts, hosts_error = None, f"no results/{HOSTS_JSON}"
     if os.path.exists(os.path.join(RESULTS, HOSTS_JSON)):

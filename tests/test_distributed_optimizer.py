@@ -172,9 +172,9 @@ def test_rate_and_settings_are_the_held_optimizers():
 
 
 @pytest.mark.unit
-def test_allreduce_arguments_are_checked_even_on_one_rank():
+def test_allreduce_arguments_are_checked_where_the_optimizer_is_made():
     with pytest.raises(ValueError, match=r"reduction must be one of \('overlap', 'grouped'\), got 'tree'"):
-        collectives.allreduce_gradients([tf.ones(2)], reduction="tree")
+        DistributedOptimizer(keras.optimizers.SGD(), gradient_reduction="tree")
     assert collectives.allreduce_gradients([None, tf.ones(2)], compression="fp16")[0] is None
 
 

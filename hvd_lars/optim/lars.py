@@ -189,6 +189,12 @@ class LARS(keras.optimizers.Optimizer):
             )
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if self.momentum_correction != "none":
+            previous = self._previous_learning_rate
+            if self._correction_steps is not None:
+                # Intel Caffe's non-fused path: only while the update index is inside warmup.
+                previous = ops.where(self.iterations < self._correction_steps, previous, 0.0)
+            correct_momentum(self.velocities, previous, learning_rate)
         super()._backend_update_step(grads, trainable_variables, learning_rate)
         if self.momentum_correction != "none":
             self._previous_learning_rate.assign(ops.cast(learning_rate, "float32"))
@@ -206,22 +212,10 @@ class LARS(keras.optimizers.Optimizer):
         decayed = g + ops.cast(beta, dtype) * w if beta else g
 
         momentum = ops.cast(self.momentum, dtype)
-        if self.momentum_correction != "none":
-            previous = ops.cast(self._previous_learning_rate, dtype)
-            ratio = ops.where(previous > 0, lr / ops.maximum(previous, 1e-30), ops.ones_like(lr))
-            if self._correction_steps is not None:
-                # Intel Caffe's non-fused path: only while the update index is inside warmup.
-                warm = self.iterations < self._correction_steps
-                ratio = ops.where(warm, ratio, ops.ones_like(ratio))
-            if self.nesterov and self._fused and self.trust_ratio_mode != "update":
-                self.assign(slot, slot * ratio)  # the fused kernel's look-ahead must use plain m
-            else:
-                momentum = momentum * ratio  # m * (ratio * v): folded, saves a pass over the slot
-
         if self.trust_ratio_mode == "update":
             u = momentum * slot - decayed  # the slot holds -u, in gradient units
             self.assign(slot, u)
-            step = ops.cast(self.momentum, dtype) * u - decayed if self.nesterov else u
+            step = momentum * u - decayed if self.nesterov else u
             trust = self._trust_ratio(self._norm(w), self._norm(u), 0.0) if adapt else 1.0
             self.assign_add(variable, ops.cast(lr * ops.cast(trust, dtype), dtype) * step)
             return
@@ -237,10 +231,7 @@ class LARS(keras.optimizers.Optimizer):
             return
         new_slot = momentum * slot - scaled_lr * decayed
         self.assign(slot, new_slot)
-        self.assign_add(
-            variable,
-            ops.cast(self.momentum, dtype) * new_slot - scaled_lr * decayed if self.nesterov else new_slot,
-        )
+        self.assign_add(variable, momentum * new_slot - scaled_lr * decayed if self.nesterov else new_slot)
 
     def _norm(self, x):
         """Frobenius norm of a whole tensor, as a float32 scalar (float32 also for bfloat16 tensors)."""
@@ -290,6 +281,17 @@ class LARS(keras.optimizers.Optimizer):
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             return schedule(self.iterations)
         return super()._get_current_learning_rate()
+
+
+def correct_momentum(velocities, old_rate, new_rate):
+    """Goyal et al. 2017's momentum correction (eq. 10): multiplies each of `velocities` (variables whose
+    velocity carries the rate, `v = m v - lr g`) by `new_rate / old_rate` before the update at `new_rate`;
+    no change where `old_rate` is 0 (no update yet). Rates: floats or scalar tensors, traceable. Used by
+    `LARS(momentum_correction=...)` and by Horovod's learning-rate callbacks for Keras's SGD and RMSprop."""
+    old, new = ops.cast(old_rate, "float32"), ops.cast(new_rate, "float32")
+    ratio = ops.where(old > 0, new / ops.maximum(old, 1e-30), 1.0)
+    for v in velocities:
+        v.assign(v * ops.cast(ratio, v.dtype))
 
 
 def _rate_set_below():

@@ -32,24 +32,21 @@ def accumulate(grads, accumulators, micro_batch, steps, average, update):
 def accumulation_steps(optimizer):
     """Micro-batches per update of `optimizer` (int >= 1), through any chain of wrappers: a
     `DistributedOptimizer`'s `backward_passes_per_step`, or Keras's own `gradient_accumulation_steps`."""
-    while True:
-        steps = getattr(optimizer, "backward_passes_per_step", None)
-        if steps is not None:
-            return steps
-        if not hasattr(optimizer, "inner_optimizer"):
-            return optimizer.gradient_accumulation_steps or 1
-        optimizer = optimizer.inner_optimizer
+    return _accumulating(optimizer)[1]
 
 
 def at_update_boundary(optimizer):
     """True when `optimizer` (through any chain of wrappers) holds no partly accumulated gradients."""
+    accumulating, steps = _accumulating(optimizer)
+    # The micro-batch count is the accumulating optimizer's own counter.
+    return steps == 1 or int(keras_internals.own_iterations(accumulating)) % steps == 0
+
+
+def _accumulating(optimizer):
     while True:
         steps = getattr(optimizer, "backward_passes_per_step", None) or getattr(
             optimizer, "gradient_accumulation_steps", None
         )
-        if steps:
-            # The micro-batch count is the accumulating optimizer's own counter.
-            return steps == 1 or int(keras_internals.own_iterations(optimizer)) % steps == 0
-        if not hasattr(optimizer, "inner_optimizer"):
-            return True
+        if steps or not hasattr(optimizer, "inner_optimizer"):
+            return optimizer, steps or 1
         optimizer = optimizer.inner_optimizer

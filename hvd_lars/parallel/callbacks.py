@@ -1,9 +1,6 @@
-"""The core's callbacks: the model and optimizer broadcast (`BroadcastGlobalVariablesCallback`) and the
-metric averaging (`MetricAverageCallback`, `average_metrics`), with Horovod's names and arguments; Horovod's
-warmup is `hvd_lars.parallel.learning_rate_callbacks.LearningRateWarmupCallback`, here by name too.
-
-Put `MetricAverageCallback` before callbacks that read the epoch logs (EarlyStopping, ReduceLROnPlateau,
-ModelCheckpoint, CSVLogger, TensorBoard).
+"""The core's callbacks, with Horovod's names and arguments: the model and optimizer broadcast
+(`BroadcastGlobalVariablesCallback`) and the metric averaging (`MetricAverageCallback`, `average_metrics`);
+Horovod's warmup is `learning_rate_callbacks.LearningRateWarmupCallback`, here by name too.
 """
 
 import zlib
@@ -17,18 +14,13 @@ from hvd_lars.parallel.learning_rate_callbacks import LearningRateWarmupCallback
 
 
 def broadcast_model_and_optimizer(model, root_rank=0, local_variables=()):
-    """Overwrites the model's and its optimizer's variables on every rank with rank `root_rank`'s.
-
-    Model: weights and non-trainable state; optimizer (built first if it is not): counters, slots,
-    accumulators, rate and loss-scale variables. Dropout seed states stay per rank. The ranks' lists must
-    agree in number, shapes and dtypes; paths may differ. `local_variables`: model variables that keep
-    each rank's own values. No-op with world size 1.
+    """Overwrites the model's and its optimizer's variables (the optimizer built first if it is not) on
+    every rank with rank `root_rank`'s, but for dropout seed states and `local_variables` (model variables
+    that keep each rank's values). No-op with world size 1.
 
     Raises:
-        ValueError: the model is not built yet (a `Sequential` without `keras.Input`, a subclassed model
-            never called): build it first, or use `BroadcastGlobalVariablesCallback`, which builds it
-            from the shapes of `fit`'s data.
-        RuntimeError: the ranks' variables differ (`collectives.check_same_variables`).
+        ValueError: the model is not built yet (build it, or use `BroadcastGlobalVariablesCallback`).
+        RuntimeError: the ranks' variables differ in number, shapes or dtypes.
     """
     if not is_built(model):
         raise ValueError(
@@ -55,19 +47,11 @@ def is_built(model):
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Gives every rank rank `root_rank`'s model and optimizer state before the first update of each `fit`.
-
-    At the first batch of every `fit`, after every callback's `on_train_begin` (so after any restore,
-    wherever it stands in the list): a fresh start and every resume begin from the same state. A model
-    Keras would build in its first step (a `Sequential` without `keras.Input`, a subclassed model) is
-    built first from the shapes of `fit`'s data, no batch consumed. What is sent:
-    `broadcast_model_and_optimizer`. (Horovod's broadcasts after the first update.)
-
-    Args:
-        root_rank: int, the rank whose state wins (0).
-        device: "" or a TensorFlow device for the broadcasts.
-        local_variables: a `keras.Variable` or a list of them (else ValueError): model variables that keep
-            each rank's own values (the optimizer's are all broadcast, as Horovod's).
+    """Gives every rank rank `root_rank`'s model and optimizer state (`broadcast_model_and_optimizer`) at
+    the first batch of every `fit`, after every callback's `on_train_begin` (so after any restore); a model
+    Keras would build in its first step is built first from the shapes of `fit`'s data. (Horovod's
+    broadcasts after the first update.) `device`: "" or a TensorFlow device; `local_variables`: a
+    `keras.Variable` or a list of them (else ValueError) that keep each rank's values.
     """
 
     def __init__(self, root_rank=0, device="", local_variables=None):
@@ -109,14 +93,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replaces every number in the epoch logs, Keras's `val_*` included, by its mean over ranks.
-
-    At each epoch end of `fit`, so that the callbacks after it (and Keras's History) see the same values
-    on every rank: the mean over all examples when the ranks run equal steps of equal batches. For
-    `model.evaluate(..., return_dict=True)`, use `average_metrics`.
-
-    `device`: "" or a TensorFlow device for the allreduce. RuntimeError when the ranks' logs hold
-    different keys.
+    """Replaces every number in the epoch logs (`val_*` included) by its mean over ranks (`average_metrics`)
+    at each epoch end, so that the callbacks after it and Keras's History see the same values on every rank.
+    Put it before those that read the logs (EarlyStopping, ModelCheckpoint, CSVLogger, ...). `device`: ""
+    or a TensorFlow device for the allreduce.
     """
 
     def __init__(self, device=""):
@@ -129,11 +109,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 def average_metrics(logs):
-    """Replaces each number in the dict `logs` by its mean over ranks, in place, and returns `logs`.
-
-    Raises:
-        RuntimeError: the ranks' dicts hold different numeric keys.
-    """
+    """Replaces each number in the dict `logs` by its mean over ranks, in place, and returns `logs`;
+    RuntimeError when the ranks' dicts hold different numeric keys."""
     if not logs or collectives.size() == 1:
         return logs
     keys = sorted(k for k, v in logs.items() if is_number(v))

@@ -7,13 +7,12 @@ import re
 
 import numpy as np
 
-from hvd_lars.arguments import above, check, refuse
+from hvd_lars.arguments import refuse
 
 _hvd = None  # horovod.tensorflow once `init()` has run with Horovod available.
 
-# The processes a launcher started in this job step, most specific first: Open MPI (also under horovodrun
-# and Slurm), Horovod's Gloo launcher, PMI (hydra, srun --mpi=pmi2), PMIx, srun; not job-level variables
-# such as SLURM_NTASKS, which a batch step of one process has too.
+# A launcher's process count for this job step, most specific first (Open MPI, Horovod's Gloo, PMI, PMIx,
+# srun); not job-level variables such as SLURM_NTASKS, which a batch step of one process has too.
 LAUNCHER_SIZE_VARIABLES = (
     "OMPI_COMM_WORLD_SIZE",
     "HOROVOD_SIZE",
@@ -39,13 +38,9 @@ def launcher_world_size(environ=None):
 
 
 def init(comm=None, process_sets=None):
-    """Initialises Horovod (once; again after `horovod.tensorflow.shutdown()`), passing on `hvd.init`'s
-    `comm` and `process_sets`, and returns (rank, world size).
-
-    Raises:
-        RuntimeError: a launcher started several ranks but Horovod cannot be imported.
-        WorldSizeMismatch: a launcher says it started N processes (`launcher_world_size`) and Horovod
-            reports another world size (its MPI could not join the launcher's job), naming both.
+    """Initialises Horovod once (again after `horovod.tensorflow.shutdown()`) with `hvd.init`'s `comm` and
+    `process_sets`; returns (rank, world size). RuntimeError: several ranks launched but no Horovod;
+    `WorldSizeMismatch`: Horovod's world size is not the launcher's (`launcher_world_size`).
     """
     global _hvd
     if _hvd is None or not _hvd.is_initialized():
@@ -75,11 +70,7 @@ def init(comm=None, process_sets=None):
 
 
 def horovod_tensorflow():
-    """The `horovod.tensorflow` module, imported (not initialised).
-
-    Raises:
-        ImportError: Horovod is not installed, saying how to build it.
-    """
+    """The `horovod.tensorflow` module, imported (not initialised); ImportError saying how to build it."""
     try:
         import horovod.tensorflow as hvd
     except ImportError as e:
@@ -98,8 +89,7 @@ def _horovods(name, alone):
     return get
 
 
-# Horovod's rank and sizes (`cross_*`: among the hosts holding a rank with this local rank); without
-# Horovod, rank 0 of a world of 1.
+# Horovod's rank and sizes (`cross_*`: among the hosts with this local rank); without Horovod, 0 and 1.
 rank, local_rank, cross_rank = (_horovods(name, 0) for name in ("rank", "local_rank", "cross_rank"))
 size, local_size, cross_size = (_horovods(name, 1) for name in ("size", "local_size", "cross_size"))
 
@@ -124,7 +114,6 @@ def is_chief():
     return rank() == 0
 
 
-# How gradients travel (DistributedOptimizer's `gradient_reduction`, `compression` and `op` arguments).
 GRADIENT_REDUCTIONS = ("overlap", "grouped")
 GRADIENT_COMPRESSIONS = ("none", "fp16")
 GRADIENT_OPS = ("average", "sum")
@@ -160,37 +149,17 @@ def op_name(op):
 def allreduce_gradients(
     grads, reduction="overlap", compression="none", op="average", predivide=1.0, groups=None, device=""
 ):
-    """Averages (or sums) a list of gradients over ranks; identity with world size 1.
+    """Averages (or sums) over ranks a list of gradients (tensors, `tf.IndexedSlices` made dense, or None,
+    passed through); returns a list of the same length, each in its own dtype. Identity with world size 1.
+    The arguments are `DistributedOptimizer`'s, checked there.
 
-    Args:
-        grads: list of tensors (float16, bfloat16, float32 or float64; `tf.IndexedSlices` made dense) or
-            None (no gradient: passed through).
-        reduction: "overlap": one allreduce per tensor, started as soon as backprop has produced it
-            (Horovod fuses those that are ready); "grouped": one grouped allreduce after the last one.
-        compression: "none", or "fp16" (or Horovod's `Compression` classes): each tensor is divided by the
-            world size in its own precision, cast to float16, summed over ranks and cast back, so the sum
-            cannot overflow float16 (small values lose precision instead; loss scaling lifts them). Why
-            and why no bfloat16: docs/design.md, "Gradient compression".
-        op: "average" (the mean over ranks) or "sum" (or Horovod's `Average` / `Sum`, `op_name`).
-        predivide: float > 0, Horovod's `gradient_predivide_factor` f for "average": each tensor is
-            multiplied by 1 / f before the sum and by f / N after it (the same mean; f = N moves all of
-            the division before the sum). 1.0: Horovod's default; with "fp16" the division by N then
-            happens before the sum, as above. Ignored with "sum", as Horovod ignores it.
-        groups: None, or a list of lists of positions in `grads` (Horovod's `groups`): each list one
-            grouped allreduce, every position in no list an allreduce of its own; replaces `reduction`.
-        device: "" (TensorFlow's placement) or a device for the collectives (Horovod's `device_dense`).
-
-    Returns:
-        A list of the same length: the mean (or sum) over ranks of each gradient, in its own dtype
-        (bfloat16 gradients travel as float32, since Horovod has no bfloat16 reduction).
-
-    Raises:
-        ValueError: an unknown `reduction`, `compression` or `op`, or `predivide` not > 0.
+    `reduction`: "overlap" (one allreduce per tensor, enqueued as backprop produces it; Horovod fuses those
+    ready) or "grouped" (one grouped allreduce after the last). `compression`: "none" or "fp16" (divided by
+    N in its own precision, summed in float16: docs/design.md, "Gradient compression"). `op`: "average" or
+    "sum". `predivide`: Horovod's `gradient_predivide_factor` f, times 1 / f before the sum and f / N after
+    (ignored with "sum"). `groups`: None or lists of positions, each one grouped allreduce (replaces
+    `reduction`). `device`: "" or a device. bfloat16 travels as float32 (Horovod has no bfloat16 sum).
     """
-    if reduction not in GRADIENT_REDUCTIONS:
-        refuse("reduction", reduction, f"one of {GRADIENT_REDUCTIONS}")
-    compression, op = compression_name(compression), op_name(op)
-    check("predivide", predivide, above(0))
     if size() == 1:
         return list(grads)
     import tensorflow as tf
@@ -251,23 +220,14 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
         # One op: waits for every gradient of the group, then Horovod fuses them into few messages.
         name = "hvd_lars.gradients" if k == 0 else f"hvd_lars.gradients.{k}"
         reduced = _hvd.grouped_allreduce(wire, name=name, ignore_name_scope=True, **scale)
-    out = []
-    for g, r in zip(tensors, reduced):
-        r = tf.cast(r, g.dtype) if r.dtype != g.dtype else r
-        out.append(r * tf.cast(post, g.dtype) if post != 1.0 else r)
-    return out
+    reduced = [tf.cast(r, g.dtype) for g, r in zip(tensors, reduced)]  # no op where the dtypes agree
+    return reduced if post == 1.0 else [r * tf.cast(post, r.dtype) for r in reduced]
 
 
 def broadcast_variables(variables, root_rank=0, what="variables"):
-    """Overwrites `variables` (Keras or tf variables) on every rank with rank `root_rank`'s values.
-
-    The ranks first compare their lists (`check_same_variables`), then broadcast each variable named by
-    its position: names from Keras's automatic layer names (`dense_7`) may differ between ranks, and
-    Horovod pairs collectives by name.
-
-    Raises:
-        RuntimeError: the ranks' lists differ (see `check_same_variables`).
-    """
+    """Overwrites `variables` (Keras or tf) on every rank with rank `root_rank`'s, after
+    `check_same_variables`; each named by its position (Keras's automatic names may differ between ranks,
+    and Horovod pairs collectives by name)."""
     if size() == 1:
         return
     import keras
@@ -286,42 +246,27 @@ def broadcast_variables(variables, root_rank=0, what="variables"):
     broadcast_all()
 
 
-def structural_path(variable):
-    """`variable.path` (or `.name`) without the numbers of Keras's automatic names ("sequential_3/dense_7/
-    kernel" -> "sequential/dense/kernel"): what ranks that built the same model agree on."""
-    path = getattr(variable, "path", None) or variable.name.split(":")[0]
-    return re.sub(r"_\d+(?=[_/]|$)", "", path)
-
-
 def describe_variables(variables):
-    """[(structural path, shape tuple, dtype name)] of `variables`, the description ranks compare."""
-    return [
-        (structural_path(v), tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype)))
-        for v in variables
-    ]
+    """[(path without the numbers of Keras's automatic names, shape, dtype name)]: what ranks compare."""
+    described = []
+    for v in variables:
+        path = re.sub(r"_\d+(?=[_/]|$)", "", getattr(v, "path", None) or v.name.split(":")[0])
+        described.append((path, tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype))))
+    return described
 
 
 def first_difference(lists, what="variables"):
-    """The message naming the first difference (in number, or shape or dtype at a position; paths may
-    differ) between rank 0's `describe_variables` (`lists[0]`) and another rank's, or None."""
+    """The message naming the first difference in number, shape or dtype (paths may differ) between rank
+    0's `describe_variables` (`lists[0]`) and another rank's, or None."""
     reference = lists[0]
-
-    def layout(items):
-        return [(tuple(shape), dtype) for _, shape, dtype in items]
-
     for r, other in enumerate(lists[1:], start=1):
-        if layout(other) == layout(reference):
+        mine, theirs = [d[1:] for d in reference], [d[1:] for d in other]
+        if mine == theirs:
             continue
-        i = next(
-            (i for i, (a, b) in enumerate(zip(layout(reference), layout(other))) if a != b),
-            min(len(reference), len(other)),
-        )
+        i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
 
         def entry(items, i=i):
-            if i >= len(items):
-                return "nothing (its list ends there)"
-            path, shape, dtype = items[i]
-            return f"{path} {list(shape)} {dtype}"
+            return f"{items[i][0]} {list(items[i][1])} {items[i][2]}" if i < len(items) else "nothing"
 
         return (
             f"ranks disagree about the {what} they exchange: rank 0 has {len(reference)}, rank {r} has "
@@ -333,12 +278,13 @@ def first_difference(lists, what="variables"):
 
 
 def check_same_variables(variables, what="variables"):
-    """Raises the same RuntimeError on every rank when the ranks' `variables` differ (`first_difference`).
-    A collective, before those that exchange the variables, so a mismatch is an error, not a hang."""
+    """Raises the same RuntimeError on every rank when the ranks' `variables` differ (a collective, before
+    those that exchange them, so a mismatch is an error, not a hang)."""
     if size() == 1:
         return
-    lists = _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists")
-    message = first_difference(lists, what)
+    message = first_difference(
+        _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists"), what
+    )
     if message:
         raise RuntimeError(message)
 
@@ -391,15 +337,4 @@ def barrier():
 def broadcast_bytes(data, name, root_rank=0):
     """Rank `root_rank`'s `data` (bytes) on every rank, the others passing anything (`name` as for
     `allreduce_sum`)."""
-    if size() == 1:
-        return data
-    import tensorflow as tf
-
-    # The length first (the others must allocate as much), then the bytes as one uint8 tensor.
-    mine = len(data) if rank() == root_rank else 0
-    length = int(_hvd.broadcast(tf.constant([mine], tf.int64), root_rank, name=f"{name}.size").numpy()[0])
-    if rank() == root_rank:
-        array = np.frombuffer(data, np.uint8)
-    else:
-        array = np.zeros(length, np.uint8)
-    return _hvd.broadcast(tf.constant(array), root_rank, name=f"{name}.data").numpy().tobytes()
+    return broadcast_object(data, root_rank, name)

@@ -17,24 +17,13 @@ except ImportError:  # pragma: no cover - Horovod is part of this project's envi
 
 class KerasState(_ObjectState):
     """The elastic state of a Keras 3 model and its optimizer (Horovod's `hvd.elastic.KerasState`): every
-    variable of both, plus picklable attributes given as keyword arguments (`batch=0, epoch=0`), kept on
-    rank 0's values at a sync and exposed as attributes (`state.epoch`).
+    variable of both, and picklable keyword attributes (`batch=0, epoch=0`, read as `state.epoch`), on a
+    `horovod.common.elastic.ObjectState`: `commit()` (a host copy, then `HostsUpdatedInterrupt` on every
+    rank if the membership changed; at update boundaries only), `restore()`, `sync()` (rank 0's values on
+    every rank, then a commit) and `reset()`; sync and reset drop the traced step (it holds the world size).
 
-    A `horovod.common.elastic.State` (`register_reset_callbacks`, as Horovod's), driven by `run`:
-        commit(): a host copy of the variables, then `HostsUpdatedInterrupt` on every rank alike if the
-            membership changed (a collective). At update boundaries only (`CommitState` waits for them).
-        restore(): the last committed values back.
-        sync(): rank 0's variables and attributes on every rank, then a commit.
-        reset(): after a membership change. It and sync drop the traced step (it holds the world size).
-
-    Args:
-        model: a built Keras 3 model (its optimizer built, e.g. by one `fit` step, as Horovod's example
-            does, or by `optimizer.build(model.trainable_variables)`).
-        optimizer: None: `model.optimizer`.
-        **attributes: picklable values (ints, floats, ...) committed with the variables.
-
-    Raises:
-        ValueError: the model is not built. ImportError: Horovod is not installed.
+    `model`: built, its optimizer built too (one `fit` step, or `optimizer.build(model.trainable_variables)`);
+    `optimizer`: None for `model.optimizer`. ValueError: the model is not built; ImportError: no Horovod.
     """
 
     def __init__(self, model, optimizer=None, **attributes):
@@ -86,13 +75,8 @@ class KerasState(_ObjectState):
 
 def run(func):
     """`func(state)` under Horovod's elastic loop (`horovod.common.elastic.run_fn`, as
-    `horovod.tensorflow.elastic.run`): synchronised from rank 0 first, retried on every rank after a
-    membership change or a worker's death (the committed state restored first). Every collective failure
-    is retried (`collective_failure`; Horovod's retries only those of three op names), other errors raised.
-
-    Returns:
-        what `func` returns on the attempt that completes.
-    """
+    `horovod.tensorflow.elastic.run`): synchronised from rank 0, retried from the last commit after a
+    membership change or a worker's death; returns what the attempt that completes returns."""
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
 
@@ -103,32 +87,23 @@ def run(func):
     return run_fn(retry_collective_failures(func), reset)
 
 
-def collective_failure(error):
-    """True when `error` is a failed Horovod collective: TensorFlow's `UnknownError` naming Horovod, its
-    transports (Gloo, MPI) or one of this package's ops (`hvd_lars.*`; a dead peer's Gloo error names
-    only the node, "Connection reset by peer [[{{node hvd_lars.gradient.17}}]]")."""
+def retry_collective_failures(func):
+    """`func` with every failed Horovod collective raised as `HorovodInternalError`, which Horovod's
+    elastic loop answers with a restore and a retry (Horovod's retries only three op names): TensorFlow's
+    `UnknownError` naming Horovod, Gloo, MPI or one of this package's ops (a dead peer's Gloo error names
+    only the node, "Connection reset by peer [[{{node hvd_lars.gradient.17}}]]"); other errors pass."""
+    import functools
     import re
 
     import tensorflow as tf
-
-    if not isinstance(error, tf.errors.UnknownError):
-        return False
-    return re.search(r"horovod|gloo|\bmpi|hvd_lars\.", error.message or "", re.IGNORECASE) is not None
-
-
-def retry_collective_failures(func):
-    """`func` with every collective failure raised as `HorovodInternalError`, which Horovod's elastic
-    loop answers by restoring the last commit and retrying; other errors pass unchanged."""
-    import functools
-
     from horovod.common.exceptions import HorovodInternalError
 
     @functools.wraps(func)
     def attempt(state, *args, **kwargs):
         try:
             return func(state, *args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - re-raised unless it is a collective's failure
-            if collective_failure(e):
+        except tf.errors.UnknownError as e:
+            if re.search(r"horovod|gloo|\bmpi|hvd_lars\.", e.message or "", re.IGNORECASE):
                 raise HorovodInternalError(e) from e
             raise
 
@@ -136,12 +111,10 @@ def retry_collective_failures(func):
 
 
 class CommitState(keras.callbacks.Callback):
-    """Commits the elastic state every `every_steps` updates (`optimizer.iterations`), recording the
-    count in `state.step`, never inside a gradient-accumulation cycle (`at_update_boundary`). A commit due
-    at an epoch's last update waits for the epoch's end, so its evaluation, logs and checkpoint come
-    first. Place it after the fault guard, the loggers and the checkpoint callbacks. `state`: a
-    `KerasState` with a `step` attribute; `every_steps`: a whole number >= 1.
-    """
+    """Commits `state` (a `KerasState` with a `step` attribute, set to the count) every `every_steps`
+    updates (a whole number >= 1), never inside a gradient-accumulation cycle; one due at an epoch's last
+    update waits for the epoch's end, after the callbacks placed before this one (evaluation, logs,
+    checkpoint)."""
 
     def __init__(self, state, every_steps):
         super().__init__()
@@ -159,8 +132,6 @@ class CommitState(keras.callbacks.Callback):
         self._commit_if_due()
 
     def on_epoch_end(self, epoch, logs=None):
-        # After the callbacks placed before this one (evaluation, logs, the epoch's checkpoint): a
-        # membership change taken up here never skips the end of the epoch it interrupts.
         self._commit_if_due()
 
     def _commit_if_due(self):

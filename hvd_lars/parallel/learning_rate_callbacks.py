@@ -1,10 +1,5 @@
 """Horovod's gradual warmup for Keras 3 (`LearningRateWarmupCallback`), with Horovod's momentum correction
-(Goyal et al. 2017, section 2.1).
-
-Horovod sets `optimizer.momentum` to `m * lr_new / lr_old` for the one batch in which the rate changes;
-Keras 3 bakes `momentum` into the compiled step, so here the velocity of an optimizer whose velocity
-carries the rate (`v = m v - lr g`: Keras's SGD and RMSprop) is rescaled by `lr_new / lr_old` before that
-update, which is the same. `hvd_lars.LARS` corrects its own velocity (`momentum_correction=`).
+(Goyal et al. 2017, section 2.1) as a rescaled velocity (docs/design.md, "Momentum correction").
 """
 
 import sys
@@ -12,78 +7,48 @@ import sys
 import keras
 
 from hvd_lars.arguments import above, check
+from hvd_lars.optim.lars import LARS, correct_momentum
 from hvd_lars.optim.rate_callbacks import LearningRateWarmup
-from hvd_lars.optim.wrapping import held_rate, innermost_optimizer, to_float
+from hvd_lars.optim.wrapping import innermost_optimizer, to_float
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.accumulation import accumulation_steps
 
 
 def momentum_slots(optimizer):
     """The variables holding `optimizer`'s velocity in units of the rate (through its wrappers); [] without
-    momentum (Adam, or momentum 0).
-
-    Raises:
-        ValueError: momentum where rescaling the velocity is not Horovod's correction: `hvd_lars.LARS`
-            (its own `momentum_correction=`), Nesterov SGD, any other optimizer; the message says to pass
-            `momentum_correction=False`.
-    """
+    momentum. ValueError where rescaling it is not Horovod's correction (LARS, Nesterov SGD, others)."""
     inner = innermost_optimizer(optimizer)
     momentum = getattr(inner, "momentum", None)
     if momentum is None or not float(momentum):
         return []
-    from hvd_lars.optim.lars import LARS
-
-    cls = type(inner).__name__
-    if isinstance(inner, LARS):
-        reason = "LARS rescales its own velocity: LARS(..., momentum_correction='always' or 'warmup')"
-    elif type(inner) is keras.optimizers.SGD and not inner.nesterov:
+    if type(inner) is keras.optimizers.SGD and not inner.nesterov:
         return list(getattr(inner, "momentums", []))  # none before it is built (nothing to rescale)
-    elif type(inner) is keras.optimizers.RMSprop:
+    if type(inner) is keras.optimizers.RMSprop:
         # Keras 3's RMSprop keeps m = momentum m + lr g / rms in `_momentums` (private, Keras 3.15).
         return list(getattr(inner, "_momentums", []))
+    if isinstance(inner, LARS):
+        reason = "LARS rescales its own velocity: LARS(..., momentum_correction='always' or 'warmup')"
     elif type(inner) is keras.optimizers.SGD:
         reason = "Nesterov's look-ahead step uses the momentum too, so rescaling the velocity is not exact"
     else:
-        reason = f"{cls}'s velocity is not known to carry the learning rate"
+        reason = f"{type(inner).__name__}'s velocity is not known to carry the learning rate"
     raise ValueError(
-        f"momentum_correction=True with {cls}(momentum={momentum:g}): {reason}; pass "
+        f"momentum_correction=True with {type(inner).__name__}(momentum={momentum:g}): {reason}; pass "
         "momentum_correction=False to the learning-rate callback."
     )
 
 
-def correct_momentum(optimizer, old_rate, new_rate):
-    """Rescales `optimizer`'s velocity (`momentum_slots`) by `new_rate / old_rate` before the update that
-    uses `new_rate`; nothing when the rates are equal or `old_rate` is 0."""
-    if old_rate == new_rate or not old_rate:
-        return
-    for slot in momentum_slots(optimizer):
-        slot.assign(slot * (new_rate / old_rate))
-
-
-def check_rate_settable(optimizer, who):
-    """Raises ValueError unless `optimizer` holds a float rate (a variable a callback can set)."""
-    if not isinstance(held_rate(optimizer), keras.Variable):
-        raise ValueError(
-            f"{who} sets a float learning rate; {optimizer.name!r} has a schedule or callable. Build the "
-            "optimizer with a float rate (the callback sets it), or drop the callback."
-        )
-
-
 class LearningRateWarmupCallback(LearningRateWarmup):
-    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2): the rate grows linearly from about
-    `initial_lr / size` to `initial_lr` over the first `warmup_epochs` epochs, set before every batch.
-
-    Before update `t` (from 0), with `U` updates per epoch and `W = warmup_epochs`:
-    `lr = initial_lr / size * (e * (size - 1) / W + 1)` with `e = min((t + 1) / U, W)`, the formula of
-    Horovod 0.28.1's code (`horovod/_keras/callbacks.py`; initial_lr 0.2, W 5, U 5, 2 ranks: 0.104, then
-    0.200 at update 24). `t` is the optimizer's update counter, so a resumed run continues the ramp
-    exactly. After the warmup the rate stays `initial_lr` until another callback changes it. The optimizer
-    needs a float learning rate. At each epoch end `logs["lr"]` is the rate, as Horovod's.
+    """Horovod's gradual warmup (Goyal et al. 2017, section 2.2), set before every batch: before update `t`
+    (from 0, the optimizer's counter, so a resumed run continues the ramp), with `U` updates per epoch,
+    `lr = initial_lr / size * (e * (size - 1) / W + 1)`, `e = min((t + 1) / U, W)` (Horovod 0.28.1's
+    `horovod/_keras/callbacks.py`). Afterwards the rate stays until another callback changes it. The
+    optimizer needs a float rate. At each epoch end `logs["lr"]` is the rate, as Horovod's.
 
     Args:
         initial_lr: float > 0, the rate after warmup (already scaled for the global batch).
-        warmup_epochs: float > 0 (5, Goyal et al.).
-        momentum_correction: True (Horovod's default): `correct_momentum` where the rate changes.
+        warmup_epochs: float > 0, W (5, Goyal et al.).
+        momentum_correction: True (Horovod's default): the velocity rescaled where the rate changes.
         steps_per_epoch: batches per epoch (None: `fit`'s), divided by the gradient accumulation.
         verbose: 1 prints on rank 0 when the warmup ends.
 
@@ -111,15 +76,13 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         if self.momentum_correction:
             momentum_slots(self.model.optimizer)  # refuses LARS and Nesterov before the first update
         self._updates_per_epoch = max(1, batches // accumulation_steps(self.model.optimizer))
-        self._finished = self._epoch() >= self.warmup_epochs
+        updates = to_float(self.model.optimizer.iterations)
+        self._finished = updates / self._updates_per_epoch >= self.warmup_epochs
         super().on_train_begin(logs)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = to_float(self.model.optimizer.learning_rate)
-
-    def _epoch(self):
-        return to_float(self.model.optimizer.iterations) / self._updates_per_epoch
 
     def _warmup_rate(self, step):
         size = collectives.size()
@@ -130,11 +93,11 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         if self._finished:
             return
         optimizer = self.model.optimizer
-        check_rate_settable(optimizer, type(self).__name__)
         old = to_float(optimizer.learning_rate)
         super()._set_rate()
-        if self.momentum_correction:
-            correct_momentum(optimizer, old, to_float(optimizer.learning_rate))
+        new = to_float(optimizer.learning_rate)
+        if self.momentum_correction and new != old:
+            correct_momentum(momentum_slots(optimizer), old, new)
         # This update's rate was the last of the warmup (epoch + 1 / U reached W).
         if (to_float(optimizer.iterations) + 1) / self._updates_per_epoch >= self.warmup_epochs:
             self._finished = True

@@ -1,13 +1,9 @@
-"""Open MPI's allreduce for CPU ranks: the coll/tuned rules file beside this module and when a job gets it.
-
-Open MPI 4.1's fixed decision took 1.86-2.15x the ring bound for 1-64 MiB on 4-8 emulated hosts, the ring
-1.07-1.37x (results/allreduce_hosts.md). `RULES_FILE`: on communicators of 3+ ranks, from 1 MiB the ring
-(algorithm 4), below it Open MPI's choice. The cost: the overlapped reduction's sums then depend on the
-order gradients arrive (1e-7 relative between runs; results/archive/allreduce_order.md).
-
-`apply` (called by `horovod_keras.init()` and `hvd_lars.training.threads`, before MPI starts) sets
-`RULES_SETTINGS` on CPU-only Open MPI jobs unless the user or the site chose an allreduce
-(`chosen_allreduce`; `OMPI_MCA_coll_tuned_use_dynamic_rules=0` is such a choice).
+"""Open MPI's allreduce for CPU ranks: the coll/tuned rules file beside this module (from 1 MiB on 3+
+ranks the ring, algorithm 4; below it Open MPI's choice) and when a job gets it. Why: Open MPI 4.1's fixed
+decision took 1.86-2.15x the ring bound for 1-64 MiB on 4-8 emulated hosts, the ring 1.07-1.37x
+(results/allreduce_hosts.md); the cost, sums that depend on the order gradients arrive (1e-7 relative,
+results/archive/allreduce_order.md). `apply` is called by `horovod_keras.init()` and
+`hvd_lars.training.threads` before MPI starts.
 """
 
 import os
@@ -43,27 +39,8 @@ def parameter_files(environ=None):
         folders.append("/etc/openmpi")
         candidates = [os.path.join(home, ".openmpi", "mca-params.conf")]
         candidates += [os.path.join(f, "openmpi-mca-params.conf") for f in folders if f]
-    seen, files = set(), []
-    for path in candidates:
-        path = os.path.expanduser(path.strip())
-        if path and path not in seen and os.path.isfile(path):
-            seen.add(path)
-            files.append(path)
-    return files
-
-
-def _chosen_in_file(path):
-    """'name' of the first line of the parameter file `path` that chooses collectives, or None."""
-    try:
-        with open(path) as f:
-            lines = f.readlines()
-    except OSError:
-        return None
-    for line in lines:
-        name = line.split("#", 1)[0].split("=", 1)[0].strip()
-        if name.startswith(_CHOICE_PREFIX) or name == _COMPONENT_CHOICE:
-            return name
-    return None
+    paths = [os.path.expanduser(p.strip()) for p in candidates]
+    return [p for i, p in enumerate(paths) if p and p not in paths[:i] and os.path.isfile(p)]
 
 
 def chosen_allreduce(environ=None, files=None):
@@ -75,9 +52,15 @@ def chosen_allreduce(environ=None, files=None):
         if name.startswith("OMPI_MCA_" + _CHOICE_PREFIX) or name == "OMPI_MCA_" + _COMPONENT_CHOICE:
             return f"{name}={environ[name]}"
     for path in parameter_files(environ) if files is None else files:
-        name = _chosen_in_file(path)
-        if name:
-            return f"{name} in {path}"
+        try:
+            with open(path) as f:
+                lines = f.readlines()
+        except OSError:
+            continue
+        for line in lines:
+            name = line.split("#", 1)[0].split("=", 1)[0].strip()
+            if name.startswith(_CHOICE_PREFIX) or name == _COMPONENT_CHOICE:
+                return f"{name} in {path}"
     return None
 
 
@@ -100,26 +83,19 @@ def open_mpi_job(environ=None):
         return False
 
 
-def gpu_job():
-    """True when TensorFlow sees a GPU (Horovod then reduces GPU tensors with NCCL, not Open MPI)."""
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
 def apply(environ=None, open_mpi=None, gpu=None, files=None):
     """Sets `RULES_SETTINGS` in `environ` (default `os.environ`) for a CPU-only Open MPI job whose user
-    and site chose no allreduce, before Horovod initialises MPI. `open_mpi`, `gpu`: None asks
-    `open_mpi_job`, `gpu_job`; `files`: as for `chosen_allreduce`.
-
-    Returns:
-        ({name: value} set, or {}; the log line saying what was done, or why not, or None when the job
-        is not a CPU-only Open MPI job).
-    """
+    and site chose no allreduce (`chosen_allreduce`, with `files`); `open_mpi`, `gpu`: None asks
+    `open_mpi_job` and TensorFlow. Returns ({name: value} set, or {}; the log line saying what was done or
+    why not, or None when the job is not a CPU-only Open MPI job)."""
     environ = os.environ if environ is None else environ
     if not (open_mpi_job(environ) if open_mpi is None else open_mpi):
         return {}, None
-    if gpu_job() if gpu is None else gpu:
+    if gpu is None:  # Horovod then reduces GPU tensors with NCCL, not Open MPI
+        import tensorflow as tf
+
+        gpu = bool(tf.config.list_physical_devices("GPU"))
+    if gpu:
         return {}, None
     chosen = chosen_allreduce(environ, files)
     if chosen:

@@ -18,16 +18,12 @@ LossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Averages each update's gradients over all ranks, then lets `optimizer` apply them.
 
-    Per update, on every rank: the gradients of the rank's `backward_passes_per_step` micro-batches are
-    averaged locally (summed with `average_aggregated_gradients=False`, Horovod's default, which
-    `hvd_lars.parallel.horovod_keras.DistributedOptimizer` sets), averaged over ranks in one round of
-    allreduces and handed to `optimizer.apply`, so clipping, weight decay, the update rule and `iterations`
-    see the global mean gradient once per update. With world size 1 it behaves exactly as `optimizer`. The
-    held optimizer's own `gradient_accumulation_steps` is taken over as `backward_passes_per_step`. For
-    float16 loss scaling, wrap the scaler (`DistributedOptimizer(LossScaleOptimizer(opt))`) or make the
-    wrapper under `mixed_float16`: either gives a `DistributedLossScaleOptimizer`; the other nesting is
-    refused (docs/design.md, "Keras's private names, and loss scaling", "Gradient accumulation"). Compile
-    with `jit_compile=False` (Horovod's XLA ops are not built here).
+    Per update, on every rank: the gradients of `backward_passes_per_step` micro-batches are averaged
+    locally (summed with `average_aggregated_gradients=False`, Horovod's default), averaged over ranks and
+    handed to `optimizer.apply`, so clipping, weight decay, the update rule and `iterations` see the global
+    mean gradient once per update; with world size 1 it is `optimizer`. For float16 loss scaling, wrap the
+    scaler or make the wrapper under `mixed_float16` (a `DistributedLossScaleOptimizer`; docs/design.md,
+    "Keras's private names, and loss scaling"). Compile with `jit_compile=False` (no Horovod XLA ops).
 
     Example:
 
@@ -37,18 +33,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     Args:
         optimizer: any Keras 3 optimizer (not built if it has `gradient_accumulation_steps`).
         backward_passes_per_step: int >= 1; None: the held optimizer's `gradient_accumulation_steps`, or 1.
-        compression: "none" or "fp16", or Horovod's `Compression.none` / `.fp16` (`collectives`).
-        gradient_reduction: "overlap" (one allreduce per gradient, started as backprop produces it) or
-            "grouped" (one grouped allreduce after the last gradient).
+        compression: "none" or "fp16", or Horovod's `Compression.none` / `.fp16`.
+        gradient_reduction: "overlap" or "grouped" (`collectives.allreduce_gradients`).
         name: str; default "distributed_<name of optimizer>".
         average_aggregated_gradients: bool, see above (True here, as Keras's accumulation).
-        scale_local_gradients: True: gradients of local variables (`register_local_var`) are divided by
-            the world size.
+        scale_local_gradients: True: gradients of `register_local_var`'s variables divided by world size.
         op: "average" or "sum", or Horovod's `Average` / `Sum`.
-        gradient_predivide_factor: float > 0: gradients times 1 / f before the sum, f / world size after
-            it (Horovod's); ignored with op "sum".
+        gradient_predivide_factor: float > 0, Horovod's (ignored with op "sum").
         groups: None, an int k >= 1 (k grouped allreduces of consecutive variables), or lists of
-            variables (or paths), each one grouped allreduce (Horovod's), in place of `gradient_reduction`.
+            variables (or paths), each one grouped allreduce, in place of `gradient_reduction`.
         device_dense: "" or a TensorFlow device for the collectives.
         sparse_as_dense, device_sparse, process_set: Horovod's, accepted (sparse gradients are always made
             dense; only the global process set).
@@ -56,12 +49,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     Raises:
         ValueError: an argument out of the ranges above, `optimizer` not a Keras 3 optimizer or already
             distributed, an accumulating optimizer already built or whose accumulation contradicts
-            `backward_passes_per_step`; `LossScaleOptimizer(DistributedOptimizer(opt))` where it is made.
+            `backward_passes_per_step`; `LossScaleOptimizer(DistributedOptimizer(opt))`.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
         optimizer = kwargs.get("optimizer", optimizer)
-        if cls is DistributedOptimizer and _scales_the_loss(optimizer):
+        # A loss scaler, or a plain optimizer under mixed_float16 (where compile would wrap the wrapper).
+        scales = isinstance(optimizer, LossScaleOptimizer) or (
+            not isinstance(optimizer, DistributedOptimizer)
+            and isinstance(optimizer, keras.optimizers.Optimizer)
+            and keras.config.dtype_policy().name == "mixed_float16"
+        )
+        if cls is DistributedOptimizer and scales:
             cls = DistributedLossScaleOptimizer
         return super().__new__(cls)
 
@@ -92,9 +91,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if gradient_reduction not in collectives.GRADIENT_REDUCTIONS:
             refuse("gradient_reduction", gradient_reduction, f"one of {collectives.GRADIENT_REDUCTIONS}")
         check("gradient_predivide_factor", gradient_predivide_factor, above(0))
-        for arg, value in ("device_dense", device_dense), ("device_sparse", device_sparse):
-            if not isinstance(value, str):
-                refuse(arg, value, "a device string ('' for TensorFlow's placement)")
         for arg, value in (
             ("average_aggregated_gradients", average_aggregated_gradients),
             ("scale_local_gradients", scale_local_gradients),
@@ -185,8 +181,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             groups=self._group_positions(grads, variables),
             device=self.device_dense,
         )
-        if not any(local):
-            return collectives.allreduce_gradients(grads, **how)
         # Local variables' gradients stay out of the allreduce (None there keeps the positions).
         shared = collectives.allreduce_gradients(
             [None if is_local else g for g, is_local in zip(grads, local)], **how
@@ -210,16 +204,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return [[where[key] for key in group if key in where] for group in self.groups]
 
     def register_local_var(self, var):
-        """Keeps the gradient of `var` (a `keras.Variable` or a `tf.Variable`; else ValueError) on its rank
-        (Horovod's `register_local_var`): not averaged over ranks, divided by the world size when
-        `scale_local_gradients`. Call before the first step."""
+        """Horovod's: keeps the gradient of `var` (a `keras.Variable` or a `tf.Variable`, else ValueError) on
+        its rank, divided by the world size when `scale_local_gradients`. Call before the first step."""
         if not (isinstance(var, keras.Variable) or _is_tf_variable(var)):
             refuse("register_local_var's var", var, "a keras.Variable or a tf.Variable")
         self._local_keys.add(_variable_key(var))
 
     def _local_mask(self, variables):
-        if not (self._local_keys or self._local_layers):
-            return [False] * len(variables)
         keys = set(self._local_keys)
         keys.update(_variable_key(v) for layer in self._local_layers for v in layer.trainable_weights)
         return [_variable_key(v) in keys for v in variables]
@@ -275,13 +266,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_weights(self):
-        """Values of `variables` (this wrapper's, then the held optimizer's), as `.h5` files save them."""
+        """Values of `variables`, as `.h5` files save them."""
         return [v.numpy() for v in self.variables]
 
     def set_weights(self, weights):
-        """Assigns `weights` (as `get_weights` returns them) to `variables` in order, paired by `zip` as
-        Keras's `set_weights` (how `load_model` restores an `.h5` file); ValueError when unbuilt or on a
-        shape that differs."""
+        """Assigns `weights` to `variables` in order, as Keras's `set_weights` (how `load_model` restores an
+        `.h5` file); ValueError when unbuilt or on a shape that differs."""
         if not self.built:
             raise ValueError(f"{self.name!r} is not built; build it before set_weights.")
         for variable, value in zip(self.variables, weights):
@@ -302,9 +292,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "scale_local_gradients": self.scale_local_gradients,
             "op": self.op,
             "gradient_predivide_factor": self.gradient_predivide_factor,
-            "groups": self.groups
-            if self.groups is None or isinstance(self.groups, int)
-            else [list(group) for group in self.groups],
+            "groups": self.groups,
             "device_dense": self.device_dense,
         }
 
@@ -320,10 +308,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 @keras.saving.register_keras_serializable(package="hvd_lars")
 class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
     """What `DistributedOptimizer(LossScaleOptimizer(opt))` returns: averages the scaled gradients over
-    ranks, then the held `LossScaleOptimizer` checks them (the same decision on every rank), unscales and
-    applies. Being itself a `LossScaleOptimizer`, it is not wrapped again by `model.compile` under
-    `mixed_float16`. The loss scale state is the held optimizer's.
-    """
+    ranks, then the held `LossScaleOptimizer` (and its state) checks them alike on every rank, unscales and
+    applies. Being a `LossScaleOptimizer`, `model.compile` does not wrap it again under `mixed_float16`."""
 
     dynamic_scale = property(lambda self: self.inner_optimizer.dynamic_scale)
     step_counter = property(lambda self: self.inner_optimizer.step_counter)
@@ -350,11 +336,7 @@ def _variable_key(variable):
 
 
 def _group_keys(groups):
-    """Horovod's list of lists of variables as lists of `_variable_key`s (paths for Keras variables).
-
-    Raises:
-        ValueError: an entry that is not a list of variables (or their paths).
-    """
+    """Horovod's list of lists of variables as lists of `_variable_key`s; ValueError for other entries."""
     for group in groups:
         if not isinstance(group, (list, tuple)):
             refuse("an entry of groups", group, "a list of variables")
@@ -380,16 +362,3 @@ def _accumulation_steps(backward_passes_per_step, own_steps):
             f"{own_steps}; give one of them."
         )
     return steps
-
-
-def _scales_the_loss(optimizer):
-    """Whether `DistributedOptimizer(optimizer)` is a `DistributedLossScaleOptimizer`: `optimizer` is a
-    loss scaler, or a plain optimizer given while Keras's dtype policy is `mixed_float16` (where
-    `model.compile` would otherwise put a loss scaler around the wrapper)."""
-    if isinstance(optimizer, LossScaleOptimizer):
-        return True
-    return (
-        isinstance(optimizer, keras.optimizers.Optimizer)
-        and not isinstance(optimizer, DistributedOptimizer)
-        and keras.config.dtype_policy().name == "mixed_float16"
-    )

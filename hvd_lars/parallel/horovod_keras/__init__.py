@@ -1,8 +1,6 @@
 """`horovod.tensorflow.keras` for Keras 3: a Horovod Keras script changes
 `import horovod.tensorflow.keras as hvd` into `import hvd_lars.parallel.horovod_keras as hvd` and keeps its
-calls, with Horovod's names, arguments and defaults.
-
-Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, its `callbacks` and its `elastic`
+calls. Every public name of Horovod 0.28.1's `horovod.tensorflow.keras`, `callbacks` and `elastic`
 (tests/test_horovod_names.py): Horovod's own where they need no Keras, else Horovod's defaults and names
 set on this package's core (`hvd_lars.parallel`); no rule is implemented here. Needs Horovod.
 """
@@ -10,6 +8,7 @@ set on this package's core (`hvd_lars.parallel`); no rule is implemented here. N
 import sys
 
 import keras
+import tensorflow as tf
 
 from hvd_lars.arguments import refuse
 from hvd_lars.parallel import collectives
@@ -29,37 +28,22 @@ from hvd_lars.parallel.horovod_keras import callbacks, elastic  # noqa: F401
 
 # Horovod's own names that need no Keras: forwarded unchanged.
 _horovod = collectives.horovod_tensorflow()
-shutdown = _horovod.shutdown
-is_initialized = _horovod.is_initialized
-start_timeline = _horovod.start_timeline
-stop_timeline = _horovod.stop_timeline
-mpi_threads_supported = _horovod.mpi_threads_supported
-mpi_enabled = _horovod.mpi_enabled
-mpi_built = _horovod.mpi_built
-gloo_enabled = _horovod.gloo_enabled
-gloo_built = _horovod.gloo_built
-nccl_built = _horovod.nccl_built
-ddl_built = _horovod.ddl_built
-ccl_built = _horovod.ccl_built
-cuda_built = _horovod.cuda_built
-rocm_built = _horovod.rocm_built
-ProcessSet = _horovod.ProcessSet
-global_process_set = _horovod.global_process_set
-add_process_set = _horovod.add_process_set
-remove_process_set = _horovod.remove_process_set
-Average = _horovod.Average
-Sum = _horovod.Sum
-Compression = _horovod.Compression
+Average, Sum, Compression, global_process_set = (_horovod.Average, _horovod.Sum, _horovod.Compression,
+                                                 _horovod.global_process_set)  # fmt: skip
+globals().update(
+    (name, getattr(_horovod, name))
+    for name in (
+        "shutdown is_initialized start_timeline stop_timeline mpi_threads_supported mpi_enabled mpi_built "
+        "gloo_enabled gloo_built nccl_built ddl_built ccl_built cuda_built rocm_built ProcessSet "
+        "add_process_set remove_process_set"
+    ).split()
+)
 
 
 def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
-    """`hvd.init()`: returns (rank, world size). First, on a CPU-only Open MPI job whose user and site
-    chose no allreduce, points Open MPI at the ring from 1 MiB on 3+ ranks (rank 0 of such a job says so
-    in one line; `hvd_lars.parallel.ompi_allreduce_rules`); `ompi_allreduce_rules=False` leaves Open MPI's.
-
-    Raises:
-        as `hvd_lars.parallel.collectives.init`.
-    """
+    """`hvd.init()`: (rank, world size), as `collectives.init`. First, on a CPU-only Open MPI job whose
+    user and site chose no allreduce, Open MPI's ring from 1 MiB on 3+ ranks (`ompi_allreduce_rules`; rank
+    0 says so in one line); `ompi_allreduce_rules=False` leaves Open MPI's choice."""
     line = None
     if ompi_allreduce_rules and not _horovod.is_initialized():
         line = _rules.apply()[1]
@@ -98,12 +82,8 @@ def DistributedOptimizer(
 
 def PartialDistributedOptimizer(optimizer, name=None, *, local_layers=None, **kwargs):
     """Horovod's `horovod.keras.PartialDistributedOptimizer`: a `DistributedOptimizer` (Horovod's other
-    arguments and defaults, as keywords) whose `local_layers` (a layer or a list; their weights are looked
-    up at the first step) keep their gradients on each rank, as `register_local_var` does.
-
-    Raises:
-        ValueError: an entry of `local_layers` that is not a Keras layer.
-    """
+    arguments, as keywords) whose `local_layers` (a layer or a list, else ValueError) keep their gradients
+    on each rank, as `register_local_var` does."""
     layers = [local_layers] if isinstance(local_layers, keras.layers.Layer) else list(local_layers or [])
     for layer in layers:
         if not isinstance(layer, keras.layers.Layer):
@@ -124,14 +104,8 @@ def broadcast_global_variables(root_rank, model=None):
     broadcast_model_and_optimizer(model, root_rank)
 
 
-# Horovod's collectives on tensor-compatible values (numbers, lists, NumPy arrays, tensors, variables),
-# returning a tf.Tensor eagerly or inside a `tf.function` (Horovod's own evaluate through Keras 2's session).
-
-
-def _tensor(value):
-    import tensorflow as tf
-
-    return tf.convert_to_tensor(value)
+# Horovod's collectives on numbers, lists, arrays, tensors or variables, returning a tf.Tensor eagerly or in
+# a `tf.function` (Horovod's own evaluate through Keras 2's session).
 
 
 def allreduce(
@@ -145,24 +119,24 @@ def allreduce(
 ):
     """`hvd.allreduce`: Horovod's, on the value as a tensor (its average when `op` is None)."""
     return _horovod.allreduce(
-        _tensor(value), average=average, op=op, prescale_factor=prescale_factor,
+        tf.convert_to_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, compression=compression, name=name,
     )  # fmt: skip
 
 
 def allgather(value, name=None):
     """`hvd.allgather`: the ranks' values concatenated along axis 0, in rank order."""
-    return _horovod.allgather(_tensor(value), name=name)
+    return _horovod.allgather(tf.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank, name=None):
     """`hvd.broadcast`: rank `root_rank`'s value on every rank."""
-    return _horovod.broadcast(_tensor(value), root_rank, name=name)
+    return _horovod.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name=None, op=Average):
     """`hvd.reducescatter`: the value reduced over ranks (`op`), this rank's part of axis 0."""
-    return _horovod.reducescatter(_tensor(value), op=op, name=name)
+    return _horovod.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(

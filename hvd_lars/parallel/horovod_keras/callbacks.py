@@ -3,26 +3,21 @@
 import keras
 
 from hvd_lars.arguments import above, check
-from hvd_lars.optim.wrapping import to_float
+from hvd_lars.optim.lars import correct_momentum
+from hvd_lars.optim.wrapping import held_rate, to_float
 from hvd_lars.parallel.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback  # noqa: F401
 from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401
     LearningRateWarmupCallback,
-    check_rate_settable,
-    correct_momentum,
     momentum_slots,
 )
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
-    """Horovod's `LearningRateScheduleCallback`: between epochs `start_epoch` (included) and `end_epoch`
-    (excluded; None: to the end), the rate is `initial_lr * multiplier(epoch)`.
-
-    `epoch` is `fit`'s epoch index. `staircase=True`: set at the first batch of each epoch; False: before
-    every batch, with `epoch + batch / steps_per_epoch`. A constant `multiplier` means staircase. At each
-    epoch end `logs["lr"]` is the rate.
-
-    `initial_lr` a float > 0 (else ValueError); `momentum_correction` and the errors at train begin as
-    `LearningRateWarmupCallback`'s; `steps_per_epoch` for `staircase=False` (None: `fit`'s).
+    """Horovod's `LearningRateScheduleCallback`: from epoch `start_epoch` to `end_epoch` (excluded; None:
+    to the end) of `fit`, the rate is `initial_lr` (a float > 0) times `multiplier(epoch)`, set at each
+    epoch's first batch (`staircase`, and for a constant `multiplier`) or before every batch with
+    `epoch + batch / steps_per_epoch` (None: `fit`'s). At each epoch end `logs["lr"]` is the rate.
+    `momentum_correction` and the errors at train begin as `LearningRateWarmupCallback`'s.
     """
 
     def __init__(
@@ -45,7 +40,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self._epoch = None
 
     def on_train_begin(self, logs=None):
-        check_rate_settable(self.model.optimizer, type(self).__name__)
+        if not isinstance(held_rate(self.model.optimizer), keras.Variable):
+            raise ValueError(
+                f"{type(self).__name__} sets a float learning rate; {self.model.optimizer.name!r} has a "
+                "schedule or callable. Build the optimizer with a float rate, or drop the callback."
+            )
         if self.momentum_correction:
             momentum_slots(self.model.optimizer)  # refuses LARS and Nesterov before the first update
         if not self.staircase and not self.steps_per_epoch:
@@ -67,8 +66,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         old, new = to_float(optimizer.learning_rate), self.initial_lr * self.multiplier(epoch)
         optimizer.learning_rate = float(new)
-        if self.momentum_correction:
-            correct_momentum(optimizer, old, float(new))
+        if self.momentum_correction and new != old:
+            correct_momentum(momentum_slots(optimizer), old, float(new))
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
@@ -76,12 +75,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True`, and
-    `filepath` a required keyword (Keras 3 checks it when the callback is made; Horovod's Spark estimators
-    set it later). On rank 0 only, after `MetricAverageCallback`.
-
-    Raises:
-        ValueError: no `filepath`; Keras's own for a path it refuses.
+    """Horovod's `BestModelCheckpoint`: Keras's `ModelCheckpoint` with `save_best_only=True` and `filepath`
+    a required keyword (ValueError without: Keras 3 checks it when the callback is made, where Horovod's
+    Spark estimators set it later). On rank 0 only, after `MetricAverageCallback`.
     """
 
     def __init__(

@@ -9,10 +9,8 @@ from hvd_lars.parallel.elastic import KerasState, run  # noqa: F401
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Horovod's `hvd.elastic.CommitStateCallback`: commits `state` every `batches_per_commit` batches and
-    at the end of every epoch, at update boundaries only: a commit due while a gradient-accumulation
-    cycle is incomplete waits for the batch that completes it. `batches_per_commit`: a whole number >= 1.
-    """
+    """Horovod's `hvd.elastic.CommitStateCallback`: commits `state` every `batches_per_commit` (a whole
+    number >= 1) batches and at every epoch end, waiting for the end of a gradient-accumulation cycle."""
 
     def __init__(self, state, batches_per_commit=1):
         super().__init__()
@@ -43,11 +41,8 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
     """Horovod's `hvd.elastic.UpdateBatchStateCallback`: keeps `state.batch` = the batches of the current
-    epoch done so far (0 at each epoch end), and after a reset shortens the first epoch of the next `fit`
-    by the batches the restored state had done (through `model.stop_training`, set after its last batch
-    and cleared at its end: Keras 3 no longer reads Horovod's `params['steps']`). `state`: a `KerasState`
-    with a `batch` attribute.
-    """
+    epoch done (0 at each epoch end), and after a reset shortens the next `fit`'s first epoch by the batches
+    the restored state had done (`model.stop_training`: Keras 3 reads no `params['steps']`)."""
 
     def __init__(self, state):
         super().__init__()
@@ -76,9 +71,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Horovod's `hvd.elastic.UpdateEpochStateCallback`: at each epoch end, `state.epoch` = the epochs
-    done in all attempts (Keras counts from 0 in every `fit`; the attempt's start is `state.epoch` at
-    `on_train_begin`), `state` a `KerasState` with an `epoch` attribute.
-    """
+    done in all attempts (Keras counts from 0 in every `fit`)."""
 
     def __init__(self, state):
         super().__init__()

@@ -169,7 +169,7 @@ def test_two_ranks_subset(tmp_path):
         ),
         (["--momentum=1.5"], "--momentum must be a finite number >= 0 and < 1, got 1.5."),
         (["--epochs=abc"], "flag --epochs=abc: could not convert string to float: 'abc'"),
-        (["--warmup_epochs=20"], "--warmup_epochs=20.0 must be >= 0 and shorter than --epochs=12.0."),
+        (["--warmup_epochs=20"], "--warmup_epochs=20.0 must be < --epochs=12.0."),
         (
             ["--flagfile=flags/nope.flags"],
             "Unable to open flagfile: [Errno 2] No such file or directory: 'flags/nope.flags' (the "

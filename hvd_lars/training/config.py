@@ -72,30 +72,22 @@ class TrainConfig:
     warmup_start_learning_rate: float = setting(0.0, "Rate at step 0.", _RATE, plan=True)
     end_learning_rate: float = setting(0.0, "Rate at the last step.", _RATE, plan=True)
     decay_power: float = setting(2.0, "Polynomial decay power after warmup.", above(0.0), plan=True)
-    decay_boundaries_epochs: tuple = setting(
-        (), "Step schedule's epochs (empty: 30, 60, 80 of 90).", _RATE, plan=True
-    )
+    decay_boundaries_epochs: tuple = setting((), "Step epochs (empty: 30, 60, 80 of 90).", _RATE, plan=True)
     decay_factor: float = setting(0.1, "Step schedule's multiplier at each boundary.", above(0.0), plan=True)
     momentum: float = setting(0.9, "Momentum.", fraction(), plan=True)
     weight_decay: float = setting(5e-4, "L2 weight decay (beta).", _RATE, plan=True)
     eta: float = setting(0.001, "LARS trust coefficient.", above(0.0), plan=True)
-    trust_ratio_mode: str = setting(
-        "paper", "LARS trust ratio's norms (docs/fidelity.md).", TRUST_RATIO_MODES, plan=True
-    )
+    trust_ratio_mode: str = setting("paper", "Trust ratio (docs/fidelity.md).", TRUST_RATIO_MODES, plan=True)
     momentum_correction: str = setting(
         "none", "LARS velocity x lr_t / lr_{t-1} (docs/training.md).", MOMENTUM_CORRECTIONS, plan=True
     )
-    exclude_bn_and_bias: bool = setting(
-        False, "No LARS adaptation or decay of batch norm and biases.", plan=True
-    )
+    exclude_bn_and_bias: bool = setting(False, "No LARS adaptation or decay of BN and biases.", plan=True)
     epsilon: float = setting(0.0, "LARS epsilon in the trust ratio's denominator.", _RATE, plan=True)
     global_batch_size: int = setting(
         0, "Images per update over all ranks (0: derived).", _COUNT, plan=True, group="Batch and scale"
     )
     per_rank_batch_size: int = setting(0, "Images per micro-batch on one rank (0: derived).", _COUNT)
-    accumulation_steps: int = setting(
-        1, "Micro-batches per update (each normalised alone).", _POSITIVE_COUNT, plan=True
-    )
+    accumulation_steps: int = setting(1, "Micro-batches per update.", _POSITIVE_COUNT, plan=True)
     steps_per_epoch: int = setting(0, "Updates per epoch (0: data size // batch).", _COUNT, plan=True)
     elastic: bool = setting(False, "Workers may leave and join (launch/elastic.sh); the global batch stays.")
     workdir: str = setting(

@@ -4,9 +4,6 @@
 hvd-lars-train is the same program. Flags after the flagfile override it; --flagfile may be given twice.
 Exit status: 0 done, 2 bad input (one line), 3 diverged, 75 stopped and resumable (start it again)."""
 
-# One flag per `TrainConfig` field, parsed and checked before Keras, TensorFlow or Horovod is imported; then
-# `hvd_lars.training.train.run` (`run_elastic` with `--elastic`).
-
 import dataclasses
 import difflib
 import logging
@@ -29,11 +26,10 @@ log = logging.getLogger("hvd_lars")
 # Horovod is started: the lines of the run are written by rank 0, and a mistake in the flags is said once.
 _RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
-USAGE = __doc__
 
 
 def define_flags(flag_values=FLAGS):
-    """Defines one absl flag per field of `TrainConfig`, from the field's default and help."""
+    """Defines one absl flag per field of `TrainConfig` (parsed and checked before TensorFlow is imported)."""
     kinds = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
     for field in dataclasses.fields(TrainConfig):
         default = list(field.default) if field.type is tuple else field.default
@@ -61,7 +57,7 @@ def config_from_flags(flag_values=FLAGS):
 
 def help_text():
     """`--help`: the usage lines, then each group's flags with default and accepted values."""
-    lines = [USAGE]
+    lines = [__doc__]
     for field in dataclasses.fields(TrainConfig):
         name, default, meta = field.name, field.default, field.metadata
         lines += ["", f"{meta['group']}:"] if meta["group"] else []
@@ -142,8 +138,7 @@ def run_training(config, extra_callbacks=()):
 
 
 def _raised_here(error):
-    # Bad input is what this package refuses (raise sites in hvd_lars/, or an optional import it makes); a
-    # ValueError from inside Keras or TensorFlow is an internal error and keeps its traceback.
+    """Bad input is what this package refuses (raised in hvd_lars/), not a ValueError of Keras or TF."""
     frames = [f.filename for f in traceback.extract_tb(error.__traceback__) if "<frozen" not in f.filename]
     return bool(frames) and os.path.abspath(frames[-1]).startswith(_PACKAGE + os.sep)
 

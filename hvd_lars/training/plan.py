@@ -73,17 +73,12 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
     if global_batch > examples:
         raise ValueError(f"--global_batch_size={global_batch} exceeds the {examples} training examples.")
     steps, epochs = config.steps_per_epoch or examples // global_batch, int(config.epochs)
-    scaled = config.peak_learning_rate or scaled_learning_rate(
+    peak = config.peak_learning_rate or scaled_learning_rate(
         config.base_learning_rate, global_batch, REFERENCE_BATCH
     )
-    figures = dict(
-        global_batch_size=global_batch,
-        steps_per_epoch=steps,
-        epochs=epochs,
-        warmup_steps=steps_in_epochs(config.warmup_epochs, steps),
-        peak_learning_rate=scaled,
-        precision=resolve_precision(config.precision),
-    )
+    warmup, precision = steps_in_epochs(config.warmup_epochs, steps), resolve_precision(config.precision)
+    figures = dict(global_batch_size=global_batch, steps_per_epoch=steps, epochs=epochs, warmup_steps=warmup)
+    figures.update(peak_learning_rate=peak, precision=precision)
     entry, takes = DATASETS[config.dataset], DATASET_SETTINGS[config.dataset]
     folder = config.data_dir or (entry.default_dir and entry.default_dir())
     boundaries = [steps_in_epochs(e, steps) for e in config.decay_boundaries_epochs]
@@ -173,9 +168,8 @@ def batch_norm_note(model, plan):
     norm, steps = keras.layers.BatchNormalization, plan.accumulation_steps
     layers = [layer for layer in keras_internals.flatten_layers(model) if isinstance(layer, norm)]
     if steps > 1 and layers:
-        momenta = ", ".join(
-            f"{m:g}^{steps} = {m**steps:.3g}" for m in sorted({float(x.momentum) for x in layers})
-        )
+        momenta = sorted({float(layer.momentum) for layer in layers})
+        momenta = ", ".join(f"{m:g}^{steps} = {m**steps:.3g}" for m in momenta)
         return (
             f"batch norm with accumulation: {len(layers)} layers normalise each micro-batch of "
             f"{plan.per_rank_batch_size} images per rank with its own statistics and update their moving "

@@ -16,7 +16,6 @@ import traceback
 from absl import app, flags
 from absl import logging as absl_logging
 
-from hvd_lars.arguments import Range
 from hvd_lars.training.config import TrainConfig
 
 FLAGS = flags.FLAGS
@@ -41,18 +40,8 @@ define_flags()
 
 
 def config_from_flags(flag_values=FLAGS):
-    """The `TrainConfig` of the parsed flags (a list's elements: numbers where the field takes a `Range`).
-    Raises ValueError naming the flag for an element that is not a number."""
-    values = {}
-    for field in dataclasses.fields(TrainConfig):
-        values[field.name] = value = flag_values[field.name].value
-        if field.type is tuple:
-            item = float if isinstance(field.metadata["accepted"], Range) else str
-            try:
-                values[field.name] = tuple(map(item, value))
-            except ValueError as e:
-                raise ValueError(f"--{field.name}={','.join(value)}: {e}") from e
-    return TrainConfig(**values)
+    """The `TrainConfig` of the parsed flags."""
+    return TrainConfig(**{f.name: flag_values[f.name].value for f in dataclasses.fields(TrainConfig)})
 
 
 def help_text():
@@ -71,9 +60,7 @@ def help_text():
             accepted = f"One of: {', '.join(map(str, accepted))}."
         elif accepted is not None:
             accepted = f"{accepted.describe().capitalize()}{' each' if field.type is tuple else ''}."
-        lines += textwrap.wrap(
-            f"{meta['help']} {accepted or ''}", 100, initial_indent=" " * 6, subsequent_indent=" " * 6
-        )
+        lines.append(textwrap.indent(textwrap.fill(f"{meta['help']} {accepted or ''}", 94), " " * 6))
     return "\n".join(lines)
 
 

@@ -125,6 +125,19 @@ class TrainConfig:
     hang_timeout_s: float = setting(900.0, "Seconds without progress until exit 4 (0: never).", _RATE)
     elastic_commit_every_steps: int = setting(10, "Elastic: updates between commits.", _POSITIVE_COUNT)
 
+    def __post_init__(self):
+        """A list (a list flag's strings, JSON's) as a tuple, of floats where the field takes numbers."""
+        for f in dataclasses.fields(self):
+            if f.type is tuple:
+                value, item = (
+                    getattr(self, f.name),
+                    float if isinstance(f.metadata["accepted"], arguments.Range) else str,
+                )
+                try:
+                    setattr(self, f.name, tuple(map(item, value)))
+                except ValueError as e:
+                    raise ValueError(f"--{f.name}={','.join(map(str, value))}: {e}") from e
+
     def resolve_batch(self, world_size):
         """(global batch, per-rank micro-batch) at `world_size` ranks, the one given as 0 derived from the
         other: global = per-rank x world size x accumulation steps. Raises ValueError: a global batch that

@@ -154,9 +154,8 @@ def build_optimizer(config, plan):
         exclude_from_weight_decay=excluded,
         exclude_from_layer_adaptation=excluded if lars else [""],
         name=None if lars else f"{config.optimizer}_sgd",
-        **_named(
-            config, "momentum", "weight_decay", "eta", "epsilon", "trust_ratio_mode", "momentum_correction"
-        ),
+        momentum_correction=config.momentum_correction,
+        **_named(config, "momentum", "weight_decay", "eta", "epsilon", "trust_ratio_mode"),
     )
     return DistributedOptimizer(
         optimizer, plan.accumulation_steps, config.gradient_compression, config.gradient_reduction

@@ -5,7 +5,6 @@ import argparse
 import csv
 import math
 import os
-import sys
 
 import matplotlib
 
@@ -23,6 +22,13 @@ class NoEpochYet(Exception):
     """The run directory is still in its first epoch: nothing to plot yet."""
 
 
+def _number(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):  # not measured that epoch (empty, Keras's "NA"), or not a number: a gap
+        return math.nan
+
+
 def make_figure(run_dir):
     """The Figure of `run_dir`: loss and top-1 (training, validation, test), learning rate (the schedule, each
     epoch's last logged rate). Raises OSError: no summary.json; `NoEpochYet`: no metrics.csv row."""
@@ -34,30 +40,25 @@ def make_figure(run_dir):
         raise NoEpochYet(
             f"{run_dir}: no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot"
         )
-    # An empty cell: not measured that epoch ("NA" in Keras's CSVLogger); NaN leaves a gap.
-    metrics = {k: [float(r[k]) if r[k] not in (None, "", "NA") else math.nan for r in rows] for k in rows[0]}
+    metrics = {k: [_number(r[k]) for r in rows] for k in rows[0]}
     config, per_epoch = summary["config"], plan["steps_per_epoch"]  # Keras's CSVLogger writes no step column
     steps = metrics.get("step") or [(e + 1) * per_epoch for e in metrics["epoch"]]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
-    for ax, (metric, title) in zip(axes[:2], (("loss", "loss"), ("top1", "top-1"))):
+    for ax, metric in zip(axes[:2], ("loss", "top1")):
         for prefix, label in (("", "training"), ("val_", "validation"), ("test_", "test")):
             shown = [(s, v) for s, v in zip(steps, metrics.get(prefix + metric, [])) if not math.isnan(v)]
             if shown:
                 ax.plot(*zip(*shown), marker="o", markersize=3, label=label)
-        ax.set_title(title)
-    try:  # the schedule, rebuilt from the run's config and plan; update k drawn at step k + 1
-        updates = np.arange(plan["total_steps"])
-        rates = np.asarray(build_schedule(TrainConfig(**config), Plan(**plan))(updates), dtype=np.float64)
-        axes[2].plot(updates + 1, rates, label=f"schedule ({config['schedule']})")
-    except (KeyError, TypeError, ValueError):
-        pass
+    updates = np.arange(
+        plan["total_steps"]
+    )  # the schedule from the run's config and plan; update k at step k + 1
+    rates = np.asarray(build_schedule(TrainConfig(**config), Plan(**plan))(updates), dtype=np.float64)
+    axes[2].plot(updates + 1, rates, label=f"schedule ({config['schedule']})")
     if "learning_rate" in metrics:
         axes[2].plot(steps, metrics["learning_rate"], "o", markersize=4, label="logged (epoch's last update)")
-    axes[2].set_title("learning rate")
-    for ax in axes:
+    for ax, title in zip(axes, ("loss", "top-1", "learning rate")):
         ax.legend()
-        ax.set_xlim(0, plan["total_steps"])
-        ax.set_xlabel("step (optimizer updates)")
+        ax.set(title=title, xlim=(0, plan["total_steps"]), xlabel="step (optimizer updates)")
         ax.grid(alpha=0.3)
         top = ax.secondary_xaxis("top", functions=(lambda s: s / per_epoch, lambda e: e * per_epoch))
         top.set_xlabel("epoch")
@@ -106,4 +107,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -64,20 +64,17 @@ def help_text():
     return "\n".join(lines)
 
 
-def _rank():
-    """Horovod's rank once started (an elastic job's changes), else the launcher's (0 alone)."""
-    horovod = sys.modules.get("horovod.tensorflow")
-    if horovod is not None and horovod.is_initialized():
-        return horovod.rank()
-    return next((int(os.environ[v]) for v in _RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
-
-
 class _RunLines(logging.Handler):
     """`[hvd_lars] ...` on stdout, `[hvd_lars] warning: ...`, `hvd_lars: error: ...` on stderr: rank 0's, and
     those another rank marks as its own (`extra={"every_rank": True}`), naming it (`[hvd_lars rank 3]`)."""
 
     def emit(self, record):
-        rank, warning, error = _rank(), record.levelno >= logging.WARNING, record.levelno >= logging.ERROR
+        horovod = sys.modules.get("horovod.tensorflow")  # once started, its rank (an elastic job's changes)
+        if horovod is not None and horovod.is_initialized():
+            rank = horovod.rank()
+        else:
+            rank = next((int(os.environ[v]) for v in _RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
+        warning, error = record.levelno >= logging.WARNING, record.levelno >= logging.ERROR
         if rank == 0 or getattr(record, "every_rank", False):
             name = f"hvd_lars rank {rank}" if rank else "hvd_lars"
             head = f"{name}: error: " if error else f"[{name}] {'warning: ' * warning}"
@@ -92,8 +89,7 @@ def configure_logging():
 
 
 def parse(argv):
-    """The checked `TrainConfig` of `argv`; `--help` prints the help and exits 0; bad input is one line
-    (from rank 0) and exit status 2. Imports nothing heavy."""
+    """The checked `TrainConfig` of `argv`, or exit: 0 after `--help`, 2 after one line naming bad input."""
     if {"-h", "-?", "--help", "--helpshort", "--helpfull"} & set(argv[1:]):
         print(help_text())
         sys.exit(0)
@@ -149,8 +145,7 @@ def _main(config):
         if not _raised_here(e):
             raise
         _exit(str(e))  # bad input, a missing optional package, a failed write: every rank meets it alike
-    except faults.Preempted as e:
-        # Not an error: the job is to be started again (launch/slurm/train.sbatch requeues it).
+    except faults.Preempted as e:  # not an error: start it again (launch/slurm/train.sbatch requeues it)
         log.info(str(e), extra={"every_rank": True})
         sys.exit(faults.EXIT_PREEMPTED)
 

@@ -45,8 +45,7 @@ class Plan:
         )
 
 
-# The entries of a plan's settings resolved from more than one flag, with the settings whose change explains
-# theirs (what --allow_plan_change must name); every other entry is the setting of its own name.
+# Resolved settings set by several flags: the settings whose change explains theirs (--allow_plan_change).
 _DATA_SIZE = ("dataset", "data_dir", "max_train_examples", "validation_examples")
 _STEPS = ("steps_per_epoch", "global_batch_size", *_DATA_SIZE)
 SET_BY = {

@@ -147,7 +147,7 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
     assert input_options(config) == {"validation_examples": 0}
     request = input_request(config, 8, 1, 2, "/runs/r")
     assert request == InputRequest(
-        per_rank_batch=8, rank=1, world_size=2, seed=3, data_dir=None, max_train_examples=64,
+        per_rank_batch=8, rank=1, world_size=2, seed=3, data_dir="", max_train_examples=64,
         input_threads=threads.threads_per_rank(), run_dir="/runs/r",
         on_unreadable=faults.note_unreadable,
     )  # fmt: skip

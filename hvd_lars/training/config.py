@@ -2,6 +2,8 @@
 `setting`. Units: images, epochs, learning rates per update (`base_learning_rate`: per 256 images)."""
 
 import dataclasses
+import os
+import pathlib
 
 from hvd_lars import arguments
 from hvd_lars.arguments import above, at_least, fraction
@@ -213,9 +215,5 @@ def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo"):
     of native bfloat16 arithmetic (avx512_bf16, amx_bf16; else emulated and slower), else "float32"."""
     if precision != "auto":
         return precision
-    try:
-        with open(cpuinfo_path) as f:
-            flags = {word for line in f if line.startswith("flags") for word in line.split()}
-    except OSError:
-        flags = set()
-    return "mixed_bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+    words = set(pathlib.Path(cpuinfo_path).read_text().split()) if os.path.exists(cpuinfo_path) else set()
+    return "mixed_bfloat16" if words & {"avx512_bf16", "amx_bf16"} else "float32"

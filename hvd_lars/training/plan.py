@@ -190,11 +190,10 @@ def input_request(config, per_rank_batch, rank, world_size, run_dir):
         per_rank_batch=per_rank_batch,
         rank=rank,
         world_size=world_size,
-        data_dir=config.data_dir or None,
         input_threads=config.input_threads or threads.threads_per_rank(),
         run_dir=run_dir,
         on_unreadable=faults.note_unreadable,  # noted, not raised: every rank stops at the same update
-        **_named(config, "seed", "max_train_examples", "max_eval_examples", "deterministic"),
+        **_named(config, "seed", "data_dir", "max_train_examples", "max_eval_examples", "deterministic"),
     )
 
 

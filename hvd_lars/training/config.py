@@ -17,9 +17,8 @@ def setting(default, help, accepted=None, *, plan=False, group=None):
     return dataclasses.field(default=default, metadata=metadata)
 
 
-# The library's registries' names (hvd_lars.data.DATASETS, hvd_lars.models.MODELS, ...), copied so that flags
-# are checked before TensorFlow is imported (tests/test_config.py compares them). Each data set with the
-# settings of this table it reads; another data set's setting is refused.
+# Copies of the library's registries' names, so that flags are checked before TensorFlow is imported
+# (tests/test_config.py compares them). Each data set with the settings it reads; another's are refused.
 DATASET_SETTINGS = {
     "fashion_mnist": ("validation_examples",),
     "imagenet2012": ("image_size", "preprocessing", "skip_corrupt"),
@@ -127,8 +126,7 @@ class TrainConfig:
     hang_timeout_s: float = setting(900.0, "Seconds without progress until exit 4 (0: never).", _RATE)
     elastic_commit_every_steps: int = setting(10, "Elastic: updates between commits.", _POSITIVE_COUNT)
 
-    def __post_init__(self):
-        """A list (a list flag's strings, JSON's) as a tuple, of floats where the field takes numbers."""
+    def __post_init__(self):  # a list (a list flag's strings, JSON's) as a tuple, of floats for numbers
         for f in dataclasses.fields(self):
             if f.type is tuple:
                 value, item = (
@@ -142,8 +140,7 @@ class TrainConfig:
 
     def resolve_batch(self, world_size):
         """(global batch, per-rank micro-batch) at `world_size` ranks, the one given as 0 derived from the
-        other: global = per-rank x world size x accumulation steps. Raises ValueError: a global batch that
-        does not divide by ranks x accumulation, or contradicts the per-rank batch."""
+        other (global = per-rank x ranks x accumulation). Raises ValueError: indivisible or contradictory."""
         divisor = world_size * self.accumulation_steps
         if not self.global_batch_size:
             return self.per_rank_batch_size * divisor, self.per_rank_batch_size
@@ -201,8 +198,7 @@ class TrainConfig:
                 f"takes {', '.join(f'--{n}' for n in takes) or 'none'}."
             )
 
-    def _given(self, names):
-        """["--name=value", ...] of the settings of `names` that differ from their defaults."""
+    def _given(self, names):  # ["--name=value", ...] of the settings of `names` off their defaults
         return [f"--{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != getattr(TrainConfig(), n)]
 
 

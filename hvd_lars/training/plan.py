@@ -131,12 +131,11 @@ def refuse_plan_changes(changes, run_dir, checkpoint):
 
 
 def build_schedule(config, plan):
-    """The learning-rate schedule `config.schedule` over the steps of `plan` (`make_schedule`)."""
-    boundaries = [steps_in_epochs(e, plan.steps_per_epoch) for e in config.decay_boundaries_epochs]
+    """The learning-rate schedule `config.schedule` over the steps and boundaries of `plan`."""
     return make_schedule(
         config.schedule,
         power=config.decay_power,
-        boundaries=boundaries or None,
+        boundaries=plan.settings["decay_boundaries_steps"] or None,
         **_named(plan, "peak_learning_rate", "total_steps", "warmup_steps"),
         **_named(config, "warmup_start_learning_rate", "end_learning_rate", "decay_factor"),
     )

@@ -9,7 +9,7 @@ import pytest
 
 from hvd_lars.arguments import Range
 from hvd_lars.optim.scaling import steps_in_epochs
-from hvd_lars.training.config import TrainConfig, plan_settings
+from hvd_lars.training.config import PLAN_SETTINGS, TrainConfig
 from hvd_lars.training.plan import make_plan, plan_changes
 
 pytestmark = pytest.mark.unit
@@ -87,7 +87,7 @@ ENTRY = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(set(plan_settings()) - {"precision"}))
+@pytest.mark.parametrize("name", sorted(set(PLAN_SETTINGS) - {"precision"}))
 def test_a_resume_refuses_each_change_of_the_plan_unless_named(name):
     old = _config()
     recorded = _plan(old).settings

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from hvd_lars.parallel import ompi_allreduce_rules
 from hvd_lars.training import threads
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.threads import describe_cores, parse_cpu_list, threads_per_rank
+from hvd_lars.training.threads import threads_per_rank
 from tests.support import REPO
 
 
@@ -35,13 +36,22 @@ def test_threads_per_rank(local_size, cores, usable, threads):
 
 
 @pytest.mark.unit
-def test_cpu_lists():
-    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert describe_cores([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
-    with pytest.raises(ValueError, match="'0-a'"):
-        parse_cpu_list("0-a")
-    with pytest.raises(ValueError, match="local_size=0"):
-        threads_per_rank(0, [0], 2)
+def test_the_run_log_line_names_each_ranks_cpus_and_threads():
+    bound = {
+        "host": "a",
+        "cores": [4],
+        "bound": True,
+        "local_size": 2,
+        "intra_op": 1,
+        "inter_op": 1,
+        "input": 1,
+    }
+    unbound = dict(bound, host="b", cores=[0, 1, 2, 3], bound=False, intra_op=2, inter_op=2, input=0)
+    assert threads.describe_placements([bound, unbound, dict(unbound, cores=[0, 2, 3])]) == (
+        "cores per rank: rank 0 on a: CPUs 4 (bound), 1 intra-op / 1 inter-op / 1 input threads; "
+        "rank 1 on b: CPUs 0-3 (unbound, 2 ranks on the host), 2 intra-op / 2 inter-op / 0 input threads; "
+        "rank 2 on b: CPUs 0,2,3 (unbound, 2 ranks on the host), 2 intra-op / 2 inter-op / 0 input threads"
+    )
 
 
 # One process as a rank starts: Horovod initialised, pools sized, a training pipeline built; prints what
@@ -124,7 +134,8 @@ def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
         "t.run = run\n"
         "from hvd_lars import main; main.main()"
     )
-    env = {k: v for k, v in os.environ.items() if k not in threads.HOROVOD_CPU_DEFAULTS}
+    defaults = {**threads.HOROVOD_CPU_DEFAULTS, **ompi_allreduce_rules.RULES_SETTINGS}
+    env = {k: v for k, v in os.environ.items() if k not in defaults}
     out = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)],
         cwd=REPO,

@@ -218,7 +218,7 @@ def test_help_lists_every_setting_once_by_group_and_exits_0():
         "(default: lars) LARS, or SGD with coupled L2 decay. One of: lars, momentum, nesterov."
         in " ".join(result.stdout.split())
     )
-    assert "  --[no]resume  (default: true)" in result.stdout
+    assert "  --[no]checkpoint_at_epoch_end  (default: true)" in result.stdout
 
 
 @pytest.mark.horovod

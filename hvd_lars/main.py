@@ -78,7 +78,9 @@ class _RunLines(logging.Handler):
         if rank == 0 or getattr(record, "every_rank", False):
             name = f"hvd_lars rank {rank}" if rank else "hvd_lars"
             head = f"{name}: error: " if error else f"[{name}] {'warning: ' * warning}"
-            print(head + record.getMessage(), file=sys.stderr if warning else sys.stdout, flush=True)
+            stream = sys.stderr if warning else sys.stdout
+            stream.write(f"{head}{record.getMessage()}\n")  # one write: a launcher tags each write's lines
+            stream.flush()
 
 
 def configure_logging():

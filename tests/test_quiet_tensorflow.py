@@ -74,3 +74,5 @@ def test_two_ranks_start_quiet_and_report_progress_within_epochs(tmp_path):
     progress = [line for line in result.stdout.splitlines() if " images/s - loss: " in line]
     assert [line.split(" - ")[0] for line in progress] == ["[1,0]<stdout>:1/3", "[1,0]<stdout>:2/3"] * 2
     assert "\r" not in result.stdout and "\b" not in result.stdout
+    # Each line written whole: the launcher tags what each write brings, so a split line shows two tags.
+    assert [line for line in result.stdout.splitlines() if line.count("<stdout>:") > 1] == []

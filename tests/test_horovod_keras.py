@@ -240,6 +240,7 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
 
 @pytest.mark.unit
 def test_init_applies_the_rules_unless_switched_off(monkeypatch):
+    monkeypatch.setattr(horovod_keras._horovod, "is_initialized", lambda: False)  # whatever ran before
     calls = []
     monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: calls.append("apply") or ({}, None))
     monkeypatch.setattr(
@@ -254,6 +255,7 @@ def test_init_applies_the_rules_unless_switched_off(monkeypatch):
 @pytest.mark.unit
 @pytest.mark.parametrize("size, printed", [(2, ""), (3, "ring line\n")])
 def test_init_says_it_gave_open_mpi_the_ring_on_three_ranks_and_more(monkeypatch, capsys, size, printed):
+    monkeypatch.setattr(horovod_keras._horovod, "is_initialized", lambda: False)
     monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: ({}, "ring line"))
     monkeypatch.setattr(collectives, "init", lambda comm=None, process_sets=None: (0, size))
     assert horovod_keras.init() == (0, size)

@@ -130,8 +130,8 @@ class RunSummary(keras.callbacks.Callback):
             faults.write_atomically(self.path, lambda f: json.dump(strict(s), f, indent=2, allow_nan=False))
 
     def finish(self, checkpoint):
-        """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (a warning if it
-        cannot) and logs the summary lines. Raises `faults.FileFailure` where summary.json was not written."""
+        """A collective: rank 0 draws `<run_dir>/run.png` and logs the run's last lines. Raises
+        `faults.FileFailure` where summary.json was not written."""
         if collectives.is_chief():
             run_dir = os.path.dirname(self.path)
             try:
@@ -168,9 +168,8 @@ def _end_lines(s, run_dir, checkpoint, plot):
 
 class ExactEvaluation(keras.callbacks.Callback):
     """Every `every_epochs` epochs and at `last_epoch`, adds `<prefix>_loss` (mean cross-entropy), `_top1` and
-    `_top5` (fractions, by `hvd_lars.metrics.top_k_correct`) to the epoch logs from counts summed over the
-    ranks' shards (each image once; batch-norm statistics averaged over the ranks first). `prefix`: "test",
-    or "val". Raises RuntimeError where the ranks evaluated a number of images other than `num_examples`."""
+    `_top5` (fractions) over all ranks' shards to the epoch logs. `prefix`: "test" or "val". Raises
+    RuntimeError where the ranks evaluated a number of images other than `num_examples`."""
 
     def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
         super().__init__()
@@ -187,13 +186,11 @@ class ExactEvaluation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 != self.last_epoch and (epoch + 1) % self.every_epochs:
             return
-        # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
         collectives.average_variables(moving_statistics(self.model))
         total = np.zeros(4)
         for images, labels in self.dataset:
             total += self._counts(images, labels).numpy()
             faults.heartbeat()
-        # With the counts, whether a rank failed to read an evaluation file.
         *sums, count = faults.agree("hvd_lars.eval_counts", total)
         if int(count) != self.num_examples:
             raise RuntimeError(f"ranks evaluated {count:.0f} {self.prefix} images, not {self.num_examples}.")
@@ -202,9 +199,8 @@ class ExactEvaluation(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.Callback):
-    """What a checkpoint records beyond the model (`variable`): the epoch's running metric sums (an epoch
-    resumed mid-way reports the whole epoch's) and the run's time over its starts. Adds `epoch_time_s` and
-    `images_per_second` (all ranks' micro-batches of global batch / accumulation steps) to the epoch logs."""
+    """What a checkpoint records beyond the model (`variable`): the epoch's running metric sums and the run's
+    time over its starts. Adds `epoch_time_s` and `images_per_second` (all ranks) to the epoch logs."""
 
     def __init__(self, plan):
         super().__init__()
@@ -239,7 +235,6 @@ class Progress(keras.callbacks.Callback):
             self._pending = sums
 
     def on_train_batch_end(self, batch, logs=None):
-        # Here, not before: Keras builds the compiled metrics' variables in the first training step.
         sums, variables, self._pending = self._pending or [], self.model.metrics_variables, None
         for variable, value in zip(variables, sums if len(sums) == len(variables) else []):
             variable.assign_add(value)
@@ -251,9 +246,8 @@ class Progress(keras.callbacks.Callback):
 
 
 class MetricsCSV(keras.callbacks.Callback):
-    """`metrics.csv`: a row per epoch, `epoch` (from 0), `step` (updates applied), then every key any epoch
-    reported, sorted (empty where not measured), rewritten atomically at each epoch's end. A resumed run
-    (`start_step` updates applied) keeps the rows before it; an unreadable file is renamed and begun anew."""
+    """`metrics.csv`: a row per epoch, `epoch` (from 0), `step`, then every key any epoch reported, sorted. A
+    resumed run (`start_step` updates applied) keeps the rows before it; an unreadable file is renamed."""
 
     def __init__(self, path, start_step=0):
         super().__init__()
@@ -279,8 +273,7 @@ class MetricsCSV(keras.callbacks.Callback):
 
 
 class TensorBoardScalars(keras.callbacks.Callback):
-    """TensorBoard scalars in `log_dir`: each epoch-log key (and `epoch`, from 1) at the epoch's last update
-    (Keras's `TensorBoard`: at the epoch's number); the epochs a resumed run repeats show twice."""
+    """Scalars in `log_dir`: each epoch-log key (and `epoch`, from 1) at the epoch's last update."""
 
     def __init__(self, log_dir):
         super().__init__()
@@ -298,10 +291,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
 
 
 class EpochProgress(keras.callbacks.ProgbarLogger):
-    """Rank 0's plain lines (docs/training.md shows them): each epoch's header; every `every_s` seconds (0:
-    each micro-batch; None: never) micro-batches done of `batches_per_epoch`, seconds since the epoch began,
-    images/s of all ranks (`images_per_batch` a micro-batch) since the line before, rank 0's mean loss and
-    the time left; then Keras's epoch-end line. Place it last."""
+    """Rank 0's lines (docs/training.md): each epoch's header, a progress line every `every_s` seconds (0:
+    each micro-batch; None: never; `images_per_batch`: all ranks' micro-batch), Keras's epoch-end line."""
 
     def __init__(self, epochs, batches_per_epoch, images_per_batch=0, every_s=None, clock=time.monotonic):
         super().__init__()
@@ -311,7 +302,6 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
     def set_params(self, params):
         super().set_params({**params, "verbose": 2})  # lines, never Keras's bar
         self.epochs, self.target = self.run_epochs, self.batches_per_epoch
-        # A fit of fewer steps than an epoch finishes an epoch resumed mid-way, alone (`train.fit`).
         self._done = self.batches_per_epoch - (params.get("steps") or self.batches_per_epoch)
 
     def on_epoch_begin(self, epoch, logs=None):

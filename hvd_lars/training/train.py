@@ -81,7 +81,6 @@ def run(config, extra_callbacks=()):
         data = get_input(config.dataset, request, **input_options(config))
         plan = make_plan(config, world_size, data)
         start(job, plan, data)
-        # Rank 0's weights, slots and step counter on every rank (not its dropout seed state).
         broadcast_model_and_optimizer(job.model)
         with job.signals, job.watchdog:
             return attempt(job, plan, data)
@@ -91,7 +90,6 @@ def start(job, plan, shapes, agree=True):
     """The compiled model and built optimizer of `plan` (`shapes`: `num_classes`, `input_shape`), and rank
     0's `checkpoints.resume`, shared now (`Job.agree`) unless `agree` is False (elastic, before a sync)."""
     config, chief = job.config, collectives.is_chief()
-    # Per-rank seeds: dropout masks differ across ranks; the initial weights are rank 0's, broadcast later.
     keras.utils.set_random_seed(config.seed + collectives.rank())
     keras.mixed_precision.set_global_policy(plan.precision)
     model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
@@ -119,8 +117,15 @@ def attempt(job, plan, data, commit=None):
     config, model, run_dir, chief = job.config, job.model, job.run_dir, collectives.is_chief()
     model.train_function = None  # traced for this attempt's world size
     applied = threads.applied_threads(data.train)
-    _announce(job, plan, applied)
-    # Before anything is written: the run directory is writable and holds a few checkpoints.
+    mine = {**threads.placement(), "host": os.uname().nodename, **applied}
+    placements = collectives.gather_objects(mine, name="hvd_lars.placement")  # every rank's, for the run log
+    applied["cores_per_rank"] = [p["cores"] for p in placements]
+    if chief:
+        log.info(plan.describe())
+        log.info(threads.describe_placements(placements))
+        if note := batch_norm_note(model, plan):
+            log.info(note)
+        log.info(f"run directory {run_dir}")
     variables = model.variables + model.optimizer.variables
     faults.check_run_dir(run_dir, faults.checkpoint_bytes(variables), config.keep_checkpoints)
     start_step = int(model.optimizer.iterations)
@@ -213,26 +218,11 @@ def fit(model, data, plan, config, callbacks, step):
             break
 
 
-def _announce(job, plan, applied):
-    """The plan and every rank's cores and threads in the run log (a collective: one gather)."""
-    mine = {**threads.placement(), "host": os.uname().nodename, **applied}
-    placements = collectives.gather_objects(mine, name="hvd_lars.placement")
-    applied["cores_per_rank"] = [p["cores"] for p in placements]
-    if not collectives.is_chief():
-        return
-    log.info(plan.describe())
-    log.info(threads.describe_placements(placements))
-    if note := batch_norm_note(job.model, plan):
-        log.info(note)
-    log.info(f"run directory {job.run_dir}")
-
-
 def run_elastic(config, extra_callbacks=()):
     """`run` while workers leave and join. No collective before the first sync, where a joining worker meets
     the others (`_JobState.sync`). Raises as `run` does, and ValueError: no elastic launcher or
     `--global_batch_size` (`check_launched`), a worker count that does not divide the global batch."""
-    # Horovod's response cache lets each rank fuse cached tensors by its own fusion threshold, which an
-    # elastic reset leaves different on re-initialised ranks (results/faults.md, "worker joining"): off.
+    # Horovod's response cache off: re-initialised ranks would fuse differently (docs/faults.md).
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()
     check_launched(config)
@@ -257,7 +247,6 @@ def _elastic_attempt(state):
     plan = make_plan(job.config, world_size, state.shapes)
     request = input_request(job.config, plan.per_rank_batch_size, rank, world_size, job.run_dir)
     data = get_input(job.config.dataset, request, **input_options(job.config))
-    # The largest count of any rank: the number goes on when rank 0 joined later or the old one is gone.
     state.attempts = collectives.max_over_ranks(state.attempts + 1, name="hvd_lars.elastic.attempt")
     if collectives.is_chief():
         log.info(
@@ -269,9 +258,8 @@ def _elastic_attempt(state):
 
 
 class _JobState(State):
-    """The elastic state of a `Job`: `sync()` gives rank 0's input description (rank 0 alone reads it) to a
-    rank without a model, which `start`s (the plan of 1 worker: steps and schedule are those of any count),
-    shares rank 0's start, then syncs the model and optimizer (`hvd_elastic.KerasState`, which commits)."""
+    """The elastic state of a `Job`: `sync()` gives rank 0's input description to a rank without a model,
+    which `start`s, shares rank 0's start, then syncs the model and optimizer (`hvd_elastic.KerasState`)."""
 
     def __init__(self, job, shapes):
         bcast = functools.partial(collectives.broadcast_object, name="hvd_lars.elastic.hosts")

@@ -1,6 +1,5 @@
-"""Checkpoints: `PeriodicCheckpoint` saves them, each with its plan (`plan_variable`); `resume` restores the
-newest readable one whose plan fits (docs/design.md, "A start"). `strict`, `read_json`: JSON with non-finite
-numbers as the strings "NaN", "Infinity", "-Infinity"."""
+"""Checkpoints: `PeriodicCheckpoint` saves them, each with its plan; `resume` restores the newest readable one
+whose plan fits (docs/design.md, "A start"). `strict`, `read_json`: non-finite floats as strings."""
 
 import glob
 import json
@@ -64,8 +63,7 @@ def plan_variable(settings):
 
 
 def read_plan(prefix):
-    """The plan (dict) of the checkpoint at `prefix`, once every tensor is read (TensorFlow checks each
-    one's CRC32C); a `ValueError` saying why it cannot be read."""
+    """The plan (dict) of the checkpoint at `prefix`, once every tensor is read; ValueError: unreadable."""
     try:
         reader = tf.train.load_checkpoint(prefix)
         for name in reader.get_variable_to_shape_map():
@@ -79,10 +77,9 @@ def read_plan(prefix):
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
-    """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never) and
-    at each epoch end after evaluation (`at_epoch_end`; else at each `fit`'s end), numbered by the update,
-    at update boundaries (`accumulation_steps`); the index, written last, names a complete checkpoint.
-    `asynchronous`: written as rank 0 trains on. `progress`: the `epoch_logs.Progress` it holds, or None."""
+    """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never) and at each epoch end
+    (`at_epoch_end`; else at each `fit`'s end); `asynchronous`: in the background. `progress`: its
+    `epoch_logs.Progress`, or None."""
 
     def __init__(
         self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False, progress=None
@@ -96,10 +93,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._last_saved = self._pending_step = None
 
     def save(self):
-        """Saves the checkpoint of the current update, once per update; a collective that raises
-        `faults.FileFailure` on every rank when the write fails or a rank noted a failure before."""
+        """A collective: saves this update's checkpoint once; `faults.FileFailure` where a write failed."""
         step = int(self.model.optimizer.iterations)
-        # Every rank: the checkpoint holds all ranks' statistics, so a resumed run goes on as an unbroken one.
         collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
         if self.progress is not None:
             self.progress.capture()
@@ -117,8 +112,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self.manager.sync()
             step = self._pending_step
             if step is not None and not os.path.exists(f"{self.manager.directory}/ckpt-{step}.index"):
-                # TensorFlow's background writer keeps its exception (a private attribute, TF 2.21) until
-                # the next save, and sync() does not raise it: the missing files show the failure.
+                # sync() does not raise the background writer's exception (a private attribute, TF 2.21).
                 writer = getattr(self.manager._checkpoint, "_async_checkpointer_impl", None)
                 reason = getattr(writer, "_async_error", None)
                 if reason is not None:
@@ -150,7 +144,6 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         faults.agree("hvd_lars.checkpoint_error")
 
     def on_train_batch_end(self, batch, logs=None):
-        # The epoch's last update is saved by on_epoch_end, after evaluation, which a kill then repeats.
         last_of_epoch = self.at_epoch_end and self.params and batch + 1 == self.params.get("steps")
         if self.every_steps and (batch + 1) % self.accumulation_steps == 0 and not last_of_epoch:
             if int(self.model.optimizer.iterations) % self.every_steps == 0:
@@ -167,8 +160,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
 
 def candidates(folder):
-    """The checkpoint prefixes of `folder` in the order a start tries them: the index's newest, then every
-    other `ckpt-<step>` of the folder from the highest step. An index that does not parse counts as absent."""
+    """The checkpoint prefixes of `folder`, in the order a start tries them."""
     try:
         state = tf.train.get_checkpoint_state(folder)  # None where absent or it does not parse
     except ValueError:  # empty, or not text
@@ -180,11 +172,9 @@ def candidates(folder):
 
 
 def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
-    """Rank 0's start: restores into `model` and `optimizer` (`build()` builds it) the newest checkpoint of
-    `<run_dir>/checkpoints` it can read, if its plan fits `plan` under `allow_plan_change`; returns its
-    path, or None where there is none. Each unreadable one tried before is named in a warning, and left.
-    Raises `ResumeRefused` (no file changed): none can be read, or the one read does not fit. An index
-    (`checkpoint`) that `tf.train.CheckpointManager` cannot open is derived data: removed, in one warning."""
+    """Rank 0's start: restores into `model` and `optimizer` (`build()` builds it) the newest readable
+    checkpoint of `<run_dir>/checkpoints` and returns its path (None: none). Raises `ResumeRefused`: none can
+    be read, or its plan does not fit `plan` under `allow_plan_change`, or its variables do not fit."""
     folder, unreadable = os.path.abspath(os.path.join(run_dir, "checkpoints")), []
     for path in candidates(folder):
         try:
@@ -194,11 +184,8 @@ def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
             continue
         for skipped in unreadable:
             warn(f"the checkpoint {skipped} cannot be read: an older one is tried, its files are left")
-        refusal = refuse_plan_changes(plan_changes(recorded, plan, allow_plan_change), run_dir, path)
-        if refusal:
+        if refusal := refuse_plan_changes(plan_changes(recorded, plan, allow_plan_change), run_dir, path):
             raise ResumeRefused(refusal)
-        # Every variable matched (after an allowed change of plan, those the checkpoint has); `build()`
-        # makes the optimizer's, which take the checkpoint's values as they are made (deferred restoration).
         try:
             status = tf.train.Checkpoint(model=model, optimizer=optimizer).restore(path)
             status.assert_existing_objects_matched()

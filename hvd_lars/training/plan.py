@@ -21,8 +21,7 @@ from hvd_lars.training.config import ANY_PLAN_CHANGE, DATASET_SETTINGS, PLAN_SET
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Batch and step arithmetic of one attempt, in optimizer steps; `settings` ({name: JSON value}): the
-    plan's settings as resolved, which a checkpoint records and a resume compares."""
+    """Batch and step arithmetic of one attempt; `settings`: the resolved settings a checkpoint records."""
 
     world_size: int
     global_batch_size: int
@@ -63,9 +62,8 @@ _FOLDED = "image_size max_train_examples warmup_epochs decay_boundaries_epochs b
 
 
 def make_plan(config, world_size, num_train_examples, input_shape=None):
-    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`, whose
-    image shape joins the settings). Settings are resolved (real paths, defaults, steps): two spellings of
-    one plan are one plan. Raises ValueError: a global batch over the data size, or `resolve_batch`'s."""
+    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`). Raises
+    ValueError: a global batch over the data size, or `resolve_batch`'s."""
     input_shape = getattr(num_train_examples, "input_shape", input_shape)
     examples = getattr(num_train_examples, "num_train_examples", num_train_examples)
     global_batch, per_rank = config.resolve_batch(world_size)
@@ -104,8 +102,7 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
 
 
 def plan_changes(recorded, plan, allowed=()):
-    """["name old -> new", ...]: each resolved setting of `plan` that differs from `recorded` (a checkpoint's
-    record) and that no setting named in `allowed` explains (`SET_BY`; `ANY_PLAN_CHANGE`: all of them)."""
+    """["name old -> new", ...]: each setting of `plan` off `recorded` and not `allowed`."""
     changes = []
     for name, new in plan.settings.items():
         by = SET_BY.get(name, (name,))
@@ -142,8 +139,7 @@ def build_schedule(config, plan):
 
 
 def build_optimizer(config, plan):
-    """`config.optimizer` on `build_schedule` in a `DistributedOptimizer`. momentum and nesterov: LARS without
-    layer adaptation, SGD on the L2-decayed gradient `g + weight_decay * w` (Caffe, Goyal et al.)."""
+    """`config.optimizer` on `build_schedule` in a `DistributedOptimizer` (momentum, nesterov: SGD)."""
     lars = config.optimizer == "lars"
     excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
     optimizer = LARS(

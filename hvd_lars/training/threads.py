@@ -49,8 +49,7 @@ def placement():
 
 
 def configure_threads(config, world_size):
-    """Sizes TensorFlow's pools to `threads_per_rank` unless `config.intra_op_threads` / `inter_op_threads`
-    say; returns (intra, inter) asked. Call before TensorFlow's first op, after which it keeps its pools."""
+    """Sizes TensorFlow's pools (before its first op) to `threads_per_rank` or the config's; returns them."""
     per_rank = threads_per_rank(max(1, min(world_size, collectives.local_size())))
     intra, inter = config.intra_op_threads or per_rank, config.inter_op_threads or per_rank
     try:
@@ -62,8 +61,7 @@ def configure_threads(config, world_size):
 
 
 def applied_threads(dataset=None):
-    """The thread settings in force, read back: `intra_op`, `inter_op` (0: TensorFlow's default), `input`
-    (`dataset`'s private pool; None without one, 0: tf.data's shared pool), `omp_num_threads`."""
+    """The thread settings in force: `intra_op`, `inter_op`, `input` (`dataset`'s pool), `omp_num_threads`."""
     tf.constant(0.0) + 0.0  # TensorFlow fixes its pools when it first runs an op
     return {
         "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
@@ -92,8 +90,7 @@ HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle
 
 
 def apply_horovod_cpu_defaults(environ=None):
-    """Sets those of `HOROVOD_CPU_DEFAULTS` unset in `environ` (default `os.environ`) and the allreduce rules
-    (`ompi_allreduce_rules.apply`); returns {name: value} set. Call before `collectives.init()`."""
+    """Before `collectives.init()`: sets `HOROVOD_CPU_DEFAULTS` and the allreduce rules unset in `environ`."""
     environ = os.environ if environ is None else environ
     applied = {k: v for k, v in HOROVOD_CPU_DEFAULTS.items() if k not in environ}
     environ.update(applied)

@@ -1,7 +1,5 @@
-"""The training application: configuration and plan, the loop, checkpoints, faults and logs, started by
-`python -m hvd_lars.main` (`hvd-lars-train`). The library wing (`hvd_lars.optim`, `hvd_lars.parallel`)
-never imports it.
-"""
+"""The training application started by `python -m hvd_lars.main` (`hvd-lars-train`); the library wing
+(`hvd_lars.optim`, `hvd_lars.parallel`) never imports it."""
 
 import hvd_lars
 

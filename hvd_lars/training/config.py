@@ -190,7 +190,6 @@ class TrainConfig:
         return [f"--{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != getattr(TrainConfig(), n)]
 
 
-# The settings of the plan a checkpoint belongs to (`setting(..., plan=True)`), in field order.
 PLAN_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["plan"])
 
 

@@ -72,8 +72,7 @@ def _unreadable(path, error):
 
 
 class RunSummary(keras.callbacks.Callback):
-    """`<run_dir>/summary.json` (keys: docs/training.md), written by rank 0 each epoch, kept by every rank as
-    `summary`; a resumed run (`start_step` updates) keeps the epochs before it. `progress`: the job's."""
+    """`<run_dir>/summary.json` (docs/training.md), written each epoch; a resumed run keeps earlier epochs."""
 
     def __init__(self, run_dir, config, plan, start_step, threads=None, progress=None):
         super().__init__()
@@ -130,8 +129,7 @@ class RunSummary(keras.callbacks.Callback):
             faults.write_atomically(self.path, lambda f: json.dump(strict(s), f, indent=2, allow_nan=False))
 
     def finish(self, checkpoint):
-        """A collective: rank 0 draws `<run_dir>/run.png` and logs the run's last lines. Raises
-        `faults.FileFailure` where summary.json was not written."""
+        """A collective: rank 0 plots the run and logs its last lines; raises `faults.FileFailure`."""
         if collectives.is_chief():
             run_dir = os.path.dirname(self.path)
             try:
@@ -167,9 +165,8 @@ def _end_lines(s, run_dir, checkpoint, plot):
 
 
 class ExactEvaluation(keras.callbacks.Callback):
-    """Every `every_epochs` epochs and at `last_epoch`, adds `<prefix>_loss` (mean cross-entropy), `_top1` and
-    `_top5` (fractions) over all ranks' shards to the epoch logs. `prefix`: "test" or "val". Raises
-    RuntimeError where the ranks evaluated a number of images other than `num_examples`."""
+    """Every `every_epochs` epochs and at `last_epoch`, adds `<prefix>_loss`, `_top1`, `_top5` over all ranks'
+    shards to the epoch logs. RuntimeError where the ranks evaluated other than `num_examples` images."""
 
     def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
         super().__init__()
@@ -199,8 +196,7 @@ class ExactEvaluation(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.Callback):
-    """What a checkpoint records beyond the model (`variable`): the epoch's running metric sums and the run's
-    time over its starts. Adds `epoch_time_s` and `images_per_second` (all ranks) to the epoch logs."""
+    """A checkpoint's `variable`: metric sums, run time; adds `epoch_time_s`, `images_per_second` to logs."""
 
     def __init__(self, plan):
         super().__init__()
@@ -246,8 +242,7 @@ class Progress(keras.callbacks.Callback):
 
 
 class MetricsCSV(keras.callbacks.Callback):
-    """`metrics.csv`: a row per epoch, `epoch` (from 0), `step`, then every key any epoch reported, sorted. A
-    resumed run (`start_step` updates applied) keeps the rows before it; an unreadable file is renamed."""
+    """`metrics.csv`: a row per epoch; a resumed run keeps the rows up to `start_step`, renames unreadable."""
 
     def __init__(self, path, start_step=0):
         super().__init__()
@@ -291,8 +286,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
 
 
 class EpochProgress(keras.callbacks.ProgbarLogger):
-    """Rank 0's lines (docs/training.md): each epoch's header, a progress line every `every_s` seconds (0:
-    each micro-batch; None: never; `images_per_batch`: all ranks' micro-batch), Keras's epoch-end line."""
+    """Rank 0's lines (docs/training.md): progress every `every_s` seconds (0: each batch; None: never)."""
 
     def __init__(self, epochs, batches_per_epoch, images_per_batch=0, every_s=None, clock=time.monotonic):
         super().__init__()

@@ -202,10 +202,8 @@ class TrainingDiverged(Stopped, RuntimeError):
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """At every update of `accumulation_steps` micro-batches: a noted failure raises `FileFailure`; a
-    non-finite loss or variable `TrainingDiverged`; a signal of `signals` (`StopSignals`) has `checkpoint` (a
-    `PeriodicCheckpoint`) saved and `Preempted` raised (at an epoch's last update, by `after_epoch()`, unless
-    it is update `total_steps`). Place it before the checkpoint, evaluation and logging callbacks."""
+    """At each update: a noted failure raises `FileFailure`, non-finite values `TrainingDiverged`, a signal
+    `Preempted` once `checkpoint` is saved. Place it before checkpoint, evaluation and logging."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
@@ -283,8 +281,7 @@ def checkpoint_bytes(variables):
 
 
 def run_dir_problem(run_dir, needed_bytes):
-    """Why training cannot write to `run_dir` (which it creates), or None: it cannot be created, a file
-    cannot be written in it, or its file system has fewer than `needed_bytes` free."""
+    """Why training cannot write to `run_dir` (which it creates) or lacks `needed_bytes` there, or None."""
     try:
         os.makedirs(run_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir) as f:
@@ -315,9 +312,8 @@ def heartbeat():
 
 
 class ProgressWatchdog(keras.callbacks.Callback):
-    """A context manager around training and a Keras callback: calls `exit(EXIT_HUNG)` after `timeout_s`
-    seconds (0 or None: never) without a `heartbeat`, not counting time stopped. Raises `ValueError` for a
-    negative or NaN `timeout_s`."""
+    """Context manager and callback: `exit(EXIT_HUNG)` after `timeout_s` seconds (0 or None: never) without a
+    `heartbeat`. Raises `ValueError` for a negative or NaN `timeout_s`."""
 
     def __init__(self, timeout_s, exit=os._exit):
         super().__init__()

@@ -91,14 +91,9 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
     )
     if input_shape is not None:
         settings["input_shape"] = list(input_shape)
-    return Plan(
-        world_size=world_size,
-        per_rank_batch_size=per_rank,
-        accumulation_steps=config.accumulation_steps,
-        total_steps=steps * epochs,
-        settings=json.loads(json.dumps(settings)),  # as a checkpoint's record gives them back (lists)
-        **figures,
-    )
+    sizes = dict(world_size=world_size, per_rank_batch_size=per_rank, total_steps=steps * epochs)
+    settings = json.loads(json.dumps(settings))  # as a checkpoint's record gives them back (lists)
+    return Plan(accumulation_steps=config.accumulation_steps, settings=settings, **sizes, **figures)
 
 
 def plan_changes(recorded, plan, allowed=()):

@@ -1,7 +1,5 @@
-"""Threads per rank from the cores it may use: `cores` = its affinity mask (the launcher's binding), `usable`
-= the node's CPUs open to the job (cgroup cpuset and CPU quota), `share` = ceil(local_size x |cores| /
-usable) ranks on these cores, threads = max(1, |cores| // share). Bound ranks (disjoint masks) use their
-cores; unbound ranks split the usable CPUs among Horovod's local_size (logical CPUs, as TensorFlow counts)."""
+"""Threads per rank from the cores it may use: `cores` = its affinity mask, `usable` = the node's CPUs open to
+the job (cgroup cpuset and CPU quota): threads = max(1, |cores| // ceil(local_size x |cores| / usable))."""
 
 import math
 import os

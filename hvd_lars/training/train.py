@@ -34,8 +34,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Job:
-    """A run: settings, run directory, stop signals, watchdog, the caller's callbacks; once `start`ed, model,
-    progress, `checkpoint`, and rank 0's `started`: (the path restored or None, the refusal or None)."""
+    """A run; `started`: rank 0's (the checkpoint restored or None, the refusal or None)."""
 
     config: TrainConfig
     run_dir: str
@@ -57,8 +56,7 @@ class Job:
         return cls(config, os.path.join(config.workdir, name), signals, watchdog, list(extra_callbacks))
 
     def agree(self):
-        """Rank 0's start on every rank (a collective): its refusal raised on every rank (`ResumeRefused`),
-        or the progress of the checkpoint it restored, and the checkpoint manager once rank 0 chose."""
+        """A collective: rank 0's start on every rank, or its refusal raised (`ResumeRefused`)."""
         restored, refusal = collectives.broadcast_object(self.started, name="hvd_lars.start")
         if refusal:
             raise checkpoints.ResumeRefused(refusal)
@@ -87,8 +85,7 @@ def run(config, extra_callbacks=()):
 
 
 def start(job, plan, shapes, agree=True):
-    """The compiled model and built optimizer of `plan` (`shapes`: `num_classes`, `input_shape`), and rank
-    0's `checkpoints.resume`, shared now (`Job.agree`) unless `agree` is False (elastic, before a sync)."""
+    """The compiled model and optimizer of `plan` and rank 0's `checkpoints.resume`, shared if `agree`."""
     config, chief = job.config, collectives.is_chief()
     keras.utils.set_random_seed(config.seed + collectives.rank())
     keras.mixed_precision.set_global_policy(plan.precision)
@@ -184,8 +181,7 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
     ]
 
 
-def _skipped_corrupt(data):
-    """The training files skipped (--skip_corrupt), summed over ranks, into the epoch logs."""
+def _skipped_corrupt(data):  # --skip_corrupt's count of files skipped, summed over ranks, in the logs
     if data.skipped_corrupt is None:
         return []
 
@@ -197,8 +193,7 @@ def _skipped_corrupt(data):
 
 
 def fit(model, data, plan, config, callbacks, step):
-    """`model.fit` from update `step` to the plan's last: an epoch resumed mid-way first (its stream starts
-    after the micro-batches consumed: `train_from`), then the whole epochs, unless `model.stop_training`."""
+    """`model.fit` from update `step` to the plan's last: a part of an epoch first, then whole epochs."""
     while step < plan.total_steps:
         train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
@@ -219,9 +214,8 @@ def fit(model, data, plan, config, callbacks, step):
 
 
 def run_elastic(config, extra_callbacks=()):
-    """`run` while workers leave and join. No collective before the first sync, where a joining worker meets
-    the others (`_JobState.sync`). Raises as `run` does, and ValueError: no elastic launcher or
-    `--global_batch_size` (`check_launched`), a worker count that does not divide the global batch."""
+    """`run` while workers leave and join. Raises as `run` does, and ValueError: no elastic launcher or
+    `--global_batch_size`, a worker count that does not divide the global batch."""
     # Horovod's response cache off: re-initialised ranks would fuse differently (docs/faults.md).
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()

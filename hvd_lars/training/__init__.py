@@ -1,5 +1,4 @@
-"""The training application started by `python -m hvd_lars.main` (`hvd-lars-train`); the library wing
-(`hvd_lars.optim`, `hvd_lars.parallel`) never imports it."""
+"""The training application of `hvd_lars.main`; `hvd_lars.optim` and `.parallel` never import it."""
 
 import hvd_lars
 

@@ -1,6 +1,6 @@
-"""Checkpoints: `PeriodicCheckpoint` saves them, each with its plan; `resume` restores the newest readable one
-whose plan fits (docs/design.md, "A start"). `strict`, `read_json`: non-finite floats as strings."""
+"""Checkpoints: `PeriodicCheckpoint` saves them, `resume` restores one (docs/design.md, "A start")."""
 
+import contextlib
 import glob
 import json
 import logging
@@ -78,8 +78,7 @@ def read_plan(prefix):
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
     """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never) and at each epoch end
-    (`at_epoch_end`; else at each `fit`'s end); `asynchronous`: in the background. `progress`: its
-    `epoch_logs.Progress`, or None."""
+    (`at_epoch_end`; else at `fit`'s end); `asynchronous`: in the background; `progress`: its `Progress`."""
 
     def __init__(
         self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False, progress=None
@@ -125,7 +124,6 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return self._error(e)
 
     def _error(self, e):
-        # Rank 0: the message, once the failed checkpoint's files are gone (the index never named them).
         step, folder = self._pending_step, self.manager.directory
         prefix = os.path.join(folder, f"ckpt-{step}")
         if prefix not in self.manager.checkpoints:
@@ -161,10 +159,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
 def candidates(folder):
     """The checkpoint prefixes of `folder`, in the order a start tries them."""
-    try:
+    state = None
+    with contextlib.suppress(ValueError):  # an index empty or not text
         state = tf.train.get_checkpoint_state(folder)  # None where absent or it does not parse
-    except ValueError:  # empty, or not text
-        state = None
     names = os.listdir(folder) if os.path.isdir(folder) else []
     steps = sorted(int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index$").match, names) if m)
     newest = [os.path.abspath(state.model_checkpoint_path)] if state else []
@@ -172,9 +169,8 @@ def candidates(folder):
 
 
 def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
-    """Rank 0's start: restores into `model` and `optimizer` (`build()` builds it) the newest readable
-    checkpoint of `<run_dir>/checkpoints` and returns its path (None: none). Raises `ResumeRefused`: none can
-    be read, or its plan does not fit `plan` under `allow_plan_change`, or its variables do not fit."""
+    """Rank 0 restores the newest readable checkpoint of `<run_dir>/checkpoints`, returns its path (None:
+    none). Raises `ResumeRefused`: none can be read, or its plan or variables do not fit."""
     folder, unreadable = os.path.abspath(os.path.join(run_dir, "checkpoints")), []
     for path in candidates(folder):
         try:

@@ -1,5 +1,4 @@
-"""The run's configuration: one `TrainConfig` field per flag of `hvd_lars.main`, each declared once by
-`setting`. Units: images, epochs, learning rates per update (`base_learning_rate`: per 256 images)."""
+"""The run's configuration: one `TrainConfig` field per flag of `hvd_lars.main`, declared by `setting`."""
 
 import dataclasses
 import os

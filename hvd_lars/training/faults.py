@@ -1,6 +1,6 @@
-"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint
-(docs/faults.md: each cause, its exit status, what it leaves)."""
+"""Every rank stops together at an update boundary, keeping the last complete checkpoint (docs/faults.md)."""
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -179,10 +179,8 @@ def write_atomically(path, write):
 def remove_quietly(*paths):
     """Removes the files `paths` that exist, leaving any it cannot remove."""
     for path in paths:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(path)
-        except OSError:
-            pass
 
 
 class Stopped(Exception):
@@ -297,8 +295,7 @@ def run_dir_problem(run_dir, needed_bytes):
 
 
 def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
-    """A collective: raises `ValueError` on every rank when rank 0 cannot write `run_dir` or it lacks room
-    for `keep_checkpoints` + 1 checkpoints of `checkpoint_size` bytes (the newest is written first)."""
+    """A collective: `ValueError` where `run_dir` lacks room for `keep_checkpoints` + 1 checkpoints."""
     needed = (keep_checkpoints + 1) * checkpoint_size
     problem = run_dir_problem(run_dir, needed) if collectives.is_chief() else None
     if problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_check"):
@@ -370,8 +367,7 @@ class ProgressWatchdog(keras.callbacks.Callback):
 
 
 class RunDirClaim:
-    """Context manager on every rank, a collective on entry: rank 0 holds a lock on `<run_dir>/running.lock`
-    (which names it) until exit; every rank raises `ValueError` while another process holds it."""
+    """Context manager, a collective: rank 0 locks `<run_dir>/running.lock`; ValueError: another holds it."""
 
     def __init__(self, run_dir):
         self.run_dir, self._fd = run_dir, None
@@ -404,10 +400,8 @@ class RunDirClaim:
                 "--workdir)."
             ) from None
         os.ftruncate(fd, 0)
-        started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        os.pwrite(
-            fd, f"process {os.getpid()} on host {socket.gethostname()} (started {started})\n".encode(), 0
-        )
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} (started {when})\n".encode(), 0)
         return fd
 
     def __exit__(self, *exc):

@@ -1,5 +1,4 @@
-"""The run's plan in optimizer steps (`make_plan`: where epochs and rates per 256 images become steps and a
-peak rate), what is built from it, and a resume's comparison with its checkpoint's plan (`plan_changes`)."""
+"""The run's plan in optimizer steps (`make_plan`), what is built from it, and a resume's `plan_changes`."""
 
 import dataclasses
 import json
@@ -62,8 +61,7 @@ _FOLDED = "image_size max_train_examples warmup_epochs decay_boundaries_epochs b
 
 
 def make_plan(config, world_size, num_train_examples, input_shape=None):
-    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`). Raises
-    ValueError: a global batch over the data size, or `resolve_batch`'s."""
+    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`)."""
     input_shape = getattr(num_train_examples, "input_shape", input_shape)
     examples = getattr(num_train_examples, "num_train_examples", num_train_examples)
     global_batch, per_rank = config.resolve_batch(world_size)

@@ -1,5 +1,4 @@
-"""A picture of one run from its logs: loss, top-1 and learning rate against the optimizer step.
-`hvd-lars-plot RUN_DIR [--out PNG]` (or `python -m hvd_lars.training.plot_run`), also during the run."""
+"""A picture of one run from its logs: loss, top-1 and learning rate against the optimizer step."""
 
 import argparse
 import csv

@@ -1,6 +1,7 @@
 """Threads per rank from the cores it may use: `cores` = its affinity mask, `usable` = the node's CPUs open to
 the job (cgroup cpuset and CPU quota): threads = max(1, |cores| // ceil(local_size x |cores| / usable))."""
 
+import contextlib
 import math
 import os
 
@@ -50,11 +51,9 @@ def configure_threads(config, world_size):
     """Sizes TensorFlow's pools (before its first op) to `threads_per_rank` or the config's; returns them."""
     per_rank = threads_per_rank(max(1, min(world_size, collectives.local_size())))
     intra, inter = config.intra_op_threads or per_rank, config.inter_op_threads or per_rank
-    try:
+    with contextlib.suppress(RuntimeError):  # TensorFlow already initialised: it keeps its pools
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:
-        pass  # TensorFlow already initialised: it keeps its pools
     return intra, inter
 
 
@@ -82,8 +81,7 @@ def describe_placements(placements):
     return "cores per rank: " + "; ".join(parts)
 
 
-# Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms and Open MPI polls while it waits,
-# taking a core from the step: a 5 ms cycle and MPI yielding give it back (results/scaling.md, threads).
+# Horovod's negotiation and Open MPI's polling take a core: a 5 ms cycle, MPI yielding (results/scaling.md).
 HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 

@@ -1,5 +1,4 @@
-"""The training loop (docs/design.md, "The loop"): `run` trains a job of fixed size (`Job.resolve`, `start`,
-`attempt`); `run_elastic` retries `attempt` after each change of workers, with the same plan."""
+"""The training loop (docs/design.md, "The loop"): `run`, of a fixed world size, and `run_elastic`."""
 
 import dataclasses
 import functools
@@ -67,9 +66,8 @@ class Job:
 
 
 def run(config, extra_callbacks=()):
-    """Trains `config` on every rank; returns the summary dict. `extra_callbacks` run after evaluation, before
-    the loggers. Raises ValueError (bad configuration; a run directory not writable, short of space, in use or
-    not resumable), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
+    """Trains `config` on every rank; returns the summary dict. Raises ValueError (bad configuration or run
+    directory), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
     rank, world_size = collectives.init()
     global_batch, per_rank_batch = config.resolve_batch(world_size)
     job = Job.resolve(config, global_batch, world_size, extra_callbacks)
@@ -132,9 +130,8 @@ def attempt(job, plan, data, commit=None):
             log.info(f"{run_dir} complete ({done}); nothing to do: {checkpoints.AFRESH.format(run_dir)}.")
         return RunSummary.load(run_dir)
     summary = RunSummary(run_dir, config, plan, start_step, applied, job.progress)
-    callbacks = callbacks_in_order(job, data, plan, summary, commit)
     try:
-        fit(model, data, plan, config, callbacks, start_step)
+        fit(model, data, plan, config, callbacks_in_order(job, data, plan, summary, commit), start_step)
     except (faults.TrainingDiverged, faults.Preempted) as e:
         summary.record_stop(type(e).__name__, e.step, str(e))
         raise
@@ -146,15 +143,13 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
     """The callbacks of one attempt, in the order Keras runs them (docs/design.md, "The loop")."""
     config, chief, start_step = job.config, collectives.is_chief(), int(job.model.optimizer.iterations)
     images_per_batch = plan.per_rank_batch_size * collectives.size()
-    evaluate = functools.partial(
-        ExactEvaluation, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
-    )
+    exact = functools.partial(ExactEvaluation, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs)
     saves = (config.checkpoint_every_steps, plan.accumulation_steps, config.checkpoint_at_epoch_end)
     checkpointer = PeriodicCheckpoint(job.manager, *saves, config.async_checkpoints, job.progress)
     guard = faults.FaultGuard(job.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
-    evaluations = [evaluate(data.eval, data.num_eval_examples)]
+    evaluations = [exact(data.eval, data.num_eval_examples)]
     if data.validation is not None:  # the held-out training images (--validation_examples), as val_*
-        evaluations.append(evaluate(data.validation, data.num_validation_examples, prefix="val"))
+        evaluations.append(exact(data.validation, data.num_validation_examples, prefix="val"))
     loggers, lines, path = [], [], functools.partial(os.path.join, job.run_dir)
     if chief:
         csv = epoch_logs.MetricsCSV(path("metrics.csv"), start_step)
@@ -214,8 +209,7 @@ def fit(model, data, plan, config, callbacks, step):
 
 
 def run_elastic(config, extra_callbacks=()):
-    """`run` while workers leave and join. Raises as `run` does, and ValueError: no elastic launcher or
-    `--global_batch_size`, a worker count that does not divide the global batch."""
+    """`run` while workers leave and join; raises as `run` does, and `check_launched`'s ValueError."""
     # Horovod's response cache off: re-initialised ranks would fuse differently (docs/faults.md).
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()
@@ -252,8 +246,7 @@ def _elastic_attempt(state):
 
 
 class _JobState(State):
-    """The elastic state of a `Job`: `sync()` gives rank 0's input description to a rank without a model,
-    which `start`s, shares rank 0's start, then syncs the model and optimizer (`hvd_elastic.KerasState`)."""
+    """The elastic state of a `Job`: `sync()` starts a rank without a model, then syncs it with rank 0's."""
 
     def __init__(self, job, shapes):
         bcast = functools.partial(collectives.broadcast_object, name="hvd_lars.elastic.hosts")

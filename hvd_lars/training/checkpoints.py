@@ -77,8 +77,7 @@ def read_plan(prefix):
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
-    """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never) and at each epoch end
-    (`at_epoch_end`; else at `fit`'s end); `asynchronous`: in the background; `progress`: its `Progress`."""
+    """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never), at epoch ends if asked."""
 
     def __init__(
         self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False, progress=None

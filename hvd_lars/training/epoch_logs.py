@@ -1,5 +1,4 @@
-"""What a run records and says, epoch by epoch and at its end: `Progress`, `ExactEvaluation`, the writers of
-metrics.csv, tensorboard/ and summary.json (docs/training.md), and `EpochProgress`, rank 0's lines."""
+"""What a run records and says each epoch and at its end: summary.json, metrics.csv, tensorboard/, lines."""
 
 import csv
 import dataclasses
@@ -65,7 +64,6 @@ def provenance():
 
 
 def _unreadable(path, error):
-    """Rank 0 renames the file `path` that cannot be read to `<path>.unreadable`, with one warning."""
     if collectives.is_chief():
         os.replace(path, f"{path}.unreadable")
         log.warning(f"{path} cannot be read ({type(error).__name__}: {error}); renamed {path}.unreadable")
@@ -109,7 +107,6 @@ class RunSummary(keras.callbacks.Callback):
             _unreadable(path, e)
 
     def record_stop(self, reason, step, message):
-        """Records why training stopped early ("stopped": reason, step, message) and writes the file."""
         self.summary["stopped"] = {"reason": reason, "step": step, "message": message}
         self._update()
 
@@ -143,7 +140,6 @@ class RunSummary(keras.callbacks.Callback):
 
 
 def _end_lines(s, run_dir, checkpoint, plot):
-    """The run's last lines: epochs, steps, time, images/s; final and best top-1/top-5; where things are."""
     epochs, rate = s["epochs"], s["images_per_second"]
     lines = [
         f"finished {s['run_name']}: {epochs[-1]['epoch'] if epochs else 0} of {s['plan']['epochs']} epochs "

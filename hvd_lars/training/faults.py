@@ -63,8 +63,7 @@ def watched():
 
 
 class StopSignals:
-    """Context manager, in the main thread: records in `received` the first of SIGTERM, SIGUSR1, SIGINT, or
-    this rank's MPI launcher stopping the job or ending. A second SIGINT ends the process (status 130)."""
+    """In the main thread: `received` names the first `STOP_SIGNALS` or launcher stop; a 2nd SIGINT exits."""
 
     def __init__(self):
         self.received = self._launcher_stop = self._thread = None
@@ -152,8 +151,7 @@ def note_unreadable(path, split):
 
 
 def agree(name="hvd_lars.file_failure_vote", counts=()):
-    """A collective (one `name` per call site): `counts` summed over ranks (float64 array); raises
-    `FileFailure` on every rank instead, with the lowest rank's message, where a rank noted a failure."""
+    """A collective (a `name` per call site): `counts` summed over ranks; `FileFailure` if any was noted."""
     global _noted
     sums = collectives.allreduce_sum([*counts, _noted is not None], name=name)
     if not sums[-1]:
@@ -200,8 +198,7 @@ class TrainingDiverged(Stopped, RuntimeError):
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """At each update: a noted failure raises `FileFailure`, non-finite values `TrainingDiverged`, a signal
-    `Preempted` once `checkpoint` is saved. Place it before checkpoint, evaluation and logging."""
+    """Every rank, each update: `FileFailure`, `TrainingDiverged`, or `Preempted` (`checkpoint` saved)."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()

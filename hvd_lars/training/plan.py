@@ -11,7 +11,7 @@ from hvd_lars.data import DATASETS, InputRequest
 from hvd_lars.data.preprocessing import DEFAULT_PREPROCESSING
 from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
-from hvd_lars.optim.scaling import REFERENCE_BATCH, scaled_learning_rate, steps_in_epochs
+from hvd_lars.optim.scaling import scaled_learning_rate, steps_in_epochs
 from hvd_lars.optim.schedules import goyal_boundaries, make_schedule
 from hvd_lars.parallel.optimizer import DistributedOptimizer
 from hvd_lars.training import faults, threads
@@ -68,9 +68,7 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
     if global_batch > examples:
         raise ValueError(f"--global_batch_size={global_batch} exceeds the {examples} training examples.")
     steps, epochs = config.steps_per_epoch or examples // global_batch, int(config.epochs)
-    peak = config.peak_learning_rate or scaled_learning_rate(
-        config.base_learning_rate, global_batch, REFERENCE_BATCH
-    )
+    peak = config.peak_learning_rate or scaled_learning_rate(config.base_learning_rate, global_batch)
     warmup, precision = steps_in_epochs(config.warmup_epochs, steps), resolve_precision(config.precision)
     figures = dict(global_batch_size=global_batch, steps_per_epoch=steps, epochs=epochs, warmup_steps=warmup)
     figures.update(peak_learning_rate=peak, precision=precision)

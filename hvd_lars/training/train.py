@@ -48,7 +48,6 @@ class Job:
 
     @classmethod
     def resolve(cls, config, global_batch, world_size, extra_callbacks=()):
-        """The run directory is `--run_name`, or named after the data, model, optimizer and global batch."""
         name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
         threads.configure_threads(config, world_size)  # the pool sizes the run log shows per rank
         signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
@@ -177,14 +176,11 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
 
 
 def _skipped_corrupt(data):  # --skip_corrupt's count of files skipped, summed over ranks, in the logs
-    if data.skipped_corrupt is None:
-        return []
-
     def count(epoch, logs):
         local = int(data.skipped_corrupt.numpy())
         logs["skipped_corrupt_images"] = float(collectives.allreduce_sum([local], "hvd_lars.skipped")[0])
 
-    return [keras.callbacks.LambdaCallback(on_epoch_end=count)]
+    return [] if data.skipped_corrupt is None else [keras.callbacks.LambdaCallback(on_epoch_end=count)]
 
 
 def fit(model, data, plan, config, callbacks, step):

@@ -39,7 +39,6 @@ define_flags()
 
 
 def config_from_flags(flag_values=FLAGS):
-    """The `TrainConfig` of the parsed flags."""
     return TrainConfig(**{f.name: flag_values[f.name].value for f in dataclasses.fields(TrainConfig)})
 
 
@@ -112,7 +111,6 @@ def parse(argv):
 
 
 def run_training(config, extra_callbacks=()):
-    """The loop `config` asks for: elastic (workers come and go) or of a fixed world size."""
     from hvd_lars.training import train
 
     return (train.run_elastic if config.elastic else train.run)(config, extra_callbacks)

@@ -168,8 +168,7 @@ def candidates(folder):
 
 
 def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
-    """Rank 0 restores the newest readable checkpoint of `<run_dir>/checkpoints`, returns its path (None:
-    none). Raises `ResumeRefused`: none can be read, or its plan or variables do not fit."""
+    """Rank 0 restores the newest readable checkpoint of `run_dir`: its path or None; `ResumeRefused`."""
     folder, unreadable = os.path.abspath(os.path.join(run_dir, "checkpoints")), []
     for path in candidates(folder):
         try:

@@ -129,8 +129,7 @@ class TrainConfig:
                     raise ValueError(f"--{f.name}={','.join(map(str, value))}: {e}") from e
 
     def resolve_batch(self, world_size):
-        """(global batch, per-rank micro-batch) at `world_size` ranks, the one given as 0 derived from the
-        other (global = per-rank x ranks x accumulation). Raises ValueError: indivisible or contradictory."""
+        """(global batch, per-rank micro-batch) at `world_size` ranks; ValueError: they do not fit."""
         divisor = world_size * self.accumulation_steps
         if not self.global_batch_size:
             return self.per_rank_batch_size * divisor, self.per_rank_batch_size

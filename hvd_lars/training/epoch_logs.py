@@ -161,8 +161,7 @@ def _end_lines(s, run_dir, checkpoint, plot):
 
 
 class ExactEvaluation(keras.callbacks.Callback):
-    """Every `every_epochs` epochs and at `last_epoch`, adds `<prefix>_loss`, `_top1`, `_top5` over all ranks'
-    shards to the epoch logs. RuntimeError where the ranks evaluated other than `num_examples` images."""
+    """Adds `<prefix>_loss`, `_top1`, `_top5` of all ranks every `every_epochs` and at `last_epoch`."""
 
     def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
         super().__init__()

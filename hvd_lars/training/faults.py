@@ -306,8 +306,7 @@ def heartbeat():
 
 
 class ProgressWatchdog(keras.callbacks.Callback):
-    """Context manager and callback: `exit(EXIT_HUNG)` after `timeout_s` seconds (0 or None: never) without a
-    `heartbeat`. Raises `ValueError` for a negative or NaN `timeout_s`."""
+    """Context manager, callback: `exit(EXIT_HUNG)` after `timeout_s` s (0: never) with no `heartbeat`."""
 
     def __init__(self, timeout_s, exit=os._exit):
         super().__init__()

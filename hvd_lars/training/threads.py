@@ -1,5 +1,4 @@
-"""Threads per rank from the cores it may use: `cores` = its affinity mask, `usable` = the node's CPUs open to
-the job (cgroup cpuset and CPU quota): threads = max(1, |cores| // ceil(local_size x |cores| / usable))."""
+"""Threads per rank = max(1, |cores| // ceil(local_size x |cores| / usable)): mask, job's CPUs of the node."""
 
 import contextlib
 import math

@@ -79,7 +79,6 @@ class _RunLines(logging.Handler):
 
 
 def configure_logging():
-    """The run's lines through Python's logging (logger `hvd_lars`, `_RunLines`), from level INFO."""
     log.handlers[:] = [_RunLines()]
     log.setLevel(logging.INFO)
     log.propagate = False

@@ -9,8 +9,7 @@ from hvd_lars.arguments import above, at_least, fraction
 
 
 def setting(default, help, accepted=None, *, plan=False, group=None):
-    """A `TrainConfig` field. `accepted`: values (tuple) or an `arguments.Range`; `plan`: a resume refuses a
-    change unless `--allow_plan_change` names it; `group`: the --help group this field opens."""
+    """A `TrainConfig` field: `accepted` values or `arguments.Range`, a `plan` setting, the --help `group`."""
     metadata = dict(help=help, accepted=accepted, plan=plan, group=group)
     return dataclasses.field(default=default, metadata=metadata)
 

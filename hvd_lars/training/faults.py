@@ -175,7 +175,6 @@ def write_atomically(path, write):
 
 
 def remove_quietly(*paths):
-    """Removes the files `paths` that exist, leaving any it cannot remove."""
     for path in paths:
         with contextlib.suppress(OSError):
             os.remove(path)

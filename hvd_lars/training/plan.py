@@ -104,7 +104,6 @@ def plan_changes(recorded, plan, allowed=()):
 
 
 def changed_settings(recorded, plan):
-    """True when any resolved setting differs from `recorded` (allowed or not)."""
     return any(recorded.get(name) != new for name, new in plan.settings.items())
 
 
@@ -119,7 +118,6 @@ def refuse_plan_changes(changes, run_dir, checkpoint):
 
 
 def build_schedule(config, plan):
-    """The learning-rate schedule `config.schedule` over the steps and boundaries of `plan`."""
     return make_schedule(
         config.schedule,
         power=config.decay_power,
@@ -184,7 +182,6 @@ def input_request(config, per_rank_batch, rank, world_size, run_dir):
 
 
 def input_options(config):
-    """The options of `config.dataset`: the settings `DATASET_SETTINGS` lists for it."""
     return _named(config, *DATASET_SETTINGS[config.dataset])
 
 

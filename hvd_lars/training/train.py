@@ -225,7 +225,6 @@ def run_elastic(config, extra_callbacks=()):
 
 
 def _elastic_attempt(state):
-    """One attempt of an elastic job at the world size of the moment."""
     job, rank, world_size = state.job, collectives.rank(), collectives.size()
     resolve_batch(job.config, world_size)  # a ValueError naming the worker counts that fit
     plan = make_plan(job.config, world_size, state.shapes)

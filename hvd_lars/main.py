@@ -21,8 +21,7 @@ from hvd_lars.training.config import TrainConfig
 FLAGS = flags.FLAGS
 EXIT_BAD_INPUT = 2
 log = logging.getLogger("hvd_lars")
-# Where each launcher tells a rank its place (horovodrun --gloo, Open MPI, MPICH/PMIx, srun), before
-# Horovod is started: the lines of the run are written by rank 0, and a mistake in the flags is said once.
+# Each launcher's rank variable (horovodrun --gloo, Open MPI, MPICH/PMIx, srun), read before Horovod starts.
 _RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,7 +39,6 @@ define_flags()
 
 
 def config_from_flags(flag_values=FLAGS):
-    """The `TrainConfig` of the parsed flags."""
     return TrainConfig(**{f.name: flag_values[f.name].value for f in dataclasses.fields(TrainConfig)})
 
 
@@ -65,8 +63,7 @@ def help_text():
 
 
 class _RunLines(logging.Handler):
-    """`[hvd_lars] ...` on stdout, `[hvd_lars] warning: ...`, `hvd_lars: error: ...` on stderr: rank 0's, and
-    those another rank marks as its own (`extra={"every_rank": True}`), naming it (`[hvd_lars rank 3]`)."""
+    """Rank 0's lines, and another rank's marked `extra={"every_rank": True}`: errors, warnings on stderr."""
 
     def emit(self, record):
         horovod = sys.modules.get("horovod.tensorflow")  # once started, its rank (an elastic job's changes)
@@ -84,7 +81,6 @@ class _RunLines(logging.Handler):
 
 
 def configure_logging():
-    """The run's lines through Python's logging (logger `hvd_lars`, `_RunLines`), from level INFO."""
     log.handlers[:] = [_RunLines()]
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -116,7 +112,6 @@ def parse(argv):
 
 
 def run_training(config, extra_callbacks=()):
-    """The loop `config` asks for: elastic (workers come and go) or of a fixed world size."""
     from hvd_lars.training import train
 
     return (train.run_elastic if config.elastic else train.run)(config, extra_callbacks)

@@ -1,7 +1,4 @@
-"""The training application: configuration and plan, the loop, checkpoints, faults and logs, started by
-`python -m hvd_lars.main` (`hvd-lars-train`). The library wing (`hvd_lars.optim`, `hvd_lars.parallel`)
-never imports it.
-"""
+"""The training application of `hvd_lars.main`; `hvd_lars.optim` and `.parallel` never import it."""
 
 import hvd_lars
 

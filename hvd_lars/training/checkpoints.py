@@ -1,7 +1,6 @@
-"""Checkpoints: `PeriodicCheckpoint` saves them, each with its plan (`plan_variable`); `resume` restores the
-newest readable one whose plan fits (docs/design.md, "A start"). `strict`, `read_json`: JSON with non-finite
-numbers as the strings "NaN", "Infinity", "-Infinity"."""
+"""Checkpoints: `PeriodicCheckpoint` saves them, `resume` restores one (docs/design.md, "A start")."""
 
+import contextlib
 import glob
 import json
 import logging
@@ -64,8 +63,7 @@ def plan_variable(settings):
 
 
 def read_plan(prefix):
-    """The plan (dict) of the checkpoint at `prefix`, once every tensor is read (TensorFlow checks each
-    one's CRC32C); a `ValueError` saying why it cannot be read."""
+    """The plan (dict) of the checkpoint at `prefix`, once every tensor is read; ValueError: unreadable."""
     try:
         reader = tf.train.load_checkpoint(prefix)
         for name in reader.get_variable_to_shape_map():
@@ -79,10 +77,7 @@ def read_plan(prefix):
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
-    """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never) and
-    at each epoch end after evaluation (`at_epoch_end`; else at each `fit`'s end), numbered by the update,
-    at update boundaries (`accumulation_steps`); the index, written last, names a complete checkpoint.
-    `asynchronous`: written as rank 0 trains on. `progress`: the `epoch_logs.Progress` it holds, or None."""
+    """Rank 0 saves `manager`'s checkpoint every `every_steps` updates (0: never), at epoch ends if asked."""
 
     def __init__(
         self, manager, every_steps, accumulation_steps=1, at_epoch_end=True, asynchronous=False, progress=None
@@ -96,10 +91,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._last_saved = self._pending_step = None
 
     def save(self):
-        """Saves the checkpoint of the current update, once per update; a collective that raises
-        `faults.FileFailure` on every rank when the write fails or a rank noted a failure before."""
+        """A collective: saves this update's checkpoint once; `faults.FileFailure` where a write failed."""
         step = int(self.model.optimizer.iterations)
-        # Every rank: the checkpoint holds all ranks' statistics, so a resumed run goes on as an unbroken one.
         collectives.average_variables(moving_statistics(self.model), name="hvd_lars.checkpoint_statistics")
         if self.progress is not None:
             self.progress.capture()
@@ -117,8 +110,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self.manager.sync()
             step = self._pending_step
             if step is not None and not os.path.exists(f"{self.manager.directory}/ckpt-{step}.index"):
-                # TensorFlow's background writer keeps its exception (a private attribute, TF 2.21) until
-                # the next save, and sync() does not raise it: the missing files show the failure.
+                # sync() does not raise the background writer's exception (a private attribute, TF 2.21).
                 writer = getattr(self.manager._checkpoint, "_async_checkpointer_impl", None)
                 reason = getattr(writer, "_async_error", None)
                 if reason is not None:
@@ -131,7 +123,6 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return self._error(e)
 
     def _error(self, e):
-        # Rank 0: the message, once the failed checkpoint's files are gone (the index never named them).
         step, folder = self._pending_step, self.manager.directory
         prefix = os.path.join(folder, f"ckpt-{step}")
         if prefix not in self.manager.checkpoints:
@@ -150,7 +141,6 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         faults.agree("hvd_lars.checkpoint_error")
 
     def on_train_batch_end(self, batch, logs=None):
-        # The epoch's last update is saved by on_epoch_end, after evaluation, which a kill then repeats.
         last_of_epoch = self.at_epoch_end and self.params and batch + 1 == self.params.get("steps")
         if self.every_steps and (batch + 1) % self.accumulation_steps == 0 and not last_of_epoch:
             if int(self.model.optimizer.iterations) % self.every_steps == 0:
@@ -167,12 +157,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
 
 def candidates(folder):
-    """The checkpoint prefixes of `folder` in the order a start tries them: the index's newest, then every
-    other `ckpt-<step>` of the folder from the highest step. An index that does not parse counts as absent."""
-    try:
+    """The checkpoint prefixes of `folder`, in the order a start tries them."""
+    state = None
+    with contextlib.suppress(ValueError):  # an index empty or not text
         state = tf.train.get_checkpoint_state(folder)  # None where absent or it does not parse
-    except ValueError:  # empty, or not text
-        state = None
     names = os.listdir(folder) if os.path.isdir(folder) else []
     steps = sorted(int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index$").match, names) if m)
     newest = [os.path.abspath(state.model_checkpoint_path)] if state else []
@@ -180,11 +168,7 @@ def candidates(folder):
 
 
 def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
-    """Rank 0's start: restores into `model` and `optimizer` (`build()` builds it) the newest checkpoint of
-    `<run_dir>/checkpoints` it can read, if its plan fits `plan` under `allow_plan_change`; returns its
-    path, or None where there is none. Each unreadable one tried before is named in a warning, and left.
-    Raises `ResumeRefused` (no file changed): none can be read, or the one read does not fit. An index
-    (`checkpoint`) that `tf.train.CheckpointManager` cannot open is derived data: removed, in one warning."""
+    """Rank 0 restores the newest readable checkpoint of `run_dir`: its path or None; `ResumeRefused`."""
     folder, unreadable = os.path.abspath(os.path.join(run_dir, "checkpoints")), []
     for path in candidates(folder):
         try:
@@ -194,11 +178,8 @@ def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
             continue
         for skipped in unreadable:
             warn(f"the checkpoint {skipped} cannot be read: an older one is tried, its files are left")
-        refusal = refuse_plan_changes(plan_changes(recorded, plan, allow_plan_change), run_dir, path)
-        if refusal:
+        if refusal := refuse_plan_changes(plan_changes(recorded, plan, allow_plan_change), run_dir, path):
             raise ResumeRefused(refusal)
-        # Every variable matched (after an allowed change of plan, those the checkpoint has); `build()`
-        # makes the optimizer's, which take the checkpoint's values as they are made (deferred restoration).
         try:
             status = tf.train.Checkpoint(model=model, optimizer=optimizer).restore(path)
             status.assert_existing_objects_matched()

@@ -1,5 +1,4 @@
-"""The run's configuration: one `TrainConfig` field per flag of `hvd_lars.main`, each declared once by
-`setting`. Units: images, epochs, learning rates per update (`base_learning_rate`: per 256 images)."""
+"""The run's configuration: one `TrainConfig` field per flag of `hvd_lars.main`, declared by `setting`."""
 
 import dataclasses
 import os
@@ -10,15 +9,12 @@ from hvd_lars.arguments import above, at_least, fraction
 
 
 def setting(default, help, accepted=None, *, plan=False, group=None):
-    """A `TrainConfig` field. `accepted`: a tuple of values ("" too where the default is "") or an
-    `arguments.Range` (of each number of a tuple); `plan`: a resume refuses a change unless
-    `--allow_plan_change` names it; `group`: the --help group this field opens."""
+    """A `TrainConfig` field: `accepted` values or `arguments.Range`, a `plan` setting, the --help `group`."""
     metadata = dict(help=help, accepted=accepted, plan=plan, group=group)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-# Copies of the library's registries' names, so that flags are checked before TensorFlow is imported
-# (tests/test_config.py compares them). Each data set with the settings it reads; another's are refused.
+# Copies of the library's registries' names (checked before TensorFlow is imported); each data set's settings.
 DATASET_SETTINGS = {
     "fashion_mnist": ("validation_examples",),
     "imagenet2012": ("image_size", "preprocessing", "skip_corrupt"),
@@ -124,18 +120,15 @@ class TrainConfig:
     def __post_init__(self):  # a list (a list flag's strings, JSON's) as a tuple, of floats for numbers
         for f in dataclasses.fields(self):
             if f.type is tuple:
-                value, item = (
-                    getattr(self, f.name),
-                    float if isinstance(f.metadata["accepted"], arguments.Range) else str,
-                )
+                value = getattr(self, f.name)
+                item = float if isinstance(f.metadata["accepted"], arguments.Range) else str
                 try:
                     setattr(self, f.name, tuple(map(item, value)))
                 except ValueError as e:
                     raise ValueError(f"--{f.name}={','.join(map(str, value))}: {e}") from e
 
     def resolve_batch(self, world_size):
-        """(global batch, per-rank micro-batch) at `world_size` ranks, the one given as 0 derived from the
-        other (global = per-rank x ranks x accumulation). Raises ValueError: indivisible or contradictory."""
+        """(global batch, per-rank micro-batch) at `world_size` ranks; ValueError: they do not fit."""
         divisor = world_size * self.accumulation_steps
         if not self.global_batch_size:
             return self.per_rank_batch_size * divisor, self.per_rank_batch_size
@@ -154,8 +147,7 @@ class TrainConfig:
         return self.global_batch_size, per_rank
 
     def validate(self):
-        """Checks each setting by its declaration, then the rules between settings (`resolve_batch` checks
-        the batch against the world size). Raises ValueError: one line naming the flag and its value."""
+        """Checks each setting and the rules between them. Raises ValueError naming the flag and its value."""
         for f in dataclasses.fields(self):
             name, value, accepted = f.name, getattr(self, f.name), f.metadata["accepted"]
             if isinstance(accepted, tuple) and value not in accepted and not value == "" == f.default:
@@ -165,16 +157,14 @@ class TrainConfig:
                 arguments.check(f"--{name}", value, accepted)
             elif isinstance(accepted, arguments.Range) and not all(map(accepted.accepts, value)):
                 raise ValueError(f"--{name}={list(value)}: each must be {accepted.describe()}.")
-        unknown = sorted(set(self.allow_plan_change) - set(PLAN_SETTINGS) - {ANY_PLAN_CHANGE})
-        if unknown:
+        if unknown := sorted(set(self.allow_plan_change) - set(PLAN_SETTINGS) - {ANY_PLAN_CHANGE}):
             raise ValueError(
                 f"--allow_plan_change names {', '.join(unknown)}, which are not settings of the plan; valid: "
                 f"{', '.join(PLAN_SETTINGS)}, or {ANY_PLAN_CHANGE}."
             )
         if not self.global_batch_size and not self.per_rank_batch_size:
             raise ValueError("Give --global_batch_size or --per_rank_batch_size (both are 0).")
-        lars_only = self._given(("eta", "epsilon", "trust_ratio_mode"))
-        if self.optimizer != "lars" and lars_only:
+        if self.optimizer != "lars" and (lars_only := self._given(("eta", "epsilon", "trust_ratio_mode"))):
             raise ValueError(f"{', '.join(lars_only)} only apply to --optimizer=lars, not {self.optimizer}.")
         if (self.base_learning_rate > 0) == (self.peak_learning_rate > 0):
             rates = f"{self.base_learning_rate}, {self.peak_learning_rate}"
@@ -197,13 +187,11 @@ class TrainConfig:
         return [f"--{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != getattr(TrainConfig(), n)]
 
 
-# The settings of the plan a checkpoint belongs to (`setting(..., plan=True)`), in field order.
 PLAN_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["plan"])
 
 
 def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo"):
-    """The Keras dtype policy of `precision`: "auto" is "mixed_bfloat16" where `cpuinfo_path` lists a CPU flag
-    of native bfloat16 arithmetic (avx512_bf16, amx_bf16; else emulated and slower), else "float32"."""
+    """The Keras dtype policy of `precision`; "auto": "mixed_bfloat16" on native bf16 CPUs, else "float32"."""
     if precision != "auto":
         return precision
     words = set(pathlib.Path(cpuinfo_path).read_text().split()) if os.path.exists(cpuinfo_path) else set()

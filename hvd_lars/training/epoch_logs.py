@@ -1,5 +1,4 @@
-"""What a run records and says, epoch by epoch and at its end: `Progress`, `ExactEvaluation`, the writers of
-metrics.csv, tensorboard/ and summary.json (docs/training.md), and `EpochProgress`, rank 0's lines."""
+"""What a run records and says each epoch and at its end: summary.json, metrics.csv, tensorboard/, lines."""
 
 import csv
 import dataclasses
@@ -65,15 +64,13 @@ def provenance():
 
 
 def _unreadable(path, error):
-    """Rank 0 renames the file `path` that cannot be read to `<path>.unreadable`, with one warning."""
     if collectives.is_chief():
         os.replace(path, f"{path}.unreadable")
         log.warning(f"{path} cannot be read ({type(error).__name__}: {error}); renamed {path}.unreadable")
 
 
 class RunSummary(keras.callbacks.Callback):
-    """`<run_dir>/summary.json` (keys: docs/training.md), written by rank 0 each epoch, kept by every rank as
-    `summary`; a resumed run (`start_step` updates) keeps the epochs before it. `progress`: the job's."""
+    """`<run_dir>/summary.json` (docs/training.md), written each epoch; a resumed run keeps earlier epochs."""
 
     def __init__(self, run_dir, config, plan, start_step, threads=None, progress=None):
         super().__init__()
@@ -110,7 +107,6 @@ class RunSummary(keras.callbacks.Callback):
             _unreadable(path, e)
 
     def record_stop(self, reason, step, message):
-        """Records why training stopped early ("stopped": reason, step, message) and writes the file."""
         self.summary["stopped"] = {"reason": reason, "step": step, "message": message}
         self._update()
 
@@ -130,8 +126,7 @@ class RunSummary(keras.callbacks.Callback):
             faults.write_atomically(self.path, lambda f: json.dump(strict(s), f, indent=2, allow_nan=False))
 
     def finish(self, checkpoint):
-        """The end of a run, on every rank (a collective): rank 0 draws `<run_dir>/run.png` (a warning if it
-        cannot) and logs the summary lines. Raises `faults.FileFailure` where summary.json was not written."""
+        """A collective: rank 0 plots the run and logs its last lines; raises `faults.FileFailure`."""
         if collectives.is_chief():
             run_dir = os.path.dirname(self.path)
             try:
@@ -145,7 +140,6 @@ class RunSummary(keras.callbacks.Callback):
 
 
 def _end_lines(s, run_dir, checkpoint, plot):
-    """The run's last lines: epochs, steps, time, images/s; final and best top-1/top-5; where things are."""
     epochs, rate = s["epochs"], s["images_per_second"]
     lines = [
         f"finished {s['run_name']}: {epochs[-1]['epoch'] if epochs else 0} of {s['plan']['epochs']} epochs "
@@ -167,10 +161,7 @@ def _end_lines(s, run_dir, checkpoint, plot):
 
 
 class ExactEvaluation(keras.callbacks.Callback):
-    """Every `every_epochs` epochs and at `last_epoch`, adds `<prefix>_loss` (mean cross-entropy), `_top1` and
-    `_top5` (fractions, by `hvd_lars.metrics.top_k_correct`) to the epoch logs from counts summed over the
-    ranks' shards (each image once; batch-norm statistics averaged over the ranks first). `prefix`: "test",
-    or "val". Raises RuntimeError where the ranks evaluated a number of images other than `num_examples`."""
+    """Adds `<prefix>_loss`, `_top1`, `_top5` of all ranks every `every_epochs` and at `last_epoch`."""
 
     def __init__(self, dataset, num_examples, every_epochs=1, last_epoch=None, prefix="test"):
         super().__init__()
@@ -187,13 +178,11 @@ class ExactEvaluation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 != self.last_epoch and (epoch + 1) % self.every_epochs:
             return
-        # One model for every rank: each rank's batch-norm moving statistics follow its own batches.
         collectives.average_variables(moving_statistics(self.model))
         total = np.zeros(4)
         for images, labels in self.dataset:
             total += self._counts(images, labels).numpy()
             faults.heartbeat()
-        # With the counts, whether a rank failed to read an evaluation file.
         *sums, count = faults.agree("hvd_lars.eval_counts", total)
         if int(count) != self.num_examples:
             raise RuntimeError(f"ranks evaluated {count:.0f} {self.prefix} images, not {self.num_examples}.")
@@ -202,9 +191,7 @@ class ExactEvaluation(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.Callback):
-    """What a checkpoint records beyond the model (`variable`): the epoch's running metric sums (an epoch
-    resumed mid-way reports the whole epoch's) and the run's time over its starts. Adds `epoch_time_s` and
-    `images_per_second` (all ranks' micro-batches of global batch / accumulation steps) to the epoch logs."""
+    """A checkpoint's `variable`: metric sums, run time; adds `epoch_time_s`, `images_per_second` to logs."""
 
     def __init__(self, plan):
         super().__init__()
@@ -239,7 +226,6 @@ class Progress(keras.callbacks.Callback):
             self._pending = sums
 
     def on_train_batch_end(self, batch, logs=None):
-        # Here, not before: Keras builds the compiled metrics' variables in the first training step.
         sums, variables, self._pending = self._pending or [], self.model.metrics_variables, None
         for variable, value in zip(variables, sums if len(sums) == len(variables) else []):
             variable.assign_add(value)
@@ -251,9 +237,7 @@ class Progress(keras.callbacks.Callback):
 
 
 class MetricsCSV(keras.callbacks.Callback):
-    """`metrics.csv`: a row per epoch, `epoch` (from 0), `step` (updates applied), then every key any epoch
-    reported, sorted (empty where not measured), rewritten atomically at each epoch's end. A resumed run
-    (`start_step` updates applied) keeps the rows before it; an unreadable file is renamed and begun anew."""
+    """`metrics.csv`: a row per epoch; a resumed run keeps the rows up to `start_step`, renames unreadable."""
 
     def __init__(self, path, start_step=0):
         super().__init__()
@@ -279,8 +263,7 @@ class MetricsCSV(keras.callbacks.Callback):
 
 
 class TensorBoardScalars(keras.callbacks.Callback):
-    """TensorBoard scalars in `log_dir`: each epoch-log key (and `epoch`, from 1) at the epoch's last update
-    (Keras's `TensorBoard`: at the epoch's number); the epochs a resumed run repeats show twice."""
+    """Scalars in `log_dir`: each epoch-log key (and `epoch`, from 1) at the epoch's last update."""
 
     def __init__(self, log_dir):
         super().__init__()
@@ -298,10 +281,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
 
 
 class EpochProgress(keras.callbacks.ProgbarLogger):
-    """Rank 0's plain lines (docs/training.md shows them): each epoch's header; every `every_s` seconds (0:
-    each micro-batch; None: never) micro-batches done of `batches_per_epoch`, seconds since the epoch began,
-    images/s of all ranks (`images_per_batch` a micro-batch) since the line before, rank 0's mean loss and
-    the time left; then Keras's epoch-end line. Place it last."""
+    """Rank 0's lines (docs/training.md): progress every `every_s` seconds (0: each batch; None: never)."""
 
     def __init__(self, epochs, batches_per_epoch, images_per_batch=0, every_s=None, clock=time.monotonic):
         super().__init__()
@@ -311,7 +291,6 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
     def set_params(self, params):
         super().set_params({**params, "verbose": 2})  # lines, never Keras's bar
         self.epochs, self.target = self.run_epochs, self.batches_per_epoch
-        # A fit of fewer steps than an epoch finishes an epoch resumed mid-way, alone (`train.fit`).
         self._done = self.batches_per_epoch - (params.get("steps") or self.batches_per_epoch)
 
     def on_epoch_begin(self, epoch, logs=None):

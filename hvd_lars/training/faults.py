@@ -1,7 +1,6 @@
-"""How training stops: every rank together, at an update boundary, keeping the last complete checkpoint
-(docs/faults.md: each cause, its exit status, what it leaves). `FaultGuard` votes at every update on what
-`StopSignals` and `note` record; `ProgressWatchdog`, `RunDirClaim` and `check_run_dir` guard the run."""
+"""Every rank stops together at an update boundary, keeping the last complete checkpoint (docs/faults.md)."""
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -26,7 +25,6 @@ log = logging.getLogger(__name__)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): stopped at a checkpoint on request, to be started again
 EXIT_DIVERGED = 3  # the same flags would diverge again: not a retry
 EXIT_HUNG = 4  # no progress for --hang_timeout_s (ProgressWatchdog)
-# A scheduler's or a container's stop, Slurm's time-limit warning (launch/slurm/train.sbatch), Ctrl-C.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra")  # Open MPI, MPICH, Intel MPI
 LOCK_FILE = "running.lock"  # RunDirClaim's, in the run directory
@@ -34,13 +32,10 @@ _AGAIN = b"hvd_lars: interrupted again: ending now; the last complete checkpoint
 _RESUME = "then start the same command again: it resumes from the last complete checkpoint."
 _noted = None
 _last_progress = time.monotonic()
-# model -> (ids of the variables, their traced finite check): tracing ResNet-50's at every `fit` cost
-# 2.5-5 s (results/archive/fit_overhead.md).
-_CHECKS = weakref.WeakKeyDictionary()
+_CHECKS = weakref.WeakKeyDictionary()  # model -> (ids of its variables, their traced finite check)
 
 
 def _parent(pid):
-    # The field after the state in /proc/<pid>/stat, past the command name (which may hold parentheses).
     try:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1])
@@ -54,8 +49,7 @@ def _cmdline(pid):
 
 
 def watched():
-    """(pid of the MPI launcher that started this process, pid of the `sh -c` shell above it or None), or
-    None when no MPI launcher started it."""
+    """(pid of this process's MPI launcher, pid of the `sh -c` shell above it or None), or None: none."""
     try:
         launcher = _parent(os.getpid())
         if os.path.basename(_cmdline(launcher)[0]) not in MPI_LAUNCHERS:
@@ -69,9 +63,7 @@ def watched():
 
 
 class StopSignals:
-    """Context manager, in the main thread (elsewhere it does nothing): records in `received` the first of
-    SIGTERM, SIGUSR1, SIGINT, or this rank's MPI launcher stopping the job (its SIGCONT) or ending (checked
-    every second), instead of ending the process. A second SIGINT ends the process at once (status 130)."""
+    """In the main thread: `received` names the first `STOP_SIGNALS` or launcher stop; a 2nd SIGINT exits."""
 
     def __init__(self):
         self.received = self._launcher_stop = self._thread = None
@@ -93,7 +85,6 @@ class StopSignals:
             self._read, self._write = os.pipe()
             os.set_blocking(self._write, False)
             self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-            # A Python handler, so that SIGCONT reaches the wakeup fd; continuing is the kernel's doing.
             self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda signum, frame: None)
             self._thread = threading.Thread(target=self._watch, args=pids, daemon=True)
             self._thread.start()
@@ -106,7 +97,6 @@ class StopSignals:
             now, received = time.monotonic(), os.read(self._read, 64) if readable else b"-"
             if not received:
                 return  # __exit__ closed the pipe
-            # mpirun's SIGCONT finds this thread on time; one that ends a stop finds it held past it.
             if signal.SIGCONT in received and now - woke < 2.0:
                 self._launcher_stop = "mpirun is stopping the job"
             elif os.getppid() != launcher or (shell is not None and _parent(launcher) != shell):
@@ -114,7 +104,6 @@ class StopSignals:
             else:
                 woke = now
                 continue
-            # As a SIGTERM to this process: whatever waits for one (a test's pause) sees it too.
             return os.kill(os.getpid(), signal.SIGTERM)
 
     def __exit__(self, *exc):
@@ -134,8 +123,7 @@ class FileFailure(OSError):
 
 
 def note(message=None):
-    """Keeps `message` (None: nothing) as this rank's failure unless one is kept (the first is the cause);
-    returns the failure kept, or None. `agree` raises it on every rank."""
+    """Keeps `message` as this rank's failure unless one is kept; returns the failure kept, or None."""
     global _noted
     _noted = _noted or message
     return _noted
@@ -152,8 +140,7 @@ def write_failure(path, error):
 
 
 def note_unreadable(path, split):
-    """Notes a `split` ("training" or "evaluation") image, or record file of prepared data
-    (`*.tfrecord-NNNNN-of-NNNNN`), that cannot be read or decoded to its end."""
+    """Notes a `split` ("training" or "evaluation") image or record file that cannot be read or decoded."""
     if ".tfrecord" in os.path.basename(path):
         what, fix = "record file", f"Restore it from a copy or prepare the data set again with {COMMAND}"
         skip = "leave out the records it cannot give"
@@ -164,9 +151,7 @@ def note_unreadable(path, split):
 
 
 def agree(name="hvd_lars.file_failure_vote", counts=()):
-    """A collective (one `name` per call site): sums `counts` over ranks in one allreduce with the ranks'
-    failure votes and returns the sums (float64 NumPy array). Raises `FileFailure` on every rank instead
-    when a rank noted a failure, with the lowest such rank's message, and forgets this rank's."""
+    """A collective (a `name` per call site): `counts` summed over ranks; `FileFailure` if any was noted."""
     global _noted
     sums = collectives.allreduce_sum([*counts, _noted is not None], name=name)
     if not sums[-1]:
@@ -178,8 +163,7 @@ def agree(name="hvd_lars.file_failure_vote", counts=()):
 
 
 def write_atomically(path, write):
-    """Writes the text file `path` through `write(file)` into `<path>.tmp`, renamed over `path`, so the file
-    is whole or as it was. An `OSError` is noted, the temporary file removed."""
+    """Writes the text file `path` whole through `write(file)`, or leaves it as it was (an OSError noted)."""
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w", newline="") as f:
@@ -191,12 +175,9 @@ def write_atomically(path, write):
 
 
 def remove_quietly(*paths):
-    """Removes the files `paths` that exist, leaving any it cannot remove."""
     for path in paths:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(path)
-        except OSError:
-            pass
 
 
 class Stopped(Exception):
@@ -216,11 +197,7 @@ class TrainingDiverged(Stopped, RuntimeError):
 
 
 class FaultGuard(keras.callbacks.Callback):
-    """One allreduce (`agree`) at every update of `accumulation_steps` micro-batches: a noted failure raises
-    `FileFailure`; a non-finite loss (unchecked under a `LossScaleOptimizer`) or variable `TrainingDiverged`;
-    a signal of `signals` (`StopSignals`) has `checkpoint` (a `PeriodicCheckpoint`) saved and `Preempted`
-    raised, at an epoch's last update by `after_epoch()` unless it is the last, `total_steps`. Place it
-    before the checkpoint, evaluation and logging callbacks: nothing of a diverged update is saved."""
+    """Every rank, each update: `FileFailure`, `TrainingDiverged`, or `Preempted` (`checkpoint` saved)."""
 
     def __init__(self, signals, checkpoint, accumulation_steps=1, total_steps=None):
         super().__init__()
@@ -229,7 +206,6 @@ class FaultGuard(keras.callbacks.Callback):
         self._rate = self._pending = None  # _pending: (step, ranks signalled) once the ranks agreed to stop
 
     def on_train_begin(self, logs=None):
-        # Everything a checkpoint holds: weights, batch-norm statistics, optimizer slots.
         variables = [*self.model.variables, *self.model.optimizer.variables]
         variables = [v.value for v in variables if "float" in str(v.dtype)]
         key = tuple(id(v) for v in variables)
@@ -264,8 +240,6 @@ class FaultGuard(keras.callbacks.Callback):
             )
         if signalled and not self._pending:
             self._pending = (step, int(signalled))
-            # At the epoch's last update the epoch ends first (evaluation, checkpoint, logs), so that the
-            # resumed run, which starts with the next epoch, misses none of it.
             if batch + 1 != (self.params or {}).get("steps"):
                 self._stop()
 
@@ -301,8 +275,7 @@ def checkpoint_bytes(variables):
 
 
 def run_dir_problem(run_dir, needed_bytes):
-    """Why training cannot write to `run_dir` (which it creates), or None: it cannot be created, a file
-    cannot be written in it, or its file system has fewer than `needed_bytes` free."""
+    """Why training cannot write to `run_dir` (which it creates) or lacks `needed_bytes` there, or None."""
     try:
         os.makedirs(run_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir) as f:
@@ -318,8 +291,7 @@ def run_dir_problem(run_dir, needed_bytes):
 
 
 def check_run_dir(run_dir, checkpoint_size, keep_checkpoints):
-    """A collective: raises `ValueError` on every rank when rank 0 cannot write `run_dir` or it lacks room
-    for `keep_checkpoints` + 1 checkpoints of `checkpoint_size` bytes (the newest is written first)."""
+    """A collective: `ValueError` where `run_dir` lacks room for `keep_checkpoints` + 1 checkpoints."""
     needed = (keep_checkpoints + 1) * checkpoint_size
     problem = run_dir_problem(run_dir, needed) if collectives.is_chief() else None
     if problem := collectives.broadcast_object(problem, name="hvd_lars.run_dir_check"):
@@ -333,10 +305,7 @@ def heartbeat():
 
 
 class ProgressWatchdog(keras.callbacks.Callback):
-    """A context manager around training and a Keras callback: ends this process with `exit(EXIT_HUNG)`
-    (default `os._exit`) after `timeout_s` seconds (0 or None: never) without a `heartbeat` (one at every
-    batch and epoch boundary, checkpoint and evaluation batch); time the process spends stopped does not
-    count. Raises `ValueError` for a negative or NaN `timeout_s`."""
+    """Context manager, callback: `exit(EXIT_HUNG)` after `timeout_s` s (0: never) with no `heartbeat`."""
 
     def __init__(self, timeout_s, exit=os._exit):
         super().__init__()
@@ -393,10 +362,7 @@ class ProgressWatchdog(keras.callbacks.Callback):
 
 
 class RunDirClaim:
-    """Context manager on every rank, a collective on entry: rank 0 holds a lock on `<run_dir>/running.lock`
-    (which names it) until exit; every rank raises `ValueError` while another process holds it. The kernel
-    drops the lock when its holder ends, however it ends. On a file system shared by several hosts this
-    needs working POSIX locks (NFSv4, Lustre mounted with -o flock)."""
+    """Context manager, a collective: rank 0 locks `<run_dir>/running.lock`; ValueError: another holds it."""
 
     def __init__(self, run_dir):
         self.run_dir, self._fd = run_dir, None
@@ -415,7 +381,6 @@ class RunDirClaim:
         return self
 
     def _take(self, path):
-        # A POSIX lock: this process closing any descriptor of the file would release it.
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -430,10 +395,8 @@ class RunDirClaim:
                 "--workdir)."
             ) from None
         os.ftruncate(fd, 0)
-        started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        os.pwrite(
-            fd, f"process {os.getpid()} on host {socket.gethostname()} (started {started})\n".encode(), 0
-        )
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} (started {when})\n".encode(), 0)
         return fd
 
     def __exit__(self, *exc):

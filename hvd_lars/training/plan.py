@@ -1,5 +1,4 @@
-"""The run's plan in optimizer steps (`make_plan`: where epochs and rates per 256 images become steps and a
-peak rate), what is built from it, and a resume's comparison with its checkpoint's plan (`plan_changes`)."""
+"""The run's plan in optimizer steps (`make_plan`), what is built from it, and a resume's `plan_changes`."""
 
 import dataclasses
 import json
@@ -12,7 +11,7 @@ from hvd_lars.data import DATASETS, InputRequest
 from hvd_lars.data.preprocessing import DEFAULT_PREPROCESSING
 from hvd_lars.metrics import TopKAccuracy
 from hvd_lars.optim.lars import LARS, mlperf_exclusions
-from hvd_lars.optim.scaling import REFERENCE_BATCH, scaled_learning_rate, steps_in_epochs
+from hvd_lars.optim.scaling import scaled_learning_rate, steps_in_epochs
 from hvd_lars.optim.schedules import goyal_boundaries, make_schedule
 from hvd_lars.parallel.optimizer import DistributedOptimizer
 from hvd_lars.training import faults, threads
@@ -21,8 +20,7 @@ from hvd_lars.training.config import ANY_PLAN_CHANGE, DATASET_SETTINGS, PLAN_SET
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Batch and step arithmetic of one attempt, in optimizer steps; `settings` ({name: JSON value}): the
-    plan's settings as resolved, which a checkpoint records and a resume compares."""
+    """Batch and step arithmetic of one attempt; `settings`: the resolved settings a checkpoint records."""
 
     world_size: int
     global_batch_size: int
@@ -63,18 +61,14 @@ _FOLDED = "image_size max_train_examples warmup_epochs decay_boundaries_epochs b
 
 
 def make_plan(config, world_size, num_train_examples, input_shape=None):
-    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`, whose
-    image shape joins the settings). Settings are resolved (real paths, defaults, steps): two spellings of
-    one plan are one plan. Raises ValueError: a global batch over the data size, or `resolve_batch`'s."""
+    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`)."""
     input_shape = getattr(num_train_examples, "input_shape", input_shape)
     examples = getattr(num_train_examples, "num_train_examples", num_train_examples)
     global_batch, per_rank = config.resolve_batch(world_size)
     if global_batch > examples:
         raise ValueError(f"--global_batch_size={global_batch} exceeds the {examples} training examples.")
     steps, epochs = config.steps_per_epoch or examples // global_batch, int(config.epochs)
-    peak = config.peak_learning_rate or scaled_learning_rate(
-        config.base_learning_rate, global_batch, REFERENCE_BATCH
-    )
+    peak = config.peak_learning_rate or scaled_learning_rate(config.base_learning_rate, global_batch)
     warmup, precision = steps_in_epochs(config.warmup_epochs, steps), resolve_precision(config.precision)
     figures = dict(global_batch_size=global_batch, steps_per_epoch=steps, epochs=epochs, warmup_steps=warmup)
     figures.update(peak_learning_rate=peak, precision=precision)
@@ -93,19 +87,13 @@ def make_plan(config, world_size, num_train_examples, input_shape=None):
     )
     if input_shape is not None:
         settings["input_shape"] = list(input_shape)
-    return Plan(
-        world_size=world_size,
-        per_rank_batch_size=per_rank,
-        accumulation_steps=config.accumulation_steps,
-        total_steps=steps * epochs,
-        settings=json.loads(json.dumps(settings)),  # as a checkpoint's record gives them back (lists)
-        **figures,
-    )
+    sizes = dict(world_size=world_size, per_rank_batch_size=per_rank, total_steps=steps * epochs)
+    settings = json.loads(json.dumps(settings))  # as a checkpoint's record gives them back (lists)
+    return Plan(accumulation_steps=config.accumulation_steps, settings=settings, **sizes, **figures)
 
 
 def plan_changes(recorded, plan, allowed=()):
-    """["name old -> new", ...]: each resolved setting of `plan` that differs from `recorded` (a checkpoint's
-    record) and that no setting named in `allowed` explains (`SET_BY`; `ANY_PLAN_CHANGE`: all of them)."""
+    """["name old -> new", ...]: each setting of `plan` off `recorded` and not `allowed`."""
     changes = []
     for name, new in plan.settings.items():
         by = SET_BY.get(name, (name,))
@@ -116,7 +104,6 @@ def plan_changes(recorded, plan, allowed=()):
 
 
 def changed_settings(recorded, plan):
-    """True when any resolved setting differs from `recorded` (allowed or not)."""
     return any(recorded.get(name) != new for name, new in plan.settings.items())
 
 
@@ -131,7 +118,6 @@ def refuse_plan_changes(changes, run_dir, checkpoint):
 
 
 def build_schedule(config, plan):
-    """The learning-rate schedule `config.schedule` over the steps and boundaries of `plan`."""
     return make_schedule(
         config.schedule,
         power=config.decay_power,
@@ -142,8 +128,7 @@ def build_schedule(config, plan):
 
 
 def build_optimizer(config, plan):
-    """`config.optimizer` on `build_schedule` in a `DistributedOptimizer`. momentum and nesterov: LARS without
-    layer adaptation, SGD on the L2-decayed gradient `g + weight_decay * w` (Caffe, Goyal et al.)."""
+    """`config.optimizer` on `build_schedule` in a `DistributedOptimizer` (momentum, nesterov: SGD)."""
     lars = config.optimizer == "lars"
     excluded = mlperf_exclusions() if config.exclude_bn_and_bias else None
     optimizer = LARS(
@@ -197,7 +182,6 @@ def input_request(config, per_rank_batch, rank, world_size, run_dir):
 
 
 def input_options(config):
-    """The options of `config.dataset`: the settings `DATASET_SETTINGS` lists for it."""
     return _named(config, *DATASET_SETTINGS[config.dataset])
 
 

@@ -1,5 +1,4 @@
-"""A picture of one run from its logs: loss, top-1 and learning rate against the optimizer step.
-`hvd-lars-plot RUN_DIR [--out PNG]` (or `python -m hvd_lars.training.plot_run`), also during the run."""
+"""A picture of one run from its logs: loss, top-1 and learning rate against the optimizer step."""
 
 import argparse
 import csv
@@ -30,8 +29,7 @@ def _number(text):
 
 
 def make_figure(run_dir):
-    """The Figure of `run_dir`: loss and top-1 (training, validation, test), learning rate (the schedule, each
-    epoch's last logged rate). Raises OSError: no summary.json; `NoEpochYet`: no metrics.csv row."""
+    """The Figure of `run_dir`: loss, top-1, learning rate. Raises OSError: no summary.json; `NoEpochYet`."""
     summary = read_json(os.path.join(run_dir, "summary.json"))
     plan, path = summary["plan"], os.path.join(run_dir, "metrics.csv")
     with open(path if os.path.exists(path) else os.devnull, newline="") as f:
@@ -49,9 +47,7 @@ def make_figure(run_dir):
             shown = [(s, v) for s, v in zip(steps, metrics.get(prefix + metric, [])) if not math.isnan(v)]
             if shown:
                 ax.plot(*zip(*shown), marker="o", markersize=3, label=label)
-    updates = np.arange(
-        plan["total_steps"]
-    )  # the schedule from the run's config and plan; update k at step k + 1
+    updates = np.arange(plan["total_steps"])  # update k at step k + 1
     rates = np.asarray(build_schedule(TrainConfig(**config), Plan(**plan))(updates), dtype=np.float64)
     axes[2].plot(updates + 1, rates, label=f"schedule ({config['schedule']})")
     if "learning_rate" in metrics:

@@ -1,8 +1,6 @@
-"""Threads per rank from the cores it may use: `cores` = its affinity mask (the launcher's binding), `usable`
-= the node's CPUs open to the job (cgroup cpuset and CPU quota), `share` = ceil(local_size x |cores| /
-usable) ranks on these cores, threads = max(1, |cores| // share). Bound ranks (disjoint masks) use their
-cores; unbound ranks split the usable CPUs among Horovod's local_size (logical CPUs, as TensorFlow counts)."""
+"""Threads per rank = max(1, |cores| // ceil(local_size x |cores| / usable)): mask, job's CPUs of the node."""
 
+import contextlib
 import math
 import os
 
@@ -49,21 +47,17 @@ def placement():
 
 
 def configure_threads(config, world_size):
-    """Sizes TensorFlow's pools to `threads_per_rank` unless `config.intra_op_threads` / `inter_op_threads`
-    say; returns (intra, inter) asked. Call before TensorFlow's first op, after which it keeps its pools."""
+    """Sizes TensorFlow's pools (before its first op) to `threads_per_rank` or the config's; returns them."""
     per_rank = threads_per_rank(max(1, min(world_size, collectives.local_size())))
     intra, inter = config.intra_op_threads or per_rank, config.inter_op_threads or per_rank
-    try:
+    with contextlib.suppress(RuntimeError):  # TensorFlow already initialised: it keeps its pools
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:
-        pass  # TensorFlow already initialised: it keeps its pools
     return intra, inter
 
 
 def applied_threads(dataset=None):
-    """The thread settings in force, read back: `intra_op`, `inter_op` (0: TensorFlow's default), `input`
-    (`dataset`'s private pool; None without one, 0: tf.data's shared pool), `omp_num_threads`."""
+    """The thread settings in force: `intra_op`, `inter_op`, `input` (`dataset`'s pool), `omp_num_threads`."""
     tf.constant(0.0) + 0.0  # TensorFlow fixes its pools when it first runs an op
     return {
         "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
@@ -86,14 +80,12 @@ def describe_placements(placements):
     return "cores per rank: " + "; ".join(parts)
 
 
-# Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms and Open MPI polls while it waits,
-# taking a core from the step: a 5 ms cycle and MPI yielding give it back (results/scaling.md, threads).
+# Horovod's negotiation and Open MPI's polling take a core: a 5 ms cycle, MPI yielding (results/scaling.md).
 HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def apply_horovod_cpu_defaults(environ=None):
-    """Sets those of `HOROVOD_CPU_DEFAULTS` unset in `environ` (default `os.environ`) and the allreduce rules
-    (`ompi_allreduce_rules.apply`); returns {name: value} set. Call before `collectives.init()`."""
+    """Before `collectives.init()`: sets `HOROVOD_CPU_DEFAULTS` and the allreduce rules unset in `environ`."""
     environ = os.environ if environ is None else environ
     applied = {k: v for k, v in HOROVOD_CPU_DEFAULTS.items() if k not in environ}
     environ.update(applied)

@@ -1,5 +1,4 @@
-"""The training loop (docs/design.md, "The loop"): `run` trains a job of fixed size (`Job.resolve`, `start`,
-`attempt`); `run_elastic` retries `attempt` after each change of workers, with the same plan."""
+"""The training loop (docs/design.md, "The loop"): `run`, of a fixed world size, and `run_elastic`."""
 
 import dataclasses
 import functools
@@ -34,8 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Job:
-    """A run: settings, run directory, stop signals, watchdog, the caller's callbacks; once `start`ed, model,
-    progress, `checkpoint`, and rank 0's `started`: (the path restored or None, the refusal or None)."""
+    """A run; `started`: rank 0's (the checkpoint restored or None, the refusal or None)."""
 
     config: TrainConfig
     run_dir: str
@@ -50,15 +48,13 @@ class Job:
 
     @classmethod
     def resolve(cls, config, global_batch, world_size, extra_callbacks=()):
-        """The run directory is `--run_name`, or named after the data, model, optimizer and global batch."""
         name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
         threads.configure_threads(config, world_size)  # the pool sizes the run log shows per rank
         signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
         return cls(config, os.path.join(config.workdir, name), signals, watchdog, list(extra_callbacks))
 
     def agree(self):
-        """Rank 0's start on every rank (a collective): its refusal raised on every rank (`ResumeRefused`),
-        or the progress of the checkpoint it restored, and the checkpoint manager once rank 0 chose."""
+        """A collective: rank 0's start on every rank, or its refusal raised (`ResumeRefused`)."""
         restored, refusal = collectives.broadcast_object(self.started, name="hvd_lars.start")
         if refusal:
             raise checkpoints.ResumeRefused(refusal)
@@ -69,9 +65,8 @@ class Job:
 
 
 def run(config, extra_callbacks=()):
-    """Trains `config` on every rank; returns the summary dict. `extra_callbacks` run after evaluation, before
-    the loggers. Raises ValueError (bad configuration; a run directory not writable, short of space, in use or
-    not resumable), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
+    """Trains `config` on every rank; returns the summary dict. Raises ValueError (bad configuration or run
+    directory), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
     rank, world_size = collectives.init()
     global_batch, per_rank_batch = config.resolve_batch(world_size)
     job = Job.resolve(config, global_batch, world_size, extra_callbacks)
@@ -81,17 +76,14 @@ def run(config, extra_callbacks=()):
         data = get_input(config.dataset, request, **input_options(config))
         plan = make_plan(config, world_size, data)
         start(job, plan, data)
-        # Rank 0's weights, slots and step counter on every rank (not its dropout seed state).
         broadcast_model_and_optimizer(job.model)
         with job.signals, job.watchdog:
             return attempt(job, plan, data)
 
 
 def start(job, plan, shapes, agree=True):
-    """The compiled model and built optimizer of `plan` (`shapes`: `num_classes`, `input_shape`), and rank
-    0's `checkpoints.resume`, shared now (`Job.agree`) unless `agree` is False (elastic, before a sync)."""
+    """The compiled model and optimizer of `plan` and rank 0's `checkpoints.resume`, shared if `agree`."""
     config, chief = job.config, collectives.is_chief()
-    # Per-rank seeds: dropout masks differ across ranks; the initial weights are rank 0's, broadcast later.
     keras.utils.set_random_seed(config.seed + collectives.rank())
     keras.mixed_precision.set_global_policy(plan.precision)
     model = get_model(config.model, num_classes=shapes.num_classes, input_shape=shapes.input_shape)
@@ -119,8 +111,15 @@ def attempt(job, plan, data, commit=None):
     config, model, run_dir, chief = job.config, job.model, job.run_dir, collectives.is_chief()
     model.train_function = None  # traced for this attempt's world size
     applied = threads.applied_threads(data.train)
-    _announce(job, plan, applied)
-    # Before anything is written: the run directory is writable and holds a few checkpoints.
+    mine = {**threads.placement(), "host": os.uname().nodename, **applied}
+    placements = collectives.gather_objects(mine, name="hvd_lars.placement")  # every rank's, for the run log
+    applied["cores_per_rank"] = [p["cores"] for p in placements]
+    if chief:
+        log.info(plan.describe())
+        log.info(threads.describe_placements(placements))
+        if note := batch_norm_note(model, plan):
+            log.info(note)
+        log.info(f"run directory {run_dir}")
     variables = model.variables + model.optimizer.variables
     faults.check_run_dir(run_dir, faults.checkpoint_bytes(variables), config.keep_checkpoints)
     start_step = int(model.optimizer.iterations)
@@ -130,9 +129,8 @@ def attempt(job, plan, data, commit=None):
             log.info(f"{run_dir} complete ({done}); nothing to do: {checkpoints.AFRESH.format(run_dir)}.")
         return RunSummary.load(run_dir)
     summary = RunSummary(run_dir, config, plan, start_step, applied, job.progress)
-    callbacks = callbacks_in_order(job, data, plan, summary, commit)
     try:
-        fit(model, data, plan, config, callbacks, start_step)
+        fit(model, data, plan, config, callbacks_in_order(job, data, plan, summary, commit), start_step)
     except (faults.TrainingDiverged, faults.Preempted) as e:
         summary.record_stop(type(e).__name__, e.step, str(e))
         raise
@@ -144,15 +142,13 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
     """The callbacks of one attempt, in the order Keras runs them (docs/design.md, "The loop")."""
     config, chief, start_step = job.config, collectives.is_chief(), int(job.model.optimizer.iterations)
     images_per_batch = plan.per_rank_batch_size * collectives.size()
-    evaluate = functools.partial(
-        ExactEvaluation, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs
-    )
+    exact = functools.partial(ExactEvaluation, every_epochs=config.eval_every_epochs, last_epoch=plan.epochs)
     saves = (config.checkpoint_every_steps, plan.accumulation_steps, config.checkpoint_at_epoch_end)
     checkpointer = PeriodicCheckpoint(job.manager, *saves, config.async_checkpoints, job.progress)
     guard = faults.FaultGuard(job.signals, checkpointer, plan.accumulation_steps, plan.total_steps)
-    evaluations = [evaluate(data.eval, data.num_eval_examples)]
+    evaluations = [exact(data.eval, data.num_eval_examples)]
     if data.validation is not None:  # the held-out training images (--validation_examples), as val_*
-        evaluations.append(evaluate(data.validation, data.num_validation_examples, prefix="val"))
+        evaluations.append(exact(data.validation, data.num_validation_examples, prefix="val"))
     loggers, lines, path = [], [], functools.partial(os.path.join, job.run_dir)
     if chief:
         csv = epoch_logs.MetricsCSV(path("metrics.csv"), start_step)
@@ -179,21 +175,16 @@ def callbacks_in_order(job, data, plan, summary, commit=None):
     ]
 
 
-def _skipped_corrupt(data):
-    """The training files skipped (--skip_corrupt), summed over ranks, into the epoch logs."""
-    if data.skipped_corrupt is None:
-        return []
-
+def _skipped_corrupt(data):  # --skip_corrupt's count of files skipped, summed over ranks, in the logs
     def count(epoch, logs):
         local = int(data.skipped_corrupt.numpy())
         logs["skipped_corrupt_images"] = float(collectives.allreduce_sum([local], "hvd_lars.skipped")[0])
 
-    return [keras.callbacks.LambdaCallback(on_epoch_end=count)]
+    return [] if data.skipped_corrupt is None else [keras.callbacks.LambdaCallback(on_epoch_end=count)]
 
 
 def fit(model, data, plan, config, callbacks, step):
-    """`model.fit` from update `step` to the plan's last: an epoch resumed mid-way first (its stream starts
-    after the micro-batches consumed: `train_from`), then the whole epochs, unless `model.stop_training`."""
+    """`model.fit` from update `step` to the plan's last: a part of an epoch first, then whole epochs."""
     while step < plan.total_steps:
         train = data.train_from(step * plan.accumulation_steps)
         if config.label_smoothing:
@@ -213,26 +204,9 @@ def fit(model, data, plan, config, callbacks, step):
             break
 
 
-def _announce(job, plan, applied):
-    """The plan and every rank's cores and threads in the run log (a collective: one gather)."""
-    mine = {**threads.placement(), "host": os.uname().nodename, **applied}
-    placements = collectives.gather_objects(mine, name="hvd_lars.placement")
-    applied["cores_per_rank"] = [p["cores"] for p in placements]
-    if not collectives.is_chief():
-        return
-    log.info(plan.describe())
-    log.info(threads.describe_placements(placements))
-    if note := batch_norm_note(job.model, plan):
-        log.info(note)
-    log.info(f"run directory {job.run_dir}")
-
-
 def run_elastic(config, extra_callbacks=()):
-    """`run` while workers leave and join. No collective before the first sync, where a joining worker meets
-    the others (`_JobState.sync`). Raises as `run` does, and ValueError: no elastic launcher or
-    `--global_batch_size` (`check_launched`), a worker count that does not divide the global batch."""
-    # Horovod's response cache lets each rank fuse cached tensors by its own fusion threshold, which an
-    # elastic reset leaves different on re-initialised ranks (results/faults.md, "worker joining"): off.
+    """`run` while workers leave and join; raises as `run` does, and `check_launched`'s ValueError."""
+    # Horovod's response cache off: re-initialised ranks would fuse differently (docs/faults.md).
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     collectives.init()
     check_launched(config)
@@ -251,13 +225,11 @@ def run_elastic(config, extra_callbacks=()):
 
 
 def _elastic_attempt(state):
-    """One attempt of an elastic job at the world size of the moment."""
     job, rank, world_size = state.job, collectives.rank(), collectives.size()
     resolve_batch(job.config, world_size)  # a ValueError naming the worker counts that fit
     plan = make_plan(job.config, world_size, state.shapes)
     request = input_request(job.config, plan.per_rank_batch_size, rank, world_size, job.run_dir)
     data = get_input(job.config.dataset, request, **input_options(job.config))
-    # The largest count of any rank: the number goes on when rank 0 joined later or the old one is gone.
     state.attempts = collectives.max_over_ranks(state.attempts + 1, name="hvd_lars.elastic.attempt")
     if collectives.is_chief():
         log.info(
@@ -269,9 +241,7 @@ def _elastic_attempt(state):
 
 
 class _JobState(State):
-    """The elastic state of a `Job`: `sync()` gives rank 0's input description (rank 0 alone reads it) to a
-    rank without a model, which `start`s (the plan of 1 worker: steps and schedule are those of any count),
-    shares rank 0's start, then syncs the model and optimizer (`hvd_elastic.KerasState`, which commits)."""
+    """The elastic state of a `Job`: `sync()` starts a rank without a model, then syncs it with rank 0's."""
 
     def __init__(self, job, shapes):
         bcast = functools.partial(collectives.broadcast_object, name="hvd_lars.elastic.hosts")

@@ -3,9 +3,7 @@
 `hvd_lars.models`, `hvd_lars.data`, `hvd_lars.metrics`) and the training application (`hvd_lars.training`,
 `python -m hvd_lars.main`); docs/development.md lays them out.
 
-`import hvd_lars` imports the library, which registers every Keras class the package defines for
-`keras.models.load_model`; the training program, which checks its flags before Keras and TensorFlow
-start, loads the names on first use.
+`import hvd_lars` registers every Keras class the package defines for `keras.models.load_model`.
 """
 
 import importlib

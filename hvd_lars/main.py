@@ -89,7 +89,7 @@ def configure_logging():
 def parse(argv):
     """The checked `TrainConfig` of `argv`, or exit: 0 after `--help`, 2 after one line naming bad input."""
     if {"-h", "-?", "--help", "--helpshort", "--helpfull"} & set(argv[1:]):
-        print(help_text())
+        sys.stdout.write(help_text() + "\n")
         sys.exit(0)
     configure_logging()
     try:

@@ -2,11 +2,9 @@
 `imagenet2012` records under `data_dir` (`hvd-lars-prepare imagenet2012`, `hvd_lars.prepare`), and the
 test of whether a folder holds a finished one.
 
-The user puts `ILSVRC2012_img_train.tar` and `ILSVRC2012_img_val.tar` (from image-net.org) in a manual
-folder; nothing is downloaded. tensorflow-datasets writes into `incomplete.<6 characters>_<version>/` and
-renames it to `<version>/` only when every split and `dataset_info.json` are written, so an interrupted
-conversion never leaves a version folder; the folder it does leave, the next `prepare` removes. Prepared
-means what a finished conversion leaves (`unfinished`); training reads only that (`prepared_builder`).
+The user's `MANUAL_FILES` (from image-net.org) sit in a manual folder; nothing is downloaded. An
+interrupted conversion leaves only tensorflow-datasets' `incomplete.*` folder, which the next run removes;
+training reads only a finished one (`unfinished`, `prepared_builder`).
 """
 
 import contextlib

@@ -1,11 +1,8 @@
 """Listing an image folder (`<split>/<class>/<image>`) as users' folders really are, and its index file.
 
-The rules (docs/training.md, "Image folders"): labels are the class folders' indices in sorted name order
-(the training split's for every split); hidden entries (a leading ".", `HIDDEN_NAMES`) are skipped at every
-level; images are the files ending in one of `IMAGE_EXTENSIONS` in any letter case; sub-folders of a class
-folder belong to the class; symbolic links are followed. Everything else a listing meets is refused with
-one `ValueError` naming the paths (up to `SHOWN` per kind, with their count), so a folder is fixed in one
-round. Paths go to TensorFlow as the file system's bytes (`os.fsencode`), whatever they hold.
+The rules are docs/training.md's "Image folders" (labels: the training class folders in sorted order;
+`HIDDEN_NAMES` skipped; `IMAGE_EXTENSIONS` in any case); anything else is one `ValueError` naming the paths
+(up to `SHOWN` per kind). Paths go to TensorFlow as the file system's bytes (`os.fsencode`).
 
 `listed(root, index_path)` saves the listing and reuses it while every folder it read keeps its device,
 inode and modification time (one `stat` per folder instead of reading every name). Adding, removing or

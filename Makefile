@@ -35,11 +35,15 @@ export PYTHONUNBUFFERED ?= 1
 setup:
 	$(if $(and $(DATA_DIR),$(filter fashion_mnist,$(DATASET))),FASHION_MNIST_DIR=$(DATA_DIR)) bash install/setup.sh
 
+# The standard error of a command whose own import of TensorFlow is not the main program's (horovodrun's
+# build check, record_run) without TensorFlow's start-up notices, as the ranks start (hvd_lars/quiet_tensorflow.py).
+QUIET := 2> >($(PY) hvd_lars/quiet_tensorflow.py >&2)
+
 train: setup
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) $(PY) -m hvd_lars.main --flagfile=$(FLAGFILE) \
-		--run_name=$(RUN_NAME) --workdir=$(WORKDIR) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(TRAIN_FLAGS)
+		--run_name=$(RUN_NAME) --workdir=$(WORKDIR) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(TRAIN_FLAGS) $(QUIET)
 	$(PY) -m benchmarks.record_run --summary=$(WORKDIR)/$(RUN_NAME)/summary.json --out=$(RECORD) \
-		--command="make train FLAGFILE=$(FLAGFILE) NP=$(NP)$(if $(DATA_DIR), DATA_DIR=$(DATA_DIR))$(if $(TRAIN_FLAGS), TRAIN_FLAGS='$(TRAIN_FLAGS)')"
+		--command="make train FLAGFILE=$(FLAGFILE) NP=$(NP)$(if $(DATA_DIR), DATA_DIR=$(DATA_DIR))$(if $(TRAIN_FLAGS), TRAIN_FLAGS='$(TRAIN_FLAGS)')" $(QUIET)
 	@echo "record: $(RECORD)"
 
 test: setup

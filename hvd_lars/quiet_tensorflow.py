@@ -9,6 +9,7 @@ that writes every other line; TensorFlow's settings stay as it sets them. TF_CPP
 
 import os
 import re
+import signal
 import sys
 
 _NOTICE = re.compile(
@@ -71,9 +72,10 @@ def load(environ=None):
 
 
 def _filter(read_end, write_end, driver):
-    """The forked filter: every line of the pipe but the notices to descriptor 2, until the pipe closes."""
+    """The filter: every line read from `read_end` but the notices to descriptor 2, until it closes."""
     try:
-        os.close(write_end)
+        if write_end is not None:
+            os.close(write_end)
         with os.fdopen(read_end, "rb") as pipe:
             for line in pipe:
                 data = kept(line, driver)
@@ -86,3 +88,17 @@ def _filter(read_end, write_end, driver):
 def _flush():
     if sys.stderr is not None:
         sys.stderr.flush()
+
+
+def main():
+    """`python hvd_lars/quiet_tensorflow.py` (by path, importing nothing of the package): standard input to
+    standard error without the notices, until every writer closes it. `make train` leads horovodrun's and
+    record_run's standard error through it (their imports of TensorFlow: horovodrun's build check). Stop
+    signals are left to the command whose output it filters."""
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.SIG_IGN)
+    _filter(0, None, any(os.path.exists(p) for p in _DRIVER_PATHS))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ Every test carries exactly one tier marker (README, "Tests"):
   system   root: emulated hosts (launch/emulated_cluster.sh) or a real Slurm.
 """
 
+import ctypes
 import logging
 import os
 import platform
@@ -88,6 +89,25 @@ def _no_file_failure_noted_before():
     module = sys.modules.get("hvd_lars.training.faults")
     if module is not None:
         module._noted = None
+
+
+# What Open MPI sets in the C environment when Horovod starts in-process (a singleton): not in os.environ.
+_MPI_VARIABLES = (b"OMPI_", b"PMIX_", b"ORTE_", b"HFI_NO_BACKTRACE=", b"IPATH_NO_BACKTRACE=")
+
+
+@pytest.fixture(autouse=True)
+def _no_mpi_variables_passed_on():
+    # After an in-process test started Horovod, every later child of this worker (horovodrun, mpirun)
+    # would inherit Open MPI's singleton variables and fail with status 1, silently: they are unset.
+    yield
+    environ, names, i = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ"), [], 0
+    while environ[i] is not None:
+        names.append(environ[i].split(b"=", 1)[0])
+        i += 1
+    for name in names:
+        mpi = name.startswith(_MPI_VARIABLES[:3]) or name + b"=" in _MPI_VARIABLES[3:]
+        if mpi and os.fsdecode(name) not in os.environ:
+            os.unsetenv(name)
 
 
 @pytest.fixture(scope="module")

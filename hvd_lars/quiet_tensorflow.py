@@ -49,7 +49,7 @@ def load(environ=None):
         import tensorflow
 
         return tensorflow
-    driver = any(os.path.exists(p) for p in _DRIVER_PATHS)
+    driver = _driver()
     _flush()
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -85,6 +85,10 @@ def _filter(read_end, write_end, driver):
         os._exit(0)
 
 
+def _driver():
+    return any(os.path.exists(p) for p in _DRIVER_PATHS)
+
+
 def _flush():
     if sys.stderr is not None:
         sys.stderr.flush()
@@ -97,7 +101,7 @@ def main():
     signals are left to the command whose output it filters."""
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, signal.SIG_IGN)
-    _filter(0, None, any(os.path.exists(p) for p in _DRIVER_PATHS))
+    _filter(0, None, _driver())
 
 
 if __name__ == "__main__":

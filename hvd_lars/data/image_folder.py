@@ -50,9 +50,7 @@ def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
             blobs = [type(e).__name__.encode(), str(e).encode()]
     if not shared:
         return train, evaluation
-    blobs = [
-        collectives.broadcast_bytes(b, name=f"hvd_lars.listing{k}") for k, b in enumerate(blobs or [b"", b""])
-    ]
+    blobs = collectives.broadcast_object(blobs, name="hvd_lars.listing")  # rank 0's
     if blobs[0] in (b"FileNotFoundError", b"ValueError"):
         error = FileNotFoundError if blobs[0] == b"FileNotFoundError" else ValueError
         raise error(blobs[1].decode())

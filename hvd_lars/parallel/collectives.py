@@ -225,39 +225,20 @@ def _reduce_group(tensors, positions, grouped, op, compression, predivide, k):
 
 
 def broadcast_variables(variables, root_rank=0, what="variables"):
-    """Overwrites `variables` (Keras or tf) on every rank with rank `root_rank`'s, after
-    `check_same_variables`; each named by its position (Keras's automatic names may differ between ranks,
-    and Horovod pairs collectives by name)."""
+    """Overwrites `variables` (Keras or tf) on every rank with rank `root_rank`'s, each named by its position
+    (Keras's automatic names may differ between ranks, and Horovod pairs collectives by name). First the
+    ranks compare the number, shapes and dtypes of their `variables` (a collective), so that a mismatch is
+    the same RuntimeError on every rank, naming the first difference, not a hang."""
     if size() == 1:
         return
     import keras
     import tensorflow as tf
 
-    check_same_variables(variables, what)
-    tf_vars = [v.value if isinstance(v, keras.Variable) else v for v in variables]
-
-    @tf.function(autograph=False)
-    def broadcast_all():
-        # One graph: the broadcasts run concurrently, and Horovod's background thread batches them.
-        for i, var in enumerate(tf_vars):
-            name = f"hvd_lars.broadcast.{i}"
-            var.assign(_hvd.broadcast(var.read_value(), root_rank, name=name, ignore_name_scope=True))
-
-    broadcast_all()
-
-
-def describe_variables(variables):
-    """[(path without the numbers of Keras's automatic names, shape, dtype name)]: what ranks compare."""
-    described = []
-    for v in variables:
+    def described(v):  # what ranks compare: the path without the numbers of Keras's automatic names
         path = re.sub(r"_\d+(?=[_/]|$)", "", getattr(v, "path", None) or v.name.split(":")[0])
-        described.append((path, tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype))))
-    return described
+        return path, tuple(int(d) for d in v.shape), str(getattr(v.dtype, "name", v.dtype))
 
-
-def first_difference(lists, what="variables"):
-    """The message naming the first difference in number, shape or dtype (paths may differ) between rank
-    0's `describe_variables` (`lists[0]`) and another rank's, or None."""
+    lists = _hvd.allgather_object([described(v) for v in variables], name="hvd_lars.variable_lists")
     reference = lists[0]
     for r, other in enumerate(lists[1:], start=1):
         mine, theirs = [d[1:] for d in reference], [d[1:] for d in other]
@@ -268,25 +249,22 @@ def first_difference(lists, what="variables"):
         def entry(items, i=i):
             return f"{items[i][0]} {list(items[i][1])} {items[i][2]}" if i < len(items) else "nothing"
 
-        return (
+        raise RuntimeError(
             f"ranks disagree about the {what} they exchange: rank 0 has {len(reference)}, rank {r} has "
             f"{len(other)}; first difference at position {i}: rank 0 {entry(reference)}, rank {r} "
             f"{entry(other)}. Every rank must build the same model and optimizer (same layers, shapes and "
             "dtypes, created in the same order)."
         )
-    return None
+    tf_vars = [v.value if isinstance(v, keras.Variable) else v for v in variables]
 
+    @tf.function(autograph=False)
+    def broadcast_all():
+        # One graph: the broadcasts run concurrently, and Horovod's background thread batches them.
+        for i, var in enumerate(tf_vars):
+            name = f"hvd_lars.broadcast.{i}"
+            var.assign(_hvd.broadcast(var.read_value(), root_rank, name=name, ignore_name_scope=True))
 
-def check_same_variables(variables, what="variables"):
-    """Raises the same RuntimeError on every rank when the ranks' `variables` differ (a collective, before
-    those that exchange them, so a mismatch is an error, not a hang)."""
-    if size() == 1:
-        return
-    message = first_difference(
-        _hvd.allgather_object(describe_variables(variables), name="hvd_lars.variable_lists"), what
-    )
-    if message:
-        raise RuntimeError(message)
+    broadcast_all()
 
 
 def broadcast_object(value, root_rank=0, name="hvd_lars.broadcast_object"):
@@ -332,9 +310,3 @@ def max_over_ranks(number, name):
 def barrier():
     """Blocks until every rank reaches it (used before rank 0 reads files other ranks wrote)."""
     allreduce_sum([0.0], name="hvd_lars.barrier")
-
-
-def broadcast_bytes(data, name, root_rank=0):
-    """Rank `root_rank`'s `data` (bytes) on every rank, the others passing anything (`name` as for
-    `allreduce_sum`)."""
-    return broadcast_object(data, root_rank, name)

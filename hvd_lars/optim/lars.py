@@ -19,15 +19,12 @@ TRUST_RATIO_MODES = ("paper", "decayed_gradient", "update")
 # "warmup" (its non-fused update: during warmup only), "always" (Goyal et al. 2017, eq. 10).
 MOMENTUM_CORRECTIONS = ("none", "warmup", "always")
 
-# Batch-norm parameters and biases: left out of weight decay and layer adaptation by the MLPerf ResNet-50
-# reference (and the TF model garden LARS recipe). Matched against Keras 3 `variable.path`.
-MLPERF_EXCLUSIONS = (r"(^|/)(gamma|beta|bias|moving_mean|moving_variance)$|batch_?norm",)
-
 
 def mlperf_exclusions():
     """Regexes (for `re.search` on `variable.path`, e.g. `conv1_bn/gamma`, `fc8/bias`) of batch-norm
-    parameters and biases: both exclusion arguments of `LARS` in the MLPerf ResNet-50 recipe."""
-    return list(MLPERF_EXCLUSIONS)
+    parameters and biases: both exclusion arguments of `LARS` in the MLPerf ResNet-50 recipe (and the TF
+    model garden's LARS recipe)."""
+    return [r"(^|/)(gamma|beta|bias|moving_mean|moving_variance)$|batch_?norm"]
 
 
 @keras.saving.register_keras_serializable(package="hvd_lars")
@@ -227,7 +224,19 @@ class LARS(keras.optimizers.Optimizer):
         else:  # decayed_gradient
             scaled_lr = lr * ops.cast(self._trust_ratio(self._norm(w), self._norm(decayed), 0.0), dtype)
         if self._fused:
-            _apply_keras_momentum(variable, slot, scaled_lr, decayed, momentum, self.nesterov)
+            import tensorflow as tf
+
+            # One pass over the four tensors: slot = m * slot - lr * g; w += slot (as below).
+            handle = lambda v: (v.value if isinstance(v, keras.Variable) else v).handle
+            tf.raw_ops.ResourceApplyKerasMomentum(
+                var=handle(variable),
+                accum=handle(slot),
+                lr=scaled_lr,
+                grad=decayed,
+                momentum=momentum,
+                use_locking=False,
+                use_nesterov=self.nesterov,
+            )
             return
         new_slot = momentum * slot - scaled_lr * decayed
         self.assign(slot, new_slot)
@@ -262,12 +271,8 @@ class LARS(keras.optimizers.Optimizer):
                 "eta": self.eta,
                 "epsilon": self.epsilon,
                 "nesterov": self.nesterov,
-                "exclude_from_weight_decay": [p.pattern for p in self.exclude_from_weight_decay_patterns]
-                or None,
-                "exclude_from_layer_adaptation": [
-                    p.pattern for p in self.exclude_from_layer_adaptation_patterns
-                ]
-                or None,
+                "exclude_from_weight_decay": _sources(self.exclude_from_weight_decay_patterns),
+                "exclude_from_layer_adaptation": _sources(self.exclude_from_layer_adaptation_patterns),
                 "trust_ratio_mode": self.trust_ratio_mode,
                 "momentum_correction": self.momentum_correction,
             }
@@ -298,25 +303,6 @@ def _rate_set_below():
     raise AssertionError("LARS replaces this placeholder learning rate in __init__.")
 
 
-def _apply_keras_momentum(variable, slot, learning_rate, gradient, momentum, nesterov):
-    """TensorFlow's fused kernel: slot = momentum * slot - lr * grad; variable += slot (Nesterov:
-    variable += momentum * slot - lr * grad), one pass over the four tensors."""
-    import tensorflow as tf
-
-    def handle(v):
-        return (v.value if isinstance(v, keras.Variable) else v).handle
-
-    tf.raw_ops.ResourceApplyKerasMomentum(
-        var=handle(variable),
-        accum=handle(slot),
-        lr=learning_rate,
-        grad=gradient,
-        momentum=momentum,
-        use_locking=False,
-        use_nesterov=nesterov,
-    )
-
-
 def _compile_patterns(name, patterns):
     if patterns is None:
         return []
@@ -329,6 +315,10 @@ def _compile_patterns(name, patterns):
         except (re.error, TypeError) as e:
             refuse(name, p, f"regular expressions ({e})")
     return compiled
+
+
+def _sources(patterns):
+    return [p.pattern for p in patterns] or None
 
 
 def _matches(patterns, path):

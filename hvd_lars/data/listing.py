@@ -10,6 +10,7 @@ renaming an entry changes its folder's modification time; rewriting a file in pl
 bytes are read); a change within the second of the listing is missed where times are whole seconds.
 """
 
+import collections
 import dataclasses
 import io
 import logging
@@ -133,24 +134,25 @@ def _refuse(root, problems):
     )
 
 
-def _walk(root, path, rel, seen, folders, images, problems):
-    """Reads folder `path` (relative path `rel`) and its sub-folders into `images` (relative paths)."""
-    add = lambda kind, text: problems.setdefault(kind, []).append(text)
+def _entries(root, path, rel, seen, folders, problems):
+    """The entries of folder `path` (relative path `rel`) a listing reads, sorted by name, the folder noted
+    in `folders`; none where it was read already (a problem)."""
     st = os.stat(path)
     key = (st.st_dev, st.st_ino)
     if key in seen:
-        add(
-            "symbolic links to a folder already read (a loop, or one folder listed twice)",
-            f"{path} repeats {os.path.join(root, seen[key]) if seen[key] else root}",
+        problems["symbolic links to a folder already read (a loop, or one folder listed twice)"].append(
+            f"{path} repeats {os.path.join(root, seen[key]) if seen[key] else root}"
         )
-        return
+        return []
     seen[key] = rel
     folders.append((rel, st.st_dev, st.st_ino, st.st_mtime_ns))
     with os.scandir(path) as entries:
-        entries = sorted(entries, key=lambda e: e.name)
-    for entry in entries:
-        if is_hidden(entry.name):
-            continue
+        return sorted((e for e in entries if not is_hidden(e.name)), key=lambda e: e.name)
+
+
+def _walk(root, path, rel, seen, folders, images, problems):
+    """Reads folder `path` (relative path `rel`) and its sub-folders into `images` (relative paths)."""
+    for entry in _entries(root, path, rel, seen, folders, problems):
         entry_rel = f"{rel}/{entry.name}"
         if entry.is_dir():  # follows symbolic links
             _walk(root, entry.path, entry_rel, seen, folders, images, problems)
@@ -158,11 +160,11 @@ def _walk(root, path, rel, seen, folders, images, problems):
             if entry.name.lower().endswith(IMAGE_EXTENSIONS):
                 images.append(entry_rel)
             else:
-                add("files that are not images this pipeline reads", entry.path)
+                problems["files that are not images this pipeline reads"].append(entry.path)
         elif entry.is_symlink():
-            add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
+            problems["broken symbolic links"].append(f"{entry.path} -> {os.readlink(entry.path)}")
         else:
-            add("entries that are neither files nor folders", entry.path)
+            problems["entries that are neither files nor folders"].append(entry.path)
 
 
 def list_split(root, classes=None):
@@ -179,34 +181,26 @@ def list_split(root, classes=None):
             f"Image folder {root} not found; expected {root}/<class>/<image>.JPEG "
             "(pass --data_dir=<folder holding train/ and validation/>)."
         )
-    problems, seen, folders = {}, {}, []
-    add = lambda kind, text: problems.setdefault(kind, []).append(text)
-    st = os.stat(root)
-    seen[(st.st_dev, st.st_ino)] = ""
-    folders.append(("", st.st_dev, st.st_ino, st.st_mtime_ns))
-    class_folders = []
-    with os.scandir(root) as entries:
-        for entry in sorted(entries, key=lambda e: e.name):
-            if is_hidden(entry.name):
-                continue
-            if entry.is_dir():
-                class_folders.append(entry)
-            elif entry.is_file() or not entry.is_symlink():
-                add("files outside the class folders", entry.path)
-            else:
-                add("broken symbolic links", f"{entry.path} -> {os.readlink(entry.path)}")
+    problems, seen, folders, class_folders = collections.defaultdict(list), {}, [], []
+    for entry in _entries(root, root, "", seen, folders, problems):
+        if entry.is_dir():
+            class_folders.append(entry)
+        elif entry.is_file() or not entry.is_symlink():
+            problems["files outside the class folders"].append(entry.path)
+        else:
+            problems["broken symbolic links"].append(f"{entry.path} -> {os.readlink(entry.path)}")
     found = [e.name for e in class_folders]
     names = list(classes) if classes is not None else found
     index = {c: i for i, c in enumerate(names)}
     for name in found:
         if name not in index:
-            add("class folders the training split lacks", os.path.join(root, name))
+            problems["class folders the training split lacks"].append(os.path.join(root, name))
     files, labels = [], []
     for entry in class_folders:
         images = []
         _walk(root, entry.path, entry.name, seen, folders, images, problems)
         if not images and classes is None:
-            add("class folders without images", entry.path)
+            problems["class folders without images"].append(entry.path)
         images.sort()
         files += images
         labels += [index.get(entry.name, -1)] * len(images)

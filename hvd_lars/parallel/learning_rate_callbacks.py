@@ -38,16 +38,6 @@ def momentum_slots(optimizer):
     )
 
 
-def set_rate(optimizer, rate, momentum_correction):
-    """Sets `optimizer`'s float learning rate to `rate`; with `momentum_correction`, where the rate changes,
-    rescales its velocity by new / old (`correct_momentum` of `momentum_slots`), as Horovod's callbacks."""
-    old = to_float(optimizer.learning_rate)
-    optimizer.learning_rate = float(rate)
-    new = to_float(optimizer.learning_rate)
-    if momentum_correction and new != old:
-        correct_momentum(momentum_slots(optimizer), old, new)
-
-
 class LearningRateWarmupCallback(LearningRateWarmup):
     """Horovod's gradual warmup (Goyal et al. 2017, section 2.2), set before every batch: before update `t`
     (from 0, the optimizer's counter, so a resumed run continues the ramp), with `U` updates per epoch,
@@ -103,7 +93,11 @@ class LearningRateWarmupCallback(LearningRateWarmup):
         if self._finished:
             return
         optimizer = self.model.optimizer
-        set_rate(optimizer, self._warmup_rate(int(to_float(optimizer.iterations))), self.momentum_correction)
+        old = to_float(optimizer.learning_rate)
+        super()._set_rate()
+        new = to_float(optimizer.learning_rate)
+        if self.momentum_correction and new != old:
+            correct_momentum(momentum_slots(optimizer), old, new)
         # This update's rate was the last of the warmup (epoch + 1 / U reached W).
         if (to_float(optimizer.iterations) + 1) / self._updates_per_epoch >= self.warmup_epochs:
             self._finished = True

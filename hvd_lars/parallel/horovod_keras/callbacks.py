@@ -3,12 +3,12 @@
 import keras
 
 from hvd_lars.arguments import above, check
+from hvd_lars.optim.lars import correct_momentum
 from hvd_lars.optim.wrapping import held_rate, to_float
 from hvd_lars.parallel.callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback  # noqa: F401
 from hvd_lars.parallel.learning_rate_callbacks import (  # noqa: F401
     LearningRateWarmupCallback,
     momentum_slots,
-    set_rate,
 )
 
 
@@ -63,7 +63,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             epoch += batch / self.steps_per_epoch
         elif batch:
             return
-        set_rate(self.model.optimizer, self.initial_lr * self.multiplier(epoch), self.momentum_correction)
+        optimizer = self.model.optimizer
+        old, new = to_float(optimizer.learning_rate), self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = float(new)
+        if self.momentum_correction and new != old:
+            correct_momentum(momentum_slots(optimizer), old, float(new))
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:

@@ -246,21 +246,12 @@ def make_schedule(
         ValueError: an unknown name (listing the valid ones), a non-default argument the schedule does
             not take, or arguments the schedule rejects.
     """
-    if name not in SCHEDULES:
+    arguments = dict(locals())  # the schedules' own names, `name` aside
+    if arguments.pop("name") not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; valid names: {sorted(SCHEDULES)}.")
     cls = SCHEDULES[name]
     if cls is WarmupStepDecay and boundaries is None:
-        boundaries = goyal_boundaries(total_steps)
-    arguments = dict(
-        peak_learning_rate=peak_learning_rate,
-        total_steps=total_steps,
-        warmup_steps=warmup_steps,
-        warmup_start_learning_rate=warmup_start_learning_rate,
-        end_learning_rate=end_learning_rate,
-        power=power,
-        boundaries=boundaries,
-        decay_factor=decay_factor,
-    )
+        arguments["boundaries"] = goyal_boundaries(total_steps)
     accepted = inspect.signature(cls).parameters
     defaults = {k: p.default for k, p in inspect.signature(make_schedule).parameters.items()}
     for key, value in arguments.items():

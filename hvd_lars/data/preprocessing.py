@@ -86,19 +86,13 @@ def random_crop_window(height_width, seed):
         use_image_if_no_bounding_boxes=True,
     )
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
-    # The op returns the whole image when every attempt failed; the references then centre-crop.
-    failed = tf.reduce_all(tf.equal(size[:2], height_width))
-    return tf.cond(failed, lambda: center_crop_window(height_width), lambda: window)
-
-
-def center_crop_window(height_width):
-    """The centred square [y, x, h, w] (int32) of side EVAL_CROP / EVAL_RESIZE of the short side."""
-    height_width = tf.cast(height_width, tf.int32)
+    # The op returns the whole image when every attempt failed; the references then take the centred
+    # square of side EVAL_CROP / EVAL_RESIZE of the short side.
     side = tf.cast(tf.cast(tf.reduce_min(height_width), tf.float32) * (EVAL_CROP / EVAL_RESIZE), tf.int32)
     side = tf.maximum(side, 1)
-    y = (height_width[0] - side + 1) // 2
-    x = (height_width[1] - side + 1) // 2
-    return tf.stack([y, x, side, side])
+    centre = tf.stack([(height_width[0] - side + 1) // 2, (height_width[1] - side + 1) // 2, side, side])
+    failed = tf.reduce_all(tf.equal(size[:2], height_width))
+    return tf.cond(failed, lambda: centre, lambda: window)
 
 
 def decode_and_random_crop(data, seed):

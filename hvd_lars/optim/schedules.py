@@ -4,14 +4,8 @@ Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the opti
 updates, counted from 0), built from the pure functions of `hvd_lars.optim.rate_curves`; its config is
 exactly its constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`.
 Units are steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
-`SCHEDULES` / `make_schedule` select one by name:
-
-- `"mlperf_poly"`, `WarmupPolynomialDecay`: warmup, then polynomial decay from the peak to an end rate over
-  the steps after warmup (the MLPerf ResNet-50 LARS reference).
-- `"paper_poly"`, `PaperPolynomialDecay`: warmup from a start rate, then `peak * (1 - t / T) ** 2` counted
-  from step 0 (You et al., ICPP 2018, the released Intel Caffe AlexNet-BN solver).
-- `"cosine"`, `WarmupCosineDecay`, and `"step"`, `WarmupStepDecay` (Goyal et al. 2017: x0.1 at epochs 30,
-  60 and 80 of 90), both after warmup.
+`SCHEDULES` / `make_schedule` select one by name: the MLPerf convention ("mlperf_poly"), the paper's solver
+("paper_poly"), "cosine" and Goyal et al.'s "step"; each class's docstring gives its rule and source.
 
 A schedule counts optimizer updates, never micro-batches (Keras's own optimizers with
 `gradient_accumulation_steps` count micro-batches: give those a float rate and `LearningRateWarmup`).

@@ -1,9 +1,7 @@
 """Open MPI's allreduce for CPU ranks: the coll/tuned rules file beside this module (from 1 MiB on 3+
-ranks the ring, algorithm 4; below it Open MPI's choice) and when a job gets it. Why: Open MPI 4.1's fixed
-decision took 1.86-2.15x the ring bound for 1-64 MiB on 4-8 emulated hosts, the ring 1.07-1.37x
-(results/allreduce_hosts.md); the cost, sums that depend on the order gradients arrive (1e-7 relative,
-results/archive/allreduce_order.md). `apply` is called by `horovod_keras.init()` and
-`hvd_lars.training.threads` before MPI starts.
+ranks the ring, algorithm 4; below it Open MPI's choice) and when a job gets it; why, and what it costs
+(sums that depend on the order gradients arrive): results/allreduce_hosts.md. `apply` is called by
+`horovod_keras.init()` and `hvd_lars.training.threads` before MPI starts.
 """
 
 import os

@@ -49,13 +49,10 @@ def fashion_mnist_input(request, options):
     x_test, y_test = files.load("test", request.data_dir)
     _check_validation_examples(options.validation_examples, len(x_train))
     split = len(x_train) - options.validation_examples
-    x_val, y_val = x_train[split:], y_train[split:]
-    x_train, y_train = x_train[:split], y_train[:split]
-    if request.max_train_examples:
-        x_train, y_train = x_train[: request.max_train_examples], y_train[: request.max_train_examples]
-    if request.max_eval_examples:
-        x_test, y_test = x_test[: request.max_eval_examples], y_test[: request.max_eval_examples]
-        x_val, y_val = x_val[: request.max_eval_examples], y_val[: request.max_eval_examples]
+    keep, keep_eval = request.max_train_examples or None, request.max_eval_examples or None  # None: all
+    x_val, y_val = x_train[split:][:keep_eval], y_train[split:][:keep_eval]
+    x_train, y_train = x_train[:split][:keep], y_train[:split][:keep]
+    x_test, y_test = x_test[:keep_eval], y_test[:keep_eval]
     rank, world_size, batch = request.rank, request.world_size, request.per_rank_batch
     opts = tfdata_options.options(request.deterministic, request.input_threads)
 

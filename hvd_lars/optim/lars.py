@@ -291,8 +291,7 @@ class LARS(keras.optimizers.Optimizer):
 def correct_momentum(velocities, old_rate, new_rate):
     """Goyal et al. 2017's momentum correction (eq. 10): multiplies each of `velocities` (variables whose
     velocity carries the rate, `v = m v - lr g`) by `new_rate / old_rate` before the update at `new_rate`;
-    no change where `old_rate` is 0 (no update yet). Rates: floats or scalar tensors, traceable. Used by
-    `LARS(momentum_correction=...)` and by Horovod's learning-rate callbacks for Keras's SGD and RMSprop."""
+    no change where `old_rate` is 0 (no update yet). Rates: floats or scalar tensors, traceable."""
     old, new = ops.cast(old_rate, "float32"), ops.cast(new_rate, "float32")
     ratio = ops.where(old > 0, new / ops.maximum(old, 1e-30), 1.0)
     for v in velocities:

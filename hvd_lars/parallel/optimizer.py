@@ -111,7 +111,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             optimizer = LossScaleOptimizer(optimizer)  # chosen under mixed_float16 (see the class)
         accumulating = innermost_optimizer(optimizer)
         own_steps = accumulating.gradient_accumulation_steps
-        steps = _accumulation_steps(backward_passes_per_step, own_steps)
+        steps = (own_steps or 1) if backward_passes_per_step is None else backward_passes_per_step
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            refuse("backward_passes_per_step", steps, "an int >= 1")
+        if own_steps and own_steps != steps:
+            raise ValueError(
+                f"backward_passes_per_step={steps} contradicts the optimizer's gradient_accumulation_steps="
+                f"{own_steps}; give one of them."
+            )
         if own_steps and accumulating.built:
             raise ValueError(
                 f"{accumulating.name!r} is built with gradient_accumulation_steps={own_steps}; wrap it "
@@ -348,17 +355,3 @@ def _group_keys(groups):
 
 def _held_optimizers_rate():
     raise AssertionError("DistributedOptimizer's rate is its held optimizer's.")
-
-
-def _accumulation_steps(backward_passes_per_step, own_steps):
-    steps = backward_passes_per_step
-    if steps is None:
-        return own_steps or 1
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        refuse("backward_passes_per_step", steps, "an int >= 1")
-    if own_steps and own_steps != steps:
-        raise ValueError(
-            f"backward_passes_per_step={steps} contradicts the optimizer's gradient_accumulation_steps="
-            f"{own_steps}; give one of them."
-        )
-    return steps

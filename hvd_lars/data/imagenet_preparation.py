@@ -232,10 +232,8 @@ def _tars(manual_dir, root):
             "https://image-net.org (registration needed), put both in one folder and run "
             f"{command(root)}."
         )
-    names = MANUAL_FILES + (
-        (OPTIONAL_FILE,) if os.path.isfile(os.path.join(manual_dir, OPTIONAL_FILE)) else ()
-    )
-    return [os.path.join(manual_dir, name) for name in names]
+    paths = [os.path.join(manual_dir, name) for name in (*MANUAL_FILES, OPTIONAL_FILE)]
+    return paths if os.path.isfile(paths[-1]) else paths[:-1]
 
 
 @contextlib.contextmanager

@@ -94,13 +94,6 @@ rank, local_rank, cross_rank = (_horovods(name, 0) for name in ("rank", "local_r
 size, local_size, cross_size = (_horovods(name, 1) for name in ("size", "local_size", "cross_size"))
 
 
-def host_names():
-    """Sorted distinct host names of all ranks (a collective); without Horovod, this machine's."""
-    import socket
-
-    return sorted(set(gather_objects(socket.gethostname(), name="hvd_lars.host_names")))
-
-
 def gather_objects(obj, name):
     """List of the picklable `obj` from every rank, in rank order (a collective, the same `name` on every
     rank; TensorFlow's thread pools are fixed afterwards); [obj] with world size 1."""

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -83,7 +84,8 @@ class RunSummary(keras.callbacks.Callback):
             "config": vars(config),
             "plan": dataclasses.asdict(plan),
             **{name: getattr(plan, name) for name in sizes},
-            "hosts": collectives.host_names(),  # a collective, at the same point on every rank
+            # A collective, at the same point on every rank: the distinct host names of all ranks.
+            "hosts": sorted(set(collectives.gather_objects(socket.gethostname(), "hvd_lars.host_names"))),
             "local_size": collectives.local_size(),
             "cross_size": collectives.cross_size(),
             "threads": threads,

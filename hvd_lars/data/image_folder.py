@@ -104,7 +104,8 @@ def image_folder_input(request, options):
     train_listing, eval_listing = list_splits(
         request.data_dir, _index_folder(request.run_dir), rank, world_size
     )
-    missing = eval_listing.missing_classes()
+    present = set(eval_listing.labels.tolist())
+    missing = [c for label, c in enumerate(eval_listing.classes) if label not in present]
     if rank == 0 and missing:
         warnings.warn(
             f"{eval_listing.root} has no images of {len(missing)} of the {len(train_listing.classes)} "

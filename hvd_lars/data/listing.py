@@ -55,12 +55,6 @@ class Listing:
         root = os.fsencode(self.root)
         return [os.path.join(root, os.fsencode(f)) for f in self.files]
 
-    def missing_classes(self):
-        """Class names (sorted by label) with no file in this listing."""
-        present = np.zeros(len(self.classes), bool)
-        present[self.labels] = True
-        return [c for c, p in zip(self.classes, present) if not p]
-
     def unchanged(self):
         """True when every folder read still has its device, inode and modification time."""
         for rel, dev, ino, mtime in self.folders:

@@ -55,4 +55,4 @@ read -r cooldown_min cooldown_max extra <<<"${COOLDOWN_S:-10 60}"
 exec "$horovodrun_bin" -np "$min_np" --min-np "$min_np" --max-np "$max_np" \
   --host-discovery-script "$discovery" "${nic_args[@]}" \
   --blacklist-cooldown-range "$cooldown_min" "$cooldown_max" \
-  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --elastic "$@"
+  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" --elastic "$@" 2> >(exec "${QUIET_TENSORFLOW[@]}" >&2)

@@ -103,6 +103,10 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x "$HVD_LARS_ROOT/.venv/bin/python" ]; then PYTHON="$HVD_LARS_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 export PYTHON
+# horovodrun imports TensorFlow to check Horovod's build, which prints TensorFlow's start-up notices: the
+# launchers lead its standard error through this filter, which writes every other line
+# (hvd_lars/quiet_tensorflow.py; TF_CPP_MIN_LOG_LEVEL=0 shows them).
+QUIET_TENSORFLOW=("$PYTHON" "$HVD_LARS_ROOT/hvd_lars/quiet_tensorflow.py")
 
 # Which MPI the launchers start (the first mpirun, else mpiexec, on PATH): MPI_FAMILY is openmpi, or mpich,
 # mvapich or intelmpi (their launcher is Hydra); MPI_VERSION, MPI_LAUNCHER (install/mpi.sh). Unset when

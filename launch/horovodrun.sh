@@ -47,4 +47,4 @@ else
   binding="--map-by ppr:${RANKS_PER_SOCKET}:socket:PE=${THREADS_PER_RANK} --bind-to core"
 fi
 exec "$horovodrun_bin" -np "$ranks" -H "$hosts" --binding-args="$binding" \
-  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" "$@"
+  "$PYTHON" -m hvd_lars.main --flagfile="$flagfile" "$@" 2> >(exec "${QUIET_TENSORFLOW[@]}" >&2)

@@ -130,39 +130,6 @@ def _wait_step_ended(cluster, job, timeout=120):
 
 
 @pytest.mark.system
-def test_sbatch_runs_two_ranks_through_srun(cluster, tmp_path):
-    job = _sbatch(cluster, tmp_path)
-    state = cluster.wait(job, timeout=300)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
-    assert state == "COMPLETED", log[-3000:]
-    assert "global batch 32 = 2 ranks x per-rank batch 16" in log
-    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["plan"]["total_steps"] == 6
-
-
-@pytest.mark.system
-def test_requeued_job_resumes_from_its_checkpoint(cluster, tmp_path):
-    # Paused after update 10 (checkpoints at 5 and 10) until the requeue's SIGTERM reaches the ranks: they
-    # stop at the next update, 11, with its checkpoint.
-    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=30", "--epochs=2", "--checkpoint_every_steps=5",
-                  *_paused(tmp_path, 10))  # fmt: skip
-    _wait_paused(cluster, job, tmp_path)
-    cluster.run(["scontrol", "requeue", job])
-    # Slurm holds a requeued job back (Reason=BeginTime); a real pre-emption waits too, the test need not.
-    _wait_state(cluster, job, "PENDING")
-    _wait_step_ended(cluster, job)
-    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-    state = cluster.wait(job, timeout=600)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
-    assert state == "COMPLETED", log[-3000:]
-    assert "restart 1" in log
-    assert "stopped at step 11, checkpoint" in log and "resumed from" in log
-    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
-    assert summary["resumed_from_step"] == 11 and summary["world_size"] == 2
-    assert summary["epochs"][-1]["epoch"] == 2
-
-
-@pytest.mark.system
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
     # Paused after update 20 until the USR1 reaches the ranks: they stop at update 21.

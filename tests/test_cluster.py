@@ -227,8 +227,7 @@ def _launch(launcher, cluster, workdir):
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_every_launcher_trains_across_two_hosts_to_the_same_weights(cluster, mpi_run, shared_dir, launcher):
     """Every rank ends with rank 0's weights bit for bit; the MPI launchers with horovodrun's, Gloo within
-    float32 rounding of another summation order; the run's summary names both hosts; the launch scripts'
-    output has not one TensorFlow start-up notice (the ranks' nor horovodrun's build check's)."""
+    float32 rounding of another summation order; the run's summary names both hosts."""
     if launcher == "horovodrun":
         workdir, output, traffic = mpi_run
     else:
@@ -251,8 +250,9 @@ def test_every_launcher_trains_across_two_hosts_to_the_same_weights(cluster, mpi
             apart = np.linalg.norm(weights[0][name] - reference[name])
             assert moved > 0, f"{name} did not move in training"
             assert apart <= GLOO_FRACTION_OF_MOVEMENT * moved, (name, apart, moved)
-    if launcher.startswith("launch/"):
-        # TF_CPP_MIN_LOG_LEVEL=2 leaves the notices: they are the filter's to drop.
+    if launcher == "launch/horovodrun.sh":
+        # Not one TensorFlow start-up notice of horovodrun's build check, nor of the ranks (whose output
+        # horovodrun passes on); TF_CPP_MIN_LOG_LEVEL=2 leaves them: they are the filter's to drop.
         assert quiet_tensorflow.kept(output.encode(), driver=False) == output.encode(), output[-3000:]
     if launcher == "horovodrun":
         # Allreduce between 2 hosts: each host must send the other at least its partial sum of every

@@ -22,9 +22,10 @@ Covered (README or docs section / line: file):
   1 Gbit/s share, the fast links' range); and every number
   in that table's rows is either in a claim or listed in NOT_RESULTS
   (`test_every_number_of_the_results_table_is_checked`).
-Not covered: versions, flag defaults and configuration (batch 4,096, 2 ranks, HOROVOD_CYCLE_TIME=5), and figures that no results file holds: the Horovod build time ("about 4-8
-minutes"), and the emulated-cluster and Slurm timings recorded in tests/test_cluster.py's comments (bound
-start-ups 40 s to over 4 minutes, 28 s with SlurmdTimeout=10, mpirun's 240 s, 90 s in 4 tries of 4).
+Not covered: versions, flag defaults and configuration (batch 4,096, 2 ranks, HOROVOD_CYCLE_TIME=5), and
+figures that no results file holds: the Horovod build time ("about 4-8 minutes"), and the emulated-cluster
+and Slurm timings recorded in tests/test_cluster.py's comments (bound start-ups 40 s to over 4 minutes, 28 s
+with SlurmdTimeout=10, mpirun's 240 s, 90 s in 4 tries of 4).
 """
 
 import collections

@@ -176,7 +176,7 @@ def _run(*commands, env, timeout=1200):
 def overlap_compression(args):
     """Section `overlap_compression` (the module docstring)."""
     if args.report_only:
-        return write_section("overlap_compression", _overlap_compression_markdown(), args.out)
+        return write_section(args.out)
     from hvd_lars.training import epoch_logs
 
     label = "local" if args.local else args.link_rate
@@ -238,7 +238,14 @@ def overlap_compression(args):
     common.write_json(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), record)
     for path in (compute_json, busy_json, busy_json + ".1", ranks_json):
         os.remove(path)
-    write_section("overlap_compression", _overlap_compression_markdown(), args.out)
+    write_section(args.out)
+
+
+def write_section(markdown):
+    """Rewrites section `overlap_compression` of `markdown` from every run's JSON, keeping the rest."""
+    body = _overlap_compression_markdown()
+    common.write_section(markdown, "overlap_compression", body, title="# Scale-out measurements")
+    print(f"[scaling] wrote section overlap_compression of {markdown}", flush=True)
 
 
 def _overlap_compression_markdown():
@@ -296,35 +303,19 @@ def _overlap_compression_markdown():
     return "\n".join(lines)
 
 
-def write_section(name, body, markdown=None):
-    """Rewrites section `name` of results/scaling.md (or `markdown`), keeping the rest of the file."""
-    markdown = markdown or MARKDOWN
-    title = (
-        "# Scale-out measurements\n\nEach section is written by `python -m benchmarks.scaling SECTION` "
-        "(see its docstring); the command, git SHA, date and "
-        "machine of every run stand beside its figures. Text outside the section markers is written by hand "
-        "and kept when a section is rewritten."
-    )
-    common.write_section(markdown, name, body, title=title)
-    print(f"[scaling] wrote section {name} of {markdown}", flush=True)
-
-
-SECTIONS = {"overlap_compression": overlap_compression}
-
-
 def main(argv=None):
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "_worker":
         parser = argparse.ArgumentParser()
-        parser.add_argument("section", choices=sorted(SECTIONS))
+        parser.add_argument("section", choices=["overlap_compression"])
         parser.add_argument("--role", choices=("compute", "ranks"), required=True)
         parser.add_argument("--out", required=True)
         parser.add_argument("--core", type=int, default=0)
         args = parser.parse_args(argv[1:])
         return worker_overlap_compression(args.role, args.out, args.core)
     parser = common.argument_parser(__doc__)
-    parser.add_argument("section", choices=sorted(SECTIONS))
+    parser.add_argument("section", choices=["overlap_compression"])
     parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
     parser.add_argument("--cycle_time_ms", type=float, default=5.0, help="HOROVOD_CYCLE_TIME of the ranks")
@@ -334,7 +325,7 @@ def main(argv=None):
     args.argv = argv
     if not args.local and not re.fullmatch(r"[0-9.]+(bit|kbit|mbit|gbit|tbit)", args.link_rate):
         parser.error(f"--link_rate={args.link_rate!r}: expected a tc rate such as 1gbit or 10gbit.")
-    SECTIONS[args.section](args)
+    overlap_compression(args)
 
 
 if __name__ == "__main__":

@@ -32,19 +32,17 @@ LINKS = {"unshaped": "", "10gbit": "10gbit", "1gbit": "1gbit"}
 LINK_RATE_BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9}
 BACKENDS = ("mpi", "gloo")
 SIZES = [2**k for k in range(10, 28)]  # message sizes in bytes: 1 KiB .. 128 MiB
+REPEATS = {True: 20, False: 5}  # timed allreduces up to 1 MiB, and above
 
 
 # --- worker: one rank ------------------------------------------------------------------------------------
-def worker_sweep(out, reps_small, reps_large):
+def worker_sweep(out):
     """Times one allreduce (Average) of a float32 tensor of each size after a barrier; rank 0 writes `out`."""
     import socket
 
     hvd, tf = common.horovod_rank()
     hvd.init()
-    times = [
-        common.allreduce_times(hvd, tf, size, reps_small if size <= 2**20 else reps_large, hvd.Average)
-        for size in SIZES
-    ]
+    times = [common.allreduce_times(hvd, tf, size, REPEATS[size <= 2**20], hvd.Average) for size in SIZES]
     hosts = hvd.allgather_object(socket.gethostname())
     seen = hvd.allgather_object(
         {k: os.environ.get(k) for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")}
@@ -62,13 +60,13 @@ BURST_MS = common.LINK_BURST_MS
 BURST_MS_BEFORE_RECORDED = 2
 
 
-def launch(backend, worker_args, timeout=900):
+def launch(backend, timeout=900):
     """Runs this script's worker on node1 and node2 (1 rank each); returns rank 0's JSON result."""
     settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_communication_") as shared:
         out = os.path.join(shared, "result.json")
         argv = [HOROVODRUN, *(["--gloo"] if backend == "gloo" else []), "-np", "2", "-H", "node1:1,node2:1"]
-        argv += [*common.worker_command("communication"), "--worker", *worker_args, "--out", out]
+        argv += [*common.worker_command("communication"), "--worker", "--out", out]
         # Horovod's defaults: an env.sh sourced by the caller must not leak into the measurement.
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
         if backend == "mpi":
@@ -112,7 +110,7 @@ def measure(args, raw):
             for backend in todo:
                 key = f"sweep|{link}|{backend}"
                 print(f"[communication] {key}", flush=True)
-                data = launch(backend, ["--reps_small", "20", "--reps_large", "5"])
+                data = launch(backend)
                 raw[key] = {**data, **stamp, "link": link, "backend": backend}
                 _save(raw)
 
@@ -255,8 +253,6 @@ def main(argv=None):
     parser = common.argument_parser(__doc__)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--reps_small", type=int, default=20, help=argparse.SUPPRESS)
-    parser.add_argument("--reps_large", type=int, default=5, help=argparse.SUPPRESS)
     parser.add_argument("--links", default=",".join(LINKS), help=f"among {', '.join(LINKS)}")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="mpi, gloo or both")
     parser.add_argument("--force", action="store_true", help="measure again entries already in the .json")
@@ -264,7 +260,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.argv = argv
     if args.worker:
-        return worker_sweep(args.out, args.reps_small, args.reps_large)
+        return worker_sweep(args.out)
     args.links, args.backends = args.links.split(","), args.backends.split(",")
     for name, values, valid in (("links", args.links, LINKS), ("backends", args.backends, BACKENDS)):
         bad = [v for v in values if v not in valid]

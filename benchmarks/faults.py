@@ -376,15 +376,11 @@ def _earlier_rows(out, rerun):
     made = []
     for line in text:
         found = re.match(r"Rows ([a-z0-9_, ]+): made by (.*)", line)
-        if found:
-            mine, rest = [n.strip() for n in found.group(1).split(",")], found.group(2)
-        elif line.startswith("Made by "):  # a report of every scenario it ran
-            mine, rest = sorted(names), line[len("Made by ") :]
-        else:
+        if not found:
             continue
-        stay = [n for n in mine if n in names]
+        stay = [n.strip() for n in found.group(1).split(",") if n.strip() in names]
         if stay:
-            made.append(f"Rows {', '.join(stay)}: made by {rest}")
+            made.append(f"Rows {', '.join(stay)}: made by {found.group(2)}")
     return made, rows
 
 

@@ -14,8 +14,8 @@ Covered (README or docs section / line: file):
   Horovod defaults and tuned: archive/scaling_threads.md; the allreduce of 16 MiB on 4-8 emulated hosts,
   Open MPI's choice and the ring: allreduce_hosts.md
 - "With Horovod": a ported script's 16 MiB allreduce on 4 hosts, rules on and off: horovod_keras_allreduce.md
-- docs/faults.md: time to exit of a silent host with the ssh keepalive: faults.md, row silent_host; "Elastic
-  training": the repetitions of 2 -> 1 -> 2 workers: faults.md, row elastic
+- docs/faults.md: time to exit of a silent host with the ssh keepalive: archive/faults.md, row silent_host;
+  "Elastic training": the repetitions of 2 -> 1 -> 2 workers: archive/faults.md, row elastic
 - "Results" table: models_throughput.md (the ResNet-50 ratios in the named CPU's section), lars_step.md
   (tensors, graph-mode ratio), large_batch_study.md (batch range, seeds, runs and wall time),
   time_to_train.md (the predictions with the paper's figure beside them), communication.md (sizes,
@@ -289,11 +289,11 @@ CLAIMS = [
           "archive/scaling_threads.md", threads),
     Claim("silent host with the ssh keepalive",
           r"with `launch/env.sh`'s ssh keepalive the job ended in (?P<low>[\d.]+)-(?P<high>[\d.]+) s",
-          "faults.md", silent_host),
+          "archive/faults.md", silent_host),
     Claim("elastic 2 -> 1 -> 2 repetitions",
           r"Tested 2 -> 1 -> 2 workers in `tests/test_elastic.py` and (?P<times>\d+) times in "
-          r"`results/faults.md`",
-          "faults.md", elastic),
+          r"`results/archive/faults.md`",
+          "archive/faults.md", elastic),
     Claim("ResNet-50 throughput ratios",
           r"in section `(?P<section>[^`]+)`, ResNet-50 training: ours (?P<f32>[\d.]+)x plain Keras in "
           r"float32, (?P<bf16>[\d.]+)x with `mixed_bfloat16` \(against plain Keras in float32; "
@@ -469,8 +469,8 @@ def remeasured(name, old, new):
          ["tuned = 0.99, results/archive/scaling_threads.md gives 0.91"]),
         ("communication.md", "| 1,150 | 0.93 |", "| 1,150 | 0.91 |",
          ["one_gbit = 0.93, results/communication.md gives [0.91, 0.93]"]),
-        ("faults.md", "| 37.5 / 38.5 / 39.7 |", "| 36.1 / 38.5 / 39.7 |",
-         ["low = 37.5, results/faults.md gives 36.1"]),
+        ("archive/faults.md", "| 37.5 / 38.5 / 39.7 |", "| 36.1 / 38.5 / 39.7 |",
+         ["low = 37.5, results/archive/faults.md gives 36.1"]),
         ("time_to_train.md", "| 5.4 min | 20 min |", "| 6.1 min | 20 min |",
          ["r_time = 5.4, results/time_to_train.md gives 6.1"]),
         ("allreduce_hosts.md", "| 8x1 | 8 | main | 16 MiB | 1.5012 | 1.3049 | 1.15 |",

@@ -125,8 +125,6 @@ def cpu_text(c, host=None):
 def describe(c, matmul, host=None):
     """The machine of a recorded run in one line: `cpu_text(c, host)`, then its tf.matmul rate; what the
     record lacks is said to be NOT_RECORDED, never filled in."""
-    if isinstance(c, str) and "tf.matmul" in c and not matmul:
-        return cpu_text(c, host)  # a string that holds its rate (older records of benchmarks/scaling.py)
     if not matmul:
         return f"{cpu_text(c, host)}; tf.matmul rate {NOT_RECORDED}"
     size = f" {matmul['size']}^2" if matmul.get("size") else ""  # older records lack it

@@ -1,23 +1,19 @@
 """Horovod allreduce between 2 emulated hosts (launch/emulated_cluster.sh, 1 rank each): time against message
-size on unshaped, 10 Gbit/s and 1 Gbit/s links with MPI and Gloo, an alpha-beta fit per setting; tensor
-fusion on ResNet-50's and AlexNet's gradient lists, launch/env.sh's fusion settings against Horovod's.
+size on unshaped, 10 Gbit/s and 1 Gbit/s links with MPI and Gloo, an alpha-beta fit per setting.
 
 Run as root (it brings the emulated cluster up and takes it down for every link setting) from the repository
 root, with the machine to itself (nothing else running):
 
     python -m benchmarks.communication
 
-Writes results/communication.md and results/communication.png. Raw timings are kept in
-results/communication/communication.json, one entry per (part, link, backend[, fusion setting]); a run
-measures only the entries missing there (--force: all it is asked for), so the work can be split into
-several shorter runs with --parts and --links (e.g. `--parts sweep --links 1gbit`); --report_only rewrites
-the .md and .png from the .json. Each measurement launches 2 ranks, one per host: horovodrun from this
-machine for MPI, `ssh node1 horovodrun --gloo` for Gloo (its rendezvous must be on the cluster network).
+Writes results/communication.md and .png; raw timings go to results/communication/communication.json, one
+entry per (link, backend). A run measures only the entries missing there (--force: all it is asked for), so
+`--links 1gbit` splits the work; --report_only rewrites the .md and .png from the .json. Each measurement
+launches 2 ranks, one per host: horovodrun from this machine for MPI, `ssh node1 horovodrun --gloo` for Gloo
+(its rendezvous must be on the cluster network).
 """
 
 import argparse
-import json
-import math
 import os
 import statistics
 import subprocess
@@ -36,76 +32,24 @@ LINKS = {"unshaped": "", "10gbit": "10gbit", "1gbit": "1gbit"}
 LINK_RATE_BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9}
 BACKENDS = ("mpi", "gloo")
 SIZES = [2**k for k in range(10, 28)]  # message sizes in bytes: 1 KiB .. 128 MiB
-# Fusion settings: (HOROVOD_FUSION_THRESHOLD bytes, HOROVOD_CYCLE_TIME ms); None leaves Horovod's default.
-FUSION = {
-    "off": (0, None),
-    "env.sh (64 MiB, 5 ms)": (64 * 2**20, 5),
-    "Horovod default (128 MiB, 1 ms)": (None, None),
-}
-MODELS = {"resnet50": (224, 224, 3), "alexnet": (227, 227, 3)}
+REPEATS = {True: 20, False: 5}  # timed allreduces up to 1 MiB, and above
 
 
 # --- worker: one rank ------------------------------------------------------------------------------------
-def _init_worker():
-    hvd, tf = common.horovod_rank()
-    hvd.init()
-    return hvd, tf
-
-
-def worker_sweep(out, reps_small, reps_large):
-    """Times one allreduce (Average) of a float32 tensor of each size, after a barrier, on rank 0."""
-    hvd, tf = _init_worker()
-    times = [
-        common.allreduce_times(hvd, tf, size, reps_small if size <= 2**20 else reps_large, hvd.Average)
-        for size in SIZES
-    ]
-    _finish(hvd, {"sizes": SIZES, "times_s": times}, out)
-
-
-def worker_fusion(out, shapes_file, reps):
-    """Times the allreduce of a model's whole gradient list: one grouped allreduce (as hvd_lars averages
-    gradients) and one allreduce per tensor in the same tf.function (Horovod fuses what is ready)."""
-    hvd, tf = _init_worker()
-    models = common.read_json(shapes_file)
-    result = {}
-    for model, shapes in models.items():
-        grads = [tf.fill(shape, float(hvd.rank() + 1)) for shape in shapes]
-
-        @tf.function
-        def grouped(tensors, model=model):
-            return hvd.grouped_allreduce(tensors, op=hvd.Average, name=f"{model}_grouped")
-
-        @tf.function
-        def per_tensor(tensors, model=model):
-            return [hvd.allreduce(t, op=hvd.Average, name=f"{model}_{i}") for i, t in enumerate(tensors)]
-
-        result[model] = {}
-        for style, fn in (("grouped", grouped), ("per_tensor", per_tensor)):
-            for _ in range(3):
-                reduced = fn(grads)
-            if any(float(tf.reduce_max(tf.abs(r - 1.5))) != 0.0 for r in reduced):
-                raise RuntimeError(f"{model} {style}: wrong average")
-            times = []
-            for _ in range(reps):
-                hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="barrier")
-                start = time.perf_counter()
-                fn(grads)
-                times.append(time.perf_counter() - start)
-            result[model][style] = times
-    _finish(hvd, result, out)
-
-
-def _finish(hvd, result, out):
+def worker_sweep(out):
+    """Times one allreduce (Average) of a float32 tensor of each size after a barrier; rank 0 writes `out`."""
     import socket
 
+    hvd, tf = common.horovod_rank()
+    hvd.init()
+    times = [common.allreduce_times(hvd, tf, size, REPEATS[size <= 2**20], hvd.Average) for size in SIZES]
     hosts = hvd.allgather_object(socket.gethostname())
     seen = hvd.allgather_object(
         {k: os.environ.get(k) for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")}
     )
     if hvd.rank() == 0:
-        result.update(
-            hosts=hosts, horovod_environment=seen, controller="mpi" if hvd.mpi_enabled() else "gloo"
-        )
+        result = {"sizes": SIZES, "times_s": times, "hosts": hosts, "horovod_environment": seen}
+        result["controller"] = "mpi" if hvd.mpi_enabled() else "gloo"
         common.write_json(out, result, indent=None)
 
 
@@ -116,20 +60,14 @@ BURST_MS = common.LINK_BURST_MS
 BURST_MS_BEFORE_RECORDED = 2
 
 
-def launch(backend, worker_args, fusion=(None, None), timeout=900):
+def launch(backend, timeout=900):
     """Runs this script's worker on node1 and node2 (1 rank each); returns rank 0's JSON result."""
-    threshold, cycle = fusion
     settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-    if threshold is not None:
-        settings["HOROVOD_FUSION_THRESHOLD"] = str(threshold)
-    if cycle is not None:
-        settings["HOROVOD_CYCLE_TIME"] = str(cycle)
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_communication_") as shared:
         out = os.path.join(shared, "result.json")
         argv = [HOROVODRUN, *(["--gloo"] if backend == "gloo" else []), "-np", "2", "-H", "node1:1,node2:1"]
-        argv += [*common.worker_command("communication"), "--worker", *worker_args, "--out", out]
-        # Horovod's own settings only where a measurement sets them (an env.sh sourced by the caller must
-        # not leak into the "default" rows).
+        argv += [*common.worker_command("communication"), "--worker", "--out", out]
+        # Horovod's defaults: an env.sh sourced by the caller must not leak into the measurement.
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
         if backend == "mpi":
             cmd = argv
@@ -143,18 +81,6 @@ def launch(backend, worker_args, fusion=(None, None), timeout=900):
         data = common.read_json(out)
     data["wall_s"] = round(time.time() - start, 1)
     return data
-
-
-def gradient_shapes():
-    """Trainable tensor shapes of ResNet-50 and AlexNet as hvd_lars.models builds them (1000 classes)."""
-    from hvd_lars.models import get_model
-
-    return {
-        name: [
-            list(v.shape) for v in get_model(name, num_classes=1000, input_shape=shape).trainable_variables
-        ]
-        for name, shape in MODELS.items()
-    }
 
 
 def _save(raw):
@@ -176,32 +102,16 @@ def measure(args, raw):
         "machine": epoch_logs.machine(),
         "burst_ms": BURST_MS,
     }
-    if "fusion" in args.parts and "shapes" not in raw:
-        raw["shapes"] = gradient_shapes()
-        _save(raw)
     for link in args.links:
-        todo = []
-        if "sweep" in args.parts:
-            todo += [(f"sweep|{link}|{b}", b, None) for b in args.backends]
-        if "fusion" in args.parts and link == args.fusion_link:
-            todo += [(f"fusion|{link}|{b}|{name}", b, name) for b in args.backends for name in FUSION]
-        todo = [t for t in todo if args.force or t[0] not in raw]
+        todo = [b for b in args.backends if args.force or f"sweep|{link}|{b}" not in raw]
         if not todo:
             continue
-        with (
-            common.emulated_cluster(2, LINKS[link], BURST_MS),
-            tempfile.NamedTemporaryFile("w", suffix=".json", dir="/var/tmp") as shapes_file,
-        ):
-            json.dump(raw.get("shapes", {}), shapes_file)
-            shapes_file.flush()
-            for key, backend, fusion in todo:
+        with common.emulated_cluster(2, LINKS[link], BURST_MS):
+            for backend in todo:
+                key = f"sweep|{link}|{backend}"
                 print(f"[communication] {key}", flush=True)
-                if fusion is None:
-                    data = launch(backend, ["sweep", "--reps_small", "20", "--reps_large", "5"])
-                else:
-                    worker = ["fusion", "--shapes", shapes_file.name, "--reps", "10"]
-                    data = launch(backend, worker, FUSION[fusion])
-                raw[key] = {**data, **stamp, "link": link, "backend": backend, "fusion": fusion}
+                data = launch(backend)
+                raw[key] = {**data, **stamp, "link": link, "backend": backend}
                 _save(raw)
 
 
@@ -229,10 +139,9 @@ def report(raw):
     import numpy as np
 
     sweeps = {k: v for k, v in raw.items() if k.startswith("sweep|")}
-    fusion = {k: v for k, v in raw.items() if k.startswith("fusion|")}
-    if not sweeps and not fusion:
+    if not sweeps:
         raise SystemExit(f"{RAW} holds no measurement; run without --report_only first")
-    entries = list({**sweeps, **fusion}.values())
+    entries = list(sweeps.values())
 
     def distinct(key):
         return ", ".join(f"`{v}`" if key == "command" else v for v in sorted({e[key] for e in entries}))
@@ -241,7 +150,7 @@ def report(raw):
     machines = sorted({common.describe(e["cpu"], e.get("matmul"), e["machine"]) for e in entries})
 
     lines = [
-        "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo, tensor fusion",
+        "# Horovod allreduce between 2 emulated hosts: message size, link rate, MPI and Gloo",
         "",
         f"- commands (as root, with the machine to itself, from the repository root): {distinct('command')}",
         f"- git SHA: {', '.join(common.sha_text(sha) for sha in sorted({e['git_sha'] for e in entries}))}",
@@ -264,10 +173,7 @@ def report(raw):
         "`ssh node1 horovodrun --gloo ...`.",
         "",
     ]
-    if sweeps:
-        lines += _sweep_section(sweeps, np, plt)
-    if fusion:
-        lines += _fusion_section(fusion, raw.get("shapes", {}))
+    lines += _sweep_section(sweeps, np, plt)
     common.write_report(MD, "\n".join(lines))
     print(f"[communication] wrote {MD} and {PNG}")
 
@@ -343,112 +249,20 @@ def _sweep_section(sweeps, np, plt):
     return lines
 
 
-def _fusion_section(fusion, shapes):
-    lines = [
-        "## Tensor fusion on real gradient lists",
-        "",
-        _prose(
-            """
-            Each model's trainable tensors (shapes from `hvd_lars.models`, 1000 classes), float32, reduced
-            in one `tf.function` call: `grouped` is one `hvd.grouped_allreduce` of the whole list (how
-            hvd_lars averages gradients, after the whole backward pass), `per_tensor` one `hvd.allreduce`
-            per tensor (Horovod fuses those ready in the same cycle). Median of 10 calls after 3 warm-ups,
-            rank 0, after a barrier. Fusion off: HOROVOD_FUSION_THRESHOLD=0. Horovod 0.28.1's defaults
-            are a 128 MiB threshold and a 1 ms cycle (`horovodrun --help`); launch/env.sh had set 64 MiB and
-            5 ms, calling them the defaults.
-            """
-        ),
-        "",
-    ]
-    for model, model_shapes in shapes.items():
-        sizes = [4 * math.prod(s) for s in model_shapes]
-        lines.append(
-            f"- {model}: {len(model_shapes)} tensors, {sum(sizes) / 2**20:.1f} MiB, largest "
-            f"{max(sizes) / 2**20:.1f} MiB"
-        )
-    lines += [
-        "",
-        "Median (fastest-slowest of the 10 calls), ms:",
-        "",
-        "| link | backend | model | call | " + " | ".join(FUSION) + " |",
-        "|---" * (4 + len(FUSION)) + "|",
-    ]
-    off, envsh, default = FUSION
-    ratios = {"env.sh / default": [], "off / default": []}
-    spreads = []
-    for link, backend in sorted({(v["link"], v["backend"]) for v in fusion.values()}):
-        for model in shapes:
-            for call in ("grouped", "per_tensor"):
-                times = {}
-                for name in FUSION:
-                    entry = fusion.get(f"fusion|{link}|{backend}|{name}")
-                    if entry and model in entry:
-                        times[name] = entry[model][call]
-                cells = [
-                    f"{_ms(statistics.median(times[n]))} ({_ms(min(times[n]))}-{_ms(max(times[n]))})"
-                    if n in times
-                    else "-"
-                    for n in FUSION
-                ]
-                lines.append(f"| {link} | {backend} | {model} | {call} | " + " | ".join(cells) + " |")
-                spreads += [(max(t) - min(t)) / statistics.median(t) for t in times.values()]
-                if default in times:
-                    base = statistics.median(times[default])
-                    for key, name in (("env.sh / default", envsh), ("off / default", off)):
-                        if name in times:
-                            ratios[key].append((backend, model, call, statistics.median(times[name]) / base))
-    lines += ["", "Ratios of median times (below 1: faster than Horovod's defaults):", ""]
-    lines += ["| backend | model | call | " + " | ".join(ratios) + " |", "|---|---|---|---|---|"]
-    for (b, m, c, r_env), (*_, r_off) in zip(ratios["env.sh / default"], ratios["off / default"]):
-        lines.append(f"| {b} | {m} | {c} | {r_env:.2f} | {r_off:.2f} |")
-    env_ratios = [r for *_, r in ratios["env.sh / default"]]
-    if env_ratios and spreads:
-        median_ratio = statistics.median(env_ratios)
-        lines += [
-            "",
-            f"env.sh's 64 MiB / 5 ms against Horovod's 128 MiB / 1 ms: median ratio {median_ratio:.2f} over "
-            f"{len(env_ratios)} cases (range {min(env_ratios):.2f}-{max(env_ratios):.2f}); the calls of one "
-            f"setting spread by {statistics.median(spreads):.0%} of their median (median over all cells). "
-            + (
-                "No consistent difference, so launch/env.sh no longer overrides Horovod's defaults."
-                if 0.9 <= median_ratio <= 1.1
-                else "A consistent difference: keep the faster setting in launch/env.sh."
-            ),
-            "",
-        ]
-    by_backend = {}
-    for b, _model, _call, r in ratios["off / default"]:
-        by_backend.setdefault(b, []).append(r)
-    for b, rs in sorted(by_backend.items()):
-        lines.append(f"- Fusion off against the defaults, {b}: ratios {min(rs):.2f}-{max(rs):.2f}.")
-    seen = {json.dumps(v["horovod_environment"][0], sort_keys=True) for v in fusion.values()}
-    lines += ["", f"Horovod variables as the ranks saw them: {', '.join(sorted(seen))}.", ""]
-    return lines
-
-
 def main(argv=None):
     parser = common.argument_parser(__doc__)
-    parser.add_argument("--worker", choices=("sweep", "fusion"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--shapes", help=argparse.SUPPRESS)
-    parser.add_argument("--reps", type=int, default=10, help=argparse.SUPPRESS)
-    parser.add_argument("--reps_small", type=int, default=20, help=argparse.SUPPRESS)
-    parser.add_argument("--reps_large", type=int, default=5, help=argparse.SUPPRESS)
-    parser.add_argument("--parts", default="sweep,fusion", help="sweep, fusion or both (comma-separated)")
     parser.add_argument("--links", default=",".join(LINKS), help=f"among {', '.join(LINKS)}")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="mpi, gloo or both")
-    parser.add_argument("--fusion_link", default="10gbit", choices=LINKS, help="the fusion part's link")
     parser.add_argument("--force", action="store_true", help="measure again entries already in the .json")
     parser.add_argument("--report_only", action="store_true", help="only rewrite .md and .png from the .json")
     args = parser.parse_args(argv)
     args.argv = argv
-    if args.worker == "sweep":
-        return worker_sweep(args.out, args.reps_small, args.reps_large)
-    if args.worker == "fusion":
-        return worker_fusion(args.out, args.shapes, args.reps)
-    args.parts, args.links, args.backends = (v.split(",") for v in (args.parts, args.links, args.backends))
-    for name, values, valid in (("parts", args.parts, ("sweep", "fusion")), ("links", args.links, LINKS),
-                                ("backends", args.backends, BACKENDS)):  # fmt: skip
+    if args.worker:
+        return worker_sweep(args.out)
+    args.links, args.backends = args.links.split(","), args.backends.split(",")
+    for name, values, valid in (("links", args.links, LINKS), ("backends", args.backends, BACKENDS)):
         bad = [v for v in values if v not in valid]
         if bad:
             parser.error(f"--{name} {','.join(bad)}: expected among {', '.join(valid)}")

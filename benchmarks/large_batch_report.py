@@ -358,14 +358,8 @@ def write(args, outcomes, attempts, networks, arms):
     common.write_report(args.report, "\n".join(lines))
 
 
-def _machine(machine):
-    if isinstance(machine, dict):
-        return machine.get("cpu_model") or machine.get("cpu") or machine.get("hostname") or str(machine)
-    return str(machine)
-
-
 def _run_machine(record):
     """A run's machine (`common.describe`) with what the study measured when it trained it, if anything."""
     if record.get("cpu"):
-        return common.describe(record["cpu"], record.get("matmul"), _machine(record["machine"]))
-    return common.describe(_machine(record["machine"]), None)
+        return common.describe(record["cpu"], record.get("matmul"), record["machine"])
+    return common.describe(record["machine"], None)

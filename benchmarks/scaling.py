@@ -1,15 +1,12 @@
-"""Scale-out measurements for results/scaling.md, one section per command; each writes its raw figures to
-results/scaling/<section>_<label>.json and rewrites its section from every JSON file of that section.
-
-Section `overlap_compression`: the step of ResNet-50 and AlexNet-BN with grouped against overlapped
-gradient allreduce, 1 rank per host on 1 core, beside the same batch's compute alone (exposed
-communication = step - compute), and ResNet-50's gradients allreduced with and without float16 compression.
-Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch.
+"""Section `overlap_compression` of results/scaling.md: the step of ResNet-50 and AlexNet-BN with grouped
+against overlapped gradient allreduce, 1 rank per host on 1 core, beside the same batch's compute alone
+(exposed communication = step - compute), and ResNet-50's gradients allreduced with and without float16
+compression. Each run writes results/scaling/overlap_compression_<label>.json and rewrites the section from
+every such file.
 
     python -m benchmarks.scaling overlap_compression --link_rate=1gbit   # as root (and =10gbit)
     python -m benchmarks.scaling overlap_compression --local             # 2 ranks here, no root
-    python -m benchmarks.scaling threads                                 # no root
-    python -m benchmarks.scaling threads --report_only                   # the section from the JSON
+    python -m benchmarks.scaling overlap_compression --report_only       # the section from the JSON
 """
 
 import argparse
@@ -51,9 +48,8 @@ def synthetic_data(batch, image_size):
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
-def step_times(model, optimizer, data, snapshot=None):
-    """Seconds of each of the TIMED_STEPS steps of `model.fit` after WARMUP_STEPS; `snapshot()` is called
-    as the timed steps begin and as they end."""
+def step_times(model, optimizer, data):
+    """Seconds of each of the TIMED_STEPS steps of `model.fit` after WARMUP_STEPS."""
     import keras
 
     stamps = []
@@ -62,13 +58,9 @@ def step_times(model, optimizer, data, snapshot=None):
         def on_train_batch_begin(self, step, logs=None):
             if step == 0:
                 stamps.append(time.perf_counter())
-            if step == WARMUP_STEPS and snapshot:
-                snapshot()
 
         def on_train_batch_end(self, step, logs=None):
             stamps.append(time.perf_counter())
-            if step == WARMUP_STEPS + TIMED_STEPS - 1 and snapshot:
-                snapshot()
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
@@ -181,15 +173,10 @@ def _run(*commands, env, timeout=1200):
             raise RuntimeError(f"{p.args[0]} exited {p.returncode}:\n" + "\n".join(output.splitlines()[-40:]))
 
 
-def _machine(run):
-    """`common.describe` of a run's record (older records: the CPU a string, no tf.matmul rate)."""
-    return common.describe(run["cpu"], run.get("matmul"), run["provenance"]["machine"])
-
-
 def overlap_compression(args):
     """Section `overlap_compression` (the module docstring)."""
     if args.report_only:
-        return write_section("overlap_compression", _overlap_compression_markdown(), args.out)
+        return write_section(args.out)
     from hvd_lars.training import epoch_logs
 
     label = "local" if args.local else args.link_rate
@@ -211,7 +198,7 @@ def overlap_compression(args):
     _run(*busy_workers, env=env)
     # 3. Two ranks, one per host. Each shares its core with Horovod's background thread, which negotiates
     # every cycle in blocking MPI calls: a 5 ms cycle and MPI yielding keep the step about training and
-    # communication (section `threads` measures the cost of Horovod's defaults).
+    # communication (results/archive/scaling_threads.md measures the cost of Horovod's defaults).
     env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
     mpirun = ["mpirun", "-np", "2", "--bind-to", "none", "--tag-output", "-mca", "mpi_yield_when_idle", "1"]
     mpirun += ["-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "HOROVOD_CYCLE_TIME"]
@@ -251,7 +238,14 @@ def overlap_compression(args):
     common.write_json(os.path.join(RAW_DIR, f"overlap_compression_{label}.json"), record)
     for path in (compute_json, busy_json, busy_json + ".1", ranks_json):
         os.remove(path)
-    write_section("overlap_compression", _overlap_compression_markdown(), args.out)
+    write_section(args.out)
+
+
+def write_section(markdown):
+    """Rewrites section `overlap_compression` of `markdown` from every run's JSON, keeping the rest."""
+    body = _overlap_compression_markdown()
+    common.write_section(markdown, "overlap_compression", body, title="# Scale-out measurements")
+    print(f"[scaling] wrote section overlap_compression of {markdown}", flush=True)
 
 
 def _overlap_compression_markdown():
@@ -264,11 +258,12 @@ def _overlap_compression_markdown():
     lines = []
     for run in runs:
         prov, ranks, compute = run["provenance"], run["ranks"], run["compute"]
+        machine = common.describe(run["cpu"], run.get("matmul"), prov["machine"])
         lines += [
             f"### {run['label']}: {run['link']}",
             "",
             f"`{run['command']}` at git {common.sha_text(prov['git_sha'])}, {prov['date']}; "
-            f"{_machine(run)}; hosts: {run['hosts']}; precision {ranks['precision']}; Horovod "
+            f"{machine}; hosts: {run['hosts']}; precision {ranks['precision']}; Horovod "
             f"{prov['horovod']}, TensorFlow {prov['tensorflow']}; {run['horovod_settings']}; whole run "
             f"{run['wall_time_s']} s.",
             "",
@@ -308,297 +303,19 @@ def _overlap_compression_markdown():
     return "\n".join(lines)
 
 
-def write_section(name, body, markdown=None):
-    """Rewrites section `name` of results/scaling.md (or `markdown`), keeping the rest of the file."""
-    markdown = markdown or MARKDOWN
-    title = (
-        "# Scale-out measurements\n\nEach section is written by `python -m benchmarks.scaling SECTION` "
-        "(see its docstring); the command, git SHA, date and "
-        "machine of every run stand beside its figures. Text outside the section markers is written by hand "
-        "and kept when a section is rewritten."
-    )
-    common.write_section(markdown, name, body, title=title)
-    print(f"[scaling] wrote section {name} of {markdown}", flush=True)
-
-
-# ------------------------------------------------------------- section threads: 2 ranks x 1 vs 1 x 2
-
-# ResNet-50 at a global batch of 32 images per step: the measurement of section `threads`.
-THREADS_MODEL = "resnet50"
-THREADS_GLOBAL_BATCH = 32
-
-
-def _thread_cpu():
-    """{thread id: (name, CPU seconds)} of this process's threads, from /proc/self/task."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the thread ended meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(tid)] = (
-            stat[stat.index("(") + 1 : stat.rindex(")")],
-            (int(fields[11]) + int(fields[12])) / ticks,
-        )
-    return out
-
-
-def _cpu_by_group(before, after, horovod_tids):
-    """CPU seconds spent between two `_thread_cpu` snapshots, grouped: the main Python thread, the threads
-    `hvd.init()` started (Horovod's background loop, MPI's progress threads), and the rest by name."""
-    groups = {}
-    for tid, (name, seconds) in after.items():
-        spent = seconds - before.get(tid, (name, 0.0))[1]
-        if tid == os.getpid():
-            group = "main Python thread (Keras loop, op dispatch)"
-        elif tid in horovod_tids:
-            group = "Horovod background loop + MPI threads"
-        else:
-            group = name
-        groups[group] = groups.get(group, 0.0) + spent
-    return {k: round(v, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
-
-
-def worker_threads(role, out, core=0, batch=THREADS_GLOBAL_BATCH, inter_op=-1):
-    """One process of section `threads` (world size 1, "compute", or a Horovod rank, "ranks"): ResNet-50's
-    step times at `batch` with the main program's thread sizing (`inter_op` >= 0 overrides the inter-op
-    pool), the threads TensorFlow applied and CPU seconds per thread group; rank 0 writes `out`."""
-    if os.environ.get("HVD_LARS_BIND_LOCAL_RANK"):
-        # horovodrun --gloo cannot bind: each rank binds itself to the core of its local rank.
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[int(os.environ["HOROVOD_LOCAL_RANK"]) % len(cores)]})
-    import tensorflow as tf  # noqa: F401  (its own threads are not Horovod's)
-
-    from hvd_lars.parallel import collectives
-
-    before_init = set(_thread_cpu())
-    rank, size = collectives.init() if role == "ranks" else (0, 1)
-    horovod_tids = set(_thread_cpu()) - before_init if role == "ranks" else set()
-    import keras
-
-    from hvd_lars import DistributedOptimizer
-    from hvd_lars.models import get_model
-    from hvd_lars.training.config import TrainConfig, resolve_precision
-    from hvd_lars.training.threads import applied_threads, configure_threads, placement
-
-    configure_threads(TrainConfig(inter_op_threads=max(0, inter_op)), size)
-    if inter_op == 0:
-        tf.config.threading.set_inter_op_parallelism_threads(0)  # TensorFlow's default (the former setting)
-    precision = resolve_precision("auto")
-    keras.mixed_precision.set_global_policy(precision)
-    keras.utils.set_random_seed(0)
-    model = get_model(THREADS_MODEL, input_shape=(224, 224, 3))
-    data = synthetic_data(batch, 224)
-    snapshots = []
-    times = step_times(
-        model, DistributedOptimizer(common.mlperf_lars()), data, lambda: snapshots.append(_thread_cpu())
-    )
-    result = {
-        "role": role,
-        "world_size": size,
-        "batch": batch,
-        "precision": precision,
-        "placement": placement(),
-        "threads": applied_threads(data),
-        "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
-        "mca_env": {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")},
-        "step_s": times,
-        "cpu_s": _cpu_by_group(snapshots[0], snapshots[1], horovod_tids),
-        "timed_wall_s": sum(times),
-    }
-    print(
-        f"[scaling] {role} rank {rank}: {mean(times):.3f} s/step, CPU {result['cpu_s']}",
-        flush=True,
-    )
-    results = collectives.gather_objects(result, name="scaling.threads") if size > 1 else [result]
-    if rank == 0:
-        common.write_json(out, {"ranks": results})
-
-
-# name -> how the arm runs: "ranks" (mpirun, 2 ranks), or "compute" processes (world size 1) on "cores".
-THREADS_ARMS = {
-    "1 rank x 2 threads": {"role": "compute", "cores": ["0,1"], "batch": 32},
-    "2 ranks x 1 thread, unbound, inter-op default (before)": {
-        "role": "ranks", "bind": False, "inter_op": 0, "env": {}, "mca": {},
-    },
-    "2 ranks x 1 thread, bound (launch/mpirun.sh), Horovod defaults": {
-        "role": "ranks", "bind": True, "env": {}, "mca": {},
-    },
-    "2 ranks x 1 thread, bound, 5 ms cycle, MPI yields": {
-        "role": "ranks", "bind": True, "env": {"HOROVOD_CYCLE_TIME": "5"},
-        "mca": {"mpi_yield_when_idle": "1"},
-    },
-    "2 ranks x 1 thread, bound, Gloo controller": {"role": "ranks", "gloo": True, "env": {}},
-    "2 processes x 1 thread, batch 16 each, no Horovod": {
-        "role": "compute", "cores": ["0", "1"], "batch": 16,
-    },
-    "1 rank x 2 threads, batch 16": {"role": "compute", "cores": ["0,1"], "batch": 16},
-}  # fmt: skip
-THREADS_BASELINE = "1 rank x 2 threads"
-
-
-def _threads_arm(name, spec, me, env, scratch):
-    out = os.path.join(scratch, f".threads_{abs(hash(name))}.json")
-    worker = me + ["_worker", "threads", f"--role={spec['role']}"]
-    if spec["role"] == "compute":
-        outs = [f"{out}.{i}" for i in range(len(spec["cores"]))]
-        commands = [
-            ["taskset", "-c", cores, *worker, f"--batch={spec['batch']}", f"--out={o}"]
-            for cores, o in zip(spec["cores"], outs)
-        ]
-        _run(*commands, env=env)
-    else:
-        outs = [out]
-        worker += [f"--batch={THREADS_GLOBAL_BATCH // 2}", f"--out={out}"]
-        if spec.get("gloo"):
-            launcher = [common.HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"]
-            env = dict(env, HVD_LARS_BIND_LOCAL_RANK="1", **spec["env"])
-        else:
-            launcher = ["mpirun", "-np", "2", "-H", "localhost:2", "--tag-output"]
-            launcher += ["--map-by", "core", "--bind-to", "core"] if spec["bind"] else ["--bind-to", "none"]
-            for key, value in spec["mca"].items():
-                launcher += ["-mca", key, value]
-            env = dict(env, **spec["env"])
-            for variable in ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", *spec["env"]]:
-                launcher += ["-x", variable]
-            worker += [f"--inter_op={spec.get('inter_op', -1)}"]
-        _run(launcher + worker, env=env)
-    runs = [process for o in outs for process in common.read_json(o)["ranks"]]
-    for o in outs:
-        os.remove(o)
-    return {"processes": runs}
-
-
-def threads(args):
-    """Section `threads`: 2 ranks x 1 thread against 1 rank x 2 threads at the same global batch;
-    the baseline is measured before, between and after the other arms."""
-    raw = os.path.join(RAW_DIR, "threads_local.json")
-    if args.report_only:
-        return write_section("threads", _threads_markdown(common.read_json(raw)), args.out)
-    from hvd_lars.training import epoch_logs
-
-    os.makedirs(RAW_DIR, exist_ok=True)
-    me = common.worker_command("scaling")
-    env = common.worker_env()
-    started = time.time()
-    names = [n for n in THREADS_ARMS if n != THREADS_BASELINE]
-    order = [THREADS_BASELINE]
-    for i, name in enumerate(names):
-        order.append(name)
-        if i % 2 == 1 or i == len(names) - 1:
-            order.append(THREADS_BASELINE)
-    runs = []
-    for name in order:
-        try:
-            runs.append({"arm": name, **_threads_arm(name, THREADS_ARMS[name], me, env, RAW_DIR)})
-        except (RuntimeError, subprocess.TimeoutExpired) as e:  # one failed arm does not void the others
-            print(f"[scaling] {name} failed: {str(e)[-2000:]}", flush=True)
-    record = {
-        "section": "threads",
-        "label": "local",
-        "command": common.command_line("scaling", args.argv),
-        "provenance": epoch_logs.provenance(),
-        "cpu": common.cpu(),
-        "matmul": common.matmul_rate(),
-        "model": THREADS_MODEL,
-        "global_batch": THREADS_GLOBAL_BATCH,
-        "warmup_steps": WARMUP_STEPS,
-        "timed_steps": TIMED_STEPS,
-        "arms": {n: {k: v for k, v in s.items()} for n, s in THREADS_ARMS.items()},
-        "wall_time_s": round(time.time() - started),
-        "runs": runs,
-    }
-    common.write_json(raw, record)
-    write_section("threads", _threads_markdown(record), args.out)
-
-
-def _threads_rates(record):
-    """Per run: global images/s (the ranks' batches over rank 0's mean step; for separate processes the
-    sum of their rates), in run order."""
-    rates = []
-    for run in record["runs"]:
-        procs = run["processes"]
-        if procs[0]["role"] == "ranks":
-            rate = sum(p["batch"] for p in procs) / mean(procs[0]["step_s"])
-        else:
-            rate = sum(p["batch"] / mean(p["step_s"]) for p in procs)
-        rates.append(rate)
-    return rates
-
-
-def _threads_markdown(record):
-    prov = record["provenance"]
-    rates = _threads_rates(record)
-    runs = record["runs"]
-    baseline_at = [i for i, r in enumerate(runs) if r["arm"] == THREADS_BASELINE]
-    lines = [
-        "## 2 ranks x 1 thread against 1 rank x 2 threads",
-        "",
-        f"`{record['command']}` at git {common.sha_text(prov['git_sha'])}, {prov['date']}; "
-        f"{_machine(record)}; TensorFlow {prov['tensorflow']}, Horovod {prov['horovod']}; whole run "
-        f"{record['wall_time_s']} s. Raw figures: `results/scaling/threads_local.json`.",
-        "",
-        f"ResNet-50 (224x224, {runs[0]['processes'][0]['precision']}, synthetic data) trained by `model.fit`",
-        "with `hvd_lars.DistributedOptimizer(LARS)` (overlapped allreduce) at a global batch of "
-        f"{record['global_batch']} images per step,",
-        "each process sized by the main program's `hvd_lars.training.threads.configure_threads` (the CPUs it "
-        "may use);",
-        f"{record['warmup_steps']} warm-up then {record['timed_steps']} timed steps per run. Ranks are",
-        "started by `mpirun -np 2` (bound: `--map-by core --bind-to core`, as `launch/mpirun.sh` and",
-        "`launch/horovodrun.sh` place them); world-size-1 processes by `taskset`. The baseline runs before,",
-        "between and after the others; each ratio is against the mean of the baselines just before and after",
-        "it. *CPU s per step* is CPU time over the timed steps from /proc/<pid>/task, per thread group, of",
-        "rank 0 (or the first process); Horovod + MPI = the threads `hvd.init()` started.",
-        "",
-        "| run | configuration | threads (intra / inter, read back) | CPUs | images/s | vs baseline "
-        "| step s (min-max) | CPU s per step: compute pool / Python / Horovod + MPI |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for i, (run, rate) in enumerate(zip(runs, rates)):
-        before = max([j for j in baseline_at if j < i] or [baseline_at[0]])
-        after = min([j for j in baseline_at if j > i] or [baseline_at[-1]])
-        base = mean({rates[before], rates[after]}) if run["arm"] != THREADS_BASELINE else None
-        first = run["processes"][0]
-        steps = first["step_s"]
-        timed = len(steps)
-        cpu = first["cpu_s"]
-        pool = sum(v for k, v in cpu.items() if k.startswith("tf_")) / timed
-        python = sum(v for k, v in cpu.items() if k.startswith("main Python")) / timed
-        horovod = sum(v for k, v in cpu.items() if k.startswith("Horovod")) / timed
-        threads = first["threads"]
-        cores = "; ".join(",".join(map(str, p["placement"]["cores"])) for p in run["processes"])
-        lines.append(
-            f"| {i + 1} | {run['arm']} | {threads['intra_op']} / {threads['inter_op']} | {cores} "
-            f"| {rate:.2f} | {'' if base is None else f'{rate / base:.2f}'} | {mean(steps):.2f} "
-            f"({min(steps):.2f}-{max(steps):.2f}) | {pool:.2f} / {python:.2f} / {horovod:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-SECTIONS = {"overlap_compression": overlap_compression, "threads": threads}
-WORKERS = {"overlap_compression": worker_overlap_compression, "threads": worker_threads}
-
-
 def main(argv=None):
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "_worker":
         parser = argparse.ArgumentParser()
-        parser.add_argument("section", choices=sorted(WORKERS))
+        parser.add_argument("section", choices=["overlap_compression"])
         parser.add_argument("--role", choices=("compute", "ranks"), required=True)
         parser.add_argument("--out", required=True)
         parser.add_argument("--core", type=int, default=0)
-        parser.add_argument("--batch", type=int, default=THREADS_GLOBAL_BATCH)
-        parser.add_argument("--inter_op", type=int, default=-1)
         args = parser.parse_args(argv[1:])
-        if args.section == "threads":
-            return worker_threads(args.role, args.out, batch=args.batch, inter_op=args.inter_op)
-        return WORKERS[args.section](args.role, args.out, args.core)
+        return worker_overlap_compression(args.role, args.out, args.core)
     parser = common.argument_parser(__doc__)
-    parser.add_argument("section", choices=sorted(SECTIONS))
+    parser.add_argument("section", choices=["overlap_compression"])
     parser.add_argument("--link_rate", default="1gbit", help="tc rate of each emulated host's link")
     parser.add_argument("--local", action="store_true", help="2 ranks on this host, no emulated cluster")
     parser.add_argument("--cycle_time_ms", type=float, default=5.0, help="HOROVOD_CYCLE_TIME of the ranks")
@@ -608,7 +325,7 @@ def main(argv=None):
     args.argv = argv
     if not args.local and not re.fullmatch(r"[0-9.]+(bit|kbit|mbit|gbit|tbit)", args.link_rate):
         parser.error(f"--link_rate={args.link_rate!r}: expected a tc rate such as 1gbit or 10gbit.")
-    SECTIONS[args.section](args)
+    overlap_compression(args)
 
 
 if __name__ == "__main__":

@@ -18,23 +18,28 @@ from tests.support import REPO
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "scores, max_extensions, expected",
+    "scores, max_extensions, start, expected",
     [
-        ({}, 2, -1),  # the first sweep, in order: k = -1, 0, 1
-        ({-1: 0.8}, 2, 0),
-        ({-1: 0.8, 0: 0.9}, 2, 1),
-        ({-1: 0.8, 0: 0.9, 1: 0.85}, 2, None),  # best inside: done
-        ({-1: 0.9, 0: 0.85, 1: 0.8}, 2, -2),  # best at the low edge: one lower
-        ({-2: 0.88, -1: 0.9, 0: 0.85, 1: 0.8}, 2, None),
-        ({-1: 0.7, 0: 0.8, 1: 0.9}, 2, 2),  # best at the high edge: one higher
-        ({-1: 0.7, 0: 0.8, 1: 0.9, 2: 0.91}, 2, 3),
-        ({-1: 0.7, 0: 0.8, 1: 0.9, 2: 0.91, 3: 0.92}, 2, None),  # extensions spent
-        ({-1: 0.9, 0: 0.8, 1: 0.7}, 0, None),
-        ({-1: 0.9, 0: 0.9, 1: 0.7}, 2, -2),  # a tie goes to the smaller rate
+        ({}, 2, 0, -1),  # the first sweep, in order: k = -1, 0, 1
+        ({-1: 0.8}, 2, 0, 0),
+        ({-1: 0.8, 0: 0.9}, 2, 0, 1),
+        ({-1: 0.8, 0: 0.9, 1: 0.85}, 2, 0, None),  # best inside: done
+        ({-1: 0.9, 0: 0.85, 1: 0.8}, 2, 0, -2),  # best at the low edge: one lower
+        ({-2: 0.88, -1: 0.9, 0: 0.85, 1: 0.8}, 2, 0, None),
+        ({-1: 0.7, 0: 0.8, 1: 0.9}, 2, 0, 2),  # best at the high edge: one higher
+        ({-1: 0.7, 0: 0.8, 1: 0.9, 2: 0.91}, 2, 0, 3),
+        ({-1: 0.7, 0: 0.8, 1: 0.9, 2: 0.91, 3: 0.92}, 2, 0, None),  # extensions spent
+        ({-1: 0.9, 0: 0.8, 1: 0.7}, 0, 0, None),
+        ({-1: 0.9, 0: 0.9, 1: 0.7}, 2, 0, -2),  # a tie goes to the smaller rate
+        # A sweep started elsewhere on the grid follows the same rule.
+        ({}, 2, -2, -3),
+        ({-3: 0.8, -2: 0.9}, 2, -2, -1),
+        ({-3: 0.8, -2: 0.9, -1: 0.85}, 2, -2, None),
+        ({-3: 0.9, -2: 0.85, -1: 0.8}, 2, -2, -4),
     ],
 )
-def test_sweep_decisions(scores, max_extensions, expected):
-    assert study.next_sweep_index(scores, 3, max_extensions) == expected
+def test_sweep_decisions(scores, max_extensions, start, expected):
+    assert study.next_sweep_index(scores, 3, max_extensions, start) == expected
 
 
 @pytest.mark.unit
@@ -53,14 +58,6 @@ def test_a_sweep_where_no_rate_learned_goes_on_below_its_lowest():
     # A sweep that learned is unchanged by the rule.
     assert study.next_sweep_index({-1: 0.8, 0: 0.9, 1: 0.85}, 3, 2, 0, 0.2, 3) is None
     assert study.next_sweep_index({-1: 0.9, 0: 0.85, 1: 0.1}, 3, 2, 0, 0.2, 3) == -2
-
-
-@pytest.mark.unit
-def test_a_sweep_started_elsewhere_on_the_grid_follows_the_same_rule():
-    assert study.next_sweep_index({}, 3, 2, start=-2) == -3
-    assert study.next_sweep_index({-3: 0.8, -2: 0.9}, 3, 2, start=-2) == -1
-    assert study.next_sweep_index({-3: 0.8, -2: 0.9, -1: 0.85}, 3, 2, start=-2) is None
-    assert study.next_sweep_index({-3: 0.9, -2: 0.85, -1: 0.8}, 3, 2, start=-2) == -4
 
 
 @pytest.mark.unit

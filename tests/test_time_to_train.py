@@ -87,22 +87,13 @@ def test_validation_calibrates_on_resnet50_at_1gbit():
 
 @pytest.mark.unit
 def test_throughput_records_of_one_named_cpu_are_used(tmp_path, monkeypatch):
-    from benchmarks import time_to_train as ttt
-
     (tmp_path / "models_throughput").mkdir()
     (tmp_path / "communication").mkdir()
     (tmp_path / "communication" / "communication.json").write_text("{}")
 
     def record(name, key, rate):
-        runs = [
-            {"kind": "matmul", "gflops": {"float32": 200.0}},
-            {
-                "kind": "ours",
-                "precision": "float32",
-                "images_per_second": rate,
-                "train_gflop_per_image": 24.6,
-            },  # fmt: skip
-        ]
+        runs = [{"kind": "matmul", "gflops": {"float32": 200.0}}, {"kind": "ours", "precision": "float32",
+                "images_per_second": rate, "train_gflop_per_image": 24.6}]  # fmt: skip
         cpu = {"model": "AMD EPYC", "family": "AMD EPYC with AVX-512 BF16", "key": key}
         (tmp_path / "models_throughput" / f"{name}.json").write_text(
             json.dumps({"model": "resnet50", "cpu": cpu, "runs": runs})
@@ -171,16 +162,8 @@ def test_hosts_fit_keeps_each_p_alone_apart_from_the_others():
 
 
 @pytest.mark.unit
-def test_hosts_fit_needs_two_p():
-    with pytest.raises(ValueError, match=r"at p = \[4\]; 2 or more p needed"):
-        ttt.hosts_fit(_hosts_record(1e7, ps=(4,)))
-
-
-@pytest.mark.unit
 def test_target_link_from_hosts():
-    hosts = ttt.hosts_fit(_hosts_record(20e6))
-    measurements = {"hosts": hosts}
-    alpha, bandwidth, latency, share = ttt.target_link(measurements)
+    alpha, bandwidth, latency, share = ttt.target_link({"hosts": ttt.hosts_fit(_hosts_record(20e6))})
     assert (alpha, share, latency) == pytest.approx((5e-3, 0.8, 1e-6))
     assert bandwidth == pytest.approx(0.8 * 100e9 / 8)  # 0.8 of Omni-Path's 100 Gbit/s
     with pytest.raises(ValueError, match="no results/allreduce_hosts/allreduce_hosts.json"):

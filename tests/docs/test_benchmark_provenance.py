@@ -34,10 +34,6 @@ def test_a_run_is_described_by_its_cpu_identity_and_matmul_rate():
         ("AMD EPYC; bf16/AMX flags: avx512_bf16", {"float32": 217.2, "bfloat16": 390.1},
          f"AMD EPYC; bf16/AMX flags: avx512_bf16; CPU vendor, family and model {NOT}; tf.matmul: 217 GFLOP/s "
          "float32, 390 bfloat16"),
-        # A string that holds its own rate (benchmarks/scaling.py's for a while) is not told it lacks one.
-        ("AMD EPYC; bf16/AMX flags: avx512_bf16; tf.matmul 4096^2 400 GFLOP/s float32", None,
-         f"AMD EPYC; bf16/AMX flags: avx512_bf16; tf.matmul 4096^2 400 GFLOP/s float32; CPU vendor, family "
-         f"and model {NOT}"),
     ],
 )  # fmt: skip
 def test_what_an_older_record_did_not_keep_is_said_not_filled_in(cpu, matmul, described):

@@ -78,21 +78,15 @@ def commands(block):
 
 def _without_comment(line):
     # A '#' that starts a word outside quotes starts a comment ('#' inside a word, as in a URL, does not).
-    position = _comment_start(line)
-    return line if position is None else line[:position]
-
-
-def _comment_start(line):
     quote = None
     for i, c in enumerate(line):
         if quote:
-            if c == quote:
-                quote = None
+            quote = None if c == quote else quote
         elif c in "'\"":
             quote = c
         elif c == "#" and (i == 0 or line[i - 1].isspace()):
-            return i
-    return None
+            return line[:i]
+    return line
 
 
 def find_command(path, section, startswith):

@@ -209,7 +209,7 @@ def test_make_schedule_passes_the_arguments_on():
         ("step", dict(boundaries=[3, 50]), r"must be strictly increasing whole numbers in \[5, 90\]"),
         ("step", dict(boundaries=[60, 30]), r"got \[60, 30\]"),
         ("step", dict(decay_factor=0.0), "decay_factor must be a finite number > 0 and <= 1"),
-        ("cosine", dict(warmup_start_learning_rate=-0.5), "warmup_start_learning_rate must be .* >= 0, got -0.5"),
+        ("cosine", {"warmup_start_learning_rate": -0.5}, "warmup_start_learning_rate must .* >= 0, got -0.5"),
     ],
 )  # fmt: skip
 def test_make_schedule_errors(name, kwargs, fragment):

@@ -1,12 +1,17 @@
+"""The models: parameter counts against hand and published ones, layers against their formulas,
+`fuse_batch_norm` against Keras, multiply-add counts (hvd_lars.models.flops)."""
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import hvd_lars
 from hvd_lars.models import MODELS, get_model
 from hvd_lars.models.alexnet import LocalResponseNormalization
 from hvd_lars.models.batch_norm import FusedBatchNormalization
 from hvd_lars.models.cifar_resnet import ZeroPadShortcut, cifar_resnet
+from hvd_lars.models.flops import forward_multiply_adds, training_flops_per_image
 from hvd_lars.models.resnet import resnet
 
 
@@ -53,18 +58,7 @@ def imagenet_resnet_params(blocks, bottleneck, num_classes=1000):
 def test_unknown_model_lists_valid_names():
     with pytest.raises(ValueError) as info:
         get_model("vgg16")
-    assert "'vgg16'" in str(info.value)
-    for name in MODELS:
-        assert name in str(info.value)
-    assert set(MODELS) >= {
-        "alexnet",
-        "alexnet_bn",
-        "resnet18",
-        "resnet34",
-        "resnet50",
-        "resnet20",
-        "small_cnn",
-    }
+    assert "'vgg16'" in str(info.value) and all(name in str(info.value) for name in MODELS)
 
 
 @pytest.mark.unit
@@ -141,9 +135,7 @@ def test_alexnet_parameter_counts():
     assert trainable_count(bn) == expected
     assert moving_statistics_count(bn) == 2_240
     assert not any(isinstance(layer, LocalResponseNormalization) for layer in bn.layers)
-    # Fillers: bvlc_alexnet's for AlexNet (conv2 bias 0.1, conv3 and fc8 bias 0); the released
-    # AlexNet-BN's (train_val2.prototxt: every convolution and fc8 0.01, fc6 and fc7 0.1, BN eps 1e-4);
-    # fc6 weights N(0, 0.005^2) in both (37.7M draws).
+    # Fillers: bvlc_alexnet's; the released AlexNet-BN's train_val2.prototxt; fc6 weights N(0, 0.005^2).
     np.testing.assert_array_equal(plain.get_layer("conv2").bias.numpy(), np.float32(0.1))
     np.testing.assert_array_equal(plain.get_layer("conv3").bias.numpy(), 0.0)
     np.testing.assert_array_equal(plain.get_layer("logits").bias.numpy(), 0.0)
@@ -265,3 +257,120 @@ def test_small_cnn_nobn_is_small_cnn_without_its_normalisation():
         if isinstance(layer, keras.layers.Conv2D):
             assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
     assert without.output.dtype == "float32"
+
+
+def _user_model(seed):
+    """A user's own model: Keras batch norms after convolutions (one nested), and one on a (B, C) tensor."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.BatchNormalization(momentum=0.8, epsilon=1e-3)(
+        keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    )
+    block = keras.Sequential(
+        [keras.layers.Conv2D(5, 3), keras.layers.BatchNormalization(center=False, scale=False)], name="block"
+    )
+    x = keras.layers.GlobalAveragePooling2D()(block(keras.layers.ReLU()(x)))
+    x = keras.layers.BatchNormalization(momentum=0.5)(keras.layers.Dense(6)(x))
+    return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+
+def _trained(model, x, y):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    return model
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("policy, tolerance", [("float32", 1e-4), ("mixed_bfloat16", 3e-2)])
+def test_fused_user_model_trains_and_infers_as_keras(policy, tolerance):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        rng = np.random.default_rng(0)
+        x = rng.normal(1.0, 2.0, size=(16, 8, 8, 3)).astype(np.float32)
+        y = rng.integers(0, 3, size=16)
+        plain, fused = _user_model(7), _user_model(7)
+        fused.set_weights(plain.get_weights())
+        assert hvd_lars.fuse_batch_norm(fused) is fused
+        kinds = [type(layer).__name__ for layer in fused._flatten_layers() if "batch_norm" in layer.name]
+        assert kinds == ["FusedBatchNormalization"] * 3  # the nested one too; the (B, C) one stays Keras's
+        _trained(plain, x, y), _trained(fused, x, y)
+        for a, b in zip(plain.weights, fused.weights, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(b), np.asarray(a), rtol=tolerance, atol=tolerance, err_msg=a.path
+            )
+        np.testing.assert_allclose(fused.predict(x, verbose=0), plain.predict(x, verbose=0), atol=tolerance)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.unit
+def test_fused_moving_variance_is_keras_biased_variance():
+    x = np.random.default_rng(1).normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32)
+    layer = keras.layers.BatchNormalization(momentum=0.9)
+    layer.build(x.shape)
+    hvd_lars.fuse_batch_norm(layer)
+    layer(x, training=True)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * x.mean(axis=(0, 1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * x.var(axis=(0, 1, 2)), rtol=1e-5)
+
+
+@pytest.mark.unit
+def test_fused_model_saves_and_loads(tmp_path):
+    model = hvd_lars.fuse_batch_norm(_user_model(3))
+    x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype(np.float32)
+    _trained(model, x, np.array([0, 1, 2, 0]))
+    model.save(tmp_path / "fused.keras")
+    loaded = keras.models.load_model(tmp_path / "fused.keras")
+    layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
+    assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+
+
+@pytest.mark.unit
+def test_multiply_adds_of_hand_counted_layers_and_refusals():
+    inputs = keras.Input((10, 10, 4))
+    x = keras.layers.Conv2D(6, 3, padding="same", groups=2, name="grouped")(inputs)  # 10x10x6, kernel 3x3x2
+    x = keras.layers.DepthwiseConv2D(3, depth_multiplier=2, name="depthwise")(x)  # 8x8x12, kernel 3x3
+    x = keras.layers.Dense(5, name="dense")(keras.layers.GlobalAveragePooling2D()(x))
+    counts = forward_multiply_adds(keras.Model(inputs, x))
+    assert counts == {"grouped": 100 * 6 * 9 * 2, "depthwise": 64 * 12 * 9, "dense": 12 * 5}
+    assert training_flops_per_image(keras.Model(inputs, x)) == 6.0 * (10800 + 6912 + 60)
+    model = keras.Model(inputs, keras.layers.Conv2DTranspose(4, 3, name="up")(inputs))
+    with pytest.raises(ValueError, match="'up' \\(Conv2DTranspose\\)"):
+        forward_multiply_adds(model)
+
+
+@pytest.mark.unit
+def test_resnet50_v1_5_multiply_adds_against_published_counts():
+    # torchvision's ResNet-50 (v1.5): "GFLOPS 4.09" (multiply-adds) at 224x224 in its model table.
+    ours = sum(forward_multiply_adds(get_model("resnet50")).values())
+    assert ours == pytest.approx(4.09e9, rel=0.005)
+    # He et al. 2016, table 1: ResNet-50 (v1, stride on the first 1x1) "3.8 x 10^9 FLOPs" (multiply-adds).
+    v1 = sum(forward_multiply_adds(keras.applications.ResNet50(weights=None)).values())
+    assert v1 == pytest.approx(3.8e9, rel=0.02) and v1 < ours
+
+
+@pytest.mark.unit
+def test_alexnet_multiply_adds_against_published_counts():
+    # Caffe's two-tower bvlc_alexnet (conv2, conv4, conv5 grouped in 2). Sze et al., "Efficient Processing of
+    # Deep Neural Networks", Proc. IEEE 2017, table III: 666M multiply-adds in the convolutions, 58.6M in fc.
+    x = inputs = keras.Input((227, 227, 3))
+    for filters, kernel, strides, groups, pool in [
+        (96, 11, 4, 1, True), (256, 5, 1, 2, True), (384, 3, 1, 1, False), (384, 3, 1, 2, False),
+        (256, 3, 1, 2, True),
+    ]:  # fmt: skip
+        padding = "valid" if kernel == 11 else "same"
+        x = keras.layers.Conv2D(filters, kernel, strides=strides, padding=padding, groups=groups)(x)
+        x = keras.layers.MaxPooling2D(3, 2)(x) if pool else x
+    x = keras.layers.Flatten()(x)
+    for units in (4096, 4096, 1000):
+        x = keras.layers.Dense(units)(x)
+    counts = list(forward_multiply_adds(keras.Model(inputs, x)).values())
+    assert sum(counts[:5]) == pytest.approx(666e6, rel=0.005)
+    assert sum(counts[5:]) == pytest.approx(58.6e6, rel=0.005)
+    # hvd_lars's AlexNet-BN is one tower: conv2, conv4 and conv5 see all input channels, twice the work.
+    grouped = dict(zip(["conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7", "logits"], counts))
+    want = {k: v * (2 if k in ("conv2", "conv4", "conv5") else 1) for k, v in grouped.items()}
+    assert forward_multiply_adds(get_model("alexnet_bn")) == want

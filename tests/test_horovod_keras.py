@@ -313,3 +313,49 @@ def test_warmup_corrects_momentum_on_two_ranks(ranks):
     for result in ranks[0]:
         assert result["warmup_momentum_correction"]["w"] == pytest.approx(want, abs=1e-5)
         assert result["warmup_momentum_correction"]["lr_logs"] == pytest.approx([0.2, 0.2])
+
+
+# Rank 0 starts from w = 1, rank 1 from w = 0: after rank 0's w is broadcast, the averaged gradient is
+# (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, so SGD(0.1, momentum=0.9) sets m to 0.9 m + 0.2 and w to w + m.
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
+def test_models_built_in_their_first_step_get_rank_0s_state_before_the_first_update(ranks, kind):
+    for r in ranks[0]:
+        got = r["deferred_build"][kind]
+        # From rank 0's w = 1: 1 + 0.2 = 1.2 (from rank 1's w = 0 the mean gradient would be -3: 1.3).
+        assert got["w"] == pytest.approx(1.2, abs=1e-6)
+        assert got["iterations"] == 1
+        # DistributedOptimizer's micro-batch counter, SGD's counter, rate and momentum: 1, 1, 0.1, 0.2.
+        assert got["optimizer"] == pytest.approx([1, 1, 0.1, 0.2], abs=1e-6)
+    assert ranks[0][0]["deferred_build"] == ranks[0][1]["deferred_build"]
+
+
+@pytest.mark.horovod
+def test_rank_0_loads_from_a_file_and_the_others_build_in_code(ranks):
+    r0, r1 = (r["rank0_loads"] for r in ranks[0])
+    assert r0["paths"] != r1["paths"]  # e.g. dense_3/kernel against sequential_1/dense_2/kernel
+    for got in (r0, r1):
+        # Rank 0's file: w = 1, momentum 0.5, 7 updates; one more: momentum 0.45 + 0.2, w 1.65, 8 updates.
+        assert got["w"] == pytest.approx(1.65, abs=1e-6)
+        assert got["iterations"] == 8
+        assert got["optimizer"] == pytest.approx([1, 8, 0.1, 0.65], abs=1e-6)
+
+
+@pytest.mark.horovod
+def test_warmup_follows_horovods_code_formula(ranks):
+    # initial_lr 0.2 over 5 epochs of 5 batches on 2 ranks: 0.1 * ((t + 1) / 5 / 5 + 1) before update t.
+    want = [0.1 * ((t + 1) / 25 + 1) for t in range(25)] + [0.2] * 5
+    for r in ranks[0]:
+        assert r["warmup"] == pytest.approx(want, abs=1e-7)
+        assert (r["warmup"][0], r["warmup"][24]) == pytest.approx((0.104, 0.2), abs=1e-7)
+
+
+@pytest.mark.horovod
+def test_local_variables_keep_their_own_values_and_gradients(ranks):
+    # Not broadcast (local_variables), not averaged, divided by the world size (Horovod's
+    # scale_local_gradients): rank 0 at w = 1 has gradient 0; rank 1 at w = 0 has -6, so -3: w = 0.3.
+    for case in ("register_local_var", "partial"):
+        assert ranks[0][0]["local_variables"][case] == pytest.approx(1.0, abs=1e-6)
+        assert ranks[0][1]["local_variables"][case] == pytest.approx(0.3, abs=1e-6)

@@ -2,6 +2,11 @@
 own SGD: LARS with trust ratio 1 and no weight decay is momentum SGD; DistributedOptimizer(SGD) with world
 size 1 is SGD itself."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
@@ -10,6 +15,9 @@ import tensorflow as tf
 from hvd_lars import LARS, BroadcastGlobalVariablesCallback, DistributedOptimizer, WarmupPolynomialDecay
 from hvd_lars.parallel import elastic
 from hvd_lars.parallel.horovod_keras import elastic as horovod_elastic
+from tests.support import REPO
+
+ENV = dict(os.environ, PYTHONPATH=REPO)
 
 GRADS = [np.array([[0.5, -2.0], [1.0, 3.0]], "float32"), np.array([-1.0, 0.25], "float32")]
 START = [np.array([[1.0, 2.0], [-1.0, 0.5]], "float32"), np.array([0.1, -0.2], "float32")]
@@ -319,3 +327,124 @@ def test_reset_callbacks_run_and_the_step_is_traced_anew():
     assert calls == [None]
     with pytest.raises(ValueError, match="is not built"):
         elastic.KerasState(keras.Sequential([keras.layers.Dense(1)]))
+
+
+SAVE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import keras
+    import hvd_lars
+    from hvd_lars.metrics import TopKAccuracy
+    from hvd_lars.models.alexnet import LocalResponseNormalization
+    from hvd_lars.models.batch_norm import FusedBatchNormalization
+    from hvd_lars.models.cifar_resnet import ZeroPadShortcut
+
+    schedules = [
+        hvd_lars.WarmupPolynomialDecay(0.5, 100, 10),
+        hvd_lars.PaperPolynomialDecay(0.5, 100, 10),
+        hvd_lars.WarmupCosineDecay(0.5, 100, 10),
+        hvd_lars.WarmupStepDecay(0.5, 100, 10),
+    ]
+    optimizers = [hvd_lars.LARS(s, weight_decay=5e-4) for s in schedules]
+    optimizers.append(hvd_lars.DistributedOptimizer(keras.optimizers.Adam(0.01)))
+    optimizers.append(hvd_lars.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))))
+    x = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32")
+    y = np.arange(8) % 3
+    for i, optimizer in enumerate(optimizers):
+        inputs = keras.Input((4, 4, 2))
+        h = LocalResponseNormalization()(inputs)
+        h = FusedBatchNormalization()(h)
+        h = ZeroPadShortcut(4, 1)(h)
+        h = keras.layers.Flatten()(h)
+        model = keras.Model(inputs, keras.layers.Dense(3)(h))
+        model.compile(optimizer=optimizer, jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[TopKAccuracy(k=2)])
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        model.save(f"{sys.argv[1]}/m{i}.keras")
+        print(i, type(model.optimizer).__name__, model.optimizer.name, int(model.optimizer.iterations),
+              float(model.predict(x, verbose=0).sum()))
+    """
+)
+LOAD = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import keras, hvd_lars
+    x = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32")
+    for i in range(6):
+        model = keras.models.load_model(f"{sys.argv[1]}/m{i}.keras")
+        print(i, type(model.optimizer).__name__, model.optimizer.name, int(model.optimizer.iterations),
+              float(model.predict(x, verbose=0).sum()))
+    """
+)
+
+
+@pytest.mark.horovod  # fresh processes
+def test_import_hvd_lars_is_enough_to_load_every_class_in_a_new_process(tmp_path):
+    def run(script):
+        command = [sys.executable, "-c", script, str(tmp_path)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=ENV)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+
+    saved, loaded = run(SAVE), run(LOAD)
+    assert len(saved) == 6
+    for before, after in zip(saved, loaded):
+        assert before[:4] == after[:4]  # class, name (distributed_adam ...), update count 2
+        assert float(before[4]) == pytest.approx(float(after[4]), rel=1e-5)
+    assert [s[1] for s in saved] == ["LARS"] * 4 + ["DistributedOptimizer", "DistributedLossScaleOptimizer"]
+    assert saved[4][2] == "distributed_adam" and saved[4][3] == "2"
+
+
+MIRRORED = textwrap.dedent(
+    """
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from hvd_lars import LARS, DistributedOptimizer
+
+    x = np.linspace(-1, 1, 32, dtype="float32").reshape(16, 2)
+    y = x @ np.array([[1.0], [-2.0]], "float32")
+
+    def fit(make, strategy):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+            model.compile(optimizer=make(), loss="mse", jit_compile=False)
+        model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+        weights = np.concatenate([w.ravel() for w in model.get_weights()])
+        return weights, int(model.optimizer.iterations.numpy())
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert mirrored.num_replicas_in_sync == 2
+    for name, make in (
+        ("lars", lambda: LARS(0.1, momentum=0.9, exclude_from_layer_adaptation=".*")),
+        ("distributed", lambda: DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))),
+        ("sgd", lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
+    ):
+        got, steps = fit(make, mirrored)
+        want, _ = fit(lambda: keras.optimizers.SGD(0.1, momentum=0.9), tf.distribute.get_strategy())
+        print(name, steps, float(np.abs(got - want).max()))
+    """
+)
+
+
+@pytest.mark.horovod  # a fresh process: logical devices are set before TensorFlow starts
+def test_mirrored_strategy_over_two_logical_cpus_matches_one_device():
+    result = subprocess.run(
+        [sys.executable, "-c", MIRRORED], capture_output=True, text=True, timeout=240, env=ENV
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [
+        line.split()
+        for line in result.stdout.splitlines()
+        if line.split()[:1] in (["lars"], ["distributed"], ["sgd"])
+    ]
+    assert [line[0] for line in lines] == ["lars", "distributed", "sgd"]
+    for name, steps, difference in lines:
+        # 2 updates per epoch (global batch 8 over 2 replicas), 3 epochs; SGD on one device to float32.
+        assert int(steps) == 6, name
+        assert float(difference) < 1e-6, name

@@ -340,24 +340,16 @@ SAVE = textwrap.dedent(
     from hvd_lars.models.batch_norm import FusedBatchNormalization
     from hvd_lars.models.cifar_resnet import ZeroPadShortcut
 
-    schedules = [
-        hvd_lars.WarmupPolynomialDecay(0.5, 100, 10),
-        hvd_lars.PaperPolynomialDecay(0.5, 100, 10),
-        hvd_lars.WarmupCosineDecay(0.5, 100, 10),
-        hvd_lars.WarmupStepDecay(0.5, 100, 10),
-    ]
-    optimizers = [hvd_lars.LARS(s, weight_decay=5e-4) for s in schedules]
+    schedules = [hvd_lars.WarmupPolynomialDecay, hvd_lars.PaperPolynomialDecay, hvd_lars.WarmupCosineDecay,
+                 hvd_lars.WarmupStepDecay]
+    optimizers = [hvd_lars.LARS(s(0.5, 100, 10), weight_decay=5e-4) for s in schedules]
     optimizers.append(hvd_lars.DistributedOptimizer(keras.optimizers.Adam(0.01)))
     optimizers.append(hvd_lars.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))))
-    x = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32")
-    y = np.arange(8) % 3
+    x, y = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32"), np.arange(8) % 3
     for i, optimizer in enumerate(optimizers):
         inputs = keras.Input((4, 4, 2))
-        h = LocalResponseNormalization()(inputs)
-        h = FusedBatchNormalization()(h)
-        h = ZeroPadShortcut(4, 1)(h)
-        h = keras.layers.Flatten()(h)
-        model = keras.Model(inputs, keras.layers.Dense(3)(h))
+        h = ZeroPadShortcut(4, 1)(FusedBatchNormalization()(LocalResponseNormalization()(inputs)))
+        model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
         model.compile(optimizer=optimizer, jit_compile=False,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=[TopKAccuracy(k=2)])
@@ -438,11 +430,8 @@ def test_mirrored_strategy_over_two_logical_cpus_matches_one_device():
         [sys.executable, "-c", MIRRORED], capture_output=True, text=True, timeout=240, env=ENV
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    lines = [
-        line.split()
-        for line in result.stdout.splitlines()
-        if line.split()[:1] in (["lars"], ["distributed"], ["sgd"])
-    ]
+    lines = [line.split() for line in result.stdout.splitlines()]
+    lines = [line for line in lines if line[:1] in (["lars"], ["distributed"], ["sgd"])]
     assert [line[0] for line in lines] == ["lars", "distributed", "sgd"]
     for name, steps, difference in lines:
         # 2 updates per epoch (global batch 8 over 2 replicas), 3 epochs; SGD on one device to float32.

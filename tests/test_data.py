@@ -170,9 +170,8 @@ def test_too_few_training_examples_for_the_ranks_are_refused():
 
 def _pixels(images):
     # Back from standardised float32 to the file's uint8 pixels (exact: the error is ~1e-4 of a level).
-    return np.rint((images.numpy() * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255).astype(
-        np.uint8
-    )
+    pixels = (images.numpy() * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255
+    return np.rint(pixels).astype(np.uint8)
 
 
 @pytest.mark.unit
@@ -181,9 +180,11 @@ def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
     data = get_input(
         "fashion_mnist", dataclasses.replace(REQUEST, per_rank_batch=1000), validation_examples=5000
     )
-    assert (data.num_train_examples, data.num_validation_examples) == (55000, 5000)
-    assert data.num_train_examples + data.num_validation_examples == 60000
-    assert data.num_eval_examples == 10000
+    assert (data.num_train_examples, data.num_validation_examples, data.num_eval_examples) == (
+        55000,
+        5000,
+        10000,
+    )
     # The validation split is the last 5,000 training images, in order, with their labels.
     held_out = list(data.validation)
     np.testing.assert_array_equal(np.concatenate([_pixels(b[0]) for b in held_out]), x[55000:])
@@ -197,18 +198,14 @@ def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("n", [-1, 60000, 70000])
-def test_fashion_mnist_validation_split_out_of_range_is_refused(n):
-    with pytest.raises(ValueError, match=rf"validation_examples={n} .*must be in \[0, 59999\]"):
-        get_input("fashion_mnist", REQUEST, validation_examples=n)
-
-
-@pytest.mark.unit
-def test_validation_split_refused_where_the_dataset_has_none():
-    with pytest.raises(
-        ValueError, match="'synthetic' does not take validation_examples=100; it takes image_size,"
-    ):
-        get_input("synthetic", REQUEST, validation_examples=100)
+@pytest.mark.parametrize(
+    "name, n, message",
+    [("fashion_mnist", n, rf"validation_examples={n} .*must be in \[0, 59999\]") for n in (-1, 60000, 70000)]
+    + [("synthetic", 100, "'synthetic' does not take validation_examples=100; it takes image_size,")],
+)
+def test_validation_split_out_of_range_or_where_there_is_none_is_refused(name, n, message):
+    with pytest.raises(ValueError, match=message):
+        get_input(name, REQUEST, validation_examples=n)
 
 
 @pytest.mark.unit

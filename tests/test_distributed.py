@@ -184,38 +184,28 @@ def test_the_largest_count_of_any_rank_on_every_rank(behaviour):
 
 
 @pytest.mark.horovod
-def test_overlapped_and_grouped_reduction(behaviour):
-    # 4 per-tensor allreduces (each waits for its own gradient only) against 1 grouped allreduce.
-    assert behaviour(hvd_worker.gradient_reduction, "overlap", "none")[0]["ops"] == [4, 0, 0]
-    assert behaviour(hvd_worker.gradient_reduction, "grouped", "none")[0]["ops"] == [0, 1, 0]
+def test_overlapped_grouped_and_fp16_reduction(behaviour):
+    cases = [(r, c) for r in ("overlap", "grouped") for c in ("none", "fp16")]
+    results = {case: behaviour(hvd_worker.gradient_reduction, *case) for case in cases}
+    # [per-tensor allreduces (each waits for its own gradient only), grouped allreduces, ops on float16].
+    ops = {case: r[0]["ops"] for case, r in results.items()}
+    assert ops == {("overlap", "none"): [4, 0, 0], ("grouped", "none"): [0, 1, 0],
+                   ("overlap", "fp16"): [4, 0, 4], ("grouped", "fp16"): [0, 1, 1]}  # fmt: skip
     for compression in ("none", "fp16"):
-        overlap0, overlap1 = behaviour(hvd_worker.gradient_reduction, "overlap", compression)
-        grouped0, _ = behaviour(hvd_worker.gradient_reduction, "grouped", compression)
+        (overlap0, overlap1), (grouped0, _) = results["overlap", compression], results["grouped", compression]
         assert len(overlap0["final"]) == 4
         for a, b, c in zip(overlap0["final"], grouped0["final"], overlap1["final"]):
             np.testing.assert_array_equal(a, c)
-            # Tolerance 0: with 2 ranks each value is the sum of two terms, which float addition gives
-            # exactly in any order or fusion (with more ranks the order could move the last bit).
+            # With 2 ranks each value is the sum of two terms, exact in any order or fusion: tolerance 0.
             np.testing.assert_array_equal(a, b)
-
-
-@pytest.mark.horovod
-def test_fp16_compression(behaviour):
-    compressed0, compressed1 = behaviour(hvd_worker.gradient_reduction, "overlap", "fp16")
-    # The allreduces take float16 tensors: 4 of them, or the 1 grouped one.
-    assert compressed0["ops"] == [4, 0, 4]
-    assert behaviour(hvd_worker.gradient_reduction, "grouped", "fp16")[0]["ops"] == [0, 1, 1]
-    exact = behaviour(hvd_worker.gradient_reduction, "overlap", "none")[0]["final"]
-    largest_error = 0.0
-    for c, c1, e, start in zip(compressed0["final"], compressed1["final"], exact, initial_weights()):
-        np.testing.assert_array_equal(c, c1)
+    compressed0, exact = results["overlap", "fp16"][0]["final"], results["overlap", "none"][0]["final"]
+    errors = []
+    for c, e, start in zip(compressed0, exact, initial_weights()):
         # float16 keeps 11 significant bits: each rank's value and the sum are rounded by at most 2^-11
-        # (4.9e-4) relative, so the weights differ by at most about 1e-3 of what training moved them.
-        moved = np.abs(e - start).max()
-        error = np.abs(c - e).max()
-        assert error <= 2e-3 * moved, (error, moved)
-        largest_error = max(largest_error, error)
-    assert largest_error > 0  # the values did travel as float16
+        # relative, so the weights differ by at most about 1e-3 of what training moved them.
+        errors.append(np.abs(c - e).max())
+        assert errors[-1] <= 2e-3 * np.abs(e - start).max(), errors
+    assert max(errors) > 0  # the values did travel as float16
 
 
 @pytest.mark.horovod

@@ -6,11 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_lars import (
-    LARS,
-    DistributedLossScaleOptimizer,
-    DistributedOptimizer,
-)
+from hvd_lars import LARS, DistributedLossScaleOptimizer, DistributedOptimizer
 from hvd_lars.parallel import collectives
 
 LSO = keras.optimizers.LossScaleOptimizer

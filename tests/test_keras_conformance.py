@@ -124,31 +124,6 @@ def test_get_serialize_and_deserialize_round_trip():
 
 
 @pytest.mark.unit
-def test_tf_train_checkpoint_round_trip_continues_exactly(tmp_path):
-    for i, make in enumerate(FACTORIES):
-        variables = [keras.Variable(v) for v in START]
-        optimizer = make()
-        for _ in range(3):
-            optimizer.apply([tf.constant(g) for g in GRADS], variables)
-        counter = (int(optimizer.iterations), int(optimizer._iterations))
-        path = tf.train.Checkpoint(optimizer=optimizer, v0=variables[0], v1=variables[1]).save(
-            str(tmp_path / f"c{i}")
-        )
-        optimizer.apply([tf.constant(g) for g in GRADS], variables)
-        want = [v.numpy() for v in variables]
-
-        restored_vars = [keras.Variable(np.zeros_like(v)) for v in START]
-        restored = make()
-        restored.build(restored_vars)
-        tf.train.Checkpoint(optimizer=restored, v0=restored_vars[0], v1=restored_vars[1]).restore(path)
-        # LARS: 3 updates; DistributedOptimizer over 2 micro-batches: 1 update, 3 micro-batches.
-        assert (int(restored.iterations), int(restored._iterations)) == counter == ((3, 3), (1, 3))[i]
-        restored.apply([tf.constant(g) for g in GRADS], restored_vars)
-        for a, b in zip(restored_vars, want):
-            np.testing.assert_array_equal(a.numpy(), b)
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("how", ["var_names", "var_list"])
 def test_lars_honours_keras_exclude_from_weight_decay(how):
     # One step with a zero gradient: only weight decay could move w (by lr * beta * w = 0.008).

@@ -1,8 +1,9 @@
-"""Fashion-MNIST from the Debian files; per-rank shards; the registry; synthetic data."""
+"""Fashion-MNIST from its IDX files; per-rank shards; the registry; synthetic data; descriptions."""
 
 import dataclasses
 import gzip
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -23,43 +24,112 @@ from hvd_lars.data.sharding import eval_shard_range, train_shard_indices, train_
 REQUEST = InputRequest(per_rank_batch=4, rank=0, world_size=1, seed=0)
 
 
+IMAGES, LABELS = fashion_mnist_files.FILES["test"]
+
+
+def _write_idx(path, magic, array, compress=True):
+    """An IDX file: magic, big-endian uint32 dimensions, then the bytes; gzipped unless not `compress`."""
+    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
+    with (gzip.open if compress else open)(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def _tiny_split(folder, compress_images, compress_labels):
+    """Two 28x28 images of known pixels and labels 7, 3, written under the test split's names."""
+    images = np.arange(2 * 28 * 28, dtype=np.int64).reshape(2, 28, 28) % 251
+    _write_idx(
+        os.path.join(folder, IMAGES if compress_images else IMAGES[:-3]), 2051, images, compress_images
+    )
+    _write_idx(
+        os.path.join(folder, LABELS if compress_labels else LABELS[:-3]),
+        2049,
+        np.array([7, 3]),
+        compress_labels,
+    )
+    return images
+
+
 @pytest.mark.unit
-def test_fashion_mnist_splits():
+def test_fashion_mnist_splits_and_statistics():
     x, y = fashion_mnist_files.load("train")
-    assert x.shape == (60000, 28, 28, 1) and x.dtype == np.uint8
-    assert y.shape == (60000,) and sorted(np.unique(y)) == list(range(10))
+    assert x.shape == (60000, 28, 28, 1) and x.dtype == np.uint8 and y.shape == (60000,)
     assert np.bincount(y).tolist() == [6000] * 10  # balanced classes (Xiao et al. 2017)
+    x = x.astype(np.float64) / 255.0
+    assert x.mean() == pytest.approx(fashion_mnist_files.MEAN, abs=5e-5)
+    assert x.std() == pytest.approx(fashion_mnist_files.STD, abs=5e-5)
     x, y = fashion_mnist_files.load("test")
     assert x.shape == (10000, 28, 28, 1) and np.bincount(y).tolist() == [1000] * 10
 
 
 @pytest.mark.unit
-def test_fashion_mnist_statistics():
-    x, _ = fashion_mnist_files.load("train")
-    x = x.astype(np.float64) / 255.0
-    assert x.mean() == pytest.approx(fashion_mnist_files.MEAN, abs=5e-5)
-    assert x.std() == pytest.approx(fashion_mnist_files.STD, abs=5e-5)
+@pytest.mark.parametrize("compress_images,compress_labels", [(True, True), (False, False), (False, True)])
+def test_tiny_split_read_in_either_form(tmp_path, compress_images, compress_labels):
+    want_images = _tiny_split(tmp_path, compress_images, compress_labels)
+    images, labels = fashion_mnist_files.load("test", str(tmp_path))
+    assert images.shape == (2, 28, 28, 1) and images.dtype == np.uint8
+    np.testing.assert_array_equal(images[..., 0], want_images)
+    assert labels.dtype == np.int32 and labels.tolist() == [7, 3]
+    # An uncompressed file of other contents beside the .gz: the .gz wins.
+    _write_idx(tmp_path / IMAGES[:-3], 2051, np.zeros((2, 28, 28)), compress=False)
+    images, _ = fashion_mnist_files.load("test", str(tmp_path))
+    assert images[1, 0, 0, 0] == (784 % 251 if compress_images else 0)
 
 
 @pytest.mark.unit
-def test_missing_data_names_the_package(tmp_path):
-    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        fashion_mnist_files.load("train", str(tmp_path))
+def test_uncompressed_copy_of_the_real_test_split_reads_the_same(tmp_path):
+    for name in (IMAGES, LABELS):
+        with (
+            gzip.open(os.path.join(fashion_mnist_files.DEFAULT_DIR, name)) as f,
+            open(tmp_path / name[:-3], "wb") as out,
+        ):
+            shutil.copyfileobj(f, out)
+    for got, want in zip(fashion_mnist_files.load("test", str(tmp_path)), fashion_mnist_files.load("test")):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.unit
-def test_unknown_dataset_lists_valid_names():
+def test_missing_file_names_both_forms_and_where_to_get_them(tmp_path):
+    with pytest.raises(FileNotFoundError) as raised:
+        fashion_mnist_files.load("test", str(tmp_path))
+    message = str(raised.value)
+    assert f"{IMAGES} (or {IMAGES[:-3]}, uncompressed) not found in {tmp_path}" in message
+    assert "apt-get install dataset-fashion-mnist" in message
+    assert "github.com/zalandoresearch/fashion-mnist" in message and "--data_dir" in message
+
+
+@pytest.mark.unit
+def test_bad_magic_number_is_refused(tmp_path):
+    _tiny_split(tmp_path, False, False)
+    _write_idx(tmp_path / LABELS[:-3], 2051, np.array([7, 3]), compress=False)
+    with pytest.raises(OSError, match="IDX magic number 2051, expected 2049"):
+        fashion_mnist_files.load("test", str(tmp_path))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("build", [get_input, describe_input])
+def test_unknown_dataset_lists_valid_names(build):
     with pytest.raises(ValueError, match="'imagenet9'.*fashion_mnist"):
-        get_input("imagenet9", REQUEST)
+        build("imagenet9", REQUEST)
+
+
+def _index_shards(n, world):
+    return [train_shard_indices(n, r, world) for r in range(world)]
+
+
+def _range_shards(n, world):
+    return [np.arange(*train_shard_range(n, r, world)) for r in range(world)]
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("n, world", [(60000, 2), (10, 3), (7, 7), (10000, 6)])
-def test_train_shards_disjoint_and_equal(n, world):
-    shards = [train_shard_indices(n, r, world) for r in range(world)]
-    assert {len(s) for s in shards} == {n // world}
-    together = np.concatenate(shards)
+@pytest.mark.parametrize("shards", [_index_shards, _range_shards])
+@pytest.mark.parametrize("n, world", [(60000, 2), (10, 3), (7, 7), (10000, 6), (18, 2), (13, 2)])
+def test_train_shards_disjoint_and_equal(shards, n, world):
+    got = shards(n, world)
+    assert {len(s) for s in got} == {n // world}
+    together = np.concatenate(got)
     assert len(np.unique(together)) == len(together) == (n // world) * world
+    if shards is _range_shards:  # contiguous ranges, in rank order
+        np.testing.assert_array_equal(together, np.arange((n // world) * world))
 
 
 @pytest.mark.unit
@@ -93,21 +163,15 @@ def test_pipeline_batches_and_normalisation():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("n, world", [(18, 2), (13, 2), (7, 3)])
-def test_contiguous_train_ranges_disjoint_and_equal(n, world):
-    ranges = [train_shard_range(n, r, world) for r in range(world)]
-    assert {stop - start for start, stop in ranges} == {n // world}
-    covered = np.concatenate([np.arange(*r) for r in ranges])
-    np.testing.assert_array_equal(covered, np.arange((n // world) * world))
+def test_too_few_training_examples_for_the_ranks_are_refused():
     with pytest.raises(ValueError, match="2 training examples cannot be shared by 3 ranks"):
         train_shard_range(2, 0, 3)
 
 
 def _pixels(images):
     # Back from standardised float32 to the file's uint8 pixels (exact: the error is ~1e-4 of a level).
-    return np.rint((images.numpy() * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255).astype(
-        np.uint8
-    )
+    pixels = (images.numpy() * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255
+    return np.rint(pixels).astype(np.uint8)
 
 
 @pytest.mark.unit
@@ -116,9 +180,11 @@ def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
     data = get_input(
         "fashion_mnist", dataclasses.replace(REQUEST, per_rank_batch=1000), validation_examples=5000
     )
-    assert (data.num_train_examples, data.num_validation_examples) == (55000, 5000)
-    assert data.num_train_examples + data.num_validation_examples == 60000
-    assert data.num_eval_examples == 10000
+    assert (data.num_train_examples, data.num_validation_examples, data.num_eval_examples) == (
+        55000,
+        5000,
+        10000,
+    )
     # The validation split is the last 5,000 training images, in order, with their labels.
     held_out = list(data.validation)
     np.testing.assert_array_equal(np.concatenate([_pixels(b[0]) for b in held_out]), x[55000:])
@@ -132,24 +198,14 @@ def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("n", [-1, 60000, 70000])
-def test_fashion_mnist_validation_split_out_of_range_is_refused(n):
-    with pytest.raises(ValueError, match=rf"validation_examples={n} .*must be in \[0, 59999\]"):
-        get_input("fashion_mnist", REQUEST, validation_examples=n)
-
-
-@pytest.mark.unit
-def test_validation_split_refused_where_the_dataset_has_none():
-    with pytest.raises(
-        ValueError, match="'synthetic' does not take validation_examples=100; it takes image_size,"
-    ):
-        get_input("synthetic", REQUEST, validation_examples=100)
-
-
-@pytest.mark.unit
-def test_each_entry_declares_its_options_as_a_frozen_dataclass():
-    for entry in DATASETS.values():
-        assert dataclasses.is_dataclass(entry.options) and entry.options.__dataclass_params__.frozen
+@pytest.mark.parametrize(
+    "name, n, message",
+    [("fashion_mnist", n, rf"validation_examples={n} .*must be in \[0, 59999\]") for n in (-1, 60000, 70000)]
+    + [("synthetic", 100, "'synthetic' does not take validation_examples=100; it takes image_size,")],
+)
+def test_validation_split_out_of_range_or_where_there_is_none_is_refused(name, n, message):
+    with pytest.raises(ValueError, match=message):
+        get_input(name, REQUEST, validation_examples=n)
 
 
 @pytest.mark.unit
@@ -172,8 +228,12 @@ def test_an_option_the_dataset_does_not_take_is_refused_naming_those_it_takes():
             ValueError, match=r"does not take seed=3; .* \(seed is a field of InputRequest\)\.$"
         ):
             build("synthetic", request, seed=3)
+    with pytest.raises(ValueError, match="synthetic data needs positive sizes.*per_rank_batch=0"):
+        describe_input("synthetic", dataclasses.replace(REQUEST, per_rank_batch=0))
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.rank = 1
+    for entry in DATASETS.values():  # each dataset's options are a frozen dataclass too
+        assert dataclasses.is_dataclass(entry.options) and entry.options.__dataclass_params__.frozen
 
 
 @pytest.mark.unit
@@ -222,13 +282,6 @@ def test_synthetic_stream_is_the_same_at_any_step():
 def _shapes_of(data):
     """The `InputShapes` fields of a built `InputPipeline`."""
     return InputShapes(data.input_shape, data.num_classes, data.num_train_examples)
-
-
-def _write_idx(path, magic, array):
-    """A gzipped IDX file: magic, big-endian uint32 dimensions, then the bytes."""
-    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 @pytest.fixture
@@ -313,15 +366,3 @@ def test_synthetic_description_at_a_32k_global_batch_makes_no_batch_and_no_datas
     assert describe_input("synthetic", request, image_size=224) == InputShapes((224, 224, 3), 1000, 1_281_167)
     with pytest.raises(AssertionError, match="built data"):  # the spies are in the builder's way
         get_input("synthetic", request, image_size=224)
-
-
-@pytest.mark.unit
-def test_describe_input_takes_the_arguments_get_input_takes():
-    with pytest.raises(ValueError, match="'imagenet9'.*fashion_mnist"):
-        describe_input("imagenet9", REQUEST)
-    with pytest.raises(
-        ValueError, match=r"'fashion_mnist' does not take image_size=227; it takes validation_"
-    ):
-        describe_input("fashion_mnist", REQUEST, image_size=227)
-    with pytest.raises(ValueError, match="synthetic data needs positive sizes.*per_rank_batch=0"):
-        describe_input("synthetic", dataclasses.replace(REQUEST, per_rank_batch=0))

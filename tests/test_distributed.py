@@ -1,12 +1,8 @@
 """The Horovod glue on 2 real ranks: DistributedOptimizer over every optimizer, rate and loss-scaler nesting,
-accumulation, overlapped/grouped and float16 reduction, and the Horovod-named callbacks.
-
-Each case is a function of tests/support/hvd_worker.py that the test names (`matrix(hvd_worker.two_ranks,
-"sgd", "float", "bare")` is both ranks' results of `two_ranks(rank, size, "sgd", "float", "bare")`). Two
-process groups run all cases: the optimizer matrix under Gloo, the rest under MPI, so both of Horovod's
-controllers are exercised. Tolerances: "the same updates as one process on the concatenated batch" holds to
-rtol 1e-5, atol 1e-6, because float32 means are taken in another order (one mean of 8 rows against the mean
-of two means of 4); across ranks the weights are bit-identical.
+accumulation, overlapped/grouped and float16 reduction, and the Horovod-named callbacks. Each case is a
+function of tests/support/hvd_worker.py; two jobs run them all, the optimizer matrix under Gloo and the rest
+under MPI. "The updates of one process on the whole batch" hold to rtol 1e-5, atol 1e-6 (float32 means taken
+in another order); across ranks the weights are bit-identical.
 """
 
 import os
@@ -18,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support import REPO, hvd_worker
+from tests.support.data_fixtures import make_image_folder
 from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.hvd_worker import CLIPNORM, OPTIMIZERS, RATE_KINDS, STEPS, WRAPS, initial_weights
 from tests.support.main_server import served
@@ -27,7 +24,7 @@ RTOL, ATOL = 1e-5, 1e-6
 
 
 def _run_group(tmp_path_factory, controller, calls):
-    """Runs hvd_worker's `calls` ((function, *args)) on 2 ranks; returns `results(function, *args)`: the two
+    """Runs hvd_worker's `calls` ((function, *args)) on 2 ranks; returns `results(function, *args)`: both
     ranks' results of that call."""
     out = tmp_path_factory.mktemp(controller.lstrip("-"))
     words = [":".join([function.__name__, *args]) for function, *args in calls]
@@ -59,13 +56,26 @@ ACCUMULATION = [
 ]
 
 
+# 13 classes of one training image each (one is left over with 2 ranks) and 9 evaluation images (ranks get 4
+# and 5) with labels 0, 0, 1, 2, 3, 5, 7, 9, 12.
+EVAL_COUNTS = [2, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1]
+
+
 @pytest.fixture(scope="module")
-def behaviour(tmp_path_factory):
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("image_folders")
+    make_image_folder(str(root / "data"), [1] * 13, EVAL_COUNTS, odd={})
+    make_image_folder(str(root / "bad"), [1, 1], [1, 1], odd={})
+    (root / "bad" / "train" / "n00000001" / "notes.txt").write_text("not an image")
+    return root
+
+
+@pytest.fixture(scope="module")
+def behaviour(tmp_path_factory, folders):
     w = hvd_worker
     calls = [
         (w.loss_scaler_inside,),
         (w.loss_scaler_chosen,),
-        (w.loss_scaler_around_the_wrapper,),
         (w.loss_scaler_keras_adds,),
         *[(f,) for f in ACCUMULATION],
         (w.allreduces_per_accumulation_branch,),
@@ -74,6 +84,8 @@ def behaviour(tmp_path_factory):
         (w.metric_average,),
         (w.warmup_rates,),
         (w.max_over_ranks,),
+        (w.batch_norm_statistics,),
+        (w.image_folder_ranks, str(folders / "data"), str(folders)),
     ]
     return _run_group(tmp_path_factory, "--mpi", calls)
 
@@ -91,16 +103,13 @@ def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
         np.testing.assert_allclose(w0, want, rtol=RTOL, atol=ATOL)
         assert np.abs(w0 - start).max() > 1e-4  # the run moved the weights (100 x ATOL)
     assert r0["iterations"] == r1["iterations"] == STEPS
-    expected_types = {
-        "bare": [
-            "DistributedOptimizer",
-            {"sgd": "SGD", "adam": "Adam", "lamb": "Lamb", "lars": "LARS"}[name],
-        ],
-        "lso_inside": ["DistributedLossScaleOptimizer", "LossScaleOptimizer"],
-        "lso_chosen": ["DistributedLossScaleOptimizer", "LossScaleOptimizer"],
-    }[wrap]
-    assert r0["types"] == expected_types
-    assert r0["keras_type"] == expected_types[0]
+    inner = {"sgd": "SGD", "adam": "Adam", "lamb": "Lamb", "lars": "LARS"}[name]
+    want = (
+        ["DistributedOptimizer", inner]
+        if wrap == "bare"
+        else ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
+    )
+    assert r0["types"] == want and r0["keras_type"] == want[0]
     # The whole optimizer state (counters, slots, rates, loss scale) is the same on both ranks and comes
     # back from a checkpoint and from a .keras file.
     assert len(r0["state"]) >= 6
@@ -126,17 +135,19 @@ def test_matrix_rates_and_clipping_take_effect(matrix):
 
 
 @pytest.mark.horovod
-def test_loss_scaler_inside_averages_the_scaled_gradients(behaviour):
-    for steps in behaviour(hvd_worker.loss_scaler_inside):
-        np.testing.assert_array_equal(steps, [[-1.0, 4.0, 1.0]])  # w, scale, iterations
-
-
-@pytest.mark.horovod
-def test_loss_scaler_chosen_under_mixed_float16_decides_on_overflow_together(behaviour):
-    # inf on rank 0, 8 on rank 1 -> both skip and halve the scale; then 8 and 0 at scale 2 -> mean 2 ->
-    # w = -2. No rank hangs.
-    for steps in behaviour(hvd_worker.loss_scaler_chosen):
-        np.testing.assert_array_equal(steps, [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
+@pytest.mark.parametrize(
+    "case, steps",
+    [
+        # Scaled gradients 8 and 0 at scale 4: the mean 4 unscales to 1, w = -1; [w, scale, iterations].
+        (hvd_worker.loss_scaler_inside, [[-1.0, 4.0, 1.0]]),
+        # inf and 8: both ranks skip and halve the scale; then 8 and 0 at scale 2: mean 2, w = -2. No hang.
+        (hvd_worker.loss_scaler_chosen, [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]]),
+    ],
+    ids=lambda c: getattr(c, "__name__", ""),
+)
+def test_loss_scalers_average_the_scaled_gradients_and_decide_together(behaviour, case, steps):
+    for got in behaviour(case):
+        np.testing.assert_array_equal(got, steps)
 
 
 @pytest.mark.horovod
@@ -145,14 +156,6 @@ def test_loss_scaler_keras_adds_under_mixed_float16(behaviour):
         assert r["types"] == ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
         # kernel, scale: the overflow on rank 0 skips the step on both ranks; the next step applies.
         np.testing.assert_array_equal(r["steps"], [[0.0, 2.0], [-2.0, 2.0]])
-
-
-@pytest.mark.horovod
-def test_a_loss_scaler_around_the_wrapper_is_refused_when_made(behaviour):
-    for errors in behaviour(hvd_worker.loss_scaler_around_the_wrapper):
-        assert list(errors) == ["plain", "loss scaler"]
-        for inner, error in errors.items():
-            assert "would check each rank's gradients alone" in error, inner
 
 
 @pytest.mark.horovod
@@ -181,38 +184,28 @@ def test_the_largest_count_of_any_rank_on_every_rank(behaviour):
 
 
 @pytest.mark.horovod
-def test_overlapped_and_grouped_reduction(behaviour):
-    # 4 per-tensor allreduces (each waits for its own gradient only) against 1 grouped allreduce.
-    assert behaviour(hvd_worker.gradient_reduction, "overlap", "none")[0]["ops"] == [4, 0, 0]
-    assert behaviour(hvd_worker.gradient_reduction, "grouped", "none")[0]["ops"] == [0, 1, 0]
+def test_overlapped_grouped_and_fp16_reduction(behaviour):
+    cases = [(r, c) for r in ("overlap", "grouped") for c in ("none", "fp16")]
+    results = {case: behaviour(hvd_worker.gradient_reduction, *case) for case in cases}
+    # [per-tensor allreduces (each waits for its own gradient only), grouped allreduces, ops on float16].
+    ops = {case: r[0]["ops"] for case, r in results.items()}
+    assert ops == {("overlap", "none"): [4, 0, 0], ("grouped", "none"): [0, 1, 0],
+                   ("overlap", "fp16"): [4, 0, 4], ("grouped", "fp16"): [0, 1, 1]}  # fmt: skip
     for compression in ("none", "fp16"):
-        overlap0, overlap1 = behaviour(hvd_worker.gradient_reduction, "overlap", compression)
-        grouped0, _ = behaviour(hvd_worker.gradient_reduction, "grouped", compression)
+        (overlap0, overlap1), (grouped0, _) = results["overlap", compression], results["grouped", compression]
         assert len(overlap0["final"]) == 4
         for a, b, c in zip(overlap0["final"], grouped0["final"], overlap1["final"]):
             np.testing.assert_array_equal(a, c)
-            # Tolerance 0: with 2 ranks each value is the sum of two terms, which float addition gives
-            # exactly in any order or fusion (with more ranks the order could move the last bit).
+            # With 2 ranks each value is the sum of two terms, exact in any order or fusion: tolerance 0.
             np.testing.assert_array_equal(a, b)
-
-
-@pytest.mark.horovod
-def test_fp16_compression(behaviour):
-    compressed0, compressed1 = behaviour(hvd_worker.gradient_reduction, "overlap", "fp16")
-    # The allreduces take float16 tensors: 4 of them, or the 1 grouped one.
-    assert compressed0["ops"] == [4, 0, 4]
-    assert behaviour(hvd_worker.gradient_reduction, "grouped", "fp16")[0]["ops"] == [0, 1, 1]
-    exact = behaviour(hvd_worker.gradient_reduction, "overlap", "none")[0]["final"]
-    largest_error = 0.0
-    for c, c1, e, start in zip(compressed0["final"], compressed1["final"], exact, initial_weights()):
-        np.testing.assert_array_equal(c, c1)
+    compressed0, exact = results["overlap", "fp16"][0]["final"], results["overlap", "none"][0]["final"]
+    errors = []
+    for c, e, start in zip(compressed0, exact, initial_weights()):
         # float16 keeps 11 significant bits: each rank's value and the sum are rounded by at most 2^-11
-        # (4.9e-4) relative, so the weights differ by at most about 1e-3 of what training moved them.
-        moved = np.abs(e - start).max()
-        error = np.abs(c - e).max()
-        assert error <= 2e-3 * moved, (error, moved)
-        largest_error = max(largest_error, error)
-    assert largest_error > 0  # the values did travel as float16
+        # relative, so the weights differ by at most about 1e-3 of what training moved them.
+        errors.append(np.abs(c - e).max())
+        assert errors[-1] <= 2e-3 * np.abs(e - start).max(), errors
+    assert max(errors) > 0  # the values did travel as float16
 
 
 @pytest.mark.horovod
@@ -247,3 +240,43 @@ def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
     want += [initial_lr, initial_lr, 0.1, 0.1]  # after warmup the user's own change (0.1) stays
     for rates in behaviour(hvd_worker.warmup_rates):
         np.testing.assert_allclose(rates, want, rtol=1e-6)
+
+
+@pytest.mark.horovod
+def test_checkpoint_and_evaluation_use_the_mean_of_the_ranks_batch_norm_statistics(behaviour):
+    r0, r1 = behaviour(hvd_worker.batch_norm_statistics)
+    # Epoch 1: each rank's statistics follow its own data; no evaluation; the checkpoint averages them.
+    assert np.abs(r0["1_before"] - r1["1_before"]).min() > 0.3
+    np.testing.assert_array_equal(r0["1_mid"], r0["1_before"])
+    np.testing.assert_array_equal(r0["1_after"], r1["1_after"])
+    np.testing.assert_allclose(r0["1_after"], (r0["1_before"] + r1["1_before"]) / 2, rtol=1e-6)
+    # Epoch 2 starts equal, then the ranks drift apart again; the evaluation averages first.
+    assert np.abs(r0["2_before"] - r1["2_before"]).min() > 0.1
+    np.testing.assert_array_equal(r0["2_mid"], r1["2_mid"])
+    np.testing.assert_allclose(r0["2_mid"], (r0["2_before"] + r1["2_before"]) / 2, rtol=1e-6)
+    # The checkpoint rank 0 wrote last (epoch 2) holds the averaged values.
+    np.testing.assert_array_equal(r0["saved"], r0["2_after"])
+
+
+@pytest.mark.horovod
+def test_image_folder_shards_training_counts_evaluation_once_and_lists_once(behaviour, folders):
+    r0, r1 = behaviour(hvd_worker.image_folder_ranks, str(folders / "data"), str(folders))
+    assert r0["steps_per_epoch"] == r1["steps_per_epoch"] == 3  # 13 // 2 images, batch 2
+    for epoch in range(2):
+        shards = [sorted(r["train"][6 * epoch : 6 * (epoch + 1)].tolist()) for r in (r0, r1)]
+        assert shards == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]  # disjoint; image 12 left out
+    assert r0["eval"].tolist() == [0, 0, 1, 2] and r1["eval"].tolist() == [3, 5, 7, 9, 12]
+    assert r0["num_eval_examples"] == 9
+    for r in (r0, r1):  # the all-zero classifier's exact scores over all 9 images, on both ranks
+        assert (r["top1"], r["top5"]) == (2 / 9, 5 / 9)  # labels 0, 0 | 0, 0, 1, 2, 3
+    # Rank 0 listed train/ and validation/ once, its resume used the index, rank 1 never listed; the
+    # refused folder was listed by rank 0 alone, and both ranks raised its error.
+    assert (r0["first_listings"], r0["listings"]) == (
+        ["train", "validation"],
+        ["train", "validation", "train"],
+    )
+    assert r1["listings"] == []
+    for r in (r0, r1):
+        assert "files that are not images this pipeline reads" in r["refusal"]
+        assert f"{folders}/bad/train/n00000001/notes.txt" in r["refusal"]
+    assert sorted(os.listdir(folders / "image_folder_index")) == ["train.index.npz", "validation.index.npz"]

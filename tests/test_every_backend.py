@@ -1,7 +1,5 @@
-"""The library's backend-neutral wing (LARS, the schedules, the rate callbacks, the top-k metrics) on the
-Keras backend in use: `make test` runs this file on TensorFlow with the suite and again on JAX in a second
-environment without TensorFlow (`make test-backends`); with `torch` installed, `KERAS_BACKEND=torch` runs it
-the same way."""
+"""The backend-neutral wing (LARS, schedules, rate callbacks, top-k metrics) on the Keras backend in use:
+`make test` runs this file on TensorFlow and again on JAX without TensorFlow (`make test-backends`)."""
 
 import importlib
 import importlib.util
@@ -51,20 +49,14 @@ def test_lars_steps_match_the_numpy_rule(mode, nesterov):
     weights = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
     grads = [[rng.normal(scale=0.1, size=s).astype(np.float32) for s in SHAPES] for _ in range(4)]
     kw = dict(momentum=0.9, eta=0.01, epsilon=1e-5, nesterov=nesterov)
-    optimizer = LARS(
-        0.5,
-        weight_decay=5e-3,
-        trust_ratio_mode=mode,
-        exclude_from_weight_decay=[r"bias$", r"beta$"],
-        exclude_from_layer_adaptation=[r"gamma$", r"beta$"],
-        **kw,
+    exclusions = dict(
+        exclude_from_weight_decay=[r"bias$", r"beta$"], exclude_from_layer_adaptation=[r"gamma$", r"beta$"]
     )
+    optimizer = LARS(0.5, weight_decay=5e-3, trust_ratio_mode=mode, **exclusions, **kw)
     variables = []
     for path, w in zip(PATHS, weights):
-        scope, name = path.split("/")
-        with keras.name_scope(scope):
-            variables.append(keras.Variable(w, name=name))
-    optimizer.build(variables)
+        with keras.name_scope(path.split("/")[0]):
+            variables.append(keras.Variable(w, name=path.split("/")[1]))
     for step in grads:
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in step], variables)
     for i, (path, variable) in enumerate(zip(PATHS, variables)):
@@ -98,10 +90,9 @@ def test_fit_with_lars_and_a_warmup_trains_and_saves_with_its_slots(tmp_path, sc
     x = rng.normal(size=(256, 6)).astype(np.float32)
     y = np.argmax(x[:, :4] + 0.1 * rng.normal(size=(256, 4)), axis=1)
     model = small_model()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(
-        optimizer=LARS(schedule(), momentum=0.9, weight_decay=1e-4),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[TopKAccuracy(1), TopKAccuracy(2)],
+        LARS(schedule(), momentum=0.9, weight_decay=1e-4), loss, metrics=[TopKAccuracy(1), TopKAccuracy(2)]
     )
     history = model.fit(x, y, batch_size=32, epochs=5, verbose=0, callbacks=[LearningRateLogger()])
     assert history.history["loss"][-1] < 0.7 * history.history["loss"][0]
@@ -139,8 +130,7 @@ def test_top_k_breaks_ties_by_class_index():
 @pytest.mark.unit
 def test_the_readmes_backend_example_trains(capsys, monkeypatch):
     (block,) = [b for b in readme.blocks("README.md") if b.marker.get("backend") == "every"]
-    # The block sets KERAS_BACKEND for the processes it would start: restored afterwards, so that later
-    # tests' processes keep this file's backend.
+    # The block sets KERAS_BACKEND for the processes it would start: later tests keep this file's backend.
     monkeypatch.setenv("KERAS_BACKEND", BACKEND)
     exec(compile(block.text, "README.md", "exec"), {})  # on this file's backend: Keras is imported already
     backend, _, top1 = capsys.readouterr().out.split()[-3:]

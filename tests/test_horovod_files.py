@@ -1,10 +1,7 @@
-"""Horovod 0.28.1's own tests of its TF2 Keras layer (`test/parallel/test_tensorflow2_keras.py`), run on 2
-real ranks under pytest with only the import changed at run time (`horovod.tensorflow.keras` is
-`hvd_lars.parallel.horovod_keras`) and the Keras 3 renames of tests/support/horovod_files.py: every test
-that applies under Keras 3 passes on both ranks; the others are skipped with the reason
-`horovod_files.NOT_UNDER_KERAS_3` gives (tests/test_horovod_keras.py checks what they check, in Keras
-3's API). Also: every rename is needed by one of Horovod's files, keeps its lines, and is in the README's
-table. The files are Horovod's (Apache-2.0), read from `horovod_files.HOROVOD_FILES`, never copied here.
+"""Horovod 0.28.1's own tests of its TF2 Keras layer (`test/parallel/test_tensorflow2_keras.py`) on 2 real
+ranks with `horovod.tensorflow.keras` as `hvd_lars.parallel.horovod_keras` and the Keras 3 renames of
+tests/support/horovod_files.py: those that apply under Keras 3 pass, the others are skipped with their reason.
+Every rename is needed by one of Horovod's files, keeps its lines, and is in the README's table.
 """
 
 import os
@@ -36,9 +33,12 @@ RUNNER = os.path.join(REPO, "tests", "support", "horovod_files.py")
 def horovod_tests(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod_tests")
     path = os.path.join(HOROVOD_FILES, "test", "parallel", "test_tensorflow2_keras.py")
-    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "pytest", str(out), path]
     env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = served(cmd, out, env)
+    cmd = served(
+        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "pytest", str(out), path],
+        out,
+        env,
+    )
     result = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-8000:]

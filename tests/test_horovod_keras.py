@@ -1,9 +1,6 @@
-"""`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras`: Horovod's defaults
-(`DistributedOptimizer` sums micro-batches, `LearningRateWarmupCallback` corrects momentum), `load_model`
-that wraps whatever optimizer a file holds, `register_local_var` of a `tf.Variable`, the value
-collectives, `op` / `gradient_predivide_factor` / `groups`, Horovod's own gradient-aggregation numbers
-in Keras 3's API, and when Open MPI gets the allreduce rules. Hand-computed or NumPy right values; the
-2-rank cases run once in tests/support/horovod_keras_worker.py.
+"""`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras`: Horovod's defaults, its callbacks,
+`load_model`, the value collectives, its optimizer arguments and gradient-aggregation numbers in Keras 3's
+API, and Open MPI's allreduce rules. The 2-rank cases run once in tests/support/horovod_keras_worker.py.
 """
 
 import json
@@ -24,9 +21,12 @@ from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import served
 
 
-def _apply_twice(optimizer):
-    """Gradient 1.0 on two micro-batches of one update; returns the change of w (from 0)."""
+def _apply_twice(optimizer, first=1.0):
+    """Gradients `first` (then 1.0, 1.0) on micro-batches of updates of 2; w after the last (from 0)."""
     w = keras.Variable(0.0)
+    for g in (first, first) if first != 1.0 else ():
+        optimizer.apply([keras.ops.convert_to_tensor(g)], [w])
+    w.assign(0.0)
     for _ in range(2):
         optimizer.apply([keras.ops.ones(())], [w])
     return float(w.numpy())
@@ -34,40 +34,21 @@ def _apply_twice(optimizer):
 
 @pytest.mark.unit
 def test_horovods_distributed_optimizer_sums_micro_batches_as_horovods_does():
-    # SGD(1.0), gradient 1.0 twice in one update of backward_passes_per_step=2.
-    assert (
-        _apply_twice(
-            horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
-        )
-        == -2.0
-    )
-    # hvd_lars.DistributedOptimizer keeps its documented mean, as Keras's gradient_accumulation_steps.
-    assert (
-        _apply_twice(hvd_lars.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2))
-        == -1.0
-    )
+    # SGD(1.0), gradient 1.0 twice in one update of 2 passes: Horovod sums; hvd_lars's optimizer averages,
+    # as Keras's gradient_accumulation_steps does.
+    sgd = lambda: keras.optimizers.SGD(1.0)
+    assert _apply_twice(horovod_keras.DistributedOptimizer(sgd(), backward_passes_per_step=2)) == -2.0
+    assert _apply_twice(hvd_lars.DistributedOptimizer(sgd(), backward_passes_per_step=2)) == -1.0
     assert not isinstance(horovod_keras.DistributedOptimizer, type)  # a function, as Horovod's
-    wrapper = horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    wrapper = horovod_keras.DistributedOptimizer(sgd())
     assert (wrapper.average_aggregated_gradients, wrapper.op, wrapper.compression) == (
         False,
         "average",
         "none",
     )
     assert type(wrapper).from_config(wrapper.get_config()).get_config() == wrapper.get_config()
-
-
-@pytest.mark.unit
-def test_an_infinite_cycle_does_not_leak_into_the_next():
-    # What Horovod's test_grad_aggregation_with_inf_grad checks: the accumulators start the next update
-    # from 0 after an update whose gradients were infinite.
-    optimizer = horovod_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
-    w = keras.Variable(0.0)
-    for g in (np.inf, np.inf):
-        optimizer.apply([keras.ops.convert_to_tensor(g)], [w])
-    w.assign(0.0)
-    for g in (1.0, 1.0):
-        optimizer.apply([keras.ops.convert_to_tensor(g)], [w])
-    assert float(w.numpy()) == -2.0
+    # Horovod's test_grad_aggregation_with_inf_grad: after infinite gradients the next update starts from 0.
+    assert _apply_twice(horovod_keras.DistributedOptimizer(sgd(), backward_passes_per_step=2), np.inf) == -2.0
 
 
 @pytest.mark.unit
@@ -81,21 +62,10 @@ def test_compression_objects_and_ops_are_accepted_by_both_optimizers():
     assert hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), compression="fp16").compression == "fp16"
     with pytest.raises(ValueError, match=r"op must be one of \('average', 'sum'\), hvd.Average or hvd.Sum"):
         horovod_keras.DistributedOptimizer(keras.optimizers.SGD(), op=collectives.horovod_tensorflow().Adasum)
-    with pytest.raises(ValueError, match="compression must be .*, got <class 'object'>"):
-        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), compression=object)
-    with pytest.raises(
-        ValueError, match="groups must be None, an int >= 1 or a list of lists of variables, got 0"
-    ):
-        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), groups=0)
-    with pytest.raises(ValueError, match="gradient_predivide_factor must be a finite number > 0, got -1"):
-        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), gradient_predivide_factor=-1)
-    with pytest.raises(ValueError, match="give one of them"):
-        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(), groups=2, gradient_reduction="grouped")
 
 
 @pytest.mark.unit
 def test_register_local_var_takes_a_tf_variable():
-    # Horovod accepts a tf.Variable.
     optimizer = horovod_keras.DistributedOptimizer(keras.optimizers.SGD())
     optimizer.register_local_var(tf.Variable(1.0))
     optimizer.register_local_var(keras.Variable(1.0))
@@ -110,9 +80,8 @@ def _fit_epochs(optimizer, callbacks, epochs=2):
     )
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     trace = []
-    record = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: trace.append(float(model.trainable_variables[0].numpy()[0, 0]))
-    )
+    kernel = lambda epoch, logs: trace.append(float(model.trainable_variables[0].numpy()[0, 0]))
+    record = keras.callbacks.LambdaCallback(on_epoch_end=kernel)
     history = model.fit(
         np.ones((1, 1)), np.zeros((1, 1)), epochs=epochs, verbose=0, callbacks=[*callbacks, record]
     )
@@ -175,24 +144,33 @@ def test_learning_rate_schedule_callback_as_horovods():
     smooth = LearningRateScheduleCallback(1.0, lambda e: e / 10, start_epoch=1, end_epoch=3, staircase=False)
     model.fit(np.ones((4, 1)), np.ones((4, 1)), batch_size=2, epochs=4, verbose=0, callbacks=[smooth, record])
     assert rates == pytest.approx([0.1, 0.1, 0.1, 0.15, 0.2, 0.25, 0.25, 0.25])
-    with pytest.raises(ValueError, match="initial_lr must be a finite number > 0, got None"):
-        LearningRateScheduleCallback(None, 0.5)
 
 
 @pytest.mark.unit
-def test_best_model_checkpoint_needs_its_path_in_keras_3(tmp_path):
-    with pytest.raises(ValueError, match="BestModelCheckpoint needs filepath="):
-        horovod_keras.callbacks.BestModelCheckpoint(monitor="loss")
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: LearningRateScheduleCallback(None, 0.5), "initial_lr must be a finite number > 0, got None"),
+        (lambda: LearningRateWarmupCallback(initial_lr=0), "initial_lr must be a finite number > 0, got 0"),
+        (lambda: LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs="five"),
+         "warmup_epochs must be a finite number > 0, got 'five'"),
+        (lambda: horovod_keras.callbacks.BestModelCheckpoint(monitor="loss"),
+         "BestModelCheckpoint needs filepath="),
+        (lambda: horovod_keras.broadcast_global_variables(0),
+         r"pass the model .*BroadcastGlobalVariablesCallback\(0\)"),
+        (lambda: horovod_keras.load_model("model.keras", legacy_opts=True),
+         r"load_model\(legacy_opts=True\): Keras 3 has no legacy optimizers"),
+    ],
+)  # fmt: skip
+def test_arguments_keras_3_cannot_take_are_refused_saying_why(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.unit
+def test_best_model_checkpoint_saves_the_best_only(tmp_path):
     best = horovod_keras.callbacks.BestModelCheckpoint(monitor="loss", filepath=str(tmp_path / "best.keras"))
     assert best.save_best_only and best.monitor == "loss"
-
-
-@pytest.mark.unit
-def test_broadcast_global_variables_without_a_model_says_what_to_use():
-    with pytest.raises(ValueError, match=r"pass the model .*BroadcastGlobalVariablesCallback\(0\)"):
-        horovod_keras.broadcast_global_variables(0)
-    with pytest.raises(ValueError, match=r"load_model\(legacy_opts=True\): Keras 3 has no legacy optimizers"):
-        horovod_keras.load_model("model.keras", legacy_opts=True)
 
 
 @pytest.mark.unit
@@ -201,16 +179,9 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
     site.write_text("btl = ^openib\n# coll_tuned_use_dynamic_rules = 1 (a comment)\n")
     environ = {"PATH": "/bin"}
     applied, line = ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False, files=[str(site)])
-    assert (
-        applied
-        == ompi_allreduce_rules.RULES_SETTINGS
-        == {
-            "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-            "OMPI_MCA_coll_tuned_dynamic_rules_filename": os.path.join(
-                REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf"
-            ),
-        }
-    )
+    rules = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
+    want = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_dynamic_rules_filename": rules}
+    assert applied == ompi_allreduce_rules.RULES_SETTINGS == want
     assert environ == {"PATH": "/bin", **applied}
     assert "the ring" in line and "OMPI_MCA_coll_tuned_use_dynamic_rules=0" in line
     # Chosen by the user (any coll_tuned variable) or the site (a coll_tuned line of a parameter file).
@@ -239,26 +210,18 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
 
 
 @pytest.mark.unit
-def test_init_applies_the_rules_unless_switched_off(monkeypatch):
+@pytest.mark.parametrize("size, printed", [(2, ""), (3, "ring line\n")])
+def test_init_applies_the_rules_unless_switched_off_and_says_so_on_three_ranks(
+    monkeypatch, capsys, size, printed
+):
     monkeypatch.setattr(horovod_keras._horovod, "is_initialized", lambda: False)  # whatever ran before
     calls = []
-    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: calls.append("apply") or ({}, None))
-    monkeypatch.setattr(
-        collectives, "init", lambda comm=None, process_sets=None: calls.append("init") or (0, 1)
-    )
-    assert horovod_keras.init(ompi_allreduce_rules=False) == (0, 1)
-    assert calls == ["init"]
-    horovod_keras.init()
-    assert calls == ["init", "apply", "init"]
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("size, printed", [(2, ""), (3, "ring line\n")])
-def test_init_says_it_gave_open_mpi_the_ring_on_three_ranks_and_more(monkeypatch, capsys, size, printed):
-    monkeypatch.setattr(horovod_keras._horovod, "is_initialized", lambda: False)
-    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: ({}, "ring line"))
-    monkeypatch.setattr(collectives, "init", lambda comm=None, process_sets=None: (0, size))
-    assert horovod_keras.init() == (0, size)
+    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: calls.append("apply") or ({}, "ring line"))
+    init = lambda comm=None, process_sets=None: calls.append("init") or (0, size)
+    monkeypatch.setattr(collectives, "init", init)
+    assert horovod_keras.init(ompi_allreduce_rules=False) == (0, size) and calls == ["init"]
+    assert capsys.readouterr().out == ""
+    assert horovod_keras.init() == (0, size) and calls == ["init", "apply", "init"]
     assert capsys.readouterr().out == printed
 
 
@@ -286,14 +249,10 @@ def test_init_gives_open_mpi_the_ring_without_a_notice_on_two_ranks(ranks):
 
 @pytest.mark.horovod
 def test_load_model_wraps_the_files_plain_optimizer(ranks):
-    # Mean gradient (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, SGD(0.1): w = 1.2 on both ranks
-    # (Keras's own load_model left SGD unwrapped: 1.0 and 1.4).
+    # Mean gradient (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, SGD(0.1): w = 1.2 on both ranks (unwrapped: 1.0, 1.4).
     for result in ranks[0]:
-        assert result["load_model"] == {
-            "w": pytest.approx(1.2, abs=1e-6),
-            "optimizer": "DistributedOptimizer",
-            "inner": "SGD",
-        }
+        want = {"w": pytest.approx(1.2, abs=1e-6), "optimizer": "DistributedOptimizer", "inner": "SGD"}
+        assert result["load_model"] == want
 
 
 @pytest.mark.horovod
@@ -345,3 +304,49 @@ def test_warmup_corrects_momentum_on_two_ranks(ranks):
     for result in ranks[0]:
         assert result["warmup_momentum_correction"]["w"] == pytest.approx(want, abs=1e-5)
         assert result["warmup_momentum_correction"]["lr_logs"] == pytest.approx([0.2, 0.2])
+
+
+# Rank 0 starts from w = 1, rank 1 from w = 0: after rank 0's w is broadcast, the averaged gradient is
+# (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, so SGD(0.1, momentum=0.9) sets m to 0.9 m + 0.2 and w to w + m.
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
+def test_models_built_in_their_first_step_get_rank_0s_state_before_the_first_update(ranks, kind):
+    for r in ranks[0]:
+        got = r["deferred_build"][kind]
+        # From rank 0's w = 1: 1 + 0.2 = 1.2 (from rank 1's w = 0 the mean gradient would be -3: 1.3).
+        assert got["w"] == pytest.approx(1.2, abs=1e-6)
+        assert got["iterations"] == 1
+        # DistributedOptimizer's micro-batch counter, SGD's counter, rate and momentum: 1, 1, 0.1, 0.2.
+        assert got["optimizer"] == pytest.approx([1, 1, 0.1, 0.2], abs=1e-6)
+    assert ranks[0][0]["deferred_build"] == ranks[0][1]["deferred_build"]
+
+
+@pytest.mark.horovod
+def test_rank_0_loads_from_a_file_and_the_others_build_in_code(ranks):
+    r0, r1 = (r["rank0_loads"] for r in ranks[0])
+    assert r0["paths"] != r1["paths"]  # e.g. dense_3/kernel against sequential_1/dense_2/kernel
+    for got in (r0, r1):
+        # Rank 0's file: w = 1, momentum 0.5, 7 updates; one more: momentum 0.45 + 0.2, w 1.65, 8 updates.
+        assert got["w"] == pytest.approx(1.65, abs=1e-6)
+        assert got["iterations"] == 8
+        assert got["optimizer"] == pytest.approx([1, 8, 0.1, 0.65], abs=1e-6)
+
+
+@pytest.mark.horovod
+def test_warmup_follows_horovods_code_formula(ranks):
+    # initial_lr 0.2 over 5 epochs of 5 batches on 2 ranks: 0.1 * ((t + 1) / 5 / 5 + 1) before update t.
+    want = [0.1 * ((t + 1) / 25 + 1) for t in range(25)] + [0.2] * 5
+    for r in ranks[0]:
+        assert r["warmup"] == pytest.approx(want, abs=1e-7)
+        assert (r["warmup"][0], r["warmup"][24]) == pytest.approx((0.104, 0.2), abs=1e-7)
+
+
+@pytest.mark.horovod
+def test_local_variables_keep_their_own_values_and_gradients(ranks):
+    # Not broadcast (local_variables), not averaged, divided by the world size (Horovod's
+    # scale_local_gradients): rank 0 at w = 1 has gradient 0; rank 1 at w = 0 has -6, so -3: w = 0.3.
+    for case in ("register_local_var", "partial"):
+        assert ranks[0][0]["local_variables"][case] == pytest.approx(1.0, abs=1e-6)
+        assert ranks[0][1]["local_variables"][case] == pytest.approx(0.3, abs=1e-6)

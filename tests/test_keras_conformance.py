@@ -1,21 +1,23 @@
-"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, one process.
+"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, one process, against Keras's
+own SGD: LARS with trust ratio 1 and no weight decay is momentum SGD; DistributedOptimizer(SGD) with world
+size 1 is SGD itself."""
 
-Reference: Keras's own SGD. LARS with every tensor excluded from layer adaptation (trust ratio 1) and no
-weight decay is momentum SGD, so it must follow `keras.optimizers.SGD(momentum=0.9)` step for step with
-each base-class feature on; `DistributedOptimizer(SGD(...))` with world size 1 must be SGD itself.
-Hand-computed numbers where a feature has a simple closed form. Written from Keras's documented
-behaviour (and the intent of keras/src/optimizers/optimizer_test.py), not from its code.
-"""
+import os
+import subprocess
+import sys
+import textwrap
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-keras = pytest.importorskip("keras")
-import tensorflow as tf  # noqa: E402
+from hvd_lars import LARS, BroadcastGlobalVariablesCallback, DistributedOptimizer, WarmupPolynomialDecay
+from hvd_lars.parallel import elastic
+from hvd_lars.parallel.horovod_keras import elastic as horovod_elastic
+from tests.support import REPO
 
-from hvd_lars import LARS, BroadcastGlobalVariablesCallback, DistributedOptimizer, WarmupPolynomialDecay  # noqa: E402
-from hvd_lars.parallel import elastic  # noqa: E402
-from hvd_lars.parallel.horovod_keras import elastic as horovod_elastic  # noqa: E402
+ENV = dict(os.environ, PYTHONPATH=REPO)
 
 GRADS = [np.array([[0.5, -2.0], [1.0, 3.0]], "float32"), np.array([-1.0, 0.25], "float32")]
 START = [np.array([[1.0, 2.0], [-1.0, 0.5]], "float32"), np.array([0.1, -0.2], "float32")]
@@ -28,6 +30,7 @@ def _sgd_like(kind, **kwargs):
 
 
 def _run(optimizer, steps=4, grads=GRADS):
+    """Weights after `steps` updates of the gradients GRADS * (k + 1), and the optimizer."""
     variables = [keras.Variable(v) for v in START]
     for k in range(steps):
         optimizer.apply([g * (k + 1) for g in grads], variables)
@@ -42,6 +45,8 @@ FEATURES = {
     "ema": {"use_ema": True, "ema_momentum": 0.5},
     "loss_scale_factor": {"loss_scale_factor": 8.0},
     "gradient_accumulation": {"gradient_accumulation_steps": 2},
+    "callable_rate": {"learning_rate": lambda: 0.05},
+    "schedule": {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5)},
 }
 
 
@@ -49,9 +54,9 @@ FEATURES = {
 @pytest.mark.parametrize("feature", FEATURES)
 @pytest.mark.parametrize("kind", ["lars", "distributed"])
 def test_follows_keras_sgd_with_each_base_class_feature(kind, feature):
-    kwargs = FEATURES[feature]
-    got, optimizer = _run(_sgd_like(kind, learning_rate=0.1, **kwargs))
-    want, reference = _run(keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, **kwargs))
+    kwargs = {"learning_rate": 0.1, **FEATURES[feature]}
+    got, optimizer = _run(_sgd_like(kind, **kwargs))
+    want, reference = _run(keras.optimizers.SGD(momentum=0.9, **kwargs))
     if feature == "ema":
         variables = [keras.Variable(v) for v in got]
         optimizer.finalize_variable_values(variables)  # the EMA replaces the weights, as Keras's fit ends
@@ -59,33 +64,6 @@ def test_follows_keras_sgd_with_each_base_class_feature(kind, feature):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     # The update counter counts applied updates (4 micro-batches / 2 with accumulation).
     assert int(optimizer.iterations) == int(reference.iterations) == (2 if "gradient" in feature else 4)
-
-
-@pytest.mark.unit
-def test_hand_computed_momentum_step_and_counter():
-    # One variable, gradient 1, 0.1: v = -0.1, w = 0.9; then v = -0.19, w = 0.71.
-    w = keras.Variable(1.0)
-    for kind in ("lars", "distributed"):
-        w.assign(1.0)
-        optimizer = _sgd_like(kind, learning_rate=0.1)
-        optimizer.apply([tf.constant(1.0)], [w])
-        optimizer.apply([tf.constant(1.0)], [w])
-        assert float(w.numpy()) == pytest.approx(0.71, abs=1e-6)
-        assert int(optimizer.iterations) == 2
-
-
-@pytest.mark.horovod
-@pytest.mark.parametrize("kind", ["lars", "distributed"])
-def test_callable_schedule_and_variable_rates(kind):
-    rates = {
-        "callable": lambda: 0.05,
-        "schedule": keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5),
-    }
-    for name, rate in rates.items():
-        got, _ = _run(_sgd_like(kind, learning_rate=rate))
-        want, _ = _run(keras.optimizers.SGD(learning_rate=rate, momentum=0.9))
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
 
 
 @pytest.mark.unit
@@ -126,57 +104,23 @@ def test_sparse_gradients_give_the_dense_result(kind):
     np.testing.assert_allclose(got[1], [1.0, 1.0])  # the row without a gradient did not move
 
 
-def _optimizers():
-    return [
-        LARS(WarmupPolynomialDecay(0.5, 100, 10), weight_decay=5e-4, clipnorm=2.0),
-        DistributedOptimizer(keras.optimizers.Adam(0.01, global_clipnorm=1.0), backward_passes_per_step=2),
-    ]
+FACTORIES = [
+    lambda: LARS(WarmupPolynomialDecay(0.5, 100, 10), weight_decay=5e-4, clipnorm=2.0),
+    lambda: DistributedOptimizer(
+        keras.optimizers.Adam(0.01, global_clipnorm=1.0), backward_passes_per_step=2
+    ),
+]
 
 
 @pytest.mark.unit
 def test_get_serialize_and_deserialize_round_trip():
-    for optimizer in _optimizers():
+    for optimizer in (make() for make in FACTORIES):
         config = keras.optimizers.serialize(optimizer)
         again = keras.optimizers.deserialize(config)
         assert type(again) is type(optimizer) and again.get_config() == optimizer.get_config()
         got = keras.optimizers.get(config)
         assert type(got) is type(optimizer)
         assert keras.optimizers.get(optimizer) is optimizer
-
-
-@pytest.mark.unit
-def test_tf_train_checkpoint_round_trip_continues_exactly(tmp_path):
-    for i, make in enumerate(_optimizers_factories()):
-        variables = [keras.Variable(v) for v in START]
-        optimizer = make()
-        for _ in range(3):
-            optimizer.apply([tf.constant(g) for g in GRADS], variables)
-        counter = (int(optimizer.iterations), int(optimizer._iterations))
-        path = tf.train.Checkpoint(optimizer=optimizer, v0=variables[0], v1=variables[1]).save(
-            str(tmp_path / f"c{i}")
-        )
-        optimizer.apply([tf.constant(g) for g in GRADS], variables)
-        want = [v.numpy() for v in variables]
-
-        restored_vars = [keras.Variable(np.zeros_like(v)) for v in START]
-        restored = make()
-        restored.build(restored_vars)
-        tf.train.Checkpoint(optimizer=restored, v0=restored_vars[0], v1=restored_vars[1]).restore(path)
-        # LARS: 3 updates; DistributedOptimizer over 2 micro-batches: 1 update, 3 micro-batches.
-        assert (int(restored.iterations), int(restored._iterations)) == counter == ((3, 3), (1, 3))[i]
-        restored.apply([tf.constant(g) for g in GRADS], restored_vars)
-        for a, b in zip(restored_vars, want):
-            np.testing.assert_array_equal(a.numpy(), b)
-
-
-def _optimizers_factories():
-    return [
-        lambda: LARS(WarmupPolynomialDecay(0.5, 100, 10), weight_decay=5e-4),
-        lambda: DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2),
-    ]
-
-
-# ------------------------------------------ weight-decay exclusions, models built in their first step, .h5
 
 
 @pytest.mark.unit
@@ -248,13 +192,9 @@ def test_h5_keeps_distributed_optimizers_update_counter_and_slots(tmp_path):
     assert type(loaded.optimizer) is DistributedOptimizer
     assert int(loaded.optimizer.iterations) == 3  # Keras's own Adam keeps 3 as well
     assert int(loaded.optimizer._iterations) == 3  # the wrapper's micro-batch counter
-    # (Keras's .h5 loader builds optimizers with the Sequential's own variables, none: neither Adam nor
-    # this wrapper can train on after it; .keras files keep the slots and train on.)
+    # Keras's .h5 loader builds optimizers with no variables (Adam alike): the slots cannot be set.
     with pytest.raises(ValueError, match=r"has shape \(\), set_weights got \(2,\)"):
         loaded.optimizer.set_weights([np.zeros(2)])
-
-
-# ------------------------------------------------------------ Horovod's arguments: kept, ignored, refused
 
 
 @pytest.mark.unit
@@ -283,9 +223,6 @@ def test_sparse_as_dense_and_the_global_process_set_are_accepted_others_refused(
         DistributedOptimizer(keras.optimizers.SGD(0.1), sparse_as_dense="yes")
 
 
-# ------------------------------------------------------------------- the elastic Keras API, one process
-
-
 def _accumulating_model():
     model = keras.Sequential(
         [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
@@ -309,8 +246,7 @@ X, Y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float
 @pytest.mark.unit
 @pytest.mark.parametrize("callback", ["CommitState", "CommitStateCallback"])
 def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
-    # One micro-batch, restore, then micro-batches y = 1..4 from the start as the
-    # elastic loop does: (1 + 2) / 2 + (3 + 4) / 2 = 5.0 (a commit after micro-batch 1 gave 3.5).
+    # One micro-batch, restore, then y = 1..4 from the start: (1 + 2) / 2 + (3 + 4) / 2 = 5.0 (not 3.5).
     model = _accumulating_model()
     state = elastic.KerasState(model, step=0, batch=0, epoch=0)
     commit = elastic.CommitState(state, every_steps=1) if callback == "CommitState" else None
@@ -366,3 +302,113 @@ def test_reset_callbacks_run_and_the_step_is_traced_anew():
     assert calls == [None]
     with pytest.raises(ValueError, match="is not built"):
         elastic.KerasState(keras.Sequential([keras.layers.Dense(1)]))
+
+
+SAVE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import keras
+    import hvd_lars
+    from hvd_lars.metrics import TopKAccuracy
+    from hvd_lars.models.alexnet import LocalResponseNormalization
+    from hvd_lars.models.batch_norm import FusedBatchNormalization
+    from hvd_lars.models.cifar_resnet import ZeroPadShortcut
+
+    schedules = [hvd_lars.WarmupPolynomialDecay, hvd_lars.PaperPolynomialDecay, hvd_lars.WarmupCosineDecay,
+                 hvd_lars.WarmupStepDecay]
+    optimizers = [hvd_lars.LARS(s(0.5, 100, 10), weight_decay=5e-4) for s in schedules]
+    optimizers.append(hvd_lars.DistributedOptimizer(keras.optimizers.Adam(0.01)))
+    optimizers.append(hvd_lars.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))))
+    x, y = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32"), np.arange(8) % 3
+    for i, optimizer in enumerate(optimizers):
+        inputs = keras.Input((4, 4, 2))
+        h = ZeroPadShortcut(4, 1)(FusedBatchNormalization()(LocalResponseNormalization()(inputs)))
+        model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+        model.compile(optimizer=optimizer, jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[TopKAccuracy(k=2)])
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        model.save(f"{sys.argv[1]}/m{i}.keras")
+        print(i, type(model.optimizer).__name__, model.optimizer.name, int(model.optimizer.iterations),
+              float(model.predict(x, verbose=0).sum()))
+    """
+)
+LOAD = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import keras, hvd_lars
+    x = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32")
+    for i in range(6):
+        model = keras.models.load_model(f"{sys.argv[1]}/m{i}.keras")
+        print(i, type(model.optimizer).__name__, model.optimizer.name, int(model.optimizer.iterations),
+              float(model.predict(x, verbose=0).sum()))
+    """
+)
+
+
+@pytest.mark.horovod  # fresh processes
+def test_import_hvd_lars_is_enough_to_load_every_class_in_a_new_process(tmp_path):
+    def run(script):
+        command = [sys.executable, "-c", script, str(tmp_path)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=ENV)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
+
+    saved, loaded = run(SAVE), run(LOAD)
+    assert len(saved) == 6
+    for before, after in zip(saved, loaded):
+        assert before[:4] == after[:4]  # class, name (distributed_adam ...), update count 2
+        assert float(before[4]) == pytest.approx(float(after[4]), rel=1e-5)
+    assert [s[1] for s in saved] == ["LARS"] * 4 + ["DistributedOptimizer", "DistributedLossScaleOptimizer"]
+    assert saved[4][2] == "distributed_adam" and saved[4][3] == "2"
+
+
+MIRRORED = textwrap.dedent(
+    """
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from hvd_lars import LARS, DistributedOptimizer
+
+    x = np.linspace(-1, 1, 32, dtype="float32").reshape(16, 2)
+    y = x @ np.array([[1.0], [-2.0]], "float32")
+
+    def fit(make, strategy):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+            model.compile(optimizer=make(), loss="mse", jit_compile=False)
+        model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+        weights = np.concatenate([w.ravel() for w in model.get_weights()])
+        return weights, int(model.optimizer.iterations.numpy())
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert mirrored.num_replicas_in_sync == 2
+    for name, make in (
+        ("lars", lambda: LARS(0.1, momentum=0.9, exclude_from_layer_adaptation=".*")),
+        ("distributed", lambda: DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))),
+        ("sgd", lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
+    ):
+        got, steps = fit(make, mirrored)
+        want, _ = fit(lambda: keras.optimizers.SGD(0.1, momentum=0.9), tf.distribute.get_strategy())
+        print(name, steps, float(np.abs(got - want).max()))
+    """
+)
+
+
+@pytest.mark.horovod  # a fresh process: logical devices are set before TensorFlow starts
+def test_mirrored_strategy_over_two_logical_cpus_matches_one_device():
+    result = subprocess.run(
+        [sys.executable, "-c", MIRRORED], capture_output=True, text=True, timeout=240, env=ENV
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line.split() for line in result.stdout.splitlines()]
+    lines = [line for line in lines if line[:1] in (["lars"], ["distributed"], ["sgd"])]
+    assert [line[0] for line in lines] == ["lars", "distributed", "sgd"]
+    for name, steps, difference in lines:
+        # 2 updates per epoch (global batch 8 over 2 replicas), 3 epochs; SGD on one device to float32.
+        assert int(steps) == 6, name
+        assert float(difference) < 1e-6, name

@@ -1,8 +1,12 @@
+"""The models: parameter counts against hand and published ones, layers against their formulas,
+`fuse_batch_norm` against Keras."""
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import hvd_lars
 from hvd_lars.models import MODELS, get_model
 from hvd_lars.models.alexnet import LocalResponseNormalization
 from hvd_lars.models.batch_norm import FusedBatchNormalization
@@ -18,53 +22,11 @@ def moving_statistics_count(model):
     return sum(int(np.prod(v.shape)) for v in model.non_trainable_variables if "moving" in v.path)
 
 
-def conv_params(kernel, c_in, c_out):
-    return kernel * kernel * c_in * c_out
-
-
-def bottleneck_params(c_in, f, projection):
-    # 1x1 c_in->f, 3x3 f->f, 1x1 f->4f (no biases); BN gamma+beta on f, f, 4f channels; projection
-    # 1x1 c_in->4f with its BN.
-    n = conv_params(1, c_in, f) + conv_params(3, f, f) + conv_params(1, f, 4 * f) + 2 * (f + f + 4 * f)
-    return n + (conv_params(1, c_in, 4 * f) + 2 * 4 * f if projection else 0)
-
-
-def basic_params(c_in, f, projection):
-    # 3x3 c_in->f, 3x3 f->f (no biases), two BNs on f channels; projection 1x1 c_in->f with its BN.
-    n = conv_params(3, c_in, f) + conv_params(3, f, f) + 2 * 2 * f
-    return n + (conv_params(1, c_in, f) + 2 * f if projection else 0)
-
-
-def imagenet_resnet_params(blocks, bottleneck, num_classes=1000):
-    # Stem: 7x7 conv 3->64 + BN; stages of widths 64-128-256-512, the first block of each stage has a
-    # projection (bottleneck: always, as channels go to 4f; basic: stages 2-4); fc 2048 (512) -> classes.
-    total = conv_params(7, 3, 64) + 2 * 64
-    c_in = 64
-    for f, n in zip((64, 128, 256, 512), blocks):
-        c_out = 4 * f if bottleneck else f
-        for i in range(n):
-            block = bottleneck_params if bottleneck else basic_params
-            total += block(c_in, f, projection=(i == 0 and c_in != c_out))
-            c_in = c_out
-    return total + c_in * num_classes + num_classes
-
-
 @pytest.mark.unit
 def test_unknown_model_lists_valid_names():
     with pytest.raises(ValueError) as info:
         get_model("vgg16")
-    assert "'vgg16'" in str(info.value)
-    for name in MODELS:
-        assert name in str(info.value)
-    assert set(MODELS) >= {
-        "alexnet",
-        "alexnet_bn",
-        "resnet18",
-        "resnet34",
-        "resnet50",
-        "resnet20",
-        "small_cnn",
-    }
+    assert "'vgg16'" in str(info.value) and all(name in str(info.value) for name in MODELS)
 
 
 @pytest.mark.unit
@@ -81,11 +43,9 @@ def test_small_cnn_parameter_count():
 @pytest.mark.unit
 def test_resnet50_v15_parameter_count_and_layout():
     model = get_model("resnet50")
-    # Per stage (bottleneck_params): stem 9,408 + 128; stage 1: 75,008 + 2 * 70,400; stage 2: 379,392 +
-    # 3 * 280,064; stage 3: 1,512,448 + 5 * 1,117,184; stage 4: 6,039,552 + 2 * 4,462,592; fc 2,049,000.
-    # Sum 25,557,032: torchvision's resnet50 and the MLPerf reference (Keras Applications' ResNet50 has
-    # 25,583,592 trainable because its convolutions carry biases).
-    assert imagenet_resnet_params((3, 4, 6, 3), bottleneck=True) == 25_557_032
+    # Stem 9,408 + 128; stage 1: 75,008 + 2 * 70,400; stage 2: 379,392 + 3 * 280,064; stage 3: 1,512,448 +
+    # 5 * 1,117,184; stage 4: 6,039,552 + 2 * 4,462,592; fc 2,049,000: 25,557,032, torchvision's resnet50
+    # and the MLPerf reference's (Keras Applications' convolutions carry biases: 25,583,592).
     assert trainable_count(model) == 25_557_032
     # Moving mean + variance: one pair per BN channel, i.e. half the BN gamma+beta count: 53,120.
     assert moving_statistics_count(model) == 53_120
@@ -101,13 +61,9 @@ def test_resnet50_v15_parameter_count_and_layout():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    "name, blocks, expected",
-    [("resnet18", (2, 2, 2, 2), 11_689_512), ("resnet34", (3, 4, 6, 3), 21_797_672)],
-)
-def test_basic_block_resnet_parameter_counts(name, blocks, expected):
-    # Expected values are torchvision's resnet18 / resnet34 counts (same layout, no conv biases).
-    assert imagenet_resnet_params(blocks, bottleneck=False) == expected
+@pytest.mark.parametrize("name, expected", [("resnet18", 11_689_512), ("resnet34", 21_797_672)])
+def test_basic_block_resnet_parameter_counts(name, expected):
+    # torchvision's resnet18 / resnet34 counts (same layout, no convolution biases).
     assert trainable_count(get_model(name)) == expected
 
 
@@ -141,9 +97,7 @@ def test_alexnet_parameter_counts():
     assert trainable_count(bn) == expected
     assert moving_statistics_count(bn) == 2_240
     assert not any(isinstance(layer, LocalResponseNormalization) for layer in bn.layers)
-    # Fillers: bvlc_alexnet's for AlexNet (conv2 bias 0.1, conv3 and fc8 bias 0); the released
-    # AlexNet-BN's (train_val2.prototxt: every convolution and fc8 0.01, fc6 and fc7 0.1, BN eps 1e-4);
-    # fc6 weights N(0, 0.005^2) in both (37.7M draws).
+    # Fillers: bvlc_alexnet's; the released AlexNet-BN's train_val2.prototxt; fc6 weights N(0, 0.005^2).
     np.testing.assert_array_equal(plain.get_layer("conv2").bias.numpy(), np.float32(0.1))
     np.testing.assert_array_equal(plain.get_layer("conv3").bias.numpy(), 0.0)
     np.testing.assert_array_equal(plain.get_layer("logits").bias.numpy(), 0.0)
@@ -265,3 +219,72 @@ def test_small_cnn_nobn_is_small_cnn_without_its_normalisation():
         if isinstance(layer, keras.layers.Conv2D):
             assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
     assert without.output.dtype == "float32"
+
+
+def _user_model(seed):
+    """A user's own model: Keras batch norms after convolutions (one nested), and one on a (B, C) tensor."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.BatchNormalization(momentum=0.8, epsilon=1e-3)(
+        keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    )
+    block = keras.Sequential(
+        [keras.layers.Conv2D(5, 3), keras.layers.BatchNormalization(center=False, scale=False)], name="block"
+    )
+    x = keras.layers.GlobalAveragePooling2D()(block(keras.layers.ReLU()(x)))
+    x = keras.layers.BatchNormalization(momentum=0.5)(keras.layers.Dense(6)(x))
+    return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+
+def _trained(model, x, y):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    return model
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("policy, tolerance", [("float32", 1e-4), ("mixed_bfloat16", 3e-2)])
+def test_fused_user_model_trains_and_infers_as_keras(policy, tolerance):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        rng = np.random.default_rng(0)
+        x = rng.normal(1.0, 2.0, size=(16, 8, 8, 3)).astype(np.float32)
+        y = rng.integers(0, 3, size=16)
+        plain, fused = _user_model(7), _user_model(7)
+        fused.set_weights(plain.get_weights())
+        assert hvd_lars.fuse_batch_norm(fused) is fused
+        kinds = [type(layer).__name__ for layer in fused._flatten_layers() if "batch_norm" in layer.name]
+        assert kinds == ["FusedBatchNormalization"] * 3  # the nested one too; the (B, C) one stays Keras's
+        _trained(plain, x, y), _trained(fused, x, y)
+        for a, b in zip(plain.weights, fused.weights, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(b), np.asarray(a), rtol=tolerance, atol=tolerance, err_msg=a.path
+            )
+        np.testing.assert_allclose(fused.predict(x, verbose=0), plain.predict(x, verbose=0), atol=tolerance)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.unit
+def test_fused_moving_variance_is_keras_biased_variance():
+    x = np.random.default_rng(1).normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32)
+    layer = keras.layers.BatchNormalization(momentum=0.9)
+    layer.build(x.shape)
+    hvd_lars.fuse_batch_norm(layer)
+    layer(x, training=True)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * x.mean(axis=(0, 1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * x.var(axis=(0, 1, 2)), rtol=1e-5)
+
+
+@pytest.mark.unit
+def test_fused_model_saves_and_loads(tmp_path):
+    model = hvd_lars.fuse_batch_norm(_user_model(3))
+    x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype(np.float32)
+    _trained(model, x, np.array([0, 1, 2, 0]))
+    model.save(tmp_path / "fused.keras")
+    loaded = keras.models.load_model(tmp_path / "fused.keras")
+    layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
+    assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)

@@ -19,14 +19,6 @@ def _gradient_image(height, width):
 
 
 @pytest.mark.unit
-def test_reference_constants():
-    np.testing.assert_allclose(pp.MEAN_RGB, [123.675, 116.28, 103.53])
-    np.testing.assert_allclose(pp.STDDEV_RGB, [58.395, 57.12, 57.375])
-    assert pp.eval_resize_size(224) == 256 and pp.eval_resize_size(227) == 259
-    assert pp.CROP_AREA_RANGE == (0.08, 1.0) and pp.CROP_ASPECT_RATIO_RANGE == (0.75, 4 / 3)
-
-
-@pytest.mark.unit
 def test_normalize_hand_values():
     pixels = tf.constant([[123.675, 116.28, 103.53], [255, 255, 255], [0, 0, 0]])
     want = [[0, 0, 0], [131.325 / 58.395, 138.72 / 57.12, 151.47 / 57.375], [-2.117904, -2.035714, -1.804444]]
@@ -85,6 +77,7 @@ def test_eval_centre_crop_is_exact_on_a_lossless_image():
 @pytest.mark.unit
 @pytest.mark.parametrize("size, short_side, resized", [(224, 256, (256, 341)), (227, 259, (259, 345))])
 def test_eval_resize_keeps_aspect(size, short_side, resized):
+    assert pp.eval_resize_size(size) == short_side  # the 224 / 256 ratio
     image = tf.zeros([300, 400, 3], tf.uint8)
     assert tuple(pp.resize_short_side(image, short_side).shape[:2]) == resized
     data = tf.constant(encode(_gradient_image(300, 400)))
@@ -123,11 +116,7 @@ def test_corrupt_bytes_raise():
 
 
 @pytest.mark.unit
-def test_caffe_constants():
-    assert (pp.CAFFE_RESIZE, pp.CAFFE_CROP, pp.caffe_resize_size(227)) == (256, 227, 256)
-    np.testing.assert_allclose(pp.CAFFE_MEAN_RGB[::-1], [104.00698793, 116.66876762, 122.67891434])
-    assert pp.CAFFE_BN_SCALE == 0.00390625
-    assert sorted(pp.PREPROCESSINGS) == ["caffe", "caffe_scaled", "inception"]
+def test_unknown_preprocessing_lists_valid_names():
     with pytest.raises(ValueError, match="'vgg'; valid names: caffe, caffe_scaled, inception"):
         pp.get_preprocessing("vgg")
 
@@ -149,6 +138,9 @@ def test_caffe_crop_windows():
 @pytest.mark.unit
 @pytest.mark.parametrize("name, scale", [("caffe", 1.0), ("caffe_scaled", 1 / 256)])
 def test_caffe_views_are_exact_crops_of_a_256_image(name, scale):
+    # Caffe's ImageNet mean (BGR, ilsvrc_2012_mean.npy averaged) and the AlexNet-BN scale 1 / 256.
+    np.testing.assert_allclose(pp.CAFFE_MEAN_RGB[::-1], [104.00698793, 116.66876762, 122.67891434])
+    assert (pp.CAFFE_BN_SCALE, pp.caffe_resize_size(227)) == (1 / 256, 256)
     # A lossless 256x256 image: the resize is the identity, so each view is exactly a window of it.
     image = np.random.default_rng(1).integers(0, 256, size=(256, 256, 3), dtype=np.uint8)
     data = tf.constant(encode(image, PNG))

@@ -1,11 +1,6 @@
-"""Small real-format image fixtures made from Fashion-MNIST test images (28x28 grey, Debian package).
-
-`make_image_folder` writes `train/<class>/*.JPEG` and `validation/<class>/*.JPEG` with ImageNet's oddities:
-CMYK JPEGs, a greyscale JPEG and a PNG saved as `.JPEG` (and, on request, a truly corrupt file).
-`make_ilsvrc_tars` writes the smallest `ILSVRC2012_img_train.tar` / `ILSVRC2012_img_val.tar` pair that
-tensorflow-datasets' `imagenet2012` builder accepts: per-class tars inside the training tar, validation
-files `ILSVRC2012_val_<8 digits>.JPEG` whose labels are the builder's own list, in sorted name order.
-"""
+"""Small real-format image fixtures made from Fashion-MNIST test images: `make_image_folder` (with ImageNet's
+oddities: CMYK and greyscale JPEGs, a PNG named .JPEG, a corrupt file on request) and `make_ilsvrc_tars`
+(the smallest ILSVRC-2012 tar pair tensorflow-datasets' `imagenet2012` builder accepts)."""
 
 import io
 import os
@@ -45,15 +40,10 @@ def encode(image, kind="rgb"):
 
 
 def make_image_folder(root, train_counts, eval_counts, odd=None, size=None, corrupt=None):
-    """Writes an image-folder data set; returns {split: [(path, class index, kind, source image)]}.
-
-    Args:
-        train_counts / eval_counts: images per class (class c is folder `n{c:08d}`).
-        odd: {(split, class, position): kind}; default puts two CMYK, one grey and one PNG in train and
-            one of each in validation.
-        size: side of the square images (default 28, Fashion-MNIST's own).
-        corrupt: optional (split, class) that receives one extra file of garbage bytes `broken.JPEG`.
-    """
+    """Writes `train_counts` / `eval_counts` images per class (folder `n{c:08d}`), `size` pixels square
+    (default 28), of the kinds `odd` ({(split, class, position): kind}; default two CMYK, a grey and a PNG in
+    train, one of each in validation), and a garbage `broken.JPEG` in the (split, class) `corrupt`; returns
+    {split: [(path, class index, kind, source image)]}."""
     if odd is None:
         odd = {("train", 0, 0): CMYK, ("train", 1, 0): CMYK, ("train", 2, 0): GREY, ("train", 3, 0): PNG}
         odd.update({("validation", 0, 0): CMYK, ("validation", 1, 0): GREY, ("validation", 2, 0): PNG})
@@ -86,12 +76,8 @@ def _add(tar, name, data):
 
 def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, png_name=None, val_names=None):
     """Writes the two ILSVRC-2012 tars; returns (train file names by synset, validation file names).
-
-    `cmyk_name` / `png_name`: extra training files (e.g. the builder's listed `n01739381_1309.JPEG`)
-    written as CMYK JPEG / as PNG into their synset's tar, which the builder converts to RGB JPEG.
-    `val_names`: the validation tar's entries instead of `ILSVRC2012_val_00000001.JPEG` .. `num_val`
-    (a name ending in "/" is written as a folder entry).
-    """
+    `cmyk_name` / `png_name`: extra training files written as CMYK JPEG / PNG into their synset's tar;
+    `val_names`: the validation entries instead of `ILSVRC2012_val_<8 digits>.JPEG` (".../" is a folder)."""
     os.makedirs(manual_dir, exist_ok=True)
     images = iter(source_images(len(synsets) * (per_class + 2)))
     train = {}

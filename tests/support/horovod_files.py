@@ -1,35 +1,27 @@
-"""Runs one of Horovod 0.28.1's own files on this rank (run by horovodrun) as a user's script ported to
-Keras 3 by its import: `horovod.tensorflow.keras` (and `horovod.keras`, which Horovod's test file imports
-too) is `hvd_lars.parallel.horovod_keras` in `sys.modules`; `keras.datasets.mnist.load_data` returns local
-Fashion-MNIST of MNIST's shapes and dtypes (there is no internet here); the Keras 3 renames of `RENAMES`
-are applied to the file's text when it is read, each a rename the README's Horovod table lists. Nothing
-else of the file changes; nothing of it is copied into the repository (`HOROVOD_FILES` says where the files
-are).
+"""Runs one of Horovod 0.28.1's own files on this rank (under horovodrun) as a user's script ported to Keras 3
+by its import: `horovod.tensorflow.keras` (and `horovod.keras`) is `hvd_lars.parallel.horovod_keras`,
+`keras.datasets.mnist.load_data` returns local Fashion-MNIST, and the Keras 3 renames of `RENAMES` (each in
+the README's Horovod table) are applied to the file's text as it is read; nothing of it is copied here.
 
 Usage:
   horovod_files.py example OUT_DIR FILE [--steps-per-epoch=S] [ARGS...]
-      runs FILE as __main__ with ARGS; --steps-per-epoch caps each `fit`'s steps per epoch at S (the
-      examples' 24 epochs of 500 / size steps take about 40 minutes on 2 shared cores); then saves
-      OUT_DIR/rankR.npz: the trained model's weights, update count, rate, the fits run, and on rank 0
-      the model's top-1 on the 10,000 Fashion-MNIST test images.
+      FILE as __main__ with ARGS, each `fit` capped at S steps per epoch; saves OUT_DIR/rankR.npz: the
+      model's weights, update count, rate, the fits run, and on rank 0 its top-1 on Fashion-MNIST's test set.
   horovod_files.py pytest OUT_DIR FILE
-      runs FILE's tests under pytest, those of `NOT_UNDER_KERAS_3` skipped with their reason; each
-      rank's results in OUT_DIR/rankR.xml (JUnit).
+      FILE's tests under pytest, those of `NOT_UNDER_KERAS_3` skipped with their reason; OUT_DIR/rankR.xml.
 """
 
 import os
 import re
 import sys
 
-# Where Horovod 0.28.1's own files are: beside the checkout (shared/horovod-0.28.1, whose README says where
-# they come from), or where HVD_LARS_HOROVOD_FILES says.
+# Horovod 0.28.1's own files: beside the checkout (shared/horovod-0.28.1), or at $HVD_LARS_HOROVOD_FILES.
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOROVOD_FILES = os.environ.get("HVD_LARS_HOROVOD_FILES") or os.path.normpath(
     os.path.join(_REPO, "..", "shared", "horovod-0.28.1")
 )
 
-# (pattern, replacement, the rename as the README's Horovod table gives it, why): what Keras 3 itself no
-# longer accepts in Horovod's files.
+# (pattern, replacement, the rename as the README's table gives it, why Keras 3 needs it).
 RENAMES = [
     (r",\s*experimental_run_tf_function=False", lambda m: "\n" * m.group(0).count("\n"),  # lines kept
      "`compile(..., experimental_run_tf_function=False)` -> `compile(...)`",
@@ -52,8 +44,7 @@ RENAMES = [
      "Keras 3 variables have no ref(); the path is their hashable name"),
 ]  # fmt: skip
 
-# Horovod's tests that do not apply under Keras 3, with the reason; tests/test_horovod_keras.py checks
-# what the Keras 2 ones check, with Keras 3's API.
+# Horovod's tests that do not apply under Keras 3 (tests/test_horovod_keras.py checks theirs in Keras 3).
 NOT_UNDER_KERAS_3 = {
     "test_legacy_optimizer": "Keras 3 has no legacy optimizers (keras.optimizers.legacy.Adam raises on use)",
     "test_sparse_as_dense_with_grad_aggregation": "reads Horovod's private opt._agg_helper.counter",
@@ -94,9 +85,7 @@ def install_namespace():
 
 
 def point_mnist_at_fashion_mnist():
-    """`keras.datasets.mnist.load_data(path=...)` (under `keras` and `tf.keras`) returns Fashion-MNIST:
-    ((x_train, y_train), (x_test, y_test)), uint8 arrays of shapes (60000, 28, 28), (60000,), (10000, 28,
-    28), (10000,), as MNIST's."""
+    """`keras.datasets.mnist.load_data` (`keras` and `tf.keras`) returns Fashion-MNIST in MNIST's shapes."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -112,8 +101,8 @@ def point_mnist_at_fashion_mnist():
 
 
 class FitRecorder:
-    """Wraps `keras.Model.fit`: caps steps per epoch (`cap`), remembers the model and each call's
-    (epochs, steps per epoch), and prints one line per call with this process's id and rank."""
+    """Wraps `keras.Model.fit`: caps steps per epoch at `cap`, keeps the model and each call's (epochs,
+    steps), and prints one line per call with this process's id and rank."""
 
     def __init__(self, cap):
         import keras
@@ -181,8 +170,7 @@ def run_example(out_dir, path, *args):
 
 
 def not_under_keras_3(name):
-    """The reason `NOT_UNDER_KERAS_3` gives for the test method `name` (a `parameterized.expand` case
-    such as "test_gradient_aggregation_0_True" counts as its base name), or None."""
+    """The reason `NOT_UNDER_KERAS_3` gives for test `name` ("test_x_0_True" counts as "test_x"), or None."""
     for base, reason in NOT_UNDER_KERAS_3.items():
         if re.fullmatch(re.escape(base) + r"(_\d+(_\w*)?)?", name):
             return reason
@@ -207,7 +195,7 @@ def run_pytest(out_dir, path):
     install_namespace()
     text, counts = renamed_source(path)
     print(f"horovod_files: renames {counts}", flush=True)
-    # The renamed text, as a test module under OUT_DIR (the run's scratch folder, never the repository).
+    # The renamed text as a test module under OUT_DIR (the run's scratch folder).
     copy = os.path.join(out_dir, os.path.basename(path))
     with open(copy, "w") as f:
         f.write(text)

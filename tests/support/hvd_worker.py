@@ -1,10 +1,6 @@
-"""One rank of the 2-rank tests of the Horovod glue (tests/test_distributed.py runs it through horovodrun).
-
-Each case is a function of this module, `case(rank, size, *args)`, that returns what the test checks. One
-process group runs many cases (one TensorFlow start-up per rank): each argument "function:arg:arg" calls that
-function (an error in it is noted with the call), and each rank pickles {(function, *args): result} to
-OUT_DIR/rank<r>.pkl. Models have no batch norm, so 2 ranks x B rows must give the updates of one process on
-the 2B rows. Every case starts both ranks from the same weights, except `broadcast_at_start_and_on_resume`.
+"""One rank of tests/test_distributed.py's 2-rank jobs. Each argument "function:arg:..." calls
+`function(rank, size, *args)` of this module; each rank pickles {(function, *args): result} to
+OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the updates of one process on 2B rows.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
@@ -57,7 +53,7 @@ def main(out_dir, calls):
 
 
 def data(rank, size):
-    """(x, y) of this rank and of the whole job, step by step: rank r takes its slice of every step."""
+    """(x, y) of this rank (its slice of every step) and of the whole job."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(STEPS, GLOBAL_BATCH, 4)).astype(np.float32)
     y = rng.normal(size=(STEPS, GLOBAL_BATCH, 2)).astype(np.float32)
@@ -106,9 +102,8 @@ def _callable_rate():
 
 
 def make_optimizer(name, rate_kind):
-    """(optimizer, callbacks): `name` with its rate given as `rate_kind`; for a "variable" rate, a callback
-    that sets RATES before each batch (LARS's in the keras.Variable it was given, the others' by assigning
-    optimizer.learning_rate), as schedule callbacks do."""
+    """(optimizer, callbacks): `name` with its rate as `rate_kind`; a "variable" rate is set to RATES before
+    each batch by a callback (LARS's in its keras.Variable, the others' through optimizer.learning_rate)."""
     held = keras.Variable(0.05) if (name, rate_kind) == ("lars", "variable") else None
 
     class SetRate(keras.callbacks.Callback):
@@ -125,13 +120,13 @@ def make_optimizer(name, rate_kind):
         "callable": _callable_rate,
     }[rate_kind]
     callbacks = [SetRate()] if rate_kind == "variable" else []
-    if name == "sgd":
-        return SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM), callbacks
-    if name == "adam":
-        return Adam(rate, weight_decay=0.01), callbacks
-    if name == "lamb":
-        return Lamb(rate), callbacks
-    return LARS(rate, weight_decay=1e-3, eta=0.1), callbacks
+    make = {
+        "sgd": lambda: SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM),
+        "adam": lambda: Adam(rate, weight_decay=0.01),
+        "lamb": lambda: Lamb(rate),
+        "lars": lambda: LARS(rate, weight_decay=1e-3, eta=0.1),
+    }[name]
+    return make(), callbacks
 
 
 def wrapped(optimizer, wrap):
@@ -145,8 +140,7 @@ def wrapped(optimizer, wrap):
 
 
 def chosen_under_mixed_float16(make):
-    """The optimizer `make()` returns while Keras's dtype policy is mixed_float16 (then float32 again):
-    DistributedOptimizer chooses to scale the loss itself there."""
+    """`make()` under Keras's mixed_float16 policy (then float32 again)."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         return make()
@@ -155,8 +149,7 @@ def chosen_under_mixed_float16(make):
 
 
 def scalar_steps(optimizer, grads_per_step):
-    """[w, loss scale, iterations] after each of the hand-made gradients of one scalar weight w (from 0),
-    applied in a tf.function as model.fit does."""
+    """[w, loss scale, iterations] after each gradient of one scalar weight w (from 0), in a tf.function."""
     w = keras.Variable(0.0)
     optimizer.build([w])
     step = tf.function(lambda g: optimizer.apply([g], [w]))
@@ -178,8 +171,7 @@ def traced_update(optimizer, variables):
 
 
 def one_process(rank, size, name, rate_kind):
-    """The reference of `two_ranks(name, rate_kind, ...)`: the plain optimizer, one process on the whole
-    batch; its final weights."""
+    """The reference of `two_ranks(name, rate_kind, ...)`: the plain optimizer on the whole batch."""
     _, (x_all, y_all) = data(rank, size)
     optimizer, callbacks = make_optimizer(name, rate_kind)
     model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks)
@@ -188,8 +180,7 @@ def one_process(rank, size, name, rate_kind):
 
 def two_ranks(rank, size, name, rate_kind, wrap):
     """`name` with its rate as `rate_kind`, `wrapped` as `wrap`, on this rank's half of each batch: weights,
-    optimizer state, and that state restored by tf.train.Checkpoint into a freshly built model and optimizer
-    of the same kind and by a .keras save and load."""
+    optimizer state, and that state as a checkpoint and a .keras file restore it."""
     keras.saving.register_keras_serializable(package="hvd_worker")(_callable_rate)
     (x, y), _ = data(rank, size)
     optimizer, callbacks = make_optimizer(name, rate_kind)
@@ -229,38 +220,21 @@ def first_gradient_norm(rank, size):
 
 
 def loss_scaler_inside(rank, size):
-    """DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8 and 0: the
-    mean 4 unscales to 1, so w = -1 on both ranks."""
+    """DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4)), scaled gradients 8 and 0."""
     optimizer = DistributedOptimizer(LossScaleOptimizer(SGD(1.0), initial_scale=4))
     return scalar_steps(optimizer, [8.0 if rank == 0 else 0.0])
 
 
 def loss_scaler_chosen(rank, size):
-    """Chosen under mixed_float16, the initial scale set before the build: inf on rank 0 and 8 on rank 1 ->
-    the mean is inf, both skip, scale 4 -> 2; then 8 and 0 at scale 2 -> unscaled mean 2 -> w = -2."""
+    """The loss scaler chosen under mixed_float16, scale 4: gradients inf and 8, then 8 and 0."""
     chosen = chosen_under_mixed_float16(lambda: DistributedOptimizer(SGD(1.0)))
     chosen.inner_optimizer.initial_scale = 4.0
     return scalar_steps(chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0])
 
 
-def loss_scaler_around_the_wrapper(rank, size):
-    """A loss scaler around the wrapper (of a plain optimizer, or of another loss scaler) would decide rank
-    by rank: the error each raises when made ("" if none)."""
-    errors = {}
-    for case, inner in (("plain", SGD(1.0)), ("loss scaler", LossScaleOptimizer(SGD(1.0)))):
-        try:
-            LossScaleOptimizer(DistributedOptimizer(inner))
-            errors[case] = ""
-        except ValueError as e:
-            errors[case] = str(e)
-    return errors
-
-
 def loss_scaler_keras_adds(rank, size):
-    """mixed_float16 set before the optimizer is made, as a Keras script does: DistributedOptimizer scales
-    the loss itself, and model.compile leaves it as it is. Step 1: rank 0's input is inf (its gradient is not
-    finite), rank 1's gives 2 x scale 4 = 8; step 2: both give 2, the mean 2 at rate 1 moves the kernel to -2.
-    The optimizer's types and [kernel, scale] after each step."""
+    """mixed_float16 set before the optimizer is made, as in a Keras script: the types, and [kernel, scale]
+    after a step where rank 0's input is inf and one where both inputs give the gradient 2."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = one_weight_model()
@@ -280,8 +254,8 @@ def loss_scaler_keras_adds(rank, size):
 
 
 def _accumulated(rank, size, distributed, plain):
-    """`distributed` on 2 ranks x 2 micro-batches of 2 rows against `plain` in one process on the 8 rows of
-    each update: final weights of both, and [iterations, the wrapper's micro-batch counter]."""
+    """`distributed` on 2 ranks x 2 micro-batches of 2 rows against `plain` on the 8 rows of each update:
+    final weights of both, and [iterations, the wrapper's micro-batch counter]."""
     (x, y), (x_all, y_all) = data(rank, size)
     model = fit(make_model(), distributed, x, y, GLOBAL_BATCH // size // 2)
     wrapper = model.optimizer
@@ -317,8 +291,7 @@ def accumulation_adam_lso_chosen(rank, size):
 
 
 def allreduces_per_accumulation_branch(rank, size):
-    """Ranks talk once per update: the HorovodAllreduce ops in each branch of the cond of a traced update
-    with backward_passes_per_step=2 (only the one taken on an update's last micro-batch should hold any)."""
+    """The HorovodAllreduce ops in each branch of a traced update's cond (backward_passes_per_step=2)."""
     optimizer = DistributedOptimizer(SGD(0.05), backward_passes_per_step=2)
     graph = traced_update(optimizer, make_model().trainable_variables).graph.as_graph_def()
     functions = {f.signature.name: f for f in graph.library.function}
@@ -331,9 +304,8 @@ def allreduces_per_accumulation_branch(rank, size):
 
 
 def gradient_reduction(rank, size, reduction, compression):
-    """SGD under DistributedOptimizer(gradient_reduction=`reduction`, compression=`compression`), the ranks'
-    gradients of different magnitudes (as float16 rounding then shows): final weights, and the ops of a traced
-    update: [per-tensor allreduces, grouped allreduces, Horovod ops on float16 tensors]."""
+    """SGD under DistributedOptimizer(gradient_reduction=..., compression=...), gradients of other magnitudes
+    per rank: final weights, a traced update's [allreduces, grouped allreduces, Horovod ops on float16]."""
     (x, y), _ = data(rank, size)
     make = lambda: DistributedOptimizer(  # noqa: E731
         SGD(0.05, momentum=0.9), gradient_reduction=reduction, compression=compression
@@ -349,15 +321,13 @@ def gradient_reduction(rank, size, reduction, compression):
 
 
 def max_over_ranks(rank, size):
-    """`collectives.max_over_ranks` of the elastic loop's attempt count, where a rank that joined later
-    (here rank 0, 1 attempt) has seen fewer attempts than the others (3)."""
+    """`collectives.max_over_ranks` of attempt counts 1 (rank 0, joined later) and 3."""
     return int(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts"))
 
 
 def broadcast_at_start_and_on_resume(rank, size):
-    """Different initial weights per rank (seed 10 + rank); BroadcastGlobalVariablesCallback(0) gives rank 0's
-    on both in the first fit. Then a resume that restored rank 0 only (weights moved, counter set to 100):
-    the next fit starts from rank 0's state on every rank. Weights + optimizer variables after each fit."""
+    """BroadcastGlobalVariablesCallback(0) with other initial weights per rank, then after a resume that
+    restored rank 0 only (weights moved, counter 100): weights and optimizer variables after each fit."""
     (x, y), _ = data(rank, size)
     keras.utils.set_random_seed(10 + rank)
     model = make_model(random=True)
@@ -377,20 +347,16 @@ def broadcast_at_start_and_on_resume(rank, size):
 
 
 def metric_average(rank, size):
-    """MetricAverageCallback, val_* included: loss 10 on rank 0 and 20 on rank 1, val_loss 1.0 and 3.0 (mean
-    absolute error of a zero model); EarlyStopping's best, the history, average_metrics(model.evaluate())."""
+    """MetricAverageCallback with losses 10 and 20, val_losses 1 and 3: EarlyStopping's best, the history,
+    average_metrics(model.evaluate())."""
     model = one_weight_model()
     model.compile(optimizer=DistributedOptimizer(SGD(0.0)), loss="mae", jit_compile=False)
     validation = (np.ones((1, 1), np.float32), np.full((1, 1), 1.0 + 2.0 * rank, np.float32))
     stop = keras.callbacks.EarlyStopping(monitor="val_loss")
+    x, y = np.ones((2, 1), np.float32), np.full((2, 1), 10.0 * (rank + 1), np.float32)
+    callbacks = [MetricAverageCallback(), stop]
     history = model.fit(
-        np.ones((2, 1), np.float32),
-        np.full((2, 1), 10.0 * (rank + 1), np.float32),
-        batch_size=2,
-        epochs=2,
-        verbose=0,
-        validation_data=validation,
-        callbacks=[MetricAverageCallback(), stop],
+        x, y, batch_size=2, epochs=2, verbose=0, validation_data=validation, callbacks=callbacks
     )
     return {
         "best": float(stop.best),
@@ -401,8 +367,8 @@ def metric_average(rank, size):
 
 
 def warmup_rates(rank, size):
-    """The rate before each of 12 updates: Horovod's warmup from 0.4 / 2 to 0.4 over 2 epochs of 4 updates;
-    at update 9 the user's own callback sets 0.1, which the warmup callback (finished) leaves alone."""
+    """The rate before each of 12 updates: Horovod's warmup to 0.4 over 2 epochs of 4 updates; after update 10
+    the user's own callback sets 0.1."""
     rates = []
 
     class Record(keras.callbacks.Callback):
@@ -413,16 +379,112 @@ def warmup_rates(rank, size):
             if int(self.model.optimizer.iterations) == 10:
                 self.model.optimizer.learning_rate = 0.1
 
-    fit(
-        make_model(),
-        DistributedOptimizer(SGD(0.0)),
-        np.zeros((16, 4), np.float32),
-        np.zeros((16, 2), np.float32),
-        4,
-        [LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2), Record()],
-        epochs=3,
-    )
+    x, y = np.zeros((16, 4), np.float32), np.zeros((16, 2), np.float32)
+    warmup = LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
+    fit(make_model(), DistributedOptimizer(SGD(0.0)), x, y, 4, [warmup, Record()], epochs=3)
     return rates
+
+
+def batch_norm_statistics(rank, size):
+    """Batch norm on different data per rank (mean 1 + 3 r, deviation 1 + r), 2 epochs of 2 LARS steps: its
+    moving [mean, variance] at each epoch's end "before", between and "after" the two places the library
+    averages them: [record, ExactEvaluation (epoch 2 only), record, PeriodicCheckpoint, record]; on rank 0
+    also what the last checkpoint holds ("saved")."""
+    from hvd_lars.training.checkpoints import PeriodicCheckpoint, moving_statistics
+    from hvd_lars.training.epoch_logs import ExactEvaluation
+
+    keras.utils.set_random_seed(100 + rank)
+    rng = np.random.default_rng(rank)
+    x = (1 + 3 * rank + (1 + rank) * rng.normal(size=(16, 4))).astype(np.float32)
+    y = rng.integers(0, 3, size=16).astype(np.int32)
+    bn = keras.layers.BatchNormalization(momentum=0.5)
+    model = keras.Sequential([keras.Input((4,)), bn, keras.layers.Dense(3)])
+    optimizer = DistributedOptimizer(
+        LARS(WarmupPolynomialDecay(0.1, total_steps=4, warmup_steps=1), weight_decay=1e-4)
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+    optimizer.build(model.trainable_variables)
+    collectives.broadcast_variables(model.variables + optimizer.variables)
+    assert len(moving_statistics(model)) == 2
+    records = {}
+
+    def record(when):
+        def save(epoch, logs=None):
+            records[f"{epoch + 1}_{when}"] = np.stack([bn.moving_mean.numpy(), bn.moving_variance.numpy()])
+
+        return keras.callbacks.LambdaCallback(on_epoch_end=save)
+
+    folder = tempfile.mkdtemp()
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), folder, 5)
+    evaluation = tf.data.Dataset.from_tensor_slices((x[:6], y[:6])).batch(4)
+    callbacks = [record("before"), ExactEvaluation(evaluation, 6 * size, every_epochs=2), record("mid"),
+                 PeriodicCheckpoint(manager, every_steps=0), record("after")]  # fmt: skip
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+    model.fit(train, epochs=2, steps_per_epoch=2, callbacks=callbacks, verbose=0, shuffle=False)
+    if rank == 0:
+        reader = tf.train.load_checkpoint(folder)
+        saved = {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if "moving_" in n}
+        assert len(saved) == 2, saved
+        records["saved"] = np.stack(
+            [next(v for n, v in saved.items() if f"moving_{k}" in n) for k in ("mean", "variance")]
+        )
+    return records
+
+
+def image_folder_ranks(rank, size, data_dir, out_dir):
+    """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation
+    shard's labels, ExactEvaluation's top-1/top-5 of an all-zero classifier (ties broken by class index),
+    the folders listed (`listing.list_split`) by a build, its resume (the index) and a build on the folder
+    `<data>/../bad` that the listing refuses, and that refusal."""
+    import itertools
+
+    from hvd_lars.data import InputRequest, get_input, listing
+    from hvd_lars.training.epoch_logs import ExactEvaluation
+
+    listings, list_split = [], listing.list_split
+
+    def counted(root, classes=None):
+        listings.append(os.path.basename(root))
+        return list_split(root, classes)
+
+    def build(folder):
+        request = InputRequest(
+            per_rank_batch=2, rank=rank, world_size=size, seed=0, data_dir=folder, run_dir=out_dir
+        )
+        return get_input("image_folder", request, image_size=32)
+
+    listing.list_split = counted
+    try:
+        data = build(data_dir)
+        first_listings = list(listings)
+        assert build(data_dir).num_train_examples == data.num_train_examples
+        try:
+            build(os.path.join(os.path.dirname(data_dir), "bad"))
+            refusal = ""
+        except ValueError as e:
+            refusal = str(e)
+    finally:
+        listing.list_split = list_split
+    steps_per_epoch = data.num_train_examples // (2 * size)
+    train = [y.numpy() for _, y in itertools.islice(data.train, 2 * steps_per_epoch)]
+    zeros = keras.layers.Dense(data.num_classes, kernel_initializer="zeros", bias_initializer="zeros")
+    model = keras.Sequential([keras.Input(data.input_shape), keras.layers.GlobalAveragePooling2D(), zeros])
+    callback = ExactEvaluation(data.eval, data.num_eval_examples, every_epochs=1, last_epoch=1)
+    callback.set_model(model)
+    logs = {}
+    callback.on_epoch_end(0, logs)  # raises unless the ranks together counted every image once
+    return {
+        "train": np.concatenate(train),
+        "eval": np.concatenate([y.numpy() for _, y in data.eval]),
+        "steps_per_epoch": steps_per_epoch,
+        "num_eval_examples": data.num_eval_examples,
+        "top1": logs["test_top1"],
+        "top5": logs["test_top5"],
+        "first_listings": first_listings,
+        "listings": listings,
+        "refusal": refusal,
+    }
 
 
 if __name__ == "__main__":

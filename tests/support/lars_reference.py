@@ -9,28 +9,11 @@ def trust_ratio(eta, w_norm, g_norm, beta, epsilon):
     return eta * w_norm / (g_norm + beta * w_norm + epsilon)
 
 
-def lars_step(
-    w,
-    v,
-    g,
-    lr,
-    *,
-    momentum=0.9,
-    beta=0.0,
-    eta=0.001,
-    epsilon=0.0,
-    nesterov=False,
-    adapt=True,
-    mode="paper",
-    velocity_scale=1.0,
-):
-    """One update; returns new (w, v). `beta` is this tensor's weight decay (0 if excluded).
-
-    `v` is the velocity as Intel Caffe's sgd_solver.cpp writes it (`w -= v`; gradient units `u` in mode
-    "update"); the
-    optimizer stores its negation, so only weights are compared. `velocity_scale` is the momentum
-    correction factor lr_t / lr_{t-1} applied to `v` before the update.
-    """
+def lars_step(w, v, g, lr, *, momentum=0.9, beta=0.0, eta=0.001, epsilon=0.0, nesterov=False, adapt=True,
+              mode="paper", velocity_scale=1.0):  # fmt: skip
+    """One update; returns new (w, v). `beta` is this tensor's weight decay (0 if excluded); `v` the velocity
+    as Intel Caffe's sgd_solver.cpp writes it (`w -= v`; gradient units in mode "update"), so only weights are
+    compared; `velocity_scale` the momentum correction lr_t / lr_{t-1} applied to `v` first."""
     w, v, g = (np.asarray(a, dtype=np.float64) for a in (w, v, g))
     v = v * velocity_scale
     decayed = g + beta * w

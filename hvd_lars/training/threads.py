@@ -80,7 +80,7 @@ def describe_placements(placements):
     return "cores per rank: " + "; ".join(parts)
 
 
-# Horovod's negotiation and Open MPI's polling take a core: a 5 ms cycle, MPI yielding (results/scaling.md).
+# Horovod's and Open MPI's polling take a core: a 5 ms cycle, MPI yielding (archive/scaling_threads.md).
 HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 

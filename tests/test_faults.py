@@ -6,17 +6,22 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 
+from hvd_lars import main
+from hvd_lars.training import train
 from tests.support import REPO
 from tests.support.main_server import run_main, served
 from tests.support.small_runs import TWO_RANKS, final_tensors
+from tests.test_main import _exit_of
 
 LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 INIT = "from hvd_lars.parallel import collectives; print('rank, size', collectives.init())"
@@ -150,14 +155,8 @@ def _checkpoint(run_dir, step=None):
     return tensors
 
 
-def _check_diverged(tmp_path, launcher):
-    # Momentum SGD warmed up towards a peak rate of 1,000: the weights overflow during the warmup.
-    result = _train(
-        tmp_path, "--optimizer=momentum", "--peak_learning_rate=1000", "--checkpoint_every_steps=1",
-        "--keep_checkpoints=3", launcher=launcher,
-    )  # fmt: skip
-    assert result.returncode != 0
-    out = result.stdout + result.stderr
+def _check_diverged(tmp_path, out):
+    """`out`: the run's output. Returns the step it diverged at, after checking its record."""
     match = re.search(r"training diverged at step (\d+) \(learning rate ([0-9.e+-]+)\)", out)
     assert match, out[-3000:]
     step, rate = int(match.group(1)), float(match.group(2))
@@ -172,18 +171,30 @@ def _check_diverged(tmp_path, launcher):
     for s in kept:
         for name, value in _checkpoint(run_dir, s).items():
             assert np.isfinite(value).all(), (s, name)
-    return result, step
+    return step
 
 
-@pytest.mark.horovod
-def test_divergence_stops_one_process_keeping_finite_checkpoints(tmp_path):
-    result, _ = _check_diverged(tmp_path, ())
-    assert result.returncode == 3 and "Traceback" not in result.stderr
+# Momentum SGD warmed up towards a peak rate of 1,000: the weights overflow during the warmup.
+DIVERGING = [
+    "--optimizer=momentum",
+    "--peak_learning_rate=1000",
+    "--checkpoint_every_steps=1",
+    "--keep_checkpoints=3",
+]
+
+
+@pytest.mark.unit
+def test_divergence_stops_one_process_with_status_3_keeping_finite_checkpoints(tmp_path, monkeypatch, caplog):
+    status, [line] = _exit_of([*SMALL[1:], *DIVERGING, f"--workdir={tmp_path}"], monkeypatch, caplog)
+    assert status == 3
+    _check_diverged(tmp_path, line)
 
 
 @pytest.mark.horovod
 def test_divergence_stops_both_ranks_at_the_same_update(tmp_path):
-    result, step = _check_diverged(tmp_path, TWO_RANKS)
+    result = _train(tmp_path, *DIVERGING, launcher=TWO_RANKS)
+    assert result.returncode != 0
+    step = _check_diverged(tmp_path, result.stderr)
     # Both ranks stopped after the same update; rank 0's line says so, counting the ranks.
     assert f"[1,0]<stderr>:hvd_lars: error: training diverged at step {step} " in result.stderr
     assert result.stderr.count("hvd_lars: error:") == 1, result.stderr[-3000:]
@@ -280,17 +291,30 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     assert checkpoint_bytes(variables) == 72
 
 
-@pytest.mark.horovod
-def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path):
+class _BlockCheckpoints(keras.callbacks.Callback):
+    """After update 3, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == 3:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder.write_text("not a folder")
+
+
+@pytest.mark.unit
+def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
     (tmp_path / "file").write_text("")
-    result = _train(tmp_path / "file")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert f"hvd_lars: error: cannot write the run directory {tmp_path / 'file' / 'r'}" in result.stderr
-    # The checkpoint folder turns into a file after update 3: the epoch-end checkpoint (step 8) fails.
-    result = _train(tmp_path / "w", fault=["--block_checkpoints_at_step=3"])
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
+    assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
+    # The epoch-end checkpoint (step 8) fails.
     folder = tmp_path / "w" / "r" / "checkpoints"
-    assert f"could not write the checkpoint of step 8 to {folder}" in result.stderr
+    monkeypatch.setattr(main, "run_training", lambda config: train.run(config, [_BlockCheckpoints(folder)]))
+    caplog.clear()
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
+    assert status == 2 and f"could not write the checkpoint of step 8 to {folder}" in line
 
 
 @pytest.mark.unit

@@ -242,12 +242,7 @@ def test_a_start_tries_the_index_newest_first_then_the_rest_from_the_highest_ste
 
 @pytest.mark.horovod
 def test_a_restart_under_another_schedule_and_weight_decay_is_refused_on_every_rank(tmp_path):
-    smoke_flags = [
-        "--flagfile=flags/smoke.flags",
-        "--steps_per_epoch=2",
-        "--epochs=1",
-        f"--workdir={tmp_path}",
-    ]
+    smoke_flags = ["--flagfile=flags/smoke.flags", "--steps_per_epoch=2", f"--workdir={tmp_path}"]
     first = run_main(
         [sys.executable, "-m", "hvd_lars.main", *smoke_flags, "--schedule=mlperf_poly"], cwd=REPO
     )

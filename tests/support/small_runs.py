@@ -11,25 +11,26 @@ import time
 
 from tests.support import REPO
 from tests.support.horovodrun_checked_once import HOROVODRUN
-from tests.support.main_server import run_main
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
 
-def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, *extra):
-    """Runs `python -m hvd_lars.main` briefly (small_cnn on 32x32 images, no warmup, LR 0.1) on a test
-    data set; asserts it succeeded and returns its summary.json as a dict."""
-    cmd = [sys.executable, "-m", "hvd_lars.main", f"--dataset={dataset}", f"--data_dir={data_dir}"]
-    cmd += [
-        "--model=small_cnn",
-        "--image_size=32",
-        f"--global_batch_size={global_batch}",
-        f"--epochs={epochs}",
-    ]
-    cmd += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--run_name={run_name}", f"--workdir={workdir}"]
-    cmd += ["--verbose=0", *extra]
-    result = run_main(cmd, cwd=REPO, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, **settings):
+    """Trains small_cnn briefly in this process (32x32 images, no warmup, LR 0.1) on a test data set, as
+    `python -m hvd_lars.main` would with the same settings; returns its summary.json as a dict."""
+    import pytest
+
+    from hvd_lars.training import epoch_logs, train
+    from hvd_lars.training.config import TrainConfig
+
+    config = TrainConfig(
+        dataset=dataset, data_dir=str(data_dir), model="small_cnn", image_size=32,
+        global_batch_size=global_batch, epochs=epochs, warmup_epochs=0, peak_learning_rate=0.1,
+        run_name=run_name, workdir=str(workdir), verbose=0, **settings,
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # git is a process; the unit tier starts none
+        train.run(config)
     with open(os.path.join(workdir, run_name, "summary.json")) as f:
         return json.load(f)
 

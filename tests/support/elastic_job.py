@@ -128,16 +128,17 @@ class ElasticJob:
         return "".join(self.lines)
 
 
-def remove_and_add(tmp_path):
+def remove_and_add(tmp_path, **job):
     """2 workers, then 1 (after the first epoch), then 2 again (once the lone worker has written its first
-    checkpoint, of update 300).
+    checkpoint, of update 300); `job`: ElasticJob's flagfile and base_flags (200 updates an epoch, 3 epochs,
+    a checkpoint every 100 updates, like FLAGS).
 
     Returns (exit status, output, [update each attempt started from], seconds from each membership
     change of the discovery script to the attempt that took it up)."""
-    job = ElasticJob(tmp_path, "localhost:2", 1, 2)
+    job = ElasticJob(tmp_path, "localhost:2", 1, 2, **job)
     taken_up = []
     try:
-        job.wait_for("elastic attempt 1: 2 worker(s) from update 0, 32 images per rank")
+        job.wait_for("elastic attempt 1: 2 worker(s) from update 0, ")
         job.wait_for("Epoch 2/3")  # the first epoch done by 2 workers
         changed = time.time()
         job.set_hosts("localhost:1")

@@ -121,17 +121,11 @@ def corrupt(tmp_path_factory):
 
 
 @pytest.mark.unit
-def test_corrupt_training_file_raises_naming_it(corrupt):
-    data = _build(corrupt, batch=1)
+def test_a_corrupt_training_or_evaluation_file_raises_naming_it(corrupt):
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000001/broken\.JPEG"):
-        _labels(data.train, 8)
-
-
-@pytest.mark.unit
-def test_corrupt_eval_file_raises_naming_it(corrupt):
-    data = _build(corrupt + "/evalbad", batch=2)
+        _labels(_build(corrupt, batch=1).train, 8)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000002/broken\.JPEG"):
-        list(data.eval)
+        list(_build(corrupt + "/evalbad", batch=2).eval)
 
 
 @pytest.mark.unit

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.support import REPO
+from tests.support.main_server import run_main
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 # Another process that tries the claim at each line "take" on its stdin and says what it got.
@@ -97,7 +98,7 @@ FLAGS = [
 
 
 def _start_paused(workdir, until):
-    """The first job: one process paused after update 3 until the file `until` exists."""
+    """The first job: one process paused after update 3 (until the file `until` exists)."""
     pause = ["--pause_at_step=3", f"--pause_marker={workdir}/paused", f"--pause_until={until}"]
     log = open(workdir / "first.log", "w")
     job = subprocess.Popen(
@@ -115,49 +116,31 @@ def _start_paused(workdir, until):
 
 
 @pytest.mark.horovod
-def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_the_first_finishes_alone(tmp_path):
-    until = tmp_path / "go_on"
-    first = _start_paused(tmp_path, until)
+def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_a_killed_holder_blocks_no_restart(
+    tmp_path,
+):
+    first = _start_paused(tmp_path, tmp_path / "never")
     run_dir = tmp_path / "smoke"
     try:
         # The same run directory, 2 ranks under mpirun (the job submitted twice).
         second = subprocess.run(
             ["mpirun", "-np", "2", sys.executable, "-m", "hvd_lars.main", *FLAGS, f"--workdir={tmp_path}"],
-            cwd=REPO,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+            cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-3000:]
-        # Refused on both ranks, said once, in one line.
+        # Refused on both ranks, said once, in one line; the first job holds on, untouched.
         lines = [line for line in second.stderr.splitlines() if "hvd_lars: error:" in line]
         assert len(lines) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
         assert re.fullmatch("hvd_lars: error: " + _refusal(run_dir, first.pid), lines[0].strip()), lines
-        until.write_text("")
-        assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        assert first.poll() is None and not _free(run_dir)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
     finally:
         first.kill()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["plan"]["total_steps"] == 12 and len(summary["epochs"]) == 3
-    assert _free(run_dir)
-
-
-@pytest.mark.horovod
-def test_a_killed_holder_never_blocks_the_restart_which_resumes(tmp_path):
-    first = _start_paused(tmp_path, tmp_path / "never")
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    run_dir = tmp_path / "smoke"
     assert (run_dir / "running.lock").read_text().startswith(f"process {first.pid} on host ")
-    restart = subprocess.run(
-        [sys.executable, "-m", "hvd_lars.main", *FLAGS, f"--workdir={tmp_path}"],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    restart = run_main([sys.executable, "-m", "hvd_lars.main", *FLAGS, f"--workdir={tmp_path}"], cwd=REPO)
     assert restart.returncode == 0, restart.stderr[-3000:]
     assert "(step 2)" in restart.stdout  # resumed from the checkpoint of update 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["plan"]["total_steps"] == 12 and len(summary["epochs"]) == 3
     assert _free(run_dir)

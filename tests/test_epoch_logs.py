@@ -18,6 +18,16 @@ from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.epoch_logs import RunSummary
 from hvd_lars.training.plan import make_plan
 
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _no_git(monkeypatch):
+    monkeypatch.setattr(
+        epoch_logs, "git_sha", lambda: "0" * 40
+    )  # git is a process; the unit tier starts none
+
+
 STEPS_PER_EPOCH = 8
 
 
@@ -56,26 +66,19 @@ def _rows(path):
         return list(csv.reader(f))
 
 
-@pytest.mark.horovod
-def test_csv_has_every_column_on_every_row_with_evaluation_every_2_epochs(tmp_path):
+def test_csv_has_every_column_on_every_row_and_a_resumed_run_drops_epochs_after_its_checkpoint(tmp_path):
     path = str(tmp_path / "metrics.csv")
-    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)
+    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)  # evaluated every 2 epochs
     header, *rows = _rows(path)
     # Test columns although the first epoch had none; no invented val_ copies.
     assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
-    assert [len(r) for r in rows] == [8, 8, 8]
-    assert rows[0] == ["0", "8", "0.1", "2.0", "", "", "", "0.5"]
-    assert rows[1] == ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"]
-    assert rows[2][4:7] == ["", "", ""]
-
-
-@pytest.mark.horovod
-def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp_path):
-    path = str(tmp_path / "metrics.csv")
-    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)  # killed after epoch 2's row
-    # Resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24), whose row was written after it.
-    resumed = epoch_logs.MetricsCSV(path, start_step=20)
-    _train([resumed], [2, 3])  # now with a validation split: six more columns
+    assert rows == [
+        ["0", "8", "0.1", "2.0", "", "", "", "0.5"],
+        ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"],
+        ["2", "24", "0.30000000000000004", "1.8", "", "", "", "0.52"],
+    ]
+    # Killed after epoch 2's row, resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24).
+    _train([epoch_logs.MetricsCSV(path, start_step=20)], [2, 3])  # now with a validation split
     header, *rows = _rows(path)
     assert "val_top1" in header and "test_top1" in header and len(header) == 11
     assert [r[0] for r in rows] == ["0", "1", "2", "3"] and {len(r) for r in rows} == {11}
@@ -84,7 +87,6 @@ def test_csv_resumed_run_drops_epochs_after_its_checkpoint_and_stays_aligned(tmp
     assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
 
 
-@pytest.mark.horovod
 @pytest.mark.parametrize(
     "text, problem",
     [
@@ -118,7 +120,6 @@ def _events(log_dir):
     return found
 
 
-@pytest.mark.horovod
 def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_path):
     log_dir = str(tmp_path / "tb")
     _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))
@@ -142,7 +143,6 @@ def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_p
     assert sorted(step for tag, step, _ in _events(log_dir) if tag == "loss") == [8, 16, 24, 32, 32]
 
 
-@pytest.mark.horovod
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     config = TrainConfig(max_train_examples=64, epochs=1, global_batch_size=8, peak_learning_rate=0.1)
     plan = make_plan(config, 1, 64)
@@ -171,7 +171,6 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == []
 
 
-@pytest.mark.horovod
 def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
@@ -201,7 +200,6 @@ def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
     np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
 
 
-@pytest.mark.horovod
 def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
@@ -233,7 +231,6 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     assert caplog.records[-1].getMessage() == "plot not written" and not (tmp_path / "run.png.tmp").exists()
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("metrics", [None, "epoch,step,loss\n"])
 def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys, metrics):
     # summary.json is written before the first update; metrics.csv (or its first row) after epoch 0.
@@ -279,7 +276,6 @@ def _fake_clock(step_s=10):
 END_LINE = r"5/5 - \d+s - \d+[mu]?s/step - loss: \d+\.\d{4}(e-\d\d)?"  # Keras's own
 
 
-@pytest.mark.unit
 def test_progress_lines_every_interval_and_keras_epoch_line(capsys):
     # A line when 25 s have passed since the previous (or the epoch's start): after micro-batch 3 of 5
     # (30 s), not after 4 (10 s later) nor after 5, the epoch's last, which Keras's end line reports.
@@ -294,7 +290,6 @@ def test_progress_lines_every_interval_and_keras_epoch_line(capsys):
     assert re.fullmatch(END_LINE, lines[2]) and re.fullmatch(END_LINE, lines[5]), lines
 
 
-@pytest.mark.unit
 def test_progress_after_every_micro_batch_from_where_a_resumed_epoch_resumed(capsys):
     # A fit of 3 micro-batches finishes an epoch of 5 resumed after 2: counted 3/5, 4/5, then the end line.
     progress = epoch_logs.EpochProgress(4, 5, images_per_batch=8, every_s=0, clock=_fake_clock())
@@ -308,7 +303,6 @@ def test_progress_after_every_micro_batch_from_where_a_resumed_epoch_resumed(cap
     assert len(lines) == 4 and re.fullmatch(END_LINE, lines[3]), lines
 
 
-@pytest.mark.unit
 def test_epoch_lines_only_without_an_interval(capsys):
     _fit_with_progress(epoch_logs.EpochProgress(2, 5, images_per_batch=8, clock=_fake_clock()))
     lines = capsys.readouterr().out.splitlines()
@@ -316,7 +310,6 @@ def test_epoch_lines_only_without_an_interval(capsys):
     assert re.fullmatch(END_LINE, lines[1]) and re.fullmatch(END_LINE, lines[3]), lines
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42, "42s"), (90, "1:30"), (3725, "1:02:05")])
 def test_time_left_is_written_as_keras_writes_its_eta(seconds, text):
     assert epoch_logs._duration(seconds) == text

@@ -1,22 +1,27 @@
 """Faults end a job cleanly: a launcher and Horovod that disagree about the world size, ranks that disagree
-about their variables, divergence, preemption, a rank that dies. Multi-rank cases run 2 real Horovod
-processes; fault injection lives in tests/ (kill_at_step.py, mismatch_worker.py)."""
+about their variables, divergence, preemption, a rank that dies, a failed write, a hang. Fault injection
+lives in tests/ (kill_at_step.py, mismatch_worker.py)."""
 
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 
+from hvd_lars import main
+from hvd_lars.training import train
 from tests.support import REPO
 from tests.support.main_server import run_main, served
 from tests.support.small_runs import TWO_RANKS, final_tensors
+from tests.test_main import _exit_of
 
 LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 INIT = "from hvd_lars.parallel import collectives; print('rank, size', collectives.init())"
@@ -35,44 +40,30 @@ def test_launcher_world_size_reads_the_job_step_not_the_job():
 
     assert launcher_world_size({"PMI_SIZE": "2", "PMI_RANK": "1"}) == ("PMI_SIZE", 2)
     assert launcher_world_size({"OMPI_COMM_WORLD_SIZE": "4", "PMI_SIZE": "2"}) == ("OMPI_COMM_WORLD_SIZE", 4)
-    assert launcher_world_size({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "8"}) == (
-        "SLURM_STEP_NUM_TASKS",
-        8,
-    )
+    step = {"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "8"}
+    assert launcher_world_size(step) == ("SLURM_STEP_NUM_TASKS", 8)
     # Job-level Slurm variables, which a one-process batch step also has, say nothing about this process.
     assert launcher_world_size({"SLURM_NTASKS": "2", "SLURM_NPROCS": "2"}) == (None, None)
     assert launcher_world_size({"PMI_SIZE": ""}) == (None, None)
 
 
 @pytest.mark.horovod
-def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused(tmp_path):
-    # As a new user would: PMI_SIZE=2 PMI_RANK=1 set and no launcher Horovod's MPI can join.
-    env = _clean_env(PMI_SIZE="2", PMI_RANK="1")
-    result = subprocess.run(
-        [sys.executable, "-c", INIT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode != 0
-    assert "WorldSizeMismatch" in result.stderr
-    assert "the launcher started 2 processes (PMI_SIZE=2)" in result.stderr
-    assert "initialised a world of 1 rank(s)" in result.stderr
-    # The main program says so in one line, exit status 2, before it writes anything.
+def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused_and_job_level_slurm_variables_are_not(tmp_path):
+    # As a new user would: PMI_SIZE=2 PMI_RANK=1 set and no launcher Horovod's MPI can join. The main
+    # program says so in one line, exit status 2, before it writes anything.
     main = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
+    env = _clean_env(PMI_SIZE="2", PMI_RANK="1")
     result = subprocess.run(
         main + [f"--workdir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "launcher started 2 processes (PMI_SIZE=2)" in result.stderr
-    assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.horovod
-def test_job_level_slurm_variables_alone_do_not_refuse(tmp_path):
+    assert "the launcher started 2 processes (PMI_SIZE=2)" in result.stderr
+    assert "initialised a world of 1 rank(s)" in result.stderr and os.listdir(tmp_path) == []
     env = _clean_env(SLURM_NTASKS="2", SLURM_NPROCS="2", SLURM_JOB_NUM_NODES="1")
     result = subprocess.run(
         [sys.executable, "-c", INIT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "rank, size (0, 1)" in result.stdout
+    assert result.returncode == 0 and "rank, size (0, 1)" in result.stdout, result.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +141,8 @@ def _checkpoint(run_dir, step=None):
     return tensors
 
 
-def _check_diverged(tmp_path, launcher):
-    # Momentum SGD warmed up towards a peak rate of 1,000: the weights overflow during the warmup.
-    result = _train(
-        tmp_path, "--optimizer=momentum", "--peak_learning_rate=1000", "--checkpoint_every_steps=1",
-        "--keep_checkpoints=3", launcher=launcher,
-    )  # fmt: skip
-    assert result.returncode != 0
-    out = result.stdout + result.stderr
+def _check_diverged(tmp_path, out):
+    """`out`: the run's output. Returns the step it diverged at, after checking its record."""
     match = re.search(r"training diverged at step (\d+) \(learning rate ([0-9.e+-]+)\)", out)
     assert match, out[-3000:]
     step, rate = int(match.group(1)), float(match.group(2))
@@ -172,73 +157,59 @@ def _check_diverged(tmp_path, launcher):
     for s in kept:
         for name, value in _checkpoint(run_dir, s).items():
             assert np.isfinite(value).all(), (s, name)
-    return result, step
+    return step
 
 
-@pytest.mark.horovod
-def test_divergence_stops_one_process_keeping_finite_checkpoints(tmp_path):
-    result, _ = _check_diverged(tmp_path, ())
-    assert result.returncode == 3 and "Traceback" not in result.stderr
+# Momentum SGD warmed up towards a peak rate of 1,000: the weights overflow during the warmup.
+DIVERGING = [
+    "--optimizer=momentum",
+    "--peak_learning_rate=1000",
+    "--checkpoint_every_steps=1",
+    "--keep_checkpoints=3",
+]
+
+
+@pytest.mark.unit
+def test_divergence_stops_one_process_with_status_3_keeping_finite_checkpoints(tmp_path, monkeypatch, caplog):
+    status, [line] = _exit_of([*SMALL[1:], *DIVERGING, f"--workdir={tmp_path}"], monkeypatch, caplog)
+    assert status == 3
+    _check_diverged(tmp_path, line)
 
 
 @pytest.mark.horovod
 def test_divergence_stops_both_ranks_at_the_same_update(tmp_path):
-    result, step = _check_diverged(tmp_path, TWO_RANKS)
+    result = _train(tmp_path, *DIVERGING, launcher=TWO_RANKS)
+    assert result.returncode != 0
+    step = _check_diverged(tmp_path, result.stderr)
     # Both ranks stopped after the same update; rank 0's line says so, counting the ranks.
     assert f"[1,0]<stderr>:hvd_lars: error: training diverged at step {step} " in result.stderr
     assert result.stderr.count("hvd_lars: error:") == 1, result.stderr[-3000:]
     assert "non-finite loss or variables on 2 of 2 rank(s)" in result.stderr
 
 
-def _check_preemption(tmp_path, launcher, signal_rank=-1):
-    """SIGTERM (or USR1) at a random update k; returns (uninterrupted, resumed) final checkpoints."""
+@pytest.mark.horovod
+def test_preempted_process_checkpoints_and_resumes_exactly(tmp_path):
+    # SIGTERM at a random update k (a signal to one of 2 ranks: tests/test_resume.py).
     k = random.Random().randint(1, 14)
-    signal = random.Random(k).choice(["TERM", "USR1"])
-    why = f"signal {signal} after update {k}"
+    why = f"signal TERM after update {k}"
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    assert _train(straight, launcher=launcher).returncode == 0
-    fault = [f"--kill_at_step={k}", f"--kill_signal={signal}", f"--kill_rank={signal_rank}"]
-    result = _train(stopped, launcher=launcher, fault=fault)
-    assert result.returncode != 0, why
-    # Every rank stops at the next update boundary, k + 1, where rank 0 writes a checkpoint.
+    assert _train(straight).returncode == 0
+    result = _train(stopped, fault=[f"--kill_at_step={k}", "--kill_signal=TERM"])
+    assert result.returncode == 75, why
+    # The process stops at the next update boundary, k + 1, where it writes a checkpoint.
     assert f"stopped at step {k + 1}, checkpoint {stopped}/r/checkpoints/ckpt-{k + 1}." in result.stdout, why
     assert (k + 1) in _checkpoint_steps(stopped / "r"), why
     summary = _strict_json(stopped / "r" / "summary.json")
     assert summary["stopped"]["reason"] == "Preempted" and summary["stopped"]["step"] == k + 1, why
     # Stopped at an epoch's end (k + 1 = 8), that epoch was evaluated and logged first.
     assert [e["epoch"] for e in summary["epochs"]] == list(range(1, (k + 1) // 8 + 1)), why
-    resumed = _train(stopped, launcher=launcher)
-    assert resumed.returncode == 0, why + resumed.stderr[-2000:]
-    assert f"(step {k + 1})" in resumed.stdout, why
+    resumed = _train(stopped)
+    assert resumed.returncode == 0 and f"(step {k + 1})" in resumed.stdout, why + resumed.stderr[-2000:]
     assert _strict_json(stopped / "r" / "summary.json")["plan"]["total_steps"] == 16
-    return result, why, _checkpoint(straight / "r"), _checkpoint(stopped / "r")
-
-
-@pytest.mark.horovod
-def test_preempted_process_checkpoints_and_resumes_exactly(tmp_path):
-    result, why, a, b = _check_preemption(tmp_path, ())
-    assert result.returncode == 75, why
+    a, b = _checkpoint(straight / "r"), _checkpoint(stopped / "r")
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
-
-
-@pytest.mark.horovod
-def test_signal_to_one_rank_stops_both_and_resumes(tmp_path):
-    result, why, a, b = _check_preemption(tmp_path, TWO_RANKS, signal_rank=1)
-    assert "reached 1 of 2 rank(s) (this one: none)" in result.stdout, why
-    assert a.keys() == b.keys()
-    # Weights, optimizer slots and step are exact. The batch-norm moving statistics were averaged over the
-    # ranks at the stop's checkpoint in one run only; the average of the ranks' linear moving averages is
-    # the same either way in exact arithmetic, and both runs average them again at every epoch end, so
-    # they differ by float32 rounding only: within 1e-5 of each tensor's largest magnitude (elementwise,
-    # relative differences of near-zero means reached 2.7e-5 in benchmarks/faults.py).
-    for name in a:
-        if "moving_" in name:
-            scale = np.abs(a[name]).max()
-            assert np.abs(a[name] - b[name]).max() <= 1e-5 * scale, f"{name}; {why}"
-        else:
-            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
 
 
 @pytest.mark.horovod
@@ -280,17 +251,30 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     assert checkpoint_bytes(variables) == 72
 
 
-@pytest.mark.horovod
-def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path):
+class _BlockCheckpoints(keras.callbacks.Callback):
+    """After update 3, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == 3:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder.write_text("not a folder")
+
+
+@pytest.mark.unit
+def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
     (tmp_path / "file").write_text("")
-    result = _train(tmp_path / "file")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert f"hvd_lars: error: cannot write the run directory {tmp_path / 'file' / 'r'}" in result.stderr
-    # The checkpoint folder turns into a file after update 3: the epoch-end checkpoint (step 8) fails.
-    result = _train(tmp_path / "w", fault=["--block_checkpoints_at_step=3"])
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
+    assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
+    # The epoch-end checkpoint (step 8) fails.
     folder = tmp_path / "w" / "r" / "checkpoints"
-    assert f"could not write the checkpoint of step 8 to {folder}" in result.stderr
+    monkeypatch.setattr(main, "run_training", lambda config: train.run(config, [_BlockCheckpoints(folder)]))
+    caplog.clear()
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
+    assert status == 2 and f"could not write the checkpoint of step 8 to {folder}" in line
 
 
 @pytest.mark.unit
@@ -364,10 +348,8 @@ def test_watchdog_does_not_count_the_time_its_process_was_stopped(monkeypatch):
 
 @pytest.mark.horovod
 def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
-    # The real thing: a process under a 10 s watchdog reports progress, writes a marker and waits for a
-    # line on its stdin. It is SIGSTOPped at once for 15 s, past the timeout, then continued and sent the
-    # line: it must report progress and finish. Before the fix its watchdog, the first thread to run after
-    # SIGCONT, counted the 15 s as time without progress and ended it with status 4.
+    # A process under a 10 s watchdog reports progress, writes a marker and waits for a line on its stdin;
+    # SIGSTOPped for 15 s, past the timeout, then continued and sent the line, it must finish (status 0).
     code = (
         "import sys\n"
         "from hvd_lars.training import faults\n"
@@ -398,7 +380,6 @@ def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
 
 @pytest.mark.unit
 def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
-    # Traced anew at every fit, the check of ResNet-50's variables cost 2.5-5 s per `fit` call.
     import keras
 
     from hvd_lars.training import faults

@@ -154,10 +154,10 @@ def test_a_full_disk_ends_both_ranks_with_one_line_and_resumes_once_freed(small_
     assert int(final_tensors(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 30
 
 
-def one_damaged_read(tmp_path, dataset, data_dir, damaged, original, fragment):
-    """Trains 2 ranks on `dataset` in `data_dir`, with the file `damaged` garbled: asserts the job ends with
-    one line from rank 0 holding `fragment` and leaves no temporary file; then puts `original` back and
-    asserts the same command resumes to the end (update 8). Returns the line."""
+def one_damaged_read(tmp_path, dataset, data_dir, fragment):
+    """Trains 2 ranks on `dataset` in `data_dir`, one of its files garbled: asserts the job ends with one line
+    from rank 0 holding `fragment` and no temporary file (the resume once the cause is gone: the full disk's
+    test); returns the line."""
     command = [
         *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", f"--dataset={dataset}", f"--data_dir={data_dir}",
         "--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=2", "--warmup_epochs=0",
@@ -167,10 +167,6 @@ def one_damaged_read(tmp_path, dataset, data_dir, damaged, original, fragment):
     began = time.monotonic()
     line = _one_line_from_rank_0(run_main(command, cwd=REPO, timeout=300), began, fragment)
     assert _temporaries(tmp_path / "w") == []
-    damaged.write_bytes(original)  # repaired
-    resumed = run_main(command, cwd=REPO, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert int(final_tensors(tmp_path / "w" / "r")["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 8
     return line
 
 
@@ -179,8 +175,7 @@ def test_a_damaged_training_image_ends_both_ranks_with_one_line_naming_it(tmp_pa
     data = tmp_path / "data"
     make_image_folder(str(data), [4] * 4, [1] * 4, odd={})
     damaged = data / "train" / "n00000002" / "n00000002_1.JPEG"
-    original = damaged.read_bytes()
     damaged.write_bytes(b"garbage" * 100)
     fragment = f"cannot read or decode the training image file {damaged}."
-    line = one_damaged_read(tmp_path, "image_folder", data, damaged, original, fragment)
+    line = one_damaged_read(tmp_path, "image_folder", data, fragment)
     assert "--skip_corrupt" in line and line.endswith(ADVICE)

@@ -28,15 +28,6 @@ def _parse(path):
 
 
 @pytest.mark.unit
-def test_the_paper_flagfiles_exist():
-    names = {os.path.basename(p) for p in FLAGFILES}
-    assert {
-        "alexnet_bn_bs32k.flags", "alexnet_bn_bs512.flags", "alexnet_bs8k.flags", "resnet50_bs32k_lars.flags",
-        "resnet50_bs8k_momentum.flags", "fashion_mnist_lars.flags", "smoke.flags",
-    } <= names  # fmt: skip
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
 def test_flagfile_parses_and_plans(path):
     text = open(path).read()

@@ -195,8 +195,8 @@ def test_a_damaged_preparation_is_not_prepared_and_is_not_reused(prepared, tmp_p
         _build(str(copy))
 
 
-@pytest.mark.horovod
-def test_main_program_trains_on_prepared_imagenet(prepared, tmp_path):
+@pytest.mark.unit
+def test_the_loop_trains_on_prepared_imagenet(prepared, tmp_path):
     from tests.support.small_runs import train_small_cnn
 
     data_dir, _, _ = prepared
@@ -215,12 +215,6 @@ def _wait_for(path, process, limit_s=300):
         )
         assert time.monotonic() - start < limit_s, f"no {path} after {limit_s} s"
         time.sleep(0.05)
-
-
-def _one_error_line(result):
-    """The stderr lines of the main program's own messages, with no traceback."""
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    return [line for line in result.stderr.splitlines() if line.startswith("hvd_lars")]
 
 
 @pytest.mark.horovod
@@ -246,8 +240,8 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     assert os.listdir(left) == ["imagenet2012-train.tfrecord-00000-of-00001"]
     assert sorted(os.listdir(dataset)) == sorted([preparation.LOCK_NAME, os.path.basename(left)])
 
-    # Nothing counts as prepared: training stops at once with one line naming the command, on one
-    # process and on each of two Horovod ranks, before it writes anything.
+    # Nothing counts as prepared: training stops at once on each of two Horovod ranks with one line naming
+    # the command, before it writes anything (in one process, exit status 2: tests/test_main.py).
     expected = (
         f"hvd_lars: error: ImageNet is not prepared under --data_dir={data_dir} (there is no "
         f"{dataset}/5.1.0, only {os.path.basename(left)} of a preparation at work or interrupted). Prepare "
@@ -258,8 +252,6 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     train = [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}"]
     train += ["--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=1"]
     train += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'runs'}"]
-    alone = run_main(train, cwd=REPO, timeout=300)
-    assert alone.returncode == 2 and _one_error_line(alone) == [expected], alone.stderr[-3000:]
     two = run_main([*HOROVODRUN, "-np", "2", "-H", "localhost:2", *train], cwd=REPO, timeout=300)
     output = two.stdout + two.stderr
     assert two.returncode != 0 and "Traceback" not in output
@@ -278,7 +270,7 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     said = [line for line in again.stdout.splitlines() if line.startswith("[hvd_lars]")]
     assert said[0] == f"[hvd_lars] removed what interrupted preparations left: {left}"
     assert said[1].startswith(
-        f"[hvd_lars] preparing imagenet2012 from --manual_dir={manual} into {dataset}/5.1.0"
+        f"[hvd_lars] preparing imagenet2012 from --manual_dir={manual} into {dataset}/5"
     )
     assert re.fullmatch(
         rf"\[hvd_lars\] imagenet2012 prepared in \d+:\d\d:\d\d \(h:mm:ss\) under {dataset}/5\.1\.0: "
@@ -289,14 +281,11 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     assert "Generating train examples..." in again.stdout + again.stderr  # tensorflow-datasets' bars
     assert sorted(os.listdir(dataset)) == sorted([preparation.LOCK_NAME, "5.1.0"])
     preparation.prepared_builder(data_dir)
+    split = ("train", "validation")
     records = sorted(n for n in os.listdir(dataset / "5.1.0") if ".tfrecord-" in n)
-    assert records == [
-        "imagenet2012-train.tfrecord-00000-of-00001",
-        "imagenet2012-validation.tfrecord-00000-of-00001",
-    ]
+    assert records == [f"imagenet2012-{s}.tfrecord-00000-of-00001" for s in split]
     for name, count in zip(records, (18, NUM_VAL)):
-        # Compared as examples: protobuf writes a map's entries (an Example's features) in an order that
-        # varies from process to process.
+        # Compared as examples: the order of an Example's features varies from process to process.
         ours, uninterrupted = (
             [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(os.fspath(path))]
             for path in (dataset / "5.1.0" / name, os.path.join(reference, "imagenet2012", "5.1.0", name))

@@ -1,76 +1,58 @@
-"""A run SIGKILLed after its checkpoint at step k and restarted ends bit for bit where an uninterrupted run
-ends, in one process; and on 2 Horovod ranks, one run stopped five times (SIGKILL of one rank, of all
-ranks, SIGTERM, SIGUSR1) and restarted each time with the same command ends tensor for tensor where the
-uninterrupted run ends, with every epoch's row once.
+"""Resumes end where the uninterrupted run ends: in one process, a run that dies after update k and starts
+again, bit for bit; on 2 Horovod ranks, one run stopped by each kind of stop (SIGKILL of one rank, of every
+rank, a signal to one rank) and restarted with the same command, tensor for tensor, with every epoch's row
+once and its whole-epoch metrics.
 
-Why 2 ranks are exact too: every rank averages its batch-norm moving statistics over the ranks before each
-checkpoint (`PeriodicCheckpoint`), so at the checkpoint the resumed run starts from (rank 0's, broadcast
-to all) the uninterrupted run's ranks hold those same averaged values; the data order is a function of the
-seed and the step; and an average of 2 float32 values is one rounded sum, the same in either order.
-Before statistics were averaged at checkpoints, rank 1 resumed with rank 0's statistics where the
-uninterrupted rank 1 kept its own, and the runs differed after the resume.
+2 ranks are exact too: every rank averages its batch-norm statistics over the ranks before each checkpoint,
+the data order is a function of the seed and the step, and an average of 2 float32 values is one rounded sum.
 """
 
 import dataclasses
+import json
 import os
 import re
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from hvd_lars.training import epoch_logs
+from hvd_lars.training.train import run
 from tests.support import REPO, small_runs
 from tests.support.main_server import run_main
 from tests.test_main import _scalars
-
-KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
-FLAGS = [
-    "--flagfile=flags/fashion_mnist_lars.flags", "--max_train_examples=2048",
-    "--max_eval_examples=500", "--global_batch_size=256", "--epochs=3", "--warmup_epochs=1",
-    "--peak_learning_rate=4", "--checkpoint_every_steps=5", "--run_name=r", "--verbose=0",
-]  # fmt: skip
+from tests.test_train import smoke
 
 
-def _train(workdir, launcher=(), kill_at=None):
-    program = [KILLER, f"--kill_at_step={kill_at}"] if kill_at else ["-m", "hvd_lars.main"]
-    cmd = list(launcher) + [sys.executable] + program + FLAGS + [f"--workdir={workdir}"]
-    return run_main(cmd, cwd=REPO, timeout=400)
+class _Dies(keras.callbacks.Callback):
+    """Ends the run with an error after update `step`, as a crash would (no stop checkpoint)."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == self.step:
+            raise RuntimeError("died")
 
 
-def _final_variables(workdir):
-    reader = tf.train.load_checkpoint(os.path.join(workdir, "r", "checkpoints"))
-    names = [n for n in reader.get_variable_to_shape_map() if "model" in n or "optimizer" in n]
-    assert len(names) > 20
-    # Weights, optimizer slots and step, and the batch-norm moving statistics are all compared.
-    assert sum("moving_mean" in n or "moving_variance" in n for n in names) == 10
-    return {n: reader.get_tensor(n) for n in names}
-
-
-def _check_resume(tmp_path, launcher):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert _train(straight, launcher).returncode == 0
-    # 8 steps per epoch; killed after step 12, between the checkpoints of steps 10 and 15.
-    result = _train(killed, launcher, kill_at=12)
-    assert result.returncode != 0
-    steps = sorted(
-        int(f.split("-")[1].split(".")[0])
-        for f in os.listdir(killed / "r" / "checkpoints")
-        if f.endswith(".index")
-    )
-    assert steps == [5, 8, 10]  # every 5 steps and at the end of epoch 1
-    result = _train(killed, launcher)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stdout and "(step 10)" in result.stdout
-    a, b = _final_variables(straight), _final_variables(killed)
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-
-
-@pytest.mark.horovod
-def test_single_process_resume_is_exact(tmp_path):
-    _check_resume(tmp_path, ())
+@pytest.mark.unit
+def test_a_run_that_dies_and_starts_again_ends_bit_for_bit_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)
+    # 3 epochs of 2 updates, a checkpoint every 2: died after update 3, the start resumes update 2's.
+    config = smoke(tmp_path, epochs=3, checkpoint_every_steps=2, async_checkpoints=False, precision="float32")
+    run(dataclasses.replace(config, workdir=str(tmp_path / "straight")))
+    with pytest.raises(RuntimeError, match="died"):
+        run(config, extra_callbacks=[_Dies(3)])
+    assert run(config)["resumed_from_step"] == 2
+    ours = small_runs.final_tensors(tmp_path / "loop")
+    theirs = small_runs.final_tensors(tmp_path / "straight" / "loop")
+    assert ours.keys() == theirs.keys() and len(ours) > 20
+    assert int(ours["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -84,26 +66,42 @@ def restarted(tmp_path_factory):
 
 
 @pytest.mark.horovod
-def test_two_ranks_stopped_five_times_and_restarted_end_as_the_uninterrupted_run(restarted):
-    run, starts, straight = restarted
+def test_two_ranks_stopped_and_restarted_end_as_the_uninterrupted_run(restarted):
+    run_dir, starts, straight = restarted
     # Each start resumed where the stop before it left the run, and the last one finished.
     assert [s["resumed"] for s in starts] == [None] + [resumed for _, resumed in small_runs.STOPS]
-    assert [s["returncode"] == 0 for s in starts] == [False] * 5 + [True], [
+    assert [s["returncode"] == 0 for s in starts] == [False] * 3 + [True], [
         s["output"][-2000:] for s in starts
     ]
-    assert [s["stopped"] for s in starts] == [None, None, 10, 12, None, None]  # TERM and USR1 save the next
-    ours, theirs = small_runs.final_tensors(run), small_runs.final_tensors(straight)
+    assert [s["stopped"] for s in starts] == [None, None, 12, None]  # a signal saves the next update
+    assert "reached 1 of 2 rank(s) (this one: none)" in starts[2]["output"]  # rank 0's line
+    ours, theirs = small_runs.final_tensors(run_dir), small_runs.final_tensors(straight)
     assert ours.keys() == theirs.keys() and len(ours) > 40
     for name in ours:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
-    # Every epoch's row once, of this run, each evaluated as the uninterrupted run evaluated it.
-    rows, expected = small_runs.metrics_rows(run), small_runs.metrics_rows(straight)
+    # Every epoch's row once, each as the uninterrupted run measured it: the epochs resumed mid-way (from
+    # updates 2 and 6) with the whole epoch's training metrics, restored from the checkpoint's running sums.
+    rows, expected = small_runs.metrics_rows(run_dir), small_runs.metrics_rows(straight)
     assert [(r["epoch"], r["step"]) for r in rows] == [("0", "4"), ("1", "8"), ("2", "12"), ("3", "16")]
-    assert [(r["test_loss"], r["test_top1"]) for r in rows] == [
-        (r["test_loss"], r["test_top1"]) for r in expected
-    ]
-    steps = sorted({step for tag, step in _scalars(run / "tensorboard") if tag == "test_loss"})
+    for a, b in zip(expected, rows):
+        assert (a["test_loss"], a["test_top1"]) == (b["test_loss"], b["test_top1"])
+        for key in ("loss", "top1", "top5"):
+            assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-5, abs=1e-6), (a["epoch"], key)
+    steps = sorted({step for tag, step in _scalars(run_dir / "tensorboard") if tag == "test_loss"})
     assert steps == [4, 8, 12, 16]
+    # The epoch resumed from update 2 printed under its header with the whole epoch's loss.
+    out = starts[1]["output"]
+    printed = out[out.index("Epoch 1/4") : out.index("Epoch 2/4")]
+    assert f"loss: {float(rows[0]['loss']):.4f}" in printed, printed
+    # Time adds up over the starts: the stop's checkpoint holds the earlier starts', the summary more.
+    record = tf.train.load_checkpoint(str(run_dir / "checkpoints" / "ckpt-12"))
+    stopped = json.loads(record.get_tensor("progress/.ATTRIBUTES/VARIABLE_VALUE").decode())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert stopped["step"] == 12 and 0 < stopped["wall_time_s"] < summary["wall_time_s"]
+    end = [line for line in starts[-1]["output"].splitlines() if "] finished smoke: 4 of 4 epochs" in line]
+    assert len(end) == 1 and re.search(
+        r"images/s (\(this start's epochs after its first\)|not measured)$", end[0]
+    )
 
 
 # ------------------------------------------------------------------------------ in one process
@@ -184,32 +182,6 @@ def test_an_allowed_change_restores_every_old_variable_and_starts_the_new_ones_a
 
 
 @pytest.mark.unit
-def test_a_resume_takes_the_default_data_folder_and_that_folder_spelled_out_for_one_plan(tmp_path):
-    from hvd_lars.data.fashion_mnist_files import DEFAULT_DIR
-    from hvd_lars.training import checkpoints
-    from hvd_lars.training.plan import make_plan
-
-    # A checkpoint of `make train` (--data_dir empty), resumed with --data_dir=<the folder it read>.
-    default = _config(dataset="fashion_mnist", image_size=0)
-    model, optimizer, build = _built(default, make_plan(default, 1, 64, (8, 8, 3)))
-    build()
-    _save(tmp_path, model, optimizer, make_plan(default, 1, 64, (8, 8, 3)), step=5)
-
-    spelled = dataclasses.replace(default, data_dir=DEFAULT_DIR)
-    plan = make_plan(spelled, 1, 64, (8, 8, 3))
-    model, optimizer, build = _built(spelled, plan)
-    resumed = checkpoints.resume(model, optimizer, build, str(tmp_path), plan, ())
-    assert resumed == str(tmp_path / "checkpoints" / "ckpt-5") and int(optimizer.iterations) == 5
-
-    elsewhere = dataclasses.replace(default, data_dir=str(tmp_path))
-    plan = make_plan(elsewhere, 1, 64, (8, 8, 3))
-    model, optimizer, build = _built(elsewhere, plan)
-    with pytest.raises(checkpoints.ResumeRefused) as refused:
-        checkpoints.resume(model, optimizer, build, str(tmp_path), plan, ())
-    assert f"(data_dir {os.path.realpath(DEFAULT_DIR)!r} -> {str(tmp_path)!r})" in str(refused.value)
-
-
-@pytest.mark.unit
 def test_a_checkpoint_without_a_plan_record_is_refused_in_one_line_and_left_as_it_is(tmp_path, capsys):
     from hvd_lars.training import checkpoints
     from hvd_lars.training.plan import make_plan
@@ -241,3 +213,19 @@ def test_a_start_tries_the_index_newest_first_then_the_rest_from_the_highest_ste
     assert [os.path.basename(p) for p in checkpoints.candidates(str(folder))] == [
         "ckpt-3", "ckpt-9", "ckpt-7", "ckpt-4", "ckpt-2",
     ]  # fmt: skip
+
+
+@pytest.mark.horovod
+def test_a_restart_under_another_schedule_and_weight_decay_is_refused_on_every_rank(tmp_path):
+    smoke_flags = ["--flagfile=flags/smoke.flags", "--steps_per_epoch=2", f"--workdir={tmp_path}"]
+    first = run_main(
+        [sys.executable, "-m", "hvd_lars.main", *smoke_flags, "--schedule=mlperf_poly"], cwd=REPO
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    changed = [*small_runs.TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *smoke_flags, "--weight_decay=0"]
+    result = run_main([*changed, "--schedule=cosine"], cwd=REPO, timeout=400)
+    output = result.stdout + result.stderr
+    refusal = "holds a run with another plan (schedule 'mlperf_poly' -> 'cosine'; weight_decay 0.0005 -> 0.0)"
+    # Refused on both ranks, said once, by rank 0 (horovodrun prefixes its lines with [1,0]<stderr>:).
+    assert result.returncode != 0 and output.count("hvd_lars: error:") == 1, output[-3000:]
+    assert re.search(rf"\[1,0\]<stderr>:hvd_lars: error: \S+ {re.escape(refusal)}", output), output[-3000:]

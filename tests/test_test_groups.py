@@ -3,51 +3,47 @@ its own and every system test in one, system tests first. Two system tests on tw
 bring up two emulated clusters with the same host names; one file split over workers would build its
 module-scoped fixtures twice."""
 
-import re
-import subprocess
-import sys
-from collections import defaultdict
-
 import pytest
 
-from tests.support import REPO
+from tests import conftest
 
-# Starts pytest itself (no Horovod): the tier for subprocesses.
-pytestmark = pytest.mark.horovod
-
-FILES = ["tests/test_schedules.py", "tests/test_flops.py"]
+pytestmark = pytest.mark.unit
 
 
-def test_each_file_runs_on_one_worker_under_loadgroup():
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "loadgroup"]
-    result = subprocess.run(cmd + FILES, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:]
-    workers = defaultdict(set)
-    for worker, path, group in re.findall(
-        r"^\[(gw\d+)\] .*PASSED (tests/\S+?\.py)::\S+@(\S+)", result.stdout, re.M
-    ):
-        assert group == path
-        workers[path].add(worker)
-    assert sorted(workers) == sorted(FILES), result.stdout[-3000:]
-    assert all(len(w) == 1 for w in workers.values()), dict(workers)
+class _Item:
+    """What the hooks read of a collected test: its id and its markers."""
+
+    def __init__(self, nodeid, tier):
+        self.nodeid, self.markers = nodeid, [getattr(pytest.mark, tier).mark]
+
+    def add_marker(self, mark):
+        self.markers.append(mark.mark)
+
+    def iter_markers(self):
+        return iter(self.markers)
+
+    def get_closest_marker(self, name):
+        return next((m for m in self.markers if m.name == name), None)
 
 
-def test_system_tests_are_collected_first_in_one_group():
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "--collect-only",
-        "-q",
-        "-m",
-        "system or unit",
+def test_each_file_is_a_group_and_every_system_test_in_one_collected_first():
+    ids = [
+        "test_flops.py::test_a",
+        "test_flops.py::test_b",
+        "test_cluster.py::test_c",
+        "test_slurm.py::test_d",
     ]
-    files = ["tests/test_flops.py", "tests/test_cluster.py"]
-    result = subprocess.run(cmd + files, cwd=REPO, capture_output=True, text=True, timeout=600)
-    ids = [line for line in result.stdout.splitlines() if "::" in line]
-    files = [i.split("::")[0] for i in ids]
-    # test_flops.py is given first, yet test_cluster.py's system tests come before it.
-    assert files[0] == "tests/test_cluster.py" and files[-1] == "tests/test_flops.py", ids
-    assert files == sorted(files, key=lambda f: f != "tests/test_cluster.py"), ids
+    items = [_Item(f"tests/{i}", tier) for i, tier in zip(ids, ["unit", "horovod", "system", "system"])]
+    for item in items:
+        conftest.pytest_itemcollected(item)
+    groups = [item.get_closest_marker("xdist_group").args[0] for item in items]
+    assert groups == ["tests/test_flops.py", "tests/test_flops.py", "system", "system"]
+    conftest.pytest_collection_modifyitems(items)
+    assert [item.nodeid.split("::")[1] for item in items] == ["test_c", "test_d", "test_a", "test_b"]
+
+
+def test_a_test_without_exactly_one_tier_is_refused():
+    item = _Item("tests/test_x.py::test_y", "unit")
+    item.add_marker(pytest.mark.horovod)
+    with pytest.raises(pytest.UsageError, match=r"test_y has tier markers \['horovod', 'unit'\]"):
+        conftest.pytest_collection_modifyitems([item])

@@ -121,31 +121,20 @@ def test_horovod_cpu_defaults_fill_only_what_is_unset():
         assert f.read().split() == "1 2 1 3 2 0 0 0 0 1048576 4 0 0".split()
 
 
-@pytest.mark.horovod
-def test_main_program_ranks_run_with_the_cpu_defaults(tmp_path):
+@pytest.mark.unit
+def test_the_main_program_sets_the_cpu_defaults_before_training(monkeypatch):
+    from hvd_lars import main
+
     # What Horovod reads on each rank: the main program sets both before hvd.init().
-    code = (
-        "import os, sys; sys.argv = ['x', '--flagfile=flags/smoke.flags', '--workdir=' + sys.argv[1]];"
-        "import hvd_lars.training.train as t\n"
-        "def run(config, extra_callbacks=()):\n"
-        "    print('ENV', *(os.environ[k] for k in ('HOROVOD_CYCLE_TIME', 'OMPI_MCA_mpi_yield_when_idle',"
-        "                                          'OMPI_MCA_coll_tuned_use_dynamic_rules')))\n"
-        "    print('RULES', os.environ['OMPI_MCA_coll_tuned_dynamic_rules_filename'])\n"
-        "t.run = run\n"
-        "from hvd_lars import main; main.main()"
-    )
     defaults = {**threads.HOROVOD_CPU_DEFAULTS, **ompi_allreduce_rules.RULES_SETTINGS}
-    env = {k: v for k, v in os.environ.items() if k not in defaults}
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "ENV 5 1 1" in out.stdout, out.stderr[-2000:]
-    assert f"RULES {os.path.join(REPO, 'hvd_lars', 'parallel', 'ompi_allreduce_rules.conf')}" in out.stdout
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in defaults})
+    names = ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle", "OMPI_MCA_coll_tuned_use_dynamic_rules")
+    seen = []
+    monkeypatch.setattr(main, "run_training", lambda config: seen.append([os.environ.get(k) for k in names]))
+    main._main(TrainConfig())
+    assert seen == [["5", "1", "1"]]
+    rules = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
+    assert os.environ["OMPI_MCA_coll_tuned_dynamic_rules_filename"] == rules
 
 
 @pytest.mark.unit

@@ -1,15 +1,7 @@
-"""The wheel a user installs (`pip install .`), built from the committed tree and used from outside it.
-
-The editable install `make test` uses maps `hvd_lars` and every sub-package onto the checkout, so it hides
-a package folder or a data file the wheel leaves out. Here the wheel is built from `git archive HEAD`
-(nothing is written into the checkout), installed into a fresh virtual environment made for the test, and
-run from a folder outside the checkout, up to a 2-rank training run of flags/smoke.flags through its console
-script. That environment borrows from the project's environment only what the wheel's metadata asks for
-(its requirements and theirs, and Horovod's, which a user brings: install/setup.sh), through a `.pth` line
-naming a folder of links to those distributions' files: a requirement setup.cfg leaves out is missing there
-as it would be for a user. Python processes `.pth` files of its own site-packages only, so the project's
-editable-install hook is never loaded and `hvd_lars` can come from the wheel alone.
-"""
+"""The wheel a user installs (`pip install .`), built from `git archive HEAD`, installed into a fresh virtual
+environment and run from outside the checkout (the editable install hides a file the wheel leaves out), up
+to a 2-rank run of flags/smoke.flags through its console script. The environment borrows from the project's
+only what the wheel's metadata asks for (and Horovod), through a `.pth` line naming a folder of links."""
 
 import configparser
 import importlib.metadata

@@ -1,9 +1,6 @@
 """An elastic job for the tests and benchmarks/faults.py: launch/elastic.sh in the background with a host
-discovery script that prints a file the caller rewrites, and its output collected line by line.
-
-Test-only code: the worker program is tests/support/rank_weights_main.py (the main program, then each rank's
-final
-weights saved), run through a `python` shim given to the launcher as $PYTHON."""
+discovery script that prints a file the caller rewrites, and its output collected line by line. The worker
+program is tests/support/rank_weights_main.py (the main program, then each rank's final weights saved)."""
 
 import os
 import subprocess
@@ -11,6 +8,7 @@ import sys
 import threading
 import time
 
+from tests.support import python_shim
 from tests.support.emulated_cluster import shell_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,21 +23,6 @@ TOTAL_STEPS = 600
 
 class JobFailed(AssertionError):
     """An awaited line did not come."""
-
-
-def _shim(tmp_path):
-    # The launcher runs "$PYTHON -m hvd_lars.main ..."; this PYTHON runs tests/support/rank_weights_main.py
-    # instead,
-    # which also saves each rank's final weights.
-    path = tmp_path / "python"
-    path.write_text(
-        "#!/bin/sh\n"
-        '[ "$1" = -m ] && [ "$2" = hvd_lars.main ] && shift 2 && '
-        f'exec {sys.executable} {REPO}/tests/support/rank_weights_main.py "$@"\n'
-        f'exec {sys.executable} "$@"\n'
-    )
-    path.chmod(0o755)
-    return str(path)
 
 
 class ElasticJob:
@@ -66,7 +49,12 @@ class ElasticJob:
         discovery = tmp_path / "discover.sh"
         discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
         discovery.chmod(0o755)
-        launcher_env = dict(PYTHON=_shim(tmp_path), RANKS_PER_SOCKET="2", PYTHONPATH=REPO, **(env or {}))
+        launcher_env = dict(
+            PYTHON=python_shim(tmp_path, "tests/support/rank_weights_main.py"),
+            RANKS_PER_SOCKET="2",
+            PYTHONPATH=REPO,
+            **(env or {}),
+        )
         launcher_env["HOROVODRUN"] = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
         cmd += [flagfile, *base_flags]
@@ -128,16 +116,17 @@ class ElasticJob:
         return "".join(self.lines)
 
 
-def remove_and_add(tmp_path):
+def remove_and_add(tmp_path, **job):
     """2 workers, then 1 (after the first epoch), then 2 again (once the lone worker has written its first
-    checkpoint, of update 300).
+    checkpoint, of update 300); `job`: ElasticJob's flagfile and base_flags (200 updates an epoch, 3 epochs,
+    a checkpoint every 100 updates, like FLAGS).
 
     Returns (exit status, output, [update each attempt started from], seconds from each membership
     change of the discovery script to the attempt that took it up)."""
-    job = ElasticJob(tmp_path, "localhost:2", 1, 2)
+    job = ElasticJob(tmp_path, "localhost:2", 1, 2, **job)
     taken_up = []
     try:
-        job.wait_for("elastic attempt 1: 2 worker(s) from update 0, 32 images per rank")
+        job.wait_for("elastic attempt 1: 2 worker(s) from update 0, ")
         job.wait_for("Epoch 2/3")  # the first epoch done by 2 workers
         changed = time.time()
         job.set_hosts("localhost:1")

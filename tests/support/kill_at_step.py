@@ -1,29 +1,21 @@
-"""The main program with an injected fault for the resume and fault tests: once `--kill_at_step` optimizer
-updates are applied, the process sends itself `--kill_signal`: KILL, as a crashed job or a dying host ends
-(no clean-up, no final checkpoint), or TERM / USR1, as Slurm's pre-emption and its warning before the time
-limit arrive. Test-only: the main program's checkpoint callback is replaced by one that runs these faults
-right after its own batch end, so a checkpoint due at that update is written before the signal: with
-asynchronous checkpoints (the default) the signal waits for rank 0's background write to complete, so the
-tests see a job killed just after a save, whatever the disk's speed. (Killed while a write is under way,
-a job keeps the checkpoint before it: tests/test_checkpoints.py.)
+"""The main program with an injected fault for the resume and fault tests: once `--kill_at_step` updates are
+applied, the process sends itself `--kill_signal`: KILL (a crash, a dying host: no clean-up), or TERM / USR1
+(Slurm's pre-emption and its warning before the time limit). The faults run right after the checkpoint
+callback's own batch end, so a checkpoint due at that update (a background write included) is complete
+before the signal.
 
 Usage: python tests/support/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
-           [--kill_record=FILE] [--block_checkpoints_at_step=M] [every flag of python -m hvd_lars.main]
-(--block_checkpoints_at_step: rank 0 replaces the checkpoint folder by a file after update M.)
-(--fill_disk_at_step=F: rank 0 fills the file system of --workdir after update F with FILE <workdir>/filler.)
-(--pause_at_step=K: every rank, after update K (exactly; a run resumed past it does not pause), writes
- FILE.rank<r> for --pause_marker=FILE, then waits until it receives SIGTERM or SIGUSR1 or --pause_until's
- file exists: a test signals a job that is certainly still training, at a known update, on any machine.)
-(also one process per rank under horovodrun: every rank, or only rank R, signals itself after the same
-update; FILE receives the time.time() of the signal.)
-(--stop_schedule=STEP:SIGNAL:RANK,... --stop_record=FILE: the stops of a run restarted with this same
- command each time, e.g. 3:KILL:1,8:KILL:-1,9:TERM:0; each start takes the first stop no earlier start took
- (FILE.rank<r> lists them) after the update it resumed from.)
+           [--kill_record=FILE] [every flag of python -m hvd_lars.main]
+Under horovodrun every rank, or only rank R, signals itself after the same update; FILE receives the
+time.time() of the signal. --fill_disk_at_step=F: rank 0 fills the file system of --workdir after update F
+(FILE <workdir>/filler). --pause_at_step=K: every rank, after update K exactly, writes FILE.rank<r> for
+--pause_marker=FILE and waits for SIGTERM, SIGUSR1 or --pause_until's file: a test signals a job certainly
+still training. --stop_schedule=STEP:SIGNAL:RANK,... --stop_record=FILE: the stops of a run restarted with
+the same command; each start takes the first stop no earlier start took (FILE.rank<r> lists them).
 """
 
 import functools
 import os
-import shutil
 import signal
 import threading
 import time
@@ -46,25 +38,6 @@ flags.DEFINE_float("pause_limit_s", 600, "A pause longer than this ends the proc
 flags.DEFINE_list("stop_schedule", [], "STEP:SIGNAL:RANK stops; each start takes the next one (see above).")
 flags.DEFINE_string("stop_record", "", "--stop_schedule: FILE.rank<r> lists the stops taken.")
 flags.DEFINE_integer("fill_disk_at_step", 0, "Fill the disk of --workdir after this update (0: never).")
-flags.DEFINE_integer(
-    "block_checkpoints_at_step", 0, "Replace the checkpoint folder by a file after this update (0: never)."
-)
-
-
-class BlockCheckpoints(keras.callbacks.Callback):
-    """After update `step`, replaces the run's checkpoint folder by a plain file, so that the next
-    checkpoint cannot be written (as on a full or read-only file system)."""
-
-    def __init__(self, step, folder):
-        super().__init__()
-        self.step = step
-        self.folder = folder
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) == self.step:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            with open(self.folder, "w") as f:
-                f.write("not a folder")
 
 
 class FillDisk(keras.callbacks.Callback):
@@ -218,9 +191,6 @@ def _run_with_fault(config, extra_callbacks=(), run=None):
         _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until, f.pause_limit_s))
     if f.fill_disk_at_step and collectives.init()[0] == 0:
         _faults.append(FillDisk(f.fill_disk_at_step, os.path.join(config.workdir, "filler")))
-    if f.block_checkpoints_at_step and collectives.init()[0] == 0:
-        folder = os.path.join(config.workdir, config.run_name, "checkpoints")
-        _faults.append(BlockCheckpoints(f.block_checkpoints_at_step, folder))
     return run(config, extra_callbacks=extra_callbacks)
 
 

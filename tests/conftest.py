@@ -91,6 +91,16 @@ def _no_file_failure_noted_before():
         module._noted = None
 
 
+@pytest.fixture(autouse=True)
+def _float32_policy_after():
+    # The training loop, run in-process, sets Keras's global dtype policy (mixed_bfloat16 under
+    # --precision=auto on a CPU with bfloat16): each later test builds its models in float32 again.
+    yield
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 # What Open MPI sets in the C environment when Horovod starts in-process (a singleton): not in os.environ.
 _MPI_VARIABLES = (b"OMPI_", b"PMIX_", b"ORTE_", b"HFI_NO_BACKTRACE=", b"IPATH_NO_BACKTRACE=")
 

@@ -1,4 +1,4 @@
-"""An elastic job for the tests and benchmarks/faults.py: launch/elastic.sh in the background with a host
+"""An elastic job for the tests: launch/elastic.sh in the background with a host
 discovery script that prints a file the caller rewrites, and its output collected line by line. The worker
 program is tests/support/rank_weights_main.py (the main program, then each rank's final weights saved)."""
 
@@ -149,7 +149,7 @@ def remove_and_add(tmp_path, **job):
     return returncode, out, updates, taken_up
 
 
-# Across emulated hosts (tests/test_elastic_hosts.py, benchmarks/faults.py's host_readd): 9,600
+# Across emulated hosts (tests/test_elastic_hosts.py): 9,600
 # Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 100 updates per epoch, 4 epochs.
 HOSTS_TOTAL_STEPS = 400
 HOSTS_FLAGS = [

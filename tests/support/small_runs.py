@@ -1,11 +1,10 @@
 """Short runs of the main program: a small CNN on a test data set (the data tests), and one run stopped
-three times and restarted each time with the same command (the resume tests and benchmarks/faults.py)."""
+three times and restarted each time with the same command (the resume tests)."""
 
 import csv
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -65,17 +64,11 @@ def uninterrupted_command(workdir):
     return [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *RESTART_FLAGS, f"--workdir={workdir}"]
 
 
-def new_processes(cmd, cwd, env=None, timeout=None):
-    """`subprocess.run` of `cmd` with its output captured as text."""
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def run_restart_sequence(workdir, timeout=400, env=None, run=new_processes):
-    """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times) with `run` (the tests:
-    main_server.run_main, its ranks forked from a server; benchmarks/faults.py, timing whole starts: new
-    processes); returns one dict per start: returncode, resumed (the update it resumed from, or None),
-    stopped (the update a stop signal ended it at, or None), output (stdout + stderr), seconds (its wall
-    time)."""
+def run_restart_sequence(workdir, run, timeout=400, env=None):
+    """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times) with `run` (like
+    `subprocess.run`: main_server.run_main, its ranks forked from a server); returns one dict per start:
+    returncode, resumed (the update it resumed from, or None), stopped (the update a stop signal ended it
+    at, or None), output (stdout + stderr), seconds (its wall time)."""
     starts = []
     for _ in range(len(STOPS) + 1):
         began = time.monotonic()

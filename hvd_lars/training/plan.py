@@ -60,11 +60,11 @@ SET_BY = {
 _FOLDED = "image_size max_train_examples warmup_epochs decay_boundaries_epochs base_learning_rate".split()
 
 
-def make_plan(config, world_size, num_train_examples, input_shape=None):
-    """The `Plan` of `config` at `world_size` ranks over `num_train_examples` (or an `InputPipeline`)."""
+def make_plan(config, world_size, num_train_examples, input_shape=None, batch=None):
+    """The `Plan` of `config` at `world_size` ranks (`batch`: its resolve_batch) over `num_train_examples`."""
     input_shape = getattr(num_train_examples, "input_shape", input_shape)
     examples = getattr(num_train_examples, "num_train_examples", num_train_examples)
-    global_batch, per_rank = config.resolve_batch(world_size)
+    global_batch, per_rank = batch or config.resolve_batch(world_size)
     if global_batch > examples:
         raise ValueError(f"--global_batch_size={global_batch} exceeds the {examples} training examples.")
     steps, epochs = config.steps_per_epoch or examples // global_batch, int(config.epochs)

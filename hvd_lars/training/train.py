@@ -74,7 +74,7 @@ def run(config, extra_callbacks=()):
     with faults.RunDirClaim(job.run_dir):  # no second job on this directory
         request = input_request(config, per_rank_batch, rank, world_size, job.run_dir)
         data = get_input(config.dataset, request, **input_options(config))
-        plan = make_plan(config, world_size, data)
+        plan = make_plan(config, world_size, data, batch=(global_batch, per_rank_batch))
         start(job, plan, data)
         broadcast_model_and_optimizer(job.model)
         with job.signals, job.watchdog:
@@ -226,8 +226,8 @@ def run_elastic(config, extra_callbacks=()):
 
 def _elastic_attempt(state):
     job, rank, world_size = state.job, collectives.rank(), collectives.size()
-    resolve_batch(job.config, world_size)  # a ValueError naming the worker counts that fit
-    plan = make_plan(job.config, world_size, state.shapes)
+    batch = resolve_batch(job.config, world_size)  # a ValueError naming the worker counts that fit
+    plan = make_plan(job.config, world_size, state.shapes, batch=batch)
     request = input_request(job.config, plan.per_rank_batch_size, rank, world_size, job.run_dir)
     data = get_input(job.config.dataset, request, **input_options(job.config))
     state.attempts = collectives.max_over_ranks(state.attempts + 1, name="hvd_lars.elastic.attempt")

@@ -130,6 +130,26 @@ def _wait_step_ended(cluster, job, timeout=120):
 
 
 @pytest.mark.system
+def test_sbatch_through_horovodrun_trains_two_ranks_without_tensorflow_notices(cluster, tmp_path):
+    # LAUNCHER=horovodrun: horovodrun's build check and the ranks print through the notice filter.
+    from hvd_lars import quiet_tensorflow
+
+    cmd = [
+        "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={REPO}",
+        f"--output={tmp_path}/slurm-%j.out", f"--export=ALL,LAUNCHER=horovodrun,PYTHONPATH={REPO}",
+        SBATCH, "flags/smoke.flags", f"--workdir={tmp_path}",
+    ]  # fmt: skip
+    job = cluster.run(cmd).stdout.strip().split(";")[0]
+    state = cluster.wait(job, timeout=300)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    assert "global batch 32 = 2 ranks x per-rank batch 16" in log
+    assert quiet_tensorflow.kept(log.encode(), driver=False) == log.encode(), log[-3000:]
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"][-1]["epoch"] == 2
+
+
+@pytest.mark.system
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
     # Paused after update 20 until the USR1 reaches the ranks: they stop at update 21.

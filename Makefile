@@ -50,13 +50,14 @@ test: setup
 	bash install/test_services.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
-		--ignore=tests/docs
+	$(PY) -m pytest -v -rs --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 	bash install/backends.sh
 
-# The README's code and commands as written, and its figures against results/ (tests/docs/).
+# The README's code and commands as written, and its figures against results/ (checks/, with the tests'
+# tiers and fixtures).
 check-docs: setup
-	$(PY) -m pytest -v -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup tests/docs
+	bash install/test_services.sh
+	$(PY) -m pytest -p tests.conftest -v -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup checks
 
 # The library on Keras's JAX and PyTorch backends, each in an environment without TensorFlow (.venv-backends/).
 test-backends:
@@ -65,7 +66,7 @@ test-backends:
 # The unit tier (no subprocess): the edit-test loop's few minutes.
 test-quick: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m unit -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/docs
+	$(PY) -m pytest -q -m unit -n $(TEST_WORKERS) --dist loadgroup
 
 lint:
 	$(PY) -m ruff check .

@@ -28,7 +28,7 @@ EMULATED_CLUSTER = os.path.join(REPO, "launch", "emulated_cluster.sh")
 
 # CPU flags that decide training speed here (/proc/cpuinfo): AVX-512, native bfloat16, AMX tiles.
 CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8")
-# What a report says of a figure its run did not record (tests/docs/test_results_files.py looks for it).
+# What a report says of a figure its run did not record (checks/test_results_files.py looks for it).
 NOT_RECORDED = "not recorded for this run"
 # ... and of a git SHA ending in "-dirty": no commit holds the code that ran.
 DIRTY = f"uncommitted changes when it ran: its exact source {NOT_RECORDED}"

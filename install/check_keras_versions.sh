@@ -36,7 +36,7 @@ done
 {
   echo "# The unit tier against each Keras release"
   echo
-  # -dirty: the tests ran on uncommitted changes, which no commit holds (tests/docs/test_results_files.py refuses it).
+  # -dirty: the tests ran on uncommitted changes, which no commit holds (checks/test_results_files.py refuses it).
   dirty="$(git -C "$ROOT" status --porcelain --untracked-files=no | grep -q . && echo -dirty || true)"
   echo "Command: \`bash install/check_keras_versions.sh $*\`, git $(git -C "$ROOT" rev-parse HEAD)$dirty, $(date -u '+%Y-%m-%d %H:%M UTC')."
   # The CPU's identity and the tf.matmul rate through the one helper every benchmark's report uses (the

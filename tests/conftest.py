@@ -137,3 +137,21 @@ def shared_dir(request):
     path = shared_folder(request.node.name)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster):
+    """A Slurm controller and one slurmd per emulated host of the module's cluster."""
+    from tests.support.emulated_cluster import CONTROLLER_ADDRESS, shared_folder
+    from tests.support.slurm_cluster import SlurmCluster, slurm_available
+
+    assert slurm_available(), (
+        "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
+    )
+    workdir = shared_folder("slurm")
+    s = SlurmCluster(workdir, hosts=cluster.hosts, controller_address=CONTROLLER_ADDRESS)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -23,7 +23,6 @@ import pytest
 from hvd_lars import quiet_tensorflow
 from tests.support import REPO, python_shim
 from tests.support.emulated_cluster import (
-    CONTROLLER_ADDRESS,
     SCRIPT,
     SUBNET,
     require_root,
@@ -32,7 +31,7 @@ from tests.support.emulated_cluster import (
     silent_host_run,
     wait_for_checkpoint,
 )
-from tests.support.slurm_cluster import SlurmCluster, slurm_available, slurmstepd_pids
+from tests.support.slurm_cluster import slurmstepd_pids
 
 PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -318,20 +317,6 @@ def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
     assert _restore_last_checkpoint(shared_dir) >= r["saved"]
 
 
-@pytest.fixture(scope="module")
-def slurm(cluster):
-    assert slurm_available(), (
-        "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
-    )
-    workdir = shared_folder("slurm")
-    s = SlurmCluster(workdir, hosts=cluster.hosts, controller_address=CONTROLLER_ADDRESS)
-    try:
-        yield s.start()
-    finally:
-        s.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
 def _release(slurm, job, log, timeout=120):
     """Starts a requeued job now: Slurm holds it back (Reason=BeginTime), as a real pre-emption would.
     Released once the last attempt is gone from every node: no slurmstepd of the job left (a requeued job's
@@ -456,32 +441,3 @@ def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, 
     summary = _summary(shared_dir)
     _assert_two_hosts(summary)
     assert summary["resumed_from_step"] == 8 and summary["epochs"][-1]["epoch"] == 2
-
-
-@pytest.mark.system
-def test_readme_cluster_sbatch_command_on_two_emulated_nodes(cluster, slurm, shared_dir):
-    """The README's `sbatch --nodes=2 --ntasks-per-node=2 launch/slurm/train.sbatch flags/fashion_mnist_lars
-    .flags --data_dir=$HOME/data/fashion-mnist`, as written: its $HOME holds the Fashion-MNIST
-    files, the flags that make the run small are appended, and Slurm's output goes to the run's folder
-    (SBATCH_OUTPUT, which overrides the script's #SBATCH line). 4 ranks on node1 and node2, placed by
-    train.sbatch itself (no placement exported)."""
-    from tests.docs.test_readme_code import FASHION_MNIST, RUN_SECTIONS, SMALL_FASHION_MNIST
-    from tests.support import readme
-
-    command = readme.find_command("README.md", RUN_SECTIONS[1], "sbatch --nodes=2")
-    data = shared_dir / "home" / "data" / "fashion-mnist"
-    data.mkdir(parents=True)
-    for name in os.listdir(FASHION_MNIST):
-        os.symlink(os.path.join(FASHION_MNIST, name), data / name)
-    line = " ".join([command, *SMALL_FASHION_MNIST, f"--workdir={shared_dir}", "--intra_op_threads=1"])
-    env = {k: v for k, v in slurm.env.items() if k not in ("RANKS_PER_SOCKET", "THREADS_PER_RANK")}
-    env.update(HOME=str(shared_dir / "home"), SBATCH_OUTPUT=str(shared_dir / "slurm-%j.out"))
-    submitted = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True)
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.split()[-1]  # "Submitted batch job N"
-    state = slurm.wait(job, timeout=600)
-    log = (shared_dir / f"slurm-{job}.out").read_text()
-    assert state == "COMPLETED", log[-3000:]
-    summary = json.loads((shared_dir / "fashion_mnist_lars_b4096" / "summary.json").read_text())
-    _assert_two_hosts(summary)
-    assert summary["config"]["data_dir"] == str(data) and summary["plan"]["total_steps"] == 2

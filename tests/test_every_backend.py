@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from checks import readme
 from hvd_lars import (
     LARS,
     LearningRateLogger,
@@ -21,7 +22,6 @@ from hvd_lars import (
     scaled_learning_rate,
 )
 from hvd_lars.metrics import TopKAccuracy
-from tests.support import readme
 from tests.support.lars_reference import lars_step
 
 BACKEND = keras.backend.backend()

@@ -2,7 +2,7 @@
 
 `blocks()` yields every fenced block with the heading it stands under and the marker line above it, if
 any: `<!-- test: preamble=NAME ranks=N -->` (a Python fragment that assumes what the named preamble of
-tests/support/readme_preambles.py defines; N ranks under horovodrun). `commands(block)` splits a shell
+checks/readme_preambles.py defines; N ranks under horovodrun). `commands(block)` splits a shell
 block into commands as a shell reads them (a trailing backslash continues a line; a `#` outside quotes
 starts a comment).
 """

@@ -1,4 +1,4 @@
-"""What the Python fragments of README.md and docs/*.md assume, supplied for tests/docs/test_readme_code.py.
+"""What the Python fragments of README.md and docs/*.md assume, supplied for checks/test_readme_code.py.
 
 A fragment names its preamble in a marker above its fence, `<!-- test: preamble=NAME ranks=N -->`. Each
 `Preamble` has `before` (what the fragment takes as given: a small model, a few batches), `after` (what is

@@ -1,7 +1,7 @@
 """The code of README.md and docs/*.md runs as a reader would run it.
 
 - Every Python block runs, on its own or after the preamble its marker names (`<!-- test: preamble=NAME
-  ranks=N -->` above the fence; tests/support/readme_preambles.py holds each preamble, what the block
+  ranks=N -->` above the fence; checks/readme_preambles.py holds each preamble, what the block
   assumes, and what is checked after it), under horovodrun on N ranks when the marker says so.
 - Every command of the README's set-up, training and cluster sections (`RUN_SECTIONS`) is run as written
   by a test named in `RUNS` (with the small data and flags a test needs appended), or listed in `NOT_RUN`
@@ -20,8 +20,9 @@ import subprocess
 
 import pytest
 
-from tests.support import REPO, readme
-from tests.support.readme_preambles import PREAMBLES
+from checks import readme
+from checks.readme_preambles import PREAMBLES
+from tests.support import REPO
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -30,23 +31,23 @@ RUN_SECTIONS = ("Two commands", "On a cluster (no root, the cluster's MPI and Py
 
 # command as written -> the test that runs it (tests/<file>::<function>).
 RUNS = {
-    "make train": "tests/docs/test_readme_code.py::test_make_train_as_written_reaches_the_data_dir",
+    "make train": "checks/test_readme_code.py::test_make_train_as_written_reaches_the_data_dir",
     "FASHION_MNIST_DIR=$HOME/data/fashion-mnist bash install/setup.sh": (
-        "tests/docs/test_readme_code.py::test_cluster_setup_command_as_written"
+        "checks/test_readme_code.py::test_cluster_setup_command_as_written"
     ),
     "launch/mpirun.sh localhost 2 flags/fashion_mnist_lars.flags --data_dir=$HOME/data/fashion-mnist": (
-        "tests/docs/test_readme_code.py::test_first_cluster_command_as_written"
+        "checks/test_readme_code.py::test_first_cluster_command_as_written"
     ),
     "sbatch --nodes=2 --ntasks-per-node=2 launch/slurm/train.sbatch flags/fashion_mnist_lars.flags "
     "--data_dir=$HOME/data/fashion-mnist": (
-        "tests/test_cluster.py::test_readme_cluster_sbatch_command_on_two_emulated_nodes"
+        "checks/test_readme_code.py::test_readme_cluster_sbatch_command_on_two_emulated_nodes"
     ),
     ".venv/bin/horovodrun -np 2 -H localhost:2 .venv/bin/python -m hvd_lars.main "
     "--flagfile=flags/fashion_mnist_lars.flags": (
-        "tests/docs/test_readme_code.py::test_running_commands_as_written"
+        "checks/test_readme_code.py::test_running_commands_as_written"
     ),
     ".venv/bin/python -m hvd_lars.main --flagfile=flags/smoke.flags": (
-        "tests/docs/test_readme_code.py::test_running_commands_as_written"
+        "checks/test_readme_code.py::test_running_commands_as_written"
     ),
 }
 # command as written -> why no test runs it (each is still checked by `check_command` where it can be).
@@ -416,3 +417,29 @@ def test_running_commands_as_written(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = _summary(tmp_path, "smoke")
     assert summary["world_size"] == 1 and summary["plan"]["total_steps"] == 6
+
+
+@pytest.mark.system
+def test_readme_cluster_sbatch_command_on_two_emulated_nodes(cluster, slurm, shared_dir):
+    """The README's `sbatch --nodes=2 --ntasks-per-node=2 launch/slurm/train.sbatch flags/fashion_mnist_lars
+    .flags --data_dir=$HOME/data/fashion-mnist`, as written: its $HOME holds the Fashion-MNIST
+    files, the flags that make the run small are appended, and Slurm's output goes to the run's folder
+    (SBATCH_OUTPUT, which overrides the script's #SBATCH line). 4 ranks on node1 and node2, placed by
+    train.sbatch itself (no placement exported)."""
+    command = readme.find_command("README.md", RUN_SECTIONS[1], "sbatch --nodes=2")
+    data = shared_dir / "home" / "data" / "fashion-mnist"
+    data.mkdir(parents=True)
+    for name in os.listdir(FASHION_MNIST):
+        os.symlink(os.path.join(FASHION_MNIST, name), data / name)
+    line = " ".join([command, *SMALL_FASHION_MNIST, f"--workdir={shared_dir}", "--intra_op_threads=1"])
+    env = {k: v for k, v in slurm.env.items() if k not in ("RANKS_PER_SOCKET", "THREADS_PER_RANK")}
+    env.update(HOME=str(shared_dir / "home"), SBATCH_OUTPUT=str(shared_dir / "slurm-%j.out"))
+    submitted = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.split()[-1]  # "Submitted batch job N"
+    state = slurm.wait(job, timeout=600)
+    log = (shared_dir / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    summary = json.loads((shared_dir / "fashion_mnist_lars_b4096" / "summary.json").read_text())
+    assert summary["hosts"] == ["node1", "node2"] and summary["world_size"] == 4
+    assert summary["config"]["data_dir"] == str(data) and summary["plan"]["total_steps"] == 2

@@ -424,7 +424,7 @@ def read_results(name):
 
 def read_readme():
     """README.md, then docs/*.md: the figures follow wherever the text that quotes them moves."""
-    from tests.support import readme
+    from checks import readme
 
     texts = []
     for path in readme.documents():

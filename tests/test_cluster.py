@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from hvd_lars import quiet_tensorflow
-from tests.support import REPO, python_shim
+from tests.support import HOROVODRUN, REPO, python_shim
 from tests.support.emulated_cluster import (
     SCRIPT,
     SUBNET,
@@ -34,7 +34,6 @@ from tests.support.emulated_cluster import (
 from tests.support.slurm_cluster import slurmstepd_pids
 
 PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
 RANKS_PER_HOST = 2
 WORLD_SIZE = 4
@@ -42,8 +41,8 @@ WORLD_SIZE = 4
 # Open MPI ranks (the main program's default, hvd_lars/training/threads.py) an element's summation order
 # depends on where it falls in Horovod's fusion buffer, which the overlapped reduction fills in the order
 # gradients arrive: two runs of one job then differ by float32 rounding (results/archive/allreduce_order.md).
-# One grouped allreduce fuses every gradient in one fixed order (tests/test_cluster_wide.py runs the
-# overlapped reduction across hosts).
+# One grouped allreduce fuses every gradient in one fixed order (tests/test_elastic_hosts.py runs the
+# overlapped reduction across 3 hosts).
 SMOKE = ["--flagfile=flags/smoke.flags", "--intra_op_threads=1", "--gradient_reduction=grouped"]
 RANK_WEIGHTS = "tests/support/rank_weights_main.py"
 LAUNCHERS = ["horovodrun", "launch/horovodrun.sh", "launch/mpirun.sh", "horovodrun --gloo"]

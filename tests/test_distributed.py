@@ -13,9 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support import REPO, hvd_worker
+from tests.support import HOROVODRUN, REPO, TWO_RANKS, hvd_worker
 from tests.support.data_fixtures import make_image_folder
-from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.hvd_worker import CLIPNORM, OPTIMIZERS, RATE_KINDS, STEPS, WRAPS, initial_weights
 from tests.support.main_server import served
 
@@ -28,7 +27,8 @@ def _run_group(tmp_path_factory, controller, calls):
     ranks' results of that call."""
     out = tmp_path_factory.mktemp(controller.lstrip("-"))
     words = [":".join([function.__name__, *args]) for function, *args in calls]
-    cmd = [*HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, WORKER, str(out), *words]
+    launcher = TWO_RANKS if controller == "--mpi" else [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"]
+    cmd = [*launcher, sys.executable, WORKER, str(out), *words]
     env = dict(os.environ, TMPDIR=str(out))
     result = subprocess.run(served(cmd, env=env), capture_output=True, text=True, timeout=420, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -23,9 +23,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.support import REPO
+from tests.support import HOROVODRUN, REPO, TWO_RANKS
 from tests.support.horovod_files import HOROVOD_FILES
-from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import served
 
 needs_files = pytest.mark.skipif(
@@ -39,7 +38,7 @@ STEPS = 8
 
 
 def _horovodrun(out, *args, timeout=900):
-    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "example", str(out), *args]
+    cmd = [*TWO_RANKS, sys.executable, RUNNER, "example", str(out), *args]
     cmd = served(cmd, out, ENV)
     result = subprocess.run(cmd, cwd=out, env=ENV, capture_output=True, text=True, timeout=timeout)
     return result.returncode, result.stdout + result.stderr
@@ -118,7 +117,7 @@ class _ElasticJob:
         discovery = tmp_path / "discover.sh"
         discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
         discovery.chmod(0o755)
-        launcher = [*HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2"]
+        launcher = [HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2"]
         # Every host is localhost: Horovod's driver must then be told to use the loopback interface.
         launcher += ["--host-discovery-script", str(discovery), "--network-interface", "lo"]
         self.process = subprocess.Popen(

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, TWO_RANKS
 from tests.support.horovod_files import (
     HOROVOD_FILES,
     NOT_UNDER_KERAS_3,
@@ -19,7 +19,6 @@ from tests.support.horovod_files import (
     not_under_keras_3,
     renamed_source,
 )
-from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import served
 
 needs_files = pytest.mark.skipif(
@@ -35,7 +34,7 @@ def horovod_tests(tmp_path_factory):
     path = os.path.join(HOROVOD_FILES, "test", "parallel", "test_tensorflow2_keras.py")
     env = dict(os.environ, PYTHONPATH=REPO)
     cmd = served(
-        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, RUNNER, "pytest", str(out), path],
+        [*TWO_RANKS, sys.executable, RUNNER, "pytest", str(out), path],
         out,
         env,
     )

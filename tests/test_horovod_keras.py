@@ -16,8 +16,7 @@ import tensorflow as tf
 import hvd_lars
 from hvd_lars.parallel import collectives, horovod_keras, ompi_allreduce_rules
 from hvd_lars.parallel.horovod_keras.callbacks import LearningRateScheduleCallback, LearningRateWarmupCallback
-from tests.support import REPO
-from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support import REPO, TWO_RANKS
 from tests.support.main_server import served
 
 
@@ -230,7 +229,7 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod_keras")
     worker = os.path.join(REPO, "tests", "support", "horovod_keras_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
-    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, worker, str(out)]
+    cmd = [*TWO_RANKS, sys.executable, worker, str(out)]
     env = dict(env, PYTHONPATH=REPO)
     cmd = served(cmd, out, env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)

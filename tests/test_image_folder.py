@@ -20,9 +20,8 @@ from hvd_lars.data import (
     order,
 )
 from hvd_lars.data import preprocessing as pp
-from tests.support import REPO
+from tests.support import REPO, TWO_RANKS
 from tests.support.data_fixtures import PNG, encode, make_image_folder
-from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import run_main
 from tests.support.small_runs import train_small_cnn
 
@@ -194,7 +193,7 @@ def test_the_loop_trains_on_an_image_folder(folder, tmp_path):
 @pytest.mark.horovod
 def test_a_work_directory_that_is_a_file_is_one_line_from_rank_0(folder, tmp_path):
     (tmp_path / "file").write_text("")
-    cmd = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, "-m", "hvd_lars.main",
+    cmd = [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main",
            "--dataset=image_folder", f"--data_dir={folder[0]}", "--global_batch_size=4",
            "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'file'}", "--run_name=r"]  # fmt: skip
     result = run_main(cmd, cwd=REPO, timeout=300)

@@ -19,9 +19,8 @@ from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from hvd_lars.data import InputRequest, InputShapes, describe_input, get_input, imagenet
 from hvd_lars.data import imagenet_preparation as preparation
-from tests.support import REPO
+from tests.support import REPO, TWO_RANKS
 from tests.support.data_fixtures import make_ilsvrc_tars
-from tests.support.horovodrun_checked_once import HOROVODRUN
 from tests.support.main_server import run_main
 
 SYNSETS = ["n01440764", "n01443537", "n01739381", "n02105855"]
@@ -252,7 +251,7 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     train = [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}"]
     train += ["--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=1"]
     train += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'runs'}"]
-    two = run_main([*HOROVODRUN, "-np", "2", "-H", "localhost:2", *train], cwd=REPO, timeout=300)
+    two = run_main([*TWO_RANKS, *train], cwd=REPO, timeout=300)
     output = two.stdout + two.stderr
     assert two.returncode != 0 and "Traceback" not in output
     # A host's own data: each rank says it, rank 1 naming itself (horovodrun prefixes [1,r]<stderr>:).

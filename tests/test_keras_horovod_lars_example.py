@@ -8,15 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support import REPO
-from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support import REPO, TWO_RANKS
 
 EXAMPLE = os.path.join(REPO, "examples", "keras_horovod_lars.py")
 
 
 @pytest.mark.horovod
 def test_example_on_two_ranks(tmp_path):
-    command = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, EXAMPLE, f"--out={tmp_path}"]
+    command = [*TWO_RANKS, sys.executable, EXAMPLE, f"--out={tmp_path}"]
     env = dict(os.environ, PYTHONPATH=REPO)
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -15,8 +15,7 @@ from absl import flags as absl_flags
 from hvd_lars import main
 from hvd_lars.training import epoch_logs, threads
 from hvd_lars.training.config import TrainConfig
-from tests.support import REPO
-from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support import REPO, TWO_RANKS
 from tests.support.main_server import run_main
 
 MAIN = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/fashion_mnist_lars.flags"]
@@ -114,7 +113,7 @@ def test_two_ranks_subset(tmp_path):
     # The non-default gradient paths (the default, overlapped and uncompressed, runs in the launcher and
     # resume tests): one grouped allreduce per update, gradients as float16 on the wire.
     result = _run(
-        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
+        [*TWO_RANKS, sys.executable]
         + MAIN[1:]
         + SUBSET
         + [f"--workdir={tmp_path}", "--gradient_reduction=grouped", "--gradient_compression=fp16"]
@@ -231,9 +230,7 @@ def test_help_lists_every_setting_once_by_group_and_exits_0(capsys):
 @pytest.mark.horovod
 def test_batch_not_divisible_by_ranks_is_refused_on_every_rank(tmp_path):
     result = _run(
-        [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable]
-        + MAIN[1:]
-        + ["--global_batch_size=4095", f"--workdir={tmp_path}"],
+        [*TWO_RANKS, sys.executable] + MAIN[1:] + ["--global_batch_size=4095", f"--workdir={tmp_path}"],
         timeout=180,
     )
     assert result.returncode != 0

@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from tests.support import REPO, main_server
-from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support import HOROVODRUN, REPO, main_server
 
 pytestmark = pytest.mark.horovod
 SCRIPT = os.path.join(REPO, "tests", "support", "interpreter_report.py")
@@ -100,7 +99,7 @@ def test_served_ranks_run_a_horovod_job(tmp_path, controller):
     with open(probe, "w") as f:
         f.write(PROBE)
     try:
-        cmd = [*HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, probe]
+        cmd = [HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, probe]
         launched = main_server.served([*cmd, "0"], cwd=tmp_path)
         assert launched[: len(cmd) - 2] == cmd[:-2] and "--client" in launched
         result = subprocess.run(launched, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from hvd_lars import quiet_tensorflow
-from tests.support import REPO
-from tests.support.horovodrun_checked_once import HOROVODRUN, built_answers
+from tests.support import REPO, TWO_RANKS
 
 # What `import tensorflow` and the first look for GPUs wrote on this 2-core Xeon without a GPU (TF 2.21),
 # with two lines of others among them.
@@ -70,10 +69,8 @@ def test_what_an_import_that_aborts_wrote_is_printed(tmp_path):
 
 @pytest.mark.horovod
 def test_two_ranks_start_quiet_and_report_progress_within_epochs(tmp_path):
-    # Horovod's build check, which imports TensorFlow in the launcher, answered now: the subject is the ranks.
-    built_answers()
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    command = [*HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable, "-m", "hvd_lars.main"]
+    command = [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main"]
     command += ["--flagfile=flags/smoke.flags", f"--workdir={tmp_path}", "--progress_every_s=0"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

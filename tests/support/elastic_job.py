@@ -12,13 +12,12 @@ from tests.support import python_shim
 from tests.support.emulated_cluster import shell_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs: 600 updates.
+# 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs.
 FLAGS = [
     "--max_train_examples=12800", "--max_eval_examples=500",
     "--global_batch_size=64", "--epochs=3", "--warmup_epochs=1", "--peak_learning_rate=2",
     "--checkpoint_every_steps=100", "--elastic_commit_every_steps=5", "--run_name=r", "--verbose=2",
 ]  # fmt: skip
-TOTAL_STEPS = 600
 
 
 class JobFailed(AssertionError):
@@ -114,39 +113,6 @@ class ElasticJob:
 
     def output(self):
         return "".join(self.lines)
-
-
-def remove_and_add(tmp_path, **job):
-    """2 workers, then 1 (after the first epoch), then 2 again (once the lone worker has written its first
-    checkpoint, of update 300); `job`: ElasticJob's flagfile and base_flags (200 updates an epoch, 3 epochs,
-    a checkpoint every 100 updates, like FLAGS).
-
-    Returns (exit status, output, [update each attempt started from], seconds from each membership
-    change of the discovery script to the attempt that took it up)."""
-    job = ElasticJob(tmp_path, "localhost:2", 1, 2, **job)
-    taken_up = []
-    try:
-        job.wait_for("elastic attempt 1: 2 worker(s) from update 0, ")
-        job.wait_for("Epoch 2/3")  # the first epoch done by 2 workers
-        changed = time.time()
-        job.set_hosts("localhost:1")
-        job.wait_for("elastic attempt 2: 1 worker(s) from update ")
-        taken_up.append(time.time() - changed)
-        # The lone worker trains on (a checkpoint every 100 updates: its first is of update 300, past the
-        # update it started from) and takes up the addition at the next commit (every 5 updates).
-        job.wait_for_file(tmp_path / "r" / "checkpoints" / "ckpt-300.index")
-        changed = time.time()
-        job.set_hosts("localhost:2")
-        job.wait_for("elastic attempt 3: 2 worker(s) from update ")
-        taken_up.append(time.time() - changed)
-        returncode = job.finish()
-    finally:
-        if job.process.poll() is None:
-            job.process.kill()
-    out = job.output()
-    starts = [line.split("elastic attempt ")[1] for line in out.splitlines() if "elastic attempt " in line]
-    updates = [int(s.split("from update ")[1].split(",")[0]) for s in starts]
-    return returncode, out, updates, taken_up
 
 
 # Across emulated hosts (tests/test_elastic_hosts.py): 9,600

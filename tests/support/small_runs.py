@@ -8,8 +8,7 @@ import re
 import sys
 import time
 
-from tests.support import REPO
-from tests.support.horovodrun_checked_once import HOROVODRUN
+from tests.support import REPO, TWO_RANKS
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
@@ -42,7 +41,7 @@ RESTART_FLAGS = [
     "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32", "--keep_checkpoints=9",
     "--verbose=2",
 ]  # fmt: skip
-TWO_RANKS = [*HOROVODRUN, "-np", "2", "-H", "localhost:2"]
+TWO_RANKS = TWO_RANKS
 # (after update, signal, rank: -1 every rank) and the update the next start resumes from: each kind of stop.
 STOPS = [
     ((3, "KILL", 1), 2),  # one rank dies mid-epoch: back to its checkpoint of update 2

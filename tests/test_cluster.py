@@ -345,13 +345,10 @@ def _release(slurm, job, log, timeout=120):
     )
 
 
-def _sbatch_two_nodes(slurm, shared_dir, out, *flags, python=None):
+def _sbatch_two_nodes(slurm, shared_dir, out, *flags):
     """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (10 updates per epoch, resumed
-    from its checkpoints) with `flags`; `python`: the interpreter train.sbatch runs (a shim). Returns the
-    job id."""
+    from its checkpoints) with `flags`. Returns the job id."""
     export = f"ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
-    if python:
-        export += f",PYTHON={python}"
     cmd = [
         "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
         f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
@@ -372,7 +369,7 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
     def running():
         return slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING")
 
-    # A requeue while running: test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both.
+    # A requeue by a stop signal, resumed at the step it stopped at: tests/test_slurm.py.
     second = wait_for_checkpoint(shared_dir, 0, running)
 
     killed_at = time.time()
@@ -398,45 +395,3 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
     summary = _summary(shared_dir)
     _assert_two_hosts(summary)
     assert summary["resumed_from_step"] >= second and summary["epochs"][-1]["epoch"] == 2
-
-
-@pytest.mark.system
-def test_slurm_job_on_two_nodes_requeued_while_running_resumes_on_both(cluster, slurm, shared_dir):
-    """`scontrol requeue` of a running 2-node job: every rank stops at the next update
-    with a checkpoint; once the attempt's steps are gone from both nodes the job starts again on both and
-    resumes from that checkpoint (an earlier version of this job failed its relaunch on node2, "Task
-    launch failed on node node2: Communication connection failure"; the release now waits until no
-    slurmstepd of the job is left on either node, and the ranks, paused at an update, stop cleanly at the
-    next one)."""
-    from tests.support import python_shim
-
-    shim = python_shim(shared_dir, "tests/support/kill_at_step.py")
-    out = shared_dir / "slurm.out"
-    job = _sbatch_two_nodes(
-        slurm, shared_dir, out, "--checkpoint_every_steps=5", "--pause_at_step=7",
-        f"--pause_marker={shared_dir}/paused", python=shim,
-    )  # fmt: skip
-    # Every rank paused after update 7 (a marker each) until the requeue's SIGTERM reaches it.
-    markers = [shared_dir / f"paused.rank{r}" for r in range(WORLD_SIZE)]
-    deadline = time.time() + 300
-    while not all(m.exists() for m in markers):
-        state = slurm.job_state(job)
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), state + (
-            out.read_text()[-3000:] if out.exists() else ""
-        )
-        assert time.time() < deadline, "the ranks did not pause after update 7 within 300 s"
-        time.sleep(0.2)
-    slurm.run(["scontrol", "requeue", job])
-    # Slurm holds a requeued job back (Reason=BeginTime); released once both nodes are done with it.
-    _release(slurm, job, out)
-    try:
-        state = slurm.wait(job, timeout=300)
-    except TimeoutError as e:
-        state = str(e)
-    log = out.read_text()
-    node_logs = "".join(p.read_text()[-1500:] for p in sorted(Path(slurm.dir).glob("slurm*.log")))
-    assert state == "COMPLETED", log[-3000:] + node_logs
-    assert "restart 1" in log and "stopped at step 8, checkpoint" in log
-    summary = _summary(shared_dir)
-    _assert_two_hosts(summary)
-    assert summary["resumed_from_step"] == 8 and summary["epochs"][-1]["epoch"] == 2

@@ -4,7 +4,6 @@ lives in tests/ (kill_at_step.py, mismatch_worker.py)."""
 
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -185,31 +184,6 @@ def test_divergence_stops_both_ranks_at_the_same_update(tmp_path):
     assert f"[1,0]<stderr>:hvd_lars: error: training diverged at step {step} " in result.stderr
     assert result.stderr.count("hvd_lars: error:") == 1, result.stderr[-3000:]
     assert "non-finite loss or variables on 2 of 2 rank(s)" in result.stderr
-
-
-@pytest.mark.horovod
-def test_preempted_process_checkpoints_and_resumes_exactly(tmp_path):
-    # SIGTERM at a random update k (a signal to one of 2 ranks: tests/test_resume.py).
-    k = random.Random().randint(1, 14)
-    why = f"signal TERM after update {k}"
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    assert _train(straight).returncode == 0
-    result = _train(stopped, fault=[f"--kill_at_step={k}", "--kill_signal=TERM"])
-    assert result.returncode == 75, why
-    # The process stops at the next update boundary, k + 1, where it writes a checkpoint.
-    assert f"stopped at step {k + 1}, checkpoint {stopped}/r/checkpoints/ckpt-{k + 1}." in result.stdout, why
-    assert (k + 1) in _checkpoint_steps(stopped / "r"), why
-    summary = _strict_json(stopped / "r" / "summary.json")
-    assert summary["stopped"]["reason"] == "Preempted" and summary["stopped"]["step"] == k + 1, why
-    # Stopped at an epoch's end (k + 1 = 8), that epoch was evaluated and logged first.
-    assert [e["epoch"] for e in summary["epochs"]] == list(range(1, (k + 1) // 8 + 1)), why
-    resumed = _train(stopped)
-    assert resumed.returncode == 0 and f"(step {k + 1})" in resumed.stdout, why + resumed.stderr[-2000:]
-    assert _strict_json(stopped / "r" / "summary.json")["plan"]["total_steps"] == 16
-    a, b = _checkpoint(straight / "r"), _checkpoint(stopped / "r")
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name}; {why}")
 
 
 @pytest.mark.horovod

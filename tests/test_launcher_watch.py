@@ -4,6 +4,7 @@ Gloo) and mpirun, started in a session of their own as a terminal or a scheduler
 goes to the launcher's pid (kill, timeout, a supervisor) or to its whole process group (Ctrl-C, after which
 the same command resumes exactly)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -123,6 +124,9 @@ def test_a_signal_to_the_launcher_stops_every_rank_at_a_checkpoint(
     assert out.count(line) == 2, out[-3000:]
     assert PAUSE_AT + 1 in _checkpoint_steps(run_dir)
     assert "<stderr>:Traceback" not in out, out[-3000:]
+    with open(run_dir / "summary.json") as f:
+        stopped = json.load(f)["stopped"]
+    assert stopped["reason"] == "Preempted" and stopped["step"] == PAUSE_AT + 1, stopped
     if not to_group:
         return
     # Ctrl-C, then the same command again: it resumes exactly (every stop of one rank or all ranks, and

@@ -278,9 +278,9 @@ def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     assert summary["config"]["precision"] == "float32" and summary["config"]["validation_examples"] == 5000
     assert 0 < summary["final_val_top1"] <= 1 and 0 < summary["final_test_top1"] <= 1
     report = (tmp_path / "r.md").read_text()
-    # The chosen rate's test top-1 (momentum SGD, not selected, is not run yet).
+    # The chosen rate's test top-1 (momentum SGD, not selected, is not run yet); its sweep row and seed row.
     assert f"| 128 | not run yet | **{summary['final_test_top1']:.4f}**" in report
-    assert report.count("| lars | 128 |") == 1 and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert report.count("| lars | 128 |") == 2 and (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     attempts = (tmp_path / "out" / "attempts.jsonl").read_text().splitlines()
     assert len(attempts) == 2  # the killed attempt and the resumed one
 
@@ -291,7 +291,7 @@ def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     result = _study(tmp_path)
     rewritten = (tmp_path / "r.md").read_text()
     assert rewritten.endswith(" |\n" + hand) and rewritten.count(hand) == 1
-    assert "| edited |" not in rewritten and rewritten.count("| lars | 128 |") == 1
+    assert "| edited |" not in rewritten and rewritten.count("| lars | 128 |") == 2
     assert result.returncode == 0 and "training" not in result.stdout and "done: 1 runs" in result.stdout
     assert (tmp_path / "out" / "attempts.jsonl").read_text().splitlines() == attempts
     assert os.path.getmtime(runs / name / "summary.json") == mtime

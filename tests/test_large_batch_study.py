@@ -64,9 +64,18 @@ def test_run_flags_and_selections(capsys):
     only = study.parse_args(["--arms=nesterov"])  # the Nesterov arm at --nesterov_batches only
     assert [(g.network, g.batch) for g in study.groups(only, only.networks, only.arms)] == [
         ("small_cnn", 8192), ("small_cnn_nobn", 8192)]  # fmt: skip
-    with pytest.raises(SystemExit):
-        study.parse_args(["--networks=small_cnn", "--arms=lars,adam"])
-    assert "--arms=lars,adam: unknown ['adam']; valid: momentum, lars, nesterov." in capsys.readouterr().err
+    refusals = [
+        (
+            ["--networks=small_cnn", "--arms=lars,adam"],
+            "--arms=lars,adam: unknown ['adam']; valid: momentum, lars",
+        ),
+        (["--networks=small_cnn,resnet50"], "--networks=small_cnn,resnet50: unknown ['resnet50']; valid:"),
+        (["--nobn_batches=0"], "--nobn_batches=[0]"),
+    ]
+    for args, message in refusals:
+        with pytest.raises(SystemExit):
+            study.parse_args(args)
+        assert message in capsys.readouterr().err, args
 
 
 REAL_WRITE = large_batch_report.write

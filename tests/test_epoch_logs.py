@@ -50,27 +50,6 @@ def _rows(path):
         return list(csv.reader(f))
 
 
-def test_csv_has_every_column_on_every_row_and_a_resumed_run_drops_epochs_after_its_checkpoint(tmp_path):
-    path = str(tmp_path / "metrics.csv")
-    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)
-    header, *rows = _rows(path)
-    # Test columns although the first epoch had none; no invented val_ copies.
-    assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
-    assert rows == [
-        ["0", "8", "0.1", "2.0", "", "", "", "0.5"],
-        ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"],
-        ["2", "24", "0.30000000000000004", "1.8", "", "", "", "0.52"],
-    ]
-    # Resumed from the checkpoint of step 20 (inside epoch 2), now with a validation split.
-    _train([epoch_logs.MetricsCSV(path, start_step=20)], [2, 3])
-    header, *rows = _rows(path)
-    assert "val_top1" in header and "test_top1" in header and len(header) == 11
-    assert [r[0] for r in rows] == ["0", "1", "2", "3"] and {len(r) for r in rows} == {11}
-    by_name = [dict(zip(header, r)) for r in rows]
-    assert by_name[1]["test_top1"] == "0.6" and by_name[1]["val_top1"] == ""
-    assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
-
-
 @pytest.mark.parametrize(
     "text, problem",
     [
@@ -104,19 +83,38 @@ def _events(log_dir):
     return found
 
 
-def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_path):
-    log_dir = str(tmp_path / "tb")
-    _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))
+def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_epochs_after_its_checkpoint(
+    tmp_path,
+):
+    path, log_dir = str(tmp_path / "metrics.csv"), str(tmp_path / "tb")
+    _train([epoch_logs.MetricsCSV(path), epoch_logs.TensorBoardScalars(log_dir)], range(3), validation=False)
+    header, *rows = _rows(path)
+    # Test columns although the first epoch had none; no invented val_ copies.
+    assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
+    assert rows == [
+        ["0", "8", "0.1", "2.0", "", "", "", "0.5"],
+        ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"],
+        ["2", "24", "0.30000000000000004", "1.8", "", "", "", "0.52"],
+    ]
     events = _events(log_dir)
     assert {len(v) for v in events.values()} == {1}  # no step written twice
-    evaluated = [f"{s}_{m}" for s in ("test", "val") for m in ("loss", "top1", "top5")]
-    assert {tag for tag, _ in events} == {"epoch", "loss", "top1", "learning_rate", *evaluated}
+    assert {tag for tag, _ in events} == {"epoch", *header[2:]}  # each under its own tag
+    assert sorted(step for tag, step in events if tag == "test_top1") == [16]
+    assert events[("learning_rate", 24)] == [pytest.approx(0.3)] and events[("epoch", 24)] == [3]
+    # Resumed from the checkpoint of step 20 (inside epoch 2), now with a validation split: metrics.csv
+    # drops epoch 2's row and gains val_ columns; TensorBoard shows both points of epoch 2.
+    _train([epoch_logs.MetricsCSV(path, start_step=20), epoch_logs.TensorBoardScalars(log_dir)], [2, 3])
+    header, *rows = _rows(path)
+    assert "val_top1" in header and "test_top1" in header and len(header) == 11
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"] and {len(r) for r in rows} == {11}
+    by_name = [dict(zip(header, r)) for r in rows]
+    assert by_name[1]["test_top1"] == "0.6" and by_name[1]["val_top1"] == ""
+    assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
+    events = _events(log_dir)
     assert sorted(step for tag, step in events if tag == "loss") == [8, 16, 24, 32]
-    assert sorted(step for tag, step in events if tag == "val_top1") == [16, 32]
-    assert events[("learning_rate", 24)] == [pytest.approx(0.3)] and events[("epoch", 32)] == [4]
-    # A run resumed inside epoch 3 logs it again beside the first: TensorBoard shows both points.
-    _train([epoch_logs.TensorBoardScalars(log_dir)], [3])
-    assert len(_events(log_dir)[("loss", 32)]) == 2
+    assert len(events[("loss", 24)]) == 2 and sorted(step for tag, step in events if tag == "val_top1") == [
+        32
+    ]
 
 
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):

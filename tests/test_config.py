@@ -120,19 +120,15 @@ def test_bad_values_are_one_line_naming_flag_and_value(kwargs, fragment):
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "flags_line, expected",
-    [
-        ("flags\t\t: fpu avx2 avx512f avx512_bf16 fma", "mixed_bfloat16"),
-        ("flags\t\t: fpu amx_bf16 amx_tile", "mixed_bfloat16"),
-        ("flags\t\t: fpu avx2 avx512f fma", "float32"),
-    ],
-)
-def test_auto_precision_follows_native_bf16(flags_line, expected, tmp_path):
+def test_auto_precision_follows_native_bf16(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\n{flags_line}\n")
-    assert resolve_precision("auto", str(cpuinfo)) == expected
-    assert resolve_precision("float32", str(cpuinfo)) == "float32"
+    for flags_line, expected in [
+        ("fpu avx2 avx512f avx512_bf16 fma", "mixed_bfloat16"), ("fpu amx_bf16 amx_tile", "mixed_bfloat16"),
+        ("fpu avx2 avx512f fma", "float32"),
+    ]:  # fmt: skip
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags_line}\n")
+        assert resolve_precision("auto", str(cpuinfo)) == expected, flags_line
+        assert resolve_precision("float32", str(cpuinfo)) == "float32"
     assert resolve_precision("auto", str(tmp_path / "missing")) == "float32"
 
 
@@ -174,22 +170,6 @@ def test_a_resume_refuses_each_change_of_the_plan_unless_named(name):
     assert (
         plan_changes(recorded, plan, allowed=(name,)) == plan_changes(recorded, plan, allowed=("any",)) == []
     )
-
-
-def test_a_resume_compares_precision_as_resolved_and_names_every_change():
-    old = _config(precision="float32")
-    new = _config(precision="mixed_bfloat16", schedule="cosine", weight_decay=0.0)
-    assert plan_changes(_plan(old).settings, _plan(new)) == [
-        "precision 'float32' -> 'mixed_bfloat16'",
-        "schedule 'mlperf_poly' -> 'cosine'",
-        "weight_decay 0.0005 -> 0.0",
-    ]
-    assert plan_changes(_plan(old).settings, _plan(old)) == []
-    # An entry the checkpoint does not record is a change too.
-    recorded = {k: v for k, v in _plan(old).settings.items() if k != "input_shape"}
-    assert plan_changes(recorded, _plan(old)) == [
-        "input_shape None -> [28, 28, 1] (set by image_size, dataset, model)"
-    ]
 
 
 def test_plans_are_compared_by_meaning_not_by_spelling(tmp_path):
@@ -240,7 +220,22 @@ def test_a_default_that_stands_for_a_value_is_the_plan_of_that_value_spelled_out
     ]
 
 
-def test_naming_a_setting_accepts_what_it_explains_and_nothing_else():
+def test_a_resume_names_every_change_and_a_named_setting_accepts_what_it_explains_and_nothing_else():
+    # Precision compared as resolved.
+    old = _config(precision="float32")
+    new = _config(precision="mixed_bfloat16", schedule="cosine", weight_decay=0.0)
+    assert plan_changes(_plan(old).settings, _plan(new)) == [
+        "precision 'float32' -> 'mixed_bfloat16'",
+        "schedule 'mlperf_poly' -> 'cosine'",
+        "weight_decay 0.0005 -> 0.0",
+    ]
+    assert plan_changes(_plan(old).settings, _plan(old)) == []
+    # An entry the checkpoint does not record is a change too.
+    recorded = {k: v for k, v in _plan(old).settings.items() if k != "input_shape"}
+    assert plan_changes(recorded, _plan(old)) == [
+        "input_shape None -> [28, 28, 1] (set by image_size, dataset, model)"
+    ]
+    # A named setting accepts the changes it explains.
     old = _config(global_batch_size=32)
     recorded = _plan(old).settings
     bigger = _plan(dataclasses.replace(old, global_batch_size=64))

@@ -1,6 +1,5 @@
-"""One job per run directory: rank 0 holds a kernel lock on `<run_dir>/running.lock`, so a second start on a
-live run is refused on every rank and leaves the first untouched, and a holder that ends in any way (SIGKILL
-included) leaves the lock free: the kernel drops it, and the restart resumes."""
+"""One job per run directory: rank 0 holds a kernel lock on `<run_dir>/running.lock`: a second start on a live
+run is refused on every rank, and a holder that ends in any way (SIGKILL included) leaves the lock free."""
 
 import fcntl
 import json
@@ -53,8 +52,7 @@ def _free(run_dir):
         os.close(fd)
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=REPO)
+ENV = dict(os.environ, PYTHONPATH=REPO)
 
 
 @pytest.mark.horovod
@@ -64,7 +62,7 @@ def test_the_claim_is_refused_while_its_holder_lives_and_free_once_it_ends(tmp_p
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    other = subprocess.Popen([sys.executable, "-c", CLAIMANT, str(run_dir)], cwd=REPO, env=_env(), **pipes)
+    other = subprocess.Popen([sys.executable, "-c", CLAIMANT, str(run_dir)], cwd=REPO, env=ENV, **pipes)
 
     def take():
         other.stdin.write("take\n")
@@ -92,8 +90,7 @@ def test_the_claim_is_refused_while_its_holder_lives_and_free_once_it_ends(tmp_p
 # flags/smoke.flags: 3 epochs of 4 updates, a checkpoint every 2.
 FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
-    "--verbose=0",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32", "--verbose=0",
 ]  # fmt: skip
 
 
@@ -101,13 +98,8 @@ def _start_paused(workdir, until):
     """The first job: one process paused after update 3 (until the file `until` exists)."""
     pause = ["--pause_at_step=3", f"--pause_marker={workdir}/paused", f"--pause_until={until}"]
     log = open(workdir / "first.log", "w")
-    job = subprocess.Popen(
-        [sys.executable, KILLER, *pause, *FLAGS, f"--workdir={workdir}"],
-        cwd=REPO,
-        env=_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    command = [sys.executable, KILLER, *pause, *FLAGS, f"--workdir={workdir}"]
+    job = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while not os.path.exists(f"{workdir}/paused.rank0"):
         assert job.poll() is None and time.monotonic() < deadline, (workdir / "first.log").read_text()
@@ -125,7 +117,7 @@ def test_a_second_start_on_a_live_run_is_refused_on_every_rank_and_a_killed_hold
         # The same run directory, 2 ranks under mpirun (the job submitted twice).
         second = subprocess.run(
             ["mpirun", "-np", "2", sys.executable, "-m", "hvd_lars.main", *FLAGS, f"--workdir={tmp_path}"],
-            cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-3000:]
         # Refused on both ranks, said once, in one line; the first job holds on, untouched.

@@ -23,68 +23,31 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture(autouse=True)
 def _no_git(monkeypatch):
-    monkeypatch.setattr(
-        epoch_logs, "git_sha", lambda: "0" * 40
-    )  # git is a process; the unit tier starts none
+    monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # the unit tier starts no process
 
 
-STEPS_PER_EPOCH = 8
-
-
-def _logs(epoch, evaluated, validation=True):
-    logs = {"loss": 2.0 - 0.1 * epoch, "top1": 0.5 + 0.01 * epoch, "learning_rate": 0.1 * (epoch + 1)}
-    if evaluated:
-        logs.update(test_loss=1.5, test_top1=0.6, test_top5=0.9)
-        if validation:
-            logs.update(val_loss=1.4, val_top1=0.61, val_top5=0.91)
-    return logs
-
-
-class _Model:
-    """What the loggers read of a model: the optimizer's update counter."""
-
-    def __init__(self):
-        self.optimizer = types.SimpleNamespace(iterations=keras.Variable(0, dtype="int64"))
-
-
-def _train(loggers, epochs, every=2, validation=True, model=None):
-    """Runs the loggers' epoch ends for `epochs` (0-based indices) as a run with evaluation every
-    `every` epochs (and at epoch 3, the last) would."""
-    model = model or _Model()
+def _train(loggers, epochs, every=2, validation=True):
+    """Runs the loggers' epoch ends for `epochs` (0-based) of 8 steps, evaluated every `every` epochs and at
+    epoch 3."""
+    model = types.SimpleNamespace(
+        optimizer=types.SimpleNamespace(iterations=keras.Variable(0, dtype="int64"))
+    )
     for logger in loggers:
         logger.set_model(model)
     for epoch in epochs:
-        model.optimizer.iterations.assign((epoch + 1) * STEPS_PER_EPOCH)
-        logs = _logs(epoch, (epoch + 1) % every == 0 or epoch == 3, validation)
+        model.optimizer.iterations.assign((epoch + 1) * 8)
+        logs = {"loss": 2.0 - 0.1 * epoch, "top1": 0.5 + 0.01 * epoch, "learning_rate": 0.1 * (epoch + 1)}
+        if (epoch + 1) % every == 0 or epoch == 3:
+            logs.update(test_loss=1.5, test_top1=0.6, test_top5=0.9)
+            if validation:
+                logs.update(val_loss=1.4, val_top1=0.61, val_top5=0.91)
         for logger in loggers:
             logger.on_epoch_end(epoch, dict(logs))
-    return model
 
 
 def _rows(path):
     with open(path, newline="") as f:
         return list(csv.reader(f))
-
-
-def test_csv_has_every_column_on_every_row_and_a_resumed_run_drops_epochs_after_its_checkpoint(tmp_path):
-    path = str(tmp_path / "metrics.csv")
-    _train([epoch_logs.MetricsCSV(path)], range(3), validation=False)  # evaluated every 2 epochs
-    header, *rows = _rows(path)
-    # Test columns although the first epoch had none; no invented val_ copies.
-    assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
-    assert rows == [
-        ["0", "8", "0.1", "2.0", "", "", "", "0.5"],
-        ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"],
-        ["2", "24", "0.30000000000000004", "1.8", "", "", "", "0.52"],
-    ]
-    # Killed after epoch 2's row, resumed from the checkpoint of step 20 (inside epoch 2, steps 17-24).
-    _train([epoch_logs.MetricsCSV(path, start_step=20)], [2, 3])  # now with a validation split
-    header, *rows = _rows(path)
-    assert "val_top1" in header and "test_top1" in header and len(header) == 11
-    assert [r[0] for r in rows] == ["0", "1", "2", "3"] and {len(r) for r in rows} == {11}
-    by_name = [dict(zip(header, r)) for r in rows]
-    assert by_name[1]["test_top1"] == "0.6" and by_name[1]["val_top1"] == ""
-    assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
 
 
 @pytest.mark.parametrize(
@@ -109,38 +72,49 @@ def test_an_unreadable_csv_is_renamed_with_one_warning_and_begun_anew(tmp_path, 
 
 
 def _events(log_dir):
-    """[(tag, step, value)] of every scalar in the event files of log_dir (not its sub-folders)."""
-    found = []
+    """{(tag, step): [values]} of every scalar in the event files of log_dir (not its sub-folders)."""
+    found = {}
     for name in sorted(os.listdir(log_dir)):
         if name.startswith("events.out.tfevents"):
             for record in tf.data.TFRecordDataset(os.path.join(log_dir, name)):
                 event = tf.compat.v1.Event.FromString(record.numpy())
-                for value in event.summary.value:
-                    found.append((value.tag, event.step, float(tf.make_ndarray(value.tensor))))
+                for v in event.summary.value:
+                    found.setdefault((v.tag, event.step), []).append(float(tf.make_ndarray(v.tensor)))
     return found
 
 
-def test_tensorboard_writes_each_scalar_once_under_its_own_tag_at_its_step(tmp_path):
-    log_dir = str(tmp_path / "tb")
-    _train([epoch_logs.TensorBoardScalars(log_dir)], range(4))
+def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_epochs_after_its_checkpoint(
+    tmp_path,
+):
+    path, log_dir = str(tmp_path / "metrics.csv"), str(tmp_path / "tb")
+    _train([epoch_logs.MetricsCSV(path), epoch_logs.TensorBoardScalars(log_dir)], range(3), validation=False)
+    header, *rows = _rows(path)
+    # Test columns although the first epoch had none; no invented val_ copies.
+    assert header == ["epoch", "step", "learning_rate", "loss", "test_loss", "test_top1", "test_top5", "top1"]
+    assert rows == [
+        ["0", "8", "0.1", "2.0", "", "", "", "0.5"],
+        ["1", "16", "0.2", "1.9", "1.5", "0.6", "0.9", "0.51"],
+        ["2", "24", "0.30000000000000004", "1.8", "", "", "", "0.52"],
+    ]
     events = _events(log_dir)
-    keys = [(tag, step) for tag, step, _ in events]
-    assert len(keys) == len(set(keys))  # no step written twice
-    tags = {tag for tag, _ in keys}
-    assert tags == {
-        "epoch",
-        "loss",
-        "top1",
-        "learning_rate",
-        *(f"{s}_{m}" for s in ("test", "val") for m in ("loss", "top1", "top5")),
-    }
-    assert sorted(step for tag, step in keys if tag == "loss") == [8, 16, 24, 32]
-    assert sorted(step for tag, step in keys if tag == "val_top1") == [16, 32]
-    values = {(tag, step): v for tag, step, v in events}
-    assert values[("learning_rate", 24)] == pytest.approx(0.3) and values[("epoch", 32)] == 4
-    # A run resumed inside epoch 3 (0-based) logs it again beside the first: TensorBoard shows both points.
-    _train([epoch_logs.TensorBoardScalars(log_dir)], [3])
-    assert sorted(step for tag, step, _ in _events(log_dir) if tag == "loss") == [8, 16, 24, 32, 32]
+    assert {len(v) for v in events.values()} == {1}  # no step written twice
+    assert {tag for tag, _ in events} == {"epoch", *header[2:]}  # each under its own tag
+    assert sorted(step for tag, step in events if tag == "test_top1") == [16]
+    assert events[("learning_rate", 24)] == [pytest.approx(0.3)] and events[("epoch", 24)] == [3]
+    # Resumed from the checkpoint of step 20 (inside epoch 2), now with a validation split: metrics.csv
+    # drops epoch 2's row and gains val_ columns; TensorBoard shows both points of epoch 2.
+    _train([epoch_logs.MetricsCSV(path, start_step=20), epoch_logs.TensorBoardScalars(log_dir)], [2, 3])
+    header, *rows = _rows(path)
+    assert "val_top1" in header and "test_top1" in header and len(header) == 11
+    assert [r[0] for r in rows] == ["0", "1", "2", "3"] and {len(r) for r in rows} == {11}
+    by_name = [dict(zip(header, r)) for r in rows]
+    assert by_name[1]["test_top1"] == "0.6" and by_name[1]["val_top1"] == ""
+    assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
+    events = _events(log_dir)
+    assert sorted(step for tag, step in events if tag == "loss") == [8, 16, 24, 32]
+    assert len(events[("loss", 24)]) == 2 and sorted(step for tag, step in events if tag == "val_top1") == [
+        32
+    ]
 
 
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
@@ -153,7 +127,7 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     def refuse(token):
         raise ValueError(f"bare {token} in strict JSON")
 
-    written = json.loads(text, parse_constant=refuse)  # strict: no bare NaN or Infinity
+    written = json.loads(text, parse_constant=refuse)
     assert written["epochs"][0] == {
         "epoch": 1,
         "loss": "NaN",
@@ -164,47 +138,19 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     back = RunSummary.load(str(tmp_path))["epochs"][0]
     assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
     assert checkpoints.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
-    # Cut short (a copy interrupted): renamed, one warning; a resumed run writes it anew from its own epochs.
+    # Cut short: renamed, one warning; a resumed run writes it anew from its own epochs.
     (tmp_path / "summary.json").write_text(text[: len(text) // 2])
     assert RunSummary.load(str(tmp_path)) is None and (tmp_path / "summary.json.unreadable").exists()
     RunSummary(str(tmp_path), config, plan, 8)
     assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == []
 
 
-def test_plot_of_a_run_draws_its_logs_and_schedule(tmp_path):
+def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
     )
     plan = make_plan(config, 1, 64)
     summary = RunSummary(str(tmp_path), config, plan, 0)
-    csv_logger = epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv"))
-    _train([csv_logger, summary], range(4))
-    figure = plot_run.make_figure(str(tmp_path))
-    loss, top1, rate = figure.axes[:3]
-    assert [ax.get_title() for ax in (loss, top1, rate)] == ["loss", "top-1", "learning rate"]
-    lines = {line.get_label(): line for line in top1.lines}
-    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16, 24, 32])
-    np.testing.assert_array_equal(lines["test"].get_xdata(), [16, 32])  # evaluated epochs only
-    np.testing.assert_allclose(lines["validation"].get_ydata(), [0.61, 0.61])
-    schedule = rate.lines[0]
-    assert len(schedule.get_xdata()) == plan.total_steps == 32
-    # Warmup from 0 to 0.4 over 8 updates: update k (drawn at step k + 1) has rate 0.4 k / 8.
-    np.testing.assert_allclose(schedule.get_ydata()[:8], [0.05 * k for k in range(8)], rtol=1e-6)
-    out = plot_run.plot_run(str(tmp_path))
-    assert out == str(tmp_path / "run.png") and os.path.getsize(out) > 10_000
-    assert plot_run.main([str(tmp_path / "nothing")]) == 2
-    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
-    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
-    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
-    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
-    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
-
-
-def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
-    config = TrainConfig(
-        max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
-    )
-    summary = RunSummary(str(tmp_path), config, make_plan(config, 1, 64), 0)
     _train([epoch_logs.MetricsCSV(str(tmp_path / "metrics.csv")), summary], range(4))
     caplog.set_level("INFO", logger="hvd_lars")
     summary.finish(str(tmp_path / "checkpoints" / "ckpt-32"))
@@ -218,7 +164,17 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
         f"plot {tmp_path}/run.png",
     ]
     assert os.path.getsize(tmp_path / "run.png") > 10_000
-    # A plot that cannot be drawn or written is one warning: the finished run stays finished.
+    loss, top1, rate = plot_run.make_figure(str(tmp_path)).axes[:3]
+    assert [ax.get_title() for ax in (loss, top1, rate)] == ["loss", "top-1", "learning rate"]
+    lines = {line.get_label(): line for line in top1.lines}
+    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16, 24, 32])
+    np.testing.assert_array_equal(lines["test"].get_xdata(), [16, 32])  # evaluated epochs only
+    np.testing.assert_allclose(lines["validation"].get_ydata(), [0.61, 0.61])
+    schedule = rate.lines[0]
+    assert len(schedule.get_xdata()) == plan.total_steps == 32
+    # Warmup from 0 to 0.4 over 8 updates: update k (drawn at step k + 1) has rate 0.4 k / 8.
+    np.testing.assert_allclose(schedule.get_ydata()[:8], [0.05 * k for k in range(8)], rtol=1e-6)
+    # A plot that cannot be written is one warning: the finished run stays finished.
     os.remove(tmp_path / "run.png")
     (tmp_path / "run.png").mkdir()
     caplog.clear()
@@ -229,6 +185,11 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
         f"'{tmp_path}/run.png'); try `hvd-lars-plot {tmp_path}`"
     ]
     assert caplog.records[-1].getMessage() == "plot not written" and not (tmp_path / "run.png.tmp").exists()
+    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
+    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
+    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
+    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
+    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
 
 
 @pytest.mark.parametrize("metrics", [None, "epoch,step,loss\n"])
@@ -248,68 +209,52 @@ def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys
     assert out.out == "" and out.err.startswith("hvd_lars: error: ") and len(out.err.splitlines()) == 1
 
 
-def _fit_with_progress(progress, epochs=2, steps=5):
-    """A small model fitted for `epochs` of `steps` micro-batches with `progress` last; returns rank 0's
-    running mean loss after each micro-batch, as the progress lines report it."""
+def _fit_with_progress(progress, epochs, steps):
+    """A small model fitted for `epochs` of `steps` micro-batches with `progress` last; returns the running
+    mean loss after each micro-batch, as the progress lines report it."""
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     x = np.arange(40, dtype="float32").reshape(20, 2) / 40
     data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(2).repeat()
     losses = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: losses.append(logs["loss"]))
-    callbacks = [record, progress]
-    model.fit(data, epochs=epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0, shuffle=False)
-    return losses
+    model.fit(
+        data, epochs=epochs, steps_per_epoch=steps, callbacks=[record, progress], verbose=0, shuffle=False
+    )
+    return [f"{v:.4f}" if v > 1e-3 else f"{v:.4e}" for v in losses]  # as Keras's epoch line writes them
 
 
-def _keras(value):
-    # As Keras's epoch line writes a metric.
-    return f"{value:.4f}" if value > 1e-3 else f"{value:.4e}"
+END = re.compile(r"\d/5 - \d+s - \d+[mu]?s/step - loss: \d+\.\d{4}(e-\d\d)?")  # Keras's own epoch line
 
 
-def _fake_clock(step_s=10):
-    # Read once as an epoch begins and once after each micro-batch: 10 s per micro-batch.
-    ticks = iter(range(0, 10_000, step_s))
-    return lambda: next(ticks)
-
-
-END_LINE = r"5/5 - \d+s - \d+[mu]?s/step - loss: \d+\.\d{4}(e-\d\d)?"  # Keras's own
-
-
-def test_progress_lines_every_interval_and_keras_epoch_line(capsys):
-    # A line when 25 s have passed since the previous (or the epoch's start): after micro-batch 3 of 5
-    # (30 s), not after 4 (10 s later) nor after 5, the epoch's last, which Keras's end line reports.
-    # 3 micro-batches of 64 images in 30 s: 6 images/s; 2 left at 0.1 per second: 20 s.
-    progress = epoch_logs.EpochProgress(2, 5, images_per_batch=64, every_s=25, clock=_fake_clock())
-    losses = _fit_with_progress(progress)
+@pytest.mark.parametrize(
+    "progress, fit, expected",
+    [
+        # A line once 25 s have passed since the previous (or the epoch's start): after micro-batch 3 of 5
+        # (30 s at 10 s each), not after 4 nor 5, the epoch's last. 192 images in 30 s; 2 left: 20 s.
+        (
+            (2, 5, 64, 25), (2, 5),
+            ["Epoch 1/2", "3/5 - 30s - 6 images/s - loss: {2} - 20s left", END,
+             "Epoch 2/2", "3/5 - 30s - 6 images/s - loss: {7} - 20s left", END],
+        ),
+        # Every micro-batch, from where a resumed epoch resumed: 3 micro-batches finish an epoch of 5.
+        (
+            (4, 5, 8, 0), (1, 3),
+            ["Epoch 1/4", "3/5 - 10s - 1 images/s - loss: {0} - 20s left",
+             "4/5 - 20s - 1 images/s - loss: {1} - 10s left", END],
+        ),
+        ((2, 5, 8, None), (2, 5), ["Epoch 1/2", END, "Epoch 2/2", END]),  # no interval: epoch lines only
+    ],
+    ids=["every_25s", "resumed_every_batch", "epoch_lines_only"],
+)  # fmt: skip
+def test_progress_lines(capsys, progress, fit, expected):
+    ticks = iter(range(0, 10_000, 10))  # read as an epoch begins and after each micro-batch: 10 s each
+    losses = _fit_with_progress(epoch_logs.EpochProgress(*progress, clock=lambda: next(ticks)), *fit)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 6, lines
-    assert lines[0] == "Epoch 1/2" and lines[3] == "Epoch 2/2"
-    assert lines[1] == f"3/5 - 30s - 6 images/s - loss: {_keras(losses[2])} - 20s left"
-    assert lines[4] == f"3/5 - 30s - 6 images/s - loss: {_keras(losses[7])} - 20s left"
-    assert re.fullmatch(END_LINE, lines[2]) and re.fullmatch(END_LINE, lines[5]), lines
+    assert len(lines) == len(expected), lines
+    for line, want in zip(lines, expected):
+        assert END.fullmatch(line) if want is END else line == want.format(*losses), (line, want)
 
 
-def test_progress_after_every_micro_batch_from_where_a_resumed_epoch_resumed(capsys):
-    # A fit of 3 micro-batches finishes an epoch of 5 resumed after 2: counted 3/5, 4/5, then the end line.
-    progress = epoch_logs.EpochProgress(4, 5, images_per_batch=8, every_s=0, clock=_fake_clock())
-    losses = _fit_with_progress(progress, epochs=1, steps=3)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[:3] == [
-        "Epoch 1/4",
-        f"3/5 - 10s - 1 images/s - loss: {_keras(losses[0])} - 20s left",
-        f"4/5 - 20s - 1 images/s - loss: {_keras(losses[1])} - 10s left",
-    ]
-    assert len(lines) == 4 and re.fullmatch(END_LINE, lines[3]), lines
-
-
-def test_epoch_lines_only_without_an_interval(capsys):
-    _fit_with_progress(epoch_logs.EpochProgress(2, 5, images_per_batch=8, clock=_fake_clock()))
-    lines = capsys.readouterr().out.splitlines()
-    assert [lines[0], lines[2]] == ["Epoch 1/2", "Epoch 2/2"] and len(lines) == 4
-    assert re.fullmatch(END_LINE, lines[1]) and re.fullmatch(END_LINE, lines[3]), lines
-
-
-@pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42, "42s"), (90, "1:30"), (3725, "1:02:05")])
-def test_time_left_is_written_as_keras_writes_its_eta(seconds, text):
-    assert epoch_logs._duration(seconds) == text
+def test_time_left_is_written_as_keras_writes_its_eta():
+    assert [epoch_logs._duration(s) for s in (0.4, 42, 90, 3725)] == ["0s", "42s", "1:30", "1:02:05"]

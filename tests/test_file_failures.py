@@ -1,11 +1,13 @@
 """A write of the run or a read of its data that fails ends every rank with one line, exit status 2, the
 last complete checkpoint kept and no partial file left; the same command resumes once the cause is gone.
-Writes that fail for real: a temporary file linked to /dev/full (ENOSPC) in-process, a full tmpfs under 2
-real ranks."""
+Writes fail for real: a temporary file linked to /dev/full (ENOSPC) in-process, a full tmpfs under 2 ranks;
+reads: a damaged image file, a garbled or cut record file of prepared imagenet2012 data."""
 
 import glob
 import os
 import re
+import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -16,37 +18,36 @@ from tests.support import REPO
 from tests.support.data_fixtures import make_image_folder
 from tests.support.main_server import run_main
 from tests.support.small_runs import TWO_RANKS, final_tensors
+from tests.test_imagenet import prepared  # noqa: F401 (the fixture: 18 training and 6 validation records)
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 ADVICE = "then start the same command again: it resumes from the last complete checkpoint."
-
-
-def _model_with_step(step):
-    import keras
-
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    model.optimizer.build(model.trainable_variables)
-    model.optimizer.iterations.assign(step)
-    return model
+RESTORE = "Restore it from a copy or prepare the data set again with hvd-lars-prepare"
+SKIP = "(or pass --skip_corrupt to leave out the records it cannot give)"
+TRAIN_FILE = "imagenet2012-train.tfrecord-00000-of-00001"
+EVAL_FILE = "imagenet2012-validation.tfrecord-00000-of-00001"
 
 
 @pytest.mark.unit
 def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
+    import keras
+
     from hvd_lars.training import faults
     from hvd_lars.training.epoch_logs import MetricsCSV
 
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.optimizer.build(model.trainable_variables)
     path = tmp_path / "metrics.csv"
     logger = MetricsCSV(str(path))
-    logger.set_model(_model_with_step(3))
+    logger.set_model(model)
+    model.optimizer.iterations.assign(3)
     logger.on_epoch_end(0, {"loss": 0.5})
     assert path.read_text() == "epoch,step,loss\n0,3,0.5\n" and faults.note() is None
-    # The next write goes to /dev/full: ENOSPC, as on a full disk.
-    os.symlink("/dev/full", f"{path}.tmp")
-    logger.set_model(_model_with_step(6))
+    os.symlink("/dev/full", f"{path}.tmp")  # the next write: ENOSPC, as on a full disk
+    model.optimizer.iterations.assign(6)
     logger.on_epoch_end(1, {"loss": 0.25})  # noted, not raised: the ranks stop together at their next vote
-    assert path.read_text() == "epoch,step,loss\n0,3,0.5\n"
-    assert os.listdir(tmp_path) == ["metrics.csv"]
+    assert path.read_text() == "epoch,step,loss\n0,3,0.5\n" and os.listdir(tmp_path) == ["metrics.csv"]
     message = (
         f"could not write {path}: [Errno 28] No space left on device. Free space or make it writable there "
         f"(or choose another --workdir), {ADVICE}"
@@ -59,38 +60,85 @@ def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
     faults.agree()  # nothing noted: nothing raised
 
 
-@pytest.mark.unit
-def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
+def _handed_over(dataset, data_dir, batch, **options):
+    """(the input of `dataset`, its first training batch's images, [(path, split)] handed over)."""
     from hvd_lars.data import InputRequest, get_input
 
-    make_image_folder(str(tmp_path), [2, 2], [1, 1], odd={}, corrupt=("train", 1))
-    with open(tmp_path / "validation" / "n00000000" / "n00000000_0.JPEG", "wb") as f:
-        f.write(b"garbage")
     noted = []
     request = InputRequest(
-        per_rank_batch=5, rank=0, world_size=1, seed=0, data_dir=str(tmp_path),
+        per_rank_batch=batch, rank=0, world_size=1, seed=0, data_dir=str(data_dir),
         on_unreadable=lambda path, split: noted.append((path, split)),
     )  # fmt: skip
-    data = get_input("image_folder", request, image_size=28)
-    images, _ = next(iter(data.train))  # the 5 training images, the broken one among them
-    assert images.shape == (5, 28, 28, 3)
+    data = get_input(dataset, request, **options)
+    images, _ = next(iter(data.train))
+    return data, images, noted
+
+
+def _reported(noted):
+    from hvd_lars.training import faults
+
+    faults.note_unreadable(*noted)
+    message = faults.note()
+    with pytest.raises(faults.FileFailure):
+        faults.agree()
+    return message
+
+
+@pytest.mark.unit
+def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
+    make_image_folder(str(tmp_path), [2, 2], [1, 1], odd={}, corrupt=("train", 1))
+    damaged = tmp_path / "validation" / "n00000000" / "n00000000_0.JPEG"
+    damaged.write_bytes(b"garbage")
+    data, images, noted = _handed_over("image_folder", tmp_path, 5, image_size=28)
+    assert images.shape == (5, 28, 28, 3)  # the 5 training images, the broken one among them
     broken = (str(tmp_path / "train" / "n00000001" / "broken.JPEG"), "training")
     # The input pipeline may read ahead into the next pass and decode the broken file again.
     assert noted[0] == broken and set(noted) == {broken}, noted
     assert sum(float(abs(image).max()) == 0 for image in images.numpy()) == 1  # its image: zeros
     assert [int(y.shape[0]) for _, y in data.eval] == [2]
-    evaluation = [n for n in noted if n[1] == "evaluation"]
-    assert evaluation == [(str(tmp_path / "validation" / "n00000000" / "n00000000_0.JPEG"), "evaluation")]
-
-    from hvd_lars.training import faults
-
-    faults.note_unreadable(*noted[0])
-    assert faults.note() == (
-        f"cannot read or decode the training image file {noted[0][0]}. Repair or remove it (or pass "
+    assert [n for n in noted if n[1] == "evaluation"] == [(str(damaged), "evaluation")]
+    assert _reported(noted[0]) == (
+        f"cannot read or decode the training image file {broken[0]}. Repair or remove it (or pass "
         f"--skip_corrupt to leave such training files out), {ADVICE}"
     )
-    with pytest.raises(faults.FileFailure):
-        faults.agree()
+
+
+def _record_offsets(path):
+    """The byte offset of each record of a TFRecord file (length u64, its CRC u32, data, data CRC u32)."""
+    offsets, data, at = [], open(path, "rb").read(), 0
+    while at < len(data):
+        offsets.append(at)
+        at += 12 + struct.unpack("<Q", data[at : at + 8])[0] + 4
+    return offsets
+
+
+def _garbled_copy(prepared_dir, tmp_path, record):
+    """A copy of the prepared data whose training record `record` has 10 bytes overwritten (its CRC then
+    fails: DataLossError); returns the copy and the folder of its record files."""
+    copy = tmp_path / "tfds"
+    shutil.copytree(prepared_dir, copy)
+    folder = copy / "imagenet2012" / "5.1.0"
+    data = bytearray((folder / TRAIN_FILE).read_bytes())
+    at = _record_offsets(folder / TRAIN_FILE)[record] + 12 + 100
+    data[at : at + 10] = b"\xff" * 10
+    (folder / TRAIN_FILE).write_bytes(bytes(data))
+    return copy, folder
+
+
+@pytest.mark.unit
+def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path):  # noqa: F811
+    data_dir, folder = _garbled_copy(prepared[0], tmp_path, 4)
+    train, evaluation = str(folder / TRAIN_FILE), str(folder / EVAL_FILE)
+    # Cut at a record boundary: no error from TensorFlow's reader, only 3 records where the info counts 6.
+    with open(evaluation, "r+b") as f:
+        f.truncate(_record_offsets(evaluation)[3])
+    data, images, noted = _handed_over("imagenet2012", data_dir, 3, image_size=32)
+    assert images.shape == (3, 32, 32, 3)  # the first window holds all 18 records: the damage among them
+    assert [int(y.shape[0]) for _, y in data.eval] == [3, 1]  # the 3 records read, then the record file
+    assert noted[0] == (train, "training") and set(noted) == {(train, "training"), (evaluation, "evaluation")}
+    said = "cannot read or decode the {} record file {}. " + RESTORE
+    assert _reported(noted[0]) == f"{said.format('training', train)} {SKIP}, {ADVICE}"
+    assert _reported(noted[-1]) == f"{said.format('evaluation', evaluation)}, {ADVICE}"
 
 
 def _one_line_from_rank_0(result, began, fragment):
@@ -117,8 +165,9 @@ def small_disk(tmp_path):
     """A 24 MiB tmpfs mounted at tmp_path/disk (needs root: skipped otherwise)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)]
-    mount = subprocess.run(mount, capture_output=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True
+    )
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (root only): {mount.stderr.decode().strip()}")
     yield disk
@@ -154,28 +203,21 @@ def test_a_full_disk_ends_both_ranks_with_one_line_and_resumes_once_freed(small_
     assert int(final_tensors(run_dir)["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 30
 
 
-def one_damaged_read(tmp_path, dataset, data_dir, fragment):
-    """Trains 2 ranks on `dataset` in `data_dir`, one of its files garbled: asserts the job ends with one line
-    from rank 0 holding `fragment` and no temporary file (the resume once the cause is gone: the full disk's
-    test); returns the line."""
+@pytest.mark.horovod
+def test_a_damaged_training_record_file_ends_both_ranks_with_one_line_naming_it(prepared, tmp_path):  # noqa: F811
+    data_dir, folder = _garbled_copy(prepared[0], tmp_path, 12)  # in rank 1's half, records 9-17
     command = [
-        *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", f"--dataset={dataset}", f"--data_dir={data_dir}",
+        *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}",
         "--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=2", "--warmup_epochs=0",
         "--peak_learning_rate=0.1", "--checkpoint_every_steps=1", "--run_name=r",
         f"--workdir={tmp_path / 'w'}", "--verbose=0",
     ]  # fmt: skip
     began = time.monotonic()
-    line = _one_line_from_rank_0(run_main(command, cwd=REPO, timeout=300), began, fragment)
+    line = _one_line_from_rank_0(run_main(command, cwd=REPO, timeout=300), began, str(folder / TRAIN_FILE))
     assert _temporaries(tmp_path / "w") == []
-    return line
-
-
-@pytest.mark.horovod
-def test_a_damaged_training_image_ends_both_ranks_with_one_line_naming_it(tmp_path):
-    data = tmp_path / "data"
-    make_image_folder(str(data), [4] * 4, [1] * 4, odd={})
-    damaged = data / "train" / "n00000002" / "n00000002_1.JPEG"
-    damaged.write_bytes(b"garbage" * 100)
-    fragment = f"cannot read or decode the training image file {damaged}."
-    line = one_damaged_read(tmp_path, "image_folder", data, fragment)
-    assert "--skip_corrupt" in line and line.endswith(ADVICE)
+    damaged = folder / TRAIN_FILE
+    assert (
+        line
+        == f"hvd_lars: error: rank 1 of 2: cannot read or decode the training record file {damaged}. "
+        + (f"{RESTORE} {SKIP}, {ADVICE}")
+    )

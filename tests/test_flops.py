@@ -6,8 +6,9 @@ import pytest
 from hvd_lars.models import get_model
 from hvd_lars.models.flops import forward_multiply_adds, training_flops_per_image
 
+pytestmark = pytest.mark.unit
 
-@pytest.mark.unit
+
 def test_multiply_adds_of_hand_counted_layers_and_refusals():
     inputs = keras.Input((10, 10, 4))
     x = keras.layers.Conv2D(6, 3, padding="same", groups=2, name="grouped")(inputs)  # 10x10x6, kernel 3x3x2
@@ -21,7 +22,6 @@ def test_multiply_adds_of_hand_counted_layers_and_refusals():
         forward_multiply_adds(model)
 
 
-@pytest.mark.unit
 def test_resnet50_v1_5_multiply_adds_against_published_counts():
     # torchvision's ResNet-50 (v1.5): "GFLOPS 4.09" (multiply-adds) at 224x224 in its model table.
     ours = sum(forward_multiply_adds(get_model("resnet50")).values())
@@ -31,7 +31,6 @@ def test_resnet50_v1_5_multiply_adds_against_published_counts():
     assert v1 == pytest.approx(3.8e9, rel=0.02) and v1 < ours
 
 
-@pytest.mark.unit
 def test_alexnet_multiply_adds_against_published_counts():
     # Caffe's two-tower bvlc_alexnet (conv2, conv4, conv5 grouped in 2). Sze et al., "Efficient Processing of
     # Deep Neural Networks", Proc. IEEE 2017, table III: 666M multiply-adds in the convolutions, 58.6M in fc.

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-# Starts bash (no Horovod): the tier for subprocesses.
 pytestmark = pytest.mark.horovod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,13 +68,12 @@ def test_install_on_a_machine_with_no_mpi_alternatives_yet_goes_through(tmp_path
     assert not (bin_dir / "set.log").exists()
 
 
-@pytest.mark.parametrize("kept", ["/usr/bin/mpirun.mpich"])
-def test_install_keeps_the_mpirun_an_earlier_mpi_had_chosen(tmp_path, kept):
+def test_install_keeps_the_mpirun_an_earlier_mpi_had_chosen(tmp_path):
+    kept = "/usr/bin/mpirun.mpich"
     bin_dir, result = _install(tmp_path, groups_before={"mpirun": kept})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (
-        f"[apt] alternative mpirun: keeping {kept} (the install had chosen /usr/bin/mpirun.openmpi)"
-        in result.stdout
+    assert f"[apt] alternative mpirun: keeping {kept} (the install had chosen /usr/bin/mpirun.openmpi)" in (
+        result.stdout
     )
     assert (bin_dir / "set.log").read_text().splitlines() == [f"mpirun {kept}"]
     assert (bin_dir / "state" / "mpirun").read_text().strip() == kept

@@ -1,7 +1,6 @@
-"""How `make test` spreads the suite over pytest-xdist workers (tests/conftest.py): every file a group of
-its own and every system test in one, system tests first. Two system tests on two workers at once would
-bring up two emulated clusters with the same host names; one file split over workers would build its
-module-scoped fixtures twice."""
+"""How `make test` spreads the suite over pytest-xdist workers (tests/conftest.py): every file a group of its
+own (its module-scoped fixtures built once) and every system test in one, first (two emulated clusters at
+once would share host names); a test needs exactly one tier."""
 
 import pytest
 
@@ -13,8 +12,8 @@ pytestmark = pytest.mark.unit
 class _Item:
     """What the hooks read of a collected test: its id and its markers."""
 
-    def __init__(self, nodeid, tier):
-        self.nodeid, self.markers = nodeid, [getattr(pytest.mark, tier).mark]
+    def __init__(self, nodeid, *tiers):
+        self.nodeid, self.markers = nodeid, [getattr(pytest.mark, tier).mark for tier in tiers]
 
     def add_marker(self, mark):
         self.markers.append(mark.mark)
@@ -40,10 +39,5 @@ def test_each_file_is_a_group_and_every_system_test_in_one_collected_first():
     assert groups == ["tests/test_flops.py", "tests/test_flops.py", "system", "system"]
     conftest.pytest_collection_modifyitems(items)
     assert [item.nodeid.split("::")[1] for item in items] == ["test_c", "test_d", "test_a", "test_b"]
-
-
-def test_a_test_without_exactly_one_tier_is_refused():
-    item = _Item("tests/test_x.py::test_y", "unit")
-    item.add_marker(pytest.mark.horovod)
     with pytest.raises(pytest.UsageError, match=r"test_y has tier markers \['horovod', 'unit'\]"):
-        conftest.pytest_collection_modifyitems([item])
+        conftest.pytest_collection_modifyitems([_Item("tests/test_x.py::test_y", "unit", "horovod")])

@@ -47,6 +47,11 @@ FEATURES = {
     "gradient_accumulation": {"gradient_accumulation_steps": 2},
     "callable_rate": {"learning_rate": lambda: 0.05},
     "schedule": {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5)},
+    # The schedule at the update count (0, 1), not the micro-batch count.
+    "gradient_accumulation_schedule": {
+        "learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5),
+        "gradient_accumulation_steps": 2,
+    },
 }
 
 

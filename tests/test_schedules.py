@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import LARS, WarmupPolynomialDecay, epochs_to_steps, scaled_learning_rate
-from hvd_lars.optim import rate_curves
 from hvd_lars.optim.schedules import (
     SCHEDULES,
     PaperPolynomialDecay,
@@ -100,22 +99,6 @@ def test_linear_scaling_rule_and_epochs_to_steps():
     assert epochs_to_steps(0.5, 60000, 4096) == 7
     with pytest.raises(ValueError, match="larger than the data set"):
         epochs_to_steps(1, 1000, 4096)
-
-
-@pytest.mark.unit
-def test_pure_functions_broadcast_over_steps():
-    steps = np.array([0, 1, 2, 3, 4])
-    np.testing.assert_allclose(_np(rate_curves.linear_warmup(steps, 4, 0.0, 8.0)), [0, 2, 4, 6, 8])
-    np.testing.assert_allclose(_np(rate_curves.linear_warmup(steps, 0, 0.0, 8.0)), [8] * 5)  # no warmup
-    poly = rate_curves.polynomial_decay(steps, 4.0, 0.0, 2, 1.0, begin_step=2)
-    np.testing.assert_allclose(_np(poly), [4, 4, 4, 2, 0])
-    cosine = _np(rate_curves.cosine_decay(steps, 4.0, 0.0, 4))
-    np.testing.assert_allclose(cosine, [4, 2 + 2 * C, 2, 2 - 2 * C, 0], rtol=1e-6)
-    pieces = rate_curves.piecewise_constant(steps, [1, 3], [9.0, 3.0, 1.0])
-    np.testing.assert_allclose(_np(pieces), [9, 3, 3, 1, 1])
-    np.testing.assert_allclose(_np(rate_curves.piecewise_constant(steps, [], [7.0])), [7] * 5)
-    with pytest.raises(ValueError, match="one more value than boundaries"):
-        rate_curves.piecewise_constant(steps, [1, 2], [1.0, 2.0])
 
 
 @pytest.mark.unit

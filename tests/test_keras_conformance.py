@@ -1,6 +1,5 @@
-"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, one process, against Keras's
-own SGD: LARS with trust ratio 1 and no weight decay is momentum SGD; DistributedOptimizer(SGD) with world
-size 1 is SGD itself."""
+"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, against Keras's own SGD: LARS
+with trust ratio 1 and no weight decay is momentum SGD; DistributedOptimizer(SGD) with world size 1 is SGD."""
 
 import os
 import subprocess
@@ -44,11 +43,10 @@ FEATURES = {
     "global_clipnorm": {"global_clipnorm": 1.5},
     "ema": {"use_ema": True, "ema_momentum": 0.5},
     "loss_scale_factor": {"loss_scale_factor": 8.0},
-    "gradient_accumulation": {"gradient_accumulation_steps": 2},
     "callable_rate": {"learning_rate": lambda: 0.05},
     "schedule": {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5)},
-    # The schedule at the update count (0, 1), not the micro-batch count.
-    "gradient_accumulation_schedule": {
+    # Micro-batches averaged, and the schedule at the update count (0, 1), not the micro-batch count.
+    "gradient_accumulation": {
         "learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5),
         "gradient_accumulation_steps": 2,
     },

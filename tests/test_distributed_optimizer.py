@@ -46,17 +46,6 @@ def test_world_size_1_is_exactly_the_held_optimizer(make):
     assert int(wrapper.iterations) == int(plain.iterations)
 
 
-@pytest.mark.unit
-def test_keras_accumulation_is_taken_over():
-    sgd = SGD(0.1, gradient_accumulation_steps=4)
-    wrapper = DistributedOptimizer(sgd)
-    assert wrapper.backward_passes_per_step == 4 and sgd.gradient_accumulation_steps is None
-    assert DistributedOptimizer.from_config(wrapper.get_config()).backward_passes_per_step == 4
-    # Through a loss scaler too.
-    inner = keras.optimizers.Adam(gradient_accumulation_steps=3)
-    assert DistributedOptimizer(LSO(inner)).backward_passes_per_step == 3
-
-
 def _built(optimizer):
     optimizer.build([keras.Variable(np.zeros(2, np.float32))])
     return optimizer
@@ -142,11 +131,21 @@ def test_rate_settings_and_config_are_the_held_optimizers():
     config = wrapper.get_config()
     assert (config["compression"], config["gradient_reduction"], config["optimizer"]["class_name"]) == (
         "fp16", "grouped", "LARS")  # fmt: skip
-    adam = DistributedOptimizer(keras.optimizers.Adam(0.01, global_clipnorm=1.0), backward_passes_per_step=2)
+    # Keras's accumulation is taken over, through a loss scaler too.
+    inner = keras.optimizers.Adam(0.01, global_clipnorm=1.0, gradient_accumulation_steps=2)
+    adam = DistributedOptimizer(inner)
+    assert (adam.backward_passes_per_step, inner.gradient_accumulation_steps) == (2, None)
+    assert (
+        DistributedOptimizer(
+            LSO(keras.optimizers.Adam(gradient_accumulation_steps=3))
+        ).backward_passes_per_step
+        == 3
+    )
     for optimizer in (wrapper, adam):
         serialized = keras.optimizers.serialize(optimizer)
         for again in (keras.optimizers.deserialize(serialized), keras.optimizers.get(serialized)):
             assert type(again) is DistributedOptimizer and again.get_config() == optimizer.get_config()
+    assert again.backward_passes_per_step == 2
     # Static loss scaling of the held optimizer: the loss is scaled through the wrapper.
     assert float(DistributedOptimizer(SGD(loss_scale_factor=8.0)).scale_loss(1.0)) == 8.0
 

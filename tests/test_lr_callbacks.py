@@ -19,10 +19,6 @@ EPOCHS = 4
 SCHEDULE = PaperPolynomialDecay(0.2, EPOCHS * STEPS_PER_EPOCH, 5, warmup_start_learning_rate=0.02)
 
 
-def _lr(schedule, step):
-    return float(keras.ops.convert_to_numpy(schedule(step)))
-
-
 def _model(optimizer, seed=0, **compile_kwargs):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     rng = np.random.default_rng(seed)
@@ -67,7 +63,7 @@ def test_callback_gives_the_schedule_rate_at_every_step(tmp_path):
     ]
     history_outside = _fit(outside, callbacks)
     assert record.steps == list(range(12))
-    assert record.rates == [_lr(SCHEDULE, t) for t in range(12)]
+    assert record.rates == [float(SCHEDULE(t)) for t in range(12)]
     # Hand values: start, last warmup step, first decay step (the paper's drop), last step.
     want = [0.02, 0.02 + 0.18 * 4 / 5, 0.2 * (1 - 5 / 12) ** 2, 0.2 / 144]
     assert [record.rates[t] for t in (0, 4, 5, 11)] == pytest.approx(want)
@@ -75,7 +71,7 @@ def test_callback_gives_the_schedule_rate_at_every_step(tmp_path):
     for a, b in zip(inside.get_weights(), outside.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     # Logged: the rate of each epoch's last update (steps 2, 5, 8, 11), in history and in the CSV file.
-    want = [_lr(SCHEDULE, t) for t in (2, 5, 8, 11)]
+    want = [float(SCHEDULE(t)) for t in (2, 5, 8, 11)]
     assert history_outside.history["learning_rate"] == want
     with open(csv_path) as f:
         logged = [float(row["learning_rate"]) for row in csv.DictReader(f)]
@@ -90,8 +86,8 @@ def test_gradient_accumulation_counts_updates_not_micro_batches():
     record = _RecordRates()
     history = _fit(accumulating, [LearningRateWarmup(schedule), record, LearningRateLogger()], 2, 0, 4)
     assert record.steps == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
-    assert record.rates == [_lr(schedule, t // 2) for t in range(12)]
-    assert history.history["learning_rate"] == [_lr(schedule, 2), _lr(schedule, 5)]
+    assert record.rates == [float(schedule(t // 2)) for t in range(12)]
+    assert history.history["learning_rate"] == [float(schedule(2)), float(schedule(5))]
     assert int(accumulating.optimizer.iterations.numpy()) == 6
     # Averaging two micro-batches of 4 is one batch of 8: the same weights as 6 plain updates.
     plain = _model(keras.optimizers.SGD(0.0))
@@ -120,7 +116,7 @@ def test_resume_in_the_middle_of_warmup_continues_the_curve(tmp_path):
     _fit(second, [LearningRateWarmup(SCHEDULE), record_second], initial_epoch=1)
 
     assert record_first.steps + record_second.steps == list(range(12))
-    assert record_first.rates + record_second.rates == [_lr(SCHEDULE, t) for t in range(12)]
+    assert record_first.rates + record_second.rates == [float(SCHEDULE(t)) for t in range(12)]
     assert record_second.rates[0] == pytest.approx(0.02 + 0.18 * 3 / 5)
     for a, b in zip(uninterrupted.get_weights(), second.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -133,7 +129,7 @@ def test_the_loss_scalers_inner_rate_refusals_and_the_steps_per_execution_warnin
     callback.set_model(_model(optimizer))
     optimizer.inner_optimizer.iterations.assign(7)
     callback.on_train_batch_begin(0)
-    assert float(optimizer.inner_optimizer.learning_rate.numpy()) == _lr(SCHEDULE, 7)
+    assert float(optimizer.inner_optimizer.learning_rate.numpy()) == float(SCHEDULE(7))
     optimizer = keras.optimizers.SGD(SCHEDULE)  # named "sgd" by Keras 3.14+, "SGD" by 3.12-3.13
     callback.set_model(_model(optimizer))
     with pytest.raises(ValueError, match=f"float learning rate; SGD '{optimizer.name}' has a Paper"):

@@ -43,13 +43,9 @@ FEATURES = {
     "global_clipnorm": {"global_clipnorm": 1.5},
     "ema": {"use_ema": True, "ema_momentum": 0.5},
     "loss_scale_factor": {"loss_scale_factor": 8.0},
+    "gradient_accumulation": {"gradient_accumulation_steps": 2},
     "callable_rate": {"learning_rate": lambda: 0.05},
     "schedule": {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5)},
-    # Micro-batches averaged, and the schedule at the update count (0, 1), not the micro-batch count.
-    "gradient_accumulation": {
-        "learning_rate": keras.optimizers.schedules.ExponentialDecay(0.1, 1, decay_rate=0.5),
-        "gradient_accumulation_steps": 2,
-    },
 }
 
 

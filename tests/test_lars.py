@@ -227,6 +227,28 @@ def test_learning_rate_forms(learning_rate, expected):
 
 
 @pytest.mark.unit
+def test_gradient_accumulation_counts_applied_updates():
+    # 3 micro-batches per update: 2 updates at schedule(0) = 1 and schedule(1) = 1.75 (Keras's own SGD would
+    # take the rate at the micro-batch count, 2 and 5).
+    schedule = WarmupPolynomialDecay(4.0, total_steps=20, warmup_steps=4, warmup_start_learning_rate=1.0)
+    opt = LARS(schedule, momentum=0.5, eta=1.0, weight_decay=0.01, gradient_accumulation_steps=3)
+    rng = np.random.default_rng(3)
+    w0 = rng.normal(size=(3, 2)).astype(np.float32)
+    micro = [rng.normal(size=(3, 2)).astype(np.float32) for _ in range(6)]
+    (w,) = _variables([w0])
+    step = tf.function(lambda g: opt.apply([g], [w]))
+    counts = []
+    for g in micro:
+        step(tf.constant(g))
+        counts.append(int(opt.iterations.numpy()))
+    assert counts == [0, 0, 1, 1, 1, 2]
+    averaged = [[np.mean(micro[0:3], axis=0)], [np.mean(micro[3:6], axis=0)]]
+    (want,) = _reference([w0], averaged, [1.0, 1.75], momentum=0.5, eta=1.0, weight_decay=0.01)
+    np.testing.assert_allclose(w.numpy(), want, rtol=2e-5, atol=1e-6)
+    assert float(opt.learning_rate) == pytest.approx(float(schedule(2)))
+
+
+@pytest.mark.unit
 def test_model_fit_matches_reference():
     # Full-batch linear regression: the MSE gradient is X^T (X W + b - Y) * 2 / (N * outputs).
     rng = np.random.default_rng(4)

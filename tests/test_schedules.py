@@ -1,4 +1,4 @@
-"""Schedules: hand-computed values config, registry, errors, momentum correction."""
+"""Schedules: hand-computed values, config, registry, errors, and what momentum correction changes."""
 
 import inspect
 import json

@@ -1,6 +1,7 @@
 """DistributedOptimizer in one process (world size 1): exactly the optimizer it holds, its arguments, its
 errors, serialization and the loss-scaler nestings. The 2-rank behaviour is in tests/test_distributed.py."""
 
+import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import tensorflow as tf
 from hvd_lars import LARS, DistributedLossScaleOptimizer, DistributedOptimizer
 from hvd_lars.parallel import collectives
 
-LSO = keras.optimizers.LossScaleOptimizer
+LSO, SGD = keras.optimizers.LossScaleOptimizer, keras.optimizers.SGD
 
 
 def _train(optimizer, steps=4, seed=0):
@@ -28,17 +29,16 @@ def _train(optimizer, steps=4, seed=0):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.5),
         lambda: keras.optimizers.Adam(
             keras.optimizers.schedules.ExponentialDecay(0.01, 1, 0.9), use_ema=True
         ),
-        lambda: keras.optimizers.SGD(0.1, momentum=0.9, gradient_accumulation_steps=2),
         lambda: LARS(0.5, weight_decay=1e-3, eta=0.01, gradient_accumulation_steps=2),
         lambda: LSO(keras.optimizers.Lamb(0.01), initial_scale=8.0),
     ],
-    ids=["sgd_clipnorm", "adam_schedule_ema", "sgd_accumulation", "lars_accumulation", "loss_scaled_lamb"],
+    ids=["adam_schedule_ema", "lars_accumulation", "loss_scaled_lamb"],
 )
 def test_world_size_1_is_exactly_the_held_optimizer(make):
+    # SGD with each base-class feature: test_keras_conformance.
     want, plain = _train(make())
     got, wrapper = _train(DistributedOptimizer(make()))
     for a, b in zip(want, got):
@@ -46,23 +46,9 @@ def test_world_size_1_is_exactly_the_held_optimizer(make):
     assert int(wrapper.iterations) == int(plain.iterations)
 
 
-@pytest.mark.unit
-def test_keras_accumulation_is_taken_over():
-    sgd = keras.optimizers.SGD(0.1, gradient_accumulation_steps=4)
-    wrapper = DistributedOptimizer(sgd)
-    assert wrapper.backward_passes_per_step == 4 and sgd.gradient_accumulation_steps is None
-    assert DistributedOptimizer.from_config(wrapper.get_config()).backward_passes_per_step == 4
-    # Through a loss scaler too.
-    inner = keras.optimizers.Adam(gradient_accumulation_steps=3)
-    assert DistributedOptimizer(LSO(inner)).backward_passes_per_step == 3
-
-
 def _built(optimizer):
     optimizer.build([keras.Variable(np.zeros(2, np.float32))])
     return optimizer
-
-
-SGD = keras.optimizers.SGD
 
 
 @pytest.mark.unit
@@ -91,6 +77,9 @@ SGD = keras.optimizers.SGD
         (lambda: LSO(DistributedOptimizer(SGD(1.0))),
          "would check each rank's gradients alone .*DistributedOptimizer(LossScaleOptimizer"),
         (lambda: LSO(DistributedOptimizer(LSO(SGD(1.0)))), "would check each rank's gradients alone"),
+        (lambda: DistributedOptimizer(SGD(), process_set=hvd.ProcessSet([0])),
+         "process_set must be the global process set (launch a subset of ranks as a job)"),
+        (lambda: DistributedOptimizer(SGD(), sparse_as_dense="yes"), "must be a bool, got 'yes'"),
     ],
 )  # fmt: skip
 def test_bad_arguments_and_misuse_are_refused_where_the_optimizer_is_made(make, message):
@@ -99,59 +88,40 @@ def test_bad_arguments_and_misuse_are_refused_where_the_optimizer_is_made(make, 
 
 
 @pytest.mark.unit
-def test_a_loss_scaler_inside_makes_the_wrapper_a_loss_scaler():
-    wrapper = DistributedOptimizer(LSO(keras.optimizers.SGD(1.0), initial_scale=4.0))
-    assert isinstance(wrapper, DistributedLossScaleOptimizer) and isinstance(wrapper, LSO)
+def test_loss_scaling_under_mixed_float16():
+    # A loss scaler inside, or the mixed_float16 policy where the wrapper is made, makes the wrapper the loss
+    # scaler, which compile keeps; a wrapper made before the policy is refused there (Keras would put its
+    # loss scaler around the wrapper: each rank would decide alone).
+    inside = DistributedOptimizer(LSO(SGD(1.0), initial_scale=4.0))
+    made_before = DistributedOptimizer(SGD(1.0))
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
-        model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
+        made_under = DistributedOptimizer(SGD(1.0), name="d")
+        for wrapper in (inside, made_under, made_before):
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
+            if wrapper is made_before:
+                with pytest.raises(ValueError, match="set_global_policy"):
+                    model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
+            else:
+                model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
+                assert model.optimizer is wrapper
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    assert model.optimizer is wrapper  # Keras did not wrap it in a second loss scaler
-    assert float(wrapper.scale_loss(tf.constant(1.0))) == 4.0
-    assert wrapper.initial_scale == 4.0
-    clone = keras.optimizers.deserialize(keras.optimizers.serialize(wrapper))
-    assert type(clone) is DistributedLossScaleOptimizer and clone.get_config() == wrapper.get_config()
+    assert type(inside) is type(made_under) is DistributedLossScaleOptimizer and isinstance(inside, LSO)
+    assert float(inside.scale_loss(tf.constant(1.0))) == 4.0 and inside.initial_scale == 4.0
+    clone = keras.optimizers.deserialize(keras.optimizers.serialize(inside))
+    assert type(clone) is DistributedLossScaleOptimizer and clone.get_config() == inside.get_config()
+    assert type(made_under.inner_optimizer) is LSO and made_under.initial_scale == 2.0**15  # Keras's default
+    assert type(made_under.inner_optimizer.inner_optimizer).__name__ == "SGD" and made_under.name == "d"
+    assert type(made_before) is DistributedOptimizer
 
 
 @pytest.mark.unit
-def test_made_under_mixed_float16_the_wrapper_scales_the_loss_and_compile_keeps_it():
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0), name="d")
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
-        model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-    assert model.optimizer is wrapper and type(wrapper) is DistributedLossScaleOptimizer
-    assert (
-        type(wrapper.inner_optimizer) is LSO
-        and type(wrapper.inner_optimizer.inner_optimizer).__name__ == "SGD"
-    )
-    assert wrapper.name == "d" and wrapper.initial_scale == 2.0**15  # Keras's default scale
-    # Under float32 the same call gives the plain wrapper.
-    assert type(DistributedOptimizer(keras.optimizers.SGD(1.0))) is DistributedOptimizer
-
-
-@pytest.mark.unit
-def test_compile_under_mixed_float16_refuses_a_wrapper_made_before():
-    # Keras would put its loss scaler around the wrapper: each rank would decide alone.
-    wrapper = DistributedOptimizer(keras.optimizers.SGD(1.0))
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)], name="wrapped")
-        with pytest.raises(ValueError, match="set_global_policy"):
-            model.compile(optimizer=wrapper, loss="mse", jit_compile=False)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
-@pytest.mark.unit
-def test_rate_and_settings_are_the_held_optimizers():
+def test_rate_settings_and_config_are_the_held_optimizers():
     rate = keras.Variable(0.5)
     lars = LARS(rate)
-    wrapper = DistributedOptimizer(lars, compression="fp16", gradient_reduction="grouped")
+    settings = dict(compression="fp16", gradient_reduction="grouped", sparse_as_dense=True)
+    wrapper = DistributedOptimizer(lars, process_set=hvd.global_process_set, **settings)
     wrapper.learning_rate = 0.25
     assert float(rate.numpy()) == 0.25 and float(wrapper.learning_rate.numpy()) == 0.25
     wrapper.build([keras.Variable(np.ones(2, np.float32))])
@@ -159,10 +129,25 @@ def test_rate_and_settings_are_the_held_optimizers():
     assert [v.name for v in wrapper.variables].count(rate.name) == 1
     assert len(wrapper.variables) == 1 + len(lars.variables)
     config = wrapper.get_config()
-    assert config["compression"] == "fp16" and config["gradient_reduction"] == "grouped"
-    assert config["optimizer"]["class_name"] == "LARS"
+    assert (config["compression"], config["gradient_reduction"], config["optimizer"]["class_name"]) == (
+        "fp16", "grouped", "LARS")  # fmt: skip
+    # Keras's accumulation is taken over, through a loss scaler too.
+    inner = keras.optimizers.Adam(0.01, global_clipnorm=1.0, gradient_accumulation_steps=2)
+    adam = DistributedOptimizer(inner)
+    assert (adam.backward_passes_per_step, inner.gradient_accumulation_steps) == (2, None)
+    assert (
+        DistributedOptimizer(
+            LSO(keras.optimizers.Adam(gradient_accumulation_steps=3))
+        ).backward_passes_per_step
+        == 3
+    )
+    for optimizer in (wrapper, adam):
+        serialized = keras.optimizers.serialize(optimizer)
+        for again in (keras.optimizers.deserialize(serialized), keras.optimizers.get(serialized)):
+            assert type(again) is DistributedOptimizer and again.get_config() == optimizer.get_config()
+    assert again.backward_passes_per_step == 2
     # Static loss scaling of the held optimizer: the loss is scaled through the wrapper.
-    assert float(DistributedOptimizer(keras.optimizers.SGD(loss_scale_factor=8.0)).scale_loss(1.0)) == 8.0
+    assert float(DistributedOptimizer(SGD(loss_scale_factor=8.0)).scale_loss(1.0)) == 8.0
 
 
 @pytest.mark.unit

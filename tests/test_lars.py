@@ -13,28 +13,18 @@ from tests.support.lars_reference import lars_step
 
 # One problem holds every case at once: ranks 0 to 5, a zero-initialised tensor, a tensor whose gradient
 # is always zero, and tensors excluded from weight decay, from layer adaptation, or from both.
-PATHS_AND_SHAPES = [
-    ("a/scalar", ()),
-    ("a/zero_init", (7,)),
-    ("b/kernel", (5, 3)),
-    ("c/kernel_zero_grad", (3, 3, 2, 4)),
-    ("c/bias", (4,)),
-    ("d_bn/gamma", (4,)),
-    ("d_bn/beta", (4,)),
-    ("e/kernel", (2, 3, 2, 2, 3)),
-]
+PATHS_AND_SHAPES = [("a/scalar", ()), ("a/zero_init", (7,)), ("b/kernel", (5, 3)),
+                    ("c/kernel_zero_grad", (3, 3, 2, 4)), ("c/bias", (4,)), ("d_bn/gamma", (4,)),
+                    ("d_bn/beta", (4,)), ("e/kernel", (2, 3, 2, 2, 3))]  # fmt: skip
 ZERO_INIT, ZERO_GRAD = 1, 3
-NO_DECAY = [r"bias$", r"beta$"]
-NO_ADAPT = [r"gamma$", r"beta$"]
 DECAY_MASK = [True, True, True, True, False, True, False, True]
 ADAPT_MASK = [True, True, True, True, True, False, False, True]
 MODES = ["paper", "decayed_gradient", "update"]
 
 
 def _variables(weights, paths=None):
-    paths = paths or [f"t{i}/w" for i in range(len(weights))]
     out = []
-    for path, w in zip(paths, weights):
+    for path, w in zip(paths or [f"t{i}/w" for i in range(len(weights))], weights):
         scope, name = path.rsplit("/", 1)
         with keras.name_scope(scope):
             out.append(keras.Variable(w, dtype="float32", name=name))
@@ -46,11 +36,7 @@ def _run(optimizer, weights, grads_per_step, paths=None, lrs=None, fused=True):
     variables = _variables(weights, paths)
     optimizer._fused = fused
     optimizer.build(variables)
-
-    @tf.function
-    def step(grads):
-        optimizer.apply(grads, variables)
-
+    step = tf.function(lambda grads: optimizer.apply(grads, variables))
     for t, grads in enumerate(grads_per_step):
         if lrs is not None:
             optimizer.learning_rate = lrs[t]
@@ -58,22 +44,17 @@ def _run(optimizer, weights, grads_per_step, paths=None, lrs=None, fused=True):
     return [v.numpy() for v in variables]
 
 
-def _reference(weights, grads_per_step, lrs, adapt=None, betas=None, correction=False, **kw):
+def _reference(
+    weights, grads_per_step, lrs, adapt=None, betas=None, correction=False, weight_decay=0.0, **kw
+):
     ws = [np.asarray(w, np.float64) for w in weights]
     vs = [np.zeros_like(w) for w in ws]
     for t, grads in enumerate(grads_per_step):
         scale = lrs[t] / lrs[t - 1] if correction and t > 0 else 1.0
         for i, g in enumerate(grads):
-            ws[i], vs[i] = lars_step(
-                ws[i],
-                vs[i],
-                g,
-                lrs[t],
-                adapt=True if adapt is None else adapt[i],
-                beta=kw.get("weight_decay", 0.0) if betas is None else betas[i],
-                velocity_scale=scale,
-                **{k: v for k, v in kw.items() if k != "weight_decay"},
-            )
+            ws[i], vs[i] = lars_step(ws[i], vs[i], g, lrs[t], adapt=True if adapt is None else adapt[i],
+                                     beta=weight_decay if betas is None else betas[i], velocity_scale=scale,
+                                     **kw)  # fmt: skip
     return ws
 
 
@@ -106,61 +87,43 @@ def test_matches_numpy_reference(mode, nesterov, correction, fused):
     weights, grads = _problem()
     lrs = [0.5, 1.5, 0.25, 0.25, 1.0, 0.5]
     kw = dict(momentum=0.9, weight_decay=5e-3, eta=0.01, epsilon=1e-5 if nesterov else 0.0, nesterov=nesterov)
-    exclusions = dict(exclude_from_weight_decay=NO_DECAY, exclude_from_layer_adaptation=NO_ADAPT)
+    exclusions = dict(
+        exclude_from_weight_decay=[r"bias$", r"beta$"], exclude_from_layer_adaptation=[r"gamma$", r"beta$"]
+    )
     opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correction, **exclusions, **kw)
     got = _run(opt, weights, grads, paths=[p for p, _ in PATHS_AND_SHAPES], lrs=lrs, fused=fused)
     kw.update(mode=mode, adapt=ADAPT_MASK, betas=[kw["weight_decay"] if d else 0.0 for d in DECAY_MASK])
     want = _reference(weights, grads, lrs, correction=correction, **kw)
     _assert_close(got, want)
     assert np.abs(got[ZERO_INIT]).max() > 0.05  # it moves: trust ratio 1 while ||w|| = 0
-    if correction:  # without correction the trajectory differs
-        assert np.abs(_reference(weights, grads, lrs, **kw)[2] - want[2]).max() > 1e-4
-
-
-@pytest.mark.unit
-def test_reference_problem_separates_the_cases():
-    # Otherwise the comparison above could not tell exclusions, modes or Nesterov apart.
-    weights, grads = _problem()
-    base = dict(momentum=0.9, weight_decay=5e-3, eta=0.01, mode="paper")
-    want = _reference(
-        weights, grads, [0.5] * 6, adapt=ADAPT_MASK, betas=[5e-3 * d for d in DECAY_MASK], **base
+    # The problem tells the cases apart: any other case, or no exclusions, would fail the comparison.
+    for m, n, c in CASES:
+        if (m, n, c) != (mode, nesterov, correction):
+            other = _reference(weights, grads, lrs, correction=c, **{**kw, "mode": m, "nesterov": n})
+            assert np.abs(other[2] - want[2]).max() > 1e-3, (m, n, c)
+    unexcluded = _reference(
+        weights, grads, lrs, correction=correction, **{**kw, "adapt": None, "betas": None}
     )
-    no_exclusions = _reference(weights, grads, [0.5] * 6, **base)
-    for i in (4, 5, 6):  # each excluded tensor differs from its non-excluded trajectory
-        assert np.abs(want[i] - no_exclusions[i]).max() > 1e-3, PATHS_AND_SHAPES[i][0]
-    variants = [
-        _reference(weights, grads, [0.5] * 6, **{**base, "mode": m, "nesterov": n})
-        for m in MODES
-        for n in (0, 1)
-    ]
-    for i, a in enumerate(variants):
-        for b in variants[i + 1 :]:
-            assert np.abs(a[2] - b[2]).max() > 1e-4
-
-
-def _caffe_warmup_rate(t, warmup_iter, base_lr, warmup_start_lr):
-    # Intel Caffe 1.0.7 SGDSolver::GetWarmUpLR (src/caffe/solvers/sgd_solver.cpp lines 48-55).
-    t = max(t, 0)
-    return (t * base_lr + (warmup_iter - t) * warmup_start_lr) / warmup_iter
+    assert min(np.abs(unexcluded[i] - want[i]).max() for i in (4, 5, 6)) > 1e-3
 
 
 @pytest.mark.horovod
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "portable"])
-@pytest.mark.parametrize("correction", ["none", "warmup", "always"])
-def test_momentum_correction_modes(correction, fused):
+@pytest.mark.parametrize(
+    "correction, scales",
+    [
+        ("none", [1, 1, 1, 1, 1, 1]),  # Intel Caffe's fused SGD update (the paper's runs)
+        # Intel Caffe 1.0.7's non-fused ComputeUpdateValue: rate / GetWarmUpLR(t - 1) while t < warmup_iter,
+        # GetWarmUpLR(t) = (t * base_lr + (warmup_iter - t) * warmup_start_lr) / warmup_iter (sgd_solver.cpp).
+        ("warmup", [1, 5 / 3, 7 / 5, 1, 1, 1]),
+        ("always", [1, 5 / 3, 7 / 5, 9 / 28, 4 / 9, 1 / 4]),  # lr_t / lr_{t-1}, Goyal et al. eq. 10
+    ],
+)
+def test_momentum_correction_modes(correction, scales, fused):
     # The paper's schedule, small: rates 1, 5/3, 7/3 | 0.75, 1/3, 1/12; trust ratio 1: v = 0.9 s_t v + lr_t g.
     schedule = PaperPolynomialDecay(3.0, total_steps=6, warmup_steps=3, warmup_start_learning_rate=1.0)
-    rates = [float(schedule(t)) for t in range(6)]
-    np.testing.assert_allclose(rates, [1, 5 / 3, 7 / 3, 0.75, 1 / 3, 1 / 12], rtol=1e-6)
-    caffe = [_caffe_warmup_rate(t, 3, 3.0, 1.0) for t in range(3)]
-    scales = {
-        "none": [1.0] * 6,  # Intel Caffe's fused SGD update (the paper's runs)
-        # Non-fused ComputeUpdateValue: rate / GetWarmUpLR(t - 1) while t < warmup_iter, then nothing.
-        "warmup": [caffe[t] / _caffe_warmup_rate(t - 1, 3, 3.0, 1.0) for t in range(3)] + [1.0] * 3,
-        "always": [1.0] + [rates[t] / rates[t - 1] for t in range(1, 6)],  # Goyal et al. eq. 10
-    }[correction]
-    if correction == "warmup":
-        np.testing.assert_allclose(scales[:3], [1.0, 5 / 3, 1.4])
+    rates = [1, 5 / 3, 7 / 3, 0.75, 1 / 3, 1 / 12]
+    np.testing.assert_allclose([float(schedule(t)) for t in range(6)], rates, rtol=1e-6)
     grads = np.random.default_rng(3).normal(size=(6, 4))
     w, v = np.ones(4), np.zeros(4)
     for t in range(6):
@@ -171,29 +134,13 @@ def test_momentum_correction_modes(correction, fused):
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.unit
-def test_momentum_correction_names_and_refusals():
-    schedule = WarmupPolynomialDecay(1.0, total_steps=10, warmup_steps=2)
-    assert LARS(schedule, momentum_correction=True).get_config()["momentum_correction"] == "always"
-    assert LARS(schedule, momentum_correction=False).momentum_correction == "none"
-    opt = LARS(schedule, momentum_correction="warmup")
-    assert LARS.from_config(opt.get_config()).momentum_correction == "warmup"
-    with pytest.raises(ValueError, match="must be one of .*got 'goyal'"):
-        LARS(schedule, momentum_correction="goyal")
-    with pytest.raises(ValueError, match="'warmup'.* int `warmup_steps`.*got 0.5"):
-        LARS(0.5, momentum_correction="warmup")
-    # In "update" mode the velocity is in gradient units: there is no rate in it to correct.
-    with pytest.raises(ValueError, match="momentum_correction.*'update'"):
-        LARS(1.0, trust_ratio_mode="update", momentum_correction=True)
-
-
 @pytest.mark.horovod
 def test_one_step_by_hand():
     # w = [3, 4] (norm 5), g = [0.6, 0.8] (norm 1), eta 0.001, beta 0.01, lr 2, v0 = 0:
-    # trust = 0.001 * 5 / (1 + 0.01 * 5) = 0.005 / 1.05; update = lr * trust * (g + beta * w).
+    # trust = 0.001 * 5 / (1 + 0.01 * 5) = 0.005 / 1.05; lr * trust * (g + beta w) = [0.006, 0.008].
     w0, g = np.array([3.0, 4.0], np.float32), np.array([0.6, 0.8], np.float32)
     (w,) = _run(LARS(2.0, momentum=0.9, weight_decay=0.01, eta=0.001), [w0], [[g]])
-    np.testing.assert_allclose(w, [2.994, 3.992], rtol=1e-6)  # lr * trust * (g + beta w) = [0.006, 0.008]
+    np.testing.assert_allclose(w, [2.994, 3.992], rtol=1e-6)
 
 
 @pytest.mark.horovod
@@ -204,67 +151,48 @@ def test_one_step_by_hand():
 def test_zero_gradient_tensor_still_decays(mode, start, trust):
     # w = 2, g = 0, lr 0.1, beta 0.01, eta 0.001: "paper" measures ||g|| = 0 (trust 1); the others
     # ||g + beta w|| = beta ||w|| (trust eta / beta = 0.1): w *= 1 - lr * trust * beta; w = 0 stays 0, no NaN.
-    w0 = np.full((4,), start, np.float32)
     opt = LARS(0.1, momentum=0.0, weight_decay=0.01, eta=0.001, trust_ratio_mode=mode)
-    (w,) = _run(opt, [w0], [[np.zeros(4, np.float32)]] * 2)
+    (w,) = _run(opt, [np.full((4,), start, np.float32)], [[np.zeros(4, np.float32)]] * 2)
     np.testing.assert_allclose(w, np.full(4, start * (1 - 0.1 * trust * 0.01) ** 2), rtol=1e-6)
 
 
 @pytest.mark.unit
-def test_exclusions_match_variable_path():
-    # Named: an unnamed model's path prefix depends on earlier tests (sequential_3).
+def test_mlperf_exclusions_match_keras_variable_paths():
+    # Named: an unnamed model's path prefix depends on earlier tests (sequential_3). The masks' effect on the
+    # update is test_matches_numpy_reference's.
     layers = [
         keras.Input((4,)),
         keras.layers.Dense(3, name="fc"),
         keras.layers.BatchNormalization(name="fc_bn"),
     ]
     variables = keras.Sequential(layers, name="sequential").trainable_variables
-    rng = np.random.default_rng(1)
-    grads = [[rng.normal(size=v.shape).astype(np.float32) for v in variables] for _ in range(5)]
-    weights = [v.numpy() for v in variables]
-    assert [v.path for v in variables] == [
-        f"sequential/{p}" for p in ("fc/kernel", "fc/bias", "fc_bn/gamma", "fc_bn/beta")
-    ]
-    exclusions = dict(
-        exclude_from_weight_decay=mlperf_exclusions(), exclude_from_layer_adaptation=mlperf_exclusions()
-    )
-    opt = LARS(0.3, weight_decay=0.01, eta=0.02, **exclusions)
+    want = [f"sequential/{p}" for p in ("fc/kernel", "fc/bias", "fc_bn/gamma", "fc_bn/beta")]
+    assert [v.path for v in variables] == want
+    exclusions = mlperf_exclusions()
+    opt = LARS(0.3, exclude_from_weight_decay=exclusions, exclude_from_layer_adaptation=exclusions)
     opt.build(variables)
-    assert opt._decay_mask == [True, False, False, False] and opt._adapt_mask == [True, False, False, False]
-    step = tf.function(lambda gs: opt.apply(gs, variables))
-    for gs in grads:
-        step([tf.constant(g) for g in gs])
-    want = _reference(weights, grads, [0.3] * 5, adapt=opt._adapt_mask, betas=[0.01, 0.0, 0.0, 0.0], eta=0.02)
-    for v, w in zip(variables, want):
-        np.testing.assert_allclose(v.numpy(), w, rtol=2e-5, atol=1e-6)
-
-
-def _lars_warnings(record):
-    return [w for w in record if "LARS exclusion" in str(w.message)]
+    assert opt._decay_mask == opt._adapt_mask == [True, False, False, False]
 
 
 @pytest.mark.unit
 def test_unmatched_exclusion_patterns_warn_once_matching_ones_never():
-    opt = LARS(
-        0.1, exclude_from_weight_decay=["no_such_layer", "w$"], exclude_from_layer_adaptation=["nothing"]
-    )
     variables = _variables([np.ones(3, np.float32)], paths=["dense/w"])
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            opt.apply([tf.ones(3)], variables)
-        opt.build(variables)
-    (warning,) = _lars_warnings(record)
-    message = str(warning.message)
-    assert "exclude_from_weight_decay='no_such_layer'" in message
-    assert "exclude_from_layer_adaptation='nothing'" in message
-    assert "'w$'" not in message  # it matched dense/w
-    assert int(opt.iterations.numpy()) == 3
-    opt = LARS(0.1, exclude_from_weight_decay=["w$"], exclude_from_layer_adaptation=["^dense/"])
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        opt.build(variables)
-    assert _lars_warnings(record) == []
+    unmatched = dict(
+        exclude_from_weight_decay=["no_such_layer", "w$"], exclude_from_layer_adaptation=["nothing"]
+    )
+    matched = dict(exclude_from_weight_decay=["w$"], exclude_from_layer_adaptation=["^dense/"])
+    warned = []
+    for exclusions in (unmatched, matched):
+        opt = LARS(0.1, **exclusions)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                opt.apply([tf.ones(3)], variables)
+            opt.build(variables)
+        warned.append([str(w.message) for w in record if "LARS exclusion" in str(w.message)])
+    (message,), none = warned
+    assert "exclude_from_weight_decay='no_such_layer'" in message and "'w$'" not in message
+    assert "exclude_from_layer_adaptation='nothing'" in message and none == []
 
 
 @pytest.mark.unit
@@ -275,51 +203,40 @@ def test_unmatched_exclusion_patterns_warn_once_matching_ones_never():
         (2, [-2.0, -4.0]),  # an int is accepted as a float
         (lambda: 0.5, [-0.5, -1.0]),  # callable of no arguments
         (keras.optimizers.schedules.PiecewiseConstantDecay([0], [1.0, 0.1]), [-1.0, -1.1]),
+        ("variable", [-0.5, -0.625]),  # the caller's variable, set to 0.125 between the steps
     ],
-    ids=["float", "int", "callable", "schedule"],
+    ids=["float", "int", "callable", "schedule", "variable"],
 )
 def test_learning_rate_forms(learning_rate, expected):
     # LARS without adaptation, momentum or decay: w -= lr * g (g = 1).
+    rate = keras.Variable(0.5, dtype="float32", name="shared_rate")
+    learning_rate = rate if learning_rate == "variable" else learning_rate
     opt = LARS(learning_rate, momentum=0.0, exclude_from_layer_adaptation=[""])
     (w,) = _variables([np.zeros(2, np.float32)])
     history = []
     for _ in range(2):
         opt.apply([tf.ones(2)], [w])
         history.append(float(w.numpy()[0]))
+        rate.assign(0.125)
     np.testing.assert_allclose(history, expected, rtol=1e-6)
-
-
-@pytest.mark.unit
-def test_learning_rate_variable_is_shared():
-    rate = keras.Variable(0.5, dtype="float32", name="shared_rate")
-    opt = LARS(rate, momentum=0.0, exclude_from_layer_adaptation=[""])
-    (w,) = _variables([np.zeros(2, np.float32)])
-    opt.apply([tf.ones(2)], [w])
-    rate.assign(0.125)  # e.g. a callback changing the rate
-    opt.apply([tf.ones(2)], [w])
-    np.testing.assert_allclose(w.numpy(), [-0.625, -0.625], rtol=1e-6)
-    assert any(v is rate for v in opt.variables)
-    assert opt.get_config()["learning_rate"] == 0.125
-    opt.learning_rate = 0.25  # the Keras setter assigns into the shared variable
-    assert float(rate.numpy()) == 0.25
+    if learning_rate is rate:
+        assert [v is rate for v in opt.variables].count(True) == 1
+        assert opt.get_config()["learning_rate"] == 0.125
+        opt.learning_rate = 0.25  # the Keras setter assigns into the shared variable
+        assert float(rate.numpy()) == 0.25
 
 
 @pytest.mark.unit
 def test_gradient_accumulation_counts_applied_updates():
-    # 3 micro-batches per update: 2 updates at schedule(0) = 1 and schedule(1) = 1.75 (not at 2 and 5).
-    schedule = WarmupPolynomialDecay(
-        peak_learning_rate=4.0, total_steps=20, warmup_steps=4, warmup_start_learning_rate=1.0
-    )
+    # 3 micro-batches per update: 2 updates at schedule(0) = 1 and schedule(1) = 1.75 (Keras's own SGD would
+    # take the rate at the micro-batch count, 2 and 5).
+    schedule = WarmupPolynomialDecay(4.0, total_steps=20, warmup_steps=4, warmup_start_learning_rate=1.0)
     opt = LARS(schedule, momentum=0.5, eta=1.0, weight_decay=0.01, gradient_accumulation_steps=3)
     rng = np.random.default_rng(3)
     w0 = rng.normal(size=(3, 2)).astype(np.float32)
     micro = [rng.normal(size=(3, 2)).astype(np.float32) for _ in range(6)]
     (w,) = _variables([w0])
-
-    @tf.function
-    def step(g):
-        opt.apply([g], [w])
-
+    step = tf.function(lambda g: opt.apply([g], [w]))
     counts = []
     for g in micro:
         step(tf.constant(g))
@@ -332,28 +249,15 @@ def test_gradient_accumulation_counts_applied_updates():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("loop", ["fit", "custom_tf_function"])
-def test_training_loops_match_reference(loop):
+def test_model_fit_matches_reference():
     # Full-batch linear regression: the MSE gradient is X^T (X W + b - Y) * 2 / (N * outputs).
     rng = np.random.default_rng(4)
     x, y = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(16, 2)).astype(np.float32)
-    keras.utils.set_random_seed(4)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
     kernel, bias = (v.numpy() for v in model.trainable_variables)
-    kw = dict(momentum=0.9, weight_decay=1e-3, eta=0.01)
-    optimizer = LARS(0.5, exclude_from_layer_adaptation=["bias"], **kw)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-
-    if loop == "fit":
-        model.compile(optimizer=optimizer, loss="mse")
-        model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
-    for _ in range(4 if loop != "fit" else 0):
-        train_step(tf.constant(x), tf.constant(y))
+    opt = LARS(0.5, momentum=0.9, weight_decay=1e-3, eta=0.01, exclude_from_layer_adaptation=["bias"])
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
     w, v = [kernel.astype(np.float64), bias.astype(np.float64)], [np.zeros((3, 2)), np.zeros(2)]
     for _ in range(4):
         residual = (x @ w[0] + w[1] - y) * 2.0 / y.size
@@ -361,74 +265,72 @@ def test_training_loops_match_reference(loop):
             w[i], v[i] = lars_step(w[i], v[i], g, 0.5, adapt=i == 0, beta=1e-3, momentum=0.9, eta=0.01)
     for got, want in zip(model.trainable_variables, w):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-6)
-    assert np.abs(w[0] - kernel).max() > 1e-3  # it moved
-    assert int(optimizer.iterations.numpy()) == 4
+    assert np.abs(w[0] - kernel).max() > 1e-3 and int(model.optimizer.iterations.numpy()) == 4
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"eta": -0.1}, "eta"),
-        ({"eta": 0.0}, "eta"),
-        ({"momentum": 1.0}, "momentum"),
-        ({"momentum": -0.5}, "momentum"),
-        ({"momentum": "0.9"}, "momentum"),
-        ({"weight_decay": -1e-4}, "weight_decay"),
-        ({"epsilon": -1.0}, "epsilon"),
-        ({"learning_rate": -0.1}, "learning_rate"),
-        ({"trust_ratio_mode": "layerwise"}, "trust_ratio_mode"),
+        ({"eta": -0.1}, "eta"), ({"eta": 0.0}, "eta"), ({"momentum": 1.0}, "momentum"),
+        ({"momentum": -0.5}, "momentum"), ({"momentum": "0.9"}, "momentum"),
+        ({"weight_decay": -1e-4}, "weight_decay"), ({"epsilon": -1.0}, "epsilon"),
+        ({"learning_rate": -0.1}, "learning_rate"), ({"trust_ratio_mode": "layerwise"}, "trust_ratio_mode"),
         ({"exclude_from_weight_decay": ["("]}, "regular expression"),
+        ({"momentum_correction": "goyal"}, "must be one of .*or a bool"),
+        ({"momentum_correction": "warmup", "learning_rate": 0.5}, "int `warmup_steps`.*got 0.5"),
+        # In "update" mode the velocity is in gradient units: there is no rate in it to correct.
+        ({"momentum_correction": "always", "trust_ratio_mode": "update"}, "does not apply"),
     ],
-)
+)  # fmt: skip
 def test_invalid_arguments_quote_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message) as info:
         LARS(**{"learning_rate": 0.1, **kwargs})
-    (value,) = kwargs.values()
-    assert repr(value).strip("[]") in str(info.value)
+    for value in kwargs.values():
+        assert repr(value).strip("[]") in str(info.value)
 
 
 @pytest.mark.unit
 def test_config_round_trip():
     kwargs = dict(momentum=0.8, weight_decay=1e-4, eta=0.002, epsilon=1e-5, nesterov=True,
                   exclude_from_weight_decay=["bias"], exclude_from_layer_adaptation=["bn"],
-                  trust_ratio_mode="decayed_gradient", momentum_correction="always",
-                  gradient_accumulation_steps=2)  # fmt: skip
+                  trust_ratio_mode="decayed_gradient", momentum_correction="warmup",
+                  gradient_accumulation_steps=2, clipnorm=2.0)  # fmt: skip
     opt = LARS(WarmupPolynomialDecay(peak_learning_rate=3.0, total_steps=100, warmup_steps=10), **kwargs)
     config = opt.get_config()
     assert {k: config[k] for k in kwargs} == kwargs
     assert opt.weight_decay is None  # LARS decays; the Keras base class must not decay a second time
     clone = LARS.from_config(copy.deepcopy(config))
     assert clone.get_config() == config and isinstance(clone._learning_rate, WarmupPolynomialDecay)
-    assert keras.optimizers.deserialize(keras.optimizers.serialize(opt)).get_config() == config
+    serialized = keras.optimizers.serialize(opt)
+    for again in (keras.optimizers.deserialize(serialized), keras.optimizers.get(serialized)):
+        assert type(again) is LARS and again.get_config() == config
+    assert keras.optimizers.get(opt) is opt
+    assert [LARS(0.1, momentum_correction=c).momentum_correction for c in (True, False)] == ["always", "none"]
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("rate", ["variable", "schedule"])
-def test_saved_state_is_whole_and_continues_identically(tmp_path, rate):
-    # Listed twice, a rate variable would make a checkpoint refuse to save and a .keras load drop the state.
+def test_saved_state_is_whole_and_continues_identically(tmp_path):
+    # Listed twice, a rate variable would make a checkpoint refuse to save and a .keras load drop the state;
+    # momentum correction keeps the previous rate, which must be saved too.
     def build():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
-        learning_rate = keras.Variable(0.05, name="shared_rate")
-        if rate == "schedule":
-            learning_rate = WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=10, warmup_steps=2)
-        # momentum_correction adds a state variable that must be saved too.
-        opt = LARS(learning_rate, weight_decay=1e-3, eta=0.01, exclude_from_layer_adaptation=["bias"],
-                   momentum_correction=rate == "schedule")  # fmt: skip
+        opt = LARS(keras.Variable(0.05, name="shared_rate"), weight_decay=1e-3, eta=0.01,
+                   exclude_from_layer_adaptation=["bias"], momentum_correction=True)  # fmt: skip
         model.compile(optimizer=opt, loss="mse")
-        return model, learning_rate
+        return model
 
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)).astype(np.float32)
-    model, learning_rate = build()
+    model = build()
     model.fit(x, y, batch_size=4, epochs=2, verbose=0)
     opt = model.optimizer
-    saved = [np.asarray(v) for v in opt.variables]
-    assert len(saved) == 4 and int(opt.iterations) == 4 and np.abs(opt.velocities[0].numpy()).max() > 0
-    if rate == "variable":
-        assert [v.path for v in opt.variables].count(learning_rate.path) == 1
+    opt.learning_rate = 0.02  # the previous rate (0.05) now differs from the rate
+    assert float(opt._previous_learning_rate.numpy()) == pytest.approx(0.05)
+    saved = [np.asarray(v) for v in opt.variables]  # iterations, rate, previous rate, 2 velocities
+    assert len(saved) == 5 and int(opt.iterations) == 4 and np.abs(opt.velocities[0].numpy()).max() > 0
     tf.train.Checkpoint(optimizer=opt).write(str(tmp_path / "ckpt"))
-    fresh, _ = build()
+    fresh = build()
     fresh.optimizer.build(fresh.trainable_variables)
     tf.train.Checkpoint(optimizer=fresh.optimizer).read(str(tmp_path / "ckpt")).assert_consumed()
     model.save(tmp_path / "m.keras")
@@ -438,17 +340,13 @@ def test_saved_state_is_whole_and_continues_identically(tmp_path, rate):
     assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
     assert isinstance(loaded.optimizer, LARS) and loaded.optimizer.get_config() == opt.get_config()
     for restored in (fresh.optimizer, loaded.optimizer):
-        assert len(restored.variables) == 4
-        for a, b in zip(saved, restored.variables):
+        for a, b in zip(saved, restored.variables, strict=True):
             np.testing.assert_array_equal(a, np.asarray(b))
-    # The velocity is restored: the next steps coincide.
+    # The velocity and the previous rate are restored: the next steps coincide.
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     loaded.fit(x, y, batch_size=8, epochs=2, verbose=0)
     for a, b in zip(model.trainable_variables, loaded.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
-    if rate == "schedule":
-        previous = float(loaded.optimizer._previous_learning_rate.numpy())
-        assert previous == pytest.approx(float(loaded.optimizer._learning_rate(5)))
 
 
 @pytest.mark.unit
@@ -460,16 +358,13 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
         )
         model.compile(optimizer=LARS(0.1, weight_decay=1e-4), loss="mse")
         before = [v.numpy() for v in model.trainable_variables]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.fit(np.ones((16, 4), np.float32), np.zeros((16, 2), np.float32), epochs=2, verbose=0)
-        assert model.layers[0].compute_dtype == "bfloat16"
-        assert all(v.dtype == "float32" for v in model.optimizer.velocities)
-        assert all(v.dtype == "float32" for v in model.trainable_variables)
-        assert all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables)
-        assert all(np.abs(v.numpy() - b).max() > 0 for v, b in zip(model.trainable_variables, before))
+        model.fit(np.ones((16, 4), np.float32), np.zeros((16, 2), np.float32), epochs=2, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+    assert model.layers[0].compute_dtype == "bfloat16"
+    assert all(v.dtype == "float32" for v in model.optimizer.velocities + model.trainable_variables)
+    for v, b in zip(model.trainable_variables, before):
+        assert np.all(np.isfinite(v.numpy())) and np.abs(v.numpy() - b).max() > 0
 
 
 @pytest.mark.unit
@@ -478,12 +373,12 @@ def test_bfloat16_variables_follow_the_reference_loosely():
     # tensor 10x the tolerance or more, so the comparison tells a LARS step from none.
     weights, grads = _problem(seed=6, steps=5)
     to_bf16 = lambda a: tf.cast(tf.constant(a), tf.bfloat16)
+    rounded = lambda a: to_bf16(a).numpy().astype(np.float32)
     variables = [keras.Variable(to_bf16(w), dtype="bfloat16") for w in weights]
     opt = LARS(5.0, weight_decay=5e-3, eta=0.01)
     for gs in grads:
         opt.apply([to_bf16(g) for g in gs], variables)
     assert all(v.dtype == "bfloat16" for v in opt.velocities)
-    rounded = lambda a: to_bf16(a).numpy().astype(np.float32)
     bf16_grads = [[rounded(g) for g in gs] for gs in grads]
     want = _reference([rounded(w) for w in weights], bf16_grads, [5.0] * 5, weight_decay=5e-3, eta=0.01)
     for w, start in zip(want, weights):
@@ -496,10 +391,9 @@ def test_bfloat16_variables_follow_the_reference_loosely():
 def test_two_lars_in_one_program_have_their_own_names_and_variable_paths():
     # Keras's automatic names ("lars", "lars_1"), so the paths exclusions and logs match on are unique.
     first, second = LARS(0.1), LARS(0.1)
-    assert first.name != second.name and first.name.startswith("lars") and second.name.startswith("lars")
     for optimizer in (first, second):
         optimizer.build([keras.Variable(np.zeros(3, np.float32), name="kernel")])
     paths = [v.path for o in (first, second) for v in o.variables]
-    assert len(paths) == len(set(paths)) == 6  # iteration, learning_rate and one velocity each
-    assert {p.split("/")[0] for p in paths} == {first.name, second.name}
+    assert len(set(paths)) == 6 and first.name != second.name  # iteration, learning_rate, a velocity each
+    assert {p.split("/")[0] for p in paths} == {first.name, second.name} and first.name.startswith("lars")
     assert LARS(0.1, name="mine").name == "mine"

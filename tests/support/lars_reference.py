@@ -4,9 +4,7 @@ import numpy as np
 
 
 def trust_ratio(eta, w_norm, g_norm, beta, epsilon):
-    if w_norm == 0 or g_norm == 0:
-        return 1.0
-    return eta * w_norm / (g_norm + beta * w_norm + epsilon)
+    return 1.0 if w_norm == 0 or g_norm == 0 else eta * w_norm / (g_norm + beta * w_norm + epsilon)
 
 
 def lars_step(w, v, g, lr, *, momentum=0.9, beta=0.0, eta=0.001, epsilon=0.0, nesterov=False, adapt=True,

@@ -35,9 +35,9 @@ def _refusal(root, classes=None):
     return str(info.value)
 
 
-def _build(root, **options):
-    request = InputRequest(per_rank_batch=1, rank=0, world_size=1, seed=0, data_dir=str(root))
-    return get_input("image_folder", request, **{"image_size": 28, **options})
+def _build(root, batch=1):
+    request = InputRequest(per_rank_batch=batch, rank=0, world_size=1, seed=0, data_dir=str(root))
+    return get_input("image_folder", request, image_size=28)
 
 
 @pytest.mark.unit
@@ -73,9 +73,7 @@ def test_image_extensions_in_any_letter_case_are_read(tmp_path):
         _write(tmp_path, {f"train/x/{name}": out.getvalue(), f"validation/x/{name}": out.getvalue()})
     found = listing.list_split(str(tmp_path / "train"))
     assert found.files == tuple(f"x/{n}" for n in sorted(formats))
-    request = InputRequest(per_rank_batch=8, rank=0, world_size=1, seed=0, data_dir=str(tmp_path))
-    data = get_input("image_folder", request, image_size=28)
-    images, _ = next(iter(data.eval))
+    images, _ = next(iter(_build(tmp_path, batch=8).eval))
     assert images.shape == (8, 28, 28, 3)
     # The lossless formats decode to the same pixels (one view of each, compared with the PNG's).
     lossless = [i for i, n in enumerate(sorted(formats)) if formats[n] in ("PNG", "BMP", "WEBP")]
@@ -83,23 +81,41 @@ def test_image_extensions_in_any_letter_case_are_read(tmp_path):
         np.testing.assert_allclose(images[i].numpy(), images[lossless[0]].numpy(), atol=0.05)
 
 
-@pytest.mark.unit
-def test_files_that_are_not_images_are_refused_naming_them(tmp_path):
-    files = {"cat/a.JPEG": ..., "cat/scan.tif": b"II*\x00", "cat/photo.HEIC": b"ftypheic", "dog/b.jpg": ...}
-    _write(tmp_path, {**files, "dog/labels.csv": b"file,label\n", "dog/old/notes.txt": b"x"})
-    message = _refusal(tmp_path)
-    assert "4 files that are not images this pipeline reads" in message
-    for rel in ("cat/scan.tif", "cat/photo.HEIC", "dog/labels.csv", "dog/old/notes.txt"):
-        assert os.path.join(str(tmp_path), rel) in message
-    assert "TIFF or HEIC to PNG or JPEG" in message and ".jpeg, .jpg" in message
+LOOP = "symbolic links to a folder already read (a loop, or one folder listed twice)"
+# Each layout of a split folder that is refused: the ValueError names every path (`{r}`: the split folder).
+REFUSED = {
+    "not images": (
+        {"cat/a.JPEG": ..., "cat/scan.tif": b"II*\x00", "cat/photo.HEIC": b"ftypheic", "dog/b.jpg": ...,
+         "dog/labels.csv": b"file,label\n", "dog/old/notes.txt": b"x"},
+        ["4 files that are not images this pipeline reads", "{r}/cat/scan.tif", "{r}/cat/photo.HEIC",
+         "{r}/dog/labels.csv", "{r}/dog/old/notes.txt", "TIFF or HEIC to PNG or JPEG", ".jpeg, .jpg"],
+    ),
+    "unsorted images": (
+        {"ILSVRC2012_val_00000001.JPEG": ..., "n01440764/a.JPEG": ...},
+        ["1 files outside the class folders: {r}/ILSVRC2012_val_00000001.JPEG. "],
+    ),
+    "a loop": ({"cat/a.JPEG": ..., "cat/again": "->.."}, [f"1 {LOOP}: {{r}}/cat/again repeats {{r}}. "]),
+    "in itself": ({"cat/a.JPEG": ..., "cat/self": "->."}, [f"{LOOP}: {{r}}/cat/self repeats {{r}}/cat. "]),
+    "a folder twice": ({"cat/a.JPEG": ..., "kitten": "->cat"}, [f"{LOOP}: {{r}}/kitten repeats {{r}}/cat. "]),
+    "broken links": (
+        {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"},
+        ["2 broken symbolic links", "{r}/cat/gone.JPEG -> /nonexistent/gone.JPEG", "{r}/dog -> /nonexistent"],
+    ),
+    "empty classes": (
+        {"cat/a.JPEG": ..., "dog": None, "fox/.DS_Store": b"Bud1", "owl/empty": None},
+        ["3 class folders without images: {r}/dog; {r}/fox; {r}/owl. "],
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.unit
-def test_images_outside_class_folders_are_refused(tmp_path):
-    # An unsorted validation set: the images lie in the split folder itself.
-    _write(tmp_path, {"ILSVRC2012_val_00000001.JPEG": ..., "n01440764/a.JPEG": ...})
+@pytest.mark.parametrize("layout", REFUSED)
+def test_refused_layouts_name_every_path(tmp_path, layout):
+    files, fragments = REFUSED[layout]
+    _write(tmp_path, files)
     message = _refusal(tmp_path)
-    assert f"1 files outside the class folders: {tmp_path}/ILSVRC2012_val_00000001.JPEG" in message
+    for fragment in fragments:
+        assert fragment.format(r=tmp_path) in message
 
 
 @pytest.mark.unit
@@ -114,45 +130,6 @@ def test_symbolic_links_to_files_and_class_folders_are_followed(tmp_path):
     assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/c0.JPEG", "cat/linked.JPEG")
     assert found.labels.tolist() == [0, 0, 1, 1]
     assert all(os.path.isfile(p) for p in found.paths())
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "link, target, repeats",
-    [
-        ("cat/again", "..", ""),  # a loop back to the split folder
-        ("cat/self", ".", "cat"),  # a folder that contains itself
-        ("kitten", "cat", "cat"),  # one folder under two class names
-    ],
-)
-def test_links_to_a_folder_already_read_are_refused(tmp_path, link, target, repeats):
-    _write(tmp_path, {"cat/a.JPEG": ..., link: f"->{target}"})
-    message = _refusal(tmp_path)
-    repeated = os.path.join(str(tmp_path), repeats) if repeats else str(tmp_path)
-    assert (
-        f"symbolic links to a folder already read (a loop, or one folder listed twice): {tmp_path}/"
-        in message
-    )
-    assert f"repeats {repeated}" in message
-
-
-@pytest.mark.unit
-def test_broken_links_are_refused_naming_link_and_target(tmp_path):
-    _write(
-        tmp_path, {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"}
-    )
-    message = _refusal(tmp_path)
-    assert f"{tmp_path}/cat/gone.JPEG -> /nonexistent/gone.JPEG" in message
-    assert f"{tmp_path}/dog -> /nonexistent" in message and "2 broken symbolic links" in message
-
-
-@pytest.mark.unit
-def test_training_class_folders_without_images_are_refused(tmp_path):
-    _write(tmp_path, {"cat/a.JPEG": ..., "dog": None, "fox/.DS_Store": b"Bud1", "owl/empty": None})
-    message = _refusal(tmp_path)
-    assert "3 class folders without images" in message
-    for name in ("dog", "fox", "owl"):
-        assert os.path.join(str(tmp_path), name) in message
 
 
 @pytest.mark.unit

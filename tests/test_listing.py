@@ -41,26 +41,32 @@ def _build(root, batch=1):
 
 
 @pytest.mark.unit
-def test_hidden_files_and_folders_are_skipped_everywhere(tmp_path):
-    # A notebook's checkpoints folder beside the classes and a macOS ._ file beside an image (read, they
-    # would make 3 classes with cat as label 1, and a non-image decoded).
+def test_what_a_listing_reads_hidden_entries_links_sub_folders_and_odd_names(tmp_path):
+    odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
+    # Hidden: a notebook's checkpoints folder beside the classes, macOS ._ files and Windows' files.
     _write(tmp_path, {
         "train/cat/cat_0.JPEG": ..., "train/cat/._cat_0.JPEG": b"\x00\x05\x16\x07 AppleDouble",
         "train/cat/.DS_Store": b"\x00\x00\x00\x01Bud1", "train/cat/.hidden/cat_9.JPEG": ...,
-        "train/dog/dog_0.jpg": ..., "train/dog/Thumbs.db": b"\xd0\xcf\x11\xe0",
-        "train/dog/desktop.ini": b"[.ShellClassInfo]", "train/.ipynb_checkpoints/cat_0-checkpoint.JPEG": ...,
-        "train/__MACOSX/cat/._cat_0.JPEG": b"\x00\x05\x16\x07", "train/.DS_Store": b"Bud1",
-        "validation/cat/cat_1.JPEG": ..., "validation/dog/dog_1.JPEG": ...,
+        "train/cat/2024/a b.JPEG": ..., "train/cat/linked.JPEG": "->../../elsewhere/one.JPEG",
+        "train/dog/dog_0.jpg": ..., "train/dog/Thumbs.db": b"\xd0\xcf\x11\xe0", f"train/dog/{odd}": ...,
+        "train/dog/desktop.ini": b"[.ShellClassInfo]", "train/dog/Ärger ü.jpg": ...,
+        "train/.ipynb_checkpoints/cat_0-checkpoint.JPEG": ..., "train/__MACOSX/cat/._cat_0.JPEG": b"\x00\x05",
+        "train/.DS_Store": b"Bud1", "train/bird": "->../elsewhere/birds", "elsewhere/birds/b0.JPEG": ...,
+        "elsewhere/birds/b1.png": encode(PICTURE, "png"), "elsewhere/one.JPEG": ...,
+        "validation/bird/b.png": ..., "validation/cat/c.JPEG": ..., "validation/dog/d.JPEG": ...,
         "validation/.ipynb_checkpoints/x.JPEG": ...,
     })  # fmt: skip
     found = listing.list_split(str(tmp_path / "train"))
-    assert found.classes == ("cat", "dog")
-    assert found.files == ("cat/cat_0.JPEG", "dog/dog_0.jpg") and found.labels.tolist() == [0, 1]
+    assert found.classes == ("bird", "cat", "dog")
+    assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/2024/a b.JPEG", "cat/cat_0.JPEG",
+        "cat/linked.JPEG", "dog/caf\udce9 latin-1.JPEG", "dog/dog_0.jpg", "dog/Ärger ü.jpg")  # fmt: skip
+    assert found.labels.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert all(os.path.isfile(p) for p in found.paths())
     data = _build(tmp_path)
-    assert (data.num_classes, data.num_train_examples, data.num_eval_examples) == (2, 2, 2)
-    labels = [int(y[0]) for _, y in data.train.take(4)]  # two epochs decode without error
-    assert sorted(labels[:2]) == sorted(labels[2:]) == [0, 1]
-    assert [int(y[0]) for _, y in data.eval] == [0, 1]
+    assert (data.num_classes, data.num_train_examples, data.num_eval_examples) == (3, 8, 3)
+    labels = [int(y[0]) for _, y in data.train.take(16)]  # two epochs: every file opened and decoded
+    assert sorted(labels[:8]) == sorted(labels[8:]) == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert [int(y[0]) for _, y in data.eval] == [0, 1, 2]
 
 
 @pytest.mark.unit
@@ -119,20 +125,6 @@ def test_refused_layouts_name_every_path(tmp_path, layout):
 
 
 @pytest.mark.unit
-def test_symbolic_links_to_files_and_class_folders_are_followed(tmp_path):
-    _write(tmp_path, {
-        "elsewhere/birds/b0.JPEG": ..., "elsewhere/birds/b1.png": encode(PICTURE, "png"),
-        "elsewhere/one.JPEG": ..., "train/bird": "->../elsewhere/birds", "train/cat/c0.JPEG": ...,
-        "train/cat/linked.JPEG": "->../../elsewhere/one.JPEG",
-    })  # fmt: skip
-    found = listing.list_split(str(tmp_path / "train"))
-    assert found.classes == ("bird", "cat")
-    assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/c0.JPEG", "cat/linked.JPEG")
-    assert found.labels.tolist() == [0, 0, 1, 1]
-    assert all(os.path.isfile(p) for p in found.paths())
-
-
-@pytest.mark.unit
 def test_validation_classes_missing_are_named_extra_ones_refused(tmp_path):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ..., "train/owl/c.JPEG": ...})
     _write(tmp_path, {"validation/dog/d.JPEG": ..., "validation/owl": None})
@@ -144,19 +136,6 @@ def test_validation_classes_missing_are_named_extra_ones_refused(tmp_path):
     _write(tmp_path, {"validation/fox/e.JPEG": ...})
     message = _refusal(tmp_path / "validation", ("cat", "dog", "owl"))
     assert f"1 class folders the training split lacks: {tmp_path}/validation/fox" in message
-
-
-@pytest.mark.unit
-def test_sub_folders_belong_to_their_class_and_odd_names_are_read(tmp_path):
-    odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
-    _write(tmp_path, {"train/cat/2024/a b.JPEG": ..., "train/cat/z.JPEG": ..., "train/dog/Ärger ü.jpg": ...})
-    _write(tmp_path, {f"train/dog/{odd}": ..., "validation/cat/v.JPEG": ...})
-    found = listing.list_split(str(tmp_path / "train"))
-    assert found.files == ("cat/2024/a b.JPEG", "cat/z.JPEG", "dog/caf\udce9 latin-1.JPEG", "dog/Ärger ü.jpg")
-    assert found.labels.tolist() == [0, 0, 1, 1]
-    data = _build(tmp_path)
-    labels = [int(y[0]) for _, y in data.train.take(4)]  # every file is opened and decoded
-    assert sorted(labels) == [0, 0, 1, 1]
 
 
 @pytest.mark.unit

@@ -30,14 +30,25 @@ def test_unknown_model_lists_valid_names():
 
 
 @pytest.mark.unit
-def test_small_cnn_parameter_count():
-    model = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
+def test_small_cnn_parameter_counts_with_and_without_batch_norm():
+    with_bn = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
+    without = get_model("small_cnn_nobn", num_classes=10, input_shape=(28, 28, 1))
     # convs (no bias): 3*3*(1*16 + 16*16 + 16*32 + 32*32) = 16,272; BN gamma+beta: 2*(16+16+32+32) = 192;
     # fc1: 7*7*32*128 + 128 = 200,832; fc1_bn: 256; logits: 128*10 + 10 = 1,290.
-    assert model.count_params() - sum(v.numpy().size for v in model.non_trainable_variables) == (
-        16272 + 192 + 200832 + 256 + 1290
-    )
-    assert model.output.dtype == "float32"
+    assert trainable_count(with_bn) == 16272 + 192 + 200832 + 256 + 1290
+    # Without BN, its gamma, beta, moving mean and variance go (4 * 224 = 896 numbers); each convolution
+    # gains a bias in beta's place (16 + 16 + 32 + 32 = 96).
+    assert with_bn.count_params() == 16272 + 896 + 200832 + 1290
+    assert without.count_params() == with_bn.count_params() - 896 + 96
+    bn_layers = [layer for layer in with_bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert [layer.name for layer in bn_layers] == ["conv1_bn", "conv2_bn", "conv3_bn", "conv4_bn", "fc1_bn"]
+    assert [(layer.name, type(layer)) for layer in without.layers] == [
+        (layer.name, type(layer)) for layer in with_bn.layers if layer not in bn_layers
+    ]
+    for layer in without.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
+    assert with_bn.output.dtype == without.output.dtype == "float32"
 
 
 @pytest.mark.unit
@@ -61,20 +72,16 @@ def test_resnet50_v15_parameter_count_and_layout():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name, expected", [("resnet18", 11_689_512), ("resnet34", 21_797_672)])
-def test_basic_block_resnet_parameter_counts(name, expected):
+@pytest.mark.parametrize("name, options, count, gamma", [("resnet18", {}, 11_689_512, 0.0),
+    ("resnet34", {"zero_init_residual": False}, 21_797_672, 1.0)])  # fmt: skip
+def test_basic_block_resnet_parameter_counts_and_zero_init_residual(name, options, count, gamma):
     # torchvision's resnet18 / resnet34 counts (same layout, no convolution biases).
-    assert trainable_count(get_model(name)) == expected
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("zero_init", [True, False])
-def test_zero_init_residual_sets_last_gamma_of_every_block(zero_init):
-    model = resnet(18, num_classes=10, input_shape=(32, 32, 3), zero_init_residual=zero_init)
+    model = get_model(name, **options)
+    assert trainable_count(model) == count
     last = [layer for layer in model.layers if layer.name.endswith("_bn2")]
-    assert len(last) == 8
-    for layer in last:
-        np.testing.assert_array_equal(layer.gamma.numpy(), 0.0 if zero_init else 1.0)
+    assert len(last) == {"resnet18": 8, "resnet34": 16}[name]
+    for layer in last:  # the last batch-norm gamma of every block; zero_init_residual by default
+        np.testing.assert_array_equal(layer.gamma.numpy(), gamma)
     np.testing.assert_array_equal(model.get_layer("stage1_block1_bn1").gamma.numpy(), 1.0)
 
 
@@ -201,26 +208,6 @@ def test_zero_pad_shortcut_subsamples_and_appends_zero_channels():
     np.testing.assert_array_equal(y[..., 3:], 0.0)
 
 
-@pytest.mark.unit
-def test_small_cnn_nobn_is_small_cnn_without_its_normalisation():
-    with_bn = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
-    without = get_model("small_cnn_nobn", num_classes=10, input_shape=(28, 28, 1))
-    bn_layers = [layer for layer in with_bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
-    assert [layer.name for layer in bn_layers] == ["conv1_bn", "conv2_bn", "conv3_bn", "conv4_bn", "fc1_bn"]
-    assert [(layer.name, type(layer)) for layer in without.layers] == [
-        (layer.name, type(layer)) for layer in with_bn.layers if layer not in bn_layers
-    ]
-    assert not any("Normalization" in type(layer).__name__ for layer in without.layers)
-    # BN's gamma, beta, moving mean and variance: 4 * (16 + 16 + 32 + 32 + 128) = 896 numbers go; each
-    # convolution gains a bias in beta's place: 16 + 16 + 32 + 32 = 96.
-    assert with_bn.count_params() == 16272 + 896 + 200832 + 1290
-    assert without.count_params() == with_bn.count_params() - 896 + 96
-    for layer in without.layers:
-        if isinstance(layer, keras.layers.Conv2D):
-            assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
-    assert without.output.dtype == "float32"
-
-
 def _user_model(seed):
     """A user's own model: Keras batch norms after convolutions (one nested), and one on a (B, C) tensor."""
     keras.utils.set_random_seed(seed)
@@ -246,7 +233,7 @@ def _trained(model, x, y):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("policy, tolerance", [("float32", 1e-4), ("mixed_bfloat16", 3e-2)])
-def test_fused_user_model_trains_and_infers_as_keras(policy, tolerance):
+def test_fused_user_model_trains_infers_and_saves_as_keras(policy, tolerance, tmp_path):
     keras.mixed_precision.set_global_policy(policy)
     try:
         rng = np.random.default_rng(0)
@@ -262,7 +249,13 @@ def test_fused_user_model_trains_and_infers_as_keras(policy, tolerance):
             np.testing.assert_allclose(
                 np.asarray(b), np.asarray(a), rtol=tolerance, atol=tolerance, err_msg=a.path
             )
-        np.testing.assert_allclose(fused.predict(x, verbose=0), plain.predict(x, verbose=0), atol=tolerance)
+        predicted = fused.predict(x, verbose=0)
+        np.testing.assert_allclose(predicted, plain.predict(x, verbose=0), atol=tolerance)
+        fused.save(tmp_path / "fused.keras")
+        loaded = keras.models.load_model(tmp_path / "fused.keras")
+        layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
+        assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
+        np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-6)
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -276,15 +269,3 @@ def test_fused_moving_variance_is_keras_biased_variance():
     layer(x, training=True)
     np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * x.mean(axis=(0, 1, 2)), rtol=1e-5)
     np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * x.var(axis=(0, 1, 2)), rtol=1e-5)
-
-
-@pytest.mark.unit
-def test_fused_model_saves_and_loads(tmp_path):
-    model = hvd_lars.fuse_batch_norm(_user_model(3))
-    x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype(np.float32)
-    _trained(model, x, np.array([0, 1, 2, 0]))
-    model.save(tmp_path / "fused.keras")
-    loaded = keras.models.load_model(tmp_path / "fused.keras")
-    layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
-    assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)

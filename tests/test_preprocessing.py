@@ -66,22 +66,15 @@ def test_decode_and_random_crop_equals_decode_then_slice(kind):
 
 
 @pytest.mark.unit
-def test_eval_centre_crop_is_exact_on_a_lossless_image():
-    image = np.random.default_rng(0).integers(0, 256, size=(256, 512, 3), dtype=np.uint8)
-    out = pp.preprocess_eval(tf.constant(encode(image, PNG)), 224).numpy()
-    # Short side already 256: no resampling; the 224 crop starts at ((256-224)//2, (512-224)//2).
-    want = (image[16:240, 144:368].astype(np.float32) - pp.MEAN_RGB) / pp.STDDEV_RGB
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("size, short_side, resized", [(224, 256, (256, 341)), (227, 259, (259, 345))])
-def test_eval_resize_keeps_aspect(size, short_side, resized):
+def test_eval_resize_keeps_aspect_and_crops_the_centre(size, short_side, resized):
     assert pp.eval_resize_size(size) == short_side  # the 224 / 256 ratio
-    image = tf.zeros([300, 400, 3], tf.uint8)
-    assert tuple(pp.resize_short_side(image, short_side).shape[:2]) == resized
-    data = tf.constant(encode(_gradient_image(300, 400)))
-    assert pp.preprocess_eval(data, size).shape == (size, size, 3)
+    assert tuple(pp.resize_short_side(tf.zeros([300, 400, 3], tf.uint8), short_side).shape[:2]) == resized
+    # Short side already `short_side`: no resampling, so the view is exactly the centre window.
+    image = np.random.default_rng(0).integers(0, 256, size=(short_side, 2 * short_side, 3), dtype=np.uint8)
+    y, x = (short_side - size) // 2, (2 * short_side - size) // 2
+    want = (image[y : y + size, x : x + size].astype(np.float32) - pp.MEAN_RGB) / pp.STDDEV_RGB
+    np.testing.assert_allclose(pp.preprocess_eval(tf.constant(encode(image, PNG)), size), want, atol=1e-5)
 
 
 @pytest.mark.unit
@@ -110,13 +103,9 @@ def test_odd_encodings_decode_to_the_source_rgb(kind):
 
 
 @pytest.mark.unit
-def test_corrupt_bytes_raise():
+def test_corrupt_bytes_and_unknown_views_are_refused():
     with pytest.raises(tf.errors.InvalidArgumentError):
         pp.decode_rgb(tf.constant(b"not an image at all"))
-
-
-@pytest.mark.unit
-def test_unknown_preprocessing_lists_valid_names():
     with pytest.raises(ValueError, match="'vgg'; valid names: caffe, caffe_scaled, inception"):
         pp.get_preprocessing("vgg")
 

@@ -99,16 +99,28 @@ def test_eval_shards_cover_every_example_once(n, world):
 
 
 @pytest.mark.unit
-def test_pipeline_batches_and_normalisation():
-    sizes = dict(max_train_examples=256, max_eval_examples=100, eval_batch=30)
-    data = get_input("fashion_mnist", InputRequest(per_rank_batch=64, rank=1, world_size=2, seed=0, **sizes))
-    images, labels = next(iter(data.train))
-    assert images.shape == (64, 28, 28, 1) and labels.shape == (64,) and images.dtype == "float32"
+def test_fashion_mnist_batches_normalisation_and_resumed_stream_at_any_step():
+    from hvd_lars.data import order
+
+    sizes = dict(max_train_examples=1000, max_eval_examples=100, eval_batch=30)
+    data = get_input("fashion_mnist", InputRequest(per_rank_batch=100, rank=1, world_size=2, seed=3, **sizes))
+    straight = [(x.numpy(), y.numpy()) for x, y in data.train.take(23)]  # 4.6 epochs of 500 images
+    assert straight[0][0].shape == (100, 28, 28, 1) and straight[0][0].dtype == np.float32
     assert [int(b[1].shape[0]) for b in data.eval] == [30, 20]  # rank 1 of 2 evaluates images 50..99
     x, _ = fashion_mnist_files.load("test")
-    first = next(iter(data.eval))[0].numpy()
     want = (x[50:80].astype(np.float32) / 255.0 - fashion_mnist_files.MEAN) / fashion_mnist_files.STD
-    np.testing.assert_allclose(first, want, rtol=1e-6)
+    np.testing.assert_allclose(next(iter(data.eval))[0].numpy(), want, rtol=1e-6)
+    for step in (0, 3, 5, 17):
+        for (x, y), (want_x, want_y) in zip(data.train_from(step).take(23 - step), straight[step:]):
+            np.testing.assert_array_equal(x, want_x)
+            np.testing.assert_array_equal(y, want_y)
+    # Step 10^9 (epoch 2 * 10^8): computed, not iterated to; its batch is that epoch's permutation there.
+    _, labels = next(iter(data.train_from(10**9)))
+    _, y = fashion_mnist_files.load("train")
+    epoch, offset = divmod(10**9 * 100, 500)
+    permutation = order.epoch_permutation(500, 3 + 1, epoch).numpy()
+    want = y[train_shard_indices(1000, 1, 2)][permutation[offset : offset + 100]]
+    np.testing.assert_array_equal(labels.numpy(), want)
 
 
 def _pixels(images):
@@ -187,26 +199,6 @@ def test_synthetic_shapes_exact_eval_count_and_one_batch():
     assert sizes == [[3], [3], [3, 1]]  # ranges [0, 3), [3, 6), [6, 10)
     assert ranks[0].input_shape == (16, 16, 3) and ranks[0].num_classes == 7
     np.testing.assert_array_equal(next(iter(ranks[0].train_from(10**9)))[0], images)  # one batch at any step
-
-
-@pytest.mark.unit
-def test_fashion_mnist_resumed_stream_is_the_uninterrupted_one_at_any_step():
-    from hvd_lars.data import order
-
-    request = InputRequest(per_rank_batch=100, rank=1, world_size=2, seed=3, max_train_examples=1000)
-    data = get_input("fashion_mnist", request)
-    straight = [(x.numpy(), y.numpy()) for x, y in data.train.take(23)]  # 4.6 epochs of 500 images
-    for step in (0, 3, 5, 17):
-        for (x, y), (want_x, want_y) in zip(data.train_from(step).take(23 - step), straight[step:]):
-            np.testing.assert_array_equal(x, want_x)
-            np.testing.assert_array_equal(y, want_y)
-    # Step 10^9 (epoch 2 * 10^8): computed, not iterated to; its batch is that epoch's permutation there.
-    _, labels = next(iter(data.train_from(10**9)))
-    x, y = fashion_mnist_files.load("train")
-    shard = train_shard_indices(1000, 1, 2)
-    epoch, offset = divmod(10**9 * 100, 500)
-    want = y[shard][order.epoch_permutation(500, 3 + 1, epoch).numpy()[offset : offset + 100]]
-    np.testing.assert_array_equal(labels.numpy(), want)
 
 
 def _shapes_of(data):

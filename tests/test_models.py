@@ -23,10 +23,16 @@ def moving_statistics_count(model):
 
 
 @pytest.mark.unit
-def test_unknown_model_lists_valid_names():
+def test_unknown_names_invalid_shapes_and_depths_are_refused():
     with pytest.raises(ValueError) as info:
         get_model("vgg16")
     assert "'vgg16'" in str(info.value) and all(name in str(info.value) for name in MODELS)
+    with pytest.raises(ValueError, match=r"67x67.*\(64, 64, 3\)"):
+        get_model("alexnet", input_shape=(64, 64, 3))
+    with pytest.raises(ValueError, match="6n \\+ 2.*21"):
+        cifar_resnet(21)
+    with pytest.raises(ValueError, match="101"):
+        resnet(101)
 
 
 @pytest.mark.unit
@@ -110,14 +116,13 @@ def test_alexnet_parameter_counts():
     np.testing.assert_array_equal(plain.get_layer("logits").bias.numpy(), 0.0)
     for layer, value in [("conv1", 0.01), ("conv2", 0.01), ("conv3", 0.01), ("fc6", 0.1), ("logits", 0.01)]:
         np.testing.assert_array_equal(bn.get_layer(layer).bias.numpy(), np.float32(value))
-    assert {layer.epsilon for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)} == {
-        1e-4
-    }
+    bn_layers = [layer for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert {layer.epsilon for layer in bn_layers} == {1e-4}
     assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
 
 
 @pytest.mark.unit
-def test_resnet20_parameter_count():
+def test_resnet20_parameter_count_and_zero_padded_shortcut():
     # Stem 3*3*3*16 + BN 32 = 464. Stage 1: 3 blocks of 2 * 3*3*16*16 + 2 BN (64) = 4,672 -> 14,016.
     # Stage 2: first block 3*3*16*32 + 3*3*32*32 + 128 = 13,952, two more of 2 * 9,216 + 128 = 18,560
     # -> 51,072. Stage 3: 3*3*32*64 + 3*3*64*64 + 256 = 55,552, two of 2 * 36,864 + 256 = 73,984
@@ -125,16 +130,11 @@ def test_resnet20_parameter_count():
     model = get_model("resnet20", num_classes=10)
     assert trainable_count(model) == 464 + 14_016 + 51_072 + 203_520 + 650 == 269_722
     assert model.get_layer("stage3_block3_out").output.shape[1:] == (8, 8, 64)
-
-
-@pytest.mark.unit
-def test_invalid_shapes_and_depths_raise():
-    with pytest.raises(ValueError, match=r"67x67.*\(64, 64, 3\)"):
-        get_model("alexnet", input_shape=(64, 64, 3))
-    with pytest.raises(ValueError, match="6n \\+ 2.*21"):
-        cifar_resnet(21)
-    with pytest.raises(ValueError, match="101"):
-        resnet(101)
+    # Option A: the shortcut subsamples and appends zero channels.
+    x = np.arange(2 * 4 * 4 * 3, dtype=np.float32).reshape(2, 4, 4, 3)
+    y = ZeroPadShortcut(8, 2)(x).numpy()
+    assert y.shape == (2, 2, 2, 8) and not y[..., 3:].any()
+    np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ def test_local_response_normalization_matches_caffe_formula():
 
 
 @pytest.mark.unit
-def test_fused_batch_norm_matches_reference_and_keras_gradients():
+def test_fused_batch_norm_matches_reference_keras_gradients_and_variances():
     rng = np.random.default_rng(1)
     x = tf.constant(rng.normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32))
     fused = FusedBatchNormalization(momentum=0.9, epsilon=1e-5)
@@ -197,15 +197,12 @@ def test_fused_batch_norm_matches_reference_and_keras_gradients():
     np.testing.assert_allclose(fused.moving_variance.numpy(), 0.9 + 0.1 * var * 60 / 59, rtol=1e-5)
     expected = gamma * (xn - fused.moving_mean.numpy()) / np.sqrt(fused.moving_variance.numpy() + 1e-5) + beta
     np.testing.assert_allclose(fused(x, training=False), expected, atol=1e-5)
-
-
-@pytest.mark.unit
-def test_zero_pad_shortcut_subsamples_and_appends_zero_channels():
-    x = np.arange(2 * 4 * 4 * 3, dtype=np.float32).reshape(2, 4, 4, 3)
-    y = ZeroPadShortcut(8, 2)(x).numpy()
-    assert y.shape == (2, 2, 2, 8)
-    np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
-    np.testing.assert_array_equal(y[..., 3:], 0.0)
+    # A Keras layer fused by fuse_batch_norm keeps Keras's biased moving variance.
+    layer = keras.layers.BatchNormalization(momentum=0.9)
+    layer.build(x.shape)
+    hvd_lars.fuse_batch_norm(layer)(x, training=True)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * mean, rtol=1e-5)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * var, rtol=1e-5)
 
 
 def _user_model(seed):
@@ -258,14 +255,3 @@ def test_fused_user_model_trains_infers_and_saves_as_keras(policy, tolerance, tm
         np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-6)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-
-
-@pytest.mark.unit
-def test_fused_moving_variance_is_keras_biased_variance():
-    x = np.random.default_rng(1).normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32)
-    layer = keras.layers.BatchNormalization(momentum=0.9)
-    layer.build(x.shape)
-    hvd_lars.fuse_batch_norm(layer)
-    layer(x, training=True)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * x.mean(axis=(0, 1, 2)), rtol=1e-5)
-    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * x.var(axis=(0, 1, 2)), rtol=1e-5)

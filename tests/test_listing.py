@@ -170,31 +170,25 @@ def test_index_is_reused_until_a_folder_changes(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", ["cut short", "empty", "another format"])
-def test_a_damaged_index_is_named_and_listed_again(tmp_path, caplog, kind):
-    _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
-    root, index = str(tmp_path / "train"), str(tmp_path / "run" / "train.index.npz")
-    first, _ = listing.listed(root, index)
-    data = open(index, "rb").read()
-    damaged = {"cut short": data[: len(data) // 2], "empty": b"", "another format": b"epoch,step\n0,3\n"}
-    with open(index, "wb") as f:
-        f.write(damaged[kind])
-    again, reused = listing.listed(root, index)
-    assert not reused and again.files == first.files == ("cat/a.JPEG", "dog/b.JPEG")
-    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warned) == 1 and warned[0].startswith(f"the listing index {index} is cut short")
-    assert listing.listed(root, index)[1]  # written anew, and reused
-
-
-@pytest.mark.unit
-def test_an_index_path_taken_by_a_folder_is_listed_again_with_a_warning(tmp_path, caplog):
+@pytest.mark.parametrize("kind", ["cut short", "empty", "another format", "a folder"])
+def test_a_damaged_index_or_a_folder_in_its_place_is_named_and_listed_again(tmp_path, caplog, kind):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
     root, index = str(tmp_path / "train"), tmp_path / "run" / "train.index.npz"
-    (index / "kept").mkdir(parents=True)  # a folder where the index file belongs, with something in it
+    if kind == "a folder":
+        (index / "kept").mkdir(parents=True)  # where the index file belongs, with something in it
+    else:
+        listing.listed(root, str(index))
+        data = index.read_bytes()
+        index.write_bytes(
+            {"cut short": data[: len(data) // 2], "empty": b"", "another format": b"a,b\n0\n"}[kind]
+        )
     again, reused = listing.listed(root, str(index))
     assert not reused and again.files == ("cat/a.JPEG", "dog/b.JPEG")
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"the listing index {index} is a folder, not a listing index; {root} is listed "
-        "again and its listing is not kept there"
-    ]
-    assert sorted(os.listdir(index)) == ["kept"] and sorted(os.listdir(index.parent)) == ["train.index.npz"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if kind == "a folder":
+        assert warned == [f"the listing index {index} is a folder, not a listing index; {root} is listed "
+                          "again and its listing is not kept there"]  # fmt: skip
+        assert os.listdir(index) == ["kept"] and os.listdir(index.parent) == ["train.index.npz"]
+    else:
+        assert len(warned) == 1 and warned[0].startswith(f"the listing index {index} is cut short")
+        assert listing.listed(root, str(index))[1]  # written anew, and reused

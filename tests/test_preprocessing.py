@@ -1,11 +1,12 @@
-"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation, odd encodings."""
+"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation (the odd encodings
+through the pipeline: tests/test_image_folder.py)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvd_lars.data import preprocessing as pp
-from tests.support.data_fixtures import CMYK, GREY, PNG, encode, source_images
+from tests.support.data_fixtures import CMYK, PNG, encode
 
 
 def _seed(i):
@@ -26,7 +27,7 @@ def test_normalize_hand_values():
 
 
 @pytest.mark.unit
-def test_random_crop_windows_stay_in_range_and_repeat():
+def test_random_crop_windows_stay_in_range_repeat_and_fall_back_to_the_centre():
     height, width = 300, 400
     windows = np.array([pp.random_crop_window([height, width], _seed(i)).numpy() for i in range(200)])
     y, x, h, w = windows.T
@@ -38,14 +39,9 @@ def test_random_crop_windows_stay_in_range_and_repeat():
     np.testing.assert_array_equal(pp.random_crop_window([height, width], _seed(3)).numpy(), windows[3])
     # The whole range is used: small crops and crops of nearly the whole image both occur.
     assert (area < 0.15).sum() > 10 and (area > 0.8).sum() > 5
-
-
-@pytest.mark.unit
-def test_random_crop_falls_back_to_the_centre_crop():
-    # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area.
-    window = pp.random_crop_window([1000, 10], _seed(0)).numpy()
-    # Side int(10 * 224/256) = 8, centred: y = (1000 - 8 + 1) // 2, x = (10 - 8 + 1) // 2.
-    np.testing.assert_array_equal(window, [496, 1, 8, 8])
+    # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area, so the
+    # centre crop: side int(10 * 224/256) = 8, y = (1000 - 8 + 1) // 2, x = (10 - 8 + 1) // 2.
+    np.testing.assert_array_equal(pp.random_crop_window([1000, 10], _seed(0)).numpy(), [496, 1, 8, 8])
 
 
 @pytest.mark.unit
@@ -90,16 +86,6 @@ def test_train_view_shape_range_and_flip_rate():
     assert 30 <= flipped <= 70
     again = pp.preprocess_train(data, _seed(5), 32).numpy()
     np.testing.assert_array_equal(again, pp.preprocess_train(data, _seed(5), 32).numpy())
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("kind", [CMYK, GREY, PNG])
-def test_odd_encodings_decode_to_the_source_rgb(kind):
-    image = source_images(1)[0]
-    decoded = pp.decode_rgb(tf.constant(encode(image, kind))).numpy()
-    assert decoded.shape == (28, 28, 3)
-    error = np.abs(decoded.astype(np.int32) - image).mean()
-    assert error == 0 if kind == PNG else error < 3.0  # JPEG at quality 95
 
 
 @pytest.mark.unit

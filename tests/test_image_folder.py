@@ -50,7 +50,6 @@ def corrupt(tmp_path_factory):
 
 
 def _request(root, rank=0, world_size=1, batch=2, **fields):
-    """An `InputRequest` for `root` (other fields as given: seed, max_*_examples, run_dir)."""
     fields = {"seed": SEED, "deterministic": True, **fields}
     return InputRequest(per_rank_batch=batch, rank=rank, world_size=world_size, data_dir=root, **fields)
 
@@ -211,8 +210,7 @@ def test_resume_at_step_100_reads_and_decodes_no_more_than_at_step_0(one_per_cla
     "kwargs", [{}, {"max_train_examples": 5}, {"max_train_examples": 50, "image_size": 0}]
 )
 def test_described_as_built_listing_the_training_split_once(folder, tmp_path, monkeypatch, kwargs):
-    """describe_input lists train/ only and saves the index; the built input then reuses that index (it
-    lists validation/ alone), and a second description reads the index without listing."""
+    # describe_input lists train/ and saves the index; the built input lists validation/ alone.
     listed = []
     list_split = listing.list_split
     monkeypatch.setattr(listing, "list_split", lambda root, *a: listed.append(root) or list_split(root, *a))

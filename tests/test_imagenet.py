@@ -73,10 +73,16 @@ def _labels(dataset, batches=None):
 
 
 @pytest.mark.unit
-def test_prepared_sizes_records_and_rank_shares(prepared):
+def test_prepared_sizes_description_records_and_rank_shares(prepared):
     data_dir, _, data = prepared
-    assert (data.num_train_examples, data.num_eval_examples, data.num_classes) == (18, 6, 1000)
-    assert data.input_shape == (32, 32, 3)
+    assert data.num_eval_examples == 6
+    for max_train, built in ((0, data), (5, _build(data_dir, max_train_examples=5))):
+        # Described from the dataset info as built.
+        described = describe_input(
+            "imagenet2012", _request(data_dir, max_train_examples=max_train), image_size=32
+        )
+        assert described == InputShapes((32, 32, 3), 1000, max_train or 18)
+        assert described == InputShapes(built.input_shape, built.num_classes, built.num_train_examples)
     ranks = [_build(data_dir, rank=r, world_size=2, batch=3) for r in range(2)]
     images, _ = next(iter(ranks[0].train))
     assert images.shape == (3, 32, 32, 3) and images.dtype == tf.float32
@@ -134,9 +140,8 @@ def test_a_copy_is_read_and_prepared_already_without_the_tars_until_damaged(prep
 def test_the_default_folder_is_tensorflow_datasets_own(tfds_data_dir, monkeypatch):
     from tensorflow_datasets.core import constants
 
-    if tfds_data_dir is None:
-        monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
-    else:
+    monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+    if tfds_data_dir:
         monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
     expected = tfds_data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
     assert preparation.default_data_dir() == constants.get_default_data_dir() == expected
@@ -193,13 +198,11 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(marker, process)
-        process.send_signal(signal.SIGKILL)
     finally:
-        process.kill()
+        process.kill()  # SIGKILL
         process.communicate()
     assert process.returncode == -signal.SIGKILL
-    with open(marker) as f:
-        left = f.read()
+    left = (tmp_path / "first_records").read_text()
     assert os.listdir(left) == ["imagenet2012-train.tfrecord-00000-of-00001"]
     assert sorted(os.listdir(dataset)) == sorted([preparation.LOCK_NAME, os.path.basename(left)])
 
@@ -211,10 +214,10 @@ def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepa
         f"ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={data_dir}; then train with the "
         "same --data_dir."
     )
-    train = [sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}"]
-    train += ["--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=1"]
-    train += ["--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path / 'runs'}"]
-    two = run_main([*TWO_RANKS, *train], cwd=REPO, timeout=300)
+    train = [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", "--epochs=1",
+             f"--data_dir={data_dir}", "--model=small_cnn", "--image_size=32", "--global_batch_size=4",
+             "--warmup_epochs=0", "--peak_learning_rate=0.1", f"--workdir={tmp_path}/runs"]  # fmt: skip
+    two = run_main(train, cwd=REPO, timeout=300)
     output = two.stdout + two.stderr
     assert two.returncode != 0 and "Traceback" not in output
     # A host's own data: each rank says it, rank 1 naming itself (horovodrun prefixes [1,r]<stderr>:).
@@ -305,13 +308,3 @@ def test_resume_at_step_100_reads_and_decodes_no_more_than_at_step_0(prepared, m
     # read-ahead's reach depends on timing, so the bound allows two more windows; replaying the 11 epochs
     # before element 200 would read about 200 records.
     assert counts[100][1] <= counts[0][1] + 36 and counts[100][2] <= counts[0][2] + 8
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("kwargs", [{}, {"max_train_examples": 5}])
-def test_described_from_the_dataset_info_as_built(prepared, kwargs):
-    data_dir, _, data = prepared
-    built = _build(data_dir, **kwargs) if kwargs else data
-    described = describe_input("imagenet2012", _request(data_dir, **kwargs), image_size=32)
-    assert described == InputShapes((32, 32, 3), 1000, kwargs.get("max_train_examples", 18))
-    assert described == InputShapes(built.input_shape, built.num_classes, built.num_train_examples)

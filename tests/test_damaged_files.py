@@ -1,6 +1,5 @@
-"""Damaged checkpoints at a start, in one process (the loop of tests/test_train.py): the newest unreadable
-one is named in a warning and the one before it resumed, none readable is one refusal line, an index that
-does not parse is no obstacle; the start moves and removes no checkpoint file."""
+"""Damaged checkpoints at a start, in one process: the newest unreadable one is named in a warning and the
+one before it resumed, none readable is one refusal line, a garbled index is no obstacle."""
 
 import hashlib
 import logging
@@ -27,8 +26,7 @@ def _config(workdir, **overrides):
 def finished(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # git is a process; the unit tier starts none
-        workdir = tmp_path_factory.mktemp("finished")
-        run(_config(workdir))
+        run(_config(workdir := tmp_path_factory.mktemp("finished")))
     return workdir
 
 

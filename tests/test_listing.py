@@ -35,32 +35,38 @@ def _refusal(root, classes=None):
     return str(info.value)
 
 
-def _build(root, **options):
-    request = InputRequest(per_rank_batch=1, rank=0, world_size=1, seed=0, data_dir=str(root))
-    return get_input("image_folder", request, **{"image_size": 28, **options})
+def _build(root, batch=1):
+    request = InputRequest(per_rank_batch=batch, rank=0, world_size=1, seed=0, data_dir=str(root))
+    return get_input("image_folder", request, image_size=28)
 
 
 @pytest.mark.unit
-def test_hidden_files_and_folders_are_skipped_everywhere(tmp_path):
-    # A notebook's checkpoints folder beside the classes and a macOS ._ file beside an image (read, they
-    # would make 3 classes with cat as label 1, and a non-image decoded).
+def test_what_a_listing_reads_hidden_entries_links_sub_folders_and_odd_names(tmp_path):
+    odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
+    # Hidden: a notebook's checkpoints folder beside the classes, macOS ._ files and Windows' files.
     _write(tmp_path, {
         "train/cat/cat_0.JPEG": ..., "train/cat/._cat_0.JPEG": b"\x00\x05\x16\x07 AppleDouble",
         "train/cat/.DS_Store": b"\x00\x00\x00\x01Bud1", "train/cat/.hidden/cat_9.JPEG": ...,
-        "train/dog/dog_0.jpg": ..., "train/dog/Thumbs.db": b"\xd0\xcf\x11\xe0",
-        "train/dog/desktop.ini": b"[.ShellClassInfo]", "train/.ipynb_checkpoints/cat_0-checkpoint.JPEG": ...,
-        "train/__MACOSX/cat/._cat_0.JPEG": b"\x00\x05\x16\x07", "train/.DS_Store": b"Bud1",
-        "validation/cat/cat_1.JPEG": ..., "validation/dog/dog_1.JPEG": ...,
+        "train/cat/2024/a b.JPEG": ..., "train/cat/linked.JPEG": "->../../elsewhere/one.JPEG",
+        "train/dog/dog_0.jpg": ..., "train/dog/Thumbs.db": b"\xd0\xcf\x11\xe0", f"train/dog/{odd}": ...,
+        "train/dog/desktop.ini": b"[.ShellClassInfo]", "train/dog/Ärger ü.jpg": ...,
+        "train/.ipynb_checkpoints/cat_0-checkpoint.JPEG": ..., "train/__MACOSX/cat/._cat_0.JPEG": b"\x00\x05",
+        "train/.DS_Store": b"Bud1", "train/bird": "->../elsewhere/birds", "elsewhere/birds/b0.JPEG": ...,
+        "elsewhere/birds/b1.png": encode(PICTURE, "png"), "elsewhere/one.JPEG": ...,
+        "validation/bird/b.png": ..., "validation/cat/c.JPEG": ..., "validation/dog/d.JPEG": ...,
         "validation/.ipynb_checkpoints/x.JPEG": ...,
     })  # fmt: skip
     found = listing.list_split(str(tmp_path / "train"))
-    assert found.classes == ("cat", "dog")
-    assert found.files == ("cat/cat_0.JPEG", "dog/dog_0.jpg") and found.labels.tolist() == [0, 1]
+    assert found.classes == ("bird", "cat", "dog")
+    assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/2024/a b.JPEG", "cat/cat_0.JPEG",
+        "cat/linked.JPEG", "dog/caf\udce9 latin-1.JPEG", "dog/dog_0.jpg", "dog/Ärger ü.jpg")  # fmt: skip
+    assert found.labels.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert all(os.path.isfile(p) for p in found.paths())
     data = _build(tmp_path)
-    assert (data.num_classes, data.num_train_examples, data.num_eval_examples) == (2, 2, 2)
-    labels = [int(y[0]) for _, y in data.train.take(4)]  # two epochs decode without error
-    assert sorted(labels[:2]) == sorted(labels[2:]) == [0, 1]
-    assert [int(y[0]) for _, y in data.eval] == [0, 1]
+    assert (data.num_classes, data.num_train_examples, data.num_eval_examples) == (3, 8, 3)
+    labels = [int(y[0]) for _, y in data.train.take(16)]  # two epochs: every file opened and decoded
+    assert sorted(labels[:8]) == sorted(labels[8:]) == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert [int(y[0]) for _, y in data.eval] == [0, 1, 2]
 
 
 @pytest.mark.unit
@@ -73,9 +79,7 @@ def test_image_extensions_in_any_letter_case_are_read(tmp_path):
         _write(tmp_path, {f"train/x/{name}": out.getvalue(), f"validation/x/{name}": out.getvalue()})
     found = listing.list_split(str(tmp_path / "train"))
     assert found.files == tuple(f"x/{n}" for n in sorted(formats))
-    request = InputRequest(per_rank_batch=8, rank=0, world_size=1, seed=0, data_dir=str(tmp_path))
-    data = get_input("image_folder", request, image_size=28)
-    images, _ = next(iter(data.eval))
+    images, _ = next(iter(_build(tmp_path, batch=8).eval))
     assert images.shape == (8, 28, 28, 3)
     # The lossless formats decode to the same pixels (one view of each, compared with the PNG's).
     lossless = [i for i, n in enumerate(sorted(formats)) if formats[n] in ("PNG", "BMP", "WEBP")]
@@ -83,76 +87,41 @@ def test_image_extensions_in_any_letter_case_are_read(tmp_path):
         np.testing.assert_allclose(images[i].numpy(), images[lossless[0]].numpy(), atol=0.05)
 
 
+LOOP = "symbolic links to a folder already read (a loop, or one folder listed twice)"
+# Each layout of a split folder that is refused: the ValueError names every path (`{r}`: the split folder).
+REFUSED = {
+    "not images": (
+        {"cat/a.JPEG": ..., "cat/scan.tif": b"II*\x00", "cat/photo.HEIC": b"ftypheic", "dog/b.jpg": ...,
+         "dog/labels.csv": b"file,label\n", "dog/old/notes.txt": b"x"},
+        ["4 files that are not images this pipeline reads", "{r}/cat/scan.tif", "{r}/cat/photo.HEIC",
+         "{r}/dog/labels.csv", "{r}/dog/old/notes.txt", "TIFF or HEIC to PNG or JPEG", ".jpeg, .jpg"],
+    ),
+    "unsorted images": (
+        {"ILSVRC2012_val_00000001.JPEG": ..., "n01440764/a.JPEG": ...},
+        ["1 files outside the class folders: {r}/ILSVRC2012_val_00000001.JPEG. "],
+    ),
+    "a loop": ({"cat/a.JPEG": ..., "cat/again": "->.."}, [f"1 {LOOP}: {{r}}/cat/again repeats {{r}}. "]),
+    "in itself": ({"cat/a.JPEG": ..., "cat/self": "->."}, [f"{LOOP}: {{r}}/cat/self repeats {{r}}/cat. "]),
+    "a folder twice": ({"cat/a.JPEG": ..., "kitten": "->cat"}, [f"{LOOP}: {{r}}/kitten repeats {{r}}/cat. "]),
+    "broken links": (
+        {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"},
+        ["2 broken symbolic links", "{r}/cat/gone.JPEG -> /nonexistent/gone.JPEG", "{r}/dog -> /nonexistent"],
+    ),
+    "empty classes": (
+        {"cat/a.JPEG": ..., "dog": None, "fox/.DS_Store": b"Bud1", "owl/empty": None},
+        ["3 class folders without images: {r}/dog; {r}/fox; {r}/owl. "],
+    ),
+}  # fmt: skip
+
+
 @pytest.mark.unit
-def test_files_that_are_not_images_are_refused_naming_them(tmp_path):
-    files = {"cat/a.JPEG": ..., "cat/scan.tif": b"II*\x00", "cat/photo.HEIC": b"ftypheic", "dog/b.jpg": ...}
-    _write(tmp_path, {**files, "dog/labels.csv": b"file,label\n", "dog/old/notes.txt": b"x"})
+@pytest.mark.parametrize("layout", REFUSED)
+def test_refused_layouts_name_every_path(tmp_path, layout):
+    files, fragments = REFUSED[layout]
+    _write(tmp_path, files)
     message = _refusal(tmp_path)
-    assert "4 files that are not images this pipeline reads" in message
-    for rel in ("cat/scan.tif", "cat/photo.HEIC", "dog/labels.csv", "dog/old/notes.txt"):
-        assert os.path.join(str(tmp_path), rel) in message
-    assert "TIFF or HEIC to PNG or JPEG" in message and ".jpeg, .jpg" in message
-
-
-@pytest.mark.unit
-def test_images_outside_class_folders_are_refused(tmp_path):
-    # An unsorted validation set: the images lie in the split folder itself.
-    _write(tmp_path, {"ILSVRC2012_val_00000001.JPEG": ..., "n01440764/a.JPEG": ...})
-    message = _refusal(tmp_path)
-    assert f"1 files outside the class folders: {tmp_path}/ILSVRC2012_val_00000001.JPEG" in message
-
-
-@pytest.mark.unit
-def test_symbolic_links_to_files_and_class_folders_are_followed(tmp_path):
-    _write(tmp_path, {
-        "elsewhere/birds/b0.JPEG": ..., "elsewhere/birds/b1.png": encode(PICTURE, "png"),
-        "elsewhere/one.JPEG": ..., "train/bird": "->../elsewhere/birds", "train/cat/c0.JPEG": ...,
-        "train/cat/linked.JPEG": "->../../elsewhere/one.JPEG",
-    })  # fmt: skip
-    found = listing.list_split(str(tmp_path / "train"))
-    assert found.classes == ("bird", "cat")
-    assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/c0.JPEG", "cat/linked.JPEG")
-    assert found.labels.tolist() == [0, 0, 1, 1]
-    assert all(os.path.isfile(p) for p in found.paths())
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "link, target, repeats",
-    [
-        ("cat/again", "..", ""),  # a loop back to the split folder
-        ("cat/self", ".", "cat"),  # a folder that contains itself
-        ("kitten", "cat", "cat"),  # one folder under two class names
-    ],
-)
-def test_links_to_a_folder_already_read_are_refused(tmp_path, link, target, repeats):
-    _write(tmp_path, {"cat/a.JPEG": ..., link: f"->{target}"})
-    message = _refusal(tmp_path)
-    repeated = os.path.join(str(tmp_path), repeats) if repeats else str(tmp_path)
-    assert (
-        f"symbolic links to a folder already read (a loop, or one folder listed twice): {tmp_path}/"
-        in message
-    )
-    assert f"repeats {repeated}" in message
-
-
-@pytest.mark.unit
-def test_broken_links_are_refused_naming_link_and_target(tmp_path):
-    _write(
-        tmp_path, {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"}
-    )
-    message = _refusal(tmp_path)
-    assert f"{tmp_path}/cat/gone.JPEG -> /nonexistent/gone.JPEG" in message
-    assert f"{tmp_path}/dog -> /nonexistent" in message and "2 broken symbolic links" in message
-
-
-@pytest.mark.unit
-def test_training_class_folders_without_images_are_refused(tmp_path):
-    _write(tmp_path, {"cat/a.JPEG": ..., "dog": None, "fox/.DS_Store": b"Bud1", "owl/empty": None})
-    message = _refusal(tmp_path)
-    assert "3 class folders without images" in message
-    for name in ("dog", "fox", "owl"):
-        assert os.path.join(str(tmp_path), name) in message
+    for fragment in fragments:
+        assert fragment.format(r=tmp_path) in message
 
 
 @pytest.mark.unit
@@ -167,19 +136,6 @@ def test_validation_classes_missing_are_named_extra_ones_refused(tmp_path):
     _write(tmp_path, {"validation/fox/e.JPEG": ...})
     message = _refusal(tmp_path / "validation", ("cat", "dog", "owl"))
     assert f"1 class folders the training split lacks: {tmp_path}/validation/fox" in message
-
-
-@pytest.mark.unit
-def test_sub_folders_belong_to_their_class_and_odd_names_are_read(tmp_path):
-    odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
-    _write(tmp_path, {"train/cat/2024/a b.JPEG": ..., "train/cat/z.JPEG": ..., "train/dog/Ärger ü.jpg": ...})
-    _write(tmp_path, {f"train/dog/{odd}": ..., "validation/cat/v.JPEG": ...})
-    found = listing.list_split(str(tmp_path / "train"))
-    assert found.files == ("cat/2024/a b.JPEG", "cat/z.JPEG", "dog/caf\udce9 latin-1.JPEG", "dog/Ärger ü.jpg")
-    assert found.labels.tolist() == [0, 0, 1, 1]
-    data = _build(tmp_path)
-    labels = [int(y[0]) for _, y in data.train.take(4)]  # every file is opened and decoded
-    assert sorted(labels) == [0, 0, 1, 1]
 
 
 @pytest.mark.unit
@@ -214,31 +170,25 @@ def test_index_is_reused_until_a_folder_changes(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", ["cut short", "empty", "another format"])
-def test_a_damaged_index_is_named_and_listed_again(tmp_path, caplog, kind):
-    _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
-    root, index = str(tmp_path / "train"), str(tmp_path / "run" / "train.index.npz")
-    first, _ = listing.listed(root, index)
-    data = open(index, "rb").read()
-    damaged = {"cut short": data[: len(data) // 2], "empty": b"", "another format": b"epoch,step\n0,3\n"}
-    with open(index, "wb") as f:
-        f.write(damaged[kind])
-    again, reused = listing.listed(root, index)
-    assert not reused and again.files == first.files == ("cat/a.JPEG", "dog/b.JPEG")
-    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warned) == 1 and warned[0].startswith(f"the listing index {index} is cut short")
-    assert listing.listed(root, index)[1]  # written anew, and reused
-
-
-@pytest.mark.unit
-def test_an_index_path_taken_by_a_folder_is_listed_again_with_a_warning(tmp_path, caplog):
+@pytest.mark.parametrize("kind", ["cut short", "empty", "another format", "a folder"])
+def test_a_damaged_index_or_a_folder_in_its_place_is_named_and_listed_again(tmp_path, caplog, kind):
     _write(tmp_path, {"train/cat/a.JPEG": ..., "train/dog/b.JPEG": ...})
     root, index = str(tmp_path / "train"), tmp_path / "run" / "train.index.npz"
-    (index / "kept").mkdir(parents=True)  # a folder where the index file belongs, with something in it
+    if kind == "a folder":
+        (index / "kept").mkdir(parents=True)  # where the index file belongs, with something in it
+    else:
+        listing.listed(root, str(index))
+        data = index.read_bytes()
+        index.write_bytes(
+            {"cut short": data[: len(data) // 2], "empty": b"", "another format": b"a,b\n0\n"}[kind]
+        )
     again, reused = listing.listed(root, str(index))
     assert not reused and again.files == ("cat/a.JPEG", "dog/b.JPEG")
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"the listing index {index} is a folder, not a listing index; {root} is listed "
-        "again and its listing is not kept there"
-    ]
-    assert sorted(os.listdir(index)) == ["kept"] and sorted(os.listdir(index.parent)) == ["train.index.npz"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if kind == "a folder":
+        assert warned == [f"the listing index {index} is a folder, not a listing index; {root} is listed "
+                          "again and its listing is not kept there"]  # fmt: skip
+        assert os.listdir(index) == ["kept"] and os.listdir(index.parent) == ["train.index.npz"]
+    else:
+        assert len(warned) == 1 and warned[0].startswith(f"the listing index {index} is cut short")
+        assert listing.listed(root, str(index))[1]  # written anew, and reused

@@ -23,21 +23,38 @@ def moving_statistics_count(model):
 
 
 @pytest.mark.unit
-def test_unknown_model_lists_valid_names():
+def test_unknown_names_invalid_shapes_and_depths_are_refused():
     with pytest.raises(ValueError) as info:
         get_model("vgg16")
     assert "'vgg16'" in str(info.value) and all(name in str(info.value) for name in MODELS)
+    with pytest.raises(ValueError, match=r"67x67.*\(64, 64, 3\)"):
+        get_model("alexnet", input_shape=(64, 64, 3))
+    with pytest.raises(ValueError, match="6n \\+ 2.*21"):
+        cifar_resnet(21)
+    with pytest.raises(ValueError, match="101"):
+        resnet(101)
 
 
 @pytest.mark.unit
-def test_small_cnn_parameter_count():
-    model = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
+def test_small_cnn_parameter_counts_with_and_without_batch_norm():
+    with_bn = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
+    without = get_model("small_cnn_nobn", num_classes=10, input_shape=(28, 28, 1))
     # convs (no bias): 3*3*(1*16 + 16*16 + 16*32 + 32*32) = 16,272; BN gamma+beta: 2*(16+16+32+32) = 192;
     # fc1: 7*7*32*128 + 128 = 200,832; fc1_bn: 256; logits: 128*10 + 10 = 1,290.
-    assert model.count_params() - sum(v.numpy().size for v in model.non_trainable_variables) == (
-        16272 + 192 + 200832 + 256 + 1290
-    )
-    assert model.output.dtype == "float32"
+    assert trainable_count(with_bn) == 16272 + 192 + 200832 + 256 + 1290
+    # Without BN, its gamma, beta, moving mean and variance go (4 * 224 = 896 numbers); each convolution
+    # gains a bias in beta's place (16 + 16 + 32 + 32 = 96).
+    assert with_bn.count_params() == 16272 + 896 + 200832 + 1290
+    assert without.count_params() == with_bn.count_params() - 896 + 96
+    bn_layers = [layer for layer in with_bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert [layer.name for layer in bn_layers] == ["conv1_bn", "conv2_bn", "conv3_bn", "conv4_bn", "fc1_bn"]
+    assert [(layer.name, type(layer)) for layer in without.layers] == [
+        (layer.name, type(layer)) for layer in with_bn.layers if layer not in bn_layers
+    ]
+    for layer in without.layers:
+        if isinstance(layer, keras.layers.Conv2D):
+            assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
+    assert with_bn.output.dtype == without.output.dtype == "float32"
 
 
 @pytest.mark.unit
@@ -61,20 +78,16 @@ def test_resnet50_v15_parameter_count_and_layout():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name, expected", [("resnet18", 11_689_512), ("resnet34", 21_797_672)])
-def test_basic_block_resnet_parameter_counts(name, expected):
+@pytest.mark.parametrize("name, options, count, gamma", [("resnet18", {}, 11_689_512, 0.0),
+    ("resnet34", {"zero_init_residual": False}, 21_797_672, 1.0)])  # fmt: skip
+def test_basic_block_resnet_parameter_counts_and_zero_init_residual(name, options, count, gamma):
     # torchvision's resnet18 / resnet34 counts (same layout, no convolution biases).
-    assert trainable_count(get_model(name)) == expected
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("zero_init", [True, False])
-def test_zero_init_residual_sets_last_gamma_of_every_block(zero_init):
-    model = resnet(18, num_classes=10, input_shape=(32, 32, 3), zero_init_residual=zero_init)
+    model = get_model(name, **options)
+    assert trainable_count(model) == count
     last = [layer for layer in model.layers if layer.name.endswith("_bn2")]
-    assert len(last) == 8
-    for layer in last:
-        np.testing.assert_array_equal(layer.gamma.numpy(), 0.0 if zero_init else 1.0)
+    assert len(last) == {"resnet18": 8, "resnet34": 16}[name]
+    for layer in last:  # the last batch-norm gamma of every block; zero_init_residual by default
+        np.testing.assert_array_equal(layer.gamma.numpy(), gamma)
     np.testing.assert_array_equal(model.get_layer("stage1_block1_bn1").gamma.numpy(), 1.0)
 
 
@@ -103,14 +116,13 @@ def test_alexnet_parameter_counts():
     np.testing.assert_array_equal(plain.get_layer("logits").bias.numpy(), 0.0)
     for layer, value in [("conv1", 0.01), ("conv2", 0.01), ("conv3", 0.01), ("fc6", 0.1), ("logits", 0.01)]:
         np.testing.assert_array_equal(bn.get_layer(layer).bias.numpy(), np.float32(value))
-    assert {layer.epsilon for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)} == {
-        1e-4
-    }
+    bn_layers = [layer for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert {layer.epsilon for layer in bn_layers} == {1e-4}
     assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
 
 
 @pytest.mark.unit
-def test_resnet20_parameter_count():
+def test_resnet20_parameter_count_and_zero_padded_shortcut():
     # Stem 3*3*3*16 + BN 32 = 464. Stage 1: 3 blocks of 2 * 3*3*16*16 + 2 BN (64) = 4,672 -> 14,016.
     # Stage 2: first block 3*3*16*32 + 3*3*32*32 + 128 = 13,952, two more of 2 * 9,216 + 128 = 18,560
     # -> 51,072. Stage 3: 3*3*32*64 + 3*3*64*64 + 256 = 55,552, two of 2 * 36,864 + 256 = 73,984
@@ -118,16 +130,11 @@ def test_resnet20_parameter_count():
     model = get_model("resnet20", num_classes=10)
     assert trainable_count(model) == 464 + 14_016 + 51_072 + 203_520 + 650 == 269_722
     assert model.get_layer("stage3_block3_out").output.shape[1:] == (8, 8, 64)
-
-
-@pytest.mark.unit
-def test_invalid_shapes_and_depths_raise():
-    with pytest.raises(ValueError, match=r"67x67.*\(64, 64, 3\)"):
-        get_model("alexnet", input_shape=(64, 64, 3))
-    with pytest.raises(ValueError, match="6n \\+ 2.*21"):
-        cifar_resnet(21)
-    with pytest.raises(ValueError, match="101"):
-        resnet(101)
+    # Option A: the shortcut subsamples and appends zero channels.
+    x = np.arange(2 * 4 * 4 * 3, dtype=np.float32).reshape(2, 4, 4, 3)
+    y = ZeroPadShortcut(8, 2)(x).numpy()
+    assert y.shape == (2, 2, 2, 8) and not y[..., 3:].any()
+    np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
 
 
 @pytest.fixture
@@ -162,7 +169,7 @@ def test_local_response_normalization_matches_caffe_formula():
 
 
 @pytest.mark.unit
-def test_fused_batch_norm_matches_reference_and_keras_gradients():
+def test_fused_batch_norm_matches_reference_keras_gradients_and_variances():
     rng = np.random.default_rng(1)
     x = tf.constant(rng.normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32))
     fused = FusedBatchNormalization(momentum=0.9, epsilon=1e-5)
@@ -190,35 +197,12 @@ def test_fused_batch_norm_matches_reference_and_keras_gradients():
     np.testing.assert_allclose(fused.moving_variance.numpy(), 0.9 + 0.1 * var * 60 / 59, rtol=1e-5)
     expected = gamma * (xn - fused.moving_mean.numpy()) / np.sqrt(fused.moving_variance.numpy() + 1e-5) + beta
     np.testing.assert_allclose(fused(x, training=False), expected, atol=1e-5)
-
-
-@pytest.mark.unit
-def test_zero_pad_shortcut_subsamples_and_appends_zero_channels():
-    x = np.arange(2 * 4 * 4 * 3, dtype=np.float32).reshape(2, 4, 4, 3)
-    y = ZeroPadShortcut(8, 2)(x).numpy()
-    assert y.shape == (2, 2, 2, 8)
-    np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
-    np.testing.assert_array_equal(y[..., 3:], 0.0)
-
-
-@pytest.mark.unit
-def test_small_cnn_nobn_is_small_cnn_without_its_normalisation():
-    with_bn = get_model("small_cnn", num_classes=10, input_shape=(28, 28, 1))
-    without = get_model("small_cnn_nobn", num_classes=10, input_shape=(28, 28, 1))
-    bn_layers = [layer for layer in with_bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
-    assert [layer.name for layer in bn_layers] == ["conv1_bn", "conv2_bn", "conv3_bn", "conv4_bn", "fc1_bn"]
-    assert [(layer.name, type(layer)) for layer in without.layers] == [
-        (layer.name, type(layer)) for layer in with_bn.layers if layer not in bn_layers
-    ]
-    assert not any("Normalization" in type(layer).__name__ for layer in without.layers)
-    # BN's gamma, beta, moving mean and variance: 4 * (16 + 16 + 32 + 32 + 128) = 896 numbers go; each
-    # convolution gains a bias in beta's place: 16 + 16 + 32 + 32 = 96.
-    assert with_bn.count_params() == 16272 + 896 + 200832 + 1290
-    assert without.count_params() == with_bn.count_params() - 896 + 96
-    for layer in without.layers:
-        if isinstance(layer, keras.layers.Conv2D):
-            assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
-    assert without.output.dtype == "float32"
+    # A Keras layer fused by fuse_batch_norm keeps Keras's biased moving variance.
+    layer = keras.layers.BatchNormalization(momentum=0.9)
+    layer.build(x.shape)
+    hvd_lars.fuse_batch_norm(layer)(x, training=True)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * mean, rtol=1e-5)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * var, rtol=1e-5)
 
 
 def _user_model(seed):
@@ -246,7 +230,7 @@ def _trained(model, x, y):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("policy, tolerance", [("float32", 1e-4), ("mixed_bfloat16", 3e-2)])
-def test_fused_user_model_trains_and_infers_as_keras(policy, tolerance):
+def test_fused_user_model_trains_infers_and_saves_as_keras(policy, tolerance, tmp_path):
     keras.mixed_precision.set_global_policy(policy)
     try:
         rng = np.random.default_rng(0)
@@ -262,29 +246,12 @@ def test_fused_user_model_trains_and_infers_as_keras(policy, tolerance):
             np.testing.assert_allclose(
                 np.asarray(b), np.asarray(a), rtol=tolerance, atol=tolerance, err_msg=a.path
             )
-        np.testing.assert_allclose(fused.predict(x, verbose=0), plain.predict(x, verbose=0), atol=tolerance)
+        predicted = fused.predict(x, verbose=0)
+        np.testing.assert_allclose(predicted, plain.predict(x, verbose=0), atol=tolerance)
+        fused.save(tmp_path / "fused.keras")
+        loaded = keras.models.load_model(tmp_path / "fused.keras")
+        layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
+        assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
+        np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-6)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-
-
-@pytest.mark.unit
-def test_fused_moving_variance_is_keras_biased_variance():
-    x = np.random.default_rng(1).normal(2.0, 3.0, size=(4, 3, 5, 6)).astype(np.float32)
-    layer = keras.layers.BatchNormalization(momentum=0.9)
-    layer.build(x.shape)
-    hvd_lars.fuse_batch_norm(layer)
-    layer(x, training=True)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.1 * x.mean(axis=(0, 1, 2)), rtol=1e-5)
-    np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * x.var(axis=(0, 1, 2)), rtol=1e-5)
-
-
-@pytest.mark.unit
-def test_fused_model_saves_and_loads(tmp_path):
-    model = hvd_lars.fuse_batch_norm(_user_model(3))
-    x = np.random.default_rng(2).normal(size=(4, 8, 8, 3)).astype(np.float32)
-    _trained(model, x, np.array([0, 1, 2, 0]))
-    model.save(tmp_path / "fused.keras")
-    loaded = keras.models.load_model(tmp_path / "fused.keras")
-    layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
-    assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)

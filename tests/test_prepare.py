@@ -1,5 +1,5 @@
 """hvd-lars-prepare (hvd_lars.prepare): what it refuses, before converting anything, and what needs no
-preparation. The conversion itself, its interruption and a clean second run: tests/test_imagenet.py."""
+preparation (the conversion itself: tests/test_imagenet.py)."""
 
 import collections
 import fcntl
@@ -13,7 +13,6 @@ from hvd_lars import prepare
 from hvd_lars.data import DATASETS
 from hvd_lars.data import imagenet_preparation as preparation
 from tests.support import REPO
-from tests.support.data_fixtures import make_ilsvrc_tars
 
 TARS = "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar"
 
@@ -35,40 +34,26 @@ def _tars(folder):
 
 
 @pytest.mark.unit
-def test_every_data_set_either_prepares_or_says_it_needs_nothing(capsys):
+def test_every_data_set_either_prepares_or_says_it_needs_nothing_and_others_are_refused(capsys):
     assert set(prepare.PREPARATIONS) | set(prepare.NO_PREPARATION) == set(DATASETS)
     assert not set(prepare.PREPARATIONS) & set(prepare.NO_PREPARATION)
     for name, reason in prepare.NO_PREPARATION.items():
-        assert _prepare(capsys, name, "--data_dir=/nonexistent") == (
-            0,
-            [f"[hvd_lars] {name} needs no preparation: {reason}."],
-            [],
-        )
+        said = [f"[hvd_lars] {name} needs no preparation: {reason}."]
+        assert _prepare(capsys, name, "--data_dir=/nonexistent") == (0, said, [])
     assert not os.path.exists("/nonexistent")
-
-
-@pytest.mark.unit
-def test_an_unknown_name_is_refused_listing_the_valid_ones(capsys):
-    assert sorted(DATASETS) == ["fashion_mnist", "image_folder", "imagenet2012", "synthetic"]
-    assert _prepare(capsys, "imagenet") == (
-        2,
-        [],
-        ["hvd_lars: error: unknown data set 'imagenet'; valid: " + ", ".join(sorted(DATASETS)) + "."],
-    )
+    refusal = f"hvd_lars: error: unknown data set 'imagenet'; valid: {', '.join(sorted(DATASETS))}."
+    assert _prepare(capsys, "imagenet") == (2, [], [refusal])
 
 
 @pytest.mark.unit
 def test_missing_tars_are_named_with_their_folder(capsys, tmp_path):
-    data_dir = str(tmp_path / "tfds")
-    make_ilsvrc_tars(str(tmp_path / "manual"), ["n01440764"], 1, 1)
+    data_dir, manual = str(tmp_path / "tfds"), _tars(tmp_path / "manual")
     os.remove(tmp_path / "manual" / "ILSVRC2012_img_val.tar")
-    status, out, err = _prepare(
-        capsys, "imagenet2012", f"--manual_dir={tmp_path / 'manual'}", f"--data_dir={data_dir}"
-    )
+    status, out, err = _prepare(capsys, "imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}")
     assert status == 2 and out == []  # refused before it says it prepares
     assert err == [
         f"hvd_lars: error: ImageNet is not prepared under --data_dir={data_dir}, and --manual_dir="
-        f"{tmp_path / 'manual'} lacks ILSVRC2012_img_val.tar. Download {TARS} from https://image-net.org "
+        f"{manual} lacks ILSVRC2012_img_val.tar. Download {TARS} from https://image-net.org "
         "(registration needed), put both in one folder and run hvd-lars-prepare imagenet2012 --manual_dir="
         f"<folder holding {TARS}> --data_dir={data_dir}."
     ]
@@ -80,45 +65,33 @@ def test_missing_tars_are_named_with_their_folder(capsys, tmp_path):
 
 
 @pytest.mark.unit
-def test_a_data_dir_that_cannot_be_written_is_refused(capsys, tmp_path):
+def test_an_unwritable_folder_a_preparation_at_work_and_too_little_space_are_refused(
+    capsys, tmp_path, monkeypatch
+):
+    data_dir, manual = tmp_path / "tfds", _tars(tmp_path / "manual")
+    command = ("imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}")
     # Nobody may create a folder at the top of sysfs, root included (the tests run as root in CI).
-    status, _, err = _prepare(
-        capsys, "imagenet2012", f"--manual_dir={_tars(tmp_path)}", "--data_dir=/sys/hvd_lars"
-    )
-    assert status == 2
-    assert len(err) == 1 and err[0].startswith("hvd_lars: error: cannot write --data_dir=/sys/hvd_lars (")
-    assert err[0].endswith(
+    status, _, err = _prepare(capsys, *command[:2], "--data_dir=/sys/hvd_lars")
+    assert status == 2 and len(err) == 1
+    assert err[0].startswith("hvd_lars: error: cannot write --data_dir=/sys/hvd_lars (") and err[0].endswith(
         ": /sys/hvd_lars). Prepare into a folder you may write, and train with that --data_dir."
     )
-
-
-@pytest.mark.unit
-def test_a_second_preparation_into_the_same_folder_is_refused(capsys, tmp_path):
-    data_dir, manual = tmp_path / "tfds", _tars(tmp_path / "manual")
     lock = data_dir / "imagenet2012" / preparation.LOCK_NAME
     lock.parent.mkdir(parents=True)
     with open(lock, "a") as held:  # as a preparation at work holds it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        status, _, err = _prepare(capsys, "imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}")
-    assert status == 2 and err == [
-        f"hvd_lars: error: another preparation is writing ImageNet into --data_dir={data_dir} (it holds "
-        f"{lock}): wait for it to finish, or stop it and run this command again."
-    ]
+        assert _prepare(capsys, *command)[::2] == (2, [
+            f"hvd_lars: error: another preparation is writing ImageNet into --data_dir={data_dir} (it holds "
+            f"{lock}): wait for it to finish, or stop it and run this command again."])  # fmt: skip
     assert os.listdir(lock.parent) == [preparation.LOCK_NAME]
-
-
-@pytest.mark.unit
-def test_too_little_space_is_refused_with_both_figures(capsys, tmp_path, monkeypatch):
-    data_dir, manual = tmp_path / "tfds", _tars(tmp_path / "manual")
     for name in preparation.MANUAL_FILES:
         os.truncate(os.path.join(manual, name), 3 * 10**9)  # sparse: 3 GB each, no block written
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(preparation.shutil, "disk_usage", lambda path: usage(10**13, 10**13, 5.5 * 10**9))
-    status, _, err = _prepare(capsys, "imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}")
-    assert status == 2 and err == [
+    files = ", ".join(preparation.MANUAL_FILES)
+    assert _prepare(capsys, *command)[::2] == (2, [
         f"hvd_lars: error: --data_dir={data_dir} has 5.5 GB free; the records need about 6.0 GB (the size "
-        f"of {', '.join(preparation.MANUAL_FILES)}). Free some space or prepare into another folder."
-    ]
+        f"of {files}). Free some space or prepare into another folder."])  # fmt: skip
     monkeypatch.setattr(preparation.shutil, "disk_usage", lambda path: usage(10**13, 0, 6 * 10**9))
     with pytest.raises(preparation.CannotPrepare, match="does not hold exactly the 50,000 validation images"):
         preparation.prepare(manual, str(data_dir))  # room enough: refused by the next check instead
@@ -127,21 +100,12 @@ def test_too_little_space_is_refused_with_both_figures(capsys, tmp_path, monkeyp
 @pytest.mark.horovod
 def test_the_console_script_and_the_module_as_a_user_runs_them(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "hvd-lars-prepare")
-    refused = subprocess.run(
-        [script, "imagenet2012", f"--manual_dir={tmp_path}", f"--data_dir={tmp_path / 'tfds'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [script, "imagenet2012", f"--manual_dir={tmp_path}", f"--data_dir={tmp_path / 'tfds'}"]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     errors = [line for line in refused.stderr.splitlines() if line.startswith("hvd_lars")]
     assert len(errors) == 1 and f"--manual_dir={tmp_path} lacks {TARS}." in errors[0]
-    helped = subprocess.run(
-        [sys.executable, "-m", "hvd_lars.prepare", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "hvd_lars.prepare", "--help"]
+    helped = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: hvd-lars-prepare [-h]")
     assert "--manual_dir" in helped.stdout and "--data_dir" in helped.stdout

@@ -1,11 +1,12 @@
-"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation, odd encodings."""
+"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation (the odd encodings
+through the pipeline: tests/test_image_folder.py)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvd_lars.data import preprocessing as pp
-from tests.support.data_fixtures import CMYK, GREY, PNG, encode, source_images
+from tests.support.data_fixtures import CMYK, PNG, encode
 
 
 def _seed(i):
@@ -26,7 +27,7 @@ def test_normalize_hand_values():
 
 
 @pytest.mark.unit
-def test_random_crop_windows_stay_in_range_and_repeat():
+def test_random_crop_windows_stay_in_range_repeat_and_fall_back_to_the_centre():
     height, width = 300, 400
     windows = np.array([pp.random_crop_window([height, width], _seed(i)).numpy() for i in range(200)])
     y, x, h, w = windows.T
@@ -38,14 +39,9 @@ def test_random_crop_windows_stay_in_range_and_repeat():
     np.testing.assert_array_equal(pp.random_crop_window([height, width], _seed(3)).numpy(), windows[3])
     # The whole range is used: small crops and crops of nearly the whole image both occur.
     assert (area < 0.15).sum() > 10 and (area > 0.8).sum() > 5
-
-
-@pytest.mark.unit
-def test_random_crop_falls_back_to_the_centre_crop():
-    # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area.
-    window = pp.random_crop_window([1000, 10], _seed(0)).numpy()
-    # Side int(10 * 224/256) = 8, centred: y = (1000 - 8 + 1) // 2, x = (10 - 8 + 1) // 2.
-    np.testing.assert_array_equal(window, [496, 1, 8, 8])
+    # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area, so the
+    # centre crop: side int(10 * 224/256) = 8, y = (1000 - 8 + 1) // 2, x = (10 - 8 + 1) // 2.
+    np.testing.assert_array_equal(pp.random_crop_window([1000, 10], _seed(0)).numpy(), [496, 1, 8, 8])
 
 
 @pytest.mark.unit
@@ -66,22 +62,15 @@ def test_decode_and_random_crop_equals_decode_then_slice(kind):
 
 
 @pytest.mark.unit
-def test_eval_centre_crop_is_exact_on_a_lossless_image():
-    image = np.random.default_rng(0).integers(0, 256, size=(256, 512, 3), dtype=np.uint8)
-    out = pp.preprocess_eval(tf.constant(encode(image, PNG)), 224).numpy()
-    # Short side already 256: no resampling; the 224 crop starts at ((256-224)//2, (512-224)//2).
-    want = (image[16:240, 144:368].astype(np.float32) - pp.MEAN_RGB) / pp.STDDEV_RGB
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("size, short_side, resized", [(224, 256, (256, 341)), (227, 259, (259, 345))])
-def test_eval_resize_keeps_aspect(size, short_side, resized):
+def test_eval_resize_keeps_aspect_and_crops_the_centre(size, short_side, resized):
     assert pp.eval_resize_size(size) == short_side  # the 224 / 256 ratio
-    image = tf.zeros([300, 400, 3], tf.uint8)
-    assert tuple(pp.resize_short_side(image, short_side).shape[:2]) == resized
-    data = tf.constant(encode(_gradient_image(300, 400)))
-    assert pp.preprocess_eval(data, size).shape == (size, size, 3)
+    assert tuple(pp.resize_short_side(tf.zeros([300, 400, 3], tf.uint8), short_side).shape[:2]) == resized
+    # Short side already `short_side`: no resampling, so the view is exactly the centre window.
+    image = np.random.default_rng(0).integers(0, 256, size=(short_side, 2 * short_side, 3), dtype=np.uint8)
+    y, x = (short_side - size) // 2, (2 * short_side - size) // 2
+    want = (image[y : y + size, x : x + size].astype(np.float32) - pp.MEAN_RGB) / pp.STDDEV_RGB
+    np.testing.assert_allclose(pp.preprocess_eval(tf.constant(encode(image, PNG)), size), want, atol=1e-5)
 
 
 @pytest.mark.unit
@@ -100,23 +89,9 @@ def test_train_view_shape_range_and_flip_rate():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", [CMYK, GREY, PNG])
-def test_odd_encodings_decode_to_the_source_rgb(kind):
-    image = source_images(1)[0]
-    decoded = pp.decode_rgb(tf.constant(encode(image, kind))).numpy()
-    assert decoded.shape == (28, 28, 3)
-    error = np.abs(decoded.astype(np.int32) - image).mean()
-    assert error == 0 if kind == PNG else error < 3.0  # JPEG at quality 95
-
-
-@pytest.mark.unit
-def test_corrupt_bytes_raise():
+def test_corrupt_bytes_and_unknown_views_are_refused():
     with pytest.raises(tf.errors.InvalidArgumentError):
         pp.decode_rgb(tf.constant(b"not an image at all"))
-
-
-@pytest.mark.unit
-def test_unknown_preprocessing_lists_valid_names():
     with pytest.raises(ValueError, match="'vgg'; valid names: caffe, caffe_scaled, inception"):
         pp.get_preprocessing("vgg")
 

@@ -13,36 +13,33 @@ from hvd_lars.data import fashion_mnist_files
 
 # Kinds of file written, by position in each class folder; everything else is an RGB JPEG.
 CMYK, GREY, PNG = "cmyk", "grey", "png"
-JPEG_QUALITY = 95
 
 
-def source_images(count, size=None, offset=0):
-    """`count` Fashion-MNIST test images as uint8 (count, S, S, 3) RGB (grey replicated), S = 28 or `size`."""
+def source_images(count, offset=0):
+    """`count` Fashion-MNIST test images as uint8 (count, 28, 28, 3) RGB (grey replicated)."""
     images, _ = fashion_mnist_files.load("test")
-    images = images[offset : offset + count, :, :, 0]
-    if size:
-        images = np.stack(
-            [np.asarray(Image.fromarray(x).resize((size, size), Image.BILINEAR)) for x in images]
-        )
-    return np.repeat(images[..., None], 3, axis=-1)
+    return np.repeat(images[offset : offset + count], 3, axis=-1)
 
 
 def encode(image, kind="rgb"):
-    """Encoded bytes of uint8 (H, W, 3) `image`: JPEG in RGB, CMYK or greyscale, or PNG."""
-    out = io.BytesIO()
-    picture = Image.fromarray(image)
+    """Encoded bytes of uint8 (H, W, 3) `image`: JPEG (quality 95) in RGB, CMYK or greyscale, or PNG."""
+    out, picture = io.BytesIO(), Image.fromarray(image)
     if kind == PNG:
         picture.save(out, "PNG")
     else:
-        mode = {CMYK: "CMYK", GREY: "L"}.get(kind, "RGB")
-        picture.convert(mode).save(out, "JPEG", quality=JPEG_QUALITY)
+        picture.convert({CMYK: "CMYK", GREY: "L"}.get(kind, "RGB")).save(out, "JPEG", quality=95)
     return out.getvalue()
 
 
-def make_image_folder(root, train_counts, eval_counts, odd=None, size=None, corrupt=None):
-    """Writes `train_counts` / `eval_counts` images per class (folder `n{c:08d}`), `size` pixels square
-    (default 28), of the kinds `odd` ({(split, class, position): kind}; default two CMYK, a grey and a PNG in
-    train, one of each in validation), and a garbage `broken.JPEG` in the (split, class) `corrupt`; returns
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def make_image_folder(root, train_counts, eval_counts, odd=None, corrupt=None):
+    """Writes `train_counts` / `eval_counts` images per class (folder `n{c:08d}`) of the kinds `odd`
+    ({(split, class, position): kind}; default two CMYK, a grey and a PNG in train, one of each in
+    validation), and a garbage `broken.JPEG` in the (split, class) `corrupt`; returns
     {split: [(path, class index, kind, source image)]}."""
     if odd is None:
         odd = {("train", 0, 0): CMYK, ("train", 1, 0): CMYK, ("train", 2, 0): GREY, ("train", 3, 0): PNG}
@@ -53,25 +50,24 @@ def make_image_folder(root, train_counts, eval_counts, odd=None, size=None, corr
         for c, count in enumerate(counts):
             folder = os.path.join(root, split, f"n{c:08d}")
             os.makedirs(folder, exist_ok=True)
-            for k, image in enumerate(source_images(count, size, offset)):
-                kind = odd.get((split, c, k), "rgb")
-                path = os.path.join(folder, f"n{c:08d}_{k}.JPEG")
-                with open(path, "wb") as f:
-                    f.write(encode(image, kind))
+            for k, image in enumerate(source_images(count, offset)):
+                kind, path = odd.get((split, c, k), "rgb"), os.path.join(folder, f"n{c:08d}_{k}.JPEG")
+                _write(path, encode(image, kind))
                 written[split].append((path, c, kind, image))
             offset += count
             if corrupt == (split, c):
-                path = os.path.join(folder, "broken.JPEG")
-                with open(path, "wb") as f:
-                    f.write(b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
-                written[split].append((path, c, "corrupt", None))
+                _write(os.path.join(folder, "broken.JPEG"), b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
+                written[split].append((os.path.join(folder, "broken.JPEG"), c, "corrupt", None))
     return written
 
 
-def _add(tar, name, data):
+def _add(tar, name, data=None):
     info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
+    if data is None:
+        info.type = tarfile.DIRTYPE
+    else:
+        info.size = len(data)
+    tar.addfile(info, None if data is None else io.BytesIO(data))
 
 
 def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, png_name=None, val_names=None):
@@ -86,12 +82,13 @@ def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, pn
             buffer = io.BytesIO()
             with tarfile.open(fileobj=buffer, mode="w") as inner:
                 names = [f"{synset}_{k}.JPEG" for k in range(per_class)]
-                for name in names:
-                    _add(inner, name, encode(next(images)))
+                kinds = ["rgb"] * per_class
                 for extra, kind in ((cmyk_name, CMYK), (png_name, PNG)):
                     if extra and extra.startswith(synset + "_"):
-                        _add(inner, extra, encode(next(images), kind))
                         names.append(extra)
+                        kinds.append(kind)
+                for name, kind in zip(names, kinds):
+                    _add(inner, name, encode(next(images), kind))
             _add(outer, f"{synset}.tar", buffer.getvalue())
             train[synset] = names
     if val_names is None:
@@ -99,10 +96,5 @@ def make_ilsvrc_tars(manual_dir, synsets, per_class, num_val, cmyk_name=None, pn
     images = iter(source_images(len(val_names), offset=len(synsets) * (per_class + 2)))
     with tarfile.open(os.path.join(manual_dir, "ILSVRC2012_img_val.tar"), "w") as tar:
         for name in val_names:
-            if name.endswith("/"):
-                info = tarfile.TarInfo(name.rstrip("/"))
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                _add(tar, name, encode(next(images)))
+            _add(tar, name.rstrip("/"), None if name.endswith("/") else encode(next(images)))
     return train, val_names

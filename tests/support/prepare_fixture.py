@@ -2,11 +2,9 @@
 
     python -m tests.support.prepare_fixture LABELS [--stop_after_first_records=MARKER] -- ARGUMENTS...
 
-runs `hvd-lars-prepare ARGUMENTS...` with one change: the fixture's validation tar holds the first N of
-the 50,000 images, so tensorflow-datasets' validation label file is replaced by LABELS, its first N lines
-(as tests/test_imagenet.py does in its own process). With --stop_after_first_records, once the first split's
-record files are written the process writes MARKER (their folder) and waits there for the test's signal: a
-conversion interrupted half-way, at an event rather than a time.
+runs `hvd-lars-prepare ARGUMENTS...` with tensorflow-datasets' validation label file replaced by LABELS (the
+fixture's validation tar holds the first N of the 50,000 images). With --stop_after_first_records, once the
+first split's record files are written the process writes MARKER (their folder) and waits for a signal.
 """
 
 import os
@@ -20,26 +18,22 @@ from hvd_lars import prepare
 
 
 def _stop_after_first_records(marker):
-    # tensorflow-datasets 4.9: Writer.finalize writes a split's record files and returns their lengths.
-    finalize = writer.Writer.finalize
+    finalize = writer.Writer.finalize  # tensorflow-datasets 4.9: writes a split's record files
 
     def finalize_then_wait(self):
         finalize(self)
-        folder = os.fspath(self._filename_template.data_dir)
         with open(marker + ".part", "w") as f:
-            f.write(folder)
+            f.write(os.fspath(self._filename_template.data_dir))
         os.replace(marker + ".part", marker)  # whole, or not there
         while True:
             signal.pause()
 
     writer.Writer.finalize = finalize_then_wait
-    return finalize
 
 
 def main(argv):
     split = argv.index("--")
-    options, arguments = argv[1:split], argv[split + 1 :]
-    labels, *rest = options
+    (labels, *rest), arguments = argv[1:split], argv[split + 1 :]
     # Read by both the builder and hvd_lars' check (tfds_path of an absolute path is that path).
     imagenet_common._VALIDATION_LABELS_FNAME = labels
     for option in rest:

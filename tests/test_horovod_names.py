@@ -1,6 +1,6 @@
 """Every public name of Horovod 0.28.1's `horovod.tensorflow.keras` (and its `callbacks` and `elastic`),
 read from Horovod's installed sources with `ast`, is in `hvd_lars.parallel.horovod_keras` with Horovod's
-arguments and defaults, and in the README's Horovod table."""
+arguments and defaults, and in the README's Horovod table with the Keras 3 renames of Horovod's files."""
 
 import ast
 import importlib.util
@@ -12,6 +12,7 @@ import pytest
 
 from hvd_lars.parallel import horovod_keras
 from tests.support import REPO
+from tests.support.horovod_files import RENAMES
 
 pytestmark = pytest.mark.unit
 
@@ -86,11 +87,13 @@ def test_horovods_own_names_are_horovods():
         assert getattr(horovod_keras, name) is getattr(hvd, name), name
 
 
-def test_the_readmes_horovod_table_names_every_horovod_name():
+def test_the_readmes_horovod_table_names_every_horovod_name_and_rename():
     with open(os.path.join(REPO, "README.md")) as f:
         section = f.read().split("### With Horovod: the `horovod.tensorflow.keras` names for Keras 3", 1)[1]
-    table = "\n".join(line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("|"))
-    cells = re.findall(r"`([^`]*)`", table)
+    section = section.split("\n## ", 1)[0]
+    cells = re.findall(r"`([^`]*)`", "\n".join(line for line in section.splitlines() if line.startswith("|")))
     assert {"Compression", "reducescatter", "BestModelCheckpoint", "run"} <= {n for _, n, _ in ALL}  # read
     for _part, name, _ in ALL:
         assert any(re.search(rf"\b{re.escape(name)}\b", cell) for cell in cells), f"README table lacks {name}"
+    for _, _, rename, _ in RENAMES:
+        assert rename in section, rename

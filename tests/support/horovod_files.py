@@ -68,8 +68,9 @@ def renamed_source(path):
     return text, counts
 
 
-def install_namespace():
-    """Makes `import horovod.tensorflow.keras` (and `horovod.keras`) give hvd_lars's Keras 3 layer."""
+def ported(path):
+    """`path`'s text renamed (the renames printed), with `import horovod.tensorflow.keras` (and
+    `horovod.keras`) giving hvd_lars's Keras 3 layer."""
     import horovod
     import horovod.tensorflow
 
@@ -79,8 +80,10 @@ def install_namespace():
         sys.modules[name] = horovod_keras
         sys.modules[name + ".callbacks"] = horovod_keras.callbacks
         sys.modules[name + ".elastic"] = horovod_keras.elastic
-    horovod.tensorflow.keras = horovod_keras
-    horovod.keras = horovod_keras
+    horovod.tensorflow.keras = horovod.keras = horovod_keras
+    text, counts = renamed_source(path)
+    print(f"horovod_files: renames {counts}", flush=True)
+    return text
 
 
 def point_mnist_at_fashion_mnist():
@@ -131,11 +134,9 @@ def run_example(out_dir, path, *args):
     cap = 0
     if args and args[0].startswith("--steps-per-epoch="):
         cap, args = int(args[0].split("=", 1)[1]), args[1:]
-    install_namespace()
+    text = ported(path)
     point_mnist_at_fashion_mnist()
     recorder = record_fits(cap)
-    text, counts = renamed_source(path)
-    print(f"horovod_files: renames {counts}", flush=True)
     sys.argv = [path, *args]
     exec(compile(text, path, "exec"), {"__name__": "__main__", "__file__": path})
 
@@ -184,9 +185,7 @@ class _SkipNotUnderKeras3:
 def run_pytest(out_dir, path):
     import pytest
 
-    install_namespace()
-    text, counts = renamed_source(path)
-    print(f"horovod_files: renames {counts}", flush=True)
+    text = ported(path)
     copy = os.path.join(out_dir, os.path.basename(path))
     with open(copy, "w") as f:
         f.write(text)

@@ -1,9 +1,7 @@
-"""One rank of the 2-rank jobs of tests/test_distributed.py and tests/test_horovod_keras.py, and `run`, which
-starts such a job. Each argument "function:arg:..." calls `function(rank, size, *args)` of this module; each
-rank pickles {(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows
-give the updates of one process on 2B rows. The one-weight cases: x = 1, mse, y = 1 + 2 rank, so rank r's
-gradient is 2 (w - y_r); where rank 0 starts from w = 1 and rank 1 from w = 0, whose weights an update started
-from shows.
+"""One rank of the 2-rank jobs of tests/test_distributed.py and tests/test_horovod_keras.py (`run` starts
+one). Each argument "function:arg:..." calls `function(rank, size, *args)`; each rank pickles
+{(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the
+updates of one process on 2B rows.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
@@ -90,13 +88,10 @@ def data(rank, size):
     return (x[:, mine].reshape(-1, 4), y[:, mine].reshape(-1, 2)), (x.reshape(-1, 4), y.reshape(-1, 2))
 
 
-def make_model(random=False):
-    """4 -> 3 (tanh) -> 2, from `initial_weights()` unless `random`."""
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(2)]
-    )
-    if not random:
-        model.set_weights(initial_weights())
+def make_model():
+    """4 -> 3 (tanh) -> 2, from `initial_weights()`."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, "tanh"), keras.layers.Dense(2)])
+    model.set_weights(initial_weights())
     return model
 
 
@@ -107,7 +102,7 @@ def one_weight_model(w=0.0):
 
 
 def one_update(model, rank, callbacks=()):
-    """One update on x = 1, y = 1 + 2 rank; w after it."""
+    """One update on x = 1, y = 1 + 2 rank (mse: rank r's gradient is 2 (w - 1 - 2 r)); w after it."""
     x, y = np.ones((1, 1), np.float32), np.full((1, 1), 1.0 + 2.0 * rank, np.float32)
     model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=list(callbacks))
     return float(model.trainable_variables[0].numpy().ravel()[0])
@@ -207,11 +202,8 @@ def scalar_steps(optimizer, grads_per_step):
 def traced_update(optimizer, variables):
     """The graph of one `optimizer.apply` on float32 gradients of `variables` (traced, not run)."""
     optimizer.build(variables)
-
-    def update(*grads):
-        optimizer.apply(list(grads), variables)
-
-    return tf.function(update).get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
+    update = tf.function(lambda *grads: optimizer.apply(list(grads), variables))
+    return update.get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
 
 
 def one_process(rank, size, name, rate_kind):
@@ -230,20 +222,15 @@ def two_ranks(rank, size, name, rate_kind, wrap):
     optimizer, callbacks = make_optimizer(name, rate_kind)
     model = fit(make_model(), wrapped(optimizer, wrap), x, y, GLOBAL_BATCH // size, callbacks)
     optimizer = model.optimizer
-    result = {
-        "final": values(model.trainable_variables),
-        "state": values(optimizer.variables),
-        "iterations": int(optimizer.iterations),
-        "types": types(optimizer),
-    }
+    result = {"final": values(model.trainable_variables), "state": values(optimizer.variables),
+              "iterations": int(optimizer.iterations), "types": types(optimizer)}  # fmt: skip
     path = tempfile.mkdtemp()
     tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
     fresh = make_model()
     fresh.compile(optimizer=wrapped(make_optimizer(name, rate_kind)[0], wrap), loss="mse")
     fresh.optimizer.build(fresh.trainable_variables)
-    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(
-        os.path.join(path, "ckpt")
-    ).assert_consumed()
+    checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
+    checkpoint.read(os.path.join(path, "ckpt")).assert_consumed()
     result["checkpoint_state"] = values(fresh.optimizer.variables)
     model.save(os.path.join(path, "model.keras"))
     loaded = keras.models.load_model(os.path.join(path, "model.keras"))
@@ -303,12 +290,9 @@ def accumulation(rank, size, kind):
     wrapper = model.optimizer
     while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
         wrapper = wrapper.inner_optimizer
-    reference = fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH)
-    return {
-        "final": values(model.trainable_variables),
-        "counts": [int(model.optimizer.iterations), int(wrapper._iterations)],
-        "reference": values(reference.trainable_variables),
-    }
+    counts = [int(model.optimizer.iterations), int(wrapper._iterations)]
+    reference = values(fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH).trainable_variables)
+    return {"final": values(model.trainable_variables), "counts": counts, "reference": reference}
 
 
 def allreduces_per_accumulation_branch(rank, size):
@@ -335,10 +319,8 @@ def gradient_reduction(rank, size, reduction, compression):
     ops = traced_update(make(), make_model().trainable_variables).graph.get_operations()
     kinds = [op.type for op in ops]
     halves = [op for op in ops if op.type.startswith("Horovod") and op.inputs[0].dtype == tf.float16]
-    return {
-        "final": values(model.trainable_variables),
-        "ops": [kinds.count("HorovodAllreduce"), kinds.count("HorovodGroupedAllreduce"), len(halves)],
-    }
+    ops = [kinds.count("HorovodAllreduce"), kinds.count("HorovodGroupedAllreduce"), len(halves)]
+    return {"final": values(model.trainable_variables), "ops": ops}
 
 
 def metric_average(rank, size):
@@ -350,15 +332,9 @@ def metric_average(rank, size):
     stop = keras.callbacks.EarlyStopping(monitor="val_loss")
     x, y = np.ones((2, 1), np.float32), np.full((2, 1), 10.0 * (rank + 1), np.float32)
     callbacks = [MetricAverageCallback(), stop]
-    history = model.fit(
-        x, y, batch_size=2, epochs=2, verbose=0, validation_data=validation, callbacks=callbacks
-    )
-    return {
-        "best": float(stop.best),
-        "val_loss": history.history["val_loss"],
-        "loss": history.history["loss"],
-        "evaluate": float(average_metrics(model.evaluate(*validation, verbose=0, return_dict=True))["loss"]),
-    }
+    history = model.fit(x, y, epochs=2, verbose=0, validation_data=validation, callbacks=callbacks)
+    evaluated = average_metrics(model.evaluate(*validation, verbose=0, return_dict=True))
+    return {"best": float(stop.best), "evaluate": float(evaluated["loss"]), **history.history}
 
 
 def warmup_rates(rank, size):
@@ -381,10 +357,9 @@ def warmup_rates(rank, size):
 
 
 def batch_norm_statistics(rank, size):
-    """Batch norm on different data per rank (mean 1 + 3 r, deviation 1 + r), 2 epochs of 2 LARS steps: its
-    moving [mean, variance] at each epoch's end "before", between and "after" the two places the library
-    averages them: [record, ExactEvaluation (epoch 2 only), record, PeriodicCheckpoint, record]; on rank 0
-    also what the last checkpoint holds ("saved")."""
+    """Batch norm on other data per rank (mean 1 + 3 r, deviation 1 + r), 2 epochs of 2 LARS steps: its moving
+    [mean, variance] at each epoch's end, recorded "before", "mid" and "after" in the callbacks [record,
+    ExactEvaluation (epoch 2), record, PeriodicCheckpoint, record]; rank 0: the checkpoint's ("saved")."""
     from hvd_lars.training.checkpoints import PeriodicCheckpoint, moving_statistics
     from hvd_lars.training.epoch_logs import ExactEvaluation
 
@@ -428,10 +403,9 @@ def batch_norm_statistics(rank, size):
 
 
 def image_folder_ranks(rank, size, data_dir, out_dir):
-    """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation
-    shard's labels, ExactEvaluation's top-1/top-5 of an all-zero classifier (ties broken by class index),
-    the folders listed (`listing.list_split`) by a build, its resume (the index) and a build on the folder
-    `<data>/../bad` that the listing refuses, and that refusal."""
+    """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation shard's
+    labels, ExactEvaluation's top-1/top-5 of an all-zero classifier, the folders listed by a build, by its
+    resume (the index) and by a build on `<data>/../bad`, and that build's refusal."""
     import itertools
 
     from hvd_lars.data import InputRequest, get_input, listing
@@ -469,17 +443,10 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
     callback.set_model(model)
     logs = {}
     callback.on_epoch_end(0, logs)  # raises unless the ranks together counted every image once
-    return {
-        "train": np.concatenate(train),
-        "eval": np.concatenate([y.numpy() for _, y in data.eval]),
-        "steps_per_epoch": steps_per_epoch,
-        "num_eval_examples": data.num_eval_examples,
-        "top1": logs["test_top1"],
-        "top5": logs["test_top5"],
-        "first_listings": first_listings,
-        "listings": listings,
-        "refusal": refusal,
-    }
+    evaluation = np.concatenate([y.numpy() for _, y in data.eval])
+    return {"train": np.concatenate(train), "eval": evaluation, "steps_per_epoch": steps_per_epoch,
+            "num_eval_examples": data.num_eval_examples, "top1": logs["test_top1"], "top5": logs["test_top5"],
+            "first_listings": first_listings, "listings": listings, "refusal": refusal}  # fmt: skip
 
 
 # `hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` (tests/test_horovod_keras.py).
@@ -541,9 +508,8 @@ def value_collectives(rank, size):
 
 
 def aggregation_with_local_vars(rank, size):
-    """Horovod's test_gradient_aggregation_with_local_vars in Keras 3's API: 8 tf.Variables x_i = [0] and
-    y_i = [1, 2], the first 4 of each registered local, loss x - (rank + 1) * y[0], 4 backward passes
-    per update, 10 passes, an optimizer that adds the gradient."""
+    """Horovod's test_gradient_aggregation_with_local_vars in Keras 3's API: x_i = [0], y_i = [1, 2] (8 each,
+    4 of each local), loss x - (rank + 1) y[0], 10 passes, 4 per update, an optimizer adding the gradient."""
 
     class AddGradient(keras.optimizers.Optimizer):
         def update_step(self, gradient, variable, learning_rate):

@@ -56,13 +56,13 @@ def test_compression_objects_and_ops_are_accepted_by_both_optimizers():
 
 def _fit_epochs(optimizer, callbacks, epochs=2):
     """Dense(1, use_bias=False) from w = 1, one batch x = 1, y = 0 per epoch (gradient 2 w); w per epoch."""
-    model = keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
-    )
+    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((1,)), dense])
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     trace = []
-    kernel = lambda epoch, logs: trace.append(float(model.trainable_variables[0].numpy()[0, 0]))
-    record = keras.callbacks.LambdaCallback(on_epoch_end=kernel)
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: trace.append(float(dense.kernel[0, 0]))
+    )
     history = model.fit(
         np.ones((1, 1)), np.zeros((1, 1)), epochs=epochs, verbose=0, callbacks=[*callbacks, record]
     )
@@ -78,9 +78,8 @@ def test_momentum_correction_rescales_the_velocity_where_the_rate_changes():
     # SGD(0.1, momentum=0.9), m = 0.9 m - lr g, w += m, g = 2 w. Epoch 0 at 0.1: m = -0.2, w = 0.8.
     # Epoch 1 at 0.05: corrected, m = 0.9 * (0.5 * -0.2) - 0.05 * 1.6 = -0.17, w = 0.63 (Horovod's
     # momentum 0.45 for that batch: 0.45 * -0.2 - 0.08, the same); uncorrected m = -0.26, w = 0.54.
-    trace, history = _fit_epochs(
-        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), [_halving()]
-    )
+    sgd = hvd_lars.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    trace, history = _fit_epochs(sgd, [_halving()])
     assert trace == pytest.approx([0.8, 0.63], abs=1e-6)
     assert history.history["lr"] == pytest.approx([0.1, 0.05])  # Horovod's callbacks log the rate
     trace, _ = _fit_epochs(keras.optimizers.SGD(0.1, momentum=0.9), [_halving(momentum_correction=False)])

@@ -6,37 +6,16 @@ in another order); across ranks the weights are bit-identical.
 """
 
 import os
-import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.support import HOROVODRUN, REPO, TWO_RANKS, hvd_worker
+from tests.support import hvd_worker
 from tests.support.data_fixtures import make_image_folder
 from tests.support.hvd_worker import CLIPNORM, OPTIMIZERS, RATE_KINDS, STEPS, WRAPS, initial_weights
-from tests.support.main_server import served
 
-WORKER = os.path.join(REPO, "tests", "support", "hvd_worker.py")
+pytestmark = pytest.mark.horovod
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def _run_group(tmp_path_factory, controller, calls):
-    """Runs hvd_worker's `calls` ((function, *args)) on 2 ranks; returns `results(function, *args)`: both
-    ranks' results of that call."""
-    out = tmp_path_factory.mktemp(controller.lstrip("-"))
-    words = [":".join([function.__name__, *args]) for function, *args in calls]
-    launcher = TWO_RANKS if controller == "--mpi" else [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"]
-    cmd = [*launcher, sys.executable, WORKER, str(out), *words]
-    env = dict(os.environ, TMPDIR=str(out))
-    result = subprocess.run(served(cmd, env=env), capture_output=True, text=True, timeout=420, env=env)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    ranks = []
-    for rank in range(2):
-        with open(out / f"rank{rank}.pkl", "rb") as f:
-            ranks.append(pickle.load(f))
-    return lambda function, *args: [r[(function.__name__, *args)] for r in ranks]
 
 
 # Every pair of an optimizer, a way of giving the rate and a nesting in at least one 2-rank case (16 of the
@@ -53,14 +32,10 @@ def matrix(tmp_path_factory):
     calls = [(hvd_worker.first_gradient_norm,)]
     calls += [(hvd_worker.one_process, name, rate_kind) for name in OPTIMIZERS for rate_kind in RATE_KINDS]
     calls += [(hvd_worker.two_ranks, *case) for case in CASES]
-    return _run_group(tmp_path_factory, "--gloo", calls)
+    return hvd_worker.run(tmp_path_factory.mktemp("gloo"), calls, gloo=True)[0]
 
 
-ACCUMULATION = [
-    hvd_worker.accumulation_sgd_adopted,
-    hvd_worker.accumulation_lars_schedule_lso_inside,
-    hvd_worker.accumulation_adam_lso_chosen,
-]
+ACCUMULATION = ["sgd_adopted", "lars_schedule_lso_inside", "adam_lso_chosen"]
 
 
 # 13 classes of one training image each (one is left over with 2 ranks) and 9 evaluation images (ranks get 4
@@ -83,21 +58,17 @@ def behaviour(tmp_path_factory, folders):
     calls = [
         (w.loss_scaler_inside,),
         (w.loss_scaler_chosen,),
-        (w.loss_scaler_keras_adds,),
-        *[(f,) for f in ACCUMULATION],
+        *[(w.accumulation, kind) for kind in ACCUMULATION],
         (w.allreduces_per_accumulation_branch,),
         *[(w.gradient_reduction, r, c) for r in ("overlap", "grouped") for c in ("none", "fp16")],
-        (w.broadcast_at_start_and_on_resume,),
         (w.metric_average,),
         (w.warmup_rates,),
-        (w.max_over_ranks,),
         (w.batch_norm_statistics,),
         (w.image_folder_ranks, str(folders / "data"), str(folders)),
     ]
-    return _run_group(tmp_path_factory, "--mpi", calls)
+    return hvd_worker.run(tmp_path_factory.mktemp("mpi"), calls)[0]
 
 
-@pytest.mark.horovod
 @pytest.mark.parametrize("name, rate_kind, wrap", CASES)
 def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
     r0, r1 = matrix(hvd_worker.two_ranks, name, rate_kind, wrap)
@@ -109,24 +80,18 @@ def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
         assert np.abs(w0 - start).max() > 1e-4  # the run moved the weights (100 x ATOL)
     assert r0["iterations"] == r1["iterations"] == STEPS
     inner = {"sgd": "SGD", "adam": "Adam", "lamb": "Lamb", "lars": "LARS"}[name]
-    want = (
-        ["DistributedOptimizer", inner]
-        if wrap == "bare"
-        else ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
-    )
+    want = ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
+    want = ["DistributedOptimizer", inner] if wrap == "bare" else want
     assert r0["types"] == want and r0["keras_type"] == want[0]
     # The whole optimizer state (counters, slots, rates, loss scale) is the same on both ranks and comes
     # back from a checkpoint and from a .keras file.
     assert len(r0["state"]) >= 6
-    for restored in ("checkpoint_state", "keras_state"):
-        assert len(r0[restored]) == len(r0["state"]), restored
-        for a, b in zip(r0["state"], r0[restored]):
+    for other in (r1["state"], r0["checkpoint_state"], r0["keras_state"]):
+        assert len(other) == len(r0["state"])
+        for a, b in zip(r0["state"], other):
             np.testing.assert_array_equal(a, b)
-    for a, b in zip(r0["state"], r1["state"]):
-        np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.horovod
 def test_matrix_rates_and_clipping_take_effect(matrix):
     # Each way of giving the rate changes the result (none is silently replaced by a constant), and the
     # 2-rank cases match these one-process runs.
@@ -140,34 +105,18 @@ def test_matrix_rates_and_clipping_take_effect(matrix):
     assert matrix(hvd_worker.first_gradient_norm)[0] > 2 * CLIPNORM
 
 
-@pytest.mark.horovod
-@pytest.mark.parametrize(
-    "case, steps",
-    [
-        # Scaled gradients 8 and 0 at scale 4: the mean 4 unscales to 1, w = -1; [w, scale, iterations].
-        (hvd_worker.loss_scaler_inside, [[-1.0, 4.0, 1.0]]),
-        # inf and 8: both ranks skip and halve the scale; then 8 and 0 at scale 2: mean 2, w = -2. No hang.
-        (hvd_worker.loss_scaler_chosen, [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]]),
-    ],
-    ids=lambda c: getattr(c, "__name__", ""),
-)
-def test_loss_scalers_average_the_scaled_gradients_and_decide_together(behaviour, case, steps):
-    for got in behaviour(case):
-        np.testing.assert_array_equal(got, steps)
+def test_loss_scalers_average_the_scaled_gradients_and_decide_together(behaviour):
+    # [w, scale, iterations]: scaled gradients 8 and 0 at scale 4, the mean 4 unscales to 1: w = -1.
+    for got in behaviour(hvd_worker.loss_scaler_inside):
+        np.testing.assert_array_equal(got, [[-1.0, 4.0, 1.0]])
+    # inf and 8: both ranks skip and halve the scale; then 8 and 0 at scale 2: mean 2, w = -2. No hang.
+    for got in behaviour(hvd_worker.loss_scaler_chosen):
+        np.testing.assert_array_equal(got, [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
 
 
-@pytest.mark.horovod
-def test_loss_scaler_keras_adds_under_mixed_float16(behaviour):
-    for r in behaviour(hvd_worker.loss_scaler_keras_adds):
-        assert r["types"] == ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
-        # kernel, scale: the overflow on rank 0 skips the step on both ranks; the next step applies.
-        np.testing.assert_array_equal(r["steps"], [[0.0, 2.0], [-2.0, 2.0]])
-
-
-@pytest.mark.horovod
-@pytest.mark.parametrize("case", ACCUMULATION, ids=lambda f: f.__name__)
-def test_accumulation_averages_once_per_update(behaviour, case):
-    r0, r1 = behaviour(case)
+@pytest.mark.parametrize("kind", ACCUMULATION)
+def test_accumulation_averages_once_per_update(behaviour, kind):
+    r0, r1 = behaviour(hvd_worker.accumulation, kind)
     # 2 ranks x 2 micro-batches of 2 rows against one process on 8 rows per update.
     assert len(r0["final"]) == len(r0["reference"]) == 4
     for w0, w1, want in zip(r0["final"], r1["final"], r0["reference"]):
@@ -177,20 +126,9 @@ def test_accumulation_averages_once_per_update(behaviour, case):
     assert r0["counts"] == [STEPS, 2 * STEPS]
 
 
-@pytest.mark.horovod
-def test_accumulating_micro_batches_do_not_communicate(behaviour):
-    # The traced update's cond: 4 allreduces (one per tensor) in the update branch, none in the other.
+def test_reduction_ops_overlapped_grouped_fp16_and_none_while_accumulating(behaviour):
+    # Accumulating, the traced cond: 4 allreduces (one per tensor) in the update branch, 0 in the other.
     assert behaviour(hvd_worker.allreduces_per_accumulation_branch)[0] == [4, 0]
-
-
-@pytest.mark.horovod
-def test_the_largest_count_of_any_rank_on_every_rank(behaviour):
-    # Rank 0 holds 1, rank 1 holds 3 (the elastic loop's attempts, where rank 0 joined later).
-    assert behaviour(hvd_worker.max_over_ranks) == [3, 3]
-
-
-@pytest.mark.horovod
-def test_overlapped_grouped_and_fp16_reduction(behaviour):
     cases = [(r, c) for r in ("overlap", "grouped") for c in ("none", "fp16")]
     results = {case: behaviour(hvd_worker.gradient_reduction, *case) for case in cases}
     # [per-tensor allreduces (each waits for its own gradient only), grouped allreduces, ops on float16].
@@ -214,41 +152,22 @@ def test_overlapped_grouped_and_fp16_reduction(behaviour):
     assert max(errors) > 0  # the values did travel as float16
 
 
-@pytest.mark.horovod
-def test_broadcast_callback_at_start_and_on_resume(behaviour):
-    r0, r1 = behaviour(hvd_worker.broadcast_at_start_and_on_resume)
-    assert np.abs(r0["initial"] - r1["initial"]).max() > 0.01  # different seeds
-    for stage in ("first_fit", "resumed"):
-        assert len(r0[stage]) == len(r1[stage]) >= 8  # 4 weights, then the optimizer's counters and momenta
-        for x, y in zip(r0[stage], r1[stage]):
-            np.testing.assert_array_equal(x, y)
-    # Rank 0 alone "restored" step 100 before the second fit of 3 updates.
-    assert r0["iterations"] == r1["iterations"] == 100 + STEPS
-
-
-@pytest.mark.horovod
 def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
+    # val_loss 1 on rank 0 and 3 on rank 1: EarlyStopping's best, the history and average_metrics(evaluate())
+    # see 2 on both; loss 10 and 20: 15.
+    want = {"best": 2.0, "evaluate": 2.0, "val_loss": [2.0, 2.0], "loss": [15.0, 15.0]}
     for r in behaviour(hvd_worker.metric_average):
-        # val_loss 1.0 on rank 0 and 3.0 on rank 1: EarlyStopping sees 2.0 on both.
-        assert r["best"] == 2.0
-        assert r["val_loss"] == [2.0, 2.0]
-        assert r["loss"] == [15.0, 15.0]  # 10 and 20
-        assert r["evaluate"] == 2.0  # average_metrics(model.evaluate(...))
+        assert {key: r[key] for key in want} == want
 
 
-@pytest.mark.horovod
 def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
-    size, initial_lr, warmup_epochs, updates_per_epoch = 2, 0.4, 2, 4
-    want = [
-        initial_lr / size * ((k + 1) / updates_per_epoch * (size - 1) / warmup_epochs + 1)
-        for k in range(warmup_epochs * updates_per_epoch)
-    ]
-    want += [initial_lr, initial_lr, 0.1, 0.1]  # after warmup the user's own change (0.1) stays
+    # initial_lr / size * ((k + 1) / updates_per_epoch * (size - 1) / warmup_epochs + 1) before update k
+    want = [0.4 / 2 * ((k + 1) / 4 * (2 - 1) / 2 + 1) for k in range(2 * 4)]
+    want += [0.4, 0.4, 0.1, 0.1]  # after warmup the user's own change (0.1) stays
     for rates in behaviour(hvd_worker.warmup_rates):
         np.testing.assert_allclose(rates, want, rtol=1e-6)
 
 
-@pytest.mark.horovod
 def test_checkpoint_and_evaluation_use_the_mean_of_the_ranks_batch_norm_statistics(behaviour):
     r0, r1 = behaviour(hvd_worker.batch_norm_statistics)
     # Epoch 1: each rank's statistics follow its own data; no evaluation; the checkpoint averages them.
@@ -264,7 +183,6 @@ def test_checkpoint_and_evaluation_use_the_mean_of_the_ranks_batch_norm_statisti
     np.testing.assert_array_equal(r0["saved"], r0["2_after"])
 
 
-@pytest.mark.horovod
 def test_image_folder_shards_training_counts_evaluation_once_and_lists_once(behaviour, folders):
     r0, r1 = behaviour(hvd_worker.image_folder_ranks, str(folders / "data"), str(folders))
     assert r0["steps_per_epoch"] == r1["steps_per_epoch"] == 3  # 13 // 2 images, batch 2
@@ -277,11 +195,8 @@ def test_image_folder_shards_training_counts_evaluation_once_and_lists_once(beha
         assert (r["top1"], r["top5"]) == (2 / 9, 5 / 9)  # labels 0, 0 | 0, 0, 1, 2, 3
     # Rank 0 listed train/ and validation/ once, its resume used the index, rank 1 never listed; the
     # refused folder was listed by rank 0 alone, and both ranks raised its error.
-    assert (r0["first_listings"], r0["listings"]) == (
-        ["train", "validation"],
-        ["train", "validation", "train"],
-    )
-    assert r1["listings"] == []
+    assert [r0["first_listings"], r0["listings"], r1["listings"]] == [
+        ["train", "validation"], ["train", "validation", "train"], []]  # fmt: skip
     for r in (r0, r1):
         assert "files that are not images this pipeline reads" in r["refusal"]
         assert f"{folders}/bad/train/n00000001/notes.txt" in r["refusal"]

@@ -1,23 +1,18 @@
 """`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras`: Horovod's defaults, its callbacks,
 `load_model`, the value collectives, its optimizer arguments and gradient-aggregation numbers in Keras 3's
-API, and Open MPI's allreduce rules. The 2-rank cases run once in tests/support/horovod_keras_worker.py.
+API, and Open MPI's allreduce rules. The 2-rank cases are functions of tests/support/hvd_worker.py, one job.
 """
 
-import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import hvd_lars
 from hvd_lars.parallel import collectives, horovod_keras, ompi_allreduce_rules
 from hvd_lars.parallel.horovod_keras.callbacks import LearningRateScheduleCallback, LearningRateWarmupCallback
-from tests.support import REPO, TWO_RANKS
-from tests.support.main_server import served
+from tests.support import REPO, hvd_worker
 
 
 def _apply_twice(optimizer, first=1.0):
@@ -40,11 +35,8 @@ def test_horovods_distributed_optimizer_sums_micro_batches_as_horovods_does():
     assert _apply_twice(hvd_lars.DistributedOptimizer(sgd(), backward_passes_per_step=2)) == -1.0
     assert not isinstance(horovod_keras.DistributedOptimizer, type)  # a function, as Horovod's
     wrapper = horovod_keras.DistributedOptimizer(sgd())
-    assert (wrapper.average_aggregated_gradients, wrapper.op, wrapper.compression) == (
-        False,
-        "average",
-        "none",
-    )
+    got = [wrapper.average_aggregated_gradients, wrapper.op, wrapper.compression]
+    assert got == [False, "average", "none"]
     assert type(wrapper).from_config(wrapper.get_config()).get_config() == wrapper.get_config()
     # Horovod's test_grad_aggregation_with_inf_grad: after infinite gradients the next update starts from 0.
     assert _apply_twice(horovod_keras.DistributedOptimizer(sgd(), backward_passes_per_step=2), np.inf) == -2.0
@@ -53,7 +45,6 @@ def test_horovods_distributed_optimizer_sums_micro_batches_as_horovods_does():
 @pytest.mark.unit
 def test_compression_objects_and_ops_are_accepted_by_both_optimizers():
     fp16 = horovod_keras.Compression.fp16
-    assert horovod_keras.Compression is collectives.horovod_tensorflow().Compression  # Horovod's own
     for make in (hvd_lars.DistributedOptimizer, horovod_keras.DistributedOptimizer):
         assert make(keras.optimizers.SGD(), compression=fp16).compression == "fp16"
         assert make(keras.optimizers.SGD(), compression=horovod_keras.Compression.none).compression == "none"
@@ -63,24 +54,15 @@ def test_compression_objects_and_ops_are_accepted_by_both_optimizers():
         horovod_keras.DistributedOptimizer(keras.optimizers.SGD(), op=collectives.horovod_tensorflow().Adasum)
 
 
-@pytest.mark.unit
-def test_register_local_var_takes_a_tf_variable():
-    optimizer = horovod_keras.DistributedOptimizer(keras.optimizers.SGD())
-    optimizer.register_local_var(tf.Variable(1.0))
-    optimizer.register_local_var(keras.Variable(1.0))
-    with pytest.raises(ValueError, match="var must be a keras.Variable or a tf.Variable, got 1.0"):
-        optimizer.register_local_var(1.0)
-
-
 def _fit_epochs(optimizer, callbacks, epochs=2):
     """Dense(1, use_bias=False) from w = 1, one batch x = 1, y = 0 per epoch (gradient 2 w); w per epoch."""
-    model = keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
-    )
+    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((1,)), dense])
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     trace = []
-    kernel = lambda epoch, logs: trace.append(float(model.trainable_variables[0].numpy()[0, 0]))
-    record = keras.callbacks.LambdaCallback(on_epoch_end=kernel)
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: trace.append(float(dense.kernel[0, 0]))
+    )
     history = model.fit(
         np.ones((1, 1)), np.zeros((1, 1)), epochs=epochs, verbose=0, callbacks=[*callbacks, record]
     )
@@ -96,9 +78,8 @@ def test_momentum_correction_rescales_the_velocity_where_the_rate_changes():
     # SGD(0.1, momentum=0.9), m = 0.9 m - lr g, w += m, g = 2 w. Epoch 0 at 0.1: m = -0.2, w = 0.8.
     # Epoch 1 at 0.05: corrected, m = 0.9 * (0.5 * -0.2) - 0.05 * 1.6 = -0.17, w = 0.63 (Horovod's
     # momentum 0.45 for that batch: 0.45 * -0.2 - 0.08, the same); uncorrected m = -0.26, w = 0.54.
-    trace, history = _fit_epochs(
-        hvd_lars.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), [_halving()]
-    )
+    sgd = hvd_lars.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    trace, history = _fit_epochs(sgd, [_halving()])
     assert trace == pytest.approx([0.8, 0.63], abs=1e-6)
     assert history.history["lr"] == pytest.approx([0.1, 0.05])  # Horovod's callbacks log the rate
     trace, _ = _fit_epochs(keras.optimizers.SGD(0.1, momentum=0.9), [_halving(momentum_correction=False)])
@@ -159,6 +140,8 @@ def test_learning_rate_schedule_callback_as_horovods():
          r"pass the model .*BroadcastGlobalVariablesCallback\(0\)"),
         (lambda: horovod_keras.load_model("model.keras", legacy_opts=True),
          r"load_model\(legacy_opts=True\): Keras 3 has no legacy optimizers"),
+        (lambda: horovod_keras.DistributedOptimizer(keras.optimizers.SGD()).register_local_var(1.0),
+         "var must be a keras.Variable or a tf.Variable, got 1.0"),  # tf.Variables: the 2-rank job's
     ],
 )  # fmt: skip
 def test_arguments_keras_3_cannot_take_are_refused_saying_why(make, message):
@@ -226,69 +209,56 @@ def test_init_applies_the_rules_unless_switched_off_and_says_so_on_three_ranks(
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("horovod_keras")
-    worker = os.path.join(REPO, "tests", "support", "horovod_keras_worker.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}
-    cmd = [*TWO_RANKS, sys.executable, worker, str(out)]
-    env = dict(env, PYTHONPATH=REPO)
-    cmd = served(cmd, out, env)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], result.stdout
+    w = hvd_worker
+    cases = [w.init_state, w.optimizer_arguments, w.value_collectives, w.aggregation_with_local_vars,
+             w.warmup_momentum_correction, w.deferred_build, w.rank0_loads, w.local_variables]  # fmt: skip
+    return hvd_worker.run(tmp_path_factory.mktemp("horovod_keras"), [(case,) for case in cases])
 
 
 @pytest.mark.horovod
 def test_init_gives_open_mpi_the_ring_without_a_notice_on_two_ranks(ranks):
     results, stdout = ranks
     assert "allreduce" not in stdout  # the rules act on 3 ranks and more: nothing to say on 2
-    for r, result in enumerate(results):
-        rules = ompi_allreduce_rules.RULES_FILE
-        assert result["init"] == {"rank": r, "size": 2, "cross_rank": 0, "initialized": True, "rules": rules}
+    rules = ompi_allreduce_rules.RULES_FILE
+    for r, got in enumerate(results(hvd_worker.init_state)):
+        assert got == {"rank": r, "size": 2, "cross_rank": 0, "initialized": True, "rules": rules}
 
 
 @pytest.mark.horovod
-def test_load_model_wraps_the_files_plain_optimizer(ranks):
-    # Mean gradient (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, SGD(0.1): w = 1.2 on both ranks (unwrapped: 1.0, 1.4).
-    for result in ranks[0]:
-        want = {"w": pytest.approx(1.2, abs=1e-6), "optimizer": "DistributedOptimizer", "inner": "SGD"}
-        assert result["load_model"] == want
-
-
-@pytest.mark.horovod
-def test_op_predivide_compression_and_groups_on_two_ranks(ranks):
-    # Gradients 0 and -4 at w = 1: mean -2 (w = 1.2), sum -4 (w = 1.4); a predivide factor, float16 on
-    # the wire and explicit groups give the same mean.
-    for result in ranks[0]:
-        got = result["optimizer_arguments"]
-        assert got["sum"] == pytest.approx(1.4, abs=1e-6)
-        for case in ("average", "predivide", "fp16_predivide", "groups_int", "groups_list"):
-            assert got[case] == pytest.approx(1.2, abs=1e-6), case
+def test_op_predivide_compression_groups_and_load_model_on_two_ranks(ranks):
+    # Gradients 0 and -4 at w = 1: mean -2 (w = 1.2), sum -4 (w = 1.4); a predivide factor, float16 on the
+    # wire, explicit groups and a plain optimizer that hvd.load_model wraps give the same mean.
+    for got in ranks[0](hvd_worker.optimizer_arguments):
+        got = dict(got)
+        assert got.pop("sum") == pytest.approx(1.4, abs=1e-6)
+        assert got.pop("load_model_types") == ["DistributedOptimizer", "SGD"]
+        assert got == pytest.approx(dict.fromkeys(got, 1.2), abs=1e-6)
+        assert len(got) == 6
 
 
 @pytest.mark.horovod
 def test_value_collectives_on_two_ranks(ranks):
-    for r, result in enumerate(ranks[0]):
-        got = result["value_collectives"]
+    for r, got in enumerate(ranks[0](hvd_worker.value_collectives)):
         assert got["allreduce"] == [1.5] and got["allreduce_sum"] == 3.0
         assert got["allreduce_variable"] == [1.0] and got["allreduce_graph"] == [3.0]
         assert got["allgather"] == [[0], [1]] and got["broadcast"] == 15
         # [1, 2, 3, 4] + [2, 4, 6, 8] = [3, 6, 9, 12], split between the ranks.
         assert got["reducescatter"] == [[3.0, 6.0], [9.0, 12.0]][r]
+        assert got["max_over_ranks"] == 3
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("average", [True, False])
-def test_horovods_gradient_aggregation_with_local_vars_numbers(ranks, average):
+def test_horovods_gradient_aggregation_with_local_vars_numbers(ranks):
     # Horovod's compute_expected_value: after pass k (from 0), n = (k + 1) // 4 updates; d loss / dx = 1,
     # d loss / dy_0 = -(rank + 1); shared variables get the mean over ranks (y: -1.5), local ones their
     # rank's own divided by the world size; summed over the 4 passes when not averaging.
-    results, _ = ranks
-    for r, result in enumerate(results):
-        for k, row in enumerate(result["aggregation_with_local_vars"][str(average)]):
-            n = (k + 1) // 4 * (1 if average else 4)
-            x = [n / 2] * 4 + [float(n)] * 4
-            y = [1.0 - n * (r + 1) / 2] * 4 + [1.0 - 1.5 * n] * 4
-            assert row == pytest.approx(x + y, abs=1e-6), (r, k)
+    for r, result in enumerate(ranks[0](hvd_worker.aggregation_with_local_vars)):
+        for average in (True, False):
+            for k, row in enumerate(result[average]):
+                n = (k + 1) // 4 * (1 if average else 4)
+                x = [n / 2] * 4 + [float(n)] * 4
+                y = [1.0 - n * (r + 1) / 2] * 4 + [1.0 - 1.5 * n] * 4
+                assert row == pytest.approx(x + y, abs=1e-6), (r, average, k)
 
 
 @pytest.mark.horovod
@@ -300,52 +270,35 @@ def test_warmup_corrects_momentum_on_two_ranks(ranks):
         m = 0.9 * m * ratio - lr * 2 * w
         w += m
         want.append(w)
-    for result in ranks[0]:
-        assert result["warmup_momentum_correction"]["w"] == pytest.approx(want, abs=1e-5)
-        assert result["warmup_momentum_correction"]["lr_logs"] == pytest.approx([0.2, 0.2])
-
-
-# Rank 0 starts from w = 1, rank 1 from w = 0: after rank 0's w is broadcast, the averaged gradient is
-# (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, so SGD(0.1, momentum=0.9) sets m to 0.9 m + 0.2 and w to w + m.
+    for got in ranks[0](hvd_worker.warmup_momentum_correction):
+        assert got["w"] == pytest.approx(want, abs=1e-5)
+        assert got["lr_logs"] == pytest.approx([0.2, 0.2])
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
-def test_models_built_in_their_first_step_get_rank_0s_state_before_the_first_update(ranks, kind):
-    for r in ranks[0]:
-        got = r["deferred_build"][kind]
-        # From rank 0's w = 1: 1 + 0.2 = 1.2 (from rank 1's w = 0 the mean gradient would be -3: 1.3).
-        assert got["w"] == pytest.approx(1.2, abs=1e-6)
-        assert got["iterations"] == 1
-        # DistributedOptimizer's micro-batch counter, SGD's counter, rate and momentum: 1, 1, 0.1, 0.2.
-        assert got["optimizer"] == pytest.approx([1, 1, 0.1, 0.2], abs=1e-6)
-    assert ranks[0][0]["deferred_build"] == ranks[0][1]["deferred_build"]
-
-
-@pytest.mark.horovod
-def test_rank_0_loads_from_a_file_and_the_others_build_in_code(ranks):
-    r0, r1 = (r["rank0_loads"] for r in ranks[0])
-    assert r0["paths"] != r1["paths"]  # e.g. dense_3/kernel against sequential_1/dense_2/kernel
-    for got in (r0, r1):
+def test_broadcast_reaches_models_built_in_their_first_step_and_models_loaded_on_rank_0(ranks):
+    # Rank 0 starts from w = 1, rank 1 from w = 0: from rank 0's w the averaged gradient is
+    # (2 (1 - 1) + 2 (1 - 3)) / 2 = -2, so SGD(0.1, momentum=0.9) sets m to 0.9 m + 0.2 and w to w + m
+    # (from rank 1's w = 0 the mean gradient would be -3: w = 1.3).
+    built = ranks[0](hvd_worker.deferred_build)
+    assert built[0] == built[1]
+    # DistributedOptimizer's micro-batch counter, SGD's counter, rate and momentum: 1, 1, 0.1, 0.2.
+    for kind in ("sequential", "subclassed"):
+        got = built[0][kind]
+        assert (got["w"], got["iterations"]) == (pytest.approx(1.2, abs=1e-6), 1), kind
+        assert got["optimizer"] == pytest.approx([1, 1, 0.1, 0.2], abs=1e-6), kind
+    loaded = ranks[0](hvd_worker.rank0_loads)
+    assert loaded[0]["paths"] != loaded[1]["paths"]  # e.g. dense_3/kernel against dense_2/kernel
+    for got in loaded:
         # Rank 0's file: w = 1, momentum 0.5, 7 updates; one more: momentum 0.45 + 0.2, w 1.65, 8 updates.
-        assert got["w"] == pytest.approx(1.65, abs=1e-6)
-        assert got["iterations"] == 8
+        assert (got["w"], got["iterations"]) == (pytest.approx(1.65, abs=1e-6), 8)
         assert got["optimizer"] == pytest.approx([1, 8, 0.1, 0.65], abs=1e-6)
-
-
-@pytest.mark.horovod
-def test_warmup_follows_horovods_code_formula(ranks):
-    # initial_lr 0.2 over 5 epochs of 5 batches on 2 ranks: 0.1 * ((t + 1) / 5 / 5 + 1) before update t.
-    want = [0.1 * ((t + 1) / 25 + 1) for t in range(25)] + [0.2] * 5
-    for r in ranks[0]:
-        assert r["warmup"] == pytest.approx(want, abs=1e-7)
-        assert (r["warmup"][0], r["warmup"][24]) == pytest.approx((0.104, 0.2), abs=1e-7)
 
 
 @pytest.mark.horovod
 def test_local_variables_keep_their_own_values_and_gradients(ranks):
     # Not broadcast (local_variables), not averaged, divided by the world size (Horovod's
     # scale_local_gradients): rank 0 at w = 1 has gradient 0; rank 1 at w = 0 has -6, so -3: w = 0.3.
-    for case in ("register_local_var", "partial"):
-        assert ranks[0][0]["local_variables"][case] == pytest.approx(1.0, abs=1e-6)
-        assert ranks[0][1]["local_variables"][case] == pytest.approx(0.3, abs=1e-6)
+    r0, r1 = ranks[0](hvd_worker.local_variables)
+    assert r0 == pytest.approx({"register_local_var": 1.0, "partial": 1.0}, abs=1e-6)
+    assert r1 == pytest.approx({"register_local_var": 0.3, "partial": 0.3}, abs=1e-6)

@@ -1,6 +1,6 @@
 """Every public name of Horovod 0.28.1's `horovod.tensorflow.keras` (and its `callbacks` and `elastic`),
 read from Horovod's installed sources with `ast`, is in `hvd_lars.parallel.horovod_keras` with Horovod's
-arguments and defaults, and in the README's Horovod table."""
+arguments and defaults, and in the README's Horovod table with the Keras 3 renames of Horovod's files."""
 
 import ast
 import importlib.util
@@ -12,15 +12,13 @@ import pytest
 
 from hvd_lars.parallel import horovod_keras
 from tests.support import REPO
+from tests.support.horovod_files import RENAMES
 
 pytestmark = pytest.mark.unit
 
 HOROVOD = importlib.util.find_spec("horovod").submodule_search_locations[0]
-SOURCES = {
-    "": os.path.join(HOROVOD, "tensorflow", "keras", "__init__.py"),
-    "callbacks": os.path.join(HOROVOD, "tensorflow", "keras", "callbacks.py"),
-    "elastic": os.path.join(HOROVOD, "tensorflow", "keras", "elastic.py"),
-}
+KERAS = os.path.join(HOROVOD, "tensorflow", "keras")
+SOURCES = {part: os.path.join(KERAS, f"{part or '__init__'}.py") for part in ("", "callbacks", "elastic")}
 
 
 def horovod_names(path):
@@ -43,10 +41,6 @@ def horovod_names(path):
     return names
 
 
-def _module(part):
-    return getattr(horovod_keras, part) if part else horovod_keras
-
-
 ALL = sorted(
     (part, name, node) for part, path in SOURCES.items() for name, node in horovod_names(path).items()
 )
@@ -54,7 +48,7 @@ ALL = sorted(
 
 @pytest.mark.parametrize("part, name, node", ALL, ids=[f"{p or 'hvd'}.{n}" for p, n, _ in ALL])
 def test_every_horovod_name_is_here_with_its_arguments(part, name, node):
-    ours = getattr(_module(part), name, None)
+    ours = getattr(getattr(horovod_keras, part) if part else horovod_keras, name, None)
     assert ours is not None, f"horovod_keras{'.' + part if part else ''} lacks Horovod's {name}"
     if node is None:
         return
@@ -67,15 +61,13 @@ def test_every_horovod_name_is_here_with_its_arguments(part, name, node):
         arguments = node.args
     theirs = [a.arg for a in arguments.args if a.arg != "self"]
     defaults = dict(zip(reversed(theirs), reversed(arguments.defaults)))
-    parameters = [p for p in inspect.signature(ours).parameters.values() if p.name != "self"]
-    positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]
+    parameters = inspect.signature(ours).parameters.values()
+    positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "self"]
     assert positional[: len(theirs)] == theirs, f"{name}: Horovod's arguments {theirs}, ours {positional}"
     for arg, default in defaults.items():
         want = eval(compile(ast.Expression(default), "<horovod default>", "eval"), vars(horovod_keras))  # noqa: S307
         got = inspect.signature(ours).parameters[arg].default
-        assert got is want or got == want, (
-            f"{name}({arg}=...): Horovod's default {ast.unparse(default)}, ours {got!r}"
-        )
+        assert got is want or got == want, f"{name}({arg}=): Horovod's {ast.unparse(default)}, ours {got!r}"
 
 
 def test_horovods_own_names_are_horovods():
@@ -86,11 +78,13 @@ def test_horovods_own_names_are_horovods():
         assert getattr(horovod_keras, name) is getattr(hvd, name), name
 
 
-def test_the_readmes_horovod_table_names_every_horovod_name():
+def test_the_readmes_horovod_table_names_every_horovod_name_and_rename():
     with open(os.path.join(REPO, "README.md")) as f:
         section = f.read().split("### With Horovod: the `horovod.tensorflow.keras` names for Keras 3", 1)[1]
-    table = "\n".join(line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("|"))
-    cells = re.findall(r"`([^`]*)`", table)
+    section = section.split("\n## ", 1)[0]
+    cells = re.findall(r"`([^`]*)`", "\n".join(line for line in section.splitlines() if line.startswith("|")))
     assert {"Compression", "reducescatter", "BestModelCheckpoint", "run"} <= {n for _, n, _ in ALL}  # read
     for _part, name, _ in ALL:
         assert any(re.search(rf"\b{re.escape(name)}\b", cell) for cell in cells), f"README table lacks {name}"
+    for _, _, rename, _ in RENAMES:
+        assert rename in section, rename

@@ -1,12 +1,11 @@
-"""Runs one of Horovod 0.28.1's own files on this rank (under horovodrun) as a user's script ported to Keras 3
-by its import: `horovod.tensorflow.keras` (and `horovod.keras`) is `hvd_lars.parallel.horovod_keras`,
-`keras.datasets.mnist.load_data` returns local Fashion-MNIST, and the Keras 3 renames of `RENAMES` (each in
-the README's Horovod table) are applied to the file's text as it is read; nothing of it is copied here.
+"""Runs one of Horovod 0.28.1's own files on this rank as a user's script ported to Keras 3 by its import:
+`horovod.tensorflow.keras` (and `horovod.keras`) is `hvd_lars.parallel.horovod_keras`, MNIST is local
+Fashion-MNIST, and the Keras 3 renames of `RENAMES` are applied to the file's text as it is read.
 
 Usage:
   horovod_files.py example OUT_DIR FILE [--steps-per-epoch=S] [ARGS...]
-      FILE as __main__ with ARGS, each `fit` capped at S steps per epoch; saves OUT_DIR/rankR.npz: the
-      model's weights, update count, rate, the fits run, and on rank 0 its top-1 on Fashion-MNIST's test set.
+      FILE as __main__, each `fit` capped at S steps per epoch; OUT_DIR/rankR.npz: weights, update count,
+      rate, the fits run (epochs, steps), and on rank 0 the top-1 on Fashion-MNIST's test set.
   horovod_files.py pytest OUT_DIR FILE
       FILE's tests under pytest, those of `NOT_UNDER_KERAS_3` skipped with their reason; OUT_DIR/rankR.xml.
 """
@@ -15,7 +14,7 @@ import os
 import re
 import sys
 
-# Horovod 0.28.1's own files: beside the checkout (shared/horovod-0.28.1), or at $HVD_LARS_HOROVOD_FILES.
+# Horovod 0.28.1's own files: shared/horovod-0.28.1 beside the checkout, or $HVD_LARS_HOROVOD_FILES
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOROVOD_FILES = os.environ.get("HVD_LARS_HOROVOD_FILES") or os.path.normpath(
     os.path.join(_REPO, "..", "shared", "horovod-0.28.1")
@@ -69,8 +68,9 @@ def renamed_source(path):
     return text, counts
 
 
-def install_namespace():
-    """Makes `import horovod.tensorflow.keras` (and `horovod.keras`) give hvd_lars's Keras 3 layer."""
+def ported(path):
+    """`path`'s text renamed (the renames printed), with `import horovod.tensorflow.keras` (and
+    `horovod.keras`) giving hvd_lars's Keras 3 layer."""
     import horovod
     import horovod.tensorflow
 
@@ -80,8 +80,10 @@ def install_namespace():
         sys.modules[name] = horovod_keras
         sys.modules[name + ".callbacks"] = horovod_keras.callbacks
         sys.modules[name + ".elastic"] = horovod_keras.elastic
-    horovod.tensorflow.keras = horovod_keras
-    horovod.keras = horovod_keras
+    horovod.tensorflow.keras = horovod.keras = horovod_keras
+    text, counts = renamed_source(path)
+    print(f"horovod_files: renames {counts}", flush=True)
+    return text
 
 
 def point_mnist_at_fashion_mnist():
@@ -100,33 +102,27 @@ def point_mnist_at_fashion_mnist():
     tf.keras.datasets.mnist.load_data = load_data
 
 
-class FitRecorder:
-    """Wraps `keras.Model.fit`: caps steps per epoch at `cap`, keeps the model and each call's (epochs,
-    steps), and prints one line per call with this process's id and rank."""
+def record_fits(cap):
+    """Wraps `keras.Model.fit`: caps steps per epoch at `cap`, prints a line per call with this process's id
+    and rank; returns {"model": the last model fitted, "fits": [(epochs, steps) of each call]}."""
+    import keras
 
-    def __init__(self, cap):
-        import keras
+    from hvd_lars.parallel import collectives
 
-        self.cap, self.fits, self.model = cap, [], None
-        original = keras.Model.fit
-        recorder = self
+    record, original = {"model": None, "fits": []}, keras.Model.fit
 
-        def fit(model, *args, **kwargs):
-            steps = kwargs.get("steps_per_epoch")
-            if recorder.cap and steps and steps > recorder.cap:
-                kwargs["steps_per_epoch"] = steps = recorder.cap
-            recorder.model = model
-            recorder.fits.append((kwargs.get("epochs", 1), steps or 0))
-            from hvd_lars.parallel import collectives
+    def fit(model, *args, **kwargs):
+        epochs, steps = kwargs.get("epochs", 1), kwargs.get("steps_per_epoch")
+        if cap and steps and steps > cap:
+            kwargs["steps_per_epoch"] = steps = cap
+        record["model"] = model
+        record["fits"].append((epochs, steps or 0))
+        where = f"rank {collectives.rank()} of {collectives.size()}"
+        print(f"horovod_files: pid {os.getpid()} fit epochs={epochs} steps={steps} on {where}", flush=True)
+        return original(model, *args, **kwargs)
 
-            print(
-                f"horovod_files: pid {os.getpid()} fit epochs={kwargs.get('epochs', 1)} steps={steps} "
-                f"on rank {collectives.rank()} of {collectives.size()}",
-                flush=True,
-            )
-            return original(model, *args, **kwargs)
-
-        keras.Model.fit = fit
+    keras.Model.fit = fit
+    return record
 
 
 def run_example(out_dir, path, *args):
@@ -138,25 +134,23 @@ def run_example(out_dir, path, *args):
     cap = 0
     if args and args[0].startswith("--steps-per-epoch="):
         cap, args = int(args[0].split("=", 1)[1]), args[1:]
-    install_namespace()
+    text = ported(path)
     point_mnist_at_fashion_mnist()
-    recorder = FitRecorder(cap)
-    text, counts = renamed_source(path)
-    print(f"horovod_files: renames {counts}", flush=True)
+    recorder = record_fits(cap)
     sys.argv = [path, *args]
     exec(compile(text, path, "exec"), {"__name__": "__main__", "__file__": path})
 
     from hvd_lars.optim.wrapping import to_float
     from hvd_lars.parallel import collectives
 
-    model = recorder.model
+    model = recorder["model"]
     record = {f"w{i}": w.numpy() for i, w in enumerate(model.trainable_variables)}
     record.update(
         iterations=int(model.optimizer.iterations),
         learning_rate=to_float(model.optimizer.learning_rate),
         optimizer=type(model.optimizer).__name__,
         compression=str(getattr(model.optimizer, "compression", "")),
-        fits=np.asarray(recorder.fits),
+        fits=np.asarray(recorder["fits"]),
         size=collectives.size(),
     )
     if collectives.rank() == 0 and model.input_shape[1:] == (28, 28, 1):
@@ -166,7 +160,6 @@ def run_example(out_dir, path, *args):
         predictions = model.predict(images / 255.0, batch_size=1000, verbose=0)
         record["test_top1"] = float((predictions.argmax(axis=1) == labels).mean())
     np.savez(os.path.join(out_dir, f"rank{collectives.rank()}.npz"), **record)
-    print(f"horovod_files: rank {collectives.rank()} done", flush=True)
 
 
 def not_under_keras_3(name):
@@ -192,10 +185,7 @@ class _SkipNotUnderKeras3:
 def run_pytest(out_dir, path):
     import pytest
 
-    install_namespace()
-    text, counts = renamed_source(path)
-    print(f"horovod_files: renames {counts}", flush=True)
-    # The renamed text as a test module under OUT_DIR (the run's scratch folder).
+    text = ported(path)
     copy = os.path.join(out_dir, os.path.basename(path))
     with open(copy, "w") as f:
         f.write(text)

@@ -1,22 +1,25 @@
-"""One rank of tests/test_distributed.py's 2-rank jobs. Each argument "function:arg:..." calls
-`function(rank, size, *args)` of this module; each rank pickles {(function, *args): result} to
-OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the updates of one process on 2B rows.
+"""One rank of the 2-rank jobs of tests/test_distributed.py and tests/test_horovod_keras.py (`run` starts
+one). Each argument "function:arg:..." calls `function(rank, size, *args)`; each rank pickles
+{(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the
+updates of one process on 2B rows.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
 
 import os
 import pickle
+import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-if __name__ == "__main__":  # a rank; the test imports this module for its names
+if __name__ == "__main__":  # a rank; the tests import this module for its names
     import keras
     import tensorflow as tf
     from keras.optimizers import SGD, Adam, Lamb, LossScaleOptimizer
 
+    import hvd_lars.parallel.horovod_keras as hvd
     from hvd_lars import (
         LARS,
         BroadcastGlobalVariablesCallback,
@@ -27,6 +30,7 @@ if __name__ == "__main__":  # a rank; the test imports this module for its names
     )
     from hvd_lars.parallel import collectives
     from hvd_lars.parallel.callbacks import average_metrics
+    from hvd_lars.parallel.horovod_keras import PartialDistributedOptimizer
 
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -35,10 +39,33 @@ OPTIMIZERS = ("sgd", "adam", "lamb", "lars")
 RATE_KINDS = ("float", "variable", "schedule", "callable")
 WRAPS = ("bare", "lso_inside", "lso_chosen")
 CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exceeds it
+OUT_DIR = None  # the job's folder, shared by the ranks
+
+
+def run(out, calls, gloo=False):
+    """Runs `calls` ((function, *args)) on 2 ranks, under horovodrun's Gloo or as horovodrun starts MPI ranks,
+    in folder `out`; returns (`results(function, *args)`: both ranks' results of that call, stdout)."""
+    from tests.support import HOROVODRUN, REPO, TWO_RANKS
+    from tests.support.main_server import served
+
+    words = [":".join([function.__name__, *args]) for function, *args in calls]
+    launcher = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"] if gloo else TWO_RANKS
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}  # no user's rules
+    env.update(TMPDIR=str(out), PYTHONPATH=REPO)
+    cmd = served([*launcher, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    ranks = []
+    for rank in range(2):
+        with open(os.path.join(out, f"rank{rank}.pkl"), "rb") as f:
+            ranks.append(pickle.load(f))
+    return (lambda function, *args: [r[(function.__name__, *args)] for r in ranks]), result.stdout
 
 
 def main(out_dir, calls):
-    rank, size = collectives.init()
+    global OUT_DIR
+    OUT_DIR = out_dir
+    rank, size = hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores
     results = {}
     for call in calls:
@@ -61,21 +88,33 @@ def data(rank, size):
     return (x[:, mine].reshape(-1, 4), y[:, mine].reshape(-1, 2)), (x.reshape(-1, 4), y.reshape(-1, 2))
 
 
-def make_model(random=False):
-    """4 -> 3 (tanh) -> 2, from `initial_weights()` unless `random`."""
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(2)]
-    )
-    if not random:
-        model.set_weights(initial_weights())
+def make_model():
+    """4 -> 3 (tanh) -> 2, from `initial_weights()`."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, "tanh"), keras.layers.Dense(2)])
+    model.set_weights(initial_weights())
     return model
 
 
-def one_weight_model():
-    """y = w x, w = 0."""
-    return keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-    )
+def one_weight_model(w=0.0):
+    """y = w x."""
+    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer=keras.initializers.Constant(w))
+    return keras.Sequential([keras.Input((1,)), dense])
+
+
+def one_update(model, rank, callbacks=()):
+    """One update on x = 1, y = 1 + 2 rank (mse: rank r's gradient is 2 (w - 1 - 2 r)); w after it."""
+    x, y = np.ones((1, 1), np.float32), np.full((1, 1), 1.0 + 2.0 * rank, np.float32)
+    model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=list(callbacks))
+    return float(model.trainable_variables[0].numpy().ravel()[0])
+
+
+def state(model):
+    """w, iterations and the optimizer's variables flattened."""
+    return {
+        "w": float(model.trainable_variables[0].numpy().ravel()[0]),
+        "iterations": int(model.optimizer.iterations),
+        "optimizer": [float(x) for v in model.optimizer.variables for x in np.asarray(v.numpy()).ravel()],
+    }
 
 
 def initial_weights():
@@ -163,11 +202,8 @@ def scalar_steps(optimizer, grads_per_step):
 def traced_update(optimizer, variables):
     """The graph of one `optimizer.apply` on float32 gradients of `variables` (traced, not run)."""
     optimizer.build(variables)
-
-    def update(*grads):
-        optimizer.apply(list(grads), variables)
-
-    return tf.function(update).get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
+    update = tf.function(lambda *grads: optimizer.apply(list(grads), variables))
+    return update.get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
 
 
 def one_process(rank, size, name, rate_kind):
@@ -186,20 +222,15 @@ def two_ranks(rank, size, name, rate_kind, wrap):
     optimizer, callbacks = make_optimizer(name, rate_kind)
     model = fit(make_model(), wrapped(optimizer, wrap), x, y, GLOBAL_BATCH // size, callbacks)
     optimizer = model.optimizer
-    result = {
-        "final": values(model.trainable_variables),
-        "state": values(optimizer.variables),
-        "iterations": int(optimizer.iterations),
-        "types": types(optimizer),
-    }
+    result = {"final": values(model.trainable_variables), "state": values(optimizer.variables),
+              "iterations": int(optimizer.iterations), "types": types(optimizer)}  # fmt: skip
     path = tempfile.mkdtemp()
     tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
     fresh = make_model()
     fresh.compile(optimizer=wrapped(make_optimizer(name, rate_kind)[0], wrap), loss="mse")
     fresh.optimizer.build(fresh.trainable_variables)
-    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(
-        os.path.join(path, "ckpt")
-    ).assert_consumed()
+    checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
+    checkpoint.read(os.path.join(path, "ckpt")).assert_consumed()
     result["checkpoint_state"] = values(fresh.optimizer.variables)
     model.save(os.path.join(path, "model.keras"))
     loaded = keras.models.load_model(os.path.join(path, "model.keras"))
@@ -232,62 +263,36 @@ def loss_scaler_chosen(rank, size):
     return scalar_steps(chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0])
 
 
-def loss_scaler_keras_adds(rank, size):
-    """mixed_float16 set before the optimizer is made, as in a Keras script: the types, and [kernel, scale]
-    after a step where rank 0's input is inf and one where both inputs give the gradient 2."""
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = one_weight_model()
-        model.compile(optimizer=DistributedOptimizer(SGD(1.0)), loss="mae", jit_compile=False)
-        optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
-        optimizer.dynamic_scale.assign(4.0)
-        steps = []
-        for x in ([np.inf if rank == 0 else 2.0], [2.0]):
-            model.fit(np.array([x], np.float32), np.array([[-1.0]], np.float32), batch_size=1, verbose=0)
-            steps.append(
-                [float(model.trainable_variables[0].numpy()[0, 0]), float(optimizer.dynamic_scale.numpy())]
-            )
-        return {"types": types(optimizer), "steps": np.asarray(steps)}
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
-def _accumulated(rank, size, distributed, plain):
-    """`distributed` on 2 ranks x 2 micro-batches of 2 rows against `plain` on the 8 rows of each update:
-    final weights of both, and [iterations, the wrapper's micro-batch counter]."""
+def accumulation(rank, size, kind):
+    """An optimizer accumulating 2 micro-batches per update ("sgd_adopted": Keras's own
+    gradient_accumulation_steps, taken over by the wrapper) on 2 ranks x 2 micro-batches of 2 rows against
+    the plain optimizer on the 8 rows of each update: final weights of both, [iterations, the wrapper's
+    micro-batch counter]."""
     (x, y), (x_all, y_all) = data(rank, size)
+    schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
+    distributed, plain = {
+        "sgd_adopted": lambda: (
+            DistributedOptimizer(SGD(0.05, momentum=0.9, gradient_accumulation_steps=2)),
+            SGD(0.05, momentum=0.9),
+        ),
+        "lars_schedule_lso_inside": lambda: (
+            DistributedOptimizer(
+                LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0), backward_passes_per_step=2
+            ),
+            LARS(schedule(), eta=0.1),
+        ),
+        "adam_lso_chosen": lambda: (
+            chosen_under_mixed_float16(lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)),
+            Adam(0.01),
+        ),
+    }[kind]()
     model = fit(make_model(), distributed, x, y, GLOBAL_BATCH // size // 2)
     wrapper = model.optimizer
     while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
         wrapper = wrapper.inner_optimizer
-    reference = fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH)
-    return {
-        "final": values(model.trainable_variables),
-        "counts": [int(model.optimizer.iterations), int(wrapper._iterations)],
-        "reference": values(reference.trainable_variables),
-    }
-
-
-def accumulation_sgd_adopted(rank, size):
-    """Keras's own gradient_accumulation_steps, taken over by the wrapper."""
-    distributed = DistributedOptimizer(SGD(0.05, momentum=0.9, gradient_accumulation_steps=2))
-    return _accumulated(rank, size, distributed, SGD(0.05, momentum=0.9))
-
-
-def accumulation_lars_schedule_lso_inside(rank, size):
-    schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
-    inside = LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0)
-    return _accumulated(
-        rank, size, DistributedOptimizer(inside, backward_passes_per_step=2), LARS(schedule(), eta=0.1)
-    )
-
-
-def accumulation_adam_lso_chosen(rank, size):
-    distributed = chosen_under_mixed_float16(
-        lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)
-    )
-    return _accumulated(rank, size, distributed, Adam(0.01))
+    counts = [int(model.optimizer.iterations), int(wrapper._iterations)]
+    reference = values(fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH).trainable_variables)
+    return {"final": values(model.trainable_variables), "counts": counts, "reference": reference}
 
 
 def allreduces_per_accumulation_branch(rank, size):
@@ -314,36 +319,8 @@ def gradient_reduction(rank, size, reduction, compression):
     ops = traced_update(make(), make_model().trainable_variables).graph.get_operations()
     kinds = [op.type for op in ops]
     halves = [op for op in ops if op.type.startswith("Horovod") and op.inputs[0].dtype == tf.float16]
-    return {
-        "final": values(model.trainable_variables),
-        "ops": [kinds.count("HorovodAllreduce"), kinds.count("HorovodGroupedAllreduce"), len(halves)],
-    }
-
-
-def max_over_ranks(rank, size):
-    """`collectives.max_over_ranks` of attempt counts 1 (rank 0, joined later) and 3."""
-    return int(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts"))
-
-
-def broadcast_at_start_and_on_resume(rank, size):
-    """BroadcastGlobalVariablesCallback(0) with other initial weights per rank, then after a resume that
-    restored rank 0 only (weights moved, counter 100): weights and optimizer variables after each fit."""
-    (x, y), _ = data(rank, size)
-    keras.utils.set_random_seed(10 + rank)
-    model = make_model(random=True)
-    result = {"initial": np.asarray(model.get_weights()[0])}
-    optimizer = DistributedOptimizer(SGD(0.05, momentum=0.9))
-    fit(model, optimizer, x, y, GLOBAL_BATCH // size, [BroadcastGlobalVariablesCallback(0)])
-    result["first_fit"] = values(model.trainable_variables) + values(model.optimizer.variables)
-    if rank == 0:
-        for v in model.trainable_variables:
-            v.assign(v + 1.0)
-        model.optimizer.inner_optimizer.iterations.assign(100)
-    broadcast = [BroadcastGlobalVariablesCallback(0)]
-    model.fit(x, y, batch_size=GLOBAL_BATCH // size, shuffle=False, verbose=0, callbacks=broadcast)
-    result["resumed"] = values(model.trainable_variables) + values(model.optimizer.variables)
-    result["iterations"] = int(model.optimizer.iterations)
-    return result
+    ops = [kinds.count("HorovodAllreduce"), kinds.count("HorovodGroupedAllreduce"), len(halves)]
+    return {"final": values(model.trainable_variables), "ops": ops}
 
 
 def metric_average(rank, size):
@@ -355,15 +332,9 @@ def metric_average(rank, size):
     stop = keras.callbacks.EarlyStopping(monitor="val_loss")
     x, y = np.ones((2, 1), np.float32), np.full((2, 1), 10.0 * (rank + 1), np.float32)
     callbacks = [MetricAverageCallback(), stop]
-    history = model.fit(
-        x, y, batch_size=2, epochs=2, verbose=0, validation_data=validation, callbacks=callbacks
-    )
-    return {
-        "best": float(stop.best),
-        "val_loss": history.history["val_loss"],
-        "loss": history.history["loss"],
-        "evaluate": float(average_metrics(model.evaluate(*validation, verbose=0, return_dict=True))["loss"]),
-    }
+    history = model.fit(x, y, epochs=2, verbose=0, validation_data=validation, callbacks=callbacks)
+    evaluated = average_metrics(model.evaluate(*validation, verbose=0, return_dict=True))
+    return {"best": float(stop.best), "evaluate": float(evaluated["loss"]), **history.history}
 
 
 def warmup_rates(rank, size):
@@ -386,10 +357,9 @@ def warmup_rates(rank, size):
 
 
 def batch_norm_statistics(rank, size):
-    """Batch norm on different data per rank (mean 1 + 3 r, deviation 1 + r), 2 epochs of 2 LARS steps: its
-    moving [mean, variance] at each epoch's end "before", between and "after" the two places the library
-    averages them: [record, ExactEvaluation (epoch 2 only), record, PeriodicCheckpoint, record]; on rank 0
-    also what the last checkpoint holds ("saved")."""
+    """Batch norm on other data per rank (mean 1 + 3 r, deviation 1 + r), 2 epochs of 2 LARS steps: its moving
+    [mean, variance] at each epoch's end, recorded "before", "mid" and "after" in the callbacks [record,
+    ExactEvaluation (epoch 2), record, PeriodicCheckpoint, record]; rank 0: the checkpoint's ("saved")."""
     from hvd_lars.training.checkpoints import PeriodicCheckpoint, moving_statistics
     from hvd_lars.training.epoch_logs import ExactEvaluation
 
@@ -433,10 +403,9 @@ def batch_norm_statistics(rank, size):
 
 
 def image_folder_ranks(rank, size, data_dir, out_dir):
-    """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation
-    shard's labels, ExactEvaluation's top-1/top-5 of an all-zero classifier (ties broken by class index),
-    the folders listed (`listing.list_split`) by a build, its resume (the index) and a build on the folder
-    `<data>/../bad` that the listing refuses, and that refusal."""
+    """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation shard's
+    labels, ExactEvaluation's top-1/top-5 of an all-zero classifier, the folders listed by a build, by its
+    resume (the index) and by a build on `<data>/../bad`, and that build's refusal."""
     import itertools
 
     from hvd_lars.data import InputRequest, get_input, listing
@@ -474,17 +443,182 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
     callback.set_model(model)
     logs = {}
     callback.on_epoch_end(0, logs)  # raises unless the ranks together counted every image once
-    return {
-        "train": np.concatenate(train),
-        "eval": np.concatenate([y.numpy() for _, y in data.eval]),
-        "steps_per_epoch": steps_per_epoch,
-        "num_eval_examples": data.num_eval_examples,
-        "top1": logs["test_top1"],
-        "top5": logs["test_top5"],
-        "first_listings": first_listings,
-        "listings": listings,
-        "refusal": refusal,
+    evaluation = np.concatenate([y.numpy() for _, y in data.eval])
+    return {"train": np.concatenate(train), "eval": evaluation, "steps_per_epoch": steps_per_epoch,
+            "num_eval_examples": data.num_eval_examples, "top1": logs["test_top1"], "top5": logs["test_top5"],
+            "first_listings": first_listings, "listings": listings, "refusal": refusal}  # fmt: skip
+
+
+# `hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` (tests/test_horovod_keras.py).
+
+
+def init_state(rank, size):
+    rules = os.environ.get("OMPI_MCA_coll_tuned_dynamic_rules_filename")
+    return {"rank": hvd.rank(), "size": hvd.size(), "cross_rank": hvd.cross_rank(),
+            "initialized": hvd.is_initialized(), "rules": rules}  # fmt: skip
+
+
+def optimizer_arguments(rank, size):
+    """w after one update from w = 1 under each argument set of hvd.DistributedOptimizer(SGD(0.1)), and under
+    hvd.load_model of a plain SGD(0.1) model one process saved (with its optimizer's types)."""
+    cases = {
+        "average": {},
+        "sum": {"op": hvd.Sum},
+        "predivide": {"gradient_predivide_factor": 2.0},
+        "fp16_predivide": {"compression": hvd.Compression.fp16, "gradient_predivide_factor": 2.0},
+        "groups_int": {"groups": 1},
+        "groups_list": {},
     }
+    out = {}
+    for name, kwargs in cases.items():
+        model = one_weight_model(1.0)
+        if name == "groups_list":
+            kwargs = {"groups": [[model.trainable_variables[0]]]}
+        optimizer = hvd.DistributedOptimizer(SGD(0.1), **kwargs)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        out[name] = one_update(model, rank)
+    path = os.path.join(OUT_DIR, "plain_sgd.keras")
+    if rank == 0:
+        model = one_weight_model(1.0)
+        model.compile(optimizer=SGD(0.1), loss="mse")
+        model.save(path)
+    collectives.barrier()  # rank 1 reads the file only once it is written
+    model = hvd.load_model(path)
+    out["load_model"] = one_update(model, rank, [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    out["load_model_types"] = types(model.optimizer)
+    return out
+
+
+def value_collectives(rank, size):
+    @tf.function
+    def in_graph(x):
+        return hvd.allreduce(x, name="in_graph", op=hvd.Sum)
+
+    return {
+        "allreduce": hvd.allreduce([rank + 1.0]).numpy().tolist(),
+        "allreduce_sum": hvd.allreduce(np.float32(rank + 1.0), op=hvd.Sum).numpy().tolist(),
+        "allreduce_variable": hvd.allreduce(keras.Variable([2.0 * rank])).numpy().tolist(),
+        "allreduce_graph": in_graph(tf.constant([rank + 1.0])).numpy().tolist(),
+        "allgather": hvd.allgather([[rank]]).numpy().tolist(),
+        "broadcast": hvd.broadcast(10 * rank + 5, root_rank=1).numpy().tolist(),
+        "reducescatter": hvd.reducescatter(np.arange(1.0, 5.0) * (rank + 1), op=hvd.Sum).numpy().tolist(),
+        # The elastic loop's attempt counts: 1 on rank 0 (joined later), 3 on rank 1.
+        "max_over_ranks": int(collectives.max_over_ranks(1 if rank == 0 else 3, name="t.counts")),
+    }
+
+
+def aggregation_with_local_vars(rank, size):
+    """Horovod's test_gradient_aggregation_with_local_vars in Keras 3's API: x_i = [0], y_i = [1, 2] (8 each,
+    4 of each local), loss x - (rank + 1) y[0], 10 passes, 4 per update, an optimizer adding the gradient."""
+
+    class AddGradient(keras.optimizers.Optimizer):
+        def update_step(self, gradient, variable, learning_rate):
+            variable.assign_add(gradient)
+
+    out = {}
+    for average in (True, False):
+        optimizer = hvd.DistributedOptimizer(
+            AddGradient(learning_rate=0.1), backward_passes_per_step=4, average_aggregated_gradients=average
+        )
+        xs = [tf.Variable([0.0]) for _ in range(8)]
+        ys = [tf.Variable([1.0, 2.0]) for _ in range(8)]
+        for v in xs[:4] + ys[:4]:
+            optimizer.register_local_var(v)
+
+        @tf.function
+        def step(xs=xs, ys=ys, optimizer=optimizer):
+            with tf.GradientTape() as tape:
+                loss = tf.stack(xs) - float(rank + 1) * tf.gather(tf.stack(ys), [0], axis=1)
+            grads = tape.gradient(loss, xs + ys)
+            optimizer.apply_gradients(zip(grads, xs + ys))
+
+        trace = []
+        for _ in range(10):
+            step()
+            trace.append([float(v.numpy()[0]) for v in xs] + [float(v.numpy()[0]) for v in ys])
+        out[average] = trace
+    return out
+
+
+def warmup_momentum_correction(rank, size):
+    """hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.2, warmup_epochs=1), SGD(0.2, momentum=0.9),
+    2 epochs of 2 updates on x = 1, y = 0: w after each update, the logged rates."""
+    model = one_weight_model(1.0)
+    optimizer = hvd.DistributedOptimizer(SGD(0.2, momentum=0.9))
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    trace = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: trace.append(float(model.trainable_variables[0].numpy()[0, 0]))
+    )
+    callbacks = [hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.2, warmup_epochs=1), record]
+    history = model.fit(np.ones((2, 1), np.float32), np.zeros((2, 1), np.float32), batch_size=1, epochs=2,
+                        shuffle=False, verbose=0, callbacks=callbacks)  # fmt: skip
+    return {"w": trace, "lr_logs": [float(v) for v in history.history["lr"]]}
+
+
+def deferred_build(rank, size):
+    """Models Keras builds in their first step (a Sequential without Input, a subclassed model), w = 1 on rank
+    0 and 0 on rank 1, SGD(0.1, momentum=0.9), broadcast from rank 0: `state` after one update."""
+    init = "ones" if rank == 0 else "zeros"
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer=init)
+
+        def call(self, x):
+            return self.dense(x)
+
+    out = {}
+    for name, model in (
+        ("sequential", keras.Sequential([keras.layers.Dense(1, use_bias=False, kernel_initializer=init)])),
+        ("subclassed", Subclassed()),
+    ):
+        model.compile(optimizer=DistributedOptimizer(SGD(0.1, momentum=0.9)), loss="mse", jit_compile=False)
+        one_update(model, rank, [BroadcastGlobalVariablesCallback(0)])
+        out[name] = state(model)
+    return out
+
+
+def rank0_loads(rank, size):
+    """Rank 0 resumes from a .keras file (w = 1, momentum 0.5, 7 updates), whose variable paths differ from
+    those of rank 1's model built in code (w = 0): `state` and the paths after one broadcast update."""
+    path = os.path.join(OUT_DIR, "resume.keras")
+    if rank == 0:
+        keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])  # shifts the saved model's paths
+        saved = one_weight_model(1.0)
+        saved.compile(optimizer=DistributedOptimizer(SGD(0.1, momentum=0.9)), loss="mse")
+        saved.optimizer.build(saved.trainable_variables)
+        saved.optimizer.inner_optimizer.momentums[0].assign([[0.5]])
+        saved.optimizer.inner_optimizer.iterations.assign(7)
+        saved.save(path)
+    collectives.barrier()
+    if rank == 0:
+        model = keras.models.load_model(path)
+    else:
+        model = one_weight_model(0.0)
+        model.compile(optimizer=DistributedOptimizer(SGD(0.1, momentum=0.9)), loss="mse")
+    paths = [v.path for v in model.trainable_variables]
+    one_update(model, rank, [BroadcastGlobalVariablesCallback(0)])
+    return {**state(model), "paths": paths}
+
+
+def local_variables(rank, size):
+    """w after one update from w = 1 (rank 0) and 0 (rank 1), the kernel local by register_local_var or by
+    PartialDistributedOptimizer, and left out of BroadcastGlobalVariablesCallback (local_variables)."""
+    out = {}
+    for case in ("register_local_var", "partial"):
+        model = one_weight_model(1.0 - rank)
+        layer = model.layers[0]
+        if case == "partial":
+            optimizer = PartialDistributedOptimizer(SGD(0.1), local_layers=[layer])
+        else:
+            optimizer = DistributedOptimizer(SGD(0.1))
+            optimizer.register_local_var(layer.kernel)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        callback = BroadcastGlobalVariablesCallback(0, local_variables=[layer.kernel])
+        out[case] = one_update(model, rank, [callback])
+    return out
 
 
 if __name__ == "__main__":

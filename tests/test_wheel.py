@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.support import REPO
+from tests.support import HOROVODRUN, REPO
 
 # What the installed package must show, run by the fresh environment's Python from outside the checkout.
 _CHECK = r"""
@@ -165,7 +165,7 @@ def test_console_scripts_answer_help_and_train_two_ranks_to_the_end(installed):
     work = env.parent / "run"
     work.mkdir()
     result = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H", "localhost:2",
+        [HOROVODRUN, "-np", "2", "-H", "localhost:2",
          str(env / "bin" / "hvd-lars-train"), f"--flagfile={os.path.join(REPO, 'flags', 'smoke.flags')}",
          "--workdir=runs"],
         cwd=work, capture_output=True, text=True, timeout=600, env={**outside, "TF_CPP_MIN_LOG_LEVEL": "2"},

@@ -8,18 +8,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Two ranks on this machine as horovodrun starts them over MPI (its mpirun command line), for the tests whose
 # subject is the job rather than the launcher: without horovodrun's build check, which imports TensorFlow
 # in a process of its own at every start (about 7 s of CPU on these 2-core machines).
-TWO_RANKS = [
-    "mpirun",
-    "--tag-output",
-    "-np",
-    "2",
-    "-H",
-    "localhost:2",
-    "--bind-to",
-    "none",
-    "--map-by",
-    "slot",
-]
+TWO_RANKS = "mpirun --tag-output -np 2 -H localhost:2 --bind-to none --map-by slot".split()
 # horovodrun itself, where the subject is the launcher or Gloo.
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 

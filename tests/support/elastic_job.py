@@ -4,11 +4,10 @@ program is tests/support/rank_weights_main.py (the main program, then each rank'
 
 import os
 import subprocess
-import sys
 import threading
 import time
 
-from tests.support import python_shim
+from tests.support import HOROVODRUN, python_shim
 from tests.support.emulated_cluster import shell_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +53,7 @@ class ElasticJob:
             PYTHONPATH=REPO,
             **(env or {}),
         )
-        launcher_env["HOROVODRUN"] = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        launcher_env["HOROVODRUN"] = HOROVODRUN
         cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
         cmd += [flagfile, *base_flags]
         cmd += [f"--workdir={tmp_path}", *flags]

@@ -46,6 +46,26 @@ def test_world_size_1_is_exactly_the_held_optimizer(make):
     assert int(wrapper.iterations) == int(plain.iterations)
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("nesterov", [False, True], ids=["momentum", "nesterov"])
+def test_a_held_momentum_sgd_runs_the_fused_kernel_to_the_same_bits(nesterov):
+    make = lambda: SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.9), 0.9, nesterov=nesterov)
+    want, _ = _train(make(), steps=6)
+    got, wrapper = _train(DistributedOptimizer(make()), steps=6)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    signature = [tf.TensorSpec(s, tf.float32) for s in [(3, 2), (2,)]]
+    kernels = lambda optimizer, variables: {
+        op.type
+        for op in tf.function(lambda g: optimizer.apply(g, variables))
+        .get_concrete_function(signature)
+        .graph.get_operations()
+    }
+    variables = [keras.Variable(np.zeros(s, np.float32)) for s in [(3, 2), (2,)]]
+    assert "ResourceApplyKerasMomentum" in kernels(DistributedOptimizer(make()), variables)
+    assert "ResourceApplyKerasMomentum" not in kernels(DistributedOptimizer(SGD(0.1)), variables)
+
+
 def _built(optimizer):
     optimizer.build([keras.Variable(np.zeros(2, np.float32))])
     return optimizer

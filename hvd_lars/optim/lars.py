@@ -224,19 +224,7 @@ class LARS(keras.optimizers.Optimizer):
         else:  # decayed_gradient
             scaled_lr = lr * ops.cast(self._trust_ratio(self._norm(w), self._norm(decayed), 0.0), dtype)
         if self._fused:
-            import tensorflow as tf
-
-            # One pass over the four tensors: slot = m * slot - lr * g; w += slot (as below).
-            handle = lambda v: (v.value if isinstance(v, keras.Variable) else v).handle
-            tf.raw_ops.ResourceApplyKerasMomentum(
-                var=handle(variable),
-                accum=handle(slot),
-                lr=scaled_lr,
-                grad=decayed,
-                momentum=momentum,
-                use_locking=False,
-                use_nesterov=self.nesterov,
-            )
+            fused_momentum_step(variable, slot, scaled_lr, decayed, momentum, self.nesterov)
             return
         new_slot = momentum * slot - scaled_lr * decayed
         self.assign(slot, new_slot)
@@ -322,3 +310,22 @@ def _sources(patterns):
 
 def _matches(patterns, path):
     return any(p.search(path) for p in patterns)
+
+
+def fused_momentum_step(variable, slot, learning_rate, gradient, momentum, nesterov):
+    """Keras SGD's momentum update in TensorFlow's fused kernel, one pass over the four tensors (as
+    tf_keras's SGD): slot = momentum * slot - learning_rate * gradient, then variable += slot (Nesterov:
+    variable += momentum * slot - learning_rate * gradient). The same operations in the same order as Keras
+    3's separate ones, so the same values bit for bit. TensorFlow backend only."""
+    import tensorflow as tf
+
+    handle = lambda v: (v.value if isinstance(v, keras.Variable) else v).handle
+    tf.raw_ops.ResourceApplyKerasMomentum(
+        var=handle(variable),
+        accum=handle(slot),
+        lr=learning_rate,
+        grad=gradient,
+        momentum=momentum,
+        use_locking=False,
+        use_nesterov=nesterov,
+    )

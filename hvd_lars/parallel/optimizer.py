@@ -7,6 +7,7 @@ import keras
 
 from hvd_lars import keras_internals
 from hvd_lars.arguments import above, check, refuse
+from hvd_lars.optim.lars import fused_momentum_step
 from hvd_lars.optim.wrapping import innermost_optimizer
 from hvd_lars.parallel import collectives
 from hvd_lars.parallel.accumulation import accumulate
@@ -24,6 +25,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     mean gradient once per update; with world size 1 it is `optimizer`. For float16 loss scaling, wrap the
     scaler or make the wrapper under `mixed_float16` (a `DistributedLossScaleOptimizer`; docs/design.md,
     "Keras's private names, and loss scaling"). Compile with `jit_compile=False` (no Horovod XLA ops).
+    On TensorFlow a held `keras.optimizers.SGD` with momentum applies its update in one fused kernel, as
+    tf_keras's SGD does, where Keras 3's makes five passes over each variable (the same values, bit for bit).
 
     Example:
 
@@ -141,6 +144,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._local_layers = []  # PartialDistributedOptimizer's layers, resolved at the first step
         if own_steps:
             accumulating.gradient_accumulation_steps = None  # taken over: ranks talk once per update
+        if type(accumulating) is keras.optimizers.SGD and accumulating.momentum and _on_tensorflow():
+            accumulating.update_step = lambda g, v, lr: _fused_sgd_step(accumulating, g, v, lr)
 
     def build(self, var_list):
         """Creates the gradient accumulators (when accumulating) and builds the held optimizer."""
@@ -325,6 +330,18 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
 
     def check_finite(self, grads):
         return self.inner_optimizer.check_finite(grads)
+
+
+def _on_tensorflow():
+    return keras.backend.backend() == "tensorflow"
+
+
+def _fused_sgd_step(sgd, gradient, variable, learning_rate):
+    """`keras.optimizers.SGD.update_step` with momentum, in TensorFlow's fused kernel (the same values)."""
+    dtype = variable.dtype
+    slot = sgd.momentums[keras_internals.variable_index(sgd, variable)]
+    cast = lambda x: keras.ops.cast(x, dtype)
+    fused_momentum_step(variable, slot, cast(learning_rate), cast(gradient), cast(sgd.momentum), sgd.nesterov)
 
 
 def _is_tf_variable(value):

@@ -13,7 +13,7 @@ import pytest
 from benchmarks import large_batch_report
 from benchmarks import large_batch_study as study
 from benchmarks.common import HAND_WRITTEN, NOT_RECORDED
-from tests.support import REPO
+from tests.support import REPO, main_server
 
 CHANCE = {-1: 0.1, 0: 0.1044, 1: 0.1, 2: 0.1, 3: 0.1}  # every rate of a sweep learned nothing
 RULE = (0.2, 3)  # learned_above, untrained_extensions
@@ -246,12 +246,14 @@ def test_complete_means_every_epoch_with_both_evaluations_or_a_divergence(tmp_pa
     assert not study.is_complete(summary, 2)
 
 
-def _study(tmp_path, *extra):
-    # One run (1 arm, 1 batch, 1 rate, 1 seed) of 2 epochs of 4 updates (512 training images, batch 128).
+def _study(tmp_path, program=None):
+    # One run (1 arm, batch, rate, seed) of 2 epochs of 4 updates (512 images, batch 128): `python program`.
+    program = program or " ".join(main_server.shared().rank_command(["-m", "hvd_lars.main"])[1:])
     command = [sys.executable, "-m", "benchmarks.large_batch_study", f"--output_dir={tmp_path / 'out'}",
                f"--report={tmp_path / 'r.md'}", "--networks=small_cnn", "--arms=lars", "--batches=128",
                "--sweep_points=1", "--max_extensions=0", "--seeds=1", "--epochs=2", "--warmup_epochs=0.5",
-               "--max_train_examples=512", "--max_eval_examples=200", *extra]  # fmt: skip
+               "--max_train_examples=512", "--max_eval_examples=200",
+               f"--train_program={program}"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=REPO)
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
 
@@ -259,9 +261,9 @@ def _study(tmp_path, *extra):
 @pytest.mark.horovod
 def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     runs, name = tmp_path / "out" / "runs", "hvd_lars_study_lars_b128_lr5_s0"
-    # The run dies (SIGKILL) after update 6 of 8; its last checkpoint is the end of epoch 1 (step 4).
-    kill = f"--train_program={os.path.join(REPO, 'tests', 'support', 'kill_at_step.py')} --kill_at_step=6"
-    result = _study(tmp_path, kill)
+    # The run (a new interpreter: a served one's client cannot end by SIGKILL) dies after update 6 of 8; its
+    # last checkpoint is the end of epoch 1 (step 4). Its resumption and the third start: served.
+    result = _study(tmp_path, f"{REPO}/tests/support/kill_at_step.py --kill_at_step=6")
     assert result.returncode != 0 and f"{name} failed (exit status -9)" in result.stderr
     assert [e["epoch"] for e in json.loads((runs / name / "summary.json").read_text())["epochs"]] == [1]
 

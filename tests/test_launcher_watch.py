@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 
 from tests.support import HOROVODRUN, REPO
+from tests.support.main_server import run_main
 from tests.support.small_runs import final_tensors
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
-# flags/smoke.flags on 2 ranks: 3 epochs of 4 updates, a checkpoint every 2; the stop lands after update 5.
+# flags/smoke.flags on 2 ranks: 2 epochs of 4 updates, a checkpoint every 2, evaluated after the last
+# epoch only; the stop lands after update 5.
 FLAGS = [
-    "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=3",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
+    "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=2",
+    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32", "--eval_every_epochs=2",
     "--verbose=0",
 ]  # fmt: skip
 PAUSE_AT = 5
@@ -130,16 +132,12 @@ def test_a_signal_to_the_launcher_stops_every_rank_at_a_checkpoint(
     if not to_group:
         return
     # Ctrl-C, then the same command again: it resumes exactly (every stop of one rank or all ranks, and
-    # its resume: tests/test_resume.py).
-    resumed = subprocess.run(
-        _command(launcher, tmp_path, pause=False), cwd=REPO, env=_env(), capture_output=True, text=True
-    )
+    # its resume: tests/test_resume.py). Its ranks, and the uninterrupted run's, forked from the server.
+    resumed = run_main(_command(launcher, tmp_path, pause=False), cwd=REPO, env=_env())
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"(step {PAUSE_AT + 1})" in resumed.stdout
     straight = tmp_path_factory.mktemp("straight")
-    result = subprocess.run(
-        _command(launcher, straight, pause=False), cwd=REPO, env=_env(), capture_output=True, text=True
-    )
+    result = run_main(_command(launcher, straight, pause=False), cwd=REPO, env=_env())
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     final, expected = final_tensors(run_dir), final_tensors(straight / "smoke")
     assert final.keys() == expected.keys()

@@ -27,11 +27,9 @@ def _no_git(monkeypatch):
 
 
 def _train(loggers, epochs, every=2, validation=True):
-    """Runs the loggers' epoch ends for `epochs` (0-based) of 8 steps, evaluated every `every` epochs and at
-    epoch 3."""
-    model = types.SimpleNamespace(
-        optimizer=types.SimpleNamespace(iterations=keras.Variable(0, dtype="int64"))
-    )
+    """The loggers' epoch ends for `epochs` (0-based) of 8 steps, evaluated every `every` epochs and at 3."""
+    counter = keras.Variable(0, dtype="int64")
+    model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=counter))
     for logger in loggers:
         logger.set_model(model)
     for epoch in epochs:
@@ -83,9 +81,7 @@ def _events(log_dir):
     return found
 
 
-def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_epochs_after_its_checkpoint(
-    tmp_path,
-):
+def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_later_epochs(tmp_path):
     path, log_dir = str(tmp_path / "metrics.csv"), str(tmp_path / "tb")
     _train([epoch_logs.MetricsCSV(path), epoch_logs.TensorBoardScalars(log_dir)], range(3), validation=False)
     header, *rows = _rows(path)
@@ -112,9 +108,8 @@ def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_epoch
     assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
     events = _events(log_dir)
     assert sorted(step for tag, step in events if tag == "loss") == [8, 16, 24, 32]
-    assert len(events[("loss", 24)]) == 2 and sorted(step for tag, step in events if tag == "val_top1") == [
-        32
-    ]
+    assert len(events[("loss", 24)]) == 2
+    assert sorted(step for tag, step in events if tag == "val_top1") == [32]
 
 
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
@@ -128,13 +123,8 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
         raise ValueError(f"bare {token} in strict JSON")
 
     written = json.loads(text, parse_constant=refuse)
-    assert written["epochs"][0] == {
-        "epoch": 1,
-        "loss": "NaN",
-        "top1": 0.1,
-        "grad": "Infinity",
-        "low": "-Infinity",
-    }
+    want = {"epoch": 1, "loss": "NaN", "top1": 0.1, "grad": "Infinity", "low": "-Infinity"}
+    assert written["epochs"][0] == want
     back = RunSummary.load(str(tmp_path))["epochs"][0]
     assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
     assert checkpoints.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}

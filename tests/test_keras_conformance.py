@@ -143,19 +143,6 @@ def test_h5_keeps_distributed_optimizers_update_counter_and_slots(tmp_path):
         loaded.optimizer.set_weights([np.zeros(2)])
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize("average, want", [(False, 3.0), (True, 1.5)])
-def test_average_aggregated_gradients_false_sums_the_micro_batches(average, want):
-    # Gradients -1 and -2 at rate 1: summed -3 (Horovod's default), averaged -1.5.
-    w = keras.Variable(0.0)
-    optimizer = DistributedOptimizer(
-        keras.optimizers.SGD(1.0), backward_passes_per_step=2, average_aggregated_gradients=average
-    )
-    for g in (-1.0, -2.0):
-        optimizer.apply([tf.constant(g)], [w])
-    assert float(w.numpy()) == want
-
-
 X, Y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float32")
 
 

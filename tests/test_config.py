@@ -1,5 +1,4 @@
-"""Each setting declared once (config.py): every value is checked by its declaration before any work, a
-resume compares the plan it makes (plan.py) by meaning, and epochs never turn into 0 steps silently."""
+"""Settings (config.py) checked before any work; a resume compares plans (plan.py) by meaning."""
 
 import dataclasses
 import math

@@ -1,5 +1,4 @@
-"""metrics.csv, TensorBoard and summary.json stay aligned in any evaluation schedule and across resumes;
-an unreadable record is renamed and begun anew; the plot of a run; rank 0's progress lines."""
+"""metrics.csv, TensorBoard, summary.json across evaluations and resumes; the run's plot and progress."""
 
 import csv
 import json

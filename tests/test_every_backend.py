@@ -1,5 +1,4 @@
-"""The backend-neutral wing (LARS, schedules, rate callbacks, top-k metrics) on the Keras backend in use:
-`make test` runs this file on TensorFlow and again on JAX without TensorFlow (`make test-backends`)."""
+"""The backend-neutral wing on the Keras backend in use (TensorFlow, and JAX via `make test-backends`)."""
 
 import importlib
 import importlib.util

@@ -1,5 +1,4 @@
-"""Every flagfile parses into a valid configuration and states its command, hardware, outcome and the source
-of each flag; the paper's flagfiles give the paper's numbers."""
+"""Every flagfile parses, plans and states its sources; the paper's flagfiles give the paper's numbers."""
 
 import glob
 import os

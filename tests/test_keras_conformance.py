@@ -1,5 +1,4 @@
-"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, against Keras's own SGD: LARS
-with trust ratio 1 and no weight decay is momentum SGD; DistributedOptimizer(SGD) with world size 1 is SGD."""
+"""LARS (trust ratio 1, no decay) and DistributedOptimizer (world size 1) against Keras's own SGD."""
 
 import os
 import subprocess

@@ -1,5 +1,4 @@
-"""LearningRateWarmup and LearningRateLogger in `model.fit`: every update's rate is the schedule's, as with
-the schedule inside the optimizer; accumulation counts updates; a resumed run continues the curve exactly."""
+"""LearningRateWarmup and LearningRateLogger in `model.fit`: the schedule's rate at every update."""
 
 import csv
 

@@ -1,5 +1,4 @@
-"""hvd-lars-prepare (hvd_lars.prepare): what it refuses, before converting anything, and what needs no
-preparation (the conversion itself: tests/test_imagenet.py)."""
+"""hvd-lars-prepare: what it refuses before converting anything, and what needs no preparation."""
 
 import collections
 import fcntl

@@ -1,5 +1,4 @@
-"""TensorFlow's C++ start-up notices are left out of a start, everything else it writes is kept; the main
-program's ranks start quiet and rank 0 reports progress within each epoch."""
+"""TensorFlow's start-up notices are left out, all else kept; ranks report progress within epochs."""
 
 import os
 import subprocess

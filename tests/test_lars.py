@@ -20,6 +20,8 @@ ZERO_INIT, ZERO_GRAD = 1, 3
 DECAY_MASK = [True, True, True, True, False, True, False, True]
 ADAPT_MASK = [True, True, True, True, True, False, False, True]
 MODES = ["paper", "decayed_gradient", "update"]
+EXCLUSIONS = dict(exclude_from_weight_decay=[r"bias$", r"beta$"],
+                  exclude_from_layer_adaptation=[r"gamma$", r"beta$"])  # fmt: skip
 
 
 def _variables(weights, paths=None):
@@ -44,12 +46,10 @@ def _run(optimizer, weights, grads_per_step, paths=None, lrs=None, fused=True):
     return [v.numpy() for v in variables]
 
 
-def _reference(
-    weights, grads_per_step, lrs, adapt=None, betas=None, correction=False, weight_decay=0.0, **kw
-):
+def _reference(weights, steps, lrs, adapt=None, betas=None, correction=False, weight_decay=0.0, **kw):
     ws = [np.asarray(w, np.float64) for w in weights]
     vs = [np.zeros_like(w) for w in ws]
-    for t, grads in enumerate(grads_per_step):
+    for t, grads in enumerate(steps):
         scale = lrs[t] / lrs[t - 1] if correction and t > 0 else 1.0
         for i, g in enumerate(grads):
             ws[i], vs[i] = lars_step(ws[i], vs[i], g, lrs[t], adapt=True if adapt is None else adapt[i],
@@ -87,10 +87,7 @@ def test_matches_numpy_reference(mode, nesterov, correction, fused):
     weights, grads = _problem()
     lrs = [0.5, 1.5, 0.25, 0.25, 1.0, 0.5]
     kw = dict(momentum=0.9, weight_decay=5e-3, eta=0.01, epsilon=1e-5 if nesterov else 0.0, nesterov=nesterov)
-    exclusions = dict(
-        exclude_from_weight_decay=[r"bias$", r"beta$"], exclude_from_layer_adaptation=[r"gamma$", r"beta$"]
-    )
-    opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correction, **exclusions, **kw)
+    opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correction, **EXCLUSIONS, **kw)
     got = _run(opt, weights, grads, paths=[p for p, _ in PATHS_AND_SHAPES], lrs=lrs, fused=fused)
     kw.update(mode=mode, adapt=ADAPT_MASK, betas=[kw["weight_decay"] if d else 0.0 for d in DECAY_MASK])
     want = _reference(weights, grads, lrs, correction=correction, **kw)
@@ -101,9 +98,8 @@ def test_matches_numpy_reference(mode, nesterov, correction, fused):
         if (m, n, c) != (mode, nesterov, correction):
             other = _reference(weights, grads, lrs, correction=c, **{**kw, "mode": m, "nesterov": n})
             assert np.abs(other[2] - want[2]).max() > 1e-3, (m, n, c)
-    unexcluded = _reference(
-        weights, grads, lrs, correction=correction, **{**kw, "adapt": None, "betas": None}
-    )
+    kw.update(adapt=None, betas=None)  # no exclusions
+    unexcluded = _reference(weights, grads, lrs, correction=correction, **kw)
     assert min(np.abs(unexcluded[i] - want[i]).max() for i in (4, 5, 6)) > 1e-3
 
 

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -61,21 +60,19 @@ def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epo
 
 
 # A 64 MiB variable: its background write takes far longer than the process needs to die after save().
-KILLED_MID_WRITE = textwrap.dedent(
-    """
-    import os, sys
-    import tensorflow as tf
-    big = tf.Variable(tf.zeros([16 * 1024 * 1024]))
-    step = tf.Variable(1)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(big=big, step=step), sys.argv[1], max_to_keep=3)
-    manager.save(checkpoint_number=1)
-    step.assign(2)
-    big.assign(tf.ones([16 * 1024 * 1024]))
-    options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
-    manager.save(checkpoint_number=2, options=options)
-    os._exit(9)  # killed while the background thread writes checkpoint 2 (no atexit join)
-    """
-)
+KILLED_MID_WRITE = """
+import os, sys
+import tensorflow as tf
+big = tf.Variable(tf.zeros([16 * 1024 * 1024]))
+step = tf.Variable(1)
+manager = tf.train.CheckpointManager(tf.train.Checkpoint(big=big, step=step), sys.argv[1], max_to_keep=3)
+manager.save(checkpoint_number=1)
+step.assign(2)
+big.assign(tf.ones([16 * 1024 * 1024]))
+options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+manager.save(checkpoint_number=2, options=options)
+os._exit(9)  # killed while the background thread writes checkpoint 2 (no atexit join)
+"""
 
 
 @pytest.mark.horovod

@@ -107,9 +107,8 @@ def test_bad_arguments_and_misuse_are_refused_where_the_optimizer_is_made(make, 
 
 @pytest.mark.unit
 def test_loss_scaling_under_mixed_float16():
-    # A loss scaler inside, or the mixed_float16 policy where the wrapper is made, makes the wrapper the loss
-    # scaler, which compile keeps; a wrapper made before the policy is refused there (Keras would put its
-    # loss scaler around the wrapper: each rank would decide alone).
+    # A loss scaler inside, or the policy where the wrapper is made: the wrapper is the loss scaler, which
+    # compile keeps; a wrapper made before the policy is refused (Keras's scaler around it: ranks alone).
     inside = DistributedOptimizer(LSO(SGD(1.0), initial_scale=4.0))
     made_before = DistributedOptimizer(SGD(1.0))
     keras.mixed_precision.set_global_policy("mixed_float16")

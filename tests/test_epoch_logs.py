@@ -117,11 +117,7 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     summary = RunSummary(str(tmp_path), config, plan, 0)
     summary.on_epoch_end(0, {"loss": float("nan"), "top1": 0.1, "grad": float("inf"), "low": -math.inf})
     text = (tmp_path / "summary.json").read_text()
-
-    def refuse(token):
-        raise ValueError(f"bare {token} in strict JSON")
-
-    written = json.loads(text, parse_constant=refuse)
+    written = json.loads(text, parse_constant=lambda token: pytest.fail(f"bare {token} in strict JSON"))
     want = {"epoch": 1, "loss": "NaN", "top1": 0.1, "grad": "Infinity", "low": "-Infinity"}
     assert written["epochs"][0] == want
     back = RunSummary.load(str(tmp_path))["epochs"][0]

@@ -154,8 +154,7 @@ def test_zero_gradient_tensor_still_decays(mode, start, trust):
 
 @pytest.mark.unit
 def test_mlperf_exclusions_match_keras_variable_paths():
-    # Named: an unnamed model's path prefix depends on earlier tests (sequential_3). The masks' effect on the
-    # update is test_matches_numpy_reference's.
+    # Named: an unnamed model's path prefix depends on earlier tests (sequential_3).
     layers = [
         keras.Input((4,)),
         keras.layers.Dense(3, name="fc"),
@@ -365,8 +364,7 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
 
 @pytest.mark.unit
 def test_bfloat16_variables_follow_the_reference_loosely():
-    # bfloat16 variables (not the mixed policy): slots in bfloat16, norms in float32. Rate 5 moves every
-    # tensor 10x the tolerance or more, so the comparison tells a LARS step from none.
+    # bfloat16 variables (not the mixed policy): rate 5 moves every tensor 10x the tolerance or more.
     weights, grads = _problem(seed=6, steps=5)
     to_bf16 = lambda a: tf.cast(tf.constant(a), tf.bfloat16)
     rounded = lambda a: to_bf16(a).numpy().astype(np.float32)

@@ -47,8 +47,7 @@ ADVERSARIAL = {
     "infinities": ([1, 0, 2], [[np.inf, np.inf, 0], [-np.inf, 0, -np.inf], [0, 1, np.inf]]),
     "nan_row": ([0, 1], [[np.nan, 0, 0], [0, 5, 1]]),
     "single_class": ([0, 0, 0], [[0.0], [-3.0], [7.0]]),
-    # 1.0 and 1.001 differ in float32 and are the same bfloat16 number (8-bit significand): [True, True] and
-    # [False, True].
+    # 1.0 and 1.001: two float32 numbers, one bfloat16 number (8-bit significand).
     "near_tie": ([1, 1], [[1.0, 1.001, 0.5], [0.5, 1.001, 1.0]]),
     "near_tie_bfloat16": ([1, 1], tf.cast([[1.0, 1.001, 0.5], [0.5, 1.001, 1.0]], tf.bfloat16)),
     # About 3 tied classes per value.
@@ -66,8 +65,7 @@ def test_adversarial_inputs_match_the_stable_sort_and_so_does_the_keras_metric(c
         want = _reference(labels, values, k)
         got = top_k_correct(tf.constant(labels), logits, k).numpy()
         np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
-        # (B, 1) integer labels, as Keras passes them, and label smoothing's one-hot targets (of 2 classes or
-        # more: a (B, 1) target is a label).
+        # (B, 1) integer labels as Keras passes them; one-hot targets (of one class: read as a label).
         one_hot = [tf.one_hot(labels, values.shape[1])] if values.shape[1] > 1 else []
         for targets in [np.asarray(labels)[:, None], *one_hot]:
             metric = TopKAccuracy(k)

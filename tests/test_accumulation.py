@@ -86,8 +86,7 @@ MEANS = np.array([0.0, 4.0, 8.0, 12.0])
 
 
 def _batch_norm_update(accumulation):
-    """(moving mean, moving variance, logits kernel step) after one update of 8 images in `accumulation`
-    micro-batches; momentum SGD at rate 1 (batch norm comes first: its statistics do not depend on it)."""
+    """(moving mean, moving variance, logits kernel step) after one update of 8 images in `accumulation`."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [keras.Input((1,)), keras.layers.BatchNormalization(momentum=MOMENTUM, name="bn"),

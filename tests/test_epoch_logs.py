@@ -195,8 +195,7 @@ def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys
 
 
 def _fit_with_progress(progress, epochs, steps):
-    """A small model fitted for `epochs` of `steps` micro-batches with `progress` last; returns the running
-    mean loss after each micro-batch, as the progress lines report it."""
+    """The running mean loss after each micro-batch, as progress lines write it, of a small model's fit."""
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     x = np.arange(40, dtype="float32").reshape(20, 2) / 40

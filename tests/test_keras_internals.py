@@ -28,8 +28,7 @@ def keras_private_names():
 
 
 def violations(source, private, path="<source>"):
-    """(path, line, name) of each use of a private Keras name in `source` that is neither an override
-    of a listed hook nor a `super()` call of one; any `keras.src` import."""
+    """(path, line, name) of each private Keras name (listed hooks' overrides aside) or keras.src import."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in private:

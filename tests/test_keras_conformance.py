@@ -151,13 +151,11 @@ def test_h5_keeps_distributed_optimizers_update_counter_and_slots(tmp_path):
         loaded.optimizer.set_weights([np.zeros(2)])
 
 
-X, Y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float32")
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize("callback", ["CommitState", "CommitStateCallback"])
 def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
     # One micro-batch, restore, then y = 1..4 from the start: (1 + 2) / 2 + (3 + 4) / 2 = 5.0 (not 3.5).
+    x, y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float32")
     model = keras.Sequential(
         [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
     )
@@ -169,10 +167,10 @@ def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
         commit = elastic.CommitState(state, every_steps=1)
     else:
         commit = horovod_elastic.CommitStateCallback(state, batches_per_commit=1)
-    model.fit(X[:1], Y[:1], batch_size=1, verbose=0, callbacks=[commit])
+    model.fit(x[:1], y[:1], batch_size=1, verbose=0, callbacks=[commit])
     state.restore()
     assert int(optimizer._iterations) == 0
-    model.fit(X, Y, batch_size=1, shuffle=False, verbose=0, callbacks=[commit])
+    model.fit(x, y, batch_size=1, shuffle=False, verbose=0, callbacks=[commit])
     assert float(model.get_weights()[0].ravel()[0]) == pytest.approx(5.0)
     assert int(optimizer.iterations) == 2
 

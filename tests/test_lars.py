@@ -153,7 +153,7 @@ def test_zero_gradient_tensor_still_decays(mode, start, trust):
 
 
 @pytest.mark.unit
-def test_mlperf_exclusions_match_keras_variable_paths():
+def test_exclusions_match_keras_variable_paths_and_unmatched_patterns_warn_once():
     # Named: an unnamed model's path prefix depends on earlier tests (sequential_3).
     layers = [
         keras.Input((4,)),
@@ -163,31 +163,22 @@ def test_mlperf_exclusions_match_keras_variable_paths():
     variables = keras.Sequential(layers, name="sequential").trainable_variables
     want = [f"sequential/{p}" for p in ("fc/kernel", "fc/bias", "fc_bn/gamma", "fc_bn/beta")]
     assert [v.path for v in variables] == want
-    exclusions = mlperf_exclusions()
-    opt = LARS(0.3, exclude_from_weight_decay=exclusions, exclude_from_layer_adaptation=exclusions)
-    opt.build(variables)
-    assert opt._decay_mask == opt._adapt_mask == [True, False, False, False]
-
-
-@pytest.mark.unit
-def test_unmatched_exclusion_patterns_warn_once_matching_ones_never():
-    variables = _variables([np.ones(3, np.float32)], paths=["dense/w"])
-    unmatched = dict(
-        exclude_from_weight_decay=["no_such_layer", "w$"], exclude_from_layer_adaptation=["nothing"]
-    )
-    matched = dict(exclude_from_weight_decay=["w$"], exclude_from_layer_adaptation=["^dense/"])
+    patterns = mlperf_exclusions()
+    mlperf = dict(exclude_from_weight_decay=patterns, exclude_from_layer_adaptation=patterns)
+    unmatched = dict(exclude_from_weight_decay=["no_layer", "kernel$"], exclude_from_layer_adaptation=["x"])
     warned = []
-    for exclusions in (unmatched, matched):
-        opt = LARS(0.1, **exclusions)
+    for exclusions in (unmatched, mlperf):
+        opt = LARS(0.3, **exclusions)
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             for _ in range(3):
-                opt.apply([tf.ones(3)], variables)
+                opt.apply([tf.ones(v.shape) for v in variables], variables)
             opt.build(variables)
         warned.append([str(w.message) for w in record if "LARS exclusion" in str(w.message)])
     (message,), none = warned
-    assert "exclude_from_weight_decay='no_such_layer'" in message and "'w$'" not in message
-    assert "exclude_from_layer_adaptation='nothing'" in message and none == []
+    assert "exclude_from_weight_decay='no_layer'" in message and "'kernel$'" not in message
+    assert "exclude_from_layer_adaptation='x'" in message and none == []
+    assert opt._decay_mask == opt._adapt_mask == [True, False, False, False]  # MLPerf's: only the kernel
 
 
 @pytest.mark.unit

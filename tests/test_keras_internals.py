@@ -52,13 +52,16 @@ def private():
 
 
 @pytest.mark.unit
-def test_no_private_keras_name_outside_the_shim(private):
+def test_private_keras_names_are_in_the_shim_only_and_it_lists_each_it_uses(private):
     assert "_iterations" in private and "_flatten_layers" in private  # the collection works
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != SHIM:
             found += violations(path.read_text(), private, str(path.relative_to(REPO)))
     assert found == [], "private Keras names outside hvd_lars/keras_internals.py: " + repr(found)
+    used = {node.attr for node in ast.walk(ast.parse(SHIM.read_text())) if isinstance(node, ast.Attribute)}
+    used &= private | set(keras_internals.PRIVATE_NAMES)
+    assert used == set(keras_internals.PRIVATE_NAMES), "the shim's uses are not the names it lists"
 
 
 @pytest.mark.unit
@@ -93,11 +96,3 @@ def test_every_listed_name_exists_in_the_installed_keras():
     listed = {**keras_internals.PRIVATE_NAMES, **keras_internals.OVERRIDDEN_HOOKS}
     found = lambda name, owner: hasattr(eval(owner, {"keras": keras}), name) or hasattr(built[owner], name)
     assert [(name, owner) for name, owner in listed.items() if not found(name, owner)] == []
-
-
-@pytest.mark.unit
-def test_the_shim_lists_every_name_it_uses(private):
-    # The shim's own uses, read from its source, are exactly the names it declares.
-    used = {node.attr for node in ast.walk(ast.parse(SHIM.read_text())) if isinstance(node, ast.Attribute)}
-    used &= private | set(keras_internals.PRIVATE_NAMES)
-    assert used == set(keras_internals.PRIVATE_NAMES)

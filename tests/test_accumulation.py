@@ -1,6 +1,4 @@
-"""Gradient accumulation (`hvd_lars.parallel.accumulation`): the sums and means it hands on, checkpoints
-between micro-batches, and what it does to batch norm (per-micro-batch statistics, A moving-average updates
-per optimizer update; `hvd_lars.training.plan.batch_norm_note` says so in the run log)."""
+"""Gradient accumulation: the sums and means it hands on, checkpoints between micro-batches, batch norm."""
 
 import keras
 import numpy as np
@@ -36,14 +34,17 @@ def test_the_update_gets_the_mean_or_the_sum_once_per_update(steps, average, gra
 def test_steps_and_boundaries_through_wrappers():
     inner = keras.optimizers.SGD(0.1, gradient_accumulation_steps=3)
     assert accumulation_steps(keras.optimizers.LossScaleOptimizer(inner)) == 3
-    wrapper = DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    # Summed micro-batches, as Horovod's average_aggregated_gradients=False: rate 1 moves w by -2, not -1.
+    wrapper = DistributedOptimizer(
+        keras.optimizers.SGD(1.0), backward_passes_per_step=2, average_aggregated_gradients=False
+    )
     assert accumulation_steps(keras.optimizers.SGD(0.1)) == 1 and accumulation_steps(wrapper) == 2
     w = keras.Variable(np.ones(2, np.float32))
     states = []
     for _ in range(3):
         wrapper.apply([tf.ones(2)], [w])
         states.append(at_update_boundary(wrapper))
-    assert states == [False, True, False]
+    assert states == [False, True, False] and w.numpy().tolist() == [-1.0, -1.0]
 
 
 def _model_and_optimizer():
@@ -85,8 +86,7 @@ MEANS = np.array([0.0, 4.0, 8.0, 12.0])
 
 
 def _batch_norm_update(accumulation):
-    """(moving mean, moving variance, logits kernel step) after one update of 8 images in `accumulation`
-    micro-batches; momentum SGD at rate 1 (batch norm comes first: its statistics do not depend on it)."""
+    """(moving mean, moving variance, logits kernel step) after one update of 8 images in `accumulation`."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [keras.Input((1,)), keras.layers.BatchNormalization(momentum=MOMENTUM, name="bn"),

@@ -1,6 +1,4 @@
-"""The arithmetic of the benchmarks (benchmarks/common.py, allreduce_hosts.py): the one least-squares fit on
-relative residuals and its three forms, against values worked out by hand; the ring bound, the layouts, link
-rates; the emulated cluster taken down when a benchmark is terminated."""
+"""The benchmarks' fits, ring bound, layouts and link rates by hand; the emulated cluster taken down."""
 
 import subprocess
 import sys

@@ -1,10 +1,7 @@
-"""Checkpoints written by `PeriodicCheckpoint`: which updates are saved, that a background (asynchronous)
-write saves exactly the weights of its update while training goes on, and that a job killed while a
-background write is under way keeps the checkpoint before it, complete and loadable."""
+"""PeriodicCheckpoint: which updates are saved, exactly; a kill mid background write keeps the last one."""
 
 import subprocess
 import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -28,7 +25,7 @@ def _model():
 def _train(directory, **options):
     model = _model()
     manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer), directory, max_to_keep=10
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer), str(directory), max_to_keep=10
     )
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(12, 6)).astype("float32"), rng.integers(0, 3, 12)
@@ -41,10 +38,6 @@ def _train(directory, **options):
     return at, manager
 
 
-def _saved_steps(manager):
-    return [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints]
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "asynchronous, at_epoch_end, expected",
@@ -52,10 +45,9 @@ def _saved_steps(manager):
     ids=["asynchronous_and_epoch_ends", "synchronous_steps_only"],
 )
 def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epoch_end, expected):
-    weights, manager = _train(
-        str(tmp_path), every_steps=2, at_epoch_end=at_epoch_end, asynchronous=asynchronous
-    )
-    assert _saved_steps(manager) == expected  # after fit: the last write is complete and indexed
+    weights, manager = _train(tmp_path, every_steps=2, at_epoch_end=at_epoch_end, asynchronous=asynchronous)
+    # After fit: the last write is complete and indexed.
+    assert [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints] == expected
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-6")
     for step in expected:
         restored = _model()
@@ -68,21 +60,19 @@ def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epo
 
 
 # A 64 MiB variable: its background write takes far longer than the process needs to die after save().
-KILLED_MID_WRITE = textwrap.dedent(
-    """
-    import os, sys
-    import tensorflow as tf
-    big = tf.Variable(tf.zeros([16 * 1024 * 1024]))
-    step = tf.Variable(1)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(big=big, step=step), sys.argv[1], max_to_keep=3)
-    manager.save(checkpoint_number=1)
-    step.assign(2)
-    big.assign(tf.ones([16 * 1024 * 1024]))
-    options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
-    manager.save(checkpoint_number=2, options=options)
-    os._exit(9)  # killed while the background thread writes checkpoint 2 (no atexit join)
-    """
-)
+KILLED_MID_WRITE = """
+import os, sys
+import tensorflow as tf
+big = tf.Variable(tf.zeros([16 * 1024 * 1024]))
+step = tf.Variable(1)
+manager = tf.train.CheckpointManager(tf.train.Checkpoint(big=big, step=step), sys.argv[1], max_to_keep=3)
+manager.save(checkpoint_number=1)
+step.assign(2)
+big.assign(tf.ones([16 * 1024 * 1024]))
+options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+manager.save(checkpoint_number=2, options=options)
+os._exit(9)  # killed while the background thread writes checkpoint 2 (no atexit join)
+"""
 
 
 @pytest.mark.horovod

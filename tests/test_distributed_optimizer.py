@@ -1,5 +1,4 @@
-"""DistributedOptimizer in one process (world size 1): exactly the optimizer it holds, its arguments, its
-errors, serialization and the loss-scaler nestings. The 2-rank behaviour is in tests/test_distributed.py."""
+"""DistributedOptimizer at world size 1: the held optimizer exactly, its arguments and errors."""
 
 import horovod.tensorflow as hvd
 import keras
@@ -11,6 +10,7 @@ from hvd_lars import LARS, DistributedLossScaleOptimizer, DistributedOptimizer
 from hvd_lars.parallel import collectives
 
 LSO, SGD = keras.optimizers.LossScaleOptimizer, keras.optimizers.SGD
+DECAY = keras.optimizers.schedules.ExponentialDecay(0.01, 1, 0.9)
 
 
 def _train(optimizer, steps=4, seed=0):
@@ -29,9 +29,7 @@ def _train(optimizer, steps=4, seed=0):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: keras.optimizers.Adam(
-            keras.optimizers.schedules.ExponentialDecay(0.01, 1, 0.9), use_ema=True
-        ),
+        lambda: keras.optimizers.Adam(DECAY, use_ema=True),
         lambda: LARS(0.5, weight_decay=1e-3, eta=0.01, gradient_accumulation_steps=2),
         lambda: LSO(keras.optimizers.Lamb(0.01), initial_scale=8.0),
     ],
@@ -109,9 +107,8 @@ def test_bad_arguments_and_misuse_are_refused_where_the_optimizer_is_made(make, 
 
 @pytest.mark.unit
 def test_loss_scaling_under_mixed_float16():
-    # A loss scaler inside, or the mixed_float16 policy where the wrapper is made, makes the wrapper the loss
-    # scaler, which compile keeps; a wrapper made before the policy is refused there (Keras would put its
-    # loss scaler around the wrapper: each rank would decide alone).
+    # A loss scaler inside, or the policy where the wrapper is made: the wrapper is the loss scaler, which
+    # compile keeps; a wrapper made before the policy is refused (Keras's scaler around it: ranks alone).
     inside = DistributedOptimizer(LSO(SGD(1.0), initial_scale=4.0))
     made_before = DistributedOptimizer(SGD(1.0))
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -155,12 +152,8 @@ def test_rate_settings_and_config_are_the_held_optimizers():
     inner = keras.optimizers.Adam(0.01, global_clipnorm=1.0, gradient_accumulation_steps=2)
     adam = DistributedOptimizer(inner)
     assert (adam.backward_passes_per_step, inner.gradient_accumulation_steps) == (2, None)
-    assert (
-        DistributedOptimizer(
-            LSO(keras.optimizers.Adam(gradient_accumulation_steps=3))
-        ).backward_passes_per_step
-        == 3
-    )
+    through_scaler = DistributedOptimizer(LSO(keras.optimizers.Adam(gradient_accumulation_steps=3)))
+    assert through_scaler.backward_passes_per_step == 3
     for optimizer in (wrapper, adam):
         serialized = keras.optimizers.serialize(optimizer)
         for again in (keras.optimizers.deserialize(serialized), keras.optimizers.get(serialized)):

@@ -1,5 +1,4 @@
-"""metrics.csv, TensorBoard and summary.json stay aligned in any evaluation schedule and across resumes;
-an unreadable record is renamed and begun anew; the plot of a run; rank 0's progress lines."""
+"""metrics.csv, TensorBoard, summary.json across evaluations and resumes; the run's plot and progress."""
 
 import csv
 import json
@@ -27,11 +26,9 @@ def _no_git(monkeypatch):
 
 
 def _train(loggers, epochs, every=2, validation=True):
-    """Runs the loggers' epoch ends for `epochs` (0-based) of 8 steps, evaluated every `every` epochs and at
-    epoch 3."""
-    model = types.SimpleNamespace(
-        optimizer=types.SimpleNamespace(iterations=keras.Variable(0, dtype="int64"))
-    )
+    """The loggers' epoch ends for `epochs` (0-based) of 8 steps, evaluated every `every` epochs and at 3."""
+    counter = keras.Variable(0, dtype="int64")
+    model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=counter))
     for logger in loggers:
         logger.set_model(model)
     for epoch in epochs:
@@ -83,9 +80,7 @@ def _events(log_dir):
     return found
 
 
-def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_epochs_after_its_checkpoint(
-    tmp_path,
-):
+def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_later_epochs(tmp_path):
     path, log_dir = str(tmp_path / "metrics.csv"), str(tmp_path / "tb")
     _train([epoch_logs.MetricsCSV(path), epoch_logs.TensorBoardScalars(log_dir)], range(3), validation=False)
     header, *rows = _rows(path)
@@ -112,9 +107,8 @@ def test_csv_and_tensorboard_log_each_epoch_at_its_step_and_a_resume_drops_epoch
     assert by_name[3]["val_top1"] == "0.61" and by_name[3]["top1"] == "0.53"
     events = _events(log_dir)
     assert sorted(step for tag, step in events if tag == "loss") == [8, 16, 24, 32]
-    assert len(events[("loss", 24)]) == 2 and sorted(step for tag, step in events if tag == "val_top1") == [
-        32
-    ]
+    assert len(events[("loss", 24)]) == 2
+    assert sorted(step for tag, step in events if tag == "val_top1") == [32]
 
 
 def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
@@ -123,18 +117,9 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     summary = RunSummary(str(tmp_path), config, plan, 0)
     summary.on_epoch_end(0, {"loss": float("nan"), "top1": 0.1, "grad": float("inf"), "low": -math.inf})
     text = (tmp_path / "summary.json").read_text()
-
-    def refuse(token):
-        raise ValueError(f"bare {token} in strict JSON")
-
-    written = json.loads(text, parse_constant=refuse)
-    assert written["epochs"][0] == {
-        "epoch": 1,
-        "loss": "NaN",
-        "top1": 0.1,
-        "grad": "Infinity",
-        "low": "-Infinity",
-    }
+    written = json.loads(text, parse_constant=lambda token: pytest.fail(f"bare {token} in strict JSON"))
+    want = {"epoch": 1, "loss": "NaN", "top1": 0.1, "grad": "Infinity", "low": "-Infinity"}
+    assert written["epochs"][0] == want
     back = RunSummary.load(str(tmp_path))["epochs"][0]
     assert math.isnan(back["loss"]) and back["grad"] == math.inf and back["low"] == -math.inf
     assert checkpoints.strict({"a": [1.5, float("nan")], "b": "NaN"}) == {"a": [1.5, "NaN"], "b": "NaN"}
@@ -210,8 +195,7 @@ def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys
 
 
 def _fit_with_progress(progress, epochs, steps):
-    """A small model fitted for `epochs` of `steps` micro-batches with `progress` last; returns the running
-    mean loss after each micro-batch, as the progress lines report it."""
+    """The running mean loss after each micro-batch, as progress lines write it, of a small model's fit."""
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     x = np.arange(40, dtype="float32").reshape(20, 2) / 40

@@ -1,5 +1,4 @@
-"""The backend-neutral wing (LARS, schedules, rate callbacks, top-k metrics) on the Keras backend in use:
-`make test` runs this file on TensorFlow and again on JAX without TensorFlow (`make test-backends`)."""
+"""The backend-neutral wing on the Keras backend in use (TensorFlow, and JAX via `make test-backends`)."""
 
 import importlib
 import importlib.util
@@ -29,16 +28,6 @@ PATHS = ["a/kernel", "a/bias", "b_bn/gamma", "b_bn/beta", "c/kernel"]
 SHAPES = [(5, 3), (3,), (4,), (4,), (2, 3, 2)]
 DECAY = [True, False, True, False, True]  # bias and beta excluded from weight decay
 ADAPT = [True, True, False, False, True]  # gamma and beta excluded from layer adaptation
-
-
-@pytest.mark.unit
-def test_the_library_imports_without_tensorflow_off_its_backend():
-    assert ("tensorflow" in sys.modules) == (BACKEND == "tensorflow")
-    if BACKEND != "tensorflow":
-        with pytest.raises(
-            ImportError, match=r"needs tensorflow and horovod .* pip install 'hvd_lars\[train\]'"
-        ):
-            from hvd_lars import DistributedOptimizer  # noqa: F401
 
 
 @pytest.mark.unit
@@ -141,12 +130,15 @@ def test_the_readmes_backend_example_trains(capsys, monkeypatch):
 @pytest.mark.parametrize(
     "package", ["hvd_lars.parallel", "hvd_lars.models", "hvd_lars.data", "hvd_lars.training"]
 )
-def test_the_tensorflow_parts_say_what_they_need_off_tensorflow(package):
+def test_the_library_imports_off_tensorflow_and_its_tensorflow_parts_say_what_they_need(package):
+    assert ("tensorflow" in sys.modules) == (BACKEND == "tensorflow")
     if BACKEND == "tensorflow":
         assert importlib.import_module(package)
         return
     with pytest.raises(ImportError, match=rf"^{package} needs tensorflow.* pip install 'hvd_lars\[train\]'"):
         importlib.import_module(package)
+    with pytest.raises(ImportError, match=r"needs tensorflow and horovod .* pip install 'hvd_lars\[train\]'"):
+        from hvd_lars import DistributedOptimizer  # noqa: F401
 
 
 @pytest.mark.horovod  # a process: a fresh interpreter on Keras's default backend

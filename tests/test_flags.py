@@ -1,5 +1,4 @@
-"""Every flagfile parses into a valid configuration and states its command, hardware, outcome and the source
-of each flag; the paper's flagfiles give the paper's numbers."""
+"""Every flagfile parses, plans and states its sources; the paper's flagfiles give the paper's numbers."""
 
 import glob
 import os
@@ -61,13 +60,8 @@ def test_paper_numbers_and_the_alexnets_run_as_the_papers_caffe():
         assert config.schedule == "paper_poly" and config.trust_ratio_mode == "paper", name
     # The released 32K solver's iterations: max_iter 4000, warmup_iter 400, base_lr 32.
     plan = make_plan(_parse("alexnet_bn_bs32k"), 2048, IMAGENET)
-    assert (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps, plan.warmup_steps) == (
-        16,
-        40,
-        4000,
-        400,
-    )
-    assert plan.peak_learning_rate == 32
+    steps = (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps, plan.warmup_steps)
+    assert steps == (16, 40, 4000, 400) and plan.peak_learning_rate == 32
     assert make_plan(_parse("resnet50_bs8k_momentum"), 256, IMAGENET).peak_learning_rate == pytest.approx(3.2)
 
 

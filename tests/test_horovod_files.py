@@ -1,6 +1,4 @@
-"""Horovod 0.28.1's own tests of its TF2 Keras layer (`test/parallel/test_tensorflow2_keras.py`) on 2 ranks,
-run by tests/support/horovod_files.py: those that apply under Keras 3 pass, the others skip with their reason.
-"""
+"""Horovod 0.28.1's own Keras tests on 2 ranks: those that apply under Keras 3 pass, the rest skip."""
 
 import os
 import subprocess

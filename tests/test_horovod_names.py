@@ -1,6 +1,4 @@
-"""Every public name of Horovod 0.28.1's `horovod.tensorflow.keras` (and its `callbacks` and `elastic`),
-read from Horovod's installed sources with `ast`, is in `hvd_lars.parallel.horovod_keras` with Horovod's
-arguments and defaults, and in the README's Horovod table with the Keras 3 renames of Horovod's files."""
+"""Horovod 0.28.1's public Keras-layer names: in `horovod_keras` with their arguments, and in the README."""
 
 import ast
 import importlib.util

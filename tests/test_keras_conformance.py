@@ -1,10 +1,8 @@
-"""LARS and DistributedOptimizer held to what every Keras 3 optimizer promises, against Keras's own SGD: LARS
-with trust ratio 1 and no weight decay is momentum SGD; DistributedOptimizer(SGD) with world size 1 is SGD."""
+"""LARS (trust ratio 1, no decay) and DistributedOptimizer (world size 1) against Keras's own SGD."""
 
 import os
 import subprocess
 import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -17,6 +15,16 @@ from hvd_lars.parallel.horovod_keras import elastic as horovod_elastic
 from tests.support import REPO
 
 ENV = dict(os.environ, PYTHONPATH=REPO)
+
+
+def _python(script, *args):
+    """The non-empty output lines, split into words, of `script` run with `args` in a new interpreter."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=240, env=ENV
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [line.split() for line in result.stdout.splitlines() if line.strip()]
+
 
 GRADS = [np.array([[0.5, -2.0], [1.0, 3.0]], "float32"), np.array([-1.0, 0.25], "float32")]
 START = [np.array([[1.0, 2.0], [-1.0, 0.5]], "float32"), np.array([0.1, -0.2], "float32")]
@@ -144,25 +152,10 @@ def test_h5_keeps_distributed_optimizers_update_counter_and_slots(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("average, want", [(False, 3.0), (True, 1.5)])
-def test_average_aggregated_gradients_false_sums_the_micro_batches(average, want):
-    # Gradients -1 and -2 at rate 1: summed -3 (Horovod's default), averaged -1.5.
-    w = keras.Variable(0.0)
-    optimizer = DistributedOptimizer(
-        keras.optimizers.SGD(1.0), backward_passes_per_step=2, average_aggregated_gradients=average
-    )
-    for g in (-1.0, -2.0):
-        optimizer.apply([tf.constant(g)], [w])
-    assert float(w.numpy()) == want
-
-
-X, Y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float32")
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("callback", ["CommitState", "CommitStateCallback"])
 def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
     # One micro-batch, restore, then y = 1..4 from the start: (1 + 2) / 2 + (3 + 4) / 2 = 5.0 (not 3.5).
+    x, y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float32")
     model = keras.Sequential(
         [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
     )
@@ -174,10 +167,10 @@ def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
         commit = elastic.CommitState(state, every_steps=1)
     else:
         commit = horovod_elastic.CommitStateCallback(state, batches_per_commit=1)
-    model.fit(X[:1], Y[:1], batch_size=1, verbose=0, callbacks=[commit])
+    model.fit(x[:1], y[:1], batch_size=1, verbose=0, callbacks=[commit])
     state.restore()
     assert int(optimizer._iterations) == 0
-    model.fit(X, Y, batch_size=1, shuffle=False, verbose=0, callbacks=[commit])
+    model.fit(x, y, batch_size=1, shuffle=False, verbose=0, callbacks=[commit])
     assert float(model.get_weights()[0].ravel()[0]) == pytest.approx(5.0)
     assert int(optimizer.iterations) == 2
 
@@ -218,54 +211,47 @@ def test_batch_and_epoch_state_callbacks_resume_inside_an_epoch_and_a_reset_retr
         elastic.KerasState(keras.Sequential([keras.layers.Dense(1)]))
 
 
-SAVE_OR_LOAD = textwrap.dedent(
-    """
-    import sys
-    import numpy as np
-    import keras
-    import hvd_lars
+SAVE_OR_LOAD = """
+import sys
+import numpy as np
+import keras
+import hvd_lars
 
-    x, y = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32"), np.arange(8) % 3
-    report = lambda i, model: print(i, type(model.optimizer).__name__, model.optimizer.name,
-                                    int(model.optimizer.iterations), float(model.predict(x, verbose=0).sum()))
-    if sys.argv[2] == "load":
-        for i in range(4):
-            report(i, keras.models.load_model(f"{sys.argv[1]}/m{i}.keras"))
-        sys.exit()
+x, y = np.random.default_rng(0).normal(size=(8, 4, 4, 2)).astype("float32"), np.arange(8) % 3
+report = lambda i, model: print(i, type(model.optimizer).__name__, model.optimizer.name,
+                                int(model.optimizer.iterations), float(model.predict(x, verbose=0).sum()))
+if sys.argv[2] == "load":
+    for i in range(4):
+        report(i, keras.models.load_model(f"{sys.argv[1]}/m{i}.keras"))
+    sys.exit()
 
-    from hvd_lars.metrics import TopKAccuracy
-    from hvd_lars.models.alexnet import LocalResponseNormalization
-    from hvd_lars.models.batch_norm import FusedBatchNormalization
-    from hvd_lars.models.cifar_resnet import ZeroPadShortcut
+from hvd_lars.metrics import TopKAccuracy
+from hvd_lars.models.alexnet import LocalResponseNormalization
+from hvd_lars.models.batch_norm import FusedBatchNormalization
+from hvd_lars.models.cifar_resnet import ZeroPadShortcut
 
-    # Each class hvd_lars registers, in 4 models: the 4 schedules, LARS, both wrappers, the metric, 3 layers.
-    from hvd_lars import DistributedOptimizer as Distributed
-    lars = lambda schedule: hvd_lars.LARS(schedule(0.5, 100, 10), weight_decay=5e-4)
-    optimizers = [lars(hvd_lars.WarmupPolynomialDecay), lars(hvd_lars.WarmupStepDecay),
-                  Distributed(keras.optimizers.Adam(hvd_lars.PaperPolynomialDecay(0.01, 100, 10))),
-                  Distributed(keras.optimizers.LossScaleOptimizer(lars(hvd_lars.WarmupCosineDecay)))]
-    for i, optimizer in enumerate(optimizers):
-        inputs = keras.Input((4, 4, 2))
-        h = ZeroPadShortcut(4, 1)(FusedBatchNormalization()(LocalResponseNormalization()(inputs)))
-        model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
-        model.compile(optimizer=optimizer, jit_compile=False,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[TopKAccuracy(k=2)])
-        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-        model.save(f"{sys.argv[1]}/m{i}.keras")
-        report(i, model)
-    """
-)
+# Each class hvd_lars registers, in 4 models: the 4 schedules, LARS, both wrappers, the metric, 3 layers.
+from hvd_lars import DistributedOptimizer as Distributed
+lars = lambda schedule: hvd_lars.LARS(schedule(0.5, 100, 10), weight_decay=5e-4)
+optimizers = [lars(hvd_lars.WarmupPolynomialDecay), lars(hvd_lars.WarmupStepDecay),
+              Distributed(keras.optimizers.Adam(hvd_lars.PaperPolynomialDecay(0.01, 100, 10))),
+              Distributed(keras.optimizers.LossScaleOptimizer(lars(hvd_lars.WarmupCosineDecay)))]
+for i, optimizer in enumerate(optimizers):
+    inputs = keras.Input((4, 4, 2))
+    h = ZeroPadShortcut(4, 1)(FusedBatchNormalization()(LocalResponseNormalization()(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+    model.compile(optimizer=optimizer, jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[TopKAccuracy(k=2)])
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    model.save(f"{sys.argv[1]}/m{i}.keras")
+    report(i, model)
+"""
 
 
 @pytest.mark.horovod  # fresh processes
 def test_import_hvd_lars_is_enough_to_load_every_class_in_a_new_process(tmp_path):
-    def run(mode):
-        command = [sys.executable, "-c", SAVE_OR_LOAD, str(tmp_path), mode]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=ENV)
-        assert result.returncode == 0, result.stderr[-4000:]
-        return [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
-
+    run = lambda mode: [line for line in _python(SAVE_OR_LOAD, str(tmp_path), mode) if line[0].isdigit()]
     saved, loaded = run("save"), run("load")
     assert [s[1] for s in saved] == ["LARS", "LARS", "DistributedOptimizer", "DistributedLossScaleOptimizer"]
     assert saved[2][2:4] == ["distributed_adam", "2"]
@@ -274,49 +260,42 @@ def test_import_hvd_lars_is_enough_to_load_every_class_in_a_new_process(tmp_path
         assert float(before[4]) == pytest.approx(float(after[4]), rel=1e-5)
 
 
-MIRRORED = textwrap.dedent(
-    """
-    import numpy as np
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    import keras
-    from hvd_lars import LARS, DistributedOptimizer
+MIRRORED = """
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from hvd_lars import LARS, DistributedOptimizer
 
-    x = np.linspace(-1, 1, 32, dtype="float32").reshape(16, 2)
-    y = x @ np.array([[1.0], [-2.0]], "float32")
+x = np.linspace(-1, 1, 32, dtype="float32").reshape(16, 2)
+y = x @ np.array([[1.0], [-2.0]], "float32")
 
-    def fit(make, strategy):
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
-            model.compile(optimizer=make(), loss="mse", jit_compile=False)
-        model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
-        weights = np.concatenate([w.ravel() for w in model.get_weights()])
-        return weights, int(model.optimizer.iterations.numpy())
+def fit(make, strategy):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+        model.compile(optimizer=make(), loss="mse", jit_compile=False)
+    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    weights = np.concatenate([w.ravel() for w in model.get_weights()])
+    return weights, int(model.optimizer.iterations.numpy())
 
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert mirrored.num_replicas_in_sync == 2
-    sgd = lambda: keras.optimizers.SGD(0.1, momentum=0.9)
-    want, _ = fit(sgd, tf.distribute.get_strategy())
-    for name, make in (
-        ("lars", lambda: LARS(0.1, momentum=0.9, exclude_from_layer_adaptation=".*")),
-        ("distributed", lambda: DistributedOptimizer(sgd())),
-        ("sgd", sgd),
-    ):
-        got, steps = fit(make, mirrored)
-        print(name, steps, float(np.abs(got - want).max()))
-    """
-)
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+assert mirrored.num_replicas_in_sync == 2
+sgd = lambda: keras.optimizers.SGD(0.1, momentum=0.9)
+want, _ = fit(sgd, tf.distribute.get_strategy())
+for name, make in (
+    ("lars", lambda: LARS(0.1, momentum=0.9, exclude_from_layer_adaptation=".*")),
+    ("distributed", lambda: DistributedOptimizer(sgd())),
+    ("sgd", sgd),
+):
+    got, steps = fit(make, mirrored)
+    print(name, steps, float(np.abs(got - want).max()))
+"""
 
 
 @pytest.mark.horovod  # a fresh process: logical devices are set before TensorFlow starts
 def test_mirrored_strategy_over_two_logical_cpus_matches_one_device():
-    result = subprocess.run(
-        [sys.executable, "-c", MIRRORED], capture_output=True, text=True, timeout=240, env=ENV
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = [line.split() for line in result.stdout.splitlines()]
-    lines = [line for line in lines if line[:1] in (["lars"], ["distributed"], ["sgd"])]
+    lines = [line for line in _python(MIRRORED) if line[:1] in (["lars"], ["distributed"], ["sgd"])]
     assert [line[0] for line in lines] == ["lars", "distributed", "sgd"]
     for name, steps, difference in lines:
         # 2 updates per epoch (global batch 8 over 2 replicas), 3 epochs; SGD on one device to float32.

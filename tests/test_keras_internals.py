@@ -1,7 +1,4 @@
-"""Private Keras names (single-underscore attributes of Keras objects, collected from the installed Keras) are
-used in `hvd_lars.keras_internals` only, every name it lists exists, and the hooks it lists
-(`OVERRIDDEN_HOOKS`) are the only ones overridden elsewhere. Its functions are exercised by the optimizer,
-accumulation and callback tests that use them."""
+"""Private Keras names are used in `hvd_lars.keras_internals` only, and each name it lists exists."""
 
 import ast
 import pathlib
@@ -31,8 +28,7 @@ def keras_private_names():
 
 
 def violations(source, private, path="<source>"):
-    """(path, line, name) of each use of a private Keras name in `source` that is neither an override
-    of a listed hook nor a `super()` call of one; any `keras.src` import."""
+    """(path, line, name) of each private Keras name (listed hooks' overrides aside) or keras.src import."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr in private:
@@ -56,13 +52,16 @@ def private():
 
 
 @pytest.mark.unit
-def test_no_private_keras_name_outside_the_shim(private):
+def test_private_keras_names_are_in_the_shim_only_and_it_lists_each_it_uses(private):
     assert "_iterations" in private and "_flatten_layers" in private  # the collection works
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != SHIM:
             found += violations(path.read_text(), private, str(path.relative_to(REPO)))
     assert found == [], "private Keras names outside hvd_lars/keras_internals.py: " + repr(found)
+    used = {node.attr for node in ast.walk(ast.parse(SHIM.read_text())) if isinstance(node, ast.Attribute)}
+    used &= private | set(keras_internals.PRIVATE_NAMES)
+    assert used == set(keras_internals.PRIVATE_NAMES), "the shim's uses are not the names it lists"
 
 
 @pytest.mark.unit
@@ -95,17 +94,5 @@ def test_every_listed_name_exists_in_the_installed_keras():
     }
     built["keras.optimizers.Optimizer"].build([keras.Variable(np.ones(2, np.float32))])
     listed = {**keras_internals.PRIVATE_NAMES, **keras_internals.OVERRIDDEN_HOOKS}
-    missing = [
-        (name, owner)
-        for name, owner in listed.items()
-        if not (hasattr(eval(owner, {"keras": keras}), name) or hasattr(built[owner], name))
-    ]
-    assert missing == []
-
-
-@pytest.mark.unit
-def test_the_shim_lists_every_name_it_uses(private):
-    # The shim's own uses, read from its source, are exactly the names it declares.
-    used = {node.attr for node in ast.walk(ast.parse(SHIM.read_text())) if isinstance(node, ast.Attribute)}
-    used &= private | set(keras_internals.PRIVATE_NAMES)
-    assert used == set(keras_internals.PRIVATE_NAMES)
+    found = lambda name, owner: hasattr(eval(owner, {"keras": keras}), name) or hasattr(built[owner], name)
+    assert [(name, owner) for name, owner in listed.items() if not found(name, owner)] == []

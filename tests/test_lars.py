@@ -20,6 +20,8 @@ ZERO_INIT, ZERO_GRAD = 1, 3
 DECAY_MASK = [True, True, True, True, False, True, False, True]
 ADAPT_MASK = [True, True, True, True, True, False, False, True]
 MODES = ["paper", "decayed_gradient", "update"]
+EXCLUSIONS = dict(exclude_from_weight_decay=[r"bias$", r"beta$"],
+                  exclude_from_layer_adaptation=[r"gamma$", r"beta$"])  # fmt: skip
 
 
 def _variables(weights, paths=None):
@@ -44,12 +46,10 @@ def _run(optimizer, weights, grads_per_step, paths=None, lrs=None, fused=True):
     return [v.numpy() for v in variables]
 
 
-def _reference(
-    weights, grads_per_step, lrs, adapt=None, betas=None, correction=False, weight_decay=0.0, **kw
-):
+def _reference(weights, steps, lrs, adapt=None, betas=None, correction=False, weight_decay=0.0, **kw):
     ws = [np.asarray(w, np.float64) for w in weights]
     vs = [np.zeros_like(w) for w in ws]
-    for t, grads in enumerate(grads_per_step):
+    for t, grads in enumerate(steps):
         scale = lrs[t] / lrs[t - 1] if correction and t > 0 else 1.0
         for i, g in enumerate(grads):
             ws[i], vs[i] = lars_step(ws[i], vs[i], g, lrs[t], adapt=True if adapt is None else adapt[i],
@@ -87,10 +87,7 @@ def test_matches_numpy_reference(mode, nesterov, correction, fused):
     weights, grads = _problem()
     lrs = [0.5, 1.5, 0.25, 0.25, 1.0, 0.5]
     kw = dict(momentum=0.9, weight_decay=5e-3, eta=0.01, epsilon=1e-5 if nesterov else 0.0, nesterov=nesterov)
-    exclusions = dict(
-        exclude_from_weight_decay=[r"bias$", r"beta$"], exclude_from_layer_adaptation=[r"gamma$", r"beta$"]
-    )
-    opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correction, **exclusions, **kw)
+    opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correction, **EXCLUSIONS, **kw)
     got = _run(opt, weights, grads, paths=[p for p, _ in PATHS_AND_SHAPES], lrs=lrs, fused=fused)
     kw.update(mode=mode, adapt=ADAPT_MASK, betas=[kw["weight_decay"] if d else 0.0 for d in DECAY_MASK])
     want = _reference(weights, grads, lrs, correction=correction, **kw)
@@ -101,9 +98,8 @@ def test_matches_numpy_reference(mode, nesterov, correction, fused):
         if (m, n, c) != (mode, nesterov, correction):
             other = _reference(weights, grads, lrs, correction=c, **{**kw, "mode": m, "nesterov": n})
             assert np.abs(other[2] - want[2]).max() > 1e-3, (m, n, c)
-    unexcluded = _reference(
-        weights, grads, lrs, correction=correction, **{**kw, "adapt": None, "betas": None}
-    )
+    kw.update(adapt=None, betas=None)  # no exclusions
+    unexcluded = _reference(weights, grads, lrs, correction=correction, **kw)
     assert min(np.abs(unexcluded[i] - want[i]).max() for i in (4, 5, 6)) > 1e-3
 
 
@@ -157,9 +153,8 @@ def test_zero_gradient_tensor_still_decays(mode, start, trust):
 
 
 @pytest.mark.unit
-def test_mlperf_exclusions_match_keras_variable_paths():
-    # Named: an unnamed model's path prefix depends on earlier tests (sequential_3). The masks' effect on the
-    # update is test_matches_numpy_reference's.
+def test_exclusions_match_keras_variable_paths_and_unmatched_patterns_warn_once():
+    # Named: an unnamed model's path prefix depends on earlier tests (sequential_3).
     layers = [
         keras.Input((4,)),
         keras.layers.Dense(3, name="fc"),
@@ -168,31 +163,22 @@ def test_mlperf_exclusions_match_keras_variable_paths():
     variables = keras.Sequential(layers, name="sequential").trainable_variables
     want = [f"sequential/{p}" for p in ("fc/kernel", "fc/bias", "fc_bn/gamma", "fc_bn/beta")]
     assert [v.path for v in variables] == want
-    exclusions = mlperf_exclusions()
-    opt = LARS(0.3, exclude_from_weight_decay=exclusions, exclude_from_layer_adaptation=exclusions)
-    opt.build(variables)
-    assert opt._decay_mask == opt._adapt_mask == [True, False, False, False]
-
-
-@pytest.mark.unit
-def test_unmatched_exclusion_patterns_warn_once_matching_ones_never():
-    variables = _variables([np.ones(3, np.float32)], paths=["dense/w"])
-    unmatched = dict(
-        exclude_from_weight_decay=["no_such_layer", "w$"], exclude_from_layer_adaptation=["nothing"]
-    )
-    matched = dict(exclude_from_weight_decay=["w$"], exclude_from_layer_adaptation=["^dense/"])
+    patterns = mlperf_exclusions()
+    mlperf = dict(exclude_from_weight_decay=patterns, exclude_from_layer_adaptation=patterns)
+    unmatched = dict(exclude_from_weight_decay=["no_layer", "kernel$"], exclude_from_layer_adaptation=["x"])
     warned = []
-    for exclusions in (unmatched, matched):
-        opt = LARS(0.1, **exclusions)
+    for exclusions in (unmatched, mlperf):
+        opt = LARS(0.3, **exclusions)
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             for _ in range(3):
-                opt.apply([tf.ones(3)], variables)
+                opt.apply([tf.ones(v.shape) for v in variables], variables)
             opt.build(variables)
         warned.append([str(w.message) for w in record if "LARS exclusion" in str(w.message)])
     (message,), none = warned
-    assert "exclude_from_weight_decay='no_such_layer'" in message and "'w$'" not in message
-    assert "exclude_from_layer_adaptation='nothing'" in message and none == []
+    assert "exclude_from_weight_decay='no_layer'" in message and "'kernel$'" not in message
+    assert "exclude_from_layer_adaptation='x'" in message and none == []
+    assert opt._decay_mask == opt._adapt_mask == [True, False, False, False]  # MLPerf's: only the kernel
 
 
 @pytest.mark.unit
@@ -369,8 +355,7 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
 
 @pytest.mark.unit
 def test_bfloat16_variables_follow_the_reference_loosely():
-    # bfloat16 variables (not the mixed policy): slots in bfloat16, norms in float32. Rate 5 moves every
-    # tensor 10x the tolerance or more, so the comparison tells a LARS step from none.
+    # bfloat16 variables (not the mixed policy): rate 5 moves every tensor 10x the tolerance or more.
     weights, grads = _problem(seed=6, steps=5)
     to_bf16 = lambda a: tf.cast(tf.constant(a), tf.bfloat16)
     rounded = lambda a: to_bf16(a).numpy().astype(np.float32)

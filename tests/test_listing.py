@@ -1,5 +1,4 @@
-"""Image folders as users have them: every oddity handled or refused naming the path; the listing kept in an
-index file."""
+"""Image folders as users have them: every oddity handled or refused naming the path; the index file."""
 
 import io
 import os

@@ -1,5 +1,4 @@
-"""LearningRateWarmup and LearningRateLogger in `model.fit`: every update's rate is the schedule's, as with
-the schedule inside the optimizer; accumulation counts updates; a resumed run continues the curve exactly."""
+"""LearningRateWarmup and LearningRateLogger in `model.fit`: the schedule's rate at every update."""
 
 import csv
 
@@ -55,13 +54,8 @@ def test_callback_gives_the_schedule_rate_at_every_step_and_after_a_resume(tmp_p
     inside = _model(make(SCHEDULE))
     history_inside = _fit(inside, [LearningRateLogger()])
     outside, record, csv_path = _model(make(0.0)), _RecordRates(), tmp_path / "metrics.csv"
-    callbacks = [
-        LearningRateWarmup(SCHEDULE),
-        record,
-        LearningRateLogger(),
-        keras.callbacks.CSVLogger(csv_path),
-    ]
-    history_outside = _fit(outside, callbacks)
+    csv_logger = keras.callbacks.CSVLogger(csv_path)
+    history_outside = _fit(outside, [LearningRateWarmup(SCHEDULE), record, LearningRateLogger(), csv_logger])
     # Resumed: one epoch (3 of the 5 warmup steps), a checkpoint, then a fresh model (other weights) and
     # optimizer restored from it, with a stale, changed rate the callback must not build on.
     first, record_first = _model(make(0.0)), _RecordRates()

@@ -1,5 +1,4 @@
-"""hvd-lars-prepare (hvd_lars.prepare): what it refuses, before converting anything, and what needs no
-preparation (the conversion itself: tests/test_imagenet.py)."""
+"""hvd-lars-prepare: what it refuses before converting anything, and what needs no preparation."""
 
 import collections
 import fcntl
@@ -65,9 +64,7 @@ def test_missing_tars_are_named_with_their_folder(capsys, tmp_path):
 
 
 @pytest.mark.unit
-def test_an_unwritable_folder_a_preparation_at_work_and_too_little_space_are_refused(
-    capsys, tmp_path, monkeypatch
-):
+def test_an_unwritable_folder_a_held_lock_and_too_little_space_are_refused(capsys, tmp_path, monkeypatch):
     data_dir, manual = tmp_path / "tfds", _tars(tmp_path / "manual")
     command = ("imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}")
     # Nobody may create a folder at the top of sysfs, root included (the tests run as root in CI).

@@ -1,5 +1,4 @@
-"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation (the odd encodings
-through the pipeline: tests/test_image_folder.py)."""
+"""ImageNet preprocessing: crop statistics, exact crops, eval geometry, normalisation."""
 
 import numpy as np
 import pytest

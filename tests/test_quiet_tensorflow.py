@@ -1,5 +1,4 @@
-"""TensorFlow's C++ start-up notices are left out of a start, everything else it writes is kept; the main
-program's ranks start quiet and rank 0 reports progress within each epoch."""
+"""TensorFlow's start-up notices are left out, all else kept; ranks report progress within epochs."""
 
 import os
 import subprocess
@@ -10,8 +9,7 @@ import pytest
 from hvd_lars import quiet_tensorflow
 from tests.support import REPO, TWO_RANKS
 
-# What `import tensorflow` and the first look for GPUs wrote on this 2-core Xeon without a GPU (TF 2.21),
-# with two lines of others among them.
+# What `import tensorflow` wrote on a 2-core Xeon without a GPU (TF 2.21), two lines of others among them.
 PREFIX = "0000 00:00:1796527360.932197   22180 "
 STARTUP = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -31,6 +29,7 @@ STARTUP = [
 STARTUP = "".join(line + "\n" for line in STARTUP).encode()
 KEPT = f"a line of someone else\nW{PREFIX}other.cc:1] a warning of TensorFlow's\n".encode()
 CUINIT = STARTUP.splitlines(keepends=True)[-1]
+LOUD = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's environment
 
 
 @pytest.mark.unit
@@ -58,8 +57,7 @@ def test_what_an_import_that_aborts_wrote_is_printed(tmp_path):
     (tmp_path / "tensorflow" / "__init__.py").write_text(
         f"import os\nos.write(2, {STARTUP!r} + b'F0000 fatal.cc:1] a fatal line\\n')\nos.abort()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
+    env = dict(LOUD, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
     # The main program imports TensorFlow through the filter once its flags are checked.
     command = [sys.executable, "-m", "hvd_lars.main", "--flagfile=flags/smoke.flags"]
     result = subprocess.run(command, capture_output=True, env=env, cwd=REPO, timeout=60)
@@ -69,10 +67,9 @@ def test_what_an_import_that_aborts_wrote_is_printed(tmp_path):
 
 @pytest.mark.horovod
 def test_two_ranks_start_quiet_and_report_progress_within_epochs(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     command = [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main"]
     command += ["--flagfile=flags/smoke.flags", f"--workdir={tmp_path}", "--progress_every_s=0"]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    result = subprocess.run(command, capture_output=True, text=True, env=LOUD, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout + result.stderr
     for notice in ("oneDNN", "cuInit", "absl::InitializeLog", "cuda drivers", "cpu_feature_guard"):

@@ -1,5 +1,4 @@
-"""hvd_lars.training.plan.build_optimizer: `--optimizer=nesterov` and `momentum` are Keras's SGD rules on the
-L2-decayed gradient, on the run's schedule, against a NumPy reference and `keras.optimizers.SGD`."""
+"""`--optimizer=nesterov` and `momentum`: Keras's SGD rules on the L2-decayed gradient, on the schedule."""
 
 import keras
 import numpy as np
@@ -14,8 +13,7 @@ MOMENTUM, DECAY = 0.9, 5e-4
 
 
 def _reference(w, gradients, rates, nesterov):
-    """keras/src/optimizers/sgd.py on d = g + decay * w, in float64: v = m v - lr d; w += v, or for Nesterov
-    w += m v - lr d."""
+    """Keras's sgd.py on d = g + decay w, in float64: v = m v - lr d; w += v (Nesterov: w += m v - lr d)."""
     w, v = w.astype(np.float64), np.zeros_like(w, np.float64)
     for g, lr in zip(gradients, rates):
         d = g + DECAY * w

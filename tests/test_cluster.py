@@ -346,13 +346,13 @@ def _release(slurm, job, log, timeout=120):
 
 
 def _sbatch_two_nodes(slurm, shared_dir, out, *flags):
-    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (10 updates per epoch, resumed
+    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (5 updates per epoch, resumed
     from its checkpoints) with `flags`. Returns the job id."""
     export = f"ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
     cmd = [
         "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
         f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
-        "--steps_per_epoch=10", *flags,
+        "--steps_per_epoch=5", *flags,
     ]  # fmt: skip
     return slurm.run(cmd).stdout.strip().split(";")[0]
 

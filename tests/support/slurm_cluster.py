@@ -129,7 +129,7 @@ class SlurmCluster:
             states = [s for s in states if s.strip()]
             if len(states) == len(self.node_names) and all(s.split()[1].startswith("idle") for s in states):
                 return self
-            time.sleep(1)
+            time.sleep(0.2)
         raise RuntimeError(f"Slurm nodes not idle after {timeout} s (sinfo: {states!r}); logs in {self.dir}")
 
     def run(self, cmd, check=True, **kw):
@@ -153,7 +153,7 @@ class SlurmCluster:
             state = self.job_state(job_id)
             if state in states:
                 return state
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise TimeoutError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
 
     def stop(self, timeout=30):

@@ -63,11 +63,17 @@ MPI_NETWORK = {"OMPI_MCA_btl_tcp_if_include": SUBNET, "OMPI_MCA_oob_tcp_if_inclu
 # direction, so the runs would differ by a sizeable part of the movement.
 GLOO_FRACTION_OF_MOVEMENT = 0.02
 HOST_FAILURE_LIMIT_S = 60
-# A silent host: launch/env.sh's ssh keepalive gives up after about 40 s, then mpirun aborts.
-SILENT_HOST_LIMIT_S = 90
+# An aborting mpirun sends its local ranks SIGCONT, SIGTERM and SIGKILL this many seconds apart (10 in make
+# test and launch/env.sh, time for a rank to checkpoint); ranks blocked on a dead or silent host cannot, so
+# the host-failure jobs abort with 1.
+ABORT_AT_ONCE = {"OMPI_MCA_odls_base_sigkill_timeout": "1"}
+# A silent host: launch/env.sh's ssh keepalive (10 s x 3 probes, about 40 s of silence) made 3 s x 3 here,
+# so that mpirun's session with node2 ends after about 12 s of silence and mpirun aborts.
+SILENT_HOST_SSH = {"OMPI_MCA_plm_rsh_args": "-o ServerAliveInterval=3 -o ServerAliveCountMax=3"}
+SILENT_HOST_LIMIT_S = 25
 # Longer than that: a rank's watchdog that fires first makes mpirun abort the job, and an aborting mpirun
 # waits for its daemon on the silent host (measured: still running 90 s later, 4 of 4 tries).
-SILENT_HOST_HANG_TIMEOUT_S = 60
+SILENT_HOST_HANG_TIMEOUT_S = 30
 
 
 # 4 ranks on 2 cores: MPI's busy polling would take the cores from the ranks it waits for; yielding
@@ -278,7 +284,7 @@ def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
         "--checkpoint_every_steps=2",
     ]
     log = open(shared_dir / "horovodrun.log", "w")
-    job = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    job = subprocess.Popen(cmd, cwd=REPO, env=_env(**ABORT_AT_ONCE), stdout=log, stderr=subprocess.STDOUT)
     try:
         saved = wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
         killed_at = time.time()
@@ -303,8 +309,15 @@ def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
 def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
     # node2's link goes down mid-training: no packet, no reset, its ranks alive and blocked. Unhelped,
     # mpirun waited on (still running 240 s later). launch/env.sh's ssh keepalive ends mpirun's session
-    # with node2 and so the job; node2's own ranks end through the progress watchdog.
-    r = silent_host_run(cluster, shared_dir, SILENT_HOST_HANG_TIMEOUT_S, SILENT_HOST_LIMIT_S, _env())
+    # with node2 and so the job; node2's own ranks end through the progress watchdog. The job runs with a
+    # shorter keepalive of the same kind, given as a user overrides launch/env.sh's.
+    default = subprocess.run(
+        ["bash", "-c", 'unset OMPI_MCA_plm_rsh_args; source launch/env.sh; echo "$OMPI_MCA_plm_rsh_args"'],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert default.stdout.strip() == "-o ServerAliveInterval=10 -o ServerAliveCountMax=3", default.stderr
+    env = _env(**SILENT_HOST_SSH, **ABORT_AT_ONCE)
+    r = silent_host_run(cluster, shared_dir, SILENT_HOST_HANG_TIMEOUT_S, SILENT_HOST_LIMIT_S, env)
     output = r["output"]
     assert r["status"] is not None, (
         f"the job still ran {r['ended_after']:.0f} s after node2 went silent\n{output}"
@@ -346,13 +359,13 @@ def _release(slurm, job, log, timeout=120):
 
 
 def _sbatch_two_nodes(slurm, shared_dir, out, *flags):
-    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (10 updates per epoch, resumed
+    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (5 updates per epoch, resumed
     from its checkpoints) with `flags`. Returns the job id."""
     export = f"ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
     cmd = [
         "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
         f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
-        "--steps_per_epoch=10", *flags,
+        "--steps_per_epoch=5", *flags,
     ]  # fmt: skip
     return slurm.run(cmd).stdout.strip().split(";")[0]
 

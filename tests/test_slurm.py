@@ -152,9 +152,9 @@ def test_sbatch_through_horovodrun_trains_two_ranks_without_tensorflow_notices(c
 @pytest.mark.system
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
-    # Paused after update 20 until the USR1 reaches the ranks: they stop at update 21.
-    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=40", "--epochs=2", "--checkpoint_every_steps=0",
-                  *_paused(tmp_path, 20))  # fmt: skip
+    # Paused after update 5 (of 2 x 10) until the USR1 reaches the ranks: they stop at update 6.
+    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=10", "--checkpoint_every_steps=0",
+                  *_paused(tmp_path, 5))  # fmt: skip
     summary_path = tmp_path / "smoke" / "summary.json"
     _wait_paused(cluster, job, tmp_path)
     # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.
@@ -162,7 +162,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     _wait_state(cluster, job, "PENDING")
     log = (tmp_path / f"slurm-{job}.out").read_text()
     match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
-    assert match and match.group(1) == match.group(2) == "21", log[-3000:]
+    assert match and match.group(1) == match.group(2) == "6", log[-3000:]
     # srun's status is 75 (hvd_lars.training.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a
     # rank that had not yet exited after the first one exited 75; the USR1 the script passed on settles it.
     assert re.search(r"training stopped at a checkpoint \(status (75|143)\): requeueing", log)
@@ -173,9 +173,9 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     state = cluster.wait(job, timeout=600)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", state + log[-3000:]
-    assert "(step 21)" in log and "restart 1" in log
+    assert "(step 6)" in log and "restart 1" in log
     summary = json.loads(summary_path.read_text())
-    assert summary["resumed_from_step"] == 21 and summary["epochs"][-1]["epoch"] == 2
+    assert summary["resumed_from_step"] == 6 and summary["epochs"][-1]["epoch"] == 2
 
 
 @pytest.mark.system

@@ -114,18 +114,18 @@ class ElasticJob:
         return "".join(self.lines)
 
 
-# Across emulated hosts (tests/test_elastic_hosts.py): 4,800
-# Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 50 updates per epoch, 4 epochs.
-HOSTS_TOTAL_STEPS = 200
+# Across emulated hosts (tests/test_elastic_hosts.py): 2,880
+# Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 30 updates per epoch, 4 epochs.
+HOSTS_TOTAL_STEPS = 120
 HOSTS_FLAGS = [
-    "--max_train_examples=4800", "--max_eval_examples=500", "--global_batch_size=96", "--epochs=4",
-    "--warmup_epochs=1", "--peak_learning_rate=2", "--checkpoint_every_steps=25",
+    "--max_train_examples=2880", "--max_eval_examples=500", "--global_batch_size=96", "--epochs=4",
+    "--warmup_epochs=1", "--peak_learning_rate=2", "--checkpoint_every_steps=10",
     "--elastic_commit_every_steps=5", "--run_name=r", "--verbose=2", "--intra_op_threads=1",
 ]  # fmt: skip
 
 
 def host_removed_and_added(cluster, shared_dir):
-    """node1..node3 listed, 1 worker each, launched from node1; after the checkpoint of update 25 node3
+    """node1..node3 listed, 1 worker each, launched from node1; after the checkpoint of update 10 node3
     dies (every one of its processes killed) and is dropped from the list; once the 2 workers go on
     without it, node3 boots again and is listed again (taken back after its cooldown, COOLDOWN_S="1 5").
 
@@ -146,7 +146,7 @@ def host_removed_and_added(cluster, shared_dir):
     taken_up = []
     try:
         job.wait_for("elastic attempt 1: 3 worker(s) from update 0, 32 images per rank", timeout=240)
-        job.wait_for_file(shared_dir / "r" / "checkpoints" / "ckpt-25.index", timeout=240)
+        job.wait_for_file(shared_dir / "r" / "checkpoints" / "ckpt-10.index", timeout=240)
         job.set_hosts("node1:1\nnode2:1")
         changed = time.time()
         node3.kill()  # the host dies: its rank, its sshd

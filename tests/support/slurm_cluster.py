@@ -22,6 +22,9 @@ DAEMONS = ("slurmctld", "slurmd", "munged")
 # A node whose slurmd stops answering is declared DOWN after this many seconds (Slurm's default is 300),
 # which fails the jobs on it (host-failure tests); slurmd pings every SlurmdTimeout / 3.
 SLURMD_TIMEOUT_S = 10
+# Seconds from SIGTERM to SIGKILL when Slurm ends a step (Slurm's default 30 s): the ranks left on the live
+# node of a failed one, blocked on the dead peer, cannot stop on SIGTERM, and the requeued job waits for them.
+KILL_WAIT_S = 5
 NODE_SPOOL = "/tmp/hvd_lars_slurmd"  # on an emulated node: in that node's private /tmp
 
 
@@ -74,6 +77,7 @@ class SlurmCluster:
             "ReturnToService=2",
             "JobRequeue=1",
             f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+            f"KillWait={KILL_WAIT_S}",
             "SchedulerType=sched/builtin",
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
@@ -129,7 +133,7 @@ class SlurmCluster:
             states = [s for s in states if s.strip()]
             if len(states) == len(self.node_names) and all(s.split()[1].startswith("idle") for s in states):
                 return self
-            time.sleep(1)
+            time.sleep(0.2)
         raise RuntimeError(f"Slurm nodes not idle after {timeout} s (sinfo: {states!r}); logs in {self.dir}")
 
     def run(self, cmd, check=True, **kw):
@@ -153,7 +157,7 @@ class SlurmCluster:
             state = self.job_state(job_id)
             if state in states:
                 return state
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise TimeoutError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
 
     def stop(self, timeout=30):

@@ -226,14 +226,14 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
 
 
 class _BlockCheckpoints(keras.callbacks.Callback):
-    """After update 3, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
+    """After update 1, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
 
     def __init__(self, folder):
         super().__init__()
         self.folder = folder
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) == 3:
+        if int(self.model.optimizer.iterations) == 1:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder.write_text("not a folder")
 
@@ -243,12 +243,13 @@ def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp
     (tmp_path / "file").write_text("")
     status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
     assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
-    # The epoch-end checkpoint (step 8) fails.
+    # The epoch-end checkpoint (step 2 of 512 images in batches of 256) fails.
     folder = tmp_path / "w" / "r" / "checkpoints"
     monkeypatch.setattr(main, "run_training", lambda config: train.run(config, [_BlockCheckpoints(folder)]))
     caplog.clear()
-    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
-    assert status == 2 and f"could not write the checkpoint of step 8 to {folder}" in line
+    flags = [*SMALL[1:], "--max_train_examples=512", "--max_eval_examples=64", f"--workdir={tmp_path / 'w'}"]
+    status, [line] = _exit_of(flags, monkeypatch, caplog)
+    assert status == 2 and f"could not write the checkpoint of step 2 to {folder}" in line
 
 
 @pytest.mark.unit

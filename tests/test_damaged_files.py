@@ -10,7 +10,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from hvd_lars.training import checkpoints, epoch_logs
+from hvd_lars.training import checkpoints, epoch_logs, plot_run
 from hvd_lars.training.train import run
 from tests.test_train import smoke
 
@@ -26,6 +26,7 @@ def _config(workdir, **overrides):
 def finished(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # git is a process; the unit tier starts none
+        patch.setattr(plot_run, "plot_run", lambda run_dir: None)  # the plot: tests/test_epoch_logs.py
         run(_config(workdir := tmp_path_factory.mktemp("finished")))
     return workdir
 
@@ -33,6 +34,7 @@ def finished(tmp_path_factory):
 @pytest.fixture
 def workdir(finished, tmp_path, monkeypatch):
     monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)
+    monkeypatch.setattr(plot_run, "plot_run", lambda run_dir: None)
     shutil.copytree(finished, tmp_path, dirs_exist_ok=True)
     return tmp_path
 

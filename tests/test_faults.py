@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hvd_lars import main
-from hvd_lars.training import train
+from hvd_lars.training import faults, train
 from tests.support import REPO
 from tests.support.main_server import run_main, served
 from tests.support.small_runs import TWO_RANKS, final_tensors
@@ -208,7 +208,7 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     from hvd_lars.training.faults import checkpoint_bytes, run_dir_problem
 
     assert run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
-    free = __import__("shutil").disk_usage(tmp_path).free
+    free = shutil.disk_usage(tmp_path).free
     problem = run_dir_problem(str(tmp_path / "new"), free + 2**40)
     assert f"the run directory {tmp_path / 'new'} has {free / 2**20:.1f} MiB free" in problem
     assert f"needs {(free + 2**40) / 2**20:.1f} MiB" in problem and "--keep_checkpoints" in problem
@@ -216,9 +216,6 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     problem = run_dir_problem(str(tmp_path / "file" / "run"), 1)
     assert problem.startswith(f"cannot write the run directory {tmp_path / 'file' / 'run'}: ")
     assert "Not a directory" in problem
-
-    import keras
-
     # float32 3x4 + 4 and a bfloat16 2x2: 64 + 8 bytes.
     variables = [keras.Variable(np.zeros((3, 4), "float32")), keras.Variable(np.zeros(4, "float32"))]
     variables.append(keras.Variable(np.zeros((2, 2)), dtype="bfloat16"))
@@ -226,14 +223,14 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
 
 
 class _BlockCheckpoints(keras.callbacks.Callback):
-    """After update 3, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
+    """After update 1, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
 
     def __init__(self, folder):
         super().__init__()
         self.folder = folder
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) == 3:
+        if int(self.model.optimizer.iterations) == 1:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder.write_text("not a folder")
 
@@ -243,18 +240,17 @@ def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp
     (tmp_path / "file").write_text("")
     status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
     assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
-    # The epoch-end checkpoint (step 8) fails.
+    # The epoch-end checkpoint (step 2 of 512 images in batches of 256) fails.
     folder = tmp_path / "w" / "r" / "checkpoints"
     monkeypatch.setattr(main, "run_training", lambda config: train.run(config, [_BlockCheckpoints(folder)]))
     caplog.clear()
-    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
-    assert status == 2 and f"could not write the checkpoint of step 8 to {folder}" in line
+    flags = [*SMALL[1:], "--max_train_examples=512", f"--workdir={tmp_path / 'w'}"]
+    status, [line] = _exit_of(flags, monkeypatch, caplog)
+    assert status == 2 and f"could not write the checkpoint of step 2 to {folder}" in line
 
 
 @pytest.mark.unit
 def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
-    from hvd_lars.training import faults
-
     ended = []
     with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
         for _ in range(12):  # 1.2 s of progress every 0.1 s: never 0.4 s without
@@ -301,8 +297,6 @@ def _until(condition, what, limit_s=60):
 
 @pytest.mark.unit
 def test_watchdog_does_not_count_the_time_its_process_was_stopped(monkeypatch):
-    from hvd_lars.training import faults
-
     clock = _Clock(1000.0)
     monkeypatch.setattr(faults, "time", clock)
     ended = []
@@ -354,10 +348,6 @@ def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
 
 @pytest.mark.unit
 def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
-    import keras
-
-    from hvd_lars.training import faults
-
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
     x, y = np.ones((4, 3), "float32"), np.ones((4, 2), "float32")

@@ -18,7 +18,7 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
     `python -m hvd_lars.main` would with the same settings; returns its summary.json as a dict."""
     import pytest
 
-    from hvd_lars.training import epoch_logs, train
+    from hvd_lars.training import epoch_logs, plot_run, train
     from hvd_lars.training.config import TrainConfig
 
     config = TrainConfig(
@@ -28,6 +28,7 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # git is a process; the unit tier starts none
+        patch.setattr(plot_run, "plot_run", lambda run_dir: None)  # the plot: tests/test_epoch_logs.py
         train.run(config)
     with open(os.path.join(workdir, run_name, "summary.json")) as f:
         return json.load(f)

@@ -1,8 +1,7 @@
-"""One rank of the 2-rank job of tests/test_distributed.py and of tests/test_horovod_keras.py (`run` starts
-one). Each argument "function:arg:..." calls `function(rank, size, *args)` on every rank, or, for a function
-of `ONE_RANK` (a reference with no collective), on one rank, the ranks taking such calls in turn; each rank
-pickles {(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give
-the updates of one process on 2B rows.
+"""One rank of the 2-rank jobs of tests/test_distributed.py and tests/test_horovod_keras.py (`run` starts
+one). Each argument "function:arg:..." calls `function(rank, size, *args)`, on one rank for a function of
+`ONE_RANK` (the ranks take those in turn); each rank pickles {(function, *args): result} to
+OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the updates of one process on 2B rows.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
@@ -41,7 +40,7 @@ RATE_KINDS = ("float", "variable", "schedule", "callable")
 WRAPS = ("bare", "lso_inside", "lso_chosen")
 CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exceeds it
 OUT_DIR = None  # the job's folder, shared by the ranks
-ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")
+ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # references: no collective
 
 
 def run(out, calls):

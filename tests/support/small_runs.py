@@ -33,15 +33,15 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
         return json.load(f)
 
 
-# flags/smoke.flags on 2 ranks, 4 epochs of 4 updates (epoch ends at 4, 8, 12, 16), a synchronous
-# checkpoint every 2 updates: every stop below lands on a checkpoint the uninterrupted run writes too, so
-# both runs average the ranks' batch-norm statistics at the same updates and end tensor for tensor equal.
+# flags/smoke.flags on 2 ranks at 8x8 pixels, 4 epochs of 4 updates (epoch ends at 4, 8, 12, 16), a
+# synchronous checkpoint every 2 updates: every stop below lands on a checkpoint the uninterrupted run
+# writes too, so both runs average the ranks' batch-norm statistics at the same updates and end tensor for
+# tensor equal.
 RESTART_FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=4",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32", "--keep_checkpoints=9",
-    "--verbose=2",
+    "--image_size=8", "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
+    "--keep_checkpoints=9", "--verbose=2",
 ]  # fmt: skip
-TWO_RANKS = TWO_RANKS
 # (after update, signal, rank: -1 every rank) and the update the next start resumes from: each kind of stop.
 STOPS = [
     ((3, "KILL", 1), 2),  # one rank dies mid-epoch: back to its checkpoint of update 2

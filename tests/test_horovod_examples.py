@@ -71,7 +71,7 @@ def test_horovods_mnist_example_trains_both_ranks_alike(mnist):
     assert "LearningRateWarmupCallback: warmup finished at rate 0.002" in output
     assert checkpoints == sorted(f"checkpoint-{e}.h5" for e in range(1, 25))  # rank 0's, every epoch
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.80, top1  # 0.873 when measured (192 updates of global batch 256; 0.879 with 240)
+    assert top1 >= 0.80, top1  # 0.852 when measured (96 updates of global batch 256; 0.873 with 192)
     assert "experimental_run_tf_function=False)` -> `compile(...)`': 1" in output  # a rename applied
 
 
@@ -141,5 +141,5 @@ def test_horovods_elastic_example_through_2_1_2_workers(tmp_path):
     assert float(ranks[0]["learning_rate"]) == pytest.approx(0.002, rel=1e-6)
     assert int(ranks[0]["size"]) == 2
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.80, top1  # 0.868 when measured (195 updates; the reset came in epoch 2 both times)
+    assert top1 >= 0.80, top1  # 0.850 when measured (99 updates; the reset came in epochs 1 and 2)
     assert "`optimizer.lr` -> `optimizer.learning_rate`" in out  # tf.keras.backend.set_value(...lr, ...)

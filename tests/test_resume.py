@@ -61,7 +61,7 @@ def restarted(tmp_path_factory):
     workdir, straight = tmp_path_factory.mktemp("restarted"), tmp_path_factory.mktemp("straight")
     result = run_main(small_runs.uninterrupted_command(straight), cwd=REPO, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    return workdir / "smoke", small_runs.run_restart_sequence(workdir, run=run_main), straight / "smoke"
+    return workdir / "smoke", small_runs.run_restart_sequence(workdir), straight / "smoke"
 
 
 @pytest.mark.horovod

@@ -1,8 +1,8 @@
 """The Horovod glue on 2 real ranks: DistributedOptimizer over every optimizer, rate and loss-scaler nesting,
 accumulation, overlapped/grouped and float16 reduction, and the Horovod-named callbacks. Each case is a
-function of tests/support/hvd_worker.py; two jobs run them all, the optimizer matrix under Gloo and the rest
-under MPI. "The updates of one process on the whole batch" hold to rtol 1e-5, atol 1e-6 (float32 means taken
-in another order); across ranks the weights are bit-identical.
+function of tests/support/hvd_worker.py; one job runs them all (Gloo: tests/test_horovod_examples.py's elastic
+example and tests/test_launcher_watch.py). "The updates of one process on the whole batch" hold to rtol 1e-5,
+atol 1e-6 (float32 means taken in another order); across ranks the weights are bit-identical.
 """
 
 import os
@@ -27,14 +27,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    calls = [(hvd_worker.first_gradient_norm,)]
-    calls += [(hvd_worker.one_process, name, rate_kind) for name in OPTIMIZERS for rate_kind in RATE_KINDS]
-    calls += [(hvd_worker.two_ranks, *case) for case in CASES]
-    return hvd_worker.run(tmp_path_factory.mktemp("gloo"), calls, gloo=True)[0]
-
-
 ACCUMULATION = ["sgd_adopted", "lars_schedule_lso_inside", "adam_lso_chosen"]
 
 
@@ -53,12 +45,15 @@ def folders(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def behaviour(tmp_path_factory, folders):
+def ranks(tmp_path_factory, folders):
     w = hvd_worker
     calls = [
+        (w.first_gradient_norm,),
+        *[(w.one_process, name, rate_kind) for name in OPTIMIZERS for rate_kind in RATE_KINDS],
+        *[(w.two_ranks, *case) for case in CASES],
         (w.loss_scaler_inside,),
         (w.loss_scaler_chosen,),
-        *[(w.accumulation, kind) for kind in ACCUMULATION],
+        *[(f, kind) for kind in ACCUMULATION for f in (w.accumulation, w.accumulation_reference)],
         (w.allreduces_per_accumulation_branch,),
         *[(w.gradient_reduction, r, c) for r in ("overlap", "grouped") for c in ("none", "fp16")],
         (w.metric_average,),
@@ -66,13 +61,13 @@ def behaviour(tmp_path_factory, folders):
         (w.batch_norm_statistics,),
         (w.image_folder_ranks, str(folders / "data"), str(folders)),
     ]
-    return hvd_worker.run(tmp_path_factory.mktemp("mpi"), calls)[0]
+    return hvd_worker.run(tmp_path_factory.mktemp("ranks"), calls)[0]
 
 
 @pytest.mark.parametrize("name, rate_kind, wrap", CASES)
-def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
-    r0, r1 = matrix(hvd_worker.two_ranks, name, rate_kind, wrap)
-    reference, _ = matrix(hvd_worker.one_process, name, rate_kind)
+def test_every_optimizer_rate_and_nesting(ranks, name, rate_kind, wrap):
+    r0, r1 = ranks(hvd_worker.two_ranks, name, rate_kind, wrap)
+    [reference] = ranks(hvd_worker.one_process, name, rate_kind)
     assert len(r0["final"]) == len(reference) == 4
     for w0, w1, want, start in zip(r0["final"], r1["final"], reference, initial_weights()):
         np.testing.assert_array_equal(w0, w1)
@@ -92,45 +87,46 @@ def test_every_optimizer_rate_and_nesting(matrix, name, rate_kind, wrap):
             np.testing.assert_array_equal(a, b)
 
 
-def test_matrix_rates_and_clipping_take_effect(matrix):
+def test_matrix_rates_and_clipping_take_effect(ranks):
     # Each way of giving the rate changes the result (none is silently replaced by a constant), and the
     # 2-rank cases match these one-process runs.
     for name in OPTIMIZERS:
-        float_run = matrix(hvd_worker.one_process, name, "float")[0]
+        [float_run] = ranks(hvd_worker.one_process, name, "float")
         for kind in RATE_KINDS[1:]:
-            other = matrix(hvd_worker.one_process, name, kind)[0]
+            [other] = ranks(hvd_worker.one_process, name, kind)
             assert max(np.abs(a - b).max() for a, b in zip(float_run, other)) > 1e-5, (name, kind)
     # SGD's global_clipnorm clipped (the first gradient is longer than it), and the 2-rank runs match the
     # one-process runs only if clipping saw the averaged gradient.
-    assert matrix(hvd_worker.first_gradient_norm)[0] > 2 * CLIPNORM
+    assert ranks(hvd_worker.first_gradient_norm)[0] > 2 * CLIPNORM
 
 
-def test_loss_scalers_average_the_scaled_gradients_and_decide_together(behaviour):
+def test_loss_scalers_average_the_scaled_gradients_and_decide_together(ranks):
     # [w, scale, iterations]: scaled gradients 8 and 0 at scale 4, the mean 4 unscales to 1: w = -1.
-    for got in behaviour(hvd_worker.loss_scaler_inside):
+    for got in ranks(hvd_worker.loss_scaler_inside):
         np.testing.assert_array_equal(got, [[-1.0, 4.0, 1.0]])
     # inf and 8: both ranks skip and halve the scale; then 8 and 0 at scale 2: mean 2, w = -2. No hang.
-    for got in behaviour(hvd_worker.loss_scaler_chosen):
+    for got in ranks(hvd_worker.loss_scaler_chosen):
         np.testing.assert_array_equal(got, [[0.0, 2.0, 0.0], [-2.0, 2.0, 1.0]])
 
 
 @pytest.mark.parametrize("kind", ACCUMULATION)
-def test_accumulation_averages_once_per_update(behaviour, kind):
-    r0, r1 = behaviour(hvd_worker.accumulation, kind)
+def test_accumulation_averages_once_per_update(ranks, kind):
+    r0, r1 = ranks(hvd_worker.accumulation, kind)
+    [reference] = ranks(hvd_worker.accumulation_reference, kind)
     # 2 ranks x 2 micro-batches of 2 rows against one process on 8 rows per update.
-    assert len(r0["final"]) == len(r0["reference"]) == 4
-    for w0, w1, want in zip(r0["final"], r1["final"], r0["reference"]):
+    assert len(r0["final"]) == len(reference) == 4
+    for w0, w1, want in zip(r0["final"], r1["final"], reference):
         np.testing.assert_array_equal(w0, w1)
         np.testing.assert_allclose(w0, want, rtol=RTOL, atol=ATOL)
     # iterations counts updates; the wrapper's own counter, micro-batches.
     assert r0["counts"] == [STEPS, 2 * STEPS]
 
 
-def test_reduction_ops_overlapped_grouped_fp16_and_none_while_accumulating(behaviour):
+def test_reduction_ops_overlapped_grouped_fp16_and_none_while_accumulating(ranks):
     # Accumulating, the traced cond: 4 allreduces (one per tensor) in the update branch, 0 in the other.
-    assert behaviour(hvd_worker.allreduces_per_accumulation_branch)[0] == [4, 0]
+    assert ranks(hvd_worker.allreduces_per_accumulation_branch)[0] == [4, 0]
     cases = [(r, c) for r in ("overlap", "grouped") for c in ("none", "fp16")]
-    results = {case: behaviour(hvd_worker.gradient_reduction, *case) for case in cases}
+    results = {case: ranks(hvd_worker.gradient_reduction, *case) for case in cases}
     # [per-tensor allreduces (each waits for its own gradient only), grouped allreduces, ops on float16].
     ops = {case: r[0]["ops"] for case, r in results.items()}
     assert ops == {("overlap", "none"): [4, 0, 0], ("grouped", "none"): [0, 1, 0],
@@ -152,24 +148,24 @@ def test_reduction_ops_overlapped_grouped_fp16_and_none_while_accumulating(behav
     assert max(errors) > 0  # the values did travel as float16
 
 
-def test_metric_average_callback_includes_keras_validation_metrics(behaviour):
+def test_metric_average_callback_includes_keras_validation_metrics(ranks):
     # val_loss 1 on rank 0 and 3 on rank 1: EarlyStopping's best, the history and average_metrics(evaluate())
     # see 2 on both; loss 10 and 20: 15.
     want = {"best": 2.0, "evaluate": 2.0, "val_loss": [2.0, 2.0], "loss": [15.0, 15.0]}
-    for r in behaviour(hvd_worker.metric_average):
+    for r in ranks(hvd_worker.metric_average):
         assert {key: r[key] for key in want} == want
 
 
-def test_learning_rate_warmup_callback_follows_horovods_formula(behaviour):
+def test_learning_rate_warmup_callback_follows_horovods_formula(ranks):
     # initial_lr / size * ((k + 1) / updates_per_epoch * (size - 1) / warmup_epochs + 1) before update k
     want = [0.4 / 2 * ((k + 1) / 4 * (2 - 1) / 2 + 1) for k in range(2 * 4)]
     want += [0.4, 0.4, 0.1, 0.1]  # after warmup the user's own change (0.1) stays
-    for rates in behaviour(hvd_worker.warmup_rates):
+    for rates in ranks(hvd_worker.warmup_rates):
         np.testing.assert_allclose(rates, want, rtol=1e-6)
 
 
-def test_checkpoint_and_evaluation_use_the_mean_of_the_ranks_batch_norm_statistics(behaviour):
-    r0, r1 = behaviour(hvd_worker.batch_norm_statistics)
+def test_checkpoint_and_evaluation_use_the_mean_of_the_ranks_batch_norm_statistics(ranks):
+    r0, r1 = ranks(hvd_worker.batch_norm_statistics)
     # Epoch 1: each rank's statistics follow its own data; no evaluation; the checkpoint averages them.
     assert np.abs(r0["1_before"] - r1["1_before"]).min() > 0.3
     np.testing.assert_array_equal(r0["1_mid"], r0["1_before"])
@@ -183,8 +179,8 @@ def test_checkpoint_and_evaluation_use_the_mean_of_the_ranks_batch_norm_statisti
     np.testing.assert_array_equal(r0["saved"], r0["2_after"])
 
 
-def test_image_folder_shards_training_counts_evaluation_once_and_lists_once(behaviour, folders):
-    r0, r1 = behaviour(hvd_worker.image_folder_ranks, str(folders / "data"), str(folders))
+def test_image_folder_shards_training_counts_evaluation_once_and_lists_once(ranks, folders):
+    r0, r1 = ranks(hvd_worker.image_folder_ranks, str(folders / "data"), str(folders))
     assert r0["steps_per_epoch"] == r1["steps_per_epoch"] == 3  # 13 // 2 images, batch 2
     for epoch in range(2):
         shards = [sorted(r["train"][6 * epoch : 6 * (epoch + 1)].tolist()) for r in (r0, r1)]

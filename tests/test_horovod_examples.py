@@ -26,7 +26,7 @@ pytestmark = [
 ]
 RUNNER = os.path.join(REPO, "tests", "support", "horovod_files.py")
 ENV = dict(os.environ, PYTHONPATH=REPO)
-STEPS = 8
+STEPS = 4
 
 
 def _horovodrun(out, *args, timeout=900):
@@ -71,22 +71,23 @@ def test_horovods_mnist_example_trains_both_ranks_alike(mnist):
     assert "LearningRateWarmupCallback: warmup finished at rate 0.002" in output
     assert checkpoints == sorted(f"checkpoint-{e}.h5" for e in range(1, 25))  # rank 0's, every epoch
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.80, top1  # 0.873 when measured (192 updates of global batch 256; 0.879 with 240)
+    assert top1 >= 0.80, top1  # 0.852 when measured (96 updates of global batch 256; 0.873 with 192)
     assert "experimental_run_tf_function=False)` -> `compile(...)`': 1" in output  # a rename applied
 
 
 def test_horovods_synthetic_benchmark_with_fp16_compression(tmp_path):
     path = os.path.join(HOROVOD_FILES, "examples", "tensorflow2", "tensorflow2_keras_synthetic_benchmark.py")
     # The script's own options: a small keras.applications model, on CPUs, with hvd.Compression.fp16.
-    args = ["--model", "MobileNetV3Small", "--batch-size", "8", "--num-iters", "3"]
-    args += ["--num-batches-per-iter", "2", "--fp16-allreduce", "--no-cuda"]
+    # Two iterations of one batch: the script measures the second (the first is its warmup).
+    args = ["--model", "MobileNetV3Small", "--batch-size", "4", "--num-iters", "2"]
+    args += ["--num-batches-per-iter", "1", "--fp16-allreduce", "--no-cuda"]
     code, output = _horovodrun(tmp_path, path, *args)
     assert code == 0, output[-6000:]
     ranks = _ranks(tmp_path)
     assert _same_weights(ranks) == 142  # MobileNetV3Small's trainable variables
     for r in ranks:
         assert str(r["compression"]) == "fp16"
-        assert int(r["iterations"]) == 6  # 3 iterations of 2 batches
+        assert int(r["iterations"]) == 2  # 2 iterations of 1 batch
     assert "Number of CPUs: 2" in output
     assert "Total img/sec on 2 CPU(s):" in output
 
@@ -140,5 +141,5 @@ def test_horovods_elastic_example_through_2_1_2_workers(tmp_path):
     assert float(ranks[0]["learning_rate"]) == pytest.approx(0.002, rel=1e-6)
     assert int(ranks[0]["size"]) == 2
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.80, top1  # 0.868 when measured (195 updates; the reset came in epoch 2 both times)
+    assert top1 >= 0.80, top1  # 0.850 when measured (99 updates; the reset came in epochs 1 and 2)
     assert "`optimizer.lr` -> `optimizer.learning_rate`" in out  # tf.keras.backend.set_value(...lr, ...)

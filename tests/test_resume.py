@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 
 import keras
 import numpy as np
@@ -62,7 +61,7 @@ def restarted(tmp_path_factory):
     workdir, straight = tmp_path_factory.mktemp("restarted"), tmp_path_factory.mktemp("straight")
     result = run_main(small_runs.uninterrupted_command(straight), cwd=REPO, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    return workdir / "smoke", small_runs.run_restart_sequence(workdir, run=run_main), straight / "smoke"
+    return workdir / "smoke", small_runs.run_restart_sequence(workdir), straight / "smoke"
 
 
 @pytest.mark.horovod
@@ -216,14 +215,10 @@ def test_a_start_tries_the_index_newest_first_then_the_rest_from_the_highest_ste
 
 
 @pytest.mark.horovod
-def test_a_restart_under_another_schedule_and_weight_decay_is_refused_on_every_rank(tmp_path):
-    smoke_flags = ["--flagfile=flags/smoke.flags", "--steps_per_epoch=2", f"--workdir={tmp_path}"]
-    first = run_main(
-        [sys.executable, "-m", "hvd_lars.main", *smoke_flags, "--schedule=mlperf_poly"], cwd=REPO
-    )
-    assert first.returncode == 0, first.stderr[-2000:]
-    changed = [*small_runs.TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *smoke_flags, "--weight_decay=0"]
-    result = run_main([*changed, "--schedule=cosine"], cwd=REPO, timeout=400)
+def test_a_restart_under_another_schedule_and_weight_decay_is_refused_on_every_rank(restarted):
+    # The uninterrupted run of the restart test (schedule mlperf_poly, weight decay 5e-4), started again.
+    changed = small_runs.uninterrupted_command(restarted[2].parent)
+    result = run_main([*changed, "--weight_decay=0", "--schedule=cosine"], cwd=REPO, timeout=400)
     output = result.stdout + result.stderr
     refusal = "holds a run with another plan (schedule 'mlperf_poly' -> 'cosine'; weight_decay 0.0005 -> 0.0)"
     # Refused on both ranks, said once, by rank 0 (horovodrun prefixes its lines with [1,0]<stderr>:).

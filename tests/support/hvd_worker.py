@@ -1,7 +1,7 @@
 """One rank of the 2-rank jobs of tests/test_distributed.py and tests/test_horovod_keras.py (`run` starts
-one). Each argument "function:arg:..." calls `function(rank, size, *args)`; each rank pickles
-{(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the
-updates of one process on 2B rows.
+one). Each argument "function:arg:..." calls `function(rank, size, *args)`, on one rank for a function of
+`ONE_RANK` (the ranks take those in turn); each rank pickles {(function, *args): result} to
+OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the updates of one process on 2B rows.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
@@ -40,26 +40,31 @@ RATE_KINDS = ("float", "variable", "schedule", "callable")
 WRAPS = ("bare", "lso_inside", "lso_chosen")
 CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exceeds it
 OUT_DIR = None  # the job's folder, shared by the ranks
+ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # references: no collective
 
 
-def run(out, calls, gloo=False):
-    """Runs `calls` ((function, *args)) on 2 ranks, under horovodrun's Gloo or as horovodrun starts MPI ranks,
-    in folder `out`; returns (`results(function, *args)`: both ranks' results of that call, stdout)."""
-    from tests.support import HOROVODRUN, REPO, TWO_RANKS
+def run(out, calls):
+    """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in folder `out`; returns
+    (`results(function, *args)`: the results of that call, both ranks' or the one rank's, stdout)."""
+    from tests.support import REPO, TWO_RANKS
     from tests.support.main_server import served
 
     words = [":".join([function.__name__, *args]) for function, *args in calls]
-    launcher = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"] if gloo else TWO_RANKS
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}  # no user's rules
     env.update(TMPDIR=str(out), PYTHONPATH=REPO)
-    cmd = served([*launcher, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
+    cmd = served([*TWO_RANKS, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     ranks = []
     for rank in range(2):
         with open(os.path.join(out, f"rank{rank}.pkl"), "rb") as f:
             ranks.append(pickle.load(f))
-    return (lambda function, *args: [r[(function.__name__, *args)] for r in ranks]), result.stdout
+
+    def results(function, *args):
+        key = (function.__name__, *args)
+        return [r[key] for r in ranks if key in r]
+
+    return results, result.stdout
 
 
 def main(out_dir, calls):
@@ -68,8 +73,10 @@ def main(out_dir, calls):
     rank, size = hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores
     results = {}
-    for call in calls:
+    for index, call in enumerate(calls):
         function, *args = call.split(":")
+        if function in ONE_RANK and index % size != rank:
+            continue
         try:
             results[(function, *args)] = globals()[function](rank, size, *args)
         except Exception as e:
@@ -263,14 +270,10 @@ def loss_scaler_chosen(rank, size):
     return scalar_steps(chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0])
 
 
-def accumulation(rank, size, kind):
-    """An optimizer accumulating 2 micro-batches per update ("sgd_adopted": Keras's own
-    gradient_accumulation_steps, taken over by the wrapper) on 2 ranks x 2 micro-batches of 2 rows against
-    the plain optimizer on the 8 rows of each update: final weights of both, [iterations, the wrapper's
-    micro-batch counter]."""
-    (x, y), (x_all, y_all) = data(rank, size)
+def _accumulating(kind):
+    """(the optimizer of `kind` accumulating 2 micro-batches per update, the plain optimizer it wraps)."""
     schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
-    distributed, plain = {
+    return {
         "sgd_adopted": lambda: (
             DistributedOptimizer(SGD(0.05, momentum=0.9, gradient_accumulation_steps=2)),
             SGD(0.05, momentum=0.9),
@@ -286,13 +289,25 @@ def accumulation(rank, size, kind):
             Adam(0.01),
         ),
     }[kind]()
-    model = fit(make_model(), distributed, x, y, GLOBAL_BATCH // size // 2)
+
+
+def accumulation(rank, size, kind):
+    """An optimizer accumulating 2 micro-batches per update ("sgd_adopted": Keras's own
+    gradient_accumulation_steps, taken over by the wrapper) on 2 ranks x 2 micro-batches of 2 rows: final
+    weights, [iterations, the wrapper's micro-batch counter]."""
+    (x, y), _ = data(rank, size)
+    model = fit(make_model(), _accumulating(kind)[0], x, y, GLOBAL_BATCH // size // 2)
     wrapper = model.optimizer
     while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
         wrapper = wrapper.inner_optimizer
     counts = [int(model.optimizer.iterations), int(wrapper._iterations)]
-    reference = values(fit(make_model(), plain, x_all, y_all, GLOBAL_BATCH).trainable_variables)
-    return {"final": values(model.trainable_variables), "counts": counts, "reference": reference}
+    return {"final": values(model.trainable_variables), "counts": counts}
+
+
+def accumulation_reference(rank, size, kind):
+    """The reference of `accumulation(kind)`: the plain optimizer on the 8 rows of each update."""
+    _, (x_all, y_all) = data(rank, size)
+    return values(fit(make_model(), _accumulating(kind)[1], x_all, y_all, GLOBAL_BATCH).trainable_variables)
 
 
 def allreduces_per_accumulation_branch(rank, size):

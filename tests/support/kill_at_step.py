@@ -34,7 +34,6 @@ flags.DEFINE_string("kill_record", "", "File that receives the time (time.time()
 flags.DEFINE_integer("pause_at_step", 0, "Pause every rank after this update (0: never); see the docstring.")
 flags.DEFINE_string("pause_marker", "", "The pause writes <this>.rank<r> once it has begun.")
 flags.DEFINE_string("pause_until", "", "The pause also ends when this file exists.")
-flags.DEFINE_float("pause_limit_s", 600, "A pause longer than this ends the process (status 1).")
 flags.DEFINE_list("stop_schedule", [], "STEP:SIGNAL:RANK stops; each start takes the next one (see above).")
 flags.DEFINE_string("stop_record", "", "--stop_schedule: FILE.rank<r> lists the stops taken.")
 flags.DEFINE_integer("fill_disk_at_step", 0, "Fill the disk of --workdir after this update (0: never).")
@@ -188,7 +187,7 @@ def _run_with_fault(config, extra_callbacks=(), run=None):
     if f.stop_schedule:
         _faults.append(ScheduledStop(parse_schedule(f.stop_schedule), f.stop_record))
     if f.pause_at_step:
-        _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until, f.pause_limit_s))
+        _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until))
     if f.fill_disk_at_step and collectives.init()[0] == 0:
         _faults.append(FillDisk(f.fill_disk_at_step, os.path.join(config.workdir, "filler")))
     return run(config, extra_callbacks=extra_callbacks)

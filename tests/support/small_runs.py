@@ -6,9 +6,9 @@ import json
 import os
 import re
 import sys
-import time
 
 from tests.support import REPO, TWO_RANKS
+from tests.support.main_server import run_main
 
 KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 
@@ -34,15 +34,15 @@ def train_small_cnn(dataset, data_dir, workdir, run_name, global_batch, epochs, 
         return json.load(f)
 
 
-# flags/smoke.flags on 2 ranks, 4 epochs of 4 updates (epoch ends at 4, 8, 12, 16), a synchronous
-# checkpoint every 2 updates: every stop below lands on a checkpoint the uninterrupted run writes too, so
-# both runs average the ranks' batch-norm statistics at the same updates and end tensor for tensor equal.
+# flags/smoke.flags on 2 ranks at 8x8 pixels, 4 epochs of 4 updates (epoch ends at 4, 8, 12, 16), a
+# synchronous checkpoint every 2 updates: every stop below lands on a checkpoint the uninterrupted run
+# writes too, so both runs average the ranks' batch-norm statistics at the same updates and end tensor for
+# tensor equal.
 RESTART_FLAGS = [
     "--flagfile=flags/smoke.flags", "--precision=float32", "--steps_per_epoch=4", "--epochs=4",
-    "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32", "--keep_checkpoints=9",
-    "--verbose=2",
+    "--image_size=8", "--checkpoint_every_steps=2", "--noasync_checkpoints", "--max_eval_examples=32",
+    "--keep_checkpoints=9", "--verbose=2",
 ]  # fmt: skip
-TWO_RANKS = TWO_RANKS
 # (after update, signal, rank: -1 every rank) and the update the next start resumes from: each kind of stop.
 STOPS = [
     ((3, "KILL", 1), 2),  # one rank dies mid-epoch: back to its checkpoint of update 2
@@ -64,27 +64,18 @@ def uninterrupted_command(workdir):
     return [*TWO_RANKS, sys.executable, "-m", "hvd_lars.main", *RESTART_FLAGS, f"--workdir={workdir}"]
 
 
-def run_restart_sequence(workdir, run, timeout=400, env=None):
-    """Runs `restart_command` until it succeeds (at most len(STOPS) + 1 times) with `run` (like
-    `subprocess.run`: main_server.run_main, its ranks forked from a server); returns one dict per start:
-    returncode, resumed (the update it resumed from, or None), stopped (the update a stop signal ended it
-    at, or None), output (stdout + stderr), seconds (its wall time)."""
+def run_restart_sequence(workdir):
+    """Runs `restart_command` (its ranks forked from tests/support/main_server.py's server) until it succeeds,
+    at most len(STOPS) + 1 times; returns one dict per start: returncode, resumed (the update it resumed
+    from, or None), stopped (the update a stop signal ended it at, or None), output (stdout + stderr)."""
     starts = []
     for _ in range(len(STOPS) + 1):
-        began = time.monotonic()
-        result = run(restart_command(workdir), cwd=REPO, env=env, timeout=timeout)
+        result = run_main(restart_command(workdir), cwd=REPO, timeout=400)
         output = result.stdout + result.stderr
         resumed = re.search(r"resumed from \S+/ckpt-(\d+) \(step (\d+)\)", output)
         stopped = re.search(r"stopped at step (\d+), checkpoint", output)
-        starts.append(
-            dict(
-                returncode=result.returncode,
-                resumed=int(resumed.group(2)) if resumed else None,
-                stopped=int(stopped.group(1)) if stopped else None,
-                output=output,
-                seconds=time.monotonic() - began,
-            )
-        )
+        starts.append({"returncode": result.returncode, "resumed": int(resumed.group(2)) if resumed else None,
+                       "stopped": int(stopped.group(1)) if stopped else None, "output": output})  # fmt: skip
         if result.returncode == 0:
             break
     return starts

@@ -4,10 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
 FLAGFILE ?= flags/fashion_mnist_lars.flags
-# pytest-xdist workers for make test: one more than the cores (tests/conftest.py says why, and how the
-# tests are grouped); make test-quick's unit tier, all computation, runs one per core.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
-QUICK_WORKERS ?= $(shell nproc)
+# pytest-xdist workers for make test: one per core (tests/conftest.py says how the tests are grouped).
+TEST_WORKERS ?= $(shell nproc)
 # The run directory (--run_name; default the flagfile's). A finished run resumes as complete:
 # `make train RUN_NAME=another` trains again in a new directory.
 RUN_NAME ?= $(shell sed -n 's/^--run_name=//p' $(FLAGFILE))
@@ -68,7 +66,7 @@ test-backends:
 # The unit tier (no subprocess): the edit-test loop's few minutes.
 test-quick: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m unit -n $(QUICK_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -m unit -n $(TEST_WORKERS) --dist loadgroup
 
 lint:
 	$(PY) -m ruff check .

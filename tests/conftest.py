@@ -37,12 +37,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): the pytest-xdist group (loadgroup) of a test")
 
 
-# `make test` runs the suite on one pytest-xdist worker more than the cores (`--dist loadgroup`): most tests
-# start processes (ranks, scripts) or wait on a scheduler, ssh, a timeout or a file, so the extra worker's
-# test fills the cores they leave idle (2 cores: 18.5 min against 20.9 with one per core). The groups:
-# every system test in one (emulated hosts and the one Slurm are machine-wide: one such test at a time, run
-# first, as they take longest), every other file in its own (its module-scoped fixtures are built once).
-# Without xdist the order is the same.
+# `make test` runs the suite on one pytest-xdist worker per core (`--dist loadgroup`): most tests start one
+# process (a main program, a script) that uses one core, or wait on a scheduler, ssh or a file, so a
+# second worker's test fills the idle core. The groups: every system test in one (emulated hosts and the
+# one Slurm are machine-wide: one such test at a time, run first, as they take longest), every other file
+# in its own (its module-scoped fixtures are built once). Without xdist the order is the same.
 SYSTEM_GROUP = "system"
 
 

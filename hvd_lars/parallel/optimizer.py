@@ -144,7 +144,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._local_layers = []  # PartialDistributedOptimizer's layers, resolved at the first step
         if own_steps:
             accumulating.gradient_accumulation_steps = None  # taken over: ranks talk once per update
-        if type(accumulating) is keras.optimizers.SGD and accumulating.momentum and _on_tensorflow():
+        on_tensorflow = keras.backend.backend() == "tensorflow"
+        if on_tensorflow and type(accumulating) is keras.optimizers.SGD and accumulating.momentum:
             accumulating.update_step = lambda g, v, lr: _fused_sgd_step(accumulating, g, v, lr)
 
     def build(self, var_list):
@@ -330,10 +331,6 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
 
     def check_finite(self, grads):
         return self.inner_optimizer.check_finite(grads)
-
-
-def _on_tensorflow():
-    return keras.backend.backend() == "tensorflow"
 
 
 def _fused_sgd_step(sgd, gradient, variable, learning_rate):

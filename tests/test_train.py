@@ -1,6 +1,8 @@
 """hvd_lars.training.train: the whole training loop in-process, as flax's train_test.py runs its loop: a
-few updates on synthetic data at world size 1, with evaluation, a checkpoint, and a resume from it."""
+few updates on synthetic data at world size 1, with evaluation and checkpoints, and a run that dies and starts
+again, ending bit for bit as the uninterrupted run."""
 
+import dataclasses
 import json
 import types
 
@@ -12,6 +14,7 @@ from hvd_lars.training import epoch_logs, faults
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.plan import make_plan
 from hvd_lars.training.train import callbacks_in_order, fit, run
+from tests.support import small_runs
 
 pytestmark = pytest.mark.unit
 
@@ -32,17 +35,39 @@ def smoke(tmp_path, **overrides):
     return TrainConfig(**{**settings, **overrides})
 
 
-def test_the_loop_trains_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch):
+class _Dies(keras.callbacks.Callback):
+    """Ends the run with an error after update `step`, as a crash would (no stop checkpoint)."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) == self.step:
+            raise RuntimeError("died")
+
+
+def test_the_loop_trains_evaluates_and_a_start_after_a_crash_ends_bit_for_bit(tmp_path, monkeypatch):
     monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # the unit tier starts no process
-    first = run(smoke(tmp_path, epochs=1))
-    assert [e["epoch"] for e in first["epochs"]] == [1] and 0.0 <= first["final_test_top1"] <= 1.0
-    assert json.loads((tmp_path / "loop" / "summary.json").read_text())["resumed_from_step"] == 0
-    # The same run extended to 2 epochs resumes from the checkpoint of update 2 and trains 2 more.
-    second = run(smoke(tmp_path, epochs=2, allow_plan_change=("epochs",)))
-    assert second["resumed_from_step"] == 2 and [e["epoch"] for e in second["epochs"]] == [1, 2]
+    # 2 epochs of 2 updates, a checkpoint every 2: died after update 3, the start resumes update 2's.
+    config = smoke(tmp_path, checkpoint_every_steps=2, async_checkpoints=False, precision="float32")
+    straight = run(dataclasses.replace(config, workdir=str(tmp_path / "straight")))
+    assert [e["epoch"] for e in straight["epochs"]] == [1, 2] and straight["resumed_from_step"] == 0
+    assert 0.0 <= straight["final_test_top1"] <= 1.0
+    with pytest.raises(RuntimeError, match="died"):
+        run(config, extra_callbacks=[_Dies(3)])
+    assert [e["epoch"] for e in json.loads((tmp_path / "loop" / "summary.json").read_text())["epochs"]] == [1]
+    resumed = run(config)
+    assert resumed["resumed_from_step"] == 2 and [e["epoch"] for e in resumed["epochs"]] == [1, 2]
     lines = (tmp_path / "loop" / "metrics.csv").read_text().splitlines()
     assert [line.split(",")[:2] for line in lines[1:]] == [["0", "2"], ["1", "4"]]
     assert (tmp_path / "loop" / "run.png").stat().st_size > 0
+    ours = small_runs.final_tensors(tmp_path / "loop")
+    theirs = small_runs.final_tensors(tmp_path / "straight" / "loop")
+    assert ours.keys() == theirs.keys() and len(ours) > 20
+    assert int(ours["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 4
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
 
 
 def test_the_callbacks_run_in_this_order(tmp_path):

@@ -1,5 +1,5 @@
-"""The models: parameter counts against hand and published ones, layers against their formulas,
-`fuse_batch_norm` against Keras."""
+"""The models: parameter counts (and ResNet-50's and AlexNet's multiply-adds) against hand and published ones,
+layers against their formulas, `fuse_batch_norm` against Keras."""
 
 import keras
 import numpy as np
@@ -11,6 +11,7 @@ from hvd_lars.models import MODELS, get_model
 from hvd_lars.models.alexnet import LocalResponseNormalization
 from hvd_lars.models.batch_norm import FusedBatchNormalization
 from hvd_lars.models.cifar_resnet import ZeroPadShortcut, cifar_resnet
+from hvd_lars.models.flops import forward_multiply_adds
 from hvd_lars.models.resnet import resnet
 
 
@@ -58,7 +59,7 @@ def test_small_cnn_parameter_counts_with_and_without_batch_norm():
 
 
 @pytest.mark.unit
-def test_resnet50_v15_parameter_count_and_layout():
+def test_resnet50_v15_parameter_count_layout_and_multiply_adds():
     model = get_model("resnet50")
     # Stem 9,408 + 128; stage 1: 75,008 + 2 * 70,400; stage 2: 379,392 + 3 * 280,064; stage 3: 1,512,448 +
     # 5 * 1,117,184; stage 4: 6,039,552 + 2 * 4,462,592; fc 2,049,000: 25,557,032, torchvision's resnet50
@@ -75,6 +76,12 @@ def test_resnet50_v15_parameter_count_and_layout():
     convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
     assert len(convs) == 53  # 1 stem + 16 blocks * 3 + 4 projections
     assert not any(layer.use_bias for layer in convs)
+    # torchvision's ResNet-50 (v1.5): "GFLOPS 4.09" (multiply-adds) at 224x224 in its model table.
+    ours = sum(forward_multiply_adds(model).values())
+    assert ours == pytest.approx(4.09e9, rel=0.005)
+    # He et al. 2016, table 1: ResNet-50 (v1, stride on the first 1x1) "3.8 x 10^9 FLOPs" (multiply-adds).
+    v1 = sum(forward_multiply_adds(keras.applications.ResNet50(weights=None)).values())
+    assert v1 == pytest.approx(3.8e9, rel=0.02) and v1 < ours
 
 
 @pytest.mark.unit
@@ -92,7 +99,7 @@ def test_basic_block_resnet_parameter_counts_and_zero_init_residual(name, option
 
 
 @pytest.mark.unit
-def test_alexnet_parameter_counts():
+def test_alexnet_parameter_and_multiply_add_counts():
     # One tower (no grouped convolutions), with biases: conv1 11*11*3*96 + 96 = 34,944; conv2 5*5*96*256 +
     # 256 = 614,656; conv3 3*3*256*384 + 384 = 885,120; conv4 3*3*384*384 + 384 = 1,327,488;
     # conv5 3*3*384*256 + 256 = 884,992; fc6 (6*6*256)*4096 + 4096 = 37,752,832; fc7 4096*4096 + 4096 =
@@ -119,6 +126,26 @@ def test_alexnet_parameter_counts():
     bn_layers = [layer for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert {layer.epsilon for layer in bn_layers} == {1e-4}
     assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
+    # Caffe's two-tower bvlc_alexnet (conv2, conv4, conv5 grouped in 2). Sze et al., "Efficient Processing of
+    # Deep Neural Networks", Proc. IEEE 2017, table III: 666M multiply-adds in the convolutions, 58.6M in fc.
+    x = inputs = keras.Input((227, 227, 3))
+    for filters, kernel, strides, groups, pool in [
+        (96, 11, 4, 1, True), (256, 5, 1, 2, True), (384, 3, 1, 1, False), (384, 3, 1, 2, False),
+        (256, 3, 1, 2, True),
+    ]:  # fmt: skip
+        padding = "valid" if kernel == 11 else "same"
+        x = keras.layers.Conv2D(filters, kernel, strides=strides, padding=padding, groups=groups)(x)
+        x = keras.layers.MaxPooling2D(3, 2)(x) if pool else x
+    x = keras.layers.Flatten()(x)
+    for units in (4096, 4096, 1000):
+        x = keras.layers.Dense(units)(x)
+    counts = list(forward_multiply_adds(keras.Model(inputs, x)).values())
+    assert sum(counts[:5]) == pytest.approx(666e6, rel=0.005)
+    assert sum(counts[5:]) == pytest.approx(58.6e6, rel=0.005)
+    # hvd_lars's AlexNet-BN is one tower: conv2, conv4 and conv5 see all input channels, twice the work.
+    grouped = dict(zip(["conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7", "logits"], counts))
+    want = {k: v * (2 if k in ("conv2", "conv4", "conv5") else 1) for k, v in grouped.items()}
+    assert forward_multiply_adds(bn) == want
 
 
 @pytest.mark.unit

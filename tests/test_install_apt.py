@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _stand_ins(folder, groups_before):
     """Writes dpkg-query (nothing installed), apt-get (logs its arguments; `install` creates the groups)
     and update-alternatives (exit 2 for a group that does not exist, as Debian's does)."""
-    folder.mkdir()
+    folder.mkdir(parents=True)
     state = folder / "state"
     state.mkdir()
     for group, value in groups_before.items():
@@ -58,19 +58,17 @@ def _install(tmp_path, groups_before):
     )
 
 
-def test_install_on_a_machine_with_no_mpi_alternatives_yet_goes_through(tmp_path):
-    bin_dir, result = _install(tmp_path, groups_before={})
+def test_install_goes_through_with_no_mpi_alternatives_yet_and_keeps_an_earlier_mpirun(tmp_path):
+    bin_dir, result = _install(tmp_path / "fresh", groups_before={})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[apt] installing: openmpi-bin libopenmpi-dev" in result.stdout
     log = (bin_dir / "apt-get.log").read_text().splitlines()
     assert log == ["update -qq", "install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev"]
     # Nothing to keep: the groups did not exist before.
     assert not (bin_dir / "set.log").exists()
-
-
-def test_install_keeps_the_mpirun_an_earlier_mpi_had_chosen(tmp_path):
+    # An mpirun an earlier MPI had chosen is kept.
     kept = "/usr/bin/mpirun.mpich"
-    bin_dir, result = _install(tmp_path, groups_before={"mpirun": kept})
+    bin_dir, result = _install(tmp_path / "mpich", groups_before={"mpirun": kept})
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"[apt] alternative mpirun: keeping {kept} (the install had chosen /usr/bin/mpirun.openmpi)" in (
         result.stdout

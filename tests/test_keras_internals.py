@@ -53,7 +53,6 @@ def private():
 
 @pytest.mark.unit
 def test_private_keras_names_are_in_the_shim_only_and_it_lists_each_it_uses(private):
-    assert "_iterations" in private and "_flatten_layers" in private  # the collection works
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != SHIM:

@@ -51,7 +51,4 @@ def test_nesterov_and_momentum_follow_keras_rules_on_the_schedule(name):
     # Keras's own SGD given the decayed gradient (coupled L2: Keras's weight_decay would be decoupled).
     sgd = keras.optimizers.SGD(schedule, momentum=MOMENTUM, nesterov=name == "nesterov")
     np.testing.assert_allclose(got, _train(sgd, w0, gradients, decayed=True), rtol=1e-6, atol=1e-7)
-    inner = build_optimizer(config, plan).inner_optimizer
-    assert inner.get_config()["nesterov"] is (name == "nesterov")
-    if name == "nesterov":
-        assert inner.name == "nesterov_sgd"
+    assert build_optimizer(config, plan).inner_optimizer.name == f"{name}_sgd"

@@ -45,7 +45,7 @@ def test_plan_for_the_demo_and_the_batch_and_rate_it_derives():
 
 
 @pytest.mark.parametrize("name", NUMERIC)
-@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, -1])
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1])
 def test_every_numeric_setting_refuses_non_finite_and_negative_values_naming_itself(name, bad):
     if bad == -1 and FIELDS[name].metadata["accepted"].low < -1:
         pytest.skip(f"{name} accepts -1")

@@ -15,8 +15,8 @@ import pytest
 
 from tests.support import REPO
 from tests.support.main_server import run_main
+from tests.support.small_runs import KILLER
 
-KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 # Another process that tries the claim at each line "take" on its stdin and says what it got.
 CLAIMANT = (
     "import sys\n"

@@ -163,15 +163,12 @@ RESUMABLE = ["--run_name=r", "--checkpoint_every_steps=1", "--noasync_checkpoint
 def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resumes_under_its_own(tmp_path):
     # The plan check meets the elastic job's first sync (no collective may come before it).
     import hashlib
-    import subprocess
     import sys
 
-    from tests.support import REPO
+    from tests.support.main_server import run_main
 
     killer = [sys.executable, "tests/support/kill_at_step.py", "--flagfile=flags/smoke.flags", *RESUMABLE]
-    killed = subprocess.run(
-        [*killer, "--kill_at_step=4", f"--workdir={tmp_path}"], cwd=REPO, capture_output=True
-    )
+    killed = run_main([*killer, "--kill_at_step=4", f"--workdir={tmp_path}"])
     assert killed.returncode == -9, killed.stderr[-3000:]
     folder = tmp_path / "r" / "checkpoints"
 
@@ -182,9 +179,8 @@ def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resu
     job = ElasticJob(tmp_path, "localhost:2", 2, 2, "--peak_learning_rate=2", flagfile="flags/smoke.flags",
                      base_flags=RESUMABLE)  # fmt: skip
     returncode, out = job.finish(), job.output()
-    assert returncode != 0 and ">:Traceback" not in out, out[
-        -6000:
-    ]  # none from a worker (horovodrun has its own)
+    # No traceback from a worker (horovodrun has its own).
+    assert returncode != 0 and ">:Traceback" not in out, out[-6000:]
     refusal = "holds a run with another plan (peak_learning_rate 1.0 -> 2.0), the plan of its checkpoint "
     refusals = [line for line in out.splitlines() if "hvd_lars: error:" in line and refusal in line]
     assert [line.split("]")[0] for line in refusals] == ["[0"], out[-6000:]  # rank 0, once

@@ -17,10 +17,9 @@ import pytest
 from tests.support import REPO
 from tests.support.data_fixtures import make_image_folder
 from tests.support.main_server import run_main
-from tests.support.small_runs import TWO_RANKS, final_tensors
+from tests.support.small_runs import KILLER, TWO_RANKS, final_tensors
 from tests.test_imagenet import prepared  # noqa: F401 (the fixture: 18 training and 6 validation records)
 
-KILLER = os.path.join(REPO, "tests", "support", "kill_at_step.py")
 ADVICE = "then start the same command again: it resumes from the last complete checkpoint."
 RESTORE = "Restore it from a copy or prepare the data set again with hvd-lars-prepare"
 SKIP = "(or pass --skip_corrupt to leave out the records it cannot give)"

@@ -246,9 +246,10 @@ def test_complete_means_every_epoch_with_both_evaluations_or_a_divergence(tmp_pa
     assert not study.is_complete(summary, 2)
 
 
-def _study(tmp_path, program=None):
-    # One run (1 arm, batch, rate, seed) of 2 epochs of 4 updates (512 images, batch 128): `python program`.
-    program = program or " ".join(main_server.shared().rank_command(["-m", "hvd_lars.main"])[1:])
+def _study(tmp_path, *program):
+    # One run (1 arm, batch, rate, seed) of 2 epochs of 4 updates (512 images, batch 128): `python program`,
+    # forked from the main program's server.
+    program = " ".join(main_server.shared().rank_command(program or ["-m", "hvd_lars.main"])[1:])
     command = [sys.executable, "-m", "benchmarks.large_batch_study", f"--output_dir={tmp_path / 'out'}",
                f"--report={tmp_path / 'r.md'}", "--networks=small_cnn", "--arms=lars", "--batches=128",
                "--sweep_points=1", "--max_extensions=0", "--seeds=1", "--epochs=2", "--warmup_epochs=0.5",
@@ -261,9 +262,8 @@ def _study(tmp_path, program=None):
 @pytest.mark.horovod
 def test_study_killed_resumes_then_redoes_nothing(tmp_path):
     runs, name = tmp_path / "out" / "runs", "hvd_lars_study_lars_b128_lr5_s0"
-    # The run (a new interpreter: a served one's client cannot end by SIGKILL) dies after update 6 of 8; its
-    # last checkpoint is the end of epoch 1 (step 4). Its resumption and the third start: served.
-    result = _study(tmp_path, f"{REPO}/tests/support/kill_at_step.py --kill_at_step=6")
+    # The run dies after update 6 of 8; its last checkpoint is the end of epoch 1 (step 4).
+    result = _study(tmp_path, f"{REPO}/tests/support/kill_at_step.py", "--kill_at_step=6")
     assert result.returncode != 0 and f"{name} failed (exit status -9)" in result.stderr
     assert [e["epoch"] for e in json.loads((runs / name / "summary.json").read_text())["epochs"]] == [1]
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support import HOROVODRUN, REPO, main_server
+from tests.support import HOROVODRUN, REPO, TWO_RANKS, main_server
 
 pytestmark = pytest.mark.horovod
 SCRIPT = os.path.join(REPO, "tests", "support", "interpreter_report.py")
@@ -93,21 +93,24 @@ sys.exit(int(sys.argv[1]) if hvd.rank() == 1 else 0)
 """
 
 
-@pytest.mark.parametrize("controller", ["--mpi", "--gloo"])
-def test_served_ranks_run_a_horovod_job(tmp_path, controller):
+# Open MPI as horovodrun starts it (its mpirun command line, without its build check), and Gloo.
+@pytest.mark.parametrize(
+    "launcher", [TWO_RANKS, [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2"]], ids=["mpi", "gloo"]
+)
+def test_served_ranks_run_a_horovod_job(tmp_path, launcher):
     # A script of tests/support's folder, as the ranks' scripts are (written for the test, removed after).
     probe = os.path.join(REPO, "tests", "support", f"served_probe_{os.getpid()}.py")
     with open(probe, "w") as f:
         f.write(PROBE)
     try:
-        cmd = [HOROVODRUN, controller, "-np", "2", "-H", "localhost:2", sys.executable, probe]
+        cmd = [*launcher, sys.executable, probe]
         launched = main_server.served([*cmd, "3"], cwd=tmp_path)
         assert launched[: len(cmd) - 2] == cmd[:-2] and "--client" in launched
         result = subprocess.run(launched, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         for rank in (0, 1):
             assert f"rank {rank} of 2: sum 3.0" in result.stdout, result.stderr[-3000:]
-        # A rank's exit status is the job's: rank 1's 3 fails it (horovodrun names the failed rank and exits
-        # 1). A served job's status 0: tests/test_main.py's and tests/test_launcher_watch.py's served jobs.
+        # A rank's exit status is the job's: rank 1's 3 fails it (the launcher names the failed rank). A
+        # served job's status 0: tests/test_main.py's and tests/test_launcher_watch.py's served jobs.
         assert result.returncode != 0
     finally:
         os.remove(probe)

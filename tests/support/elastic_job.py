@@ -1,14 +1,19 @@
 """An elastic job for the tests: launch/elastic.sh in the background with a host
 discovery script that prints a file the caller rewrites, and its output collected line by line. The worker
-program is tests/support/rank_weights_main.py (the main program, then each rank's final weights saved)."""
+program is tests/support/rank_weights_main.py (the main program, then each rank's final weights saved),
+on this machine forked from tests/support/main_server.py's server (the subject is the elastic job, not an
+interpreter's start)."""
 
 import os
+import shlex
 import subprocess
+import sys
 import threading
 import time
 
 from tests.support import HOROVODRUN, python_shim
 from tests.support.emulated_cluster import shell_command
+from tests.support.main_server import shared
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs.
@@ -47,12 +52,13 @@ class ElasticJob:
         discovery = tmp_path / "discover.sh"
         discovery.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
         discovery.chmod(0o755)
-        launcher_env = dict(
-            PYTHON=python_shim(tmp_path, "tests/support/rank_weights_main.py"),
-            RANKS_PER_SOCKET="2",
-            PYTHONPATH=REPO,
-            **(env or {}),
-        )
+        worker = os.path.join(REPO, "tests", "support", "rank_weights_main.py")
+        launcher_env = dict(PYTHON=python_shim(tmp_path, worker), RANKS_PER_SOCKET="2", PYTHONPATH=REPO)
+        launcher_env.update(env or {})
+        if on_host is None:  # the shim's worker start made a client of the server
+            shim = tmp_path / "python"
+            client = shlex.join(shared().rank_command([worker]))
+            shim.write_text(shim.read_text().replace(f"exec {sys.executable} {worker}", f"exec {client}"))
         launcher_env["HOROVODRUN"] = HOROVODRUN
         cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
         cmd += [flagfile, *base_flags]
@@ -81,25 +87,18 @@ class ElasticJob:
         self.hosts.write_text(hosts + "\n")
 
     def wait_for(self, text, timeout=180):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if any(text in line for line in self.lines):
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise JobFailed(f"no line with {text!r} after {timeout} s; output:\n{self.output()[-6000:]}")
+        self._wait(lambda: any(text in line for line in self.lines), f"line with {text!r}", timeout)
 
     def wait_for_file(self, path, timeout=180):
         """Waits for `path` to exist (e.g. a checkpoint of update k: an event of the run, not a time)."""
+        self._wait(lambda: os.path.exists(path), path, timeout)
+
+    def _wait(self, happened, what, timeout):
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            if os.path.exists(path):
-                return
-            if self.process.poll() is not None:
-                break
+        while not happened():
+            if self.process.poll() is not None or time.time() > deadline:
+                raise JobFailed(f"no {what} after {timeout} s; output:\n{self.output()[-6000:]}")
             time.sleep(0.2)
-        raise JobFailed(f"no {path} after {timeout} s; output:\n{self.output()[-6000:]}")
 
     def finish(self, timeout=300):
         try:

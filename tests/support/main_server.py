@@ -44,7 +44,6 @@ PRELOADED = (
     "keras",
     "horovod.tensorflow",
     "hvd_lars.training.train",
-    "hvd_lars.training.train",
 )
 
 
@@ -322,7 +321,8 @@ def _client(address, args):
         signal.signal(getattr(signal, name), forward)
     returncode = _reply(connection)
     if returncode < 0:
-        signal.signal(-returncode, signal.SIG_DFL)
+        if -returncode != signal.SIGKILL:  # whose disposition cannot be set
+            signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     return returncode
 

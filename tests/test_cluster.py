@@ -9,6 +9,7 @@ outside /tmp, since each host has a /tmp of its own. 4 ranks share this machine'
 thread per rank, the small CNN of flags/smoke.flags.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,10 +29,8 @@ from tests.support.emulated_cluster import (
     require_root,
     shared_folder,
     shell_command,
-    silent_host_run,
     wait_for_checkpoint,
 )
-from tests.support.slurm_cluster import slurmstepd_pids
 
 PYTHON = sys.executable
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
@@ -267,39 +266,44 @@ def test_every_launcher_trains_across_two_hosts_to_the_same_weights(cluster, mpi
             assert received >= SMOKE_STEPS * gradient_bytes, f"{host} received {received} B"
 
 
+@contextlib.contextmanager
+def _job_to_its_first_checkpoint(cluster, workdir, cmd, env):
+    """Starts `cmd` (100 updates per epoch, a checkpoint every 2; output in workdir/job.log) and yields (the
+    job, the step of its first checkpoint) once ranks of it run on node2. Afterwards the job is killed
+    if still running, and node2 (its link up again, what is left there killed) boots again."""
+    node2 = cluster.hosts[1]
+    with open(workdir / "job.log", "w") as log:
+        job = subprocess.Popen([*cmd, "--steps_per_epoch=100", "--checkpoint_every_steps=2"], cwd=REPO,
+                               env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            saved = wait_for_checkpoint(workdir, 0, alive=lambda: job.poll() is None)
+            assert node2.processes_running("hvd_lars.main"), "no rank runs on node2"
+            yield job, saved
+        finally:
+            if job.poll() is None:
+                job.kill()
+            node2.set_link(up=True)
+            node2.kill()
+            cluster.up()
+
+
+def _wait(job, timeout):
+    """The job's exit status, or None while it still runs `timeout` s later."""
+    try:
+        return job.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 @pytest.mark.system
 def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
-    cmd = [
-        HOROVODRUN,
-        "-np",
-        str(WORLD_SIZE),
-        "-H",
-        cluster.host_list(RANKS_PER_HOST),
-        PYTHON,
-        "-m",
-        "hvd_lars.main",
-        *SMOKE,
-        f"--workdir={shared_dir}",
-        "--steps_per_epoch=100",
-        "--checkpoint_every_steps=2",
-    ]
-    log = open(shared_dir / "horovodrun.log", "w")
-    job = subprocess.Popen(cmd, cwd=REPO, env=_env(**ABORT_AT_ONCE), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        saved = wait_for_checkpoint(shared_dir, 0, alive=lambda: job.poll() is None)
+    cmd = [HOROVODRUN, "-np", str(WORLD_SIZE), "-H", cluster.host_list(RANKS_PER_HOST), PYTHON, "-m",
+           "hvd_lars.main", *SMOKE, f"--workdir={shared_dir}"]  # fmt: skip
+    with _job_to_its_first_checkpoint(cluster, shared_dir, cmd, _env(**ABORT_AT_ONCE)) as (job, saved):
         killed_at = time.time()
         cluster.hosts[1].kill()
-        try:
-            status = job.wait(timeout=HOST_FAILURE_LIMIT_S)
-        except subprocess.TimeoutExpired:
-            status = None
-        ended_after = time.time() - killed_at
-    finally:
-        if job.poll() is None:
-            job.kill()
-        log.close()
-        cluster.up()  # node2 boots again for the tests after this one
-    output = (shared_dir / "horovodrun.log").read_text()[-3000:]
+        status, ended_after = _wait(job, HOST_FAILURE_LIMIT_S), time.time() - killed_at
+    output = (shared_dir / "job.log").read_text()[-3000:]
     assert status is not None, f"horovodrun still running {ended_after:.0f} s after node2 died\n{output}"
     assert status != 0, output
     assert _restore_last_checkpoint(shared_dir) >= saved
@@ -316,68 +320,40 @@ def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert default.stdout.strip() == "-o ServerAliveInterval=10 -o ServerAliveCountMax=3", default.stderr
-    env = _env(**SILENT_HOST_SSH, **ABORT_AT_ONCE)
-    r = silent_host_run(cluster, shared_dir, SILENT_HOST_HANG_TIMEOUT_S, SILENT_HOST_LIMIT_S, env)
-    output = r["output"]
-    assert r["status"] is not None, (
-        f"the job still ran {r['ended_after']:.0f} s after node2 went silent\n{output}"
-    )
-    assert r["status"] != 0, output
-    assert not r["left_on_node2"], (
-        f"node2's ranks {r['left_on_node2']} ran {r['ranks_ended_after']:.0f} s later"
-    )
-    assert _restore_last_checkpoint(shared_dir) >= r["saved"]
-
-
-def _release(slurm, job, log, timeout=120):
-    """Starts a requeued job now: Slurm holds it back (Reason=BeginTime), as a real pre-emption would.
-    Released once the last attempt is gone from every node: no slurmstepd of the job left (a requeued job's
-    steps keep their ids, and a step 0 started while a node's slurmstepd of the last attempt still
-    finalised its PMIx server failed there), every node idle, and the clock past the second in which that
-    was seen (a job started in the second its credential was revoked in is refused, "Job credential
-    revoked": Slurm compares whole seconds)."""
-    deadline, states = time.time() + timeout, []
-    while time.time() < deadline and slurm.job_state(job) != "PENDING":
-        state = slurm.job_state(job)
-        if not states or states[-1] != state:
-            states.append(state)
-        time.sleep(0.2)
-    while slurmstepd_pids(job):
-        assert time.time() < deadline, f"job {job}'s slurmstepd still running after {timeout} s"
-        time.sleep(0.2)
-    slurm.wait_idle(timeout)
-    second = int(time.time())
-    while int(time.time()) <= second:
-        time.sleep(0.05)
-    result = slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
-    assert result.returncode == 0, (
-        f"job {job} could not be released: {result.stderr.strip()}; states seen: {states}; "
-        + slurm.run(["scontrol", "show", "job", job], check=False).stdout
-        + "\njob output:\n"
-        + (log.read_text()[-4000:] if log.exists() else "(none)")
-    )
-
-
-def _sbatch_two_nodes(slurm, shared_dir, out, *flags):
-    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (5 updates per epoch, resumed
-    from its checkpoints) with `flags`. Returns the job id."""
-    export = f"ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
-    cmd = [
-        "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
-        f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
-        "--steps_per_epoch=5", *flags,
-    ]  # fmt: skip
-    return slurm.run(cmd).stdout.strip().split(";")[0]
+    cmd = [os.path.join(REPO, "launch", "horovodrun.sh"), cluster.host_list(RANKS_PER_HOST), str(WORLD_SIZE),
+           "flags/smoke.flags", "--intra_op_threads=1", f"--workdir={shared_dir}",
+           f"--hang_timeout_s={SILENT_HOST_HANG_TIMEOUT_S}"]  # fmt: skip
+    env = _env(**SILENT_HOST_SSH, **ABORT_AT_ONCE, RANKS_PER_SOCKET="2", MPI_BIND="none")
+    node2 = cluster.hosts[1]
+    with _job_to_its_first_checkpoint(cluster, shared_dir, cmd, env) as (job, saved):
+        silent_at = time.time()
+        node2.set_link(up=False)
+        status, ended_after = _wait(job, SILENT_HOST_LIMIT_S), time.time() - silent_at
+        # node2's ranks, cut off, end by themselves once --hang_timeout_s has passed without progress.
+        deadline = silent_at + SILENT_HOST_HANG_TIMEOUT_S + 30
+        while node2.processes_running("hvd_lars.main") and time.time() < deadline:
+            time.sleep(0.5)
+        left_on_node2, ranks_ended_after = node2.processes_running("hvd_lars.main"), time.time() - silent_at
+    output = (shared_dir / "job.log").read_text()[-3000:]
+    assert status is not None, f"the job still ran {ended_after:.0f} s after node2 went silent\n{output}"
+    assert status != 0, output
+    assert not left_on_node2, f"node2's ranks {left_on_node2} ran {ranks_ended_after:.0f} s later"
+    assert _restore_last_checkpoint(shared_dir) >= saved
 
 
 @pytest.mark.system
 def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, slurm, shared_dir):
-    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags: 4 ranks through srun --mpi=pmix;
-    node2 dying ends the attempt within 60 s (Slurm
-    requeues it for node failure); once node2 is back the job resumes from its last checkpoint and
-    completes."""
+    """sbatch --nodes=2 --ntasks-per-node=2 train.sbatch flags/smoke.flags (5 updates per epoch): 4 ranks
+    through srun --mpi=pmix; node2 dying ends the attempt within 60 s (Slurm requeues it for node failure);
+    once node2 is back the job resumes from its last checkpoint and completes."""
     out = shared_dir / "slurm.out"
-    job = _sbatch_two_nodes(slurm, shared_dir, out, "--checkpoint_every_steps=2")
+    export = f"ALL,RANKS_PER_SOCKET=2,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
+    cmd = [
+        "sbatch", "--parsable", "--nodes=2", f"--ntasks-per-node={RANKS_PER_HOST}", f"--chdir={REPO}",
+        f"--output={out}", f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
+        "--steps_per_epoch=5", "--checkpoint_every_steps=2",
+    ]  # fmt: skip
+    job = slurm.run(cmd).stdout.strip().split(";")[0]
 
     def running():
         return slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING")
@@ -391,9 +367,8 @@ def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, sl
         time.sleep(0.2)
     ended_after = time.time() - killed_at
     cluster.up()
-    slurm.start_slurmd("node2")
-    slurm.wait_idle()  # ReturnToService=2: the node rejoins when its slurmd registers
-    _release(slurm, job, out)
+    slurm.start_slurmd("node2")  # ReturnToService=2: the node rejoins when its slurmd registers
+    slurm.start_requeued_now(job)
     try:
         state = slurm.wait(job, timeout=300)
     except TimeoutError as e:

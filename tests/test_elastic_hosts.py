@@ -21,7 +21,7 @@ NODES = 3
 
 @pytest.mark.system
 def test_a_host_removed_and_added_back_keeps_the_plan_and_ends_with_identical_weights(cluster, shared_dir):
-    returncode, out, attempts, _ = host_removed_and_added(cluster, shared_dir)
+    returncode, out, attempts = host_removed_and_added(cluster, shared_dir)
     assert returncode == 0, out[-6000:]
     assert "(global batch 96)" in out and out.count("(global batch 96)") == len(attempts)
     assert [(w, b) for w, _, b in attempts] == [(3, 32), (2, 48), (3, 32)], attempts

@@ -122,12 +122,14 @@ def cluster_user(tmp_path_factory):
         shutil.copytree(ROOT_WHEELS, wheels, dirs_exist_ok=True)
     _chown_tree(wheels, account.pw_uid, account.pw_gid)
     started = time.time()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "-d", wheelhouse,
-         "-r", os.path.join(REPO, "requirements.txt"), "pip", "wheel", "setuptools",
-         "cloudpickle", "psutil", "pyyaml", "packaging"],
-        check=True, capture_output=True, timeout=1800,
-    )  # fmt: skip
+    download = [sys.executable, "-m", "pip", "download", "-q", "-d", wheelhouse,
+                "-r", os.path.join(REPO, "requirements.txt"), "pip", "wheel", "setuptools",
+                "cloudpickle", "psutil", "pyyaml", "packaging"]  # fmt: skip
+    # From the wheelhouse alone when it already satisfies every requirement (5 CPU s here, against 17 s
+    # of resolving against the index); from the index otherwise.
+    offline = [*download, "--no-index", "--find-links", wheelhouse]
+    if subprocess.run(offline, capture_output=True, timeout=600).returncode != 0:
+        subprocess.run(download, check=True, capture_output=True, timeout=1800)
     if not glob.glob(os.path.join(wheelhouse, "horovod-0.28.1.tar.gz")):
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
@@ -286,12 +288,10 @@ def test_mpich_job_runs_under_slurm_srun_pmi2(cluster_user, openmpi_run, tmp_pat
         pytest.skip("Slurm is not installed (install/test_services.sh)")
     cluster = SlurmCluster(tmp_path / "slurm").start()
     try:
-        path = cluster_user["mpich"] + ":" + cluster_user["plain"]
-        scratch = cluster_user["scratch"]
-        export = f"ALL,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch}"
-        export += f",PATH={path}"
+        scratch, path = cluster_user["scratch"], cluster_user["mpich"] + ":" + cluster_user["plain"]
+        export = f"ALL,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch},PATH={path}"
         job = cluster.run(
-            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={cluster_user['scratch']}",
+            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={scratch}",
              f"--output={tmp_path}/slurm-%j.out", f"--export={export}",
              "launch/slurm/train.sbatch", "flags/smoke.flags", f"--workdir={tmp_path}"]
         ).stdout.strip().split(";")[0]  # fmt: skip

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.support import REPO, python_shim
-from tests.support.slurm_cluster import SlurmCluster, slurm_available, slurmstepd_pids
+from tests.support.slurm_cluster import SlurmCluster, slurm_available
 
 
 def _load_hosts_script():
@@ -106,29 +106,6 @@ def _wait_paused(cluster, job, tmp_path, timeout=300):
     assert cluster.job_state(job) == "RUNNING"
 
 
-def _wait_state(cluster, job, state, timeout=120):
-    deadline = time.time() + timeout
-    while cluster.job_state(job) != state:
-        assert time.time() < deadline, f"job {job} not {state} after {timeout} s: {cluster.job_state(job)}"
-        time.sleep(0.2)
-
-
-def _wait_step_ended(cluster, job, timeout=120):
-    """Waits until the attempt before is gone from the node: no slurmstepd of the job left (the steps of a
-    requeued job keep their ids, and a step 0 started while the last one's slurmstepd still finalises its
-    PMIx server fails: "Cannot bind() UNIX socket .../stepd.slurm.pmix.<job>.0: Address already in use"),
-    the node idle, and a second more (a job started in the second its credential was revoked in is
-    refused, "Job credential revoked": Slurm compares whole seconds)."""
-    deadline = time.time() + timeout
-    while slurmstepd_pids(job):
-        assert time.time() < deadline, f"job {job}'s slurmstepd still running after {timeout} s"
-        time.sleep(0.2)
-    cluster.wait_idle(timeout)
-    second = int(time.time())
-    while int(time.time()) <= second:  # into the next whole second
-        time.sleep(0.05)
-
-
 @pytest.mark.system
 def test_sbatch_through_horovodrun_trains_two_ranks_without_tensorflow_notices(cluster, tmp_path):
     # LAUNCHER=horovodrun: horovodrun's build check and the ranks print through the notice filter.
@@ -159,17 +136,16 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     _wait_paused(cluster, job, tmp_path)
     # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.
     cluster.run(["scancel", "--batch", "--signal=USR1", job])
-    _wait_state(cluster, job, "PENDING")
+    cluster.wait(job, ("PENDING",), timeout=120)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
     assert match and match.group(1) == match.group(2) == "6", log[-3000:]
     # srun's status is 75 (hvd_lars.training.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a
     # rank that had not yet exited after the first one exited 75; the USR1 the script passed on settles it.
     assert re.search(r"training stopped at a checkpoint \(status (75|143)\): requeueing", log)
-    # The batch script requeued its own job and then exits: let its step end before the job starts again
-    # (started at once, Slurm refuses it: "Job credential revoked"; a real requeue waits minutes).
-    _wait_step_ended(cluster, job)
-    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    # The batch script requeued its own job and then exits: its step ends before the job starts again
+    # (a real requeue waits minutes).
+    cluster.start_requeued_now(job)
     state = cluster.wait(job, timeout=600)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", state + log[-3000:]

@@ -160,6 +160,29 @@ class SlurmCluster:
             time.sleep(0.2)
         raise TimeoutError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
 
+    def start_requeued_now(self, job_id, timeout=120):
+        """Starts a requeued job now, which Slurm holds back (Reason=BeginTime) as a real pre-emption would.
+        Released once it is pending and its last attempt is gone from every node: no slurmstepd of the job
+        left (a requeued job's steps keep their ids, and a step 0 started while the last attempt's
+        slurmstepd still finalises its PMIx server fails: "Cannot bind() UNIX socket
+        .../stepd.slurm.pmix.<job>.0: Address already in use"), every node idle, and the clock past the
+        second in which that was seen (a job started in the second its credential was revoked in is
+        refused, "Job credential revoked": Slurm compares whole seconds)."""
+        self.wait(job_id, ("PENDING",), timeout)
+        deadline = time.time() + timeout
+        while slurmstepd_pids(job_id):
+            if time.time() > deadline:
+                raise TimeoutError(f"job {job_id}'s slurmstepd still running after {timeout} s")
+            time.sleep(0.2)
+        self.wait_idle(timeout)
+        second = int(time.time())
+        while int(time.time()) <= second:
+            time.sleep(0.05)
+        result = self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        if result.returncode != 0:
+            shown = self.run(["scontrol", "show", "job", str(job_id)], check=False).stdout
+            raise RuntimeError(f"job {job_id} could not be released: {result.stderr.strip()}\n{shown}")
+
     def stop(self, timeout=30):
         """Shuts the daemons down and waits until their processes are gone."""
         self.run(["scontrol", "shutdown"], check=False)

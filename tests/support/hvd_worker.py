@@ -46,12 +46,14 @@ ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # r
 def run(out, calls):
     """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in folder `out`; returns
     (`results(function, *args)`: the results of that call, both ranks' or the one rank's, stdout)."""
+    from hvd_lars.training.threads import HOROVOD_CPU_DEFAULTS
     from tests.support import REPO, TWO_RANKS
     from tests.support.main_server import served
 
     words = [":".join([function.__name__, *args]) for function, *args in calls]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}  # no user's rules
-    env.update(TMPDIR=str(out), PYTHONPATH=REPO)
+    # The main program's Horovod CPU defaults: a rank waiting for the other polls less (2 ranks, 2 cores).
+    env.update(HOROVOD_CPU_DEFAULTS, TMPDIR=str(out), PYTHONPATH=REPO)
     cmd = served([*TWO_RANKS, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -129,8 +131,9 @@ def initial_weights():
     return [rng.normal(size=s, scale=0.5).astype(np.float32) for s in [(4, 3), (3,), (3, 2), (2,)]]
 
 
-def fit(model, optimizer, x, y, batch_size, callbacks=(), epochs=1):
-    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+def fit(model, optimizer, x, y, batch_size, callbacks=(), epochs=1, run_eagerly=False):
+    """`model.fit` with mse; `run_eagerly` for the one-process references (no graph to trace)."""
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False, run_eagerly=run_eagerly)
     model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
     return model
 
@@ -217,7 +220,7 @@ def one_process(rank, size, name, rate_kind):
     """The reference of `two_ranks(name, rate_kind, ...)`: the plain optimizer on the whole batch."""
     _, (x_all, y_all) = data(rank, size)
     optimizer, callbacks = make_optimizer(name, rate_kind)
-    model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks)
+    model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks, run_eagerly=True)
     return values(model.trainable_variables)
 
 
@@ -272,23 +275,15 @@ def loss_scaler_chosen(rank, size):
 
 def _accumulating(kind):
     """(the optimizer of `kind` accumulating 2 micro-batches per update, the plain optimizer it wraps)."""
+    if kind == "sgd_adopted":
+        sgd = lambda **accumulation: SGD(0.05, momentum=0.9, **accumulation)  # noqa: E731
+        return DistributedOptimizer(sgd(gradient_accumulation_steps=2)), sgd()
+    if kind == "adam_lso_chosen":
+        make = lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)  # noqa: E731
+        return chosen_under_mixed_float16(make), Adam(0.01)
     schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
-    return {
-        "sgd_adopted": lambda: (
-            DistributedOptimizer(SGD(0.05, momentum=0.9, gradient_accumulation_steps=2)),
-            SGD(0.05, momentum=0.9),
-        ),
-        "lars_schedule_lso_inside": lambda: (
-            DistributedOptimizer(
-                LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0), backward_passes_per_step=2
-            ),
-            LARS(schedule(), eta=0.1),
-        ),
-        "adam_lso_chosen": lambda: (
-            chosen_under_mixed_float16(lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)),
-            Adam(0.01),
-        ),
-    }[kind]()
+    scaled = LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0)
+    return DistributedOptimizer(scaled, backward_passes_per_step=2), LARS(schedule(), eta=0.1)
 
 
 def accumulation(rank, size, kind):
@@ -307,7 +302,8 @@ def accumulation(rank, size, kind):
 def accumulation_reference(rank, size, kind):
     """The reference of `accumulation(kind)`: the plain optimizer on the 8 rows of each update."""
     _, (x_all, y_all) = data(rank, size)
-    return values(fit(make_model(), _accumulating(kind)[1], x_all, y_all, GLOBAL_BATCH).trainable_variables)
+    model = fit(make_model(), _accumulating(kind)[1], x_all, y_all, GLOBAL_BATCH, run_eagerly=True)
+    return values(model.trainable_variables)
 
 
 def allreduces_per_accumulation_branch(rank, size):

@@ -1,5 +1,6 @@
-"""The quick benchmarks run as their docstrings and results/README.md give them (`python -m benchmarks.X`),
-with small arguments and their output in tmp_path, never in results/; each check reads what was written."""
+"""The quick benchmarks run as their docstrings and results/README.md give them (`python -m benchmarks.X`;
+its `main` in-process where it starts no process), with small arguments and their output in tmp_path,
+never in results/; each check reads what was written."""
 
 import json
 import os
@@ -10,15 +11,8 @@ import sys
 
 import pytest
 
-from benchmarks import common, record_run
+from benchmarks import common, record_run, scaling, time_to_train
 from tests.support import REPO
-
-
-def _run(*args):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", *args]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 @pytest.mark.unit
@@ -46,7 +40,10 @@ def test_the_record_of_a_summary_from_another_machine(tmp_path):
 def test_record_run_trains_a_flagfile_afresh_and_measures_this_machine(tmp_path):
     # The committed records' way, on 1 rank: flags/smoke.flags (2 epochs of 3 updates) in a new run directory.
     args = ["--flagfile=flags/smoke.flags", "--np=1", f"--workdir={tmp_path}", f"--out={tmp_path / 's.md'}"]
-    _run("benchmarks.record_run", *args)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-m", "benchmarks.record_run", *args]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run_dir,) = tmp_path.glob("smoke_reference_*")
     text = (tmp_path / "s.md").read_text()
     assert f"- Command: `python -m benchmarks.record_run {' '.join(args)}`" in text
@@ -57,14 +54,15 @@ def test_record_run_trains_a_flagfile_afresh_and_measures_this_machine(tmp_path)
     assert rate and float(rate.group(1)) > 1 and float(rate.group(2)) > 1, text[:600]
 
 
-@pytest.mark.horovod  # a subprocess
-def test_scaling_section_rewritten_and_the_reading_kept(tmp_path):
+@pytest.mark.horovod  # reads the committed results
+def test_scaling_section_rewritten_and_the_reading_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
     out = tmp_path / "scaling.md"
     shutil.copy(os.path.join(REPO, "results", "scaling.md"), out)
     before = out.read_text()
     # A stale table inside the section goes; the hand-written text before its marker stays.
     out.write_text(before.replace("| none (float32) | 102 MB |", "| stale |", 1))
-    _run("benchmarks.scaling", "overlap_compression", "--report_only", f"--out={out}")
+    scaling.main(["overlap_compression", "--report_only", f"--out={out}"])
     after = out.read_text()
     assert after == before and "| stale |" not in after
     reading, section = after.split("<!-- section: overlap_compression -->")
@@ -72,9 +70,10 @@ def test_scaling_section_rewritten_and_the_reading_kept(tmp_path):
     assert "Text outside the section markers is written by hand" in reading
 
 
-@pytest.mark.horovod  # a subprocess
-def test_time_to_train_predicts_minutes(tmp_path):
-    _run("benchmarks.time_to_train", f"--out={tmp_path / 't.md'}")
+@pytest.mark.horovod  # reads the committed results
+def test_time_to_train_predicts_minutes(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    time_to_train.main([f"--out={tmp_path / 't.md'}"])
     text = (tmp_path / "t.md").read_text()
     assert "- Command (from the repository root): `python -m benchmarks.time_to_train --out=" in text
     minutes = [float(m) for m in re.findall(r"\| ([\d.]+) min \|", text)]

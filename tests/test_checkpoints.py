@@ -22,22 +22,6 @@ def _model():
     return model
 
 
-def _train(directory, **options):
-    model = _model()
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer), str(directory), max_to_keep=10
-    )
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(12, 6)).astype("float32"), rng.integers(0, 3, 12)
-    at = {}  # the weights after each update
-    record = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda b, logs: at.update({int(model.optimizer.iterations): model.get_weights()})
-    )
-    checkpoint = PeriodicCheckpoint(manager, **options)
-    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[record, checkpoint])
-    return at, manager
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "asynchronous, at_epoch_end, expected",
@@ -45,7 +29,18 @@ def _train(directory, **options):
     ids=["asynchronous_and_epoch_ends", "synchronous_steps_only"],
 )
 def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epoch_end, expected):
-    weights, manager = _train(tmp_path, every_steps=2, at_epoch_end=at_epoch_end, asynchronous=asynchronous)
+    model = _model()
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer), str(tmp_path), max_to_keep=10
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(12, 6)).astype("float32"), rng.integers(0, 3, 12)
+    at = {}  # the weights after each update
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda b, logs: at.update({int(model.optimizer.iterations): model.get_weights()})
+    )
+    checkpoint = PeriodicCheckpoint(manager, 2, at_epoch_end=at_epoch_end, asynchronous=asynchronous)
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[record, checkpoint])
     # After fit: the last write is complete and indexed.
     assert [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints] == expected
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-6")
@@ -55,7 +50,7 @@ def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epo
             str(tmp_path / f"ckpt-{step}")
         ).assert_existing_objects_matched()
         assert int(restored.optimizer.iterations) == step
-        for value, reference in zip(restored.get_weights(), weights[step]):
+        for value, reference in zip(restored.get_weights(), at[step]):
             np.testing.assert_array_equal(value, reference)
 
 

@@ -194,20 +194,6 @@ def test_plot_run_in_the_first_epoch_says_no_epoch_has_finished(tmp_path, capsys
     assert out.out == "" and out.err.startswith("hvd_lars: error: ") and len(out.err.splitlines()) == 1
 
 
-def _fit_with_progress(progress, epochs, steps):
-    """The running mean loss after each micro-batch, as progress lines write it, of a small model's fit."""
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    x = np.arange(40, dtype="float32").reshape(20, 2) / 40
-    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(2).repeat()
-    losses = []
-    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: losses.append(logs["loss"]))
-    model.fit(
-        data, epochs=epochs, steps_per_epoch=steps, callbacks=[record, progress], verbose=0, shuffle=False
-    )
-    return [f"{v:.4f}" if v > 1e-3 else f"{v:.4e}" for v in losses]  # as Keras's epoch line writes them
-
-
 END = re.compile(r"\d/5 - \d+s - \d+[mu]?s/step - loss: \d+\.\d{4}(e-\d\d)?")  # Keras's own epoch line
 
 
@@ -233,7 +219,17 @@ END = re.compile(r"\d/5 - \d+s - \d+[mu]?s/step - loss: \d+\.\d{4}(e-\d\d)?")  #
 )  # fmt: skip
 def test_progress_lines(capsys, progress, fit, expected):
     ticks = iter(range(0, 10_000, 10))  # read as an epoch begins and after each micro-batch: 10 s each
-    losses = _fit_with_progress(epoch_logs.EpochProgress(*progress, clock=lambda: next(ticks)), *fit)
+    progress = epoch_logs.EpochProgress(*progress, clock=lambda: next(ticks))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.arange(40, dtype="float32").reshape(20, 2) / 40
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(2).repeat()
+    losses = []  # the running mean loss after each micro-batch
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: losses.append(logs["loss"]))
+    model.fit(
+        data, epochs=fit[0], steps_per_epoch=fit[1], callbacks=[record, progress], verbose=0, shuffle=False
+    )
+    losses = [f"{v:.4f}" if v > 1e-3 else f"{v:.4e}" for v in losses]  # as Keras's epoch line writes them
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(expected), lines
     for line, want in zip(lines, expected):

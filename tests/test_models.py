@@ -55,7 +55,6 @@ def test_small_cnn_parameter_counts_with_and_without_batch_norm():
     for layer in without.layers:
         if isinstance(layer, keras.layers.Conv2D):
             assert layer.use_bias and layer.kernel_initializer.__class__.__name__ == "HeNormal"
-    assert with_bn.output.dtype == without.output.dtype == "float32"
 
 
 @pytest.mark.unit
@@ -105,7 +104,6 @@ def test_alexnet_parameter_and_multiply_add_counts():
     # conv5 3*3*384*256 + 256 = 884,992; fc6 (6*6*256)*4096 + 4096 = 37,752,832; fc7 4096*4096 + 4096 =
     # 16,781,312; fc8 4096*1000 + 1000 = 4,097,000. Total 62,378,344 (the usual "62.3M" AlexNet figure).
     expected = 34_944 + 614_656 + 885_120 + 1_327_488 + 884_992 + 37_752_832 + 16_781_312 + 4_097_000
-    assert expected == 62_378_344
     plain = get_model("alexnet")
     assert trainable_count(plain) == expected
     assert moving_statistics_count(plain) == 0
@@ -125,20 +123,21 @@ def test_alexnet_parameter_and_multiply_add_counts():
         np.testing.assert_array_equal(bn.get_layer(layer).bias.numpy(), np.float32(value))
     bn_layers = [layer for layer in bn.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert {layer.epsilon for layer in bn_layers} == {1e-4}
-    assert abs(np.std(bn.get_layer("fc6").kernel.numpy()) - 0.005) < 5e-5
+    assert abs(np.std(bn.get_layer("fc6").kernel[:256].numpy()) - 0.005) < 5e-5  # 1M weights: error 3.5e-6
     # Caffe's two-tower bvlc_alexnet (conv2, conv4, conv5 grouped in 2). Sze et al., "Efficient Processing of
     # Deep Neural Networks", Proc. IEEE 2017, table III: 666M multiply-adds in the convolutions, 58.6M in fc.
-    x = inputs = keras.Input((227, 227, 3))
+    inputs = keras.Input((227, 227, 3))
+    x, zeros = inputs, dict(kernel_initializer="zeros")  # only shapes count: no random weights drawn
     for filters, kernel, strides, groups, pool in [
         (96, 11, 4, 1, True), (256, 5, 1, 2, True), (384, 3, 1, 1, False), (384, 3, 1, 2, False),
         (256, 3, 1, 2, True),
     ]:  # fmt: skip
         padding = "valid" if kernel == 11 else "same"
-        x = keras.layers.Conv2D(filters, kernel, strides=strides, padding=padding, groups=groups)(x)
+        x = keras.layers.Conv2D(filters, kernel, strides=strides, padding=padding, groups=groups, **zeros)(x)
         x = keras.layers.MaxPooling2D(3, 2)(x) if pool else x
     x = keras.layers.Flatten()(x)
     for units in (4096, 4096, 1000):
-        x = keras.layers.Dense(units)(x)
+        x = keras.layers.Dense(units, **zeros)(x)
     counts = list(forward_multiply_adds(keras.Model(inputs, x)).values())
     assert sum(counts[:5]) == pytest.approx(666e6, rel=0.005)
     assert sum(counts[5:]) == pytest.approx(58.6e6, rel=0.005)
@@ -164,19 +163,13 @@ def test_resnet20_parameter_count_and_zero_padded_shortcut():
     np.testing.assert_array_equal(y[..., :3], x[:, ::2, ::2, :])
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    yield
-    keras.mixed_precision.set_global_policy("float32")
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "name, shape",
     [("alexnet", (67, 67, 3)), ("alexnet_bn", (67, 67, 3)), ("resnet18", (64, 64, 3)), ("resnet20", None)],
 )
-def test_logits_are_float32_under_mixed_bfloat16(mixed_bfloat16, name, shape):
+def test_logits_are_float32_under_mixed_bfloat16(name, shape):
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # conftest sets float32 again after the test
     model = get_model(name, num_classes=5, input_shape=shape)
     images = tf.random.stateless_uniform((2, *model.input_shape[1:]), seed=(1, 2))
     logits = model(images, training=True)
@@ -247,38 +240,29 @@ def _user_model(seed):
     return keras.Model(inputs, keras.layers.Dense(3)(x))
 
 
-def _trained(model, x, y):
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
-    for _ in range(3):
-        model.train_on_batch(x, y)
-    return model
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize("policy, tolerance", [("float32", 1e-4), ("mixed_bfloat16", 3e-2)])
 def test_fused_user_model_trains_infers_and_saves_as_keras(policy, tolerance, tmp_path):
     keras.mixed_precision.set_global_policy(policy)
-    try:
-        rng = np.random.default_rng(0)
-        x = rng.normal(1.0, 2.0, size=(16, 8, 8, 3)).astype(np.float32)
-        y = rng.integers(0, 3, size=16)
-        plain, fused = _user_model(7), _user_model(7)
-        fused.set_weights(plain.get_weights())
-        assert hvd_lars.fuse_batch_norm(fused) is fused
-        kinds = [type(layer).__name__ for layer in fused._flatten_layers() if "batch_norm" in layer.name]
-        assert kinds == ["FusedBatchNormalization"] * 3  # the nested one too; the (B, C) one stays Keras's
-        _trained(plain, x, y), _trained(fused, x, y)
-        for a, b in zip(plain.weights, fused.weights, strict=True):
-            np.testing.assert_allclose(
-                np.asarray(b), np.asarray(a), rtol=tolerance, atol=tolerance, err_msg=a.path
-            )
-        predicted = fused.predict(x, verbose=0)
-        np.testing.assert_allclose(predicted, plain.predict(x, verbose=0), atol=tolerance)
-        fused.save(tmp_path / "fused.keras")
-        loaded = keras.models.load_model(tmp_path / "fused.keras")
-        layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
-        assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
-        np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-6)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 2.0, size=(16, 8, 8, 3)).astype(np.float32)
+    y = rng.integers(0, 3, size=16)
+    plain, fused = _user_model(7), _user_model(7)
+    fused.set_weights(plain.get_weights())
+    assert hvd_lars.fuse_batch_norm(fused) is fused
+    kinds = [type(layer).__name__ for layer in fused._flatten_layers() if "batch_norm" in layer.name]
+    assert kinds == ["FusedBatchNormalization"] * 3  # the nested one too; the (B, C) one stays Keras's
+    for model in (plain, fused):
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
+        for _ in range(3):
+            model.train_on_batch(x, y)
+    for a, b in zip(plain.weights, fused.weights, strict=True):
+        np.testing.assert_allclose(b, a, rtol=tolerance, atol=tolerance, err_msg=a.path)
+    predicted = fused.predict(x, verbose=0)
+    np.testing.assert_allclose(predicted, plain.predict(x, verbose=0), atol=tolerance)
+    fused.save(tmp_path / "fused.keras")
+    loaded = keras.models.load_model(tmp_path / "fused.keras")
+    layers = [layer for layer in loaded._flatten_layers() if isinstance(layer, FusedBatchNormalization)]
+    assert len(layers) == 3 and not any(layer.bessel_correction for layer in layers)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-6)

@@ -95,7 +95,7 @@ def test_corrupt_bytes_and_unknown_views_are_refused():
 
 
 @pytest.mark.unit
-def test_caffe_crop_windows():
+def test_caffe_crop_windows_and_square_resize():
     # Training: y and x uniform over the 30 offsets 0..29 of a 227 window in 256 (Caffe's Rand(256-227+1)),
     # independent; evaluation: the centre, (256 - 227) // 2 = 14.
     offsets = np.array([pp.caffe_crop_offsets(256, 227, _seed(i)).numpy() for i in range(900)])
@@ -104,6 +104,15 @@ def test_caffe_crop_windows():
     assert counts.min() >= 10 and counts.max() <= 55  # 30 expected per offset
     assert abs(np.corrcoef(offsets.T)[0, 1]) < 0.1
     np.testing.assert_array_equal(pp.caffe_crop_offsets(256, 227).numpy(), [14, 14])
+    # The image is resized to a 256 square, not keeping the aspect ratio.
+    image = _gradient_image(300, 400)
+    data = tf.constant(encode(image, PNG))
+    resized = tf.image.resize(image, [256, 256], method="bilinear").numpy()
+    out = pp.preprocess_eval_caffe(data, 227).numpy()
+    np.testing.assert_allclose(out, resized[14:241, 14:241] - pp.CAFFE_MEAN_RGB, atol=1e-3)
+    # Smaller crops keep the 256/227 ratio: 36 for 32.
+    assert pp.caffe_resize_size(32) == 36
+    assert pp.preprocess_train_caffe(data, _seed(0), 32).shape == (32, 32, 3)
 
 
 @pytest.mark.unit
@@ -132,15 +141,3 @@ def test_caffe_views_are_exact_crops_of_a_256_image(name, scale):
         assert flipped or np.abs(out - window).max() < 1e-4
         mirrored += flipped
     assert 3 <= mirrored <= 17
-
-
-@pytest.mark.unit
-def test_caffe_resizes_to_a_square_without_keeping_the_aspect_ratio():
-    image = _gradient_image(300, 400)
-    data = tf.constant(encode(image, PNG))
-    resized = tf.image.resize(image, [256, 256], method="bilinear").numpy()
-    out = pp.preprocess_eval_caffe(data, 227).numpy()
-    np.testing.assert_allclose(out, resized[14:241, 14:241] - pp.CAFFE_MEAN_RGB, atol=1e-3)
-    # Smaller crops keep the 256/227 ratio: 36 for 32.
-    assert pp.caffe_resize_size(32) == 36
-    assert pp.preprocess_train_caffe(data, _seed(0), 32).shape == (32, 32, 3)

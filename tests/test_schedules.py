@@ -26,8 +26,6 @@ HAND_VALUES = {
         PaperPolynomialDecay(10.0, 20, 4, warmup_start_learning_rate=1.0),
         {0: 1.0, 3: 7.75, 4: 6.4, 10: 2.5, 12: 10.0 * 0.4**2, 19: 0.025, 20: 0.0, 500: 0.0},
     ),
-    "mlperf_against_paper": (WarmupPolynomialDecay(10.0, 20, 4, warmup_start_learning_rate=1.0),
-                             {3: 7.75, 4: 10.0, 12: 10.0 * (1 - 8 / 17) ** 2}),
     "paper_end_rate": (PaperPolynomialDecay(10.0, 20, 4, end_learning_rate=1.0, power=1.0),
                        {0: 0.0, 4: 1.0 + 9.0 * 0.8, 19: 1.0 + 9.0 * 0.05, 25: 1.0}),
     # peak 2, warmup 2 of 6, end 0.2: half a cosine over steps 2..6.

@@ -116,9 +116,9 @@ def _fake_args(tmp_path, *extra):
     )  # fmt: skip
 
 
-@pytest.fixture
-def fake_training(monkeypatch):
-    """study.run_cell replaced by one that writes a finished fake summary; returns the cells trained."""
+@pytest.mark.unit
+def test_a_study_in_parts_its_report_and_a_run_of_other_settings(tmp_path, monkeypatch):
+    # study.run_cell replaced by one that writes a finished fake summary and notes the cell trained.
     trained, reports = [], []
 
     def run_cell(args, cell, journal):
@@ -130,12 +130,6 @@ def fake_training(monkeypatch):
     monkeypatch.setattr(large_batch_report, "write", lambda *a: reports.append(a))
     monkeypatch.setattr(study.common, "cpu", lambda: dict(TEST_CPU))
     monkeypatch.setattr(study.common, "matmul_rate", lambda: dict(TEST_MATMUL))
-    return trained, reports
-
-
-@pytest.mark.unit
-def test_a_study_in_parts_its_report_and_a_run_of_other_settings(tmp_path, fake_training):
-    trained, reports = fake_training
     args = _fake_args(tmp_path)
     half = study.Cell("momentum", 128, -1, 0, "small_cnn_nobn")  # found done: one rate of a sweep
     _write_summary(args, half, _fake_summary(args, half))

@@ -135,7 +135,4 @@ def test_mpirun_sh_places_two_ranks_by_the_machine_under_open_mpi_and_hydra(
     args = (tmp_path / "args").read_text().splitlines()
     start = args.index(want[0])
     assert args[start : start + len(want)] == want, args
-    assert args[args.index("-m") + 1 : args.index("-m") + 3] == [
-        "hvd_lars.main",
-        "--flagfile=flags/smoke.flags",
-    ]
+    assert args[args.index("-m") + 1 :][:2] == ["hvd_lars.main", "--flagfile=flags/smoke.flags"]

@@ -86,13 +86,10 @@ TEST_CPU = {"model": "a test CPU", "vendor": "GenuineIntel", "family": "6", "mod
 TEST_MATMUL = {"float32": 100.0, "bfloat16": 200.0, "size": 4096}
 
 
-def _val(cell):
-    return round(0.9 - 0.01 * abs(cell.k - BEST.get((cell.network, cell.arm), 0)) + 0.002 * cell.seed, 6)
-
-
 def _fake_summary(args, cell):
     """A finished run's summary.json as the main program writes it (the fields the study reads)."""
-    steps, val = study.steps_per_epoch(args, cell.batch), _val(cell)
+    steps = study.steps_per_epoch(args, cell.batch)
+    val = round(0.9 - 0.01 * abs(cell.k - BEST.get((cell.network, cell.arm), 0)) + 0.002 * cell.seed, 6)
     plan = {"peak_learning_rate": study.ARMS[cell.arm].peak(study.rate_of(args, cell), cell.batch),
             "steps_per_epoch": steps, "total_steps": steps * args.epochs, "warmup_steps": 1}  # fmt: skip
     epoch = {"val_top1": val, "test_top1": val - 0.01, "val_loss": 0.3, "loss": 0.2, "top1": 0.95}

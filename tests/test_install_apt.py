@@ -5,19 +5,17 @@ the alternatives groups the function keeps (mpirun, mpi) do not exist before the
 import os
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.horovod
+from tests.support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.horovod
 
 
 def _install(tmp_path, groups_before):
-    """apt_install_missing run with stand-ins: dpkg-query (nothing installed), apt-get (logs its arguments;
-    `install` creates the groups) and update-alternatives (exit 2 for a group that does not exist, as
-    Debian's does)."""
+    """The stand-ins: dpkg-query (nothing installed), apt-get (logs its arguments; `install` creates the
+    groups), update-alternatives (exit 2 for a group that does not exist, as Debian's does)."""
     folder = tmp_path / "bin"
     folder.mkdir(parents=True)
     state = folder / "state"
@@ -48,7 +46,7 @@ def _install(tmp_path, groups_before):
         path.chmod(0o755)
     env = dict(os.environ, PATH=f"{folder}:{os.environ['PATH']}")
     script = (
-        f"set -euo pipefail; source {ROOT}/install/apt.sh; apt_install_missing openmpi-bin libopenmpi-dev"
+        f"set -euo pipefail; source {REPO}/install/apt.sh; apt_install_missing openmpi-bin libopenmpi-dev"
     )
     return folder, subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
 

@@ -75,10 +75,8 @@ def installed(tmp_path_factory):
     (wheel,) = dist.glob("hvd_lars-*.whl")
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = subprocess.check_output([str(python), "-c", ask], text=True).strip()
     # Links to the project's installs of what the wheel requires with its `train` extra (the application's)
     # and no other, and of what those require.
     with zipfile.ZipFile(wheel) as z:
@@ -115,10 +113,8 @@ def installed(tmp_path_factory):
 @pytest.mark.horovod  # subprocesses: pip, the environment's Python, its console scripts
 def test_the_wheel_holds_and_imports_every_file_of_the_package_and_steps_by_the_lars_rule(installed):
     env, wheel, found = installed
-    listed = subprocess.run(
-        ["git", "-C", REPO, "ls-files", "hvd_lars"], capture_output=True, text=True, check=True
-    )
-    committed = sorted(os.path.relpath(p, "hvd_lars") for p in listed.stdout.split())
+    listed = subprocess.check_output(["git", "-C", REPO, "ls-files", "hvd_lars"], text=True)
+    committed = sorted(os.path.relpath(p, "hvd_lars") for p in listed.split())
     with zipfile.ZipFile(wheel) as z:
         in_wheel = sorted(os.path.relpath(n, "hvd_lars") for n in z.namelist() if n.startswith("hvd_lars/"))
     assert in_wheel == found["files"] == committed  # every package folder, module and data file

@@ -73,9 +73,7 @@ def test_paper_flagfiles_state_the_time_to_train_models_prediction():
         text = open(os.path.join(REPO, "flags", f"{name}.flags")).read()
         # The `# Predicted:` line with its indented continuation lines, as one line.
         found = pattern.search(re.sub(r"\n#           ", " ", text))
-        assert found, (
-            f"{name}: no '# Predicted:' line (python -m benchmarks.time_to_train --update_flagfiles)"
-        )
+        assert found, f"{name} lacks '# Predicted:' (python -m benchmarks.time_to_train --update_flagfiles)"
         r, b, a, g = (int(x) for x in found.groups()[:4])
         plan = make_plan(_parse(name), r, IMAGENET)
         assert (r, b, a) == (ranks, per_rank, 1) and r * b * a == g == plan.global_batch_size, name

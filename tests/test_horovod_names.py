@@ -21,10 +21,8 @@ SOURCES = {part: os.path.join(KERAS, f"{part or '__init__'}.py") for part in (""
 
 def horovod_names(path):
     """{name: ast node of its def or class, or None for an imported name} of Horovod's public names."""
-    with open(path) as f:
-        tree = ast.parse(f.read())
     names = {}
-    for node in tree.body:
+    for node in ast.parse(open(path).read()).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
             names[node.name] = node
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horovod.tensorflow"):

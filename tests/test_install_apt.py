@@ -5,18 +5,18 @@ the alternatives groups the function keeps (mpirun, mpi) do not exist before the
 import os
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
+
 pytestmark = pytest.mark.horovod
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def _stand_ins(folder, groups_before):
-    """Writes dpkg-query (nothing installed), apt-get (logs its arguments; `install` creates the groups)
-    and update-alternatives (exit 2 for a group that does not exist, as Debian's does)."""
+def _install(tmp_path, groups_before):
+    """The stand-ins: dpkg-query (nothing installed), apt-get (logs its arguments; `install` creates the
+    groups), update-alternatives (exit 2 for a group that does not exist, as Debian's does)."""
+    folder = tmp_path / "bin"
     folder.mkdir(parents=True)
     state = folder / "state"
     state.mkdir()
@@ -44,18 +44,11 @@ def _stand_ins(folder, groups_before):
         path = folder / name
         path.write_text("#!/bin/bash\n" + body)
         path.chmod(0o755)
-
-
-def _install(tmp_path, groups_before):
-    bin_dir = tmp_path / "bin"
-    _stand_ins(bin_dir, groups_before)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{folder}:{os.environ['PATH']}")
     script = (
-        f"set -euo pipefail; source {ROOT}/install/apt.sh; apt_install_missing openmpi-bin libopenmpi-dev"
+        f"set -euo pipefail; source {REPO}/install/apt.sh; apt_install_missing openmpi-bin libopenmpi-dev"
     )
-    return bin_dir, subprocess.run(
-        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
+    return folder, subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_install_goes_through_with_no_mpi_alternatives_yet_and_keeps_an_earlier_mpirun(tmp_path):

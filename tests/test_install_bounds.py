@@ -22,10 +22,8 @@ def _bounds(lines):
 def _setup_cfg():
     config = configparser.ConfigParser()
     config.read(os.path.join(REPO, "setup.cfg"))
-    lines = config["options"]["install_requires"].splitlines()
-    return _bounds(
-        lines + [x for extra in config["options.extras_require"].values() for x in extra.splitlines()]
-    )
+    extras = "\n".join(config["options.extras_require"].values())
+    return _bounds([*config["options"]["install_requires"].splitlines(), *extras.splitlines()])
 
 
 def test_setup_cfg_and_requirements_txt_give_the_same_bounds():

@@ -14,19 +14,6 @@ PACKAGE = REPO / "hvd_lars"
 SHIM = PACKAGE / "keras_internals.py"
 
 
-def keras_private_names():
-    """Single-underscore attribute names of Keras objects, built as the package uses them."""
-    variable = keras.Variable(np.ones((2, 1), np.float32))
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", jit_compile=False)
-    model.fit(np.ones((2, 2), np.float32), np.ones((2, 1), np.float32), verbose=0)
-    scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
-    scaler.build([variable])
-    objects = [variable, model, model.layers[0], model.optimizer, scaler, keras.callbacks.Callback()]
-    names = {n for obj in objects for n in [*dir(obj), *vars(obj)]}
-    return {n for n in names if n.startswith("_") and not n.startswith("__")}
-
-
 def violations(source, private, path="<source>"):
     """(path, line, name) of each private Keras name (listed hooks' overrides aside) or keras.src import."""
     found = []
@@ -48,7 +35,16 @@ def violations(source, private, path="<source>"):
 
 @pytest.fixture(scope="module")
 def private():
-    return keras_private_names()
+    """Single-underscore attribute names of Keras objects, built as the package uses them."""
+    variable = keras.Variable(np.ones((2, 1), np.float32))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", jit_compile=False)
+    model.fit(np.ones((2, 2), np.float32), np.ones((2, 1), np.float32), verbose=0)
+    scaler = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    scaler.build([variable])
+    objects = [variable, model, model.layers[0], model.optimizer, scaler, keras.callbacks.Callback()]
+    names = {n for obj in objects for n in [*dir(obj), *vars(obj)]}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
 
 @pytest.mark.unit

@@ -55,23 +55,6 @@ def test_usage_and_missing_flagfile(script):
     assert result.returncode == 2 and "flagfile 'flags/nope.flags' not found" in result.stderr
 
 
-def _placement(hosts, ranks, **env):
-    # What launch/env.sh decides for `ranks` ranks over `hosts` (a hostfile, a host list or localhost).
-    script = (
-        'source launch/env.sh && hvd_lars_place "$(hvd_lars_ranks_per_host "$HOSTS" "$RANKS")" && '
-        'echo "$RANKS_PER_SOCKET $THREADS_PER_RANK $OMP_NUM_THREADS ${MPI_BIND:-core} '
-        '${MPI_OVERSUBSCRIBE:-0} ${TF_ENABLE_ONEDNN_OPTS-unset}"'
-    )
-    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
-    result = subprocess.run(
-        ["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
-        env=dict(clean, HOSTS=hosts, RANKS=str(ranks), **env),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    per_socket, threads, omp, bind, oversubscribe, onednn = result.stdout.split()
-    return int(per_socket), int(threads), int(omp), bind, oversubscribe == "1", onednn
-
-
 PLACEMENT_VARIABLES = (
     "RANKS_PER_SOCKET", "THREADS_PER_RANK", "OMP_NUM_THREADS", "MPI_BIND", "MPI_OVERSUBSCRIBE",
     "SOCKETS_PER_NODE", "CORES_PER_SOCKET", "SLURM_CPUS_PER_TASK", "TF_ENABLE_ONEDNN_OPTS",
@@ -103,7 +86,21 @@ def test_placement_comes_from_the_hosts_sockets_and_slots(tmp_path, sockets, cor
     if hosts.startswith("hostfile:"):
         (tmp_path / "hostfile").write_text(hosts[len("hostfile:") :])
         hosts = str(tmp_path / "hostfile")
-    got = _placement(hosts, ranks, SOCKETS_PER_NODE=str(sockets), CORES_PER_SOCKET=str(cores), **env)
+    # What launch/env.sh decides for `ranks` ranks over `hosts` (a hostfile, a host list or localhost).
+    script = (
+        'source launch/env.sh && hvd_lars_place "$(hvd_lars_ranks_per_host "$HOSTS" "$RANKS")" && '
+        'echo "$RANKS_PER_SOCKET $THREADS_PER_RANK $OMP_NUM_THREADS ${MPI_BIND:-core} '
+        '${MPI_OVERSUBSCRIBE:-0} ${TF_ENABLE_ONEDNN_OPTS-unset}"'
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=dict(clean, HOSTS=hosts, RANKS=str(ranks), SOCKETS_PER_NODE=str(sockets),
+                 CORES_PER_SOCKET=str(cores), **env),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    per_socket, threads, omp, bind, oversubscribe, onednn = result.stdout.split()
+    got = (int(per_socket), int(threads), int(omp), bind, oversubscribe == "1", onednn)
     assert got == (*want, env.get("TF_ENABLE_ONEDNN_OPTS", "unset"))
 
 
@@ -138,7 +135,4 @@ def test_mpirun_sh_places_two_ranks_by_the_machine_under_open_mpi_and_hydra(
     args = (tmp_path / "args").read_text().splitlines()
     start = args.index(want[0])
     assert args[start : start + len(want)] == want, args
-    assert args[args.index("-m") + 1 : args.index("-m") + 3] == [
-        "hvd_lars.main",
-        "--flagfile=flags/smoke.flags",
-    ]
+    assert args[args.index("-m") + 1 :][:2] == ["hvd_lars.main", "--flagfile=flags/smoke.flags"]

@@ -11,7 +11,6 @@ import pytest
 from hvd_lars.parallel import ompi_allreduce_rules
 from hvd_lars.training import threads
 from hvd_lars.training.config import TrainConfig
-from hvd_lars.training.threads import threads_per_rank
 from tests.support import REPO
 
 RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
@@ -19,7 +18,7 @@ RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "local_size, cores, usable, threads",
+    "local_size, cores, usable, expected",
     [
         (1, [0], 2, 1),  # taskset -c 0
         (1, [0, 1], 2, 2),  # one rank alone on its node, unbound: every core
@@ -32,8 +31,8 @@ RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
         (8, [0, 1], 2, 1),  # more ranks than cores: at least 1
     ],
 )
-def test_threads_per_rank(local_size, cores, usable, threads):
-    assert threads_per_rank(local_size, cores, usable) == threads
+def test_threads_per_rank(local_size, cores, usable, expected):
+    assert threads.threads_per_rank(local_size, cores, usable) == expected
 
 
 @pytest.mark.unit
@@ -125,10 +124,8 @@ def test_thread_settings_are_read_back_from_tensorflow():
 
     tf.constant(1.0) + 1.0  # this process's TensorFlow is initialised: its pools are fixed
     before = threads.applied_threads()
-    assert threads.configure_threads(TrainConfig(intra_op_threads=7, inter_op_threads=3), world_size=1) == (
-        7,
-        3,
-    )
+    requested = threads.configure_threads(TrainConfig(intra_op_threads=7, inter_op_threads=3), world_size=1)
+    assert requested == (7, 3)
     # The request came too late: what is reported is what TensorFlow runs with, not the request.
     assert threads.applied_threads() == before and (before["intra_op"], before["inter_op"]) != (7, 3)
     assert before["intra_op"] == tf.config.threading.get_intra_op_parallelism_threads()

@@ -75,17 +75,28 @@ def installed(tmp_path_factory):
     (wheel,) = dist.glob("hvd_lars-*.whl")
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    # What the wheel requires with its `train` extra (the application's), from the project's environment,
-    # after the wheel's own site-packages.
+    ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = subprocess.check_output([str(python), "-c", ask], text=True).strip()
+    # Links to the project's installs of what the wheel requires with its `train` extra (the application's)
+    # and no other, and of what those require.
     with zipfile.ZipFile(wheel) as z:
         (metadata,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
-        requires = [v for k, v in re.findall(r"^(Requires-Dist): (.*)$", z.read(metadata).decode(), re.M)]
+        pending = [*re.findall(r"^Requires-Dist: (.*)$", z.read(metadata).decode(), re.M), "horovod"]
+    purelib, seen, borrowed = sysconfig.get_path("purelib"), set(), tmp / "borrowed"
+    borrowed.mkdir()
+    while pending:
+        requirement = Requirement(pending.pop())
+        name = canonicalize_name(requirement.name)
+        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": "train"})):
+            continue
+        seen.add(name)
+        distribution = importlib.metadata.distribution(name)
+        pending += distribution.requires or []
+        for top in {f.parts[0] for f in distribution.files or () if f.parts[0] != os.pardir}:
+            if not (borrowed / top).exists() and os.path.exists(os.path.join(purelib, top)):
+                (borrowed / top).symlink_to(os.path.join(purelib, top))
     with open(os.path.join(site, "project_requirements.pth"), "w") as f:
-        f.write(_links_to_distributions([*requires, "horovod"], tmp / "borrowed") + "\n")
+        f.write(f"{borrowed}\n")
     installing = subprocess.run(
         [*pip, "--python", str(python), "install", "--no-deps", str(wheel)],
         capture_output=True, text=True, timeout=600,
@@ -99,32 +110,11 @@ def installed(tmp_path_factory):
     return env, wheel, json.loads(checked.stdout.strip().splitlines()[-1])
 
 
-def _links_to_distributions(requirements, folder):
-    """Makes `folder` hold links to the files of the installed distributions `requirements` (strings of
-    Requires-Dist) and of theirs, with the application's `train` extra and no other; returns its path."""
-    purelib, seen, pending = sysconfig.get_path("purelib"), set(), list(requirements)
-    folder.mkdir()
-    while pending:
-        requirement = Requirement(pending.pop())
-        name = canonicalize_name(requirement.name)
-        if name in seen or (requirement.marker and not requirement.marker.evaluate({"extra": "train"})):
-            continue
-        seen.add(name)
-        distribution = importlib.metadata.distribution(name)
-        pending += distribution.requires or []
-        for top in {f.parts[0] for f in distribution.files or () if f.parts[0] != os.pardir}:
-            if not (folder / top).exists() and os.path.exists(os.path.join(purelib, top)):
-                (folder / top).symlink_to(os.path.join(purelib, top))
-    return str(folder)
-
-
 @pytest.mark.horovod  # subprocesses: pip, the environment's Python, its console scripts
 def test_the_wheel_holds_and_imports_every_file_of_the_package_and_steps_by_the_lars_rule(installed):
     env, wheel, found = installed
-    listed = subprocess.run(
-        ["git", "-C", REPO, "ls-files", "hvd_lars"], capture_output=True, text=True, check=True
-    )
-    committed = sorted(os.path.relpath(p, "hvd_lars") for p in listed.stdout.split())
+    listed = subprocess.check_output(["git", "-C", REPO, "ls-files", "hvd_lars"], text=True)
+    committed = sorted(os.path.relpath(p, "hvd_lars") for p in listed.split())
     with zipfile.ZipFile(wheel) as z:
         in_wheel = sorted(os.path.relpath(n, "hvd_lars") for n in z.namelist() if n.startswith("hvd_lars/"))
     assert in_wheel == found["files"] == committed  # every package folder, module and data file

@@ -1,7 +1,8 @@
 """Horovod 0.28.1's own TF2 Keras examples, which `hvd_lars.parallel.horovod_keras` stands in for, on 2 ranks
 as Horovod ships them, run by tests/support/horovod_files.py: the MNIST example, the synthetic benchmark with
 float16 compression, and the elastic MNIST example through 2 -> 1 -> 2 workers (its reset callback runs). The
-MNIST examples run all 24 epochs at `STEPS` steps each (Horovod's 500 / size take ~40 min on 2 cores).
+MNIST examples' fits are capped at `EPOCHS` epochs of `STEPS` steps (their 24 epochs of 500 / size steps take
+~40 min on 2 cores).
 """
 
 import os
@@ -27,6 +28,7 @@ pytestmark = [
 RUNNER = os.path.join(REPO, "tests", "support", "horovod_files.py")
 ENV = dict(os.environ, PYTHONPATH=REPO)
 STEPS = 4
+EPOCHS = 4  # the MNIST example's warmup of 3 epochs, and one at the warmed-up rate
 
 
 def _horovodrun(out, *args, timeout=900):
@@ -51,11 +53,11 @@ def _same_weights(ranks):
 def mnist(tmp_path_factory):
     out = tmp_path_factory.mktemp("mnist")
     path = os.path.join(HOROVOD_FILES, "examples", "tensorflow2", "tensorflow2_keras_mnist.py")
-    code, output = _horovodrun(out, path, f"--steps-per-epoch={STEPS}")
+    code, output = _horovodrun(out, path, f"--steps-per-epoch={STEPS}", f"--epochs={EPOCHS}")
     assert code == 0, output[-6000:]
     checkpoints = sorted(p.name for p in out.glob("checkpoint-*.h5"))
     for p in out.glob("checkpoint-*.h5"):
-        p.unlink()  # 24 files of 14 MB: checked by name, not kept
+        p.unlink()  # files of 14 MB: checked by name, not kept
     return out, output, checkpoints
 
 
@@ -65,13 +67,13 @@ def test_horovods_mnist_example_trains_both_ranks_alike(mnist):
     assert _same_weights(ranks) == 8  # 2 convolutions and 2 dense layers, kernel and bias each
     for r in ranks:
         assert str(r["optimizer"]) == "DistributedOptimizer"
-        assert int(r["iterations"]) == 24 * STEPS  # 24 epochs, one update per batch
+        assert int(r["iterations"]) == EPOCHS * STEPS  # one update per batch
         # The warmup over 3 epochs ends at Horovod's scaled rate 0.001 * size.
         assert float(r["learning_rate"]) == pytest.approx(0.002, rel=1e-6)
     assert "LearningRateWarmupCallback: warmup finished at rate 0.002" in output
-    assert checkpoints == sorted(f"checkpoint-{e}.h5" for e in range(1, 25))  # rank 0's, every epoch
+    assert checkpoints == sorted(f"checkpoint-{e}.h5" for e in range(1, EPOCHS + 1))  # rank 0's, every epoch
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.80, top1  # 0.852 when measured (96 updates of global batch 256; 0.873 with 192)
+    assert top1 >= 0.65, top1  # 0.749 when measured (16 updates of global batch 256; 0.852 with 96)
     assert "experimental_run_tf_function=False)` -> `compile(...)`': 1" in output  # a rename applied
 
 
@@ -99,11 +101,13 @@ def test_horovods_elastic_example_through_2_1_2_workers(tmp_path):
     discovery.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discovery.chmod(0o755)
     # The elastic driver, 1 to 2 slots on the hosts `hosts` lists: all localhost, hence the loopback device.
+    # Its workers are forked from the server (a new interpreter's imports can outlast Gloo's 30 s rendezvous
+    # on a loaded machine); each fit of `EPOCHS` epochs sees the membership change within its first 2.
     cmd = [HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", discovery]
     cmd += ["--network-interface", "lo", sys.executable, RUNNER, "example", tmp_path, path]
-    cmd += [f"--steps-per-epoch={STEPS}"]
+    cmd += [f"--steps-per-epoch={STEPS}", f"--epochs={EPOCHS}"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-    job = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, **pipes)
+    job = subprocess.Popen(served(cmd, tmp_path, ENV), cwd=tmp_path, env=ENV, **pipes)
     lines = []
     threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True).start()
 
@@ -141,5 +145,5 @@ def test_horovods_elastic_example_through_2_1_2_workers(tmp_path):
     assert float(ranks[0]["learning_rate"]) == pytest.approx(0.002, rel=1e-6)
     assert int(ranks[0]["size"]) == 2
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.80, top1  # 0.850 when measured (99 updates; the reset came in epochs 1 and 2)
+    assert top1 >= 0.65, top1  # 0.779 when measured (23 updates; the resets came in epochs 2 and 1)
     assert "`optimizer.lr` -> `optimizer.learning_rate`" in out  # tf.keras.backend.set_value(...lr, ...)

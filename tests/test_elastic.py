@@ -63,20 +63,19 @@ def test_every_failed_collective_is_retried_and_every_other_error_raised():
         "[Op:__inference_multi_step_on_iterator_2629]",
         "Connection reset by peer [[{{node hvd_lars.gradient.17}}]]",
     ]
-    for message in failures:
 
-        def failing(state, message=message):
-            raise tf.errors.UnknownError(None, None, message)
-
-        with pytest.raises(HorovodInternalError):
-            hvd_elastic.retry_collective_failures(failing)(object())
-    for error in (tf.errors.UnknownError(None, None, "a kernel failed"), ValueError("bad flag")):
-
-        def other(state, error=error):
+    def retried(error):
+        def step(state):
             raise error
 
+        return hvd_elastic.retry_collective_failures(step)
+
+    for message in failures:
+        with pytest.raises(HorovodInternalError):
+            retried(tf.errors.UnknownError(None, None, message))(object())
+    for error in (tf.errors.UnknownError(None, None, "a kernel failed"), ValueError("bad flag")):
         with pytest.raises(type(error)) as raised:
-            hvd_elastic.retry_collective_failures(other)(object())
+            retried(error)(object())
         assert raised.value is error
     assert hvd_elastic.retry_collective_failures(lambda state, k: state + k)(2, k=3) == 5
 

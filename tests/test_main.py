@@ -139,31 +139,20 @@ def test_two_ranks_subset(tmp_path):
     "flags, line",
     [
         (["--epoch=3"], "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
-        (
-            ["--noasync_checkpoint"],
-            "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)",
-        ),
-        (
-            ["--model=vgg99"],
-            "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, resnet50, small_cnn, "
-            "small_cnn_nobn.",
-        ),
+        (["--noasync_checkpoint"],
+         "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)"),
+        (["--model=vgg99"], "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, "
+                            "resnet50, small_cnn, small_cnn_nobn."),
         (["--momentum=1.5"], "--momentum must be a finite number >= 0 and < 1, got 1.5."),
         (["--epochs=abc"], "flag --epochs=abc: could not convert string to float: 'abc'"),
         (["--warmup_epochs=20"], "--warmup_epochs=20.0 must be < --epochs=12.0."),
-        (
-            ["--flagfile=flags/nope.flags"],
-            "Unable to open flagfile: [Errno 2] No such file or directory: 'flags/nope.flags' (the "
-            "experiments' flagfiles are in flags/)",
-        ),
+        (["--flagfile=flags/nope.flags"], "Unable to open flagfile: [Errno 2] No such file or directory: "
+                                          "'flags/nope.flags' (the experiments' flagfiles are in flags/)"),
         (["extra"], "unexpected arguments extra: give settings as --name=value."),
-        (
-            ["--flagfile={tmp}/mine.flags"],
-            "--flagfile={tmp}/mine.flags: line 2 is not utf-8 text (byte 0xe9 at column 6); save the file as "
-            "utf-8.",
-        ),
+        (["--flagfile={tmp}/mine.flags"], "--flagfile={tmp}/mine.flags: line 2 is not utf-8 text (byte 0xe9 "
+                                          "at column 6); save the file as utf-8."),
     ],
-)
+)  # fmt: skip
 def test_bad_flags_are_one_line_before_tensorflow_is_imported(flags, line, tmp_path):
     (tmp_path / "mine.flags").write_bytes(b"--flagfile=flags/smoke.flags\n# caf\xe9 au lait (Latin-1)\n")
     flags = [f.format(tmp=tmp_path) for f in flags]

@@ -1,7 +1,8 @@
 """One rank of the 2-rank jobs of tests/test_distributed.py and tests/test_horovod_keras.py (`run` starts
-one). Each argument "function:arg:..." calls `function(rank, size, *args)`, on one rank for a function of
-`ONE_RANK` (the ranks take those in turn); each rank pickles {(function, *args): result} to
-OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B rows give the updates of one process on 2B rows.
+one). Each argument "function:arg:..." calls `function(rank, size, *args)` (an arg that names a function of
+this module: that function), on one rank for a function of `ONE_RANK` (the ranks take those in turn); each
+rank pickles {(function, *args): result} to OUT_DIR/rank<r>.pkl. Models have no batch norm: 2 ranks x B
+rows give the updates of one process on 2B rows.
 
 Usage: hvd_worker.py OUT_DIR FUNCTION[:ARG...]...
 """
@@ -35,9 +36,6 @@ if __name__ == "__main__":  # a rank; the tests import this module for its names
 STEPS = 3
 GLOBAL_BATCH = 8
 RATES = [0.05, 0.02, 0.04]  # per batch, for the "variable" rates (set by a callback before each batch)
-OPTIMIZERS = ("sgd", "adam", "lamb", "lars")
-RATE_KINDS = ("float", "variable", "schedule", "callable")
-WRAPS = ("bare", "lso_inside", "lso_chosen")
 CLIPNORM = 0.05  # SGD's global_clipnorm: the test checks the gradient norm exceeds it
 OUT_DIR = None  # the job's folder, shared by the ranks
 ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # references: no collective
@@ -50,7 +48,7 @@ def run(out, calls):
     from tests.support import REPO, TWO_RANKS
     from tests.support.main_server import served
 
-    words = [":".join([function.__name__, *args]) for function, *args in calls]
+    words = [":".join(_names(call)) for call in calls]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}  # no user's rules
     # The main program's Horovod CPU defaults: a rank waiting for the other polls less (2 ranks, 2 cores).
     env.update(HOROVOD_CPU_DEFAULTS, TMPDIR=str(out), PYTHONPATH=REPO)
@@ -62,11 +60,15 @@ def run(out, calls):
         with open(os.path.join(out, f"rank{rank}.pkl"), "rb") as f:
             ranks.append(pickle.load(f))
 
-    def results(function, *args):
-        key = (function.__name__, *args)
-        return [r[key] for r in ranks if key in r]
+    def results(*call):
+        return [r[_names(call)] for r in ranks if _names(call) in r]
 
     return results, result.stdout
+
+
+def _names(call):
+    """(function, *args) in words: a function by its name."""
+    return tuple(getattr(word, "__name__", word) for word in call)
 
 
 def main(out_dir, calls):
@@ -76,11 +78,11 @@ def main(out_dir, calls):
     tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores
     results = {}
     for index, call in enumerate(calls):
-        function, *args = call.split(":")
+        function, *args = words = tuple(call.split(":"))
         if function in ONE_RANK and index % size != rank:
             continue
         try:
-            results[(function, *args)] = globals()[function](rank, size, *args)
+            results[words] = globals()[function](rank, size, *[globals().get(arg, arg) for arg in args])
         except Exception as e:
             e.add_note(f"in hvd_worker.{function}{(rank, size, *args)}")  # the case, in the job's output
             raise
@@ -146,14 +148,45 @@ def types(optimizer):
     return [type(optimizer).__name__, type(optimizer.inner_optimizer).__name__]
 
 
+# The optimizer matrix of tests/test_distributed.py: each optimizer a function of its rate, each way of
+# giving the rate a function of the optimizer's maker (returning the optimizer and the callbacks that change
+# the rate), each nesting a function of the optimizer.
+def sgd(rate):
+    return SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM)
+
+
+def adam(rate):
+    return Adam(rate, weight_decay=0.01)
+
+
+def lamb(rate):
+    return Lamb(rate)
+
+
+def lars(rate):
+    return LARS(rate, weight_decay=1e-3, eta=0.1)
+
+
+def float_rate(make):
+    return make(0.05), []
+
+
+def schedule_rate(make):
+    return make(keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.5)), []
+
+
 def _callable_rate():
     return 0.03
 
 
-def make_optimizer(name, rate_kind):
-    """(optimizer, callbacks): `name` with its rate as `rate_kind`; a "variable" rate is set to RATES before
-    each batch by a callback (LARS's in its keras.Variable, the others' through optimizer.learning_rate)."""
-    held = keras.Variable(0.05) if (name, rate_kind) == ("lars", "variable") else None
+def callable_rate(make):
+    return make(_callable_rate), []
+
+
+def variable_rate(make):
+    """RATES[batch] before each batch: assigned to the keras.Variable LARS holds, set as the learning_rate of
+    the others (Keras's optimizers take no Variable)."""
+    held = keras.Variable(0.05) if make is lars else None
 
     class SetRate(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
@@ -162,29 +195,19 @@ def make_optimizer(name, rate_kind):
             else:
                 self.model.optimizer.learning_rate = RATES[batch]
 
-    rate = {
-        "float": 0.05,
-        "variable": 0.05 if held is None else held,
-        "schedule": keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.5),
-        "callable": _callable_rate,
-    }[rate_kind]
-    callbacks = [SetRate()] if rate_kind == "variable" else []
-    make = {
-        "sgd": lambda: SGD(rate, momentum=0.9, global_clipnorm=CLIPNORM),
-        "adam": lambda: Adam(rate, weight_decay=0.01),
-        "lamb": lambda: Lamb(rate),
-        "lars": lambda: LARS(rate, weight_decay=1e-3, eta=0.1),
-    }[name]
-    return make(), callbacks
+    return make(0.05 if held is None else held), [SetRate()]
 
 
-def wrapped(optimizer, wrap):
-    """DistributedOptimizer around `optimizer` ("bare"), around a loss scaler around it ("lso_inside"), or
-    made under mixed_float16, where it adds the loss scaler itself ("lso_chosen")."""
-    if wrap == "bare":
-        return DistributedOptimizer(optimizer)
-    if wrap == "lso_inside":
-        return DistributedOptimizer(LossScaleOptimizer(optimizer, initial_scale=64.0))
+def bare(optimizer):
+    return DistributedOptimizer(optimizer)
+
+
+def lso_inside(optimizer):
+    return DistributedOptimizer(LossScaleOptimizer(optimizer, initial_scale=64.0))
+
+
+def lso_chosen(optimizer):
+    """Made under mixed_float16, where DistributedOptimizer adds the loss scaler itself."""
     return chosen_under_mixed_float16(lambda: DistributedOptimizer(optimizer))
 
 
@@ -201,7 +224,7 @@ def scalar_steps(optimizer, grads_per_step):
     """[w, loss scale, iterations] after each gradient of one scalar weight w (from 0), in a tf.function."""
     w = keras.Variable(0.0)
     optimizer.build([w])
-    step = tf.function(lambda g: optimizer.apply([g], [w]))
+    step = tf.function(lambda g: optimizer.apply([g], [w]), autograph=False)
     out = []
     for g in grads_per_step:
         step(tf.constant(g, tf.float32))
@@ -212,32 +235,33 @@ def scalar_steps(optimizer, grads_per_step):
 def traced_update(optimizer, variables):
     """The graph of one `optimizer.apply` on float32 gradients of `variables` (traced, not run)."""
     optimizer.build(variables)
-    update = tf.function(lambda *grads: optimizer.apply(list(grads), variables))
+    update = tf.function(lambda *grads: optimizer.apply(list(grads), variables), autograph=False)
     return update.get_concrete_function(*[tf.TensorSpec(v.shape, tf.float32) for v in variables])
 
 
-def one_process(rank, size, name, rate_kind):
-    """The reference of `two_ranks(name, rate_kind, ...)`: the plain optimizer on the whole batch."""
+def one_process(rank, size, make, rate):
+    """The reference of `two_ranks(make, rate, ...)`: the plain optimizer on the whole batch (its weights, its
+    class)."""
     _, (x_all, y_all) = data(rank, size)
-    optimizer, callbacks = make_optimizer(name, rate_kind)
+    optimizer, callbacks = rate(make)
     model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks, run_eagerly=True)
-    return values(model.trainable_variables)
+    return {"final": values(model.trainable_variables), "type": type(optimizer).__name__}
 
 
-def two_ranks(rank, size, name, rate_kind, wrap):
-    """`name` with its rate as `rate_kind`, `wrapped` as `wrap`, on this rank's half of each batch: weights,
+def two_ranks(rank, size, make, rate, wrap):
+    """`make` with its rate given by `rate`, nested by `wrap`, on this rank's half of each batch: weights,
     optimizer state, and that state as a checkpoint and a .keras file restore it."""
     keras.saving.register_keras_serializable(package="hvd_worker")(_callable_rate)
     (x, y), _ = data(rank, size)
-    optimizer, callbacks = make_optimizer(name, rate_kind)
-    model = fit(make_model(), wrapped(optimizer, wrap), x, y, GLOBAL_BATCH // size, callbacks)
+    optimizer, callbacks = rate(make)
+    model = fit(make_model(), wrap(optimizer), x, y, GLOBAL_BATCH // size, callbacks)
     optimizer = model.optimizer
     result = {"final": values(model.trainable_variables), "state": values(optimizer.variables),
               "iterations": int(optimizer.iterations), "types": types(optimizer)}  # fmt: skip
     path = tempfile.mkdtemp()
     tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
     fresh = make_model()
-    fresh.compile(optimizer=wrapped(make_optimizer(name, rate_kind)[0], wrap), loss="mse")
+    fresh.compile(optimizer=wrap(rate(make)[0]), loss="mse")
     fresh.optimizer.build(fresh.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
     checkpoint.read(os.path.join(path, "ckpt")).assert_consumed()
@@ -273,25 +297,29 @@ def loss_scaler_chosen(rank, size):
     return scalar_steps(chosen, [np.inf if rank == 0 else 8.0, 8.0 if rank == 0 else 0.0])
 
 
-def _accumulating(kind):
-    """(the optimizer of `kind` accumulating 2 micro-batches per update, the plain optimizer it wraps)."""
-    if kind == "sgd_adopted":
-        sgd = lambda **accumulation: SGD(0.05, momentum=0.9, **accumulation)  # noqa: E731
-        return DistributedOptimizer(sgd(gradient_accumulation_steps=2)), sgd()
-    if kind == "adam_lso_chosen":
-        make = lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)  # noqa: E731
-        return chosen_under_mixed_float16(make), Adam(0.01)
+# The accumulating optimizers of tests/test_distributed.py: (2 micro-batches per update, the plain optimizer).
+def sgd_adopted():
+    """Keras's own gradient_accumulation_steps, taken over by the wrapper."""
+    sgd = lambda **accumulation: SGD(0.05, momentum=0.9, **accumulation)  # noqa: E731
+    return DistributedOptimizer(sgd(gradient_accumulation_steps=2)), sgd()
+
+
+def adam_lso_chosen():
+    make = lambda: DistributedOptimizer(Adam(0.01), backward_passes_per_step=2)  # noqa: E731
+    return chosen_under_mixed_float16(make), Adam(0.01)
+
+
+def lars_schedule_lso_inside():
     schedule = lambda: WarmupPolynomialDecay(peak_learning_rate=0.5, total_steps=STEPS, warmup_steps=1)  # noqa: E731
     scaled = LossScaleOptimizer(LARS(schedule(), eta=0.1), initial_scale=64.0)
     return DistributedOptimizer(scaled, backward_passes_per_step=2), LARS(schedule(), eta=0.1)
 
 
-def accumulation(rank, size, kind):
-    """An optimizer accumulating 2 micro-batches per update ("sgd_adopted": Keras's own
-    gradient_accumulation_steps, taken over by the wrapper) on 2 ranks x 2 micro-batches of 2 rows: final
-    weights, [iterations, the wrapper's micro-batch counter]."""
+def accumulation(rank, size, accumulating):
+    """The optimizer of `accumulating()` on 2 ranks x 2 micro-batches of 2 rows: final weights, [iterations,
+    the wrapper's micro-batch counter]."""
     (x, y), _ = data(rank, size)
-    model = fit(make_model(), _accumulating(kind)[0], x, y, GLOBAL_BATCH // size // 2)
+    model = fit(make_model(), accumulating()[0], x, y, GLOBAL_BATCH // size // 2)
     wrapper = model.optimizer
     while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
         wrapper = wrapper.inner_optimizer
@@ -299,10 +327,10 @@ def accumulation(rank, size, kind):
     return {"final": values(model.trainable_variables), "counts": counts}
 
 
-def accumulation_reference(rank, size, kind):
-    """The reference of `accumulation(kind)`: the plain optimizer on the 8 rows of each update."""
+def accumulation_reference(rank, size, accumulating):
+    """The reference of `accumulation(accumulating)`: the plain optimizer on the 8 rows of each update."""
     _, (x_all, y_all) = data(rank, size)
-    model = fit(make_model(), _accumulating(kind)[1], x_all, y_all, GLOBAL_BATCH, run_eagerly=True)
+    model = fit(make_model(), accumulating()[1], x_all, y_all, GLOBAL_BATCH, run_eagerly=True)
     return values(model.trainable_variables)
 
 
@@ -501,7 +529,7 @@ def optimizer_arguments(rank, size):
 
 
 def value_collectives(rank, size):
-    @tf.function
+    @tf.function(autograph=False)
     def in_graph(x):
         return hvd.allreduce(x, name="in_graph", op=hvd.Sum)
 
@@ -536,7 +564,7 @@ def aggregation_with_local_vars(rank, size):
         for v in xs[:4] + ys[:4]:
             optimizer.register_local_var(v)
 
-        @tf.function
+        @tf.function(autograph=False)
         def step(xs=xs, ys=ys, optimizer=optimizer):
             with tf.GradientTape() as tape:
                 loss = tf.stack(xs) - float(rank + 1) * tf.gather(tf.stack(ys), [0], axis=1)

@@ -1,19 +1,16 @@
 """`python -m hvd_lars.main` (or a script of tests/support that wraps it) for the tests that start the main
 program many times, alone or as the ranks of a Horovod job: each start is a process forked from a server
 that has imported TensorFlow, Keras, Horovod and the package once, instead of a new interpreter that imports
-them again (about 5 s of CPU a start on this repository's 2-core machines, more than the short runs the
-tests make spend training). One server per test process (`shared`), started on first use; it ends with
-that process.
+them again (about 5 s of CPU a start on this repository's 2-core machines). One server per test process
+(`shared`), started on first use; it ends with that process.
 
-The forked process is what the same command run as a new interpreter would be from there on: its own pid,
-working directory, environment, argv, sys.path, seeds, the signal dispositions its starter would pass on,
-and the standard streams it is handed; the module (or script) runs as __main__ through runpy, as `python -m`
-and `python script.py` run it, and the interpreter exits as theirs does (its threads joined, atexit
-handlers run, the exit status or the signal that ended it reported). What it does not do again is import:
-the server runs hvd_lars/main.py's import statements (never hvd_lars.main itself: its absl flags are
-defined by the run, once). Nothing has run in the server but imports when it forks: no TensorFlow op, no
-Horovod init. Environment variables read at import (by TensorFlow: TF_CPP_MIN_LOG_LEVEL) are the server's,
-which it takes from the test process.
+The forked process is what the same command run as a new interpreter would be from there on (its pid,
+working directory, environment, argv, sys.path, seeds, signal dispositions, standard streams; the module or
+script run as __main__ through runpy; its exit as theirs: threads joined, atexit handlers run, the exit
+status or the signal reported), except that it does not import again: the server runs hvd_lars/main.py's
+import statements (never hvd_lars.main itself: its absl flags are defined by the run, once) and nothing else
+(no TensorFlow op, no Horovod init). Environment variables read at import (TF_CPP_MIN_LOG_LEVEL) are the
+server's, which it takes from the test process.
 
 - `run_main(cmd, cwd, env, timeout)`: as `subprocess.run(cmd, ..., capture_output=True, text=True)`, the
   start (or, under a launcher, each rank) served where it is such a start of this checkout; any other (a
@@ -39,12 +36,7 @@ SUPPORT = os.path.join(REPO, "tests", "support")
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGCONT")
 
 # Imported by the server beside hvd_lars/main.py's own import statements (which import them too).
-PRELOADED = (
-    "tensorflow",
-    "keras",
-    "horovod.tensorflow",
-    "hvd_lars.training.train",
-)
+PRELOADED = ("tensorflow", "keras", "horovod.tensorflow", "hvd_lars.training.train")
 
 
 class MainServer:

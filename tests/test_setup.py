@@ -142,6 +142,9 @@ def cluster_user(tmp_path_factory):
         "PYTHON": "/usr/bin/python3", "HVD_LARS_WHEEL_CACHE": wheels, "FASHION_MNIST_DIR": data,
         "PIP_FIND_LINKS": wheelhouse, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+        # No bytecode compiled at install (pip's --no-compile) for the thousands of modules of the
+        # requirements: the imports that follow compile what they use.
+        "PIP_COMPILE": "0",
     }  # fmt: skip
     yield {
         "scratch": scratch, "work": work, "data": data, "env": env, "plain": plain,

@@ -114,10 +114,10 @@ class ElasticJob:
 
 
 # Across emulated hosts (tests/test_elastic_hosts.py): 2,880
-# Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 30 updates per epoch, 2 epochs.
-HOSTS_TOTAL_STEPS = 60
+# Fashion-MNIST images at global batch 96 (3 x 32, 2 x 48): 30 updates per epoch, 4 epochs.
+HOSTS_TOTAL_STEPS = 120
 HOSTS_FLAGS = [
-    "--max_train_examples=2880", "--max_eval_examples=500", "--global_batch_size=96", "--epochs=2",
+    "--max_train_examples=2880", "--max_eval_examples=500", "--global_batch_size=96", "--epochs=4",
     "--warmup_epochs=1", "--peak_learning_rate=2", "--checkpoint_every_steps=10",
     "--elastic_commit_every_steps=5", "--run_name=r", "--verbose=2", "--intra_op_threads=1",
 ]  # fmt: skip

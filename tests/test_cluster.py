@@ -65,7 +65,7 @@ GLOO_FRACTION_OF_MOVEMENT = 0.02
 HOST_FAILURE_LIMIT_S = 60
 # The host-failure jobs run one rank per host: the subject is a host, and 2 ranks on this machine's 2 cores
 # start in about half the time of 4 (the launchers' 2 ranks per host: the tests above).
-FAILING_HOSTS_RANKS = ["-np", "2", "-H", "node1:1,node2:1"]
+FAILING_HOSTS = "node1:1,node2:1"
 # An aborting mpirun sends its local ranks SIGCONT, SIGTERM and SIGKILL this many seconds apart (10 in make
 # test and launch/env.sh, time for a rank to checkpoint); ranks blocked on a dead or silent host cannot, so
 # the host-failure jobs abort with 1.
@@ -301,7 +301,8 @@ def _wait(job, timeout):
 
 @pytest.mark.system
 def test_horovodrun_job_ends_when_a_host_dies(cluster, shared_dir):
-    cmd = [HOROVODRUN, *FAILING_HOSTS_RANKS, PYTHON, "-m", "hvd_lars.main", *SMOKE, f"--workdir={shared_dir}"]
+    cmd = [HOROVODRUN, "-np", "2", "-H", FAILING_HOSTS, PYTHON, "-m", "hvd_lars.main", *SMOKE,
+           f"--workdir={shared_dir}"]  # fmt: skip
     with _job_to_its_first_checkpoint(cluster, shared_dir, cmd, _env(**ABORT_AT_ONCE)) as (job, saved):
         killed_at = time.time()
         cluster.hosts[1].kill()
@@ -323,7 +324,7 @@ def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert default.stdout.strip() == "-o ServerAliveInterval=10 -o ServerAliveCountMax=3", default.stderr
-    cmd = [os.path.join(REPO, "launch", "horovodrun.sh"), FAILING_HOSTS_RANKS[3], "2", "flags/smoke.flags",
+    cmd = [os.path.join(REPO, "launch", "horovodrun.sh"), FAILING_HOSTS, "2", "flags/smoke.flags",
            "--intra_op_threads=1", f"--workdir={shared_dir}",
            f"--hang_timeout_s={SILENT_HOST_HANG_TIMEOUT_S}"]  # fmt: skip
     env = _env(**SILENT_HOST_SSH, **ABORT_AT_ONCE, MPI_BIND="none")
@@ -346,14 +347,15 @@ def test_launch_script_job_ends_when_a_host_goes_silent(cluster, shared_dir):
 
 @pytest.mark.system
 def test_slurm_job_on_two_nodes_requeues_and_survives_a_host_failure(cluster, slurm, shared_dir):
-    """sbatch --nodes=2 --ntasks-per-node=1 train.sbatch flags/smoke.flags: 2 ranks through srun
-    --mpi=pmix; node2 dying ends the attempt within 60 s (Slurm requeues it for node failure);
-    once node2 is back the job resumes from its last checkpoint and completes."""
+    """sbatch --nodes=2 --ntasks-per-node=1 train.sbatch flags/smoke.flags (10 updates per epoch: node2
+    dies well before the end): 2 ranks through srun --mpi=pmix; node2 dying ends the attempt within 60 s
+    (Slurm requeues it for node failure); once node2 is back the job resumes from its last checkpoint and
+    completes."""
     out = shared_dir / "slurm.out"
     export = f"ALL,PYTHONPATH={REPO},OMPI_MCA_mpi_yield_when_idle=1"
     cmd = [
         "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", f"--chdir={REPO}", f"--output={out}",
-        f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}",
+        f"--export={export}", SBATCH, "flags/smoke.flags", f"--workdir={shared_dir}", "--steps_per_epoch=10",
     ]  # fmt: skip
     job = slurm.run(cmd).stdout.strip().split(";")[0]
 

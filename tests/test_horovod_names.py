@@ -5,6 +5,7 @@ import importlib.util
 import inspect
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ SOURCES = {part: os.path.join(KERAS, f"{part or '__init__'}.py") for part in (""
 def horovod_names(path):
     """{name: ast node of its def or class, or None for an imported name} of Horovod's public names."""
     names = {}
-    for node in ast.parse(open(path).read()).body:
+    for node in ast.parse(Path(path).read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
             names[node.name] = node
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("horovod.tensorflow"):

@@ -204,7 +204,9 @@ def test_findings_say_per_network_whether_lars_holds_what_the_momentum_arms_lose
                      outcome("momentum", 8192, 0.80, 0.82), outcome("lars", 8192, 0.918, 0.916),
                      outcome("nesterov", 8192, 0.85, 0.85)])  # fmt: skip
     sentences = large_batch_report.findings(args, "small_cnn_nobn", outcomes, study.ARMS)
-    assert sentences[0].startswith("Reference: the better arm at the smallest batch (512) reaches 0.9200 ")
+    assert sentences[0].startswith(
+        "Reference: the better arm at the smallest batch (512) reaches 0.9200 mean test"
+    )
     assert sentences[1:] == [
         "Batch 8192: momentum SGD 0.8100 (loses 11.0 points); LARS 0.9170 (holds); Nesterov momentum SGD "
         "0.8500 (loses 7.0 points); LARS is ahead of momentum SGD by 10.7 points; LARS is ahead of Nesterov "

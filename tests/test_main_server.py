@@ -71,7 +71,11 @@ def _waiting_client(folder):
     command = main_server.shared().rank_command([SCRIPT, "wait", str(folder / "never")])
     default = lambda: [signal.signal(getattr(signal, n), signal.SIG_DFL) for n in SENT]  # noqa: E731
     client = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, text=True, preexec_fn=default)
-    return client, json.loads(client.stdout.readline())
+    try:
+        return client, json.loads(client.stdout.readline())
+    except Exception:
+        client.kill()
+        raise
 
 
 def _gone(pid, within_s=60):

@@ -148,5 +148,5 @@ def test_horovods_elastic_example_through_2_1_2_workers(tmp_path):
     assert float(ranks[0]["learning_rate"]) == pytest.approx(0.002, rel=1e-6)
     assert int(ranks[0]["size"]) == 2
     top1 = float(ranks[0]["test_top1"])
-    assert top1 >= 0.65, top1  # 0.779 when measured (23 updates; the resets came in epochs 2 and 1)
+    assert top1 >= 0.65, top1  # 0.837 when measured (55 updates)
     assert "`optimizer.lr` -> `optimizer.learning_rate`" in out  # tf.keras.backend.set_value(...lr, ...)

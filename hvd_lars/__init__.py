@@ -39,7 +39,8 @@ _EXPORTS = {
 }
 # The other modules that define Keras classes a saved model may hold.
 _REGISTERING = ("hvd_lars.metrics", "hvd_lars.models")
-# What needs TensorFlow (and Horovod, for `parallel`); the rest runs on every Keras 3 backend.
+# What needs TensorFlow; the rest runs on every Keras 3 backend. Horovod is needed by none at import: without
+# it, `hvd_lars.parallel` and the training program are one process of world size 1 (`collectives.init`).
 _TENSORFLOW_ONLY = ("hvd_lars.parallel", "hvd_lars.models", "hvd_lars.data", "hvd_lars.training")
 
 __all__ = sorted(_EXPORTS)
@@ -54,17 +55,17 @@ def _available(module):
     return _backend() == "tensorflow" or not module.startswith(_TENSORFLOW_ONLY)
 
 
-def require(module, packages=("tensorflow", "horovod")):
-    """Raises ImportError, in one line, where `module` (a part that needs `packages`) cannot run."""
+def require(module):
+    """Raises ImportError, in one line, where `module` (a part that needs TensorFlow) cannot run."""
     import importlib.util
 
-    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    missing = importlib.util.find_spec("tensorflow") is None
     if missing or _backend() != "tensorflow":
         raise ImportError(
-            f"{module} needs {' and '.join(packages)} under Keras's TensorFlow backend (missing: "
-            f"{', '.join(missing) or 'none'}; backend: {_backend()}): pip install 'hvd_lars[train]' "
-            "(Horovod: install/setup.sh builds it), KERAS_BACKEND unset. LARS, the schedules, the rate "
-            "callbacks and the metrics run on every backend."
+            f"{module} needs tensorflow under Keras's TensorFlow backend (tensorflow "
+            f"{'missing' if missing else 'installed'}; backend: {_backend()}): pip install "
+            "'hvd_lars[train]', KERAS_BACKEND unset. LARS, the schedules, the rate callbacks and the metrics "
+            "run on every backend."
         )
 
 

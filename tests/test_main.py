@@ -246,3 +246,23 @@ def test_only_errors_raised_by_the_package_count_as_bad_input():
     with pytest.raises(ValueError) as keras_own:
         keras.layers.Dense(1, activation="no_such_activation")
     assert not main._raised_here(keras_own.value)
+
+
+@pytest.mark.horovod  # fresh interpreters where Horovod cannot be found, as before its build
+def test_without_horovod_help_answers_and_a_start_trains_as_one_process(tmp_path):
+    code = "import sys; sys.modules['horovod'] = None; sys.argv[0] = 'hvd-lars-train'; import hvd_lars.main"
+    start = [sys.executable, "-c", code + "; hvd_lars.main.main()"]
+    result = subprocess.run([*start, "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
+    assert result.stdout.startswith("usage: python -m hvd_lars.main --flagfile=")
+    smoke = [
+        f"--flagfile={REPO}/flags/smoke.flags",
+        "--epochs=1",
+        "--warmup_epochs=0.5",
+        "--steps_per_epoch=2",
+        f"--workdir={tmp_path}",
+    ]
+    result = subprocess.run([*start, *smoke], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    assert summary["world_size"] == 1 and [e["epoch"] for e in summary["epochs"]] == [1]

@@ -11,7 +11,7 @@ Every data set is built from one `InputRequest` and its own options (`Dataset.op
 
 import hvd_lars
 
-hvd_lars.require(__name__, ("tensorflow",))  # one line where TensorFlow cannot run
+hvd_lars.require(__name__)  # one line where TensorFlow cannot run
 
 import dataclasses
 

@@ -7,7 +7,7 @@ import functools
 
 import hvd_lars
 
-hvd_lars.require(__name__, ("tensorflow",))  # one line where TensorFlow cannot run
+hvd_lars.require(__name__)  # one line where TensorFlow cannot run
 
 from hvd_lars.models.alexnet import alexnet
 from hvd_lars.models.cifar_resnet import cifar_resnet

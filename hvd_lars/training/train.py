@@ -7,7 +7,11 @@ import os
 
 import keras
 import tensorflow as tf
-from horovod.common.elastic import State
+
+try:  # Horovod's elastic state (--elastic); without Horovod, training is one process
+    from horovod.common.elastic import State
+except ImportError:
+    State = object
 
 from hvd_lars.data import describe_input, get_input
 from hvd_lars.models import get_model

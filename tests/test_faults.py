@@ -10,13 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from hvd_lars import main
-from hvd_lars.training import faults, train
+from hvd_lars.training import checkpoints, faults
 from tests.support import REPO
 from tests.support.main_server import run_main, served
 from tests.support.small_runs import KILLER, TWO_RANKS, final_tensors
@@ -219,54 +221,27 @@ def test_run_dir_problems_name_the_path_and_figures(tmp_path):
     assert checkpoint_bytes(variables) == 72
 
 
-class _BlockCheckpoints(keras.callbacks.Callback):
-    """After update 1, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
-
-    def __init__(self, folder):
-        super().__init__()
-        self.folder = folder
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) == 1:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder.write_text("not a folder")
-
-
 @pytest.mark.unit
 def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
     (tmp_path / "file").write_text("")
     status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
     assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
-    # The epoch-end checkpoint (step 2 of 128 images in batches of 64) fails.
-    folder = tmp_path / "w" / "r" / "checkpoints"
-    monkeypatch.setattr(main, "run_training", lambda config: train.run(config, [_BlockCheckpoints(folder)]))
+    # The checkpoint folder becomes a file after a start: the epoch-end checkpoint of update 2 fails. (That
+    # the loop lets its callbacks' errors through: the divergence test above.)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    folder = tmp_path / "checkpoints"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(folder), max_to_keep=3)
+    checkpointer = checkpoints.PeriodicCheckpoint(manager, every_steps=0)
+    checkpointer.set_model(model)
+    model.optimizer.iterations.assign(2)
+    folder.write_text("not a folder")
+    monkeypatch.setattr(main, "run_training", lambda config: checkpointer.on_epoch_end(0))
     caplog.clear()
-    flags = [*SMALL[1:], "--max_train_examples=128", f"--workdir={tmp_path / 'w'}"]
-    status, [line] = _exit_of(flags, monkeypatch, caplog)
-    assert status == 2 and f"could not write the checkpoint of step 2 to {folder}" in line
-
-
-@pytest.mark.unit
-def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
-    ended = []
-    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
-        for _ in range(12):  # 1.2 s of progress every 0.1 s: never 0.4 s without
-            time.sleep(0.1)
-            faults.heartbeat()
-    assert ended == [] and not watchdog.fired
-    started = time.monotonic()
-    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
-        while not ended and time.monotonic() - started < 5:
-            time.sleep(0.05)
-    waited = time.monotonic() - started
-    assert ended == [faults.EXIT_HUNG] == [4] and watchdog.fired
-    # Fires after the timeout, checked every timeout / 4.
-    assert 0.4 <= waited < 1.5
-    with faults.ProgressWatchdog(0, exit=ended.append) as watchdog:
-        time.sleep(0.3)
-    assert watchdog._thread is None and ended == [4]
-    with pytest.raises(ValueError, match=r"hang timeout must be >= 0 seconds \(0: off\), got -1"):
-        faults.ProgressWatchdog(-1)
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
+    assert status == 2 and line.startswith(f"could not write the checkpoint of step 2 to {folder}: "), line
+    assert line.endswith("it resumes from the last complete checkpoint.") and len(os.listdir(tmp_path)) == 2
 
 
 class _Clock:
@@ -293,22 +268,44 @@ def _until(condition, what, limit_s=60):
 
 
 @pytest.mark.unit
-def test_watchdog_does_not_count_the_time_its_process_was_stopped(monkeypatch):
+def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it_or_stopped(monkeypatch, caplog):
     clock = _Clock(1000.0)
     monkeypatch.setattr(faults, "time", clock)
     ended = []
-    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:  # checks every 0.1 s
-        assert faults._last_progress == 1000.0
+
+    def checked():  # the watchdog's thread reads the clock once per check
         reads = clock.reads
-        _until(lambda: clock.reads >= reads + 2, "checked the clock")
+        _until(lambda: clock.reads > reads, "checked the clock")
+
+    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:  # checks every 0.1 s
+        watchdog.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=7)))
+        assert faults._last_progress == 1000.0
+        for _ in range(5):  # 0.5 s with progress every 0.1 s: never 0.4 s without
+            clock.now += 0.1
+            faults.heartbeat()
+            checked()
         # Stopped for 100 s: the thread wakes 100 s after its last check, far past 2 checks + 1 s.
-        clock.now = 1100.0
-        _until(lambda: faults._last_progress != 1000.0, "saw the stop")
-        assert faults._last_progress == pytest.approx(1099.9) and ended == []
-        # Then 0.5 s without progress while running (past the 0.4 s timeout, under 2 checks + 1 s): hung.
-        clock.now = 1100.5
+        last, clock.now = faults._last_progress, clock.now + 100
+        _until(lambda: faults._last_progress != last, "saw the stop")
+        assert faults._last_progress == pytest.approx(clock.now - 0.1) and ended == []
+        # Then 0.35 s without progress while running: not yet; 0.6 s (under 2 checks + 1 s): hung.
+        clock.now += 0.25
+        checked()
+        checked()  # the first check's verdict is in
+        assert ended == [] and not watchdog.fired
+        clock.now += 0.25
         _until(lambda: ended, "fired")
-    assert ended == [faults.EXIT_HUNG] and watchdog.fired
+    assert ended == [faults.EXIT_HUNG] == [4] and watchdog.fired
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("rank 0 of 1: no progress for 1 s (--hang_timeout_s=0.4) after update 7: ")
+    assert line.endswith(
+        f"(exit status {faults.EXIT_HUNG}) so that the launcher ends the job; the last "
+        "complete checkpoint is kept."
+    )
+    with faults.ProgressWatchdog(0, exit=ended.append) as watchdog:
+        assert watchdog._thread is None  # off: no thread to end anything
+    with pytest.raises(ValueError, match=r"hang timeout must be >= 0 seconds \(0: off\), got -1"):
+        faults.ProgressWatchdog(-1)
 
 
 @pytest.mark.horovod
@@ -345,10 +342,11 @@ def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
 def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
-    x, y = np.ones((4, 3), "float32"), np.ones((4, 2), "float32")
+    model.optimizer.build(model.trainable_variables)  # as the loop's start does, before any fit
     checks = []
-    for _ in range(3):  # each fit's guard, as each attempt builds one (its start only: no collective here)
-        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    for attempt in range(3):  # each attempt's guard (its start only: no collective here), fits between
+        if attempt:
+            model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=2, verbose=0)
         guard = faults.FaultGuard(faults.StopSignals(), None)
         guard.set_model(model)
         guard.on_train_begin()
@@ -360,7 +358,7 @@ def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
     assert not bool(checks[0]())
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     other.compile(optimizer="sgd", loss="mse")
-    other.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    other.optimizer.build(other.trainable_variables)
     guard = faults.FaultGuard(faults.StopSignals(), None)
     guard.set_model(other)
     guard.on_train_begin()

@@ -1,6 +1,8 @@
 """`hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` in Keras 3, and Open MPI's allreduce rules.
 The 2-rank cases are functions of tests/support/hvd_worker.py, run as one job."""
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -45,17 +47,20 @@ def test_horovods_distributed_optimizer_sums_micro_batches_and_takes_horovods_ar
 
 
 def _fit_epochs(optimizer, callbacks, epochs=2):
-    """Dense(1, use_bias=False) from w = 1, one batch x = 1, y = 0 per epoch (gradient 2 w); w per epoch."""
-    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
-    model = keras.Sequential([keras.Input((1,)), dense])
-    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
-    trace = []
-    record = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda e, logs: trace.append(float(dense.kernel[0, 0]))
-    )
-    history = model.fit(
-        np.ones((1, 1)), np.zeros((1, 1)), epochs=epochs, verbose=0, callbacks=[*callbacks, record]
-    )
+    """w after each epoch of one update from w = 1 with gradient 2 w (x = 1, y = 0, squared error), the
+    callbacks called as `fit` calls them; and their History."""
+    w, trace, history = keras.Variable(1.0), [], keras.callbacks.History()
+    optimizer.build([w])
+    model = types.SimpleNamespace(optimizer=optimizer)
+    callbacks = keras.callbacks.CallbackList([*callbacks, history], model=model, epochs=epochs, steps=1)
+    callbacks.on_train_begin()
+    for epoch in range(epochs):
+        callbacks.on_epoch_begin(epoch)
+        callbacks.on_train_batch_begin(0)
+        optimizer.apply([2 * w.value], [w])
+        callbacks.on_train_batch_end(0)
+        callbacks.on_epoch_end(epoch, {"loss": 4 * float(w.numpy()) ** 2})
+        trace.append(float(w.numpy()))
     return trace, history
 
 

@@ -119,24 +119,9 @@ def _train(workdir, *flags, launcher=(), fault=(), timeout=300):
     return run_main(cmd, cwd=REPO, timeout=timeout)
 
 
-def _strict_json(path):
-    def refuse(token):
-        raise ValueError(f"{path} is not strict JSON: {token}")
-
-    with open(path) as f:
-        return json.load(f, parse_constant=refuse)
-
-
 def _checkpoint_steps(run_dir):
     folder = os.path.join(run_dir, "checkpoints")
     return sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(folder) if f.endswith(".index"))
-
-
-def _checkpoint(run_dir, step=None):
-    """{name: value} of the model and optimizer tensors of the latest checkpoint, or of `step`'s."""
-    tensors = final_tensors(run_dir, step)
-    assert len(tensors) > 20
-    return tensors
 
 
 def _check_diverged(tmp_path, out):
@@ -147,14 +132,15 @@ def _check_diverged(tmp_path, out):
     # The rate of update `step` on the linear warmup over 8 updates: 1,000 x (step - 1) / 8.
     assert 1 < step <= 16 and rate == pytest.approx(1000 * (step - 1) / 8)
     run_dir = tmp_path / "r"
-    summary = _strict_json(run_dir / "summary.json")
-    assert summary["stopped"]["reason"] == "TrainingDiverged" and summary["stopped"]["step"] == step
+    strict = dict(parse_constant=lambda token: pytest.fail(f"bare {token} in summary.json: not strict JSON"))
+    stopped = json.loads((run_dir / "summary.json").read_text(), **strict)["stopped"]
+    assert stopped["reason"] == "TrainingDiverged" and stopped["step"] == step
     # One checkpoint per update up to the last finite one; none of non-finite weights rotated them out.
     kept = _checkpoint_steps(run_dir)
     assert kept == list(range(max(1, step - 3), step)), kept
     for s in kept:
-        for name, value in _checkpoint(run_dir, s).items():
-            assert np.isfinite(value).all(), (s, name)
+        tensors = final_tensors(run_dir, s)  # the model's and the optimizer's
+        assert len(tensors) > 20 and all(np.isfinite(v).all() for v in tensors.values()), s
     return step
 
 
@@ -197,40 +183,31 @@ def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
     run_dir = tmp_path / "r"
     assert _checkpoint_steps(run_dir) == [5, 8, 10]
     # The index names the last complete checkpoint, which loads whole.
-    latest = _checkpoint(run_dir)
-    assert all(np.isfinite(v).all() for v in latest.values())
+    latest = final_tensors(run_dir)
+    assert len(latest) > 20 and all(np.isfinite(v).all() for v in latest.values())
     assert int(latest["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
 
 
 @pytest.mark.unit
-def test_run_dir_problems_name_the_path_and_figures(tmp_path):
-    from hvd_lars.training.faults import checkpoint_bytes, run_dir_problem
-
-    assert run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
-    free = shutil.disk_usage(tmp_path).free
-    problem = run_dir_problem(str(tmp_path / "new"), free + 2**40)
-    assert f"the run directory {tmp_path / 'new'} has {free / 2**20:.1f} MiB free" in problem
-    assert f"needs {(free + 2**40) / 2**20:.1f} MiB" in problem and "--keep_checkpoints" in problem
+def test_run_dir_problems_and_a_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
     (tmp_path / "file").write_text("")
-    problem = run_dir_problem(str(tmp_path / "file" / "run"), 1)
-    assert problem.startswith(f"cannot write the run directory {tmp_path / 'file' / 'run'}: ")
-    assert "Not a directory" in problem
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
+    assert status == 2
+    assert line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}: [Errno 20] Not a dir")
+    assert faults.run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: types.SimpleNamespace(free=100 * 2**20))
+    assert faults.run_dir_problem(str(tmp_path / "new"), 2**30) == (
+        f"the run directory {tmp_path / 'new'} has 100.0 MiB free, but training needs 1024.0 MiB there for "
+        "its checkpoints. Free space, lower --keep_checkpoints, or choose another --workdir."
+    )
     # float32 3x4 + 4 and a bfloat16 2x2: 64 + 8 bytes.
     variables = [keras.Variable(np.zeros((3, 4), "float32")), keras.Variable(np.zeros(4, "float32"))]
     variables.append(keras.Variable(np.zeros((2, 2)), dtype="bfloat16"))
-    assert checkpoint_bytes(variables) == 72
-
-
-@pytest.mark.unit
-def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
-    (tmp_path / "file").write_text("")
-    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
-    assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
+    assert faults.checkpoint_bytes(variables) == 72
     # The checkpoint folder becomes a file after a start: the epoch-end checkpoint of update 2 fails. (That
     # the loop lets its callbacks' errors through: the divergence test above.)
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    model.optimizer.build(model.trainable_variables)
     folder = tmp_path / "checkpoints"
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(folder), max_to_keep=3)
     checkpointer = checkpoints.PeriodicCheckpoint(manager, every_steps=0)
@@ -241,7 +218,8 @@ def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp
     caplog.clear()
     status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
     assert status == 2 and line.startswith(f"could not write the checkpoint of step 2 to {folder}: "), line
-    assert line.endswith("it resumes from the last complete checkpoint.") and len(os.listdir(tmp_path)) == 2
+    assert line.endswith("it resumes from the last complete checkpoint.")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "file", "new"]
 
 
 class _Clock:

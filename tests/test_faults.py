@@ -226,8 +226,7 @@ class _Clock:
     """A monotonic clock the test moves by hand (hvd_lars.training.faults reads `time.monotonic`)."""
 
     def __init__(self, now):
-        self.now = now
-        self.reads = 0
+        self.now, self.reads = now, 0
 
     def monotonic(self):
         self.reads += 1

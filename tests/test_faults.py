@@ -289,16 +289,15 @@ def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it_or_stop
 def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
     # A process under a 5 s watchdog reports progress, writes a marker and waits for a line on its stdin;
     # SIGSTOPped for 7 s, past the timeout, then continued and sent the line, it must finish (status 0).
-    code = (
-        "import sys\n"
-        "from hvd_lars.training import faults\n"
-        "with faults.ProgressWatchdog(5.0):\n"
-        "    faults.heartbeat()\n"
-        "    open(sys.argv[1], 'w').close()\n"
-        "    sys.stdin.readline()\n"
-        "    faults.heartbeat()\n"
-        "print('finished')\n"
-    )
+    code = """import sys
+from hvd_lars.training import faults
+with faults.ProgressWatchdog(5.0):
+    faults.heartbeat()
+    open(sys.argv[1], 'w').close()
+    sys.stdin.readline()
+    faults.heartbeat()
+print('finished')
+"""
     marker = tmp_path / "waiting"
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     command = [sys.executable, "-c", code, str(marker)]

@@ -69,15 +69,10 @@ def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused_and_job_level_slurm_
 def mismatch(tmp_path_factory):
     """Both ranks' results of tests/support/mismatch_worker.py (its two cases, one process group)."""
     out = tmp_path_factory.mktemp("mismatch")
+    env = dict(os.environ, PYTHONPATH=REPO)
     worker = os.path.join(REPO, "tests", "support", "mismatch_worker.py")
-    result = subprocess.run(
-        served(TWO_RANKS + [sys.executable, worker, str(out)], env=dict(os.environ, PYTHONPATH=REPO)),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=dict(os.environ, PYTHONPATH=REPO),
-    )
+    command = served(TWO_RANKS + [sys.executable, worker, str(out)], env=env)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=150, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [np.load(out / f"rank{r}.npz") for r in range(2)]
 

@@ -152,9 +152,8 @@ def test_h5_keeps_distributed_optimizers_update_counter_and_slots(tmp_path):
 def test_no_commit_in_the_middle_of_an_accumulation_cycle(callback):
     # One micro-batch, restore, then y = 1..4 from the start: (1 + 2) / 2 + (3 + 4) / 2 = 5.0 (not 3.5).
     x, y = np.ones((4, 1), "float32"), np.array([[1.0], [2.0], [3.0], [4.0]], "float32")
-    model = keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-    )
+    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+    model = keras.Sequential([keras.Input((1,)), dense])
     optimizer = DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
     model.compile(optimizer=optimizer, loss=lambda y, p: -keras.ops.mean(y * p), jit_compile=False)
     optimizer.build(model.trainable_variables)

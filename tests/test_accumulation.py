@@ -48,9 +48,8 @@ def test_steps_and_boundaries_through_wrappers():
 
 
 def _model_and_optimizer():
-    model = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")]
-    )
+    dense = keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")
+    model = keras.Sequential([keras.Input((3,)), dense])
     optimizer = DistributedOptimizer(LARS(0.1, momentum=0.9), backward_passes_per_step=2)
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     return model, optimizer

@@ -93,7 +93,7 @@ def test_momentum_correction_rescales_the_velocity_where_the_rate_changes_and_is
     ):
         for callback in (_halving(), LearningRateWarmupCallback(initial_lr=0.1, steps_per_epoch=1)):
             with pytest.raises(
-                ValueError, match=f"^momentum_correction=True with .*{why}.*; pass momentum_correction=F"
+                ValueError, match=f"^momentum_correction=True with .*{why}.*; pass momentum_correction=False"
             ):
                 _fit_epochs(hvd_lars.DistributedOptimizer(make()), [callback])
         assert len(_fit_epochs(make(), [_halving(momentum_correction=False)])[0]) == 2
@@ -171,9 +171,7 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("size, printed", [(2, ""), (3, "ring line\n")])
-def test_init_applies_the_rules_unless_switched_off_and_says_so_on_three_ranks(
-    monkeypatch, capsys, size, printed
-):
+def test_init_applies_the_rules_unless_off_and_says_so_on_three_ranks(monkeypatch, capsys, size, printed):
     monkeypatch.setattr(horovod_keras._horovod, "is_initialized", lambda: False)  # whatever ran before
     calls = []
     monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: calls.append("apply") or ({}, "ring line"))

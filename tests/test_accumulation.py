@@ -48,9 +48,8 @@ def test_steps_and_boundaries_through_wrappers():
 
 
 def _model_and_optimizer():
-    model = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")]
-    )
+    dense = keras.layers.Dense(2, kernel_initializer="ones", bias_initializer="zeros")
+    model = keras.Sequential([keras.Input((3,)), dense])
     optimizer = DistributedOptimizer(LARS(0.1, momentum=0.9), backward_passes_per_step=2)
     model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
     return model, optimizer
@@ -60,19 +59,18 @@ def _model_and_optimizer():
 def test_a_checkpoint_between_micro_batches_restores_and_trains_on_as_the_uninterrupted_run(tmp_path):
     x, y = np.arange(12, dtype=np.float32).reshape(4, 3) / 10, np.ones((4, 2), np.float32)
     # 3 micro-batches (one update applied, one micro-batch pending), saved.
-    saved_model, saved_optimizer = _model_and_optimizer()
-    saved_model.fit(x[:3], y[:3], batch_size=1, shuffle=False, verbose=0)
-    path = tf.train.Checkpoint(model=saved_model, optimizer=saved_optimizer).write(str(tmp_path / "ckpt"))
+    whole, whole_optimizer = _model_and_optimizer()
+    whole.fit(x[:3], y[:3], batch_size=1, shuffle=False, verbose=0)
+    path = tf.train.Checkpoint(model=whole, optimizer=whole_optimizer).write(str(tmp_path / "ckpt"))
     model, optimizer = _model_and_optimizer()
     optimizer.build(model.trainable_variables)
     status = tf.train.Checkpoint(model=model, optimizer=optimizer).read(path)
     status.assert_existing_objects_matched().assert_consumed()
     assert all(np.abs(a.numpy()).max() > 0 for a in optimizer._accumulated_gradients)  # the pending one
     assert (int(optimizer.iterations), int(keras.ops.convert_to_tensor(optimizer._iterations))) == (1, 3)
-    # The 4th micro-batch completes the update: as the run of all 4 in one go, bit for bit.
-    model.fit(x[3:], y[3:], batch_size=1, shuffle=False, verbose=0)
-    whole, whole_optimizer = _model_and_optimizer()
-    whole.fit(x, y, batch_size=1, shuffle=False, verbose=0)
+    # The 4th micro-batch completes the update: as in the run not restored, bit for bit.
+    for trained in (model, whole):
+        trained.fit(x[3:], y[3:], batch_size=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations) == int(whole_optimizer.iterations) == 2
     for a, b in zip(model.get_weights() + [v.numpy() for v in optimizer.variables],
                     whole.get_weights() + [v.numpy() for v in whole_optimizer.variables]):  # fmt: skip
@@ -126,7 +124,8 @@ def test_batch_norm_statistics_and_gradients_follow_micro_batches():
 @pytest.mark.unit
 def test_the_run_log_says_what_accumulation_does_to_batch_norm():
     plan = Plan(4, 32768, 16, 512, 39, 100, 3900, 390, 32.0)
-    assert batch_norm_note(get_model("small_cnn"), plan) == (
+    cnn = get_model("small_cnn")
+    assert batch_norm_note(cnn, plan) == (
         "batch norm with accumulation: 5 layers normalise each micro-batch of 16 images per rank with its "
         "own statistics and update their moving averages 512 times per update (momentum per update "
         "0.9^512 = 3.73e-24)"
@@ -134,4 +133,4 @@ def test_the_run_log_says_what_accumulation_does_to_batch_norm():
     without = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="no_batch_norm")
     assert batch_norm_note(without, plan) is None
     unaccumulated = Plan(2048, 32768, 16, 1, 39, 100, 3900, 390, 32.0)
-    assert batch_norm_note(get_model("small_cnn"), unaccumulated) is None
+    assert batch_norm_note(cnn, unaccumulated) is None

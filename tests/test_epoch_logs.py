@@ -8,6 +8,7 @@ import re
 import types
 
 import keras
+import matplotlib.figure
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -130,7 +131,7 @@ def test_summary_json_is_strict_json_and_reads_back_non_finite_values(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == []
 
 
-def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
+def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog, monkeypatch):
     config = TrainConfig(
         max_train_examples=64, epochs=4, global_batch_size=8, warmup_epochs=1, peak_learning_rate=0.4
     )
@@ -159,7 +160,14 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
     assert len(schedule.get_xdata()) == plan.total_steps == 32
     # Warmup from 0 to 0.4 over 8 updates: update k (drawn at step k + 1) has rate 0.4 k / 8.
     np.testing.assert_allclose(schedule.get_ydata()[:8], [0.05 * k for k in range(8)], rtol=1e-6)
-    # A plot that cannot be written is one warning: the finished run stays finished.
+    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
+    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
+    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
+    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
+    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
+    # A plot that cannot be written (a small figure: the write is what fails) is one warning; the finished
+    # run stays finished.
+    monkeypatch.setattr(plot_run, "make_figure", lambda run_dir: matplotlib.figure.Figure((1, 1)))
     os.remove(tmp_path / "run.png")
     (tmp_path / "run.png").mkdir()
     caplog.clear()
@@ -170,11 +178,6 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog):
         f"'{tmp_path}/run.png'); try `hvd-lars-plot {tmp_path}`"
     ]
     assert caplog.records[-1].getMessage() == "plot not written" and not (tmp_path / "run.png.tmp").exists()
-    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
-    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
-    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
-    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
-    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
 
 
 @pytest.mark.parametrize("metrics", [None, "epoch,step,loss\n"])

@@ -10,13 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from hvd_lars import main
-from hvd_lars.training import faults, train
+from hvd_lars.training import checkpoints, faults
 from tests.support import REPO
 from tests.support.main_server import run_main, served
 from tests.support.small_runs import KILLER, TWO_RANKS, final_tensors
@@ -67,15 +69,10 @@ def test_pmi_job_of_two_that_horovod_sees_as_one_is_refused_and_job_level_slurm_
 def mismatch(tmp_path_factory):
     """Both ranks' results of tests/support/mismatch_worker.py (its two cases, one process group)."""
     out = tmp_path_factory.mktemp("mismatch")
+    env = dict(os.environ, PYTHONPATH=REPO)
     worker = os.path.join(REPO, "tests", "support", "mismatch_worker.py")
-    result = subprocess.run(
-        served(TWO_RANKS + [sys.executable, worker, str(out)], env=dict(os.environ, PYTHONPATH=REPO)),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=dict(os.environ, PYTHONPATH=REPO),
-    )
+    command = served(TWO_RANKS + [sys.executable, worker, str(out)], env=env)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=150, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [np.load(out / f"rank{r}.npz") for r in range(2)]
 
@@ -117,24 +114,9 @@ def _train(workdir, *flags, launcher=(), fault=(), timeout=300):
     return run_main(cmd, cwd=REPO, timeout=timeout)
 
 
-def _strict_json(path):
-    def refuse(token):
-        raise ValueError(f"{path} is not strict JSON: {token}")
-
-    with open(path) as f:
-        return json.load(f, parse_constant=refuse)
-
-
 def _checkpoint_steps(run_dir):
     folder = os.path.join(run_dir, "checkpoints")
     return sorted(int(f.split("-")[1].split(".")[0]) for f in os.listdir(folder) if f.endswith(".index"))
-
-
-def _checkpoint(run_dir, step=None):
-    """{name: value} of the model and optimizer tensors of the latest checkpoint, or of `step`'s."""
-    tensors = final_tensors(run_dir, step)
-    assert len(tensors) > 20
-    return tensors
 
 
 def _check_diverged(tmp_path, out):
@@ -145,14 +127,15 @@ def _check_diverged(tmp_path, out):
     # The rate of update `step` on the linear warmup over 8 updates: 1,000 x (step - 1) / 8.
     assert 1 < step <= 16 and rate == pytest.approx(1000 * (step - 1) / 8)
     run_dir = tmp_path / "r"
-    summary = _strict_json(run_dir / "summary.json")
-    assert summary["stopped"]["reason"] == "TrainingDiverged" and summary["stopped"]["step"] == step
+    strict = dict(parse_constant=lambda token: pytest.fail(f"bare {token} in summary.json: not strict JSON"))
+    stopped = json.loads((run_dir / "summary.json").read_text(), **strict)["stopped"]
+    assert stopped["reason"] == "TrainingDiverged" and stopped["step"] == step
     # One checkpoint per update up to the last finite one; none of non-finite weights rotated them out.
     kept = _checkpoint_steps(run_dir)
     assert kept == list(range(max(1, step - 3), step)), kept
     for s in kept:
-        for name, value in _checkpoint(run_dir, s).items():
-            assert np.isfinite(value).all(), (s, name)
+        tensors = final_tensors(run_dir, s)  # the model's and the optimizer's
+        assert len(tensors) > 20 and all(np.isfinite(v).all() for v in tensors.values()), s
     return step
 
 
@@ -195,86 +178,50 @@ def test_a_rank_killed_mid_epoch_ends_the_job_within_a_minute(tmp_path):
     run_dir = tmp_path / "r"
     assert _checkpoint_steps(run_dir) == [5, 8, 10]
     # The index names the last complete checkpoint, which loads whole.
-    latest = _checkpoint(run_dir)
-    assert all(np.isfinite(v).all() for v in latest.values())
+    latest = final_tensors(run_dir)
+    assert len(latest) > 20 and all(np.isfinite(v).all() for v in latest.values())
     assert int(latest["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 10
 
 
 @pytest.mark.unit
-def test_run_dir_problems_name_the_path_and_figures(tmp_path):
-    from hvd_lars.training.faults import checkpoint_bytes, run_dir_problem
-
-    assert run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
-    free = shutil.disk_usage(tmp_path).free
-    problem = run_dir_problem(str(tmp_path / "new"), free + 2**40)
-    assert f"the run directory {tmp_path / 'new'} has {free / 2**20:.1f} MiB free" in problem
-    assert f"needs {(free + 2**40) / 2**20:.1f} MiB" in problem and "--keep_checkpoints" in problem
+def test_run_dir_problems_and_a_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
     (tmp_path / "file").write_text("")
-    problem = run_dir_problem(str(tmp_path / "file" / "run"), 1)
-    assert problem.startswith(f"cannot write the run directory {tmp_path / 'file' / 'run'}: ")
-    assert "Not a directory" in problem
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
+    assert status == 2
+    assert line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}: [Errno 20] Not a dir")
+    assert faults.run_dir_problem(str(tmp_path / "new"), 1) is None and (tmp_path / "new").is_dir()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: types.SimpleNamespace(free=100 * 2**20))
+    assert faults.run_dir_problem(str(tmp_path / "new"), 2**30) == (
+        f"the run directory {tmp_path / 'new'} has 100.0 MiB free, but training needs 1024.0 MiB there for "
+        "its checkpoints. Free space, lower --keep_checkpoints, or choose another --workdir."
+    )
     # float32 3x4 + 4 and a bfloat16 2x2: 64 + 8 bytes.
     variables = [keras.Variable(np.zeros((3, 4), "float32")), keras.Variable(np.zeros(4, "float32"))]
     variables.append(keras.Variable(np.zeros((2, 2)), dtype="bfloat16"))
-    assert checkpoint_bytes(variables) == 72
-
-
-class _BlockCheckpoints(keras.callbacks.Callback):
-    """After update 1, the checkpoint folder becomes a file: the next checkpoint cannot be written."""
-
-    def __init__(self, folder):
-        super().__init__()
-        self.folder = folder
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations) == 1:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder.write_text("not a folder")
-
-
-@pytest.mark.unit
-def test_unwritable_work_directory_and_failed_checkpoint_are_one_clear_error(tmp_path, monkeypatch, caplog):
-    (tmp_path / "file").write_text("")
-    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'file'}"], monkeypatch, caplog)
-    assert status == 2 and line.startswith(f"cannot write the run directory {tmp_path / 'file' / 'r'}")
-    # The epoch-end checkpoint (step 2 of 128 images in batches of 64) fails.
-    folder = tmp_path / "w" / "r" / "checkpoints"
-    monkeypatch.setattr(main, "run_training", lambda config: train.run(config, [_BlockCheckpoints(folder)]))
+    assert faults.checkpoint_bytes(variables) == 72
+    # The checkpoint folder becomes a file after a start: the epoch-end checkpoint of update 2 fails. (That
+    # the loop lets its callbacks' errors through: the divergence test above.)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    folder = tmp_path / "checkpoints"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(folder), max_to_keep=3)
+    checkpointer = checkpoints.PeriodicCheckpoint(manager, every_steps=0)
+    checkpointer.set_model(model)
+    model.optimizer.iterations.assign(2)
+    folder.write_text("not a folder")
+    monkeypatch.setattr(main, "run_training", lambda config: checkpointer.on_epoch_end(0))
     caplog.clear()
-    flags = [*SMALL[1:], "--max_train_examples=128", f"--workdir={tmp_path / 'w'}"]
-    status, [line] = _exit_of(flags, monkeypatch, caplog)
-    assert status == 2 and f"could not write the checkpoint of step 2 to {folder}" in line
-
-
-@pytest.mark.unit
-def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it():
-    ended = []
-    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
-        for _ in range(12):  # 1.2 s of progress every 0.1 s: never 0.4 s without
-            time.sleep(0.1)
-            faults.heartbeat()
-    assert ended == [] and not watchdog.fired
-    started = time.monotonic()
-    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:
-        while not ended and time.monotonic() - started < 5:
-            time.sleep(0.05)
-    waited = time.monotonic() - started
-    assert ended == [faults.EXIT_HUNG] == [4] and watchdog.fired
-    # Fires after the timeout, checked every timeout / 4.
-    assert 0.4 <= waited < 1.5
-    with faults.ProgressWatchdog(0, exit=ended.append) as watchdog:
-        time.sleep(0.3)
-    assert watchdog._thread is None and ended == [4]
-    with pytest.raises(ValueError, match=r"hang timeout must be >= 0 seconds \(0: off\), got -1"):
-        faults.ProgressWatchdog(-1)
+    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
+    assert status == 2 and line.startswith(f"could not write the checkpoint of step 2 to {folder}: "), line
+    assert line.endswith("it resumes from the last complete checkpoint.")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "file", "new"]
 
 
 class _Clock:
     """A monotonic clock the test moves by hand (hvd_lars.training.faults reads `time.monotonic`)."""
 
     def __init__(self, now):
-        self.now = now
-        self.reads = 0
+        self.now, self.reads = now, 0
 
     def monotonic(self):
         self.reads += 1
@@ -293,38 +240,59 @@ def _until(condition, what, limit_s=60):
 
 
 @pytest.mark.unit
-def test_watchdog_does_not_count_the_time_its_process_was_stopped(monkeypatch):
+def test_watchdog_ends_a_process_without_progress_and_spares_one_with_it_or_stopped(monkeypatch, caplog):
     clock = _Clock(1000.0)
     monkeypatch.setattr(faults, "time", clock)
     ended = []
-    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:  # checks every 0.1 s
-        assert faults._last_progress == 1000.0
+
+    def checked():  # the watchdog's thread reads the clock once per check
         reads = clock.reads
-        _until(lambda: clock.reads >= reads + 2, "checked the clock")
+        _until(lambda: clock.reads > reads, "checked the clock")
+
+    with faults.ProgressWatchdog(0.4, exit=ended.append) as watchdog:  # checks every 0.1 s
+        watchdog.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=7)))
+        assert faults._last_progress == 1000.0
+        for _ in range(5):  # 0.5 s with progress every 0.1 s: never 0.4 s without
+            clock.now += 0.1
+            faults.heartbeat()
+            checked()
         # Stopped for 100 s: the thread wakes 100 s after its last check, far past 2 checks + 1 s.
-        clock.now = 1100.0
-        _until(lambda: faults._last_progress != 1000.0, "saw the stop")
-        assert faults._last_progress == pytest.approx(1099.9) and ended == []
-        # Then 0.5 s without progress while running (past the 0.4 s timeout, under 2 checks + 1 s): hung.
-        clock.now = 1100.5
+        last, clock.now = faults._last_progress, clock.now + 100
+        _until(lambda: faults._last_progress != last, "saw the stop")
+        assert faults._last_progress == pytest.approx(clock.now - 0.1) and ended == []
+        # Then 0.35 s without progress while running: not yet; 0.6 s (under 2 checks + 1 s): hung.
+        clock.now += 0.25
+        checked()
+        checked()  # the first check's verdict is in
+        assert ended == [] and not watchdog.fired
+        clock.now += 0.25
         _until(lambda: ended, "fired")
-    assert ended == [faults.EXIT_HUNG] and watchdog.fired
+    assert ended == [faults.EXIT_HUNG] == [4] and watchdog.fired
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("rank 0 of 1: no progress for 1 s (--hang_timeout_s=0.4) after update 7: ")
+    assert line.endswith(
+        f"(exit status {faults.EXIT_HUNG}) so that the launcher ends the job; the last "
+        "complete checkpoint is kept."
+    )
+    with faults.ProgressWatchdog(0, exit=ended.append) as watchdog:
+        assert watchdog._thread is None  # off: no thread to end anything
+    with pytest.raises(ValueError, match=r"hang timeout must be >= 0 seconds \(0: off\), got -1"):
+        faults.ProgressWatchdog(-1)
 
 
 @pytest.mark.horovod
 def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
     # A process under a 5 s watchdog reports progress, writes a marker and waits for a line on its stdin;
     # SIGSTOPped for 7 s, past the timeout, then continued and sent the line, it must finish (status 0).
-    code = (
-        "import sys\n"
-        "from hvd_lars.training import faults\n"
-        "with faults.ProgressWatchdog(5.0):\n"
-        "    faults.heartbeat()\n"
-        "    open(sys.argv[1], 'w').close()\n"
-        "    sys.stdin.readline()\n"
-        "    faults.heartbeat()\n"
-        "print('finished')\n"
-    )
+    code = """import sys
+from hvd_lars.training import faults
+with faults.ProgressWatchdog(5.0):
+    faults.heartbeat()
+    open(sys.argv[1], 'w').close()
+    sys.stdin.readline()
+    faults.heartbeat()
+print('finished')
+"""
     marker = tmp_path / "waiting"
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     command = [sys.executable, "-c", code, str(marker)]
@@ -345,10 +313,11 @@ def test_a_rank_stopped_and_continued_is_not_ended_as_hung(tmp_path):
 def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
-    x, y = np.ones((4, 3), "float32"), np.ones((4, 2), "float32")
+    model.optimizer.build(model.trainable_variables)  # as the loop's start does, before any fit
     checks = []
-    for _ in range(3):  # each fit's guard, as each attempt builds one (its start only: no collective here)
-        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    for attempt in range(3):  # each attempt's guard (its start only: no collective here), fits between
+        if attempt:
+            model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=2, verbose=0)
         guard = faults.FaultGuard(faults.StopSignals(), None)
         guard.set_model(model)
         guard.on_train_begin()
@@ -360,7 +329,7 @@ def test_the_finite_check_is_traced_once_per_model_and_still_sees_every_value():
     assert not bool(checks[0]())
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     other.compile(optimizer="sgd", loss="mse")
-    other.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    other.optimizer.build(other.trainable_variables)
     guard = faults.FaultGuard(faults.StopSignals(), None)
     guard.set_model(other)
     guard.on_train_begin()

@@ -11,14 +11,20 @@ import struct
 import subprocess
 import sys
 import time
+import types
 
+import keras
 import pytest
+from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
+from hvd_lars.data import InputRequest, get_input, imagenet_preparation
+from hvd_lars.training import faults
+from hvd_lars.training.epoch_logs import MetricsCSV
+from tests import test_imagenet as imagenet
 from tests.support import REPO
-from tests.support.data_fixtures import make_image_folder
+from tests.support.data_fixtures import make_ilsvrc_tars, make_image_folder
 from tests.support.main_server import run_main
 from tests.support.small_runs import KILLER, TWO_RANKS, final_tensors
-from tests.test_imagenet import prepared  # noqa: F401 (the fixture: 18 training and 6 validation records)
 
 ADVICE = "then start the same command again: it resumes from the last complete checkpoint."
 RESTORE = "Restore it from a copy or prepare the data set again with hvd-lars-prepare"
@@ -29,14 +35,7 @@ EVAL_FILE = "imagenet2012-validation.tfrecord-00000-of-00001"
 
 @pytest.mark.unit
 def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
-    import keras
-
-    from hvd_lars.training import faults
-    from hvd_lars.training.epoch_logs import MetricsCSV
-
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    model.optimizer.build(model.trainable_variables)
+    model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=keras.Variable(0)))
     path = tmp_path / "metrics.csv"
     logger = MetricsCSV(str(path))
     logger.set_model(model)
@@ -61,8 +60,6 @@ def test_a_failed_write_keeps_the_file_whole_and_leaves_no_temporary(tmp_path):
 
 def _handed_over(dataset, data_dir, batch, **options):
     """(the input of `dataset`, its first training batch's images, [(path, split)] handed over)."""
-    from hvd_lars.data import InputRequest, get_input
-
     noted = []
     request = InputRequest(
         per_rank_batch=batch, rank=0, world_size=1, seed=0, data_dir=str(data_dir),
@@ -74,8 +71,6 @@ def _handed_over(dataset, data_dir, batch, **options):
 
 
 def _reported(noted):
-    from hvd_lars.training import faults
-
     faults.note_unreadable(*noted)
     message = faults.note()
     with pytest.raises(faults.FileFailure):
@@ -102,6 +97,19 @@ def test_unreadable_images_are_handed_over_instead_of_raised(tmp_path):
     )
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """tests/test_imagenet.py's tars prepared (18 training and 6 validation records); their data_dir."""
+    root = tmp_path_factory.mktemp("imagenet")
+    names = dict(cmyk_name=imagenet.CMYK_NAME, png_name=imagenet.PNG_NAME)
+    make_ilsvrc_tars(str(root / "manual"), imagenet.SYNSETS, imagenet.PER_CLASS, imagenet.NUM_VAL, **names)
+    with pytest.MonkeyPatch.context() as patch:
+        labels = imagenet._short_label_file(str(root), imagenet.NUM_VAL)
+        patch.setattr(imagenet_common, "_VALIDATION_LABELS_FNAME", labels)
+        imagenet_preparation.prepare(str(root / "manual"), str(root / "tfds"))
+    return root / "tfds"
+
+
 def _record_offsets(path):
     """The byte offset of each record of a TFRecord file (length u64, its CRC u32, data, data CRC u32)."""
     offsets, data, at = [], open(path, "rb").read(), 0
@@ -125,8 +133,8 @@ def _garbled_copy(prepared_dir, tmp_path, record):
 
 
 @pytest.mark.unit
-def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path):  # noqa: F811
-    data_dir, folder = _garbled_copy(prepared[0], tmp_path, 4)
+def test_damaged_record_files_are_handed_over_naming_the_file(prepared, tmp_path):
+    data_dir, folder = _garbled_copy(prepared, tmp_path, 4)
     train, evaluation = str(folder / TRAIN_FILE), str(folder / EVAL_FILE)
     # Cut at a record boundary: no error from TensorFlow's reader, only 3 records where the info counts 6.
     with open(evaluation, "r+b") as f:
@@ -203,8 +211,8 @@ def test_a_full_disk_ends_both_ranks_with_one_line_and_resumes_once_freed(small_
 
 
 @pytest.mark.horovod
-def test_a_damaged_training_record_file_ends_both_ranks_with_one_line_naming_it(prepared, tmp_path):  # noqa: F811
-    data_dir, folder = _garbled_copy(prepared[0], tmp_path, 12)  # in rank 1's half, records 9-17
+def test_a_damaged_training_record_file_ends_both_ranks_with_one_line_naming_it(prepared, tmp_path):
+    data_dir, folder = _garbled_copy(prepared, tmp_path, 12)  # in rank 1's half, records 9-17
     command = [
         *TWO_RANKS, sys.executable, "-m", "hvd_lars.main", "--dataset=imagenet2012", f"--data_dir={data_dir}",
         "--model=small_cnn", "--image_size=32", "--global_batch_size=4", "--epochs=2", "--warmup_epochs=0",

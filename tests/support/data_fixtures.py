@@ -44,17 +44,16 @@ def make_image_folder(root, train_counts, eval_counts, odd=None, corrupt=None):
     if odd is None:
         odd = {("train", 0, 0): CMYK, ("train", 1, 0): CMYK, ("train", 2, 0): GREY, ("train", 3, 0): PNG}
         odd.update({("validation", 0, 0): CMYK, ("validation", 1, 0): GREY, ("validation", 2, 0): PNG})
-    written, offset = {}, 0
+    written, images = {}, iter(source_images(sum(train_counts) + sum(eval_counts)))
     for split, counts in (("train", train_counts), ("validation", eval_counts)):
         written[split] = []
         for c, count in enumerate(counts):
             folder = os.path.join(root, split, f"n{c:08d}")
             os.makedirs(folder, exist_ok=True)
-            for k, image in enumerate(source_images(count, offset)):
+            for k, image in zip(range(count), images):
                 kind, path = odd.get((split, c, k), "rgb"), os.path.join(folder, f"n{c:08d}_{k}.JPEG")
                 _write(path, encode(image, kind))
                 written[split].append((path, c, kind, image))
-            offset += count
             if corrupt == (split, c):
                 _write(os.path.join(folder, "broken.JPEG"), b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
                 written[split].append((os.path.join(folder, "broken.JPEG"), c, "corrupt", None))

@@ -62,9 +62,8 @@ def _shapes(data):
     return InputShapes(data.input_shape, data.num_classes, data.num_train_examples)
 
 
-def _eval_errors(data, written, preprocessing=None, size=28):
+def _eval_errors(batches, written, preprocessing=None, size=28):
     """Each evaluation image's mean distance from the view of its lossless source, and the labels."""
-    batches = list(data.eval)
     images = np.concatenate([x.numpy() for x, _ in batches])
     views = pp.get_preprocessing(preprocessing)
     sources = [views.eval(tf.constant(encode(source, PNG)), size).numpy() for _, _, _, source in written]
@@ -78,8 +77,9 @@ def test_eval_covers_each_file_once_with_odd_files_decoded_right(folder):
     described = describe_input("image_folder", _request(root, max_train_examples=50), image_size=28)
     assert _shapes(data) == described == InputShapes((28, 28, 3), 4, 12)
     assert data.num_eval_examples == 7 and data.skipped_corrupt is None
-    assert [int(y.shape[0]) for _, y in data.eval] == [3, 3, 1]
-    errors, labels = _eval_errors(data, written["validation"])
+    batches = list(data.eval)
+    assert [int(y.shape[0]) for _, y in batches] == [3, 3, 1]
+    errors, labels = _eval_errors(batches, written["validation"])
     assert labels.tolist() == [c for _, c, _, _ in written["validation"]] == [0, 0, 1, 1, 2, 2, 3]
     # Exact for the PNG; the CMYK and greyscale JPEGs in the right colours.
     kinds = [kind for _, _, kind, _ in written["validation"]]
@@ -113,7 +113,7 @@ def test_max_examples_keep_every_class_described_as_built_listing_the_training_s
     assert sorted(train_labels.numpy().tolist()) == [0, 1, 2, 3]
     assert np.abs(train_images.numpy()).max() < 1.0  # caffe_scaled: (pixel - mean) / 256
     kept = [written["validation"][i] for i in (0, 1, 3, 5)]  # files 0, 1, 3, 5 of 7
-    errors, labels = _eval_errors(data, kept, "caffe_scaled", 224)
+    errors, labels = _eval_errors(list(data.eval), kept, "caffe_scaled", 224)
     assert labels.tolist() == [0, 0, 1, 2] and errors.max() < 0.06, errors
 
 

@@ -29,7 +29,7 @@ def _write(root, files):
 
 
 @pytest.mark.unit
-def test_what_a_listing_reads_hidden_entries_links_sub_folders_odd_names_and_image_formats(tmp_path):
+def test_what_a_listing_reads_hidden_entries_links_sub_folders_odd_names_image_formats_classes(tmp_path):
     odd = os.fsdecode(b"caf\xe9 latin-1.JPEG")  # not UTF-8: kept as the file system's bytes
     # Hidden: a notebook's checkpoints folder beside the classes, macOS ._ files and Windows' files.
     _write(tmp_path, {
@@ -69,6 +69,11 @@ def test_what_a_listing_reads_hidden_entries_links_sub_folders_odd_names_and_ima
     images = [x[0].numpy() for x, _ in evaluated]
     for i in (5, 6):  # BMP and WebP
         np.testing.assert_allclose(images[i], images[3], atol=0.05)
+    _write(tmp_path, {"validation/fox/e.JPEG": ...})  # a class training lacks: refused
+    with pytest.raises(
+        ValueError, match=f"1 class folders the training split lacks: {tmp_path}/validation/fox"
+    ):
+        listing.list_split(str(tmp_path / "validation"), found.classes)
 
 
 LOOP = "symbolic links to a folder already read (a loop, or one folder listed twice)"
@@ -106,14 +111,6 @@ def test_refused_layouts_name_every_path(tmp_path, layout):
         listing.list_split(str(tmp_path))
     for fragment in fragments:
         assert fragment.format(r=tmp_path) in str(info.value)
-
-
-@pytest.mark.unit
-def test_validation_classes_the_training_split_lacks_are_refused(tmp_path):
-    _write(tmp_path, {"validation/dog/d.JPEG": ..., "validation/fox/e.JPEG": ...})
-    with pytest.raises(ValueError) as info:
-        listing.list_split(str(tmp_path / "validation"), ("cat", "dog", "owl"))
-    assert f"1 class folders the training split lacks: {tmp_path}/validation/fox" in str(info.value)
 
 
 @pytest.mark.unit

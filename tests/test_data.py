@@ -26,20 +26,11 @@ REQUEST = InputRequest(per_rank_batch=4, rank=0, world_size=1, seed=0)
 IMAGES, LABELS = fashion_mnist_files.FILES["test"]
 
 
-def _write_idx(path, magic, array, compress=True):
-    """An IDX file: magic, big-endian uint32 dimensions, then the bytes; gzipped unless not `compress`."""
+def _write_idx(path, magic, array):
+    """An IDX file: magic, big-endian uint32 dimensions, then the bytes; gzipped if `path` ends in .gz."""
     header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
-    with (gzip.open if compress else open)(path, "wb") as f:
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as f:
         f.write(header + array.astype(np.uint8).tobytes())
-
-
-def _tiny_split(folder, compress_images, compress_labels):
-    """Two 28x28 images of known pixels and labels 7, 3, written under the test split's names."""
-    images = np.arange(2 * 28 * 28, dtype=np.int64).reshape(2, 28, 28) % 251
-    for name, magic, array, compress in ((IMAGES, 2051, images, compress_images),
-                                         (LABELS, 2049, np.array([7, 3]), compress_labels)):  # fmt: skip
-        _write_idx(os.path.join(folder, name if compress else name[:-3]), magic, array, compress)
-    return images
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +53,16 @@ def test_fashion_mnist_splits_and_statistics(train_split):
 @pytest.mark.unit
 @pytest.mark.parametrize("compress_images,compress_labels", [(True, True), (False, False), (False, True)])
 def test_tiny_split_read_in_either_form(tmp_path, compress_images, compress_labels):
-    want_images = _tiny_split(tmp_path, compress_images, compress_labels)
+    # Two 28x28 images of known pixels and labels 7, 3, under the test split's names.
+    want_images = np.arange(2 * 28 * 28).reshape(2, 28, 28) % 251
+    _write_idx(tmp_path / (IMAGES if compress_images else IMAGES[:-3]), 2051, want_images)
+    _write_idx(tmp_path / (LABELS if compress_labels else LABELS[:-3]), 2049, np.array([7, 3]))
     images, labels = fashion_mnist_files.load("test", str(tmp_path))
     assert images.shape == (2, 28, 28, 1) and images.dtype == np.uint8
     np.testing.assert_array_equal(images[..., 0], want_images)
     assert labels.dtype == np.int32 and labels.tolist() == [7, 3]
     # An uncompressed file of other contents beside the .gz: the .gz wins.
-    _write_idx(tmp_path / IMAGES[:-3], 2051, np.zeros((2, 28, 28)), compress=False)
+    _write_idx(tmp_path / IMAGES[:-3], 2051, np.zeros((2, 28, 28)))
     images, _ = fashion_mnist_files.load("test", str(tmp_path))
     assert images[1, 0, 0, 0] == (784 % 251 if compress_images else 0)
 

@@ -2,7 +2,6 @@
 
 import itertools
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -36,16 +35,6 @@ def one_per_class(tmp_path_factory):
     # 13 classes of one training image each: a label names its image, so shards can be compared.
     root = tmp_path_factory.mktemp("unique")
     return str(root), make_image_folder(str(root), [1] * 13, [1] * 5, odd={})
-
-
-@pytest.fixture(scope="module")
-def corrupt(tmp_path_factory):
-    # A broken file in train/n00000001; in both/, also one in validation/n00000002.
-    root = tmp_path_factory.mktemp("corrupt")
-    make_image_folder(str(root), [2, 2, 2], [1, 1, 1], odd={}, corrupt=("train", 1))
-    make_image_folder(str(root / "both"), [2, 2, 2], [1, 1, 1], odd={}, corrupt=("validation", 2))
-    shutil.copy(root / "train" / "n00000001" / "broken.JPEG", root / "both" / "train" / "n00000001")
-    return str(root)
 
 
 def _request(root, batch=2, **fields):
@@ -118,8 +107,10 @@ def test_max_examples_keep_every_class_described_as_built_listing_the_training_s
 
 
 @pytest.mark.unit
-def test_a_corrupt_file_raises_naming_it(corrupt):
-    both = _build(corrupt + "/both", batch=1)
+def test_a_corrupt_file_raises_naming_it(tmp_path):
+    make_image_folder(str(tmp_path), [2, 2, 2], [1, 1, 1], odd={}, corrupt=("validation", 2))
+    (tmp_path / "train" / "n00000001" / "broken.JPEG").write_bytes(b"not an image")
+    both = _build(str(tmp_path), batch=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000001/broken\.JPEG"):
         list(itertools.islice(both.train, 8))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000002/broken\.JPEG"):
@@ -140,10 +131,10 @@ def test_skipped_count_is_exact_once_the_stream_is_read_to_its_end():
 
 
 @pytest.mark.unit
-def test_the_loop_trains_on_an_image_folder_skipping_and_reporting_corrupt_files(corrupt, tmp_path):
-    summary = train_small_cnn(
-        "image_folder", corrupt, tmp_path, "c", 2, 2, skip_corrupt=True, preprocessing="caffe_scaled"
-    )
+def test_the_loop_trains_on_an_image_folder_skipping_and_reporting_corrupt_files(tmp_path):
+    make_image_folder(str(tmp_path / "data"), [2, 2, 2], [1, 1, 1], odd={}, corrupt=("train", 1))
+    settings = dict(skip_corrupt=True, preprocessing="caffe_scaled")
+    summary = train_small_cnn("image_folder", tmp_path / "data", tmp_path, "c", 2, 2, **settings)
     assert summary["plan"]["steps_per_epoch"] == 3  # 7 files // 2
     # The 32x32 crops reached the model: small_cnn's fc1 sees (32 / 4)^2 x 32 = 2,048 features (1,568 at 28).
     reader = tf.train.load_checkpoint(str(tmp_path / "c" / "checkpoints"))

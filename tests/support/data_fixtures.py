@@ -4,6 +4,7 @@ oddities: CMYK and greyscale JPEGs, a PNG named .JPEG, a corrupt file on request
 
 import io
 import os
+import pathlib
 import tarfile
 
 import numpy as np
@@ -31,11 +32,6 @@ def encode(image, kind="rgb"):
     return out.getvalue()
 
 
-def _write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
-
-
 def make_image_folder(root, train_counts, eval_counts, odd=None, corrupt=None):
     """Writes `train_counts` / `eval_counts` images per class (folder `n{c:08d}`) of the kinds `odd`
     ({(split, class, position): kind}; default two CMYK, a grey and a PNG in train, one of each in
@@ -52,10 +48,10 @@ def make_image_folder(root, train_counts, eval_counts, odd=None, corrupt=None):
             os.makedirs(folder, exist_ok=True)
             for k, image in zip(range(count), images):
                 kind, path = odd.get((split, c, k), "rgb"), os.path.join(folder, f"n{c:08d}_{k}.JPEG")
-                _write(path, encode(image, kind))
+                pathlib.Path(path).write_bytes(encode(image, kind))
                 written[split].append((path, c, kind, image))
             if corrupt == (split, c):
-                _write(os.path.join(folder, "broken.JPEG"), b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
+                pathlib.Path(folder, "broken.JPEG").write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
                 written[split].append((os.path.join(folder, "broken.JPEG"), c, "corrupt", None))
     return written
 

@@ -43,8 +43,8 @@ def test_fashion_mnist_splits_and_statistics(train_split):
     x, y = train_split
     assert x.shape == (60000, 28, 28, 1) and x.dtype == np.uint8 and y.shape == (60000,)
     assert np.bincount(y).tolist() == [6000] * 10  # balanced classes (Xiao et al. 2017)
-    mean, square = x.mean() / 255, np.square(x, dtype=np.uint16).mean() / 255**2  # of pixels in [0, 1]
-    std = np.sqrt(square - mean**2)
+    mean = x.mean() / 255  # of the pixels scaled to [0, 1]; std from the mean square
+    std = np.sqrt(np.square(x, dtype=np.uint16).mean() / 255**2 - mean**2)
     assert (mean, std) == pytest.approx((fashion_mnist_files.MEAN, fashion_mnist_files.STD), abs=5e-5)
     x, y = fashion_mnist_files.load("test")
     assert x.shape == (10000, 28, 28, 1) and np.bincount(y).tolist() == [1000] * 10
@@ -173,14 +173,11 @@ def tiny_fashion_mnist(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("max_train_examples, validation_examples", [(0, 4), (5, 0)])
-def test_fashion_mnist_described_from_the_headers_as_built(
-    tiny_fashion_mnist, max_train_examples, validation_examples, monkeypatch
-):
-    request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=max_train_examples)
-    built = get_input("fashion_mnist", request, validation_examples=validation_examples)
-    expected = min(12 - validation_examples, max_train_examples or 12)
-    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, expected)
+@pytest.mark.parametrize("limit, held_out", [(0, 4), (5, 0)])
+def test_fashion_mnist_described_from_the_headers_as_built(tiny_fashion_mnist, monkeypatch, limit, held_out):
+    request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=limit)
+    built = get_input("fashion_mnist", request, validation_examples=held_out)
+    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, min(12 - held_out, limit or 12))
     read = fashion_mnist_files._read_idx
 
     def headers_only(path, magic, header_only):
@@ -188,8 +185,7 @@ def test_fashion_mnist_described_from_the_headers_as_built(
         return read(path, magic, header_only)
 
     monkeypatch.setattr(fashion_mnist_files, "_read_idx", headers_only)
-    described = describe_input("fashion_mnist", request, validation_examples=validation_examples)
-    assert described == _shapes_of(built)
+    assert describe_input("fashion_mnist", request, validation_examples=held_out) == _shapes_of(built)
 
 
 @pytest.mark.unit

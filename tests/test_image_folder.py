@@ -30,13 +30,6 @@ def folder(tmp_path_factory):
     return str(root), make_image_folder(str(root), [3, 3, 3, 3], [2, 2, 2, 1])
 
 
-@pytest.fixture(scope="module")
-def one_per_class(tmp_path_factory):
-    # 13 classes of one training image each: a label names its image, so shards can be compared.
-    root = tmp_path_factory.mktemp("unique")
-    return str(root), make_image_folder(str(root), [1] * 13, [1] * 5, odd={})
-
-
 def _request(root, batch=2, **fields):
     fields = {"rank": 0, "world_size": 1, "seed": 0, "deterministic": True, **fields}
     return InputRequest(per_rank_batch=batch, data_dir=root, **fields)
@@ -91,13 +84,11 @@ def test_max_examples_keep_every_class_described_as_built_listing_the_training_s
     request = _request(root, batch=4, max_train_examples=4, max_eval_examples=4, run_dir=str(tmp_path))
     options = dict(image_size=0, preprocessing="caffe_scaled")  # image_size 0: the default, 224
     described = describe_input("image_folder", request, **options)
-    assert listed == [f"{root}/train"]
     assert os.listdir(tmp_path / image_folder.INDEX_FOLDER) == ["train.index.npz"]
     data = get_input("image_folder", request, **options)
-    assert listed == [f"{root}/train", f"{root}/validation"]
     assert _shapes(data) == described == describe_input("image_folder", request, **options)
+    assert listed == [f"{root}/train", f"{root}/validation"]  # the second description read the index
     assert described == InputShapes((224, 224, 3), 4, 4) and data.num_eval_examples == 4
-    assert len(listed) == 2  # read from the index
     train_images, train_labels = next(iter(data.train))
     assert sorted(train_labels.numpy().tolist()) == [0, 1, 2, 3]
     assert np.abs(train_images.numpy()).max() < 1.0  # caffe_scaled: (pixel - mean) / 256
@@ -110,11 +101,11 @@ def test_max_examples_keep_every_class_described_as_built_listing_the_training_s
 def test_a_corrupt_file_raises_naming_it(tmp_path):
     make_image_folder(str(tmp_path), [2, 2, 2], [1, 1, 1], odd={}, corrupt=("validation", 2))
     (tmp_path / "train" / "n00000001" / "broken.JPEG").write_bytes(b"not an image")
-    both = _build(str(tmp_path), batch=1)
+    data = _build(str(tmp_path), batch=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000001/broken\.JPEG"):
-        list(itertools.islice(both.train, 8))
+        list(itertools.islice(data.train, 8))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"n00000002/broken\.JPEG"):
-        list(both.eval)
+        list(data.eval)
 
 
 @pytest.mark.unit
@@ -163,12 +154,14 @@ def test_a_work_directory_that_is_a_file_is_one_line_from_rank_0(folder, tmp_pat
 
 @pytest.mark.unit
 def test_train_epochs_are_shard_permutations_and_a_resume_at_step_40_reads_no_more_than_at_0(
-    one_per_class, monkeypatch
+    tmp_path, monkeypatch
 ):
     from tests.support.read_counter import ReadCounter
 
+    # 13 classes of one training image each: a label names its image, so shards can be compared.
+    make_image_folder(str(tmp_path), [1] * 13, [1] * 5, odd={})
     counter = ReadCounter(monkeypatch)
-    data = _build(one_per_class[0], rank=1, world_size=2)
+    data = _build(str(tmp_path), rank=1, world_size=2)
     counts, resumed = {}, {}
     for step, stream in ((0, data.train), (40, data.train_from(40))):
         counter.reset()
@@ -189,10 +182,9 @@ def test_train_epochs_are_shard_permutations_and_a_resume_at_step_40_reads_no_mo
     assert labels[:6] != labels[6:12]  # reshuffled each epoch
     # The same batches as the uninterrupted run at those steps, pixel for pixel (same crops).
     for step in (0, 40):
-        for (x, y), (want_x, want_y) in zip(resumed[step], straight[step : step + 3], strict=True):
-            np.testing.assert_array_equal(x, want_x)
-            np.testing.assert_array_equal(y, want_y)
-    other = next(iter(_build(one_per_class[0], rank=1, world_size=2, seed=1).train))[0].numpy()
+        for got, want in zip(resumed[step], straight[step : step + 3], strict=True):
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), step
+    other = next(iter(_build(str(tmp_path), rank=1, world_size=2, seed=1).train))[0].numpy()
     assert np.abs(other - straight[0][0]).max() > 0.1  # another seed, another stream
 
 

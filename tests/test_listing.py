@@ -1,6 +1,5 @@
 """Image folders as users have them: every oddity handled or refused naming the path; the index file."""
 
-import io
 import os
 
 import numpy as np
@@ -17,15 +16,14 @@ JPEG = encode(PICTURE)
 def _write(root, files):
     """Creates `files` (paths relative to root; a value is the bytes, a "->target" string a link)."""
     for rel, content in files.items():
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, str) and content.startswith("->"):
-            os.symlink(content[2:], path)
+            path.symlink_to(content[2:])
         elif content is None:
-            os.makedirs(path, exist_ok=True)
+            path.mkdir(exist_ok=True)
         else:
-            with open(path, "wb") as f:
-                f.write(JPEG if content is ... else content)
+            path.write_bytes(JPEG if content is ... else content)
 
 
 @pytest.mark.unit
@@ -47,9 +45,8 @@ def test_what_a_listing_reads_hidden_entries_links_sub_folders_odd_names_image_f
     formats = {"cat/a.JPEG": "JPEG", "cat/b.jpg": "JPEG", "cat/c.Jpg": "JPEG", "cat/d.PNG": "PNG"}
     formats.update({"dog/e.gif": "GIF", "dog/f.BMP": "BMP", "dog/g.webp": "WEBP", "dog/h.JPE": "JPEG"})
     for name, kind in formats.items():
-        out = io.BytesIO()
-        Image.fromarray(PICTURE).save(out, kind, **({"lossless": True} if kind == "WEBP" else {}))
-        _write(tmp_path, {f"validation/{name}": out.getvalue()})
+        (tmp_path / "validation" / name).parent.mkdir(exist_ok=True)
+        Image.fromarray(PICTURE).save(tmp_path / "validation" / name, kind, lossless=True)  # WebP's
     found = listing.list_split(str(tmp_path / "train"))
     assert found.classes == ("bird", "cat", "dog")
     assert found.files == ("bird/b0.JPEG", "bird/b1.png", "cat/2024/a b.JPEG", "cat/cat_0.JPEG",

@@ -177,7 +177,13 @@ def tiny_fashion_mnist(tmp_path):
 def test_fashion_mnist_described_from_the_headers_as_built(tiny_fashion_mnist, monkeypatch, limit, held_out):
     request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=limit)
     built = get_input("fashion_mnist", request, validation_examples=held_out)
-    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, min(12 - held_out, limit or 12))
+    kept = min(12 - held_out, limit or 12)
+    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, kept)
+    # Trained on: the first `kept` images (back from standardised to the file's pixels).
+    trained = np.concatenate([b[0].numpy() for b in built.train.take(kept // 4)])
+    trained = np.rint((trained * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255).astype(np.uint8)
+    first = {i.tobytes() for i in fashion_mnist_files.load("train", tiny_fashion_mnist)[0][:kept]}
+    assert len(trained) == kept // 4 * 4 and {i.tobytes() for i in trained} <= first
     read = fashion_mnist_files._read_idx
 
     def headers_only(path, magic, header_only):

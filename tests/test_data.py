@@ -2,6 +2,7 @@
 
 import dataclasses
 import gzip
+import itertools
 import os
 import struct
 
@@ -16,6 +17,7 @@ from hvd_lars.data import (
     describe_input,
     fashion_mnist_files,
     get_input,
+    order,
     synthetic,
 )
 from hvd_lars.data.sharding import eval_shard_range, train_shard_indices, train_shard_range
@@ -24,29 +26,25 @@ REQUEST = InputRequest(per_rank_batch=4, rank=0, world_size=1, seed=0)
 IMAGES, LABELS = fashion_mnist_files.FILES["test"]
 
 
-def _write_idx(path, magic, array, compress=True):
-    """An IDX file: magic, big-endian uint32 dimensions, then the bytes; gzipped unless not `compress`."""
+def _write_idx(path, magic, array):
+    """An IDX file: magic, big-endian uint32 dimensions, then the bytes; gzipped if `path` ends in .gz."""
     header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
-    with (gzip.open if compress else open)(path, "wb") as f:
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as f:
         f.write(header + array.astype(np.uint8).tobytes())
 
 
-def _tiny_split(folder, compress_images, compress_labels):
-    """Two 28x28 images of known pixels and labels 7, 3, written under the test split's names."""
-    images = np.arange(2 * 28 * 28, dtype=np.int64).reshape(2, 28, 28) % 251
-    for name, magic, array, compress in ((IMAGES, 2051, images, compress_images),
-                                         (LABELS, 2049, np.array([7, 3]), compress_labels)):  # fmt: skip
-        _write_idx(os.path.join(folder, name if compress else name[:-3]), magic, array, compress)
-    return images
+@pytest.fixture(scope="module")
+def train_split():
+    return fashion_mnist_files.load("train")
 
 
 @pytest.mark.unit
-def test_fashion_mnist_splits_and_statistics():
-    x, y = fashion_mnist_files.load("train")
+def test_fashion_mnist_splits_and_statistics(train_split):
+    x, y = train_split
     assert x.shape == (60000, 28, 28, 1) and x.dtype == np.uint8 and y.shape == (60000,)
     assert np.bincount(y).tolist() == [6000] * 10  # balanced classes (Xiao et al. 2017)
-    count, level = np.bincount(x.ravel(), minlength=256) / x.size, np.arange(256) / 255.0  # by pixel level
-    mean, std = count @ level, np.sqrt(count @ (level - count @ level) ** 2)
+    mean = x.mean() / 255  # of the pixels scaled to [0, 1]; std from the mean square
+    std = np.sqrt(np.square(x, dtype=np.uint16).mean() / 255**2 - mean**2)
     assert (mean, std) == pytest.approx((fashion_mnist_files.MEAN, fashion_mnist_files.STD), abs=5e-5)
     x, y = fashion_mnist_files.load("test")
     assert x.shape == (10000, 28, 28, 1) and np.bincount(y).tolist() == [1000] * 10
@@ -55,13 +53,16 @@ def test_fashion_mnist_splits_and_statistics():
 @pytest.mark.unit
 @pytest.mark.parametrize("compress_images,compress_labels", [(True, True), (False, False), (False, True)])
 def test_tiny_split_read_in_either_form(tmp_path, compress_images, compress_labels):
-    want_images = _tiny_split(tmp_path, compress_images, compress_labels)
+    # Two 28x28 images of known pixels and labels 7, 3, under the test split's names.
+    want_images = np.arange(2 * 28 * 28).reshape(2, 28, 28) % 251
+    _write_idx(tmp_path / (IMAGES if compress_images else IMAGES[:-3]), 2051, want_images)
+    _write_idx(tmp_path / (LABELS if compress_labels else LABELS[:-3]), 2049, np.array([7, 3]))
     images, labels = fashion_mnist_files.load("test", str(tmp_path))
     assert images.shape == (2, 28, 28, 1) and images.dtype == np.uint8
     np.testing.assert_array_equal(images[..., 0], want_images)
     assert labels.dtype == np.int32 and labels.tolist() == [7, 3]
     # An uncompressed file of other contents beside the .gz: the .gz wins.
-    _write_idx(tmp_path / IMAGES[:-3], 2051, np.zeros((2, 28, 28)), compress=False)
+    _write_idx(tmp_path / IMAGES[:-3], 2051, np.zeros((2, 28, 28)))
     images, _ = fashion_mnist_files.load("test", str(tmp_path))
     assert images[1, 0, 0, 0] == (784 % 251 if compress_images else 0)
 
@@ -81,61 +82,39 @@ def test_train_shards_are_equal_and_disjoint_and_eval_shards_cover_every_example
 
 
 @pytest.mark.unit
-def test_fashion_mnist_batches_normalisation_and_resumed_stream_at_any_step():
-    from hvd_lars.data import order
-
-    sizes = dict(max_train_examples=1000, max_eval_examples=100, eval_batch=30)
-    data = get_input("fashion_mnist", InputRequest(per_rank_batch=100, rank=1, world_size=2, seed=3, **sizes))
-    straight = [(x.numpy(), y.numpy()) for x, y in data.train.take(23)]  # 4.6 epochs of 500 images
-    assert straight[0][0].shape == (100, 28, 28, 1) and straight[0][0].dtype == np.float32
-    assert [int(b[1].shape[0]) for b in data.eval] == [30, 20]  # rank 1 of 2 evaluates images 50..99
-    x, _ = fashion_mnist_files.load("test")
-    want = (x[50:80].astype(np.float32) / 255.0 - fashion_mnist_files.MEAN) / fashion_mnist_files.STD
-    np.testing.assert_allclose(next(iter(data.eval))[0].numpy(), want, rtol=1e-6)
-    for step in (0, 3, 5, 17):
-        for (x, y), (want_x, want_y) in zip(data.train_from(step).take(23 - step), straight[step:]):
-            np.testing.assert_array_equal(x, want_x)
-            np.testing.assert_array_equal(y, want_y)
-    # Step 10^9 (epoch 2 * 10^8): computed, not iterated to; its batch is that epoch's permutation there.
-    _, labels = next(iter(data.train_from(10**9)))
-    _, y = fashion_mnist_files.load("train")
-    epoch, offset = divmod(10**9 * 100, 500)
-    permutation = order.epoch_permutation(500, 3 + 1, epoch).numpy()
-    want = y[train_shard_indices(1000, 1, 2)][permutation[offset : offset + 100]]
-    np.testing.assert_array_equal(labels.numpy(), want)
-
-
-@pytest.mark.unit
-def test_fashion_mnist_validation_split_is_the_last_images_never_trained_on():
-    x, y = fashion_mnist_files.load("train")
-    # Back from standardised float32 to the file's uint8 pixels (exact: the error is ~1e-4 of a level).
+def test_fashion_mnist_batches_validation_split_and_resumed_stream_at_any_step(train_split):
+    x, y = train_split
+    x_test, y_test = fashion_mnist_files.load("test")
+    # The last 59,000 training images are the validation split: 1,000 are trained on.
+    sizes = dict(max_eval_examples=100, eval_batch=30)
+    request = InputRequest(per_rank_batch=100, rank=1, world_size=2, seed=3, **sizes)
+    data = get_input("fashion_mnist", request, validation_examples=59000)
+    assert (data.num_train_examples, data.num_validation_examples, data.num_eval_examples) == (1000, 100, 100)
     mean, std = fashion_mnist_files.MEAN, fashion_mnist_files.STD
-    pixels = lambda images: np.rint((images.numpy() * std + mean) * 255).astype(np.uint8)
-    request = dataclasses.replace(REQUEST, per_rank_batch=1000)
-    data = get_input("fashion_mnist", request, validation_examples=5000)
-    sizes = (data.num_train_examples, data.num_validation_examples, data.num_eval_examples)
-    assert sizes == (55000, 5000, 10000)
-    # The validation split is the last 5,000 training images, in order, with their labels.
-    held_out = list(data.validation)
-    np.testing.assert_array_equal(np.concatenate([pixels(b[0]) for b in held_out]), x[55000:])
-    np.testing.assert_array_equal(np.concatenate([b[1].numpy() for b in held_out]), y[55000:])
-    # One epoch of training (55 batches of 1,000) is a permutation of exactly the first 55,000 images.
-    epoch = list(data.train.take(55))
-    trained = np.concatenate([pixels(b[0]) for b in epoch]).reshape(55000, -1)
-    labels = np.concatenate([b[1].numpy() for b in epoch])
-    as_rows = lambda images, labels: sorted(i.tobytes() + bytes([c]) for i, c in zip(images, labels))
-    assert as_rows(trained, labels) == as_rows(x[:55000].reshape(55000, -1), y[:55000])
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "name, n, message",
-    [("fashion_mnist", n, rf"validation_examples={n} .*must be in \[0, 59999\]") for n in (-1, 60000, 70000)]
-    + [("synthetic", 100, "'synthetic' does not take validation_examples=100; it takes image_size,")],
-)
-def test_validation_split_out_of_range_or_where_there_is_none_is_refused(name, n, message):
-    with pytest.raises(ValueError, match=message):
-        get_input(name, REQUEST, validation_examples=n)
+    normalised = lambda images: (images.astype(np.float32) / 255.0 - mean) / std
+    # Rank 1 of 2 evaluates images 50..99 of each split, in order: validation images 1,050..1,099.
+    for split, images, labels in ((data.eval, x_test, y_test), (data.validation, x[1000:], y[1000:])):
+        batches = list(split)
+        assert [int(b[1].shape[0]) for b in batches] == [30, 20]
+        np.testing.assert_allclose(np.concatenate([b[0] for b in batches]), normalised(images[50:100]), 1e-6)
+        np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), labels[50:100])
+    straight = [(b[0].numpy(), b[1].numpy()) for b in data.train.take(23)]  # 4.6 epochs of 500 images
+    assert straight[0][0].shape == (100, 28, 28, 1) and straight[0][0].dtype == np.float32
+    # Epoch 0: rank 1's shard of the first 1,000 images (none of the validation split's) in its permutation.
+    shard = train_shard_indices(1000, 1, 2)
+    first = shard[order.epoch_permutation(500, 3 + 1, 0).numpy()]
+    np.testing.assert_allclose(np.concatenate([b[0] for b in straight[:5]]), normalised(x[first]), 1e-6)
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in straight[:5]]), y[first])
+    # Step 10^9 (epoch 2 * 10^8): computed, not iterated to; its batch is that epoch's permutation there.
+    epoch, offset = divmod(10**9 * 100, 500)
+    want = shard[order.epoch_permutation(500, 3 + 1, epoch).numpy()[offset : offset + 100]]
+    images, labels = next(iter(data.train_from(10**9)))
+    np.testing.assert_allclose(images, normalised(x[want]), 1e-6)
+    np.testing.assert_array_equal(labels, y[want])
+    for step in (3, 5, 17):  # mid-epoch, an epoch's start, a later epoch's middle
+        for (images, labels), (want_images, want_labels) in zip(data.train_from(step), straight[step:]):
+            np.testing.assert_array_equal(images, want_images)
+            np.testing.assert_array_equal(labels, want_labels)
 
 
 @pytest.mark.unit
@@ -149,12 +128,12 @@ def test_an_option_the_dataset_does_not_take_is_refused_naming_those_it_takes():
             build("fashion_mnist", request, image_size=227)
         with pytest.raises(ValueError, match=r"'fashion_mnist' does not take preprocessing='caffe'"):
             build("fashion_mnist", request, preprocessing="caffe")
-        with pytest.raises(
-            ValueError, match="'fashion_mnist' does not take image_size=0, skip_corrupt=False"
-        ):
+        with pytest.raises(ValueError, match="does not take image_size=0, skip_corrupt=False"):
             build("fashion_mnist", request, skip_corrupt=False, image_size=0)
         with pytest.raises(ValueError, match=r"not take seed=3; .* \(seed is a field of InputRequest\)\.$"):
             build("synthetic", request, seed=3)
+        with pytest.raises(ValueError, match="'synthetic' does not take validation_examples=100; it takes"):
+            build("synthetic", request, validation_examples=100)
     with pytest.raises(ValueError, match="synthetic data needs positive sizes.*per_rank_batch=0"):
         describe_input("synthetic", dataclasses.replace(REQUEST, per_rank_batch=0))
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -194,31 +173,29 @@ def tiny_fashion_mnist(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("max_train_examples", [0, 5])
-@pytest.mark.parametrize("validation_examples", [0, 4])
-def test_fashion_mnist_described_from_the_headers_as_built(
-    tiny_fashion_mnist, max_train_examples, validation_examples, monkeypatch
-):
-    request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=max_train_examples)
-    built = get_input("fashion_mnist", request, validation_examples=validation_examples)
-    expected = min(12 - validation_examples, max_train_examples or 12)
-    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, expected)
+@pytest.mark.parametrize("limit, held_out", [(0, 4), (5, 0)])
+def test_fashion_mnist_described_from_the_headers_as_built(tiny_fashion_mnist, monkeypatch, limit, held_out):
+    request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=limit)
+    built = get_input("fashion_mnist", request, validation_examples=held_out)
+    kept = min(12 - held_out, limit or 12)
+    assert _shapes_of(built) == InputShapes((28, 28, 1), 10, kept)
+    # Trained on: the first `kept` images (back from standardised to the file's pixels).
+    trained = np.concatenate([b[0].numpy() for b in built.train.take(kept // 4)])
+    trained = np.rint((trained * fashion_mnist_files.STD + fashion_mnist_files.MEAN) * 255).astype(np.uint8)
+    first = {i.tobytes() for i in fashion_mnist_files.load("train", tiny_fashion_mnist)[0][:kept]}
+    assert len(trained) == kept // 4 * 4 and {i.tobytes() for i in trained} <= first
     read = fashion_mnist_files._read_idx
-
-    def headers_only(path, magic, header_only):
-        assert header_only, "describe_input decoded an IDX file"
-        return read(path, magic, header_only)
-
-    monkeypatch.setattr(fashion_mnist_files, "_read_idx", headers_only)
-    described = describe_input("fashion_mnist", request, validation_examples=validation_examples)
-    assert described == _shapes_of(built)
+    headers_only = lambda path, magic, header: read(path, magic, header) if header else pytest.fail("decoded")
+    monkeypatch.setattr(fashion_mnist_files, "_read_idx", headers_only)  # describe_input decodes none
+    assert describe_input("fashion_mnist", request, validation_examples=held_out) == _shapes_of(built)
 
 
 @pytest.mark.unit
 def test_fashion_mnist_description_refuses_what_the_builder_refuses(tiny_fashion_mnist, tmp_path):
     request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist)
-    with pytest.raises(ValueError, match=r"validation_examples=12 .*must be in \[0, 11\]"):
-        describe_input("fashion_mnist", request, validation_examples=12)
+    for n, build in itertools.product((-1, 12, 70000), (get_input, describe_input)):
+        with pytest.raises(ValueError, match=rf"validation_examples={n} .*must be in \[0, 11\]"):
+            build("fashion_mnist", request, validation_examples=n)
     images, _ = fashion_mnist_files.FILES["train"]
     path = os.path.join(tiny_fashion_mnist, images)
     with gzip.open(path, "wb") as f:

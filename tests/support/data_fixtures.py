@@ -4,6 +4,7 @@ oddities: CMYK and greyscale JPEGs, a PNG named .JPEG, a corrupt file on request
 
 import io
 import os
+import pathlib
 import tarfile
 
 import numpy as np
@@ -31,11 +32,6 @@ def encode(image, kind="rgb"):
     return out.getvalue()
 
 
-def _write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
-
-
 def make_image_folder(root, train_counts, eval_counts, odd=None, corrupt=None):
     """Writes `train_counts` / `eval_counts` images per class (folder `n{c:08d}`) of the kinds `odd`
     ({(split, class, position): kind}; default two CMYK, a grey and a PNG in train, one of each in
@@ -44,19 +40,18 @@ def make_image_folder(root, train_counts, eval_counts, odd=None, corrupt=None):
     if odd is None:
         odd = {("train", 0, 0): CMYK, ("train", 1, 0): CMYK, ("train", 2, 0): GREY, ("train", 3, 0): PNG}
         odd.update({("validation", 0, 0): CMYK, ("validation", 1, 0): GREY, ("validation", 2, 0): PNG})
-    written, offset = {}, 0
+    written, images = {}, iter(source_images(sum(train_counts) + sum(eval_counts)))
     for split, counts in (("train", train_counts), ("validation", eval_counts)):
         written[split] = []
         for c, count in enumerate(counts):
             folder = os.path.join(root, split, f"n{c:08d}")
             os.makedirs(folder, exist_ok=True)
-            for k, image in enumerate(source_images(count, offset)):
+            for k, image in zip(range(count), images):
                 kind, path = odd.get((split, c, k), "rgb"), os.path.join(folder, f"n{c:08d}_{k}.JPEG")
-                _write(path, encode(image, kind))
+                pathlib.Path(path).write_bytes(encode(image, kind))
                 written[split].append((path, c, kind, image))
-            offset += count
             if corrupt == (split, c):
-                _write(os.path.join(folder, "broken.JPEG"), b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
+                pathlib.Path(folder, "broken.JPEG").write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG " * 8)
                 written[split].append((os.path.join(folder, "broken.JPEG"), c, "corrupt", None))
     return written
 

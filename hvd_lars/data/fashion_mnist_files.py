@@ -23,7 +23,7 @@ FILES = {
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28, 1)
 # Per-pixel mean and standard deviation of the 60,000 training images scaled to [0, 1]
-# (computed by tests/test_data.py::test_fashion_mnist_statistics from the Debian files).
+# (checked by tests/test_data.py::test_fashion_mnist_splits_and_statistics against the Debian files).
 MEAN = 0.2860
 STD = 0.3530
 

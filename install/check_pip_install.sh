@@ -47,7 +47,8 @@ PY="$VENV/bin/python"
 
 # --- 2. pip install . of the committed tree -----------------------------------------------------------
 mkdir "$WORK/src"
-git -C "$ROOT" archive HEAD | tar -x -C "$WORK/src"
+SHA="$(git -C "$ROOT" rev-parse HEAD)"  # the commit checked, whatever HEAD is by the end
+git -C "$ROOT" archive "$SHA" | tar -x -C "$WORK/src"
 "$PY" -m pip install -q "$WORK/src[train]"
 "$PY" -m pip freeze | sort > "$WORK/with_hvd_lars.txt"
 added="$(comm -13 "$WORK/with_tensorflow.txt" "$WORK/with_hvd_lars.txt" | tr '\n' ' ')"
@@ -142,7 +143,7 @@ elapsed=$(( $(date +%s) - started ))
 {
   echo "# pip install . into a fresh environment with TensorFlow"
   echo
-  echo "Command: \`bash install/check_pip_install.sh\` (this script), git $(git -C "$ROOT" rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'), $elapsed s."
+  echo "Command: \`bash install/check_pip_install.sh\` (this script), git $SHA, $(date -u '+%Y-%m-%d %H:%M UTC'), $elapsed s."
   # The CPU's identity and the tf.matmul rate through the one helper every benchmark's report uses.
   echo "Machine: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$PROJECT_PY" -m benchmarks.common --machine_line 2>/dev/null)"
   echo "Environment: $("$PYTHON" --version 2>&1), made with \`python -m venv\` (no system site packages), then \`pip install $TF_SPEC\`."

@@ -228,26 +228,6 @@ def test_gradient_accumulation_counts_applied_updates():
 
 
 @pytest.mark.unit
-def test_model_fit_matches_reference():
-    # Full-batch linear regression: the MSE gradient is X^T (X W + b - Y) * 2 / (N * outputs).
-    rng = np.random.default_rng(4)
-    x, y = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(16, 2)).astype(np.float32)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
-    kernel, bias = (v.numpy() for v in model.trainable_variables)
-    opt = LARS(0.5, momentum=0.9, weight_decay=1e-3, eta=0.01, exclude_from_layer_adaptation=["bias"])
-    model.compile(optimizer=opt, loss="mse")
-    model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
-    w, v = [kernel.astype(np.float64), bias.astype(np.float64)], [np.zeros((3, 2)), np.zeros(2)]
-    for _ in range(4):
-        residual = (x @ w[0] + w[1] - y) * 2.0 / y.size
-        for i, g in enumerate([x.T @ residual, residual.sum(0)]):
-            w[i], v[i] = lars_step(w[i], v[i], g, 0.5, adapt=i == 0, beta=1e-3, momentum=0.9, eta=0.01)
-    for got, want in zip(model.trainable_variables, w):
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-6)
-    assert np.abs(w[0] - kernel).max() > 1e-3 and int(model.optimizer.iterations.numpy()) == 4
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -296,23 +276,34 @@ def test_config_round_trip_and_automatic_names():
 
 
 @pytest.mark.unit
-def test_saved_state_is_whole_and_continues_identically(tmp_path):
+def test_fit_matches_reference_and_saved_state_continues_identically(tmp_path):
     # Listed twice, a rate variable would make a checkpoint refuse to save and a .keras load drop the state;
     # momentum correction keeps the previous rate, which must be saved too.
     def build():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
-        opt = LARS(keras.Variable(0.05, name="shared_rate"), weight_decay=1e-3, eta=0.01,
+        opt = LARS(keras.Variable(0.5, name="shared_rate"), momentum=0.9, weight_decay=1e-3, eta=0.01,
                    exclude_from_layer_adaptation=["bias"], momentum_correction=True)  # fmt: skip
         model.compile(optimizer=opt, loss="mse")
         return model
 
-    rng = np.random.default_rng(5)
-    x, y = rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)).astype(np.float32)
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(16, 2)).astype(np.float32)
     model = build()
-    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    w, v = [a.numpy().astype(np.float64) for a in model.trainable_variables], [np.zeros((3, 2)), np.zeros(2)]
+    want = []  # full batch, 4 updates at rate 0.5, 2 at 0.2 (the velocity first rescaled by 0.2 / 0.5)
+    for t, rate in enumerate([0.5] * 4 + [0.2] * 2):
+        residual = (x @ w[0] + w[1] - y) * 2.0 / y.size  # linear regression's MSE gradient
+        for i, g in enumerate([x.T @ residual, residual.sum(0)]):
+            w[i], v[i] = lars_step(w[i], v[i], g, rate, adapt=i == 0, beta=1e-3, momentum=0.9, eta=0.01,
+                                   velocity_scale=0.4 if t == 4 else 1.0)  # fmt: skip
+        want.append(list(w))
+    model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
+    for got, ref in zip(model.trainable_variables, want[3]):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-6)
+    assert np.abs(want[3][0] - want[0][0]).max() > 1e-3
     opt = model.optimizer
-    opt.learning_rate = 0.02  # the previous rate (0.05) now differs from the rate
-    assert float(opt._previous_learning_rate.numpy()) == pytest.approx(0.05)
+    opt.learning_rate = 0.2  # the previous rate (0.5) now differs from the rate
+    assert float(opt._previous_learning_rate.numpy()) == pytest.approx(0.5)
     saved = [np.asarray(v) for v in opt.variables]  # iterations, rate, previous rate, 2 velocities
     assert len(saved) == 5 and int(opt.iterations) == 4 and np.abs(opt.velocities[0].numpy()).max() > 0
     tf.train.Checkpoint(optimizer=opt).write(str(tmp_path / "ckpt"))
@@ -328,11 +319,12 @@ def test_saved_state_is_whole_and_continues_identically(tmp_path):
     for restored in (fresh.optimizer, loaded.optimizer):
         for a, b in zip(saved, restored.variables, strict=True):
             np.testing.assert_array_equal(a, np.asarray(b))
-    # The velocity and the previous rate are restored: the next steps coincide.
-    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
-    loaded.fit(x, y, batch_size=8, epochs=2, verbose=0)
-    for a, b in zip(model.trainable_variables, loaded.trainable_variables):
+    # The velocity and the previous rate are restored: the next steps coincide, and with the reference.
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for a, b, ref in zip(model.trainable_variables, loaded.trainable_variables, want[5]):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(a.numpy(), ref, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.unit
@@ -340,7 +332,9 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")  # conftest sets float32 again after the test
     layers = [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2, dtype="float32")]
     model = keras.Sequential(layers)
-    model.compile(optimizer=LARS(0.1, weight_decay=1e-4), loss="mse")
+    model.compile(
+        optimizer=LARS(0.1, weight_decay=1e-4), loss="mse", run_eagerly=True
+    )  # no trace to wait for
     before = [v.numpy() for v in model.trainable_variables]
     model.fit(np.ones((16, 4), np.float32), np.zeros((16, 2), np.float32), epochs=2, verbose=0)
     assert model.layers[0].compute_dtype == "bfloat16"

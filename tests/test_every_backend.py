@@ -22,37 +22,23 @@ from hvd_lars import (
     scaled_learning_rate,
 )
 from hvd_lars.metrics import TopKAccuracy
-from tests.support.lars_reference import lars_step
+from tests.support import lars_reference as numpy_lars
 
 BACKEND = keras.backend.backend()
-PATHS = ["a/kernel", "a/bias", "b_bn/gamma", "b_bn/beta", "c/kernel"]
-SHAPES = [(5, 3), (3,), (4,), (4,), (2, 3, 2)]
-DECAY = [True, False, True, False, True]  # bias and beta excluded from weight decay
-ADAPT = [True, True, False, False, True]  # gamma and beta excluded from layer adaptation
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("mode", ["paper", "decayed_gradient", "update"])
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_lars_steps_match_the_numpy_rule(mode, nesterov):
-    rng = np.random.default_rng(0)
-    weights = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
-    grads = [[rng.normal(scale=0.1, size=s).astype(np.float32) for s in SHAPES] for _ in range(4)]
-    kw = dict(momentum=0.9, eta=0.01, epsilon=1e-5, nesterov=nesterov)
-    exclusions = dict(
-        exclude_from_weight_decay=[r"bias$", r"beta$"], exclude_from_layer_adaptation=[r"gamma$", r"beta$"]
-    )
-    optimizer = LARS(0.5, weight_decay=5e-3, trust_ratio_mode=mode, **exclusions, **kw)
-    variables = []
-    for path, w in zip(PATHS, weights):
-        with keras.name_scope(path.split("/")[0]):
-            variables.append(keras.Variable(w, name=path.split("/")[1]))
+    weights, grads = numpy_lars.problem(steps=4)
+    kw = dict(momentum=0.9, weight_decay=5e-3, eta=0.01, epsilon=1e-5, nesterov=nesterov)
+    optimizer = LARS(0.5, trust_ratio_mode=mode, **numpy_lars.EXCLUSIONS, **kw)
+    variables = numpy_lars.keras_variables(weights, numpy_lars.PATHS)
     for step in grads:
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in step], variables)
-    for i, (path, variable) in enumerate(zip(PATHS, variables)):
-        w, v = np.asarray(weights[i], np.float64), np.zeros(SHAPES[i])
-        for step in grads:
-            w, v = lars_step(w, v, step[i], 0.5, mode=mode, adapt=ADAPT[i], beta=5e-3 * DECAY[i], **kw)
+    want = numpy_lars.reference(weights, grads, [0.5] * 4, exclusions=True, mode=mode, **kw)
+    for path, variable, w in zip(numpy_lars.PATHS, variables, want):
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(variable), w, rtol=2e-5, atol=1e-6, err_msg=path
         )

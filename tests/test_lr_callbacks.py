@@ -51,7 +51,7 @@ class _RecordRates(keras.callbacks.Callback):
 @pytest.mark.unit
 def test_callback_gives_the_schedule_rate_at_every_step_and_after_a_resume(tmp_path):
     make = lambda rate: LARS(rate, momentum=0.9, weight_decay=1e-3, eta=0.1)
-    inside = _model(make(SCHEDULE))
+    inside = _model(make(SCHEDULE), run_eagerly=True)  # one traced fit (outside) is enough
     history_inside = _fit(inside, [LearningRateLogger()])
     # One epoch (3 of the 5 warmup steps), a checkpoint, three more epochs; resumed: a fresh model (other
     # weights) and optimizer restored from the checkpoint, with a stale, changed rate the callback must not
@@ -62,7 +62,7 @@ def test_callback_gives_the_schedule_rate_at_every_step_and_after_a_resume(tmp_p
     _fit(outside, callbacks, epochs=1)
     path = tf.train.Checkpoint(model=outside, optimizer=outside.optimizer).save(str(tmp_path / "ckpt"))
     history_outside = _fit(outside, callbacks, initial_epoch=1)
-    second, record_second = _model(make(0.5), seed=1), _RecordRates()
+    second, record_second = _model(make(0.5), seed=1, run_eagerly=True), _RecordRates()
     second.optimizer.build(second.trainable_variables)
     tf.train.Checkpoint(model=second, optimizer=second.optimizer).restore(path).assert_consumed()
     second.optimizer.learning_rate = 7.0

@@ -250,11 +250,8 @@ def test_fused_user_model_trains_infers_and_saves_as_keras(policy, tolerance, tm
     kinds = [type(layer).__name__ for layer in fused._flatten_layers() if "batch_norm" in layer.name]
     assert kinds == ["FusedBatchNormalization"] * 3  # the nested one too; the (B, C) one stays Keras's
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    eagerly = (
-        policy != "float32"
-    )  # float32 in a traced function, as fit does; bfloat16 eagerly: two traces fewer
-    for model in (plain, fused):
-        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss, run_eagerly=eagerly)
+    for model in (plain, fused):  # eagerly: the same ops as in fit's traced step (test_keras_conformance)
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss, run_eagerly=True)
         for _ in range(3):
             model.train_on_batch(x, y)
     for a, b in zip(plain.weights, fused.weights, strict=True):

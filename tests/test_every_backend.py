@@ -16,12 +16,11 @@ from hvd_lars import (
     LearningRateLogger,
     LearningRateWarmup,
     PaperPolynomialDecay,
-    WarmupCosineDecay,
     WarmupPolynomialDecay,
-    WarmupStepDecay,
     scaled_learning_rate,
 )
 from hvd_lars.metrics import TopKAccuracy
+from hvd_lars.optim.schedules import SCHEDULES, make_schedule
 from tests.support import lars_reference as numpy_lars
 
 BACKEND = keras.backend.backend()
@@ -93,16 +92,10 @@ def test_schedules_take_a_tensor_of_steps():
     # Inside a compiled train step the step is a traced tensor: no Python branch on its value, as here.
     # In a fit: WarmupPolynomialDecay above, WarmupCosineDecay in the README's example below.
     steps = keras.ops.arange(50)
-    for schedule in [
-        WarmupPolynomialDecay(4.0, 40, 8, warmup_start_learning_rate=0.5, end_learning_rate=0.1),
-        PaperPolynomialDecay(4.0, 40, 8, warmup_start_learning_rate=0.5),
-        WarmupCosineDecay(4.0, 40, 8, end_learning_rate=0.1),
-        WarmupStepDecay(4.0, 40, 8, boundaries=[20, 30]),
-    ]:
+    for name in SCHEDULES:
+        schedule = make_schedule(name, 4.0, 40, 8, warmup_start_learning_rate=0.5)
         got = keras.ops.convert_to_numpy(schedule(steps))
-        np.testing.assert_allclose(
-            got, [float(schedule(t)) for t in range(50)], rtol=1e-6, err_msg=repr(schedule)
-        )
+        np.testing.assert_allclose(got, [float(schedule(t)) for t in range(50)], rtol=1e-6, err_msg=name)
 
 
 @pytest.mark.unit

@@ -51,23 +51,23 @@ class _RecordRates(keras.callbacks.Callback):
 @pytest.mark.unit
 def test_callback_gives_the_schedule_rate_at_every_step_and_after_a_resume(tmp_path):
     make = lambda rate: LARS(rate, momentum=0.9, weight_decay=1e-3, eta=0.1)
-    inside = _model(make(SCHEDULE))
+    inside = _model(make(SCHEDULE), run_eagerly=True)  # one traced fit (outside) is enough
     history_inside = _fit(inside, [LearningRateLogger()])
+    # One epoch (3 of the 5 warmup steps), a checkpoint, three more epochs; resumed: a fresh model (other
+    # weights) and optimizer restored from the checkpoint, with a stale, changed rate the callback must not
+    # build on.
     outside, record, csv_path = _model(make(0.0)), _RecordRates(), tmp_path / "metrics.csv"
-    csv_logger = keras.callbacks.CSVLogger(csv_path)
-    history_outside = _fit(outside, [LearningRateWarmup(SCHEDULE), record, LearningRateLogger(), csv_logger])
-    # Resumed: one epoch (3 of the 5 warmup steps), a checkpoint, then a fresh model (other weights) and
-    # optimizer restored from it, with a stale, changed rate the callback must not build on.
-    first, record_first = _model(make(0.0)), _RecordRates()
-    _fit(first, [LearningRateWarmup(SCHEDULE), record_first], epochs=1)
-    path = tf.train.Checkpoint(model=first, optimizer=first.optimizer).save(str(tmp_path / "ckpt"))
-    second, record_second = _model(make(0.5), seed=1), _RecordRates()
+    csv_logger = keras.callbacks.CSVLogger(csv_path, append=True)  # the file gets both fits' epochs
+    callbacks = [LearningRateWarmup(SCHEDULE), record, LearningRateLogger(), csv_logger]
+    _fit(outside, callbacks, epochs=1)
+    path = tf.train.Checkpoint(model=outside, optimizer=outside.optimizer).save(str(tmp_path / "ckpt"))
+    history_outside = _fit(outside, callbacks, initial_epoch=1)
+    second, record_second = _model(make(0.5), seed=1, run_eagerly=True), _RecordRates()
     second.optimizer.build(second.trainable_variables)
     tf.train.Checkpoint(model=second, optimizer=second.optimizer).restore(path).assert_consumed()
     second.optimizer.learning_rate = 7.0
     _fit(second, [LearningRateWarmup(SCHEDULE), record_second], initial_epoch=1)
-    assert record_first.steps + record_second.steps == record.steps
-    assert record_first.rates + record_second.rates == record.rates
+    assert (record_second.steps, record_second.rates) == (record.steps[3:], record.rates[3:])
     for a, b in zip(outside.get_weights(), second.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert record.steps == list(range(12))
@@ -77,7 +77,7 @@ def test_callback_gives_the_schedule_rate_at_every_step_and_after_a_resume(tmp_p
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     # Logged: the rate of each epoch's last update (steps 2, 5, 8, 11), in history and in the CSV file.
     want = [float(SCHEDULE(t)) for t in (2, 5, 8, 11)]
-    assert history_outside.history["learning_rate"] == want
+    assert history_outside.history["learning_rate"] == want[1:]
     with open(csv_path) as f:
         logged = [float(row["learning_rate"]) for row in csv.DictReader(f)]
     np.testing.assert_allclose([history_inside.history["learning_rate"], logged], [want, want], rtol=1e-6)

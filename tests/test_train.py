@@ -1,20 +1,21 @@
 """hvd_lars.training.train: the whole training loop in-process, as flax's train_test.py runs its loop: a
 few updates on synthetic data at world size 1, with evaluation and checkpoints, and a run that dies and starts
-again, ending bit for bit as the uninterrupted run."""
+again (ending bit for bit as the uninterrupted run: tests/test_damaged_files.py)."""
 
-import dataclasses
 import json
+import logging
+import os
 import types
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from hvd_lars.training import epoch_logs, faults, plot_run
+from hvd_lars.training import checkpoints, epoch_logs, faults
 from hvd_lars.training.config import TrainConfig
 from hvd_lars.training.plan import make_plan
 from hvd_lars.training.train import callbacks_in_order, fit, run
-from tests.support import small_runs
 
 pytestmark = pytest.mark.unit
 
@@ -47,29 +48,27 @@ class _Dies(keras.callbacks.Callback):
             raise RuntimeError("died")
 
 
-def test_the_loop_trains_evaluates_and_a_start_after_a_crash_ends_bit_for_bit(tmp_path, monkeypatch):
+def test_the_loop_trains_evaluates_and_starts_again_after_a_crash(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # the unit tier starts no process
     # 2 epochs of 2 updates, a checkpoint every 2: died after update 3, the start resumes update 2's.
     config = smoke(tmp_path, checkpoint_every_steps=2, async_checkpoints=False, precision="float32")
-    with monkeypatch.context() as patch:
-        patch.setattr(plot_run, "plot_run", lambda run_dir: None)  # the resumed run's plot is checked
-        straight = run(dataclasses.replace(config, workdir=str(tmp_path / "straight")))
-    assert [e["epoch"] for e in straight["epochs"]] == [1, 2] and straight["resumed_from_step"] == 0
-    assert 0.0 <= straight["final_test_top1"] <= 1.0
     with pytest.raises(RuntimeError, match="died"):
         run(config, extra_callbacks=[_Dies(3)])
     assert [e["epoch"] for e in json.loads((tmp_path / "loop" / "summary.json").read_text())["epochs"]] == [1]
+    # Its index cut short, as a crash while writing it leaves it: the newest checkpoint on disk is resumed.
+    folder = tmp_path / "loop" / "checkpoints"
+    (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-')
     resumed = run(config)
     assert resumed["resumed_from_step"] == 2 and [e["epoch"] for e in resumed["epochs"]] == [1, 2]
+    assert 0.0 <= resumed["final_test_top1"] <= 1.0
+    assert [
+        r for r in caplog.records if r.name == checkpoints.__name__ and r.levelno >= logging.WARNING
+    ] == []
+    state = tf.train.get_checkpoint_state(str(folder))  # written anew by the manager
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-4"]
     lines = (tmp_path / "loop" / "metrics.csv").read_text().splitlines()
     assert [line.split(",")[:2] for line in lines[1:]] == [["0", "2"], ["1", "4"]]
     assert (tmp_path / "loop" / "run.png").stat().st_size > 0
-    ours = small_runs.final_tensors(tmp_path / "loop")
-    theirs = small_runs.final_tensors(tmp_path / "straight" / "loop")
-    assert ours.keys() == theirs.keys() and len(ours) > 20
-    assert int(ours["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 4
-    for name in ours:
-        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
 
 
 def test_the_callbacks_run_in_this_order(tmp_path):
@@ -110,8 +109,6 @@ def test_the_callbacks_run_in_this_order(tmp_path):
 
 def test_a_callback_that_stops_training_is_not_undone():
     # EarlyStopping-like: stops after the first epoch; fit must not start the remaining epochs again.
-    import tensorflow as tf
-
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     stream = tf.data.Dataset.from_tensor_slices((np.ones((4, 2), "float32"), np.ones((4, 1), "float32")))

@@ -115,11 +115,8 @@ def test_refused_until_prepared_a_copy_read_and_prepared_already_without_the_tar
         assert str(info.value) == expected and isinstance(info.value, FileNotFoundError)
     assert not os.path.exists(copy)  # nothing written, nothing converted
     shutil.copytree(data_dir, copy)
-    # Built and described alike, the training records limited to the first 5.
-    data = _build(str(copy), max_train_examples=5)
     described = describe_input("imagenet2012", _request(str(copy), max_train_examples=5), image_size=32)
-    assert described == InputShapes((32, 32, 3), 1000, 5) and data.num_eval_examples == 6
-    assert described == InputShapes(data.input_shape, data.num_classes, data.num_train_examples)
+    assert described == InputShapes((32, 32, 3), 1000, 5)  # the training records limited to the first 5
     # The command on prepared data: nothing to do, and the tars are not looked for.
     assert prepare.main(["imagenet2012", f"--manual_dir={tmp_path / 'none'}", f"--data_dir={copy}"]) == 0
     assert capsys.readouterr().out.splitlines() == [
@@ -158,8 +155,9 @@ def test_the_loop_trains_on_prepared_imagenet(prepared, tmp_path):
     from tests.support.small_runs import train_small_cnn
 
     data_dir, _ = prepared
-    summary = train_small_cnn("imagenet2012", data_dir, tmp_path, "inet", 4, 1)
-    assert summary["plan"]["steps_per_epoch"] == sum(TRAIN_LABELS.values()) // 4
+    # --max_train_examples=13: the first 13 of the 18 training records, 3 updates of 4 images.
+    summary = train_small_cnn("imagenet2012", data_dir, tmp_path, "inet", 4, 1, max_train_examples=13)
+    assert summary["plan"]["steps_per_epoch"] == 3 and summary["plan"]["settings"]["train_examples"] == 13
     correct = summary["final_test_top1"] * NUM_VAL  # exact counts over the 6 validation images
     assert abs(correct - round(correct)) < 1e-9
 

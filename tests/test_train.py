@@ -1,6 +1,6 @@
 """hvd_lars.training.train: the whole training loop in-process, as flax's train_test.py runs its loop: a
 few updates on synthetic data at world size 1, with evaluation and checkpoints, and a run that dies and starts
-again (ending bit for bit as the uninterrupted run: tests/test_damaged_files.py)."""
+again (a start ending bit for bit as the uninterrupted run: tests/test_damaged_files.py)."""
 
 import json
 import os
@@ -42,20 +42,21 @@ class _DiesAfterUpdate3(keras.callbacks.Callback):
 
 def test_the_loop_trains_evaluates_and_starts_again_after_a_crash(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)  # the unit tier starts no process
-    # 2 epochs of 2 updates, a checkpoint every 2: died after update 3, the start resumes update 2's.
-    config = smoke(tmp_path, checkpoint_every_steps=2, async_checkpoints=False, precision="float32")
+    # 2 epochs of 2 updates, a checkpoint every update: died after update 3 (before its checkpoint).
+    config = smoke(tmp_path, checkpoint_every_steps=1, async_checkpoints=False, precision="float32")
     with pytest.raises(RuntimeError, match="died"):
         run(config, extra_callbacks=[_DiesAfterUpdate3()])
     assert [e["epoch"] for e in json.loads((tmp_path / "loop" / "summary.json").read_text())["epochs"]] == [1]
-    # Its index cut short, as a crash while writing it leaves it: the newest checkpoint on disk is resumed.
     folder = tmp_path / "loop" / "checkpoints"
+    assert sorted(p.name for p in folder.glob("*.index")) == ["ckpt-1.index", "ckpt-2.index"]
+    # Its index cut short, as a crash while writing it leaves it: the newest checkpoint on disk is resumed.
     (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-')
     resumed = run(config)
     assert resumed["resumed_from_step"] == 2 and [e["epoch"] for e in resumed["epochs"]] == [1, 2]
     assert 0.0 <= resumed["final_test_top1"] <= 1.0
     assert "cannot be read" not in caplog.text  # no warning: neither the index nor a checkpoint
     state = tf.train.get_checkpoint_state(str(folder))  # written anew by the manager
-    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-4"]
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-3", "ckpt-4"]
     lines = (tmp_path / "loop" / "metrics.csv").read_text().splitlines()
     assert [line.split(",")[:2] for line in lines[1:]] == [["0", "2"], ["1", "4"]]
     assert (tmp_path / "loop" / "run.png").stat().st_size > 0

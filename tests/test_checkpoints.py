@@ -28,8 +28,8 @@ def test_saved_updates_hold_exactly_their_weights(tmp_path):
     # Two checkpointers of one fit (3 updates per epoch, a checkpoint every 2): (asynchronous, at epoch
     # ends) and the updates each saves.
     cases = {"both": (True, True, [2, 3, 4, 6]), "neither": (False, False, [2, 4, 6])}
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    managers = {k: tf.train.CheckpointManager(checkpoint, str(tmp_path / k), max_to_keep=10) for k in cases}
+    track = lambda: tf.train.Checkpoint(model=model, optimizer=model.optimizer)  # one for each
+    managers = {k: tf.train.CheckpointManager(track(), str(tmp_path / k), max_to_keep=10) for k in cases}
     saving = [
         PeriodicCheckpoint(managers[k], 2, at_epoch_end=e, asynchronous=a) for k, (a, e, _) in cases.items()
     ]

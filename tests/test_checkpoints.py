@@ -23,35 +23,34 @@ def _model():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    "asynchronous, at_epoch_end, expected",
-    [(True, True, [2, 3, 4, 6]), (False, False, [2, 4, 6])],
-    ids=["asynchronous_and_epoch_ends", "synchronous_steps_only"],
-)
-def test_saved_updates_hold_exactly_their_weights(tmp_path, asynchronous, at_epoch_end, expected):
+def test_saved_updates_hold_exactly_their_weights(tmp_path):
     model = _model()
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer), str(tmp_path), max_to_keep=10
-    )
+    # Two checkpointers of one fit (3 updates per epoch, a checkpoint every 2): (asynchronous, at epoch
+    # ends) and the updates each saves.
+    cases = {"both": (True, True, [2, 3, 4, 6]), "neither": (False, False, [2, 4, 6])}
+    track = lambda: tf.train.Checkpoint(model=model, optimizer=model.optimizer)  # one for each
+    managers = {k: tf.train.CheckpointManager(track(), str(tmp_path / k), max_to_keep=10) for k in cases}
+    saving = [
+        PeriodicCheckpoint(managers[k], 2, at_epoch_end=e, asynchronous=a) for k, (a, e, _) in cases.items()
+    ]
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(12, 6)).astype("float32"), rng.integers(0, 3, 12)
     at = {}  # the weights after each update
     record = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda b, logs: at.update({int(model.optimizer.iterations): model.get_weights()})
     )
-    checkpoint = PeriodicCheckpoint(manager, 2, at_epoch_end=at_epoch_end, asynchronous=asynchronous)
-    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[record, checkpoint])
-    # After fit: the last write is complete and indexed.
-    assert [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints] == expected
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-6")
-    for step in expected:
-        restored = _model()
-        tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(
-            str(tmp_path / f"ckpt-{step}")
-        ).assert_existing_objects_matched()
-        assert int(restored.optimizer.iterations) == step
-        for value, reference in zip(restored.get_weights(), at[step]):
-            np.testing.assert_array_equal(value, reference)
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[record, *saving])
+    restored = _model()
+    for name, (_, _, expected) in cases.items():
+        # After fit: the last write is complete and indexed.
+        assert [int(path.rsplit("-", 1)[1]) for path in managers[name].checkpoints] == expected, name
+        assert tf.train.latest_checkpoint(str(tmp_path / name)).endswith("ckpt-6")
+        for step in expected:
+            tf.train.Checkpoint(model=restored, optimizer=restored.optimizer).restore(
+                str(tmp_path / name / f"ckpt-{step}")
+            ).assert_existing_objects_matched()
+            assert int(restored.optimizer.iterations) == step
+            np.testing.assert_equal(restored.get_weights(), at[step])
 
 
 # A 64 MiB variable: its background write takes far longer than the process needs to die after save().

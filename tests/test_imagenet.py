@@ -54,7 +54,7 @@ def prepared(tmp_path_factory):
         patch.setattr(imagenet_common, "_VALIDATION_LABELS_FNAME", _short_label_file(str(root), NUM_VAL))
         done = preparation.prepare(manual, data_dir)
     assert done.converted and done.removed == []
-    return data_dir, manual, _build(data_dir)
+    return data_dir, manual
 
 
 def _request(data_dir, rank=0, world_size=1, batch=2, max_train_examples=0):
@@ -68,27 +68,19 @@ def _build(data_dir, rank=0, world_size=1, batch=2, max_train_examples=0, **opti
     return get_input("imagenet2012", request, **{"image_size": 32, **options})
 
 
-def _labels(dataset, batches=None):
-    return np.concatenate([y.numpy() for _, y in itertools.islice(dataset, batches)]).tolist()
-
-
 @pytest.mark.unit
 def test_prepared_sizes_description_records_and_rank_shares(prepared):
-    data_dir, _, data = prepared
-    assert data.num_eval_examples == 6
-    for max_train, built in ((0, data), (5, _build(data_dir, max_train_examples=5))):
-        # Described from the dataset info as built.
-        described = describe_input(
-            "imagenet2012", _request(data_dir, max_train_examples=max_train), image_size=32
-        )
-        assert described == InputShapes((32, 32, 3), 1000, max_train or 18)
-        assert described == InputShapes(built.input_shape, built.num_classes, built.num_train_examples)
+    data_dir, _ = prepared
     ranks = [_build(data_dir, rank=r, world_size=2, batch=3) for r in range(2)]
-    images, _ = next(iter(ranks[0].train))
-    assert images.shape == (3, 32, 32, 3) and images.dtype == tf.float32
-    train = [_labels(r.train, 3) for r in ranks]  # 9 records per rank: one epoch each
-    assert collections.Counter(train[0] + train[1]) == TRAIN_LABELS
-    evaluation = [_labels(r.eval) for r in ranks]
+    # Described from the dataset info as built; each rank's sizes are the data set's.
+    described = describe_input("imagenet2012", _request(data_dir), image_size=32)
+    assert described == InputShapes((32, 32, 3), 1000, 18) and ranks[1].num_eval_examples == 6
+    assert described == InputShapes(ranks[1].input_shape, ranks[1].num_classes, ranks[1].num_train_examples)
+    train = [list(itertools.islice(r.train, 3)) for r in ranks]  # 9 records per rank: one epoch each
+    assert train[0][0][0].shape == (3, 32, 32, 3) and train[0][0][0].dtype == tf.float32
+    labels = [int(y) for batches in train for _, ys in batches for y in ys]
+    assert collections.Counter(labels) == TRAIN_LABELS
+    evaluation = [[int(y) for _, ys in r.eval for y in ys] for r in ranks]
     assert [len(e) for e in evaluation] == [3, 3]
     assert sorted(evaluation[0] + evaluation[1]) == sorted(EVAL_LABELS)
     # Each validation file carries its own line's label (line i labels ILSVRC2012_val_<i>).
@@ -104,14 +96,27 @@ def test_prepared_sizes_description_records_and_rank_shares(prepared):
 
 
 @pytest.mark.unit
-def test_a_copy_is_read_and_prepared_already_without_the_tars_until_damaged(prepared, tmp_path, capsys):
+def test_refused_until_prepared_a_copy_read_and_prepared_already_without_the_tars_until_damaged(
+    prepared, tmp_path, capsys
+):
     from hvd_lars import prepare
 
-    data_dir, manual, _ = prepared
+    data_dir, manual = prepared
     copy = tmp_path / "tfds"
+    expected = (
+        f"ImageNet is not prepared under --data_dir={copy} (there is no {copy}/imagenet2012/5.1.0). Prepare "
+        "it once, on one node, before training: hvd-lars-prepare imagenet2012 --manual_dir=<folder holding "
+        f"ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={copy}; then train with the same "
+        "--data_dir."
+    )
+    for refused in (_build, lambda d: describe_input("imagenet2012", _request(d), image_size=32)):
+        with pytest.raises(preparation.NotPrepared) as info:
+            refused(str(copy))
+        assert str(info.value) == expected and isinstance(info.value, FileNotFoundError)
+    assert not os.path.exists(copy)  # nothing written, nothing converted
     shutil.copytree(data_dir, copy)
-    data = _build(str(copy))
-    assert (data.num_train_examples, data.num_eval_examples) == (18, 6)
+    described = describe_input("imagenet2012", _request(str(copy), max_train_examples=5), image_size=32)
+    assert described == InputShapes((32, 32, 3), 1000, 5)  # the training records limited to the first 5
     # The command on prepared data: nothing to do, and the tars are not looked for.
     assert prepare.main(["imagenet2012", f"--manual_dir={tmp_path / 'none'}", f"--data_dir={copy}"]) == 0
     assert capsys.readouterr().out.splitlines() == [
@@ -136,40 +141,23 @@ def test_a_copy_is_read_and_prepared_already_without_the_tars_until_damaged(prep
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("tfds_data_dir", [None, "/elsewhere/tfds"])
-def test_the_default_folder_is_tensorflow_datasets_own(tfds_data_dir, monkeypatch):
+def test_the_default_folder_is_tensorflow_datasets_own(monkeypatch):
     from tensorflow_datasets.core import constants
 
     monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
-    if tfds_data_dir:
-        monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
-    expected = tfds_data_dir or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
-    assert preparation.default_data_dir() == constants.get_default_data_dir() == expected
-
-
-@pytest.mark.unit
-def test_training_refuses_unprepared_data_naming_the_command(tmp_path):
-    data_dir = str(tmp_path / "tfds")
-    expected = (
-        f"ImageNet is not prepared under --data_dir={data_dir} (there is no {data_dir}/imagenet2012/5.1.0). "
-        "Prepare it once, on one node, before training: hvd-lars-prepare imagenet2012 --manual_dir=<folder "
-        f"holding ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar> --data_dir={data_dir}; then train "
-        "with the same --data_dir."
-    )
-    for refused in (_build, lambda d: describe_input("imagenet2012", _request(d), image_size=32)):
-        with pytest.raises(preparation.NotPrepared) as info:
-            refused(data_dir)
-        assert str(info.value) == expected and isinstance(info.value, FileNotFoundError)
-    assert not os.path.exists(data_dir)  # nothing written, nothing converted
+    for expected in (os.path.join(os.path.expanduser("~"), "tensorflow_datasets"), "/elsewhere/tfds"):
+        assert preparation.default_data_dir() == constants.get_default_data_dir() == expected
+        monkeypatch.setenv("TFDS_DATA_DIR", "/elsewhere/tfds")  # for the second
 
 
 @pytest.mark.unit
 def test_the_loop_trains_on_prepared_imagenet(prepared, tmp_path):
     from tests.support.small_runs import train_small_cnn
 
-    data_dir, _, _ = prepared
-    summary = train_small_cnn("imagenet2012", data_dir, tmp_path, "inet", 4, 1)
-    assert summary["plan"]["steps_per_epoch"] == sum(TRAIN_LABELS.values()) // 4
+    data_dir, _ = prepared
+    # --max_train_examples=13: the first 13 of the 18 training records, 3 updates of 4 images.
+    summary = train_small_cnn("imagenet2012", data_dir, tmp_path, "inet", 4, 1, max_train_examples=13)
+    assert summary["plan"]["steps_per_epoch"] == 3 and summary["plan"]["settings"]["train_examples"] == 13
     correct = summary["final_test_top1"] * NUM_VAL  # exact counts over the 6 validation images
     assert abs(correct - round(correct)) < 1e-9
 
@@ -187,7 +175,7 @@ def _wait_for(path, process, limit_s=300):
 
 @pytest.mark.horovod
 def test_interrupted_preparation_counts_for_nothing_and_runs_again_cleanly(prepared, tmp_path):
-    reference, manual, _ = prepared
+    reference, manual = prepared
     data_dir, dataset = str(tmp_path / "tfds"), tmp_path / "tfds" / "imagenet2012"
     labels = _short_label_file(str(tmp_path), NUM_VAL)
     arguments = ["imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}"]
@@ -282,7 +270,7 @@ def test_a_validation_tar_with_extra_or_missing_entries_is_refused_before_prepar
 def test_resume_at_step_100_reads_and_decodes_no_more_than_at_step_0(prepared, monkeypatch):
     from tests.support.read_counter import ReadCounter
 
-    data_dir, _, _ = prepared
+    data_dir, _ = prepared
     counter = ReadCounter(monkeypatch)
     # Blocks of 3 records shuffled 2 blocks (6 records) at a time: 3 windows per epoch of 18 records.
     data = _build(data_dir, batch=2, block_records=3, shuffle_buffer=6)
@@ -294,11 +282,10 @@ def test_resume_at_step_100_reads_and_decodes_no_more_than_at_step_0(prepared, m
     counts = {}
     for step in (0, 100):
         counter.reset()
-        resumed = [(x.numpy(), y.numpy()) for x, y in itertools.islice(data.train_from(step), 3)]
+        stream = data.train_from(step) if step else data.train  # train: train_from(0), built with data
+        resumed = [(x.numpy(), y.numpy()) for x, y in itertools.islice(stream, 3)]
         counts[step] = counter.settled()
-        for (x, y), (want_x, want_y) in zip(resumed, straight[step : step + 3]):
-            np.testing.assert_array_equal(x, want_x)
-            np.testing.assert_array_equal(y, want_y)
+        np.testing.assert_equal(resumed, straight[step : step + 3])
         # Decoded: the 6 elements of the 3 batches, and what the pipeline read ahead (the read-ahead still
         # in flight when the iterator is dropped is cancelled, so it may leave gaps); none before them.
         decoded = sorted(counter.decoded)

@@ -25,10 +25,9 @@ def _prepare(capsys, *arguments):
 
 def _tars(folder):
     """Stand-ins for the two tars (the refusals below come before anything reads them)."""
-    os.makedirs(folder, exist_ok=True)
+    folder.mkdir()
     for name in preparation.MANUAL_FILES:
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(b"\0" * 1000)
+        (folder / name).write_bytes(b"\0" * 1000)
     return str(folder)
 
 

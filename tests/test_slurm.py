@@ -82,13 +82,11 @@ def _summary(tmp_path):
     return json.loads((tmp_path / "smoke" / "summary.json").read_text())
 
 
-def _paused(tmp_path, step):
-    """Flags that pause both ranks after update `step` until a stop signal reaches them."""
-    return [f"--pause_at_step={step}", f"--pause_marker={tmp_path}/paused"]
-
-
-def _wait_paused(cluster, job, tmp_path, timeout=300):
-    """Waits until both ranks are paused (each wrote its marker): the job is then certainly training."""
+def _usr1_while_paused(cluster, tmp_path, step, *flags, timeout=300):
+    """Submits a job whose ranks pause after update `step` until a stop signal reaches them; once both are
+    paused (each wrote its marker: the job certainly trains) sends the batch script USR1, as
+    --signal=B:USR1@120 makes Slurm do 120 s before the time limit. Returns the job id."""
+    job = _sbatch(cluster, tmp_path, f"--pause_at_step={step}", f"--pause_marker={tmp_path}/paused", *flags)
     markers = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
     deadline = time.time() + timeout
     while not all(m.exists() for m in markers):
@@ -97,6 +95,8 @@ def _wait_paused(cluster, job, tmp_path, timeout=300):
         assert time.time() < deadline, f"job {job} not paused after {timeout} s"
         time.sleep(0.2)
     assert cluster.job_state(job) == "RUNNING"
+    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    return job
 
 
 @pytest.mark.system
@@ -118,11 +118,7 @@ def test_sbatch_through_horovodrun_trains_two_ranks_without_tensorflow_notices(c
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
     # Paused after update 5 (of 2 x 10) until the USR1 reaches the ranks: they stop at update 6.
-    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=10", "--checkpoint_every_steps=0",
-                  *_paused(tmp_path, 5))  # fmt: skip
-    _wait_paused(cluster, job, tmp_path)
-    # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.
-    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    job = _usr1_while_paused(cluster, tmp_path, 5, "--steps_per_epoch=10", "--checkpoint_every_steps=0")
     cluster.wait(job, ("PENDING",), timeout=120)
     log = _log(tmp_path, job)
     match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
@@ -144,10 +140,8 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
 @pytest.mark.system
 def test_usr1_during_the_last_update_ends_the_job_without_a_requeue(cluster, tmp_path):
     # Paused after the plan's last update (6 of 6) when the USR1 comes: the run is complete, exit 0, and the
-    # batch script does not requeue it (it did: "training stopped at a checkpoint (status 0): requeueing").
-    job = _sbatch(cluster, tmp_path, *_paused(tmp_path, 6))
-    _wait_paused(cluster, job, tmp_path)
-    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    # batch script does not requeue it.
+    job = _usr1_while_paused(cluster, tmp_path, 6)
     state = cluster.wait(job, timeout=300)
     log = _log(tmp_path, job)
     assert state == "COMPLETED", state + log[-3000:]

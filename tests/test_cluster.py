@@ -249,10 +249,8 @@ def _job_to_its_first_checkpoint(cluster, workdir, cmd, env):
 
 def _wait(job, timeout):
     """The job's exit status, or None while it still runs `timeout` s later."""
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         return job.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
 
 
 @pytest.mark.system

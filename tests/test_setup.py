@@ -64,9 +64,8 @@ def _path_farm(folder, leave_out=()):
     for source in ("/usr/local/bin", "/usr/bin", "/bin"):
         for name in sorted(os.listdir(source)):
             link = os.path.join(folder, name)
-            if name in HIDDEN or name in leave_out or os.path.lexists(link):
-                continue
-            os.symlink(os.path.join(source, name), link)
+            if name not in HIDDEN and name not in leave_out and not os.path.lexists(link):
+                os.symlink(os.path.join(source, name), link)
     return folder
 
 

@@ -13,10 +13,8 @@ LAUNCH = os.path.join(REPO, "launch")
 
 
 def _launch(script, *args, env=None):
-    return subprocess.run(
-        [os.path.join(LAUNCH, script), *args], cwd=REPO, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, **(env or {})),
-    )  # fmt: skip
+    command = [os.path.join(LAUNCH, script), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.horovod
@@ -61,6 +59,12 @@ PLACEMENT_VARIABLES = (
 )  # fmt: skip
 
 
+def _machine(sockets, cores, **env):
+    """This environment without placement settings, on a machine of `sockets` x `cores`, with `env`."""
+    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
+    return dict(clean, SOCKETS_PER_NODE=str(sockets), CORES_PER_SOCKET=str(cores), **env)
+
+
 @pytest.mark.horovod  # subprocesses (bash), no Horovod ranks
 @pytest.mark.parametrize(
     "sockets, cores, hosts, ranks, env, want",
@@ -92,12 +96,10 @@ def test_placement_comes_from_the_hosts_sockets_and_slots(tmp_path, sockets, cor
         'echo "$RANKS_PER_SOCKET $THREADS_PER_RANK $OMP_NUM_THREADS ${MPI_BIND:-core} '
         '${MPI_OVERSUBSCRIBE:-0} ${TF_ENABLE_ONEDNN_OPTS-unset}"'
     )
-    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
+    machine = _machine(sockets, cores, HOSTS=hosts, RANKS=str(ranks), **env)
     result = subprocess.run(
-        ["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
-        env=dict(clean, HOSTS=hosts, RANKS=str(ranks), SOCKETS_PER_NODE=str(sockets),
-                 CORES_PER_SOCKET=str(cores), **env),
-    )  # fmt: skip
+        ["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, env=machine
+    )
     assert result.returncode == 0, result.stderr
     per_socket, threads, omp, bind, oversubscribe, onednn = result.stdout.split()
     got = (int(per_socket), int(threads), int(omp), bind, oversubscribe == "1", onednn)
@@ -124,13 +126,8 @@ def test_mpirun_sh_places_two_ranks_by_the_machine_under_open_mpi_and_hydra(
         f'printf "%s\\n" "$@" > {tmp_path}/args\n'
     )
     (tmp_path / "mpirun").chmod(0o755)
-    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
-    result = subprocess.run(
-        [os.path.join(LAUNCH, "mpirun.sh"), "localhost", "2", "flags/smoke.flags"], cwd=REPO,
-        capture_output=True, text=True, timeout=60,
-        env=dict(clean, PATH=f"{tmp_path}:{os.environ['PATH']}", SOCKETS_PER_NODE=str(sockets),
-                 CORES_PER_SOCKET=str(cores)),
-    )  # fmt: skip
+    machine = _machine(sockets, cores, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    result = _launch("mpirun.sh", "localhost", "2", "flags/smoke.flags", env=machine)
     assert result.returncode == 0, result.stderr
     args = (tmp_path / "args").read_text().splitlines()
     start = args.index(want[0])

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from absl import flags as absl_flags
@@ -30,13 +31,9 @@ def _scalars(folder):
     """[(tag, step)] of every scalar in the event files under `folder`."""
     import tensorflow as tf
 
-    found = []
-    for root, _, files in os.walk(folder):
-        for name in files:
-            if name.startswith("events.out.tfevents"):
-                for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
-                    found += [(v.tag, event.step) for v in event.summary.value]
-    return found
+    files = Path(folder).rglob("events.out.tfevents*")
+    events = [e for f in files for e in tf.compat.v1.train.summary_iterator(str(f))]
+    return [(v.tag, e.step) for e in events for v in e.summary.value]
 
 
 def _run(cmd, timeout=420):
@@ -81,9 +78,8 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     header, *lines = list(csv.reader(open(run_dir / "metrics.csv")))
     assert {len(line) for line in lines} == {len(header)} and header[:2] == ["epoch", "step"]
     evaluated = {f"{s}_{m}" for s in ("test", "val") for m in ("loss", "top1", "top5")}
-    assert set(header) == {"epoch", "step", "loss", "top1", "top5", "learning_rate"} | {
-        "images_per_second", "epoch_time_s", *evaluated
-    }  # fmt: skip
+    trained = {"epoch", "step", "loss", "top1", "top5", "learning_rate", "images_per_second", "epoch_time_s"}
+    assert set(header) == trained | evaluated
     rows = [dict(zip(header, line)) for line in lines]
     assert [(r["epoch"], r["step"]) for r in rows] == [("0", "8"), ("1", "16")] and rows[0]["test_top1"] == ""
     assert float(rows[1]["test_top1"]) == pytest.approx(summary["final_test_top1"])
@@ -112,12 +108,8 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
 def test_two_ranks_subset(tmp_path):
     # The non-default gradient paths (the default, overlapped and uncompressed, runs in the launcher and
     # resume tests): one grouped allreduce per update, gradients as float16 on the wire.
-    result = _run(
-        [*TWO_RANKS, sys.executable]
-        + MAIN[1:]
-        + SUBSET
-        + [f"--workdir={tmp_path}", "--gradient_reduction=grouped", "--gradient_compression=fp16"]
-    )
+    flags = [f"--workdir={tmp_path}", "--gradient_reduction=grouped", "--gradient_compression=fp16"]
+    result = _run([*TWO_RANKS, *MAIN, *SUBSET, *flags])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "global batch 512 = 2 ranks x per-rank batch 256" in result.stdout
     # Only rank 0 prints progress.
@@ -136,28 +128,39 @@ def test_two_ranks_subset(tmp_path):
 
 @pytest.mark.horovod
 @pytest.mark.parametrize(
-    "flags, line",
+    "flag, line",
     [
-        (["--epoch=3"], "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
-        (["--noasync_checkpoint"],
-         "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)"),
-        (["--model=vgg99"], "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, "
-                            "resnet50, small_cnn, small_cnn_nobn."),
-        (["--momentum=1.5"], "--momentum must be a finite number >= 0 and < 1, got 1.5."),
-        (["--epochs=abc"], "flag --epochs=abc: could not convert string to float: 'abc'"),
-        (["--warmup_epochs=20"], "--warmup_epochs=20.0 must be < --epochs=12.0."),
-        (["--flagfile=flags/nope.flags"], "Unable to open flagfile: [Errno 2] No such file or directory: "
-                                          "'flags/nope.flags' (the experiments' flagfiles are in flags/)"),
-        (["extra"], "unexpected arguments extra: give settings as --name=value."),
-        (["--flagfile={tmp}/mine.flags"], "--flagfile={tmp}/mine.flags: line 2 is not utf-8 text (byte 0xe9 "
-                                          "at column 6); save the file as utf-8."),
+        ("--epoch=3", "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
+        (
+            "--noasync_checkpoint",
+            "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)",
+        ),
+        (
+            "--model=vgg99",
+            "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, "
+            "resnet50, small_cnn, small_cnn_nobn.",
+        ),
+        ("--momentum=1.5", "--momentum must be a finite number >= 0 and < 1, got 1.5."),
+        ("--epochs=abc", "flag --epochs=abc: could not convert string to float: 'abc'"),
+        ("--warmup_epochs=20", "--warmup_epochs=20.0 must be < --epochs=12.0."),
+        (
+            "--flagfile=flags/nope.flags",
+            "Unable to open flagfile: [Errno 2] No such file or directory: "
+            "'flags/nope.flags' (the experiments' flagfiles are in flags/)",
+        ),
+        ("extra", "unexpected arguments extra: give settings as --name=value."),
+        (
+            "--flagfile={tmp}/mine.flags",
+            "--flagfile={tmp}/mine.flags: line 2 is not utf-8 text (byte 0xe9 "
+            "at column 6); save the file as utf-8.",
+        ),
     ],
-)  # fmt: skip
-def test_bad_flags_are_one_line_before_tensorflow_is_imported(flags, line, tmp_path):
+)
+def test_bad_flags_are_one_line_before_tensorflow_is_imported(flag, line, tmp_path):
     (tmp_path / "mine.flags").write_bytes(b"--flagfile=flags/smoke.flags\n# caf\xe9 au lait (Latin-1)\n")
-    flags = [f.format(tmp=tmp_path) for f in flags]
+    flag = flag.format(tmp=tmp_path)
     result = subprocess.run(
-        [*MAIN[:1], "-X", "importtime", *MAIN[1:], *flags], cwd=REPO, capture_output=True, text=True
+        [*MAIN[:1], "-X", "importtime", *MAIN[1:], flag], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 2 and result.stdout == ""
     errors = [e for e in result.stderr.splitlines() if not e.startswith("import time:")]
@@ -218,10 +221,7 @@ def test_help_lists_every_setting_once_by_group_and_exits_0(capsys):
 
 @pytest.mark.horovod
 def test_batch_not_divisible_by_ranks_is_refused_on_every_rank(tmp_path):
-    result = _run(
-        [*TWO_RANKS, sys.executable] + MAIN[1:] + ["--global_batch_size=4095", f"--workdir={tmp_path}"],
-        timeout=180,
-    )
+    result = _run([*TWO_RANKS, *MAIN, "--global_batch_size=4095", f"--workdir={tmp_path}"], timeout=180)
     assert result.returncode != 0
     assert "--global_batch_size=4095 does not divide by the world size 2" in result.stdout + result.stderr
     assert not (tmp_path / "fashion_mnist_lars_b4096").exists()

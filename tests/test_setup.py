@@ -1,17 +1,13 @@
 """install/setup.sh as a user without root on a cluster would run it.
 
-An unprivileged user made here (useradd, no sudo) runs the set-up in a git clone of this checkout that it
-owns, with a PATH of symlinks to the system's programs that leaves out dpkg, apt and sudo (a RHEL-like
-login node) while the system's packages stay installed. It gets an environment that trains 2 ranks under
-Open MPI; with MPICH's programs first on PATH (as `module load mpich` puts them) the same environment
-gets the Horovod built against MPICH and trains 2 ranks under Hydra's mpiexec to weights bit-identical
-to the Open MPI job's (same synthetic data and seed; a 2-rank sum does not depend on the order). With a
-needed tool hidden as well it gets one message naming it, exit status 1 and no environment.
+An unprivileged user made here runs the set-up in its own git clone of this checkout, with a PATH of
+symlinks to the system's programs that leaves out dpkg, apt and sudo (a RHEL-like login node). It gets an
+environment that trains 2 ranks under Open MPI; with MPICH's programs first on PATH (`module load mpich`)
+the Horovod built against MPICH, whose 2 ranks under Hydra's mpiexec end bit-identical to Open MPI's.
+With a needed tool hidden it gets one message naming it, exit status 1 and no environment.
 
-Shared with the user, so nothing is built or downloaded twice: the Horovod wheels (root's
-~/.cache/hvd_lars/wheels copied into SHARED/wheels, the user's HVD_LARS_WHEEL_CACHE; a wheel the user
-builds there is copied back into root's cache) and a wheelhouse of requirements.txt filled by root's pip
-(from root's pip cache once it has them) that the user's pip installs from with --no-index.
+Shared with the user, so nothing is built or downloaded twice: the Horovod wheels (root's cache copied
+into SHARED/wheels, and a wheel the user builds copied back) and a wheelhouse of requirements.txt.
 Needs root, Debian's mpich and libmpich-dev (install/test_services.sh) and Fashion-MNIST.
 """
 
@@ -29,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.support import REPO
+from tests.support.small_runs import final_tensors
 
 pytestmark = pytest.mark.system
 
@@ -67,9 +64,8 @@ def _path_farm(folder, leave_out=()):
     for source in ("/usr/local/bin", "/usr/bin", "/bin"):
         for name in sorted(os.listdir(source)):
             link = os.path.join(folder, name)
-            if name in HIDDEN or name in leave_out or os.path.lexists(link):
-                continue
-            os.symlink(os.path.join(source, name), link)
+            if name not in HIDDEN and name not in leave_out and not os.path.lexists(link):
+                os.symlink(os.path.join(source, name), link)
     return folder
 
 
@@ -90,11 +86,9 @@ def cluster_user(tmp_path_factory):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     scratch = os.path.join(work, "hvd_lars")
-    head = subprocess.run(
-        ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    )
+    head = subprocess.check_output(["git", "-C", REPO, "rev-parse", "HEAD"], text=True).strip()
     subprocess.run(["git", "clone", "--quiet", "--no-checkout", REPO, scratch], check=True)
-    subprocess.run(["git", "-C", scratch, "checkout", "--quiet", head.stdout.strip()], check=True)
+    subprocess.run(["git", "-C", scratch, "checkout", "--quiet", head], check=True)
     # The data as a user downloads it, uncompressed, in a folder of the user's.
     data = os.path.join(work, "fashion-mnist")
     os.makedirs(data)
@@ -116,8 +110,8 @@ def cluster_user(tmp_path_factory):
     # Wheels: root's cache into the shared one (the user's), and a wheelhouse of the requirements.
     wheels = os.path.join(SHARED, "wheels")
     wheelhouse = os.path.join(SHARED, "wheelhouse")
-    os.makedirs(wheels, exist_ok=True)
-    os.makedirs(wheelhouse, exist_ok=True)
+    for folder in (wheels, wheelhouse):
+        os.makedirs(folder, exist_ok=True)
     if os.path.isdir(ROOT_WHEELS):
         shutil.copytree(ROOT_WHEELS, wheels, dirs_exist_ok=True)
     _chown_tree(wheels, account.pw_uid, account.pw_gid)
@@ -149,6 +143,7 @@ def cluster_user(tmp_path_factory):
     yield {
         "scratch": scratch, "work": work, "data": data, "env": env, "plain": plain,
         "no_launcher": no_launcher, "no_compilers": no_compilers, "mpich": mpich, "wheels": wheels,
+        "venv": os.path.join(scratch, ".venv"),
     }  # fmt: skip
     # A wheel the user built (MPICH's, on a fresh machine) goes back into root's cache for the next run.
     for wheel in glob.glob(os.path.join(wheels, "*", "*", "horovod-*.whl")):
@@ -158,9 +153,21 @@ def cluster_user(tmp_path_factory):
             shutil.copy2(wheel, target)
 
 
-def _setup(user, path, extra_env=None, timeout=3600):
-    env = dict(user["env"], PATH=path, **(extra_env or {}))
-    return _as_user(["bash", "install/setup.sh"], env, timeout, user["scratch"])
+def _setup(user, path, **extra_env):
+    return _as_user(
+        ["bash", "install/setup.sh"], dict(user["env"], PATH=path, **extra_env), 3600, user["scratch"]
+    )
+
+
+def _horovod_build(user):
+    """The MPI the environment's Horovod was built for, as install/setup.sh records it."""
+    return open(os.path.join(user["venv"], ".hvd_lars_horovod")).read()
+
+
+def _mpi_libs(user):
+    return glob.glob(
+        os.path.join(user["venv"], "lib", "python3*", "site-packages", "horovod", "tensorflow", "mpi_lib*.so")
+    )
 
 
 def test_hidden_launcher_stops_with_one_message_and_installs_nothing(cluster_user):
@@ -173,15 +180,15 @@ def test_hidden_launcher_stops_with_one_message_and_installs_nothing(cluster_use
     assert "conda install -c conda-forge openmpi-mpicxx" in lines[0]
     assert "Nothing was installed." in result.stderr
     assert "sudo" not in result.stderr.replace("or with sudo there", "")  # never tried
-    assert result.stdout == "" and not os.path.exists(os.path.join(cluster_user["scratch"], ".venv"))
+    assert result.stdout == "" and not os.path.exists(cluster_user["venv"])
 
 
-def test_hidden_compilers_are_named_when_horovod_must_be_built(cluster_user, tmp_path):
+def test_hidden_compilers_are_named_when_horovod_must_be_built(cluster_user):
     # An empty wheel cache: Horovod would have to be compiled, so the compilers are needed.
     empty = os.path.join(cluster_user["work"], "empty_cache")
     os.makedirs(empty, exist_ok=True)
     shutil.chown(empty, USER)
-    result, _ = _setup(cluster_user, cluster_user["no_compilers"], {"HVD_LARS_WHEEL_CACHE": empty})
+    result, _ = _setup(cluster_user, cluster_user["no_compilers"], HVD_LARS_WHEEL_CACHE=empty)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
     assert [line.split(" (")[0] for line in lines] == [
@@ -189,32 +196,21 @@ def test_hidden_compilers_are_named_when_horovod_must_be_built(cluster_user, tmp
         "  - an MPI C++ compiler wrapper",
     ]
     assert "`module load gcc`" in lines[0] and "gxx_linux-64" in lines[0]
-    assert not os.path.exists(os.path.join(cluster_user["scratch"], ".venv")) and os.listdir(empty) == []
+    assert not os.path.exists(cluster_user["venv"]) and os.listdir(empty) == []
 
 
-def _train(user, path, workdir):
+def _train(user, path, workdir, mpi):
     # The launcher takes the Python of the repository's .venv (launch/env.sh), not the set-up's PYTHON.
     env = {k: v for k, v in user["env"].items() if k != "PYTHON"}
     env.update(PATH=path)  # placement: launch/mpirun.sh's own from the machine, under Hydra too
-    result, seconds = _as_user(
-        ["launch/mpirun.sh", "localhost", "2", "flags/smoke.flags", f"--workdir={workdir}"],
-        env,
-        600,
-        user["scratch"],
-    )
+    command = ["launch/mpirun.sh", "localhost", "2", "flags/smoke.flags", f"--workdir={workdir}"]
+    result, seconds = _as_user(command, env, 600, user["scratch"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(open(os.path.join(workdir, "smoke", "summary.json")).read())
     assert summary["world_size"] == 2 and summary["local_size"] == 2
     cores = sorted(os.sched_getaffinity(0))[:2]
     assert summary["threads"]["cores_per_rank"] == [[c] for c in cores]  # bound, one core each
-    return result, seconds
-
-
-def _checkpoint(workdir, step=6):
-    # Model and optimizer tensors; the run record (its run id) differs between runs.
-    from tests.support.small_runs import final_tensors
-
-    return final_tensors(os.path.join(workdir, "smoke"), step)
+    print(f"[test_setup] 2-rank smoke run under {mpi}: {seconds:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -224,23 +220,15 @@ def openmpi_run(cluster_user):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"[test_setup] user's set-up with Open MPI: {seconds:.0f} s")
     assert "[setup] MPI: openmpi " in result.stdout and "[apt]" not in result.stdout
-    venv = os.path.join(cluster_user["scratch"], ".venv")
-    assert open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("openmpi-")
+    assert _horovod_build(cluster_user).startswith("openmpi-")
     workdir = os.path.join(cluster_user["work"], "run_openmpi")
-    _, seconds = _train(cluster_user, cluster_user["plain"], workdir)
-    print(f"[test_setup] 2-rank smoke run under Open MPI's mpirun: {seconds:.0f} s")
+    _train(cluster_user, cluster_user["plain"], workdir, "Open MPI's mpirun")
     return workdir
 
 
 def test_user_without_root_sets_up_and_trains_2_ranks(cluster_user, openmpi_run):
-    summary = json.loads(open(os.path.join(openmpi_run, "smoke", "summary.json")).read())
-    assert summary["world_size"] == 2
-    # The user's own environment: owned by it, Horovod in it, not the system's or root's.
-    venv = os.path.join(cluster_user["scratch"], ".venv")
-    assert os.stat(venv).st_uid == pwd.getpwnam(USER).pw_uid
-    assert glob.glob(
-        os.path.join(venv, "lib", "python3*", "site-packages", "horovod", "tensorflow", "mpi_lib*.so")
-    )
+    # Trained 2 ranks (openmpi_run); in the user's own environment: owned by it, Horovod in it.
+    assert os.stat(cluster_user["venv"]).st_uid == pwd.getpwnam(USER).pw_uid and _mpi_libs(cluster_user)
     # A second run changes nothing and takes seconds.
     result, seconds = _setup(cluster_user, cluster_user["plain"])
     assert result.returncode == 0 and "Horovod 0.28.1 for openmpi-" in result.stdout, result.stderr[-2000:]
@@ -258,41 +246,36 @@ def test_mpich_build_runs_2_ranks_under_mpiexec_bit_identical_to_open_mpi(cluste
     print(f"[test_setup] user's set-up switched to MPICH: {seconds:.0f} s")
     assert "[setup] MPI: mpich 4.0.2" in result.stdout
     assert f"installing Horovod from {cluster_user['wheels']}/mpich-4.0.2/tf-" in result.stdout
-    venv = os.path.join(cluster_user["scratch"], ".venv")
-    assert open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("mpich-4.0.2 ")
-    (mpi_lib,) = glob.glob(
-        os.path.join(venv, "lib", "python3*", "site-packages", "horovod", "tensorflow", "mpi_lib*.so")
-    )
+    assert _horovod_build(cluster_user).startswith("mpich-4.0.2 ")
+    (mpi_lib,) = _mpi_libs(cluster_user)
     linked = subprocess.run(["ldd", mpi_lib], capture_output=True, text=True).stdout
     assert "libmpich.so" in linked and "libmpi.so.40" not in linked, linked
     workdir = os.path.join(cluster_user["work"], "run_mpich")
-    result, seconds = _train(cluster_user, path, workdir)
-    print(f"[test_setup] 2-rank smoke run under MPICH's mpiexec: {seconds:.0f} s")
-    want, got = _checkpoint(openmpi_run), _checkpoint(workdir)
+    _train(cluster_user, path, workdir, "MPICH's mpiexec")
+    want, got = final_tensors(f"{openmpi_run}/smoke", 6), final_tensors(f"{workdir}/smoke", 6)
     assert sorted(got) == sorted(want) and int(got["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     # Trained: the first convolution's kernel moved between steps 3 and 6 (in both runs alike).
     kernel = "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"
     assert got[kernel].shape == (3, 3, 3, 16) and not np.array_equal(
-        _checkpoint(workdir, 3)[kernel], got[kernel]
+        final_tensors(f"{workdir}/smoke", 3)[kernel], got[kernel]
     )
 
 
 def test_mpich_job_runs_under_slurm_srun_pmi2(cluster_user, openmpi_run, tmp_path):
     # After the MPICH test, the user's environment holds the Horovod built against MPICH: train.sbatch
     # starts its 2 ranks with `srun --mpi=pmi2` (SRUN_MPI), the PMI MPICH speaks (Slurm's pmix is Open MPI's).
-    from tests.support.slurm_cluster import SlurmCluster, slurm_available
+    from tests.support.slurm_cluster import SlurmCluster
 
-    venv = os.path.join(cluster_user["scratch"], ".venv")
-    if not open(os.path.join(venv, ".hvd_lars_horovod")).read().startswith("mpich-"):
+    if not _horovod_build(cluster_user).startswith("mpich-"):
         pytest.skip("the MPICH build is not installed (its test did not pass)")
-    if not slurm_available():
-        pytest.skip("Slurm is not installed (install/test_services.sh)")
     cluster = SlurmCluster(tmp_path / "slurm").start()
     try:
         scratch, path = cluster_user["scratch"], cluster_user["mpich"] + ":" + cluster_user["plain"]
-        export = f"ALL,SRUN_MPI=pmi2,PYTHON={venv}/bin/python,PYTHONPATH={scratch},PATH={path}"
+        export = (
+            f"ALL,SRUN_MPI=pmi2,PYTHON={cluster_user['venv']}/bin/python,PYTHONPATH={scratch},PATH={path}"
+        )
         job = cluster.run(
             ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={scratch}",
              f"--output={tmp_path}/slurm-%j.out", f"--export={export}",

@@ -1,30 +1,20 @@
 """launch/slurm/train.sbatch under a real single-node Slurm; host lists with imitated SLURM_* variables."""
 
-import importlib.util
 import json
 import os
 import re
+import runpy
 import time
 
 import pytest
 
 from tests.support import REPO, python_shim
-from tests.support.slurm_cluster import SlurmCluster, slurm_available
+from tests.support.slurm_cluster import SlurmCluster
 
-
-def _load_hosts_script():
-    # launch/slurm/hosts.py is a script the batch script runs (it starts without TensorFlow), not a module.
-    spec = importlib.util.spec_from_file_location(
-        "slurm_hosts", os.path.join(REPO, "launch", "slurm", "hosts.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_hosts = _load_hosts_script()
-expand_hostlist, expand_tasks_per_node = _hosts.expand_hostlist, _hosts.expand_tasks_per_node
-hosts_from_environment = _hosts.hosts_from_environment
+# launch/slurm/hosts.py is a script the batch script runs, not a module.
+_hosts = runpy.run_path(os.path.join(REPO, "launch", "slurm", "hosts.py"))
+expand_hostlist, expand_tasks_per_node = _hosts["expand_hostlist"], _hosts["expand_tasks_per_node"]
+hosts_from_environment = _hosts["hosts_from_environment"]
 
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
 
@@ -66,44 +56,47 @@ def test_tasks_per_node_and_environment():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    assert slurm_available(), (
-        "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
-    )
     c = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
     yield c
     c.stop()
 
 
-def _sbatch(cluster, tmp_path, *flags):
-    # tests/support/kill_at_step.py in place of the main program, for its --pause_at_step.
-    shim = python_shim(tmp_path, "tests/support/kill_at_step.py")
+def _sbatch(cluster, tmp_path, *flags, export=None):
+    """Submits train.sbatch flags/smoke.flags on 2 ranks (placement: the script's own); returns the job id.
+    By default tests/support/kill_at_step.py runs in place of the main program, for its --pause_at_step."""
+    export = export or f"PYTHON={python_shim(tmp_path, 'tests/support/kill_at_step.py')}"
     cmd = [
         "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={REPO}",
-        f"--output={tmp_path}/slurm-%j.out",
-        f"--export=ALL,PYTHON={shim},PYTHONPATH={REPO}",  # placement: train.sbatch's own
+        f"--output={tmp_path}/slurm-%j.out", f"--export=ALL,{export},PYTHONPATH={REPO}",
         SBATCH, "flags/smoke.flags", f"--workdir={tmp_path}", *flags,
     ]  # fmt: skip
     return cluster.run(cmd).stdout.strip().split(";")[0]
 
 
-def _paused(tmp_path, step):
-    """Flags that pause both ranks after update `step` until a stop signal reaches them."""
-    return [f"--pause_at_step={step}", f"--pause_marker={tmp_path}/paused"]
+def _log(tmp_path, job):
+    log = tmp_path / f"slurm-{job}.out"
+    return log.read_text() if log.exists() else ""
 
 
-def _wait_paused(cluster, job, tmp_path, timeout=300):
-    """Waits until both ranks are paused (each wrote its marker): the job is then certainly training."""
+def _summary(tmp_path):
+    return json.loads((tmp_path / "smoke" / "summary.json").read_text())
+
+
+def _usr1_while_paused(cluster, tmp_path, step, *flags, timeout=300):
+    """Submits a job whose ranks pause after update `step` until a stop signal reaches them; once both are
+    paused (each wrote its marker: the job certainly trains) sends the batch script USR1, as
+    --signal=B:USR1@120 makes Slurm do 120 s before the time limit. Returns the job id."""
+    job = _sbatch(cluster, tmp_path, f"--pause_at_step={step}", f"--pause_marker={tmp_path}/paused", *flags)
     markers = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
     deadline = time.time() + timeout
     while not all(m.exists() for m in markers):
         state = cluster.job_state(job)
-        log = tmp_path / f"slurm-{job}.out"
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), state + (
-            log.read_text()[-3000:] if log.exists() else ""
-        )
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), state + _log(tmp_path, job)[-3000:]
         assert time.time() < deadline, f"job {job} not paused after {timeout} s"
         time.sleep(0.2)
     assert cluster.job_state(job) == "RUNNING"
+    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    return job
 
 
 @pytest.mark.system
@@ -111,18 +104,13 @@ def test_sbatch_through_horovodrun_trains_two_ranks_without_tensorflow_notices(c
     # LAUNCHER=horovodrun: horovodrun's build check and the ranks print through the notice filter.
     from hvd_lars import quiet_tensorflow
 
-    cmd = [
-        "sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={REPO}",
-        f"--output={tmp_path}/slurm-%j.out", f"--export=ALL,LAUNCHER=horovodrun,PYTHONPATH={REPO}",
-        SBATCH, "flags/smoke.flags", f"--workdir={tmp_path}",
-    ]  # fmt: skip
-    job = cluster.run(cmd).stdout.strip().split(";")[0]
+    job = _sbatch(cluster, tmp_path, export="LAUNCHER=horovodrun")
     state = cluster.wait(job, timeout=300)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
+    log = _log(tmp_path, job)
     assert state == "COMPLETED", log[-3000:]
     assert "global batch 32 = 2 ranks x per-rank batch 16" in log
     assert quiet_tensorflow.kept(log.encode(), driver=False) == log.encode(), log[-3000:]
-    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    summary = _summary(tmp_path)
     assert summary["world_size"] == 2 and summary["epochs"][-1]["epoch"] == 2
 
 
@@ -130,14 +118,9 @@ def test_sbatch_through_horovodrun_trains_two_ranks_without_tensorflow_notices(c
 def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_step(cluster, tmp_path):
     # No periodic checkpoints: the stop's checkpoint is the only one the requeued job can resume from.
     # Paused after update 5 (of 2 x 10) until the USR1 reaches the ranks: they stop at update 6.
-    job = _sbatch(cluster, tmp_path, "--steps_per_epoch=10", "--checkpoint_every_steps=0",
-                  *_paused(tmp_path, 5))  # fmt: skip
-    summary_path = tmp_path / "smoke" / "summary.json"
-    _wait_paused(cluster, job, tmp_path)
-    # What --signal=B:USR1@120 makes Slurm do 120 s before the time limit.
-    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    job = _usr1_while_paused(cluster, tmp_path, 5, "--steps_per_epoch=10", "--checkpoint_every_steps=0")
     cluster.wait(job, ("PENDING",), timeout=120)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
+    log = _log(tmp_path, job)
     match = re.search(r"stopped at step (\d+), checkpoint \S+/ckpt-(\d+)\.", log)
     assert match and match.group(1) == match.group(2) == "6", log[-3000:]
     # srun's status is 75 (hvd_lars.training.faults.EXIT_PREEMPTED), or 143 when --kill-on-bad-exit ended a
@@ -147,25 +130,23 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_at_that_ste
     # (a real requeue waits minutes).
     cluster.start_requeued_now(job)
     state = cluster.wait(job, timeout=600)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
+    log = _log(tmp_path, job)
     assert state == "COMPLETED", state + log[-3000:]
     assert "(step 6)" in log and "restart 1" in log
-    summary = json.loads(summary_path.read_text())
+    summary = _summary(tmp_path)
     assert summary["resumed_from_step"] == 6 and summary["epochs"][-1]["epoch"] == 2
 
 
 @pytest.mark.system
 def test_usr1_during_the_last_update_ends_the_job_without_a_requeue(cluster, tmp_path):
     # Paused after the plan's last update (6 of 6) when the USR1 comes: the run is complete, exit 0, and the
-    # batch script does not requeue it (it did: "training stopped at a checkpoint (status 0): requeueing").
-    job = _sbatch(cluster, tmp_path, *_paused(tmp_path, 6))
-    _wait_paused(cluster, job, tmp_path)
-    cluster.run(["scancel", "--batch", "--signal=USR1", job])
+    # batch script does not requeue it.
+    job = _usr1_while_paused(cluster, tmp_path, 6)
     state = cluster.wait(job, timeout=300)
-    log = (tmp_path / f"slurm-{job}.out").read_text()
+    log = _log(tmp_path, job)
     assert state == "COMPLETED", state + log[-3000:]
     assert "stopped at a checkpoint" not in log and "restart 1" not in log, log[-3000:]
     assert "training finished its plan (status 0): not requeued" in log
     assert cluster.job_field(job, "Restarts") == "0"
-    summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
+    summary = _summary(tmp_path)
     assert summary["epochs"][-1]["epoch"] == 2 and summary["plan"]["total_steps"] == 6

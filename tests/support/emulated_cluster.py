@@ -2,7 +2,7 @@
 commands on its hosts over ssh, read their link counters, and kill a host.
 
 Each host nodeK is a set of namespaces (network, UTS, mount with a private /tmp) with its own sshd; every
-process that runs "on" nodeK is in nodeK's network namespace, which is how `kill_host` finds them all.
+process that runs "on" nodeK is in nodeK's network namespace, which is how `kill` finds them all.
 """
 
 import contextlib
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support import REPO
 
 SCRIPT = os.path.join(REPO, "launch", "emulated_cluster.sh")
 SUBNET = "198.18.0.0/24"
@@ -24,7 +24,7 @@ SHARED_BASE = "/var/tmp/hvd_lars_tests"  # seen by every host, unlike /tmp
 
 
 def shared_folder(name):
-    """A fresh folder under SHARED_BASE, which every host sees (each has a /tmp of its own)."""
+    """A fresh folder under SHARED_BASE."""
     os.makedirs(SHARED_BASE, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=SHARED_BASE))
 
@@ -45,7 +45,6 @@ def cluster_up(nodes):
 
 
 def require_root():
-    """Fails (never skips) with the reason when namespaces cannot be made here."""
     assert os.geteuid() == 0, (
         "the emulated-cluster tests need root: launch/emulated_cluster.sh creates network, UTS and mount "
         f"namespaces, a bridge and one sshd per host (running as uid {os.geteuid()}); run the tests as root, "
@@ -77,9 +76,8 @@ class Host:
 
     def link_bytes(self):
         """(bytes the host sent, bytes it received) on its link, from the host-side veth's counters."""
-        stats = f"/sys/class/net/{self.veth}/statistics"
-        with open(f"{stats}/rx_bytes") as rx, open(f"{stats}/tx_bytes") as tx:
-            return int(rx.read()), int(tx.read())
+        stats = Path(f"/sys/class/net/{self.veth}/statistics")
+        return int((stats / "rx_bytes").read_text()), int((stats / "tx_bytes").read_text())
 
     def pids(self):
         """Every process running on this host (in its network namespace)."""
@@ -87,20 +85,16 @@ class Host:
         return [int(p) for p in out.stdout.split()]
 
     def set_link(self, up):
-        """The host's link goes silent (down: no packet in or out, no reset; its processes run on) or
-        comes back (up)."""
+        """The link goes silent (down: no packet in or out, no reset; the processes run on) or comes back."""
         subprocess.run(["ip", "link", "set", self.veth, "up" if up else "down"], check=True, timeout=30)
 
     def processes_running(self, text):
         """PIDs of this host's processes whose command line contains `text`."""
         found = []
         for pid in self.pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if text in f.read().replace(b"\0", b" ").decode(errors="replace"):
-                        found.append(pid)
-            except OSError:
-                pass  # ended meanwhile
+            with contextlib.suppress(OSError):  # ended meanwhile
+                if text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
+                    found.append(pid)
         return found
 
     def kill(self, timeout=20):
@@ -108,32 +102,29 @@ class Host:
         deadline = time.time() + timeout
         while pids := self.pids():
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             if time.time() > deadline:
                 raise RuntimeError(f"{self.name}: processes {pids} survive SIGKILL")
             time.sleep(0.05)
 
 
 class EmulatedCluster:
-    """`launch/emulated_cluster.sh` with NODES hosts (unshaped links); `up()` also revives dead hosts."""
+    """`launch/emulated_cluster.sh` with `nodes` hosts (unshaped links); `up()` also revives dead hosts."""
 
     def __init__(self, nodes=2):
         self.hosts = [Host(k) for k in range(1, nodes + 1)]
         self.env = dict(os.environ, NODES=str(nodes), LINK_RATE="")
 
-    def _script(self, verb, timeout=120):
-        result = subprocess.run([SCRIPT, verb], env=self.env, capture_output=True, text=True, timeout=timeout)
+    def _script(self, verb):
+        result = subprocess.run([SCRIPT, verb], env=self.env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, f"emulated_cluster.sh {verb}: {result.stdout}{result.stderr}"
-        return result.stdout
 
     def up(self):
-        return self._script("up")
+        self._script("up")
 
     def down(self):
-        return self._script("down")
+        self._script("down")
 
     def host_list(self, slots):
         """horovodrun's -H list, e.g. "node1:2,node2:2"."""
@@ -142,30 +133,19 @@ class EmulatedCluster:
 
 def shell_command(argv, cwd=REPO, env=None):
     """A command line for `Host.run`: cd to `cwd`, set `env` (name -> value), run `argv`."""
-    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    return f"cd {shlex.quote(cwd)} && {'env ' + assignments + ' ' if assignments else ''}{shlex.join(argv)}"
+    assignments = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return f"cd {shlex.quote(cwd)} && {'env ' + assignments if assignments else ''}{shlex.join(argv)}"
 
 
-def last_checkpoint_step(workdir):
-    """The step of the smoke run's last complete checkpoint under `workdir` (named in the manager's
-    `checkpoint` file), or 0."""
-    state = os.path.join(workdir, "smoke", "checkpoints", "checkpoint")
-    try:
-        with open(state) as f:
-            m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', f.read(), re.M)
-    except FileNotFoundError:
-        return 0
-    return int(m.group(1)) if m else 0
-
-
-def wait_for_checkpoint(workdir, after_step, alive, timeout=300):
-    """Waits for a checkpoint of a step after `after_step`; returns its step. Fails when `alive()` turns
-    false first, or after `timeout` s."""
+def wait_for_checkpoint(workdir, alive, timeout=300):
+    """Waits for the smoke run's first complete checkpoint under `workdir` (named in the manager's
+    `checkpoint` file); returns its step. Fails when `alive()` turns false first, or after `timeout` s."""
+    state = Path(workdir) / "smoke" / "checkpoints" / "checkpoint"
     deadline = time.time() + timeout
     while time.time() < deadline:
-        step = last_checkpoint_step(workdir)
-        if step > after_step:
-            return step
+        with contextlib.suppress(FileNotFoundError):
+            if m := re.search(r'^model_checkpoint_path: "ckpt-([1-9]\d*)"', state.read_text(), re.M):
+                return int(m.group(1))
         assert alive(), "the job ended before writing a checkpoint"
         time.sleep(0.2)
-    raise TimeoutError(f"no checkpoint after step {after_step} in {timeout} s")
+    raise TimeoutError(f"no checkpoint in {timeout} s")

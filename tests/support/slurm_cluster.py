@@ -1,14 +1,10 @@
-"""A real Slurm (Debian's slurm-wlm + munge) started on free ports for the launch tests: on this machine
-alone, or with one slurmd per host of the emulated cluster (tests/support/emulated_cluster.py).
-
-`SlurmCluster(workdir)` writes a slurm.conf for this machine, makes sure munged runs, starts slurmctld and
-slurmd, and waits until the node is idle; `stop()` shuts them down.
-`SlurmCluster(workdir, hosts=cluster.hosts, controller_address=...)` declares each emulated host as a node
-(NodeAddr = its address) and starts its slurmd on it over ssh, so the daemon lives in that host's
-namespaces and takes its name; `workdir` must then be outside /tmp, which each host has of its own.
-Commands run with `env` (SLURM_CONF set).
+"""A real Slurm (Debian's slurm-wlm + munge) on free ports for the launch tests: on this machine alone
+(`SlurmCluster(workdir)`), or with one slurmd per emulated host (`hosts=cluster.hosts`), started over ssh so
+that it lives in that host's namespaces and takes its name; `workdir` must then be outside /tmp, which each
+host has of its own. `start()` waits until every node is idle; `stop()` shuts the daemons down.
 """
 
+import contextlib
 import glob
 import os
 import shutil
@@ -16,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 DAEMONS = ("slurmctld", "slurmd", "munged")
 
@@ -105,6 +102,9 @@ class SlurmCluster:
             f.write("\n".join(lines) + "\n")
 
     def start(self, timeout=60):
+        assert slurm_available(), (
+            "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
+        )
         self._write_conf()
         if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
             # munged refuses to run as root; the Debian package made a munge user and key.
@@ -140,16 +140,12 @@ class SlurmCluster:
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, check=check, **kw)
 
     def job_state(self, job_id):
-        """The job's state (PENDING, RUNNING, COMPLETED, FAILED, ...), from scontrol."""
         return self.job_field(job_id, "JobState") or "UNKNOWN"
 
     def job_field(self, job_id, key):
-        """One field of `scontrol show job` (e.g. "Restarts", "ExitCode"), or None."""
+        """One field of `scontrol show job` (e.g. "Restarts", "JobState"), or None."""
         out = self.run(["scontrol", "show", "job", str(job_id)], check=False).stdout
-        for field in out.split():
-            if field.startswith(f"{key}="):
-                return field.split("=", 1)[1]
-        return None
+        return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{key}=")), None)
 
     def wait(self, job_id, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), timeout=600):
         deadline = time.time() + timeout
@@ -161,16 +157,13 @@ class SlurmCluster:
         raise TimeoutError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
 
     def start_requeued_now(self, job_id, timeout=120):
-        """Starts a requeued job now, which Slurm holds back (Reason=BeginTime) as a real pre-emption would.
-        Released once it is pending and its last attempt is gone from every node: no slurmstepd of the job
-        left (a requeued job's steps keep their ids, and a step 0 started while the last attempt's
-        slurmstepd still finalises its PMIx server fails: "Cannot bind() UNIX socket
-        .../stepd.slurm.pmix.<job>.0: Address already in use"), every node idle, and the clock past the
-        second in which that was seen (a job started in the second its credential was revoked in is
-        refused, "Job credential revoked": Slurm compares whole seconds)."""
+        """Starts a requeued job now, which Slurm holds back (Reason=BeginTime) as a real pre-emption would,
+        once it is pending and its last attempt is gone: no slurmstepd of it left (the requeued step 0 would
+        find its PMIx socket in use), every node idle, and the clock past that second (Slurm refuses a job
+        started in the second its credential was revoked in)."""
         self.wait(job_id, ("PENDING",), timeout)
         deadline = time.time() + timeout
-        while slurmstepd_pids(job_id):
+        while _slurmstepd_pids(job_id):
             if time.time() > deadline:
                 raise TimeoutError(f"job {job_id}'s slurmstepd still running after {timeout} s")
             time.sleep(0.2)
@@ -202,18 +195,14 @@ class SlurmCluster:
             time.sleep(0.5)
 
 
-def slurmstepd_pids(job_id):
-    """PIDs of the slurmstepd processes of job `job_id` on this machine (the emulated hosts share its
-    process table): each names itself "slurmstepd: [<job>.<step>]"."""
+def _slurmstepd_pids(job_id):
+    """PIDs of job `job_id`'s slurmstepd processes, each named "slurmstepd: [<job>.<step>]" (the emulated
+    hosts share this machine's process table)."""
     pids = []
     for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-        except (OSError, ValueError):
-            continue
-        if title.startswith(f"slurmstepd: [{job_id}."):
-            pids.append(int(entry))
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{entry}/cmdline").read_bytes().startswith(f"slurmstepd: [{job_id}.".encode()):
+                pids.append(int(entry))
     return pids
 
 

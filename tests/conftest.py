@@ -143,11 +143,8 @@ def shared_dir(request):
 def slurm(cluster):
     """A Slurm controller and one slurmd per emulated host of the module's cluster."""
     from tests.support.emulated_cluster import CONTROLLER_ADDRESS, shared_folder
-    from tests.support.slurm_cluster import SlurmCluster, slurm_available
+    from tests.support.slurm_cluster import SlurmCluster
 
-    assert slurm_available(), (
-        "Slurm is not installed: `make test` installs slurm-wlm and munge (install/test_services.sh)"
-    )
     workdir = shared_folder("slurm")
     s = SlurmCluster(workdir, hosts=cluster.hosts, controller_address=CONTROLLER_ADDRESS)
     try:

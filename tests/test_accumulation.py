@@ -59,18 +59,19 @@ def _model_and_optimizer():
 def test_a_checkpoint_between_micro_batches_restores_and_trains_on_as_the_uninterrupted_run(tmp_path):
     x, y = np.arange(12, dtype=np.float32).reshape(4, 3) / 10, np.ones((4, 2), np.float32)
     # 3 micro-batches (one update applied, one micro-batch pending), saved.
-    whole, whole_optimizer = _model_and_optimizer()
-    whole.fit(x[:3], y[:3], batch_size=1, shuffle=False, verbose=0)
-    path = tf.train.Checkpoint(model=whole, optimizer=whole_optimizer).write(str(tmp_path / "ckpt"))
+    saved_model, saved_optimizer = _model_and_optimizer()
+    saved_model.fit(x[:3], y[:3], batch_size=1, shuffle=False, verbose=0)
+    path = tf.train.Checkpoint(model=saved_model, optimizer=saved_optimizer).write(str(tmp_path / "ckpt"))
     model, optimizer = _model_and_optimizer()
     optimizer.build(model.trainable_variables)
     status = tf.train.Checkpoint(model=model, optimizer=optimizer).read(path)
     status.assert_existing_objects_matched().assert_consumed()
     assert all(np.abs(a.numpy()).max() > 0 for a in optimizer._accumulated_gradients)  # the pending one
     assert (int(optimizer.iterations), int(keras.ops.convert_to_tensor(optimizer._iterations))) == (1, 3)
-    # The 4th micro-batch completes the update: as in the run not restored, bit for bit.
-    for trained in (model, whole):
-        trained.fit(x[3:], y[3:], batch_size=1, shuffle=False, verbose=0)
+    # The 4th micro-batch completes the update: as the run of all 4 in one go, bit for bit.
+    model.fit(x[3:], y[3:], batch_size=1, shuffle=False, verbose=0)
+    whole, whole_optimizer = _model_and_optimizer()
+    whole.fit(x, y, batch_size=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations) == int(whole_optimizer.iterations) == 2
     for a, b in zip(model.get_weights() + [v.numpy() for v in optimizer.variables],
                     whole.get_weights() + [v.numpy() for v in whole_optimizer.variables]):  # fmt: skip

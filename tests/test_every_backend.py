@@ -144,20 +144,3 @@ def test_import_on_the_default_backend_without_tensorflow_says_what_to_install()
         "ImportError: Keras's backend is TensorFlow (KERAS_BACKEND unset), which is not installed: pip "
         "install 'hvd_lars[train]', or set KERAS_BACKEND=jax (or torch) with that package installed."
     )
-
-
-@pytest.mark.unit
-def test_without_horovod_the_package_imports_whole(monkeypatch):
-    # As `pip install 'hvd_lars[train]'` leaves it until Horovod is built: the package's own code run again
-    # (a second module object) where Horovod cannot be found. Its parts need TensorFlow only (the training
-    # loop needs Horovod: tests/test_main.py).
-    monkeypatch.setitem(sys.modules, "horovod", None)  # importlib.util.find_spec("horovod") is None
-    spec = importlib.util.find_spec("hvd_lars")
-    package = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(package)
-    assert package.LARS is LARS and package.scaled_learning_rate is scaled_learning_rate
-    loaded = {name for name in package.__all__ if name in vars(package)}
-    if BACKEND == "tensorflow":
-        assert loaded == set(package.__all__)
-    else:
-        assert "DistributedOptimizer" not in loaded and "fuse_batch_norm" not in loaded

@@ -199,22 +199,28 @@ def test_run_dir_problems_and_a_failed_checkpoint_are_one_clear_error(tmp_path, 
     variables = [keras.Variable(np.zeros((3, 4), "float32")), keras.Variable(np.zeros(4, "float32"))]
     variables.append(keras.Variable(np.zeros((2, 2)), dtype="bfloat16"))
     assert faults.checkpoint_bytes(variables) == 72
-    # The checkpoint folder becomes a file after a start: the epoch-end checkpoint of update 2 fails. (That
-    # the loop lets its callbacks' errors through: the divergence test above.)
+    # The checkpoint folder becomes a file after a start: the epoch-end checkpoint of update 2 fails, written
+    # in the foreground or in the background (found at the end). (That the loop lets its callbacks' errors
+    # through: the divergence test above.)
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    folder = tmp_path / "checkpoints"
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(folder), max_to_keep=3)
-    checkpointer = checkpoints.PeriodicCheckpoint(manager, every_steps=0)
-    checkpointer.set_model(model)
     model.optimizer.iterations.assign(2)
-    folder.write_text("not a folder")
-    monkeypatch.setattr(main, "run_training", lambda config: checkpointer.on_epoch_end(0))
-    caplog.clear()
-    status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
-    assert status == 2 and line.startswith(f"could not write the checkpoint of step 2 to {folder}: "), line
-    assert line.endswith("it resumes from the last complete checkpoint.")
-    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "file", "new"]
+    for asynchronous in (False, True):
+        folder = tmp_path / f"checkpoints_{asynchronous}"
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(folder), max_to_keep=3)
+        checkpointer = checkpoints.PeriodicCheckpoint(manager, every_steps=0, asynchronous=asynchronous)
+        checkpointer.set_model(model)
+        folder.write_text("not a folder")
+        ends = (checkpointer.on_epoch_end, checkpointer.on_train_end)
+        monkeypatch.setattr(main, "run_training", lambda config, ends=ends: [end(0) for end in ends])
+        monkeypatch.setattr(faults, "_noted", None)  # the other case's failure, noted in this process
+        caplog.clear()
+        status, [line] = _exit_of([*SMALL[1:], f"--workdir={tmp_path / 'w'}"], monkeypatch, caplog)
+        assert status == 2 and line.startswith(f"could not write the checkpoint of step 2 to {folder}: "), (
+            line
+        )
+        assert line.endswith("it resumes from the last complete checkpoint.")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints_False", "checkpoints_True", "file", "new"]
 
 
 class _Clock:

@@ -92,6 +92,19 @@ def test_one_step_by_hand():
     np.testing.assert_allclose(w, [2.994, 3.992], rtol=1e-6)
 
 
+@pytest.mark.horovod
+@pytest.mark.parametrize(
+    "mode, start, trust",
+    [("paper", 2.0, 1.0), ("decayed_gradient", 2.0, 0.1), ("update", 2.0, 0.1), ("paper", 0.0, 1.0)],
+)
+def test_zero_gradient_tensor_still_decays(mode, start, trust):
+    # w = 2, g = 0, lr 0.1, beta 0.01, eta 0.001: "paper" measures ||g|| = 0 (trust 1); the others
+    # ||g + beta w|| = beta ||w|| (trust eta / beta = 0.1): w *= 1 - lr * trust * beta; w = 0 stays 0, no NaN.
+    opt = LARS(0.1, momentum=0.0, weight_decay=0.01, eta=0.001, trust_ratio_mode=mode)
+    (w,) = _run(opt, [np.full((4,), start, np.float32)], [[np.zeros(4, np.float32)]] * 2)
+    np.testing.assert_allclose(w, np.full(4, start * (1 - 0.1 * trust * 0.01) ** 2), rtol=1e-6)
+
+
 @pytest.mark.unit
 def test_exclusions_match_keras_variable_paths_and_unmatched_patterns_warn_once():
     # Named: an unnamed model's path prefix depends on earlier tests (sequential_3).
@@ -278,9 +291,7 @@ def test_mixed_bfloat16_keeps_float32_weights_and_slots():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")  # conftest sets float32 again after the test
     layers = [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2, dtype="float32")]
     model = keras.Sequential(layers)
-    model.compile(
-        optimizer=LARS(0.1, weight_decay=1e-4), loss="mse", run_eagerly=True
-    )  # no trace to wait for
+    model.compile(optimizer=LARS(0.1, weight_decay=1e-4), loss="mse")  # a traced step, as training's
     before = [v.numpy() for v in model.trainable_variables]
     model.fit(np.ones((16, 4), np.float32), np.zeros((16, 2), np.float32), epochs=2, verbose=0)
     assert model.layers[0].compute_dtype == "bfloat16"

@@ -249,20 +249,32 @@ def test_only_errors_raised_by_the_package_count_as_bad_input():
 
 
 @pytest.mark.horovod  # fresh interpreters where Horovod cannot be found, as before its build
-def test_without_horovod_help_answers_and_a_start_trains_as_one_process(tmp_path):
-    code = "import sys; sys.modules['horovod'] = None; sys.argv[0] = 'hvd-lars-train'; import hvd_lars.main"
-    start = [sys.executable, "-c", code + "; hvd_lars.main.main()"]
-    result = subprocess.run([*start, "--help"], cwd=tmp_path, capture_output=True, text=True)
+def test_without_horovod_the_package_imports_whole_and_trains_as_one_process(tmp_path):
+    hidden = "import sys; sys.modules['horovod'] = None"  # importlib.util.find_spec('horovod') is None
+    program = "import hvd_lars.main; hvd_lars.main.main()"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{hidden}; sys.argv[0] = 'hvd-lars-train'; {program}", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
     assert result.stdout.startswith("usage: python -m hvd_lars.main --flagfile=")
+    # A library user's import first (every export, Horovod's pieces too, as one process), then a start.
+    library = "from hvd_lars import DistributedOptimizer, LARS, fuse_batch_norm"
     smoke = [
         f"--flagfile={REPO}/flags/smoke.flags",
         "--epochs=1",
         "--warmup_epochs=0.5",
         "--steps_per_epoch=2",
-        f"--workdir={tmp_path}",
     ]
-    result = subprocess.run([*start, *smoke], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", f"{hidden}; {library}; {program}", *smoke, f"--workdir={tmp_path}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "smoke" / "summary.json").read_text())
     assert summary["world_size"] == 1 and [e["epoch"] for e in summary["epochs"]] == [1]

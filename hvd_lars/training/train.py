@@ -278,7 +278,10 @@ class _JobState(State):
 
 
 def check_launched(config, environ=None):
-    """A ValueError for `--elastic` outside an elastic launcher or without `--global_batch_size`."""
+    """A ValueError for `--elastic` outside an elastic launcher or without `--global_batch_size`; an
+    ImportError without Horovod."""
+    if State is object:
+        raise ImportError("--elastic needs Horovod (horovod.common.elastic): run `make setup` to build it.")
     elastic = (os.environ if environ is None else environ).get("HOROVOD_ELASTIC")
     if elastic != "1":
         raise ValueError(

@@ -173,7 +173,7 @@ def tiny_fashion_mnist(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("limit, held_out", [(0, 4), (5, 0)])
+@pytest.mark.parametrize("limit, held_out", [(0, 4), (5, 0), (5, 4)])
 def test_fashion_mnist_described_from_the_headers_as_built(tiny_fashion_mnist, monkeypatch, limit, held_out):
     request = dataclasses.replace(REQUEST, data_dir=tiny_fashion_mnist, max_train_examples=limit)
     built = get_input("fashion_mnist", request, validation_examples=held_out)

@@ -99,16 +99,14 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
     assert any(not np.array_equal(a, b) for a, b in zip(committed, every()))
     state.restore()
     assert state.step == 2 and int(model.optimizer.iterations) == 2
-    for a, b in zip(committed, every()):
-        np.testing.assert_array_equal(a, b)
+    np.testing.assert_equal(every(), committed)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     state.step = 4
     state.commit()  # saves, then checks for membership changes (none: no driver)
     after = every()
     state.restore()
     assert state.step == 4
-    for a, b in zip(after, every()):
-        np.testing.assert_array_equal(a, b)
+    np.testing.assert_equal(every(), after)
 
 
 @pytest.mark.unit
@@ -136,14 +134,9 @@ def test_a_commit_due_at_an_epochs_last_update_waits_for_that_epochs_logs_and_ch
 @pytest.mark.horovod
 def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_change(tmp_path):
     job = ElasticJob(tmp_path, "localhost:1", 1, 2, "--global_batch_size=63")
-    try:
-        job.wait_for("elastic attempt 1: 1 worker(s) from update 0, 63 images per rank")
-        job.set_hosts("localhost:2")
-        returncode = job.finish(timeout=240)
-    finally:
-        if job.process.poll() is None:
-            job.process.kill()
-    out = job.output()
+    job.wait_for("elastic attempt 1: 1 worker(s) from update 0, 63 images per rank")  # killed if it fails
+    job.set_hosts("localhost:2")
+    returncode, out = job.finish(timeout=240), job.output()
     assert returncode != 0
     assert (
         "hvd_lars: error: the elastic job now has 2 workers: the global batch of 63 images does not fit them "

@@ -42,7 +42,7 @@ ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # r
 
 
 def run(out, calls):
-    """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in folder `out`; returns
+    """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in Path `out`; returns
     (`results(function, *args)`: the results of that call, both ranks' or the one rank's, stdout)."""
     from hvd_lars.training.threads import HOROVOD_CPU_DEFAULTS
     from tests.support import REPO, TWO_RANKS
@@ -55,10 +55,7 @@ def run(out, calls):
     cmd = served([*TWO_RANKS, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    ranks = []
-    for rank in range(2):
-        with open(os.path.join(out, f"rank{rank}.pkl"), "rb") as f:
-            ranks.append(pickle.load(f))
+    ranks = [pickle.loads((out / f"rank{rank}.pkl").read_bytes()) for rank in range(2)]
 
     def results(*call):
         return [r[_names(call)] for r in ranks if _names(call) in r]
@@ -278,9 +275,7 @@ def first_gradient_norm(rank, size):
     _, (x_all, y_all) = data(rank, size)
     model = make_model()
     with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(
-            keras.losses.mean_squared_error(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
-        )
+        loss = keras.losses.MeanSquaredError()(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
     return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
 
 
@@ -320,10 +315,7 @@ def accumulation(rank, size, accumulating):
     the wrapper's micro-batch counter]."""
     (x, y), _ = data(rank, size)
     model = fit(make_model(), accumulating()[0], x, y, GLOBAL_BATCH // size // 2)
-    wrapper = model.optimizer
-    while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
-        wrapper = wrapper.inner_optimizer
-    counts = [int(model.optimizer.iterations), int(wrapper._iterations)]
+    counts = [int(model.optimizer.iterations), int(model.optimizer._iterations)]  # updates, micro-batches
     return {"final": values(model.trainable_variables), "counts": counts}
 
 

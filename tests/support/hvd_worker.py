@@ -237,8 +237,7 @@ def traced_update(optimizer, variables):
 
 
 def one_process(rank, size, make, rate):
-    """The reference of `two_ranks(make, rate, ...)`: the plain optimizer on the whole batch (its weights, its
-    class)."""
+    """The reference of `two_ranks(make, rate, ...)`: the plain optimizer on the whole batch."""
     _, (x_all, y_all) = data(rank, size)
     optimizer, callbacks = rate(make)
     model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks, run_eagerly=True)

@@ -61,11 +61,6 @@ def test_a_held_momentum_sgd_runs_the_fused_kernel_to_the_same_bits(nesterov):
     assert "ResourceApplyKerasMomentum" not in kernels(DistributedOptimizer(SGD(0.1)))
 
 
-def _built(optimizer):
-    optimizer.build([keras.Variable(np.zeros(2, np.float32))])
-    return optimizer
-
-
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "make, message",
@@ -86,7 +81,8 @@ def _built(optimizer):
         (lambda: DistributedOptimizer(SGD(), groups=2, gradient_reduction="grouped"), "give one of them"),
         (lambda: DistributedOptimizer(SGD(gradient_accumulation_steps=2), backward_passes_per_step=3),
          "contradicts the optimizer's gradient_accumulation_steps=2"),
-        (lambda: DistributedOptimizer(_built(SGD(gradient_accumulation_steps=2))), "wrap it before it is"),
+        (lambda: DistributedOptimizer(_train(SGD(gradient_accumulation_steps=2), steps=0)[1]),
+         "wrap it before it is"),
         (lambda: DistributedOptimizer("sgd"), "optimizer must be a Keras 3 optimizer"),
         (lambda: DistributedOptimizer(DistributedOptimizer(SGD())), "wrap the optimizer only once"),
         (lambda: LSO(DistributedOptimizer(SGD(1.0))),

@@ -1,8 +1,7 @@
-"""An elastic job for the tests: launch/elastic.sh in the background with a host
-discovery script that prints a file the caller rewrites, and its output collected line by line. The worker
-program is tests/support/rank_weights_main.py (the main program, then each rank's final weights saved),
-on this machine forked from tests/support/main_server.py's server (the subject is the elastic job, not an
-interpreter's start)."""
+"""An elastic job for the tests: launch/elastic.sh in the background with a host discovery script that prints
+a file the caller rewrites, and its output collected line by line. The worker program is
+tests/support/rank_weights_main.py (the main program, then each rank's final weights saved), on this machine
+forked from tests/support/main_server.py's server (the subject is the job, not an interpreter's start)."""
 
 import os
 import re
@@ -47,14 +46,12 @@ class ElasticJob:
         discovery.chmod(0o755)
         worker = os.path.join(REPO, "tests", "support", "rank_weights_main.py")
         launcher_env = dict(PYTHON=python_shim(tmp_path, worker), RANKS_PER_SOCKET="2", PYTHONPATH=REPO)
-        launcher_env.update(env or {})
+        launcher_env.update(env or {}, HOROVODRUN=HOROVODRUN)
         if on_host is None:  # the shim's worker start made a client of the server
             shim = tmp_path / "python"
             client = shlex.join(shared().rank_command([worker]))
             shim.write_text(shim.read_text().replace(f"exec {sys.executable} {worker}", f"exec {client}"))
-        launcher_env["HOROVODRUN"] = HOROVODRUN
-        cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
-        cmd += [flagfile, *base_flags]
+        cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np), flagfile, *base_flags]
         cmd += [f"--workdir={tmp_path}", *flags]
         if on_host is not None:
             launcher_env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
@@ -71,9 +68,6 @@ class ElasticJob:
 
     def wait_for(self, text, timeout=180):
         self._wait(lambda: any(text in line for line in self.lines), f"line with {text!r}", timeout)
-
-    def wait_for_file(self, path, timeout=180):
-        self._wait(lambda: os.path.exists(path), path, timeout)
 
     def _wait(self, happened, what, timeout):
         deadline = time.time() + timeout
@@ -119,7 +113,8 @@ def host_removed_and_added(cluster, shared_dir):
     job = ElasticJob(shared_dir, hosts, 2, 3, base_flags=HOSTS_FLAGS, on_host=cluster.hosts[0], env=cooldown)
     try:
         job.wait_for("elastic attempt 1: 3 worker(s) from update 0, 32 images per rank", timeout=240)
-        job.wait_for_file(shared_dir / "r" / "checkpoints" / "ckpt-10.index", timeout=240)
+        checkpoint = shared_dir / "r" / "checkpoints" / "ckpt-10.index"
+        job._wait(checkpoint.exists, checkpoint, timeout=240)
         job.set_hosts("node1:1\nnode2:1")
         node3.kill()  # the host dies: its rank, its sshd
         job.wait_for("elastic attempt 2: 2 worker(s) from update ", timeout=240)

@@ -45,10 +45,8 @@ model.train_on_batch(x, y)
 g = x.T @ (x @ w0 - y)  # d/dw of mean((x w - y)^2) over 2 outputs
 trust = 0.001 * np.linalg.norm(w0) / (np.linalg.norm(g) + 0.01 * np.linalg.norm(w0))
 expected = w0 - 0.1 * trust * (g + 0.01 * w0)
-data = sorted(
-    str(p.relative_to(importlib.resources.files("hvd_lars")))
-    for p in importlib.resources.files("hvd_lars").rglob("*") if p.is_file() and "__pycache__" not in str(p)
-)
+pkg = importlib.resources.files("hvd_lars")
+data = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in str(p))
 print(json.dumps({
     "file": hvd_lars.__file__,
     "modules": modules,

@@ -254,16 +254,15 @@ def two_ranks(rank, size, make, rate, wrap):
     optimizer = model.optimizer
     result = {"final": values(model.trainable_variables), "state": values(optimizer.variables),
               "iterations": int(optimizer.iterations), "types": types(optimizer)}  # fmt: skip
-    path = tempfile.mkdtemp()
-    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
+    path = os.path.join(tempfile.mkdtemp(), "ckpt")
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(path)
     fresh = make_model()
     fresh.compile(optimizer=wrap(rate(make)[0]), loss="mse")
     fresh.optimizer.build(fresh.trainable_variables)
-    checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
-    checkpoint.read(os.path.join(path, "ckpt")).assert_consumed()
+    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(path).assert_consumed()
     result["checkpoint_state"] = values(fresh.optimizer.variables)
-    model.save(os.path.join(path, "model.keras"))
-    loaded = keras.models.load_model(os.path.join(path, "model.keras"))
+    model.save(path + ".keras")
+    loaded = keras.models.load_model(path + ".keras")
     result["keras_state"] = values(loaded.optimizer.variables)
     result["keras_type"] = type(loaded.optimizer).__name__
     return result
@@ -436,8 +435,6 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
     """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation shard's
     labels, ExactEvaluation's top-1/top-5 of an all-zero classifier, the folders listed by a build, by its
     resume (the index) and by a build on `<data>/../bad`, and that build's refusal."""
-    import itertools
-
     from hvd_lars.data import InputRequest, get_input, listing
     from hvd_lars.training.epoch_logs import ExactEvaluation
 
@@ -466,7 +463,7 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
     finally:
         listing.list_split = list_split
     steps_per_epoch = data.num_train_examples // (2 * size)
-    train = [y.numpy() for _, y in itertools.islice(data.train, 2 * steps_per_epoch)]
+    train = [y.numpy() for _, y in data.train.take(2 * steps_per_epoch)]
     zeros = keras.layers.Dense(data.num_classes, kernel_initializer="zeros", bias_initializer="zeros")
     model = keras.Sequential([keras.Input(data.input_shape), keras.layers.GlobalAveragePooling2D(), zeros])
     callback = ExactEvaluation(data.eval, data.num_eval_examples, every_epochs=1, last_epoch=1)
@@ -480,8 +477,6 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
 
 
 # `hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` (tests/test_horovod_keras.py).
-
-
 def init_state(rank, size):
     rules = os.environ.get("OMPI_MCA_coll_tuned_dynamic_rules_filename")
     return {"rank": hvd.rank(), "size": hvd.size(), "cross_rank": hvd.cross_rank(),

@@ -2,13 +2,21 @@
 under horovodrun's elastic driver and a host discovery script that the test rewrites as training
 progresses; the refusals of a worker count that does not divide the global batch and of another plan."""
 
+import hashlib
+import sys
+
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
+from horovod.common.exceptions import HorovodInternalError
 
+from hvd_lars import LARS
 from hvd_lars.parallel import elastic as hvd_elastic
 from hvd_lars.training import train
 from hvd_lars.training.config import TrainConfig
 from tests.support.elastic_job import ElasticJob
+from tests.support.main_server import run_main
 
 
 @pytest.mark.unit
@@ -47,9 +55,6 @@ def test_commit_interval_is_checked():
 
 @pytest.mark.unit
 def test_every_failed_collective_is_retried_and_every_other_error_raised():
-    import tensorflow as tf
-    from horovod.common.exceptions import HorovodInternalError
-
     # Horovod 0.28.1's TensorFlow wrapper returned None for the first two: a grouped allreduce's failure
     # (every gradient reduction here) and the background loop's shut-down ended the job without an error.
     failures = [
@@ -82,10 +87,6 @@ def test_every_failed_collective_is_retried_and_every_other_error_raised():
 
 @pytest.mark.unit
 def test_state_commits_and_restores_model_and_optimizer_exactly():
-    import keras
-
-    from hvd_lars import LARS
-
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
     model.compile(optimizer=LARS(0.1), loss="mse")
     x, y = np.arange(24, dtype="float32").reshape(8, 3) / 24, np.ones((8, 2), "float32")
@@ -111,8 +112,6 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
 
 @pytest.mark.unit
 def test_a_commit_due_at_an_epochs_last_update_waits_for_that_epochs_logs_and_checkpoint():
-    import keras
-
     # 3 updates per epoch, a commit every 3: due at each epoch's last update, where a membership change
     # taken up at once would skip the epoch's evaluation, logs and checkpoint (callbacks placed before).
     events = []
@@ -154,11 +153,6 @@ RESUMABLE = ["--run_name=r", "--checkpoint_every_steps=1", "--noasync_checkpoint
 @pytest.mark.horovod
 def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resumes_under_its_own(tmp_path):
     # The plan check meets the elastic job's first sync (no collective may come before it).
-    import hashlib
-    import sys
-
-    from tests.support.main_server import run_main
-
     killer = [sys.executable, "tests/support/kill_at_step.py", "--flagfile=flags/smoke.flags", *RESUMABLE]
     killed = run_main([*killer, "--kill_at_step=4", f"--workdir={tmp_path}"])
     assert killed.returncode == -9, killed.stderr[-3000:]

@@ -12,7 +12,6 @@ import pytest
 
 from tests.support import hvd_worker as w
 from tests.support.data_fixtures import make_image_folder
-from tests.support.hvd_worker import CLIPNORM, STEPS, initial_weights
 
 pytestmark = pytest.mark.horovod
 RTOL, ATOL = 1e-5, 1e-6
@@ -65,18 +64,18 @@ def test_every_optimizer_rate_and_nesting(ranks, make, rate, wrap):
     r0, r1 = ranks(w.two_ranks, make, rate, wrap)
     [reference] = ranks(w.one_process, make, rate)
     assert len(r0["final"]) == len(reference["final"]) == 4
-    for w0, w1, want, start in zip(r0["final"], r1["final"], reference["final"], initial_weights()):
+    for w0, w1, want, start in zip(r0["final"], r1["final"], reference["final"], w.initial_weights()):
         np.testing.assert_array_equal(w0, w1)
         np.testing.assert_allclose(w0, want, rtol=RTOL, atol=ATOL)
         assert np.abs(w0 - start).max() > 1e-4  # the run moved the weights (100 x ATOL)
-    assert r0["iterations"] == r1["iterations"] == STEPS
+    assert r0["iterations"] == r1["iterations"] == w.STEPS
     # The rate took effect (not silently a constant): other than the float rate's reference.
     [float_run] = ranks(w.one_process, make, w.float_rate)
     moved = max(np.abs(a - b).max() for a, b in zip(float_run["final"], reference["final"]))
     assert rate is w.float_rate or moved > 1e-5
     # SGD's global_clipnorm clipped (the first gradient is longer than it): the ranks match the reference
     # only if clipping saw the averaged gradient.
-    assert make is not w.sgd or ranks(w.first_gradient_norm)[0] > 2 * CLIPNORM
+    assert make is not w.sgd or ranks(w.first_gradient_norm)[0] > 2 * w.CLIPNORM
     want = ["DistributedLossScaleOptimizer", "LossScaleOptimizer"]
     want = ["DistributedOptimizer", reference["type"]] if wrap is w.bare else want
     assert r0["types"] == want and r0["keras_type"] == want[0]
@@ -84,9 +83,7 @@ def test_every_optimizer_rate_and_nesting(ranks, make, rate, wrap):
     # back from a checkpoint and from a .keras file.
     assert len(r0["state"]) >= 6
     for other in (r1["state"], r0["checkpoint_state"], r0["keras_state"]):
-        assert len(other) == len(r0["state"])
-        for a, b in zip(r0["state"], other):
-            np.testing.assert_array_equal(a, b)
+        np.testing.assert_equal(other, r0["state"])
 
 
 def test_loss_scalers_average_the_scaled_gradients_and_decide_together(ranks):
@@ -108,7 +105,7 @@ def test_accumulation_averages_once_per_update(ranks, accumulating):
         np.testing.assert_array_equal(w0, w1)
         np.testing.assert_allclose(w0, want, rtol=RTOL, atol=ATOL)
     # iterations counts updates; the wrapper's own counter, micro-batches.
-    assert r0["counts"] == [STEPS, 2 * STEPS]
+    assert r0["counts"] == [w.STEPS, 2 * w.STEPS]
 
 
 def test_reduction_ops_overlapped_grouped_fp16_and_none_while_accumulating(ranks):
@@ -123,13 +120,11 @@ def test_reduction_ops_overlapped_grouped_fp16_and_none_while_accumulating(ranks
     for compression in ("none", "fp16"):
         (overlap0, overlap1), (grouped0, _) = results["overlap", compression], results["grouped", compression]
         assert len(overlap0["final"]) == 4
-        for a, b, c in zip(overlap0["final"], grouped0["final"], overlap1["final"]):
-            np.testing.assert_array_equal(a, c)
-            # With 2 ranks each value is the sum of two terms, exact in any order or fusion: tolerance 0.
-            np.testing.assert_array_equal(a, b)
+        # With 2 ranks each value is the sum of two terms, exact in any order or fusion: tolerance 0.
+        np.testing.assert_equal([overlap1["final"], grouped0["final"]], [overlap0["final"]] * 2)
     compressed0, exact = results["overlap", "fp16"][0]["final"], results["overlap", "none"][0]["final"]
     errors = []
-    for c, e, start in zip(compressed0, exact, initial_weights()):
+    for c, e, start in zip(compressed0, exact, w.initial_weights()):
         # float16 keeps 11 significant bits: each rank's value and the sum are rounded by at most 2^-11
         # relative, so the weights differ by at most about 1e-3 of what training moved them.
         errors.append(np.abs(c - e).max())

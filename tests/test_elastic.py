@@ -2,13 +2,21 @@
 under horovodrun's elastic driver and a host discovery script that the test rewrites as training
 progresses; the refusals of a worker count that does not divide the global batch and of another plan."""
 
+import hashlib
+import sys
+
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
+from horovod.common.exceptions import HorovodInternalError
 
+from hvd_lars import LARS
 from hvd_lars.parallel import elastic as hvd_elastic
 from hvd_lars.training import train
 from hvd_lars.training.config import TrainConfig
 from tests.support.elastic_job import ElasticJob
+from tests.support.main_server import run_main
 
 
 @pytest.mark.unit
@@ -47,9 +55,6 @@ def test_commit_interval_is_checked():
 
 @pytest.mark.unit
 def test_every_failed_collective_is_retried_and_every_other_error_raised():
-    import tensorflow as tf
-    from horovod.common.exceptions import HorovodInternalError
-
     # Horovod 0.28.1's TensorFlow wrapper returned None for the first two: a grouped allreduce's failure
     # (every gradient reduction here) and the background loop's shut-down ended the job without an error.
     failures = [
@@ -82,10 +87,6 @@ def test_every_failed_collective_is_retried_and_every_other_error_raised():
 
 @pytest.mark.unit
 def test_state_commits_and_restores_model_and_optimizer_exactly():
-    import keras
-
-    from hvd_lars import LARS
-
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
     model.compile(optimizer=LARS(0.1), loss="mse")
     x, y = np.arange(24, dtype="float32").reshape(8, 3) / 24, np.ones((8, 2), "float32")
@@ -99,22 +100,18 @@ def test_state_commits_and_restores_model_and_optimizer_exactly():
     assert any(not np.array_equal(a, b) for a, b in zip(committed, every()))
     state.restore()
     assert state.step == 2 and int(model.optimizer.iterations) == 2
-    for a, b in zip(committed, every()):
-        np.testing.assert_array_equal(a, b)
+    np.testing.assert_equal(every(), committed)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     state.step = 4
     state.commit()  # saves, then checks for membership changes (none: no driver)
     after = every()
     state.restore()
     assert state.step == 4
-    for a, b in zip(after, every()):
-        np.testing.assert_array_equal(a, b)
+    np.testing.assert_equal(every(), after)
 
 
 @pytest.mark.unit
 def test_a_commit_due_at_an_epochs_last_update_waits_for_that_epochs_logs_and_checkpoint():
-    import keras
-
     # 3 updates per epoch, a commit every 3: due at each epoch's last update, where a membership change
     # taken up at once would skip the epoch's evaluation, logs and checkpoint (callbacks placed before).
     events = []
@@ -136,14 +133,9 @@ def test_a_commit_due_at_an_epochs_last_update_waits_for_that_epochs_logs_and_ch
 @pytest.mark.horovod
 def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_at_the_change(tmp_path):
     job = ElasticJob(tmp_path, "localhost:1", 1, 2, "--global_batch_size=63")
-    try:
-        job.wait_for("elastic attempt 1: 1 worker(s) from update 0, 63 images per rank")
-        job.set_hosts("localhost:2")
-        returncode = job.finish(timeout=240)
-    finally:
-        if job.process.poll() is None:
-            job.process.kill()
-    out = job.output()
+    job.wait_for("elastic attempt 1: 1 worker(s) from update 0, 63 images per rank")  # killed if it fails
+    job.set_hosts("localhost:2")
+    returncode, out = job.finish(timeout=240), job.output()
     assert returncode != 0
     assert (
         "hvd_lars: error: the elastic job now has 2 workers: the global batch of 63 images does not fit them "
@@ -161,11 +153,6 @@ RESUMABLE = ["--run_name=r", "--checkpoint_every_steps=1", "--noasync_checkpoint
 @pytest.mark.horovod
 def test_an_elastic_restart_under_another_plan_is_refused_on_every_rank_and_resumes_under_its_own(tmp_path):
     # The plan check meets the elastic job's first sync (no collective may come before it).
-    import hashlib
-    import sys
-
-    from tests.support.main_server import run_main
-
     killer = [sys.executable, "tests/support/kill_at_step.py", "--flagfile=flags/smoke.flags", *RESUMABLE]
     killed = run_main([*killer, "--kill_at_step=4", f"--workdir={tmp_path}"])
     assert killed.returncode == -9, killed.stderr[-3000:]

@@ -2,8 +2,7 @@
 as Horovod ships them, run by tests/support/horovod_files.py: the MNIST example, the synthetic benchmark with
 float16 compression, and the elastic MNIST example through 2 -> 1 -> 2 workers (its reset callback runs). The
 MNIST examples' fits are capped at `EPOCHS` (elastic: `ELASTIC_EPOCHS`) epochs of `STEPS` steps (their 24
-epochs of 500 / size steps take ~40 min on 2 cores).
-"""
+epochs of 500 / size steps take ~40 min on 2 cores)."""
 
 import os
 import subprocess
@@ -42,39 +41,30 @@ def _horovodrun(out, *args, timeout=900):
 
 
 def _ranks(out):
-    return [np.load(out / f"rank{r}.npz") for r in range(2)]
-
-
-def _same_weights(ranks):
+    """Both ranks' records, and how many weights they hold (bit for bit the same on both)."""
+    ranks = [np.load(out / f"rank{r}.npz") for r in range(2)]
     weights = sorted(k for k in ranks[0].files if k.startswith("w"))
     for key in weights:
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
-    return len(weights)
+    return ranks, len(weights)
 
 
-@pytest.fixture(scope="module")
-def mnist(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mnist")
+def test_horovods_mnist_example_trains_both_ranks_alike(tmp_path):
     path = os.path.join(HOROVOD_FILES, "examples", "tensorflow2", "tensorflow2_keras_mnist.py")
-    code, output = _horovodrun(out, path, f"--steps-per-epoch={STEPS}", f"--epochs={EPOCHS}")
+    code, output = _horovodrun(tmp_path, path, f"--steps-per-epoch={STEPS}", f"--epochs={EPOCHS}")
     assert code == 0, output[-6000:]
-    checkpoints = sorted(p.name for p in out.glob("checkpoint-*.h5"))
-    for p in out.glob("checkpoint-*.h5"):
-        p.unlink()  # files of 14 MB: checked by name, not kept
-    return out, output, checkpoints
-
-
-def test_horovods_mnist_example_trains_both_ranks_alike(mnist):
-    out, output, checkpoints = mnist
-    ranks = _ranks(out)
-    assert _same_weights(ranks) == 8  # 2 convolutions and 2 dense layers, kernel and bias each
+    ranks, weights = _ranks(tmp_path)
+    assert weights == 8  # 2 convolutions and 2 dense layers, kernel and bias each
     for r in ranks:
         assert str(r["optimizer"]) == "DistributedOptimizer"
         assert int(r["iterations"]) == EPOCHS * STEPS  # one update per batch
         # The warmup over 3 epochs ends at Horovod's scaled rate 0.001 * size.
         assert float(r["learning_rate"]) == pytest.approx(0.002, rel=1e-6)
     assert "LearningRateWarmupCallback: warmup finished at rate 0.002" in output
+    checkpoints = sorted(p.name for p in tmp_path.glob("checkpoint-*.h5"))
     assert checkpoints == sorted(f"checkpoint-{e}.h5" for e in range(1, EPOCHS + 1))  # rank 0's, every epoch
+    for p in tmp_path.glob("checkpoint-*.h5"):
+        p.unlink()  # files of 14 MB: checked by name, not kept
     top1 = float(ranks[0]["test_top1"])
     assert top1 >= 0.65, top1  # 0.749 when measured (16 updates of global batch 256; 0.852 with 96)
     assert "experimental_run_tf_function=False)` -> `compile(...)`': 1" in output  # a rename applied
@@ -88,8 +78,8 @@ def test_horovods_synthetic_benchmark_with_fp16_compression(tmp_path):
     args += ["--num-batches-per-iter", "1", "--fp16-allreduce", "--no-cuda"]
     code, output = _horovodrun(tmp_path, path, *args)
     assert code == 0, output[-6000:]
-    ranks = _ranks(tmp_path)
-    assert _same_weights(ranks) == 142  # MobileNetV3Small's trainable variables
+    ranks, weights = _ranks(tmp_path)
+    assert weights == 142  # MobileNetV3Small's trainable variables
     for r in ranks:
         assert str(r["compression"]) == "fp16"
         assert int(r["iterations"]) == 2  # 2 iterations of 1 batch
@@ -138,8 +128,7 @@ def test_horovods_elastic_example_through_2_1_2_workers(tmp_path):
             job.kill()
     out = "".join(lines)
     assert returncode == 0, out[-6000:]
-    ranks = _ranks(tmp_path)
-    _same_weights(ranks)
+    ranks, _ = _ranks(tmp_path)
     assert len(pids_as("rank 0 of 2")) == 1  # rank 0 ran throughout
     fits = [tuple(f) for f in ranks[0]["fits"]]
     # Rank 0: the script's first one-step fit, then after each of the 2 membership changes its reset

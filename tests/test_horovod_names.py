@@ -32,9 +32,7 @@ def horovod_names(path):
                 if not bound.startswith("_"):
                     names[bound] = None
         elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            exported = set(ast.literal_eval(node.value))
-            names = {k: v for k, v in names.items() if k in exported}
-            names.update({k: None for k in exported if k not in names})
+            names = {k: names.get(k) for k in ast.literal_eval(node.value)}
     return names
 
 

@@ -1,9 +1,9 @@
-"""Whichever process of a job is signalled, every rank stops at the next update with the pre-emption
-checkpoint and every process of the job exits: real horovodrun (MPI and
-Gloo) and mpirun, started in a session of their own as a terminal or a scheduler starts them; the signal
-goes to the launcher's pid (kill, timeout, a supervisor) or to its whole process group (Ctrl-C, after which
-the same program resumes)."""
+"""Whichever process of a job is signalled, every rank stops at the next update with a pre-emption checkpoint
+and every process of the job exits: real horovodrun (MPI and Gloo) and mpirun, started in a session of their
+own as a terminal or a scheduler starts them; the signal goes to the launcher's pid (kill, timeout, a
+supervisor) or to its whole process group (Ctrl-C, after which the same program resumes)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -39,56 +39,9 @@ def _env():
     return dict(env, PYTHONPATH=REPO, OMPI_MCA_odls_base_sigkill_timeout="10")
 
 
-def _command(launcher, workdir, pause):
-    program = [KILLER, f"--pause_at_step={PAUSE_AT}", f"--pause_marker={workdir}/paused"] if pause else []
-    return (
-        LAUNCHERS[launcher]
-        + [sys.executable, *(program or ["-m", "hvd_lars.main"]), *FLAGS]
-        + [f"--workdir={workdir}"]
-    )
-
-
-def _job_gone(job, within_s):
-    """True once no process of `job`'s process group is left (polled; False after `within_s` seconds)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        job.poll()  # the launcher reaped: a zombie still counts as a member of the group
-        try:
-            os.killpg(job.pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _stop(launcher, workdir, signum, to_group):
-    """Starts the job paused after update `PAUSE_AT` on both ranks, signals the launcher (its pid or its
-    process group), and returns (the launcher's exit status, the job's output, whether every process of
-    the job was gone within 60 s)."""
-    log = open(workdir / "job.log", "w+")  # not a pipe: ranks that outlive the launcher never block on it
-    job = subprocess.Popen(
-        _command(launcher, workdir, pause=True),
-        cwd=REPO,
-        env=_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        markers = [f"{workdir}/paused.rank{r}" for r in range(2)]
-        deadline = time.monotonic() + 300
-        while not all(os.path.exists(m) for m in markers):
-            assert job.poll() is None and time.monotonic() < deadline, (workdir / "job.log").read_text()
-            time.sleep(0.2)
-        (os.killpg if to_group else os.kill)(job.pid, signum)
-        gone = _job_gone(job, 60)
-        return job.wait(timeout=60), (workdir / "job.log").read_text(), gone
-    finally:
-        log.close()
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _program(workdir, pause=False):
+    pausing = [KILLER, f"--pause_at_step={PAUSE_AT}", f"--pause_marker={workdir}/paused"]
+    return [sys.executable, *(pausing if pause else ["-m", "hvd_lars.main"]), *FLAGS, f"--workdir={workdir}"]
 
 
 @pytest.mark.horovod
@@ -106,8 +59,33 @@ def _stop(launcher, workdir, signum, to_group):
 def test_a_signal_to_the_launcher_stops_every_rank_at_a_checkpoint(
     tmp_path, launcher, signum, to_group, reason
 ):
-    status, out, gone = _stop(launcher, tmp_path, signum, to_group)
-    assert gone, f"processes left 60 s after the signal; status {status}\n{out[-3000:]}"
+    # The job paused after update `PAUSE_AT` on both ranks, then its launcher's pid or group signalled.
+    log = open(tmp_path / "job.log", "w")  # not a pipe: ranks that outlive the launcher never block on it
+    command = LAUNCHERS[launcher] + _program(tmp_path, pause=True)
+    job = subprocess.Popen(
+        command, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not all(os.path.exists(f"{tmp_path}/paused.rank{r}") for r in range(2)):
+            assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "job.log").read_text()
+            time.sleep(0.2)
+        (os.killpg if to_group else os.kill)(job.pid, signum)
+        deadline = time.monotonic() + 60
+        while True:  # until no process of the job's group is left, 60 s at most
+            job.poll()  # the launcher reaped: a zombie still counts as a member of the group
+            try:
+                os.killpg(job.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()  # 60 s after the signal
+            time.sleep(0.2)
+        job.wait(timeout=60)
+    finally:
+        log.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    out = (tmp_path / "job.log").read_text()
     run_dir = tmp_path / "smoke"
     # Both ranks, each its own line.
     line = f"reached 2 of 2 rank(s) (this one: {reason}); stopped at step {PAUSE_AT + 1}, checkpoint "
@@ -121,8 +99,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_at_a_checkpoint(
         # Ctrl-C, then the same program and flags again (ranks forked from the server, under horovodrun's
         # mpirun command without its build check): it resumes from the stop's checkpoint and finishes (and
         # ends tensor for tensor as the uninterrupted run, as after every stop: tests/test_resume.py).
-        again = TWO_RANKS + _command(launcher, tmp_path, pause=False)[len(LAUNCHERS[launcher]) :]
-        resumed = run_main(again, cwd=REPO, env=_env())
+        resumed = run_main(TWO_RANKS + _program(tmp_path), cwd=REPO, env=_env())
         assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
         assert f"(step {PAUSE_AT + 1})" in resumed.stdout
         with open(run_dir / "summary.json") as f:

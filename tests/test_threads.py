@@ -20,7 +20,6 @@ RULES = os.path.join(REPO, "hvd_lars", "parallel", "ompi_allreduce_rules.conf")
 @pytest.mark.parametrize(
     "local_size, cores, usable, expected",
     [
-        (1, [0], 2, 1),  # taskset -c 0
         (1, [0, 1], 2, 2),  # one rank alone on its node, unbound: every core
         (2, [0, 1], 2, 1),  # two unbound ranks share 2 cores
         (2, [1], 2, 1),  # two ranks bound one core each

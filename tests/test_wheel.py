@@ -7,6 +7,7 @@ import configparser
 import importlib.metadata
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.support import HOROVODRUN, REPO
+
+OUTSIDE = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no module from the checkout
 
 # What the installed package must show, run by the fresh environment's Python from outside the checkout.
 _CHECK = r"""
@@ -42,10 +45,8 @@ model.train_on_batch(x, y)
 g = x.T @ (x @ w0 - y)  # d/dw of mean((x w - y)^2) over 2 outputs
 trust = 0.001 * np.linalg.norm(w0) / (np.linalg.norm(g) + 0.01 * np.linalg.norm(w0))
 expected = w0 - 0.1 * trust * (g + 0.01 * w0)
-data = sorted(
-    str(p.relative_to(importlib.resources.files("hvd_lars")))
-    for p in importlib.resources.files("hvd_lars").rglob("*") if p.is_file() and "__pycache__" not in str(p)
-)
+pkg = importlib.resources.files("hvd_lars")
+data = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in str(p))
 print(json.dumps({
     "file": hvd_lars.__file__,
     "modules": modules,
@@ -58,6 +59,13 @@ print(json.dumps({
 """
 
 
+def _run(command, **kwargs):
+    """`command`'s standard output; fails with its output unless it exits with status 0."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    return result.stdout
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(environment folder, wheel path, JSON of `_CHECK`) for the wheel of the committed tree."""
@@ -67,16 +75,11 @@ def installed(tmp_path_factory):
     archive = subprocess.run(["git", "-C", REPO, "archive", "HEAD"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)])
     (wheel,) = dist.glob("hvd_lars-*.whl")
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
-    ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    site = subprocess.check_output([str(python), "-c", ask], text=True).strip()
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).strip()
     # Links to the project's installs of what the wheel requires with its `train` extra (the application's)
     # and no other, and of what those require.
     with zipfile.ZipFile(wheel) as z:
@@ -95,19 +98,10 @@ def installed(tmp_path_factory):
         for top in {f.parts[0] for f in distribution.files or () if f.parts[0] != os.pardir}:
             if not (borrowed / top).exists() and os.path.exists(os.path.join(purelib, top)):
                 (borrowed / top).symlink_to(os.path.join(purelib, top))
-    with open(os.path.join(site, "project_requirements.pth"), "w") as f:
-        f.write(f"{borrowed}\n")
-    installing = subprocess.run(
-        [*pip, "--python", str(python), "install", "--no-deps", str(wheel)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert installing.returncode == 0, installing.stdout[-2000:] + installing.stderr[-3000:]
-    checked = subprocess.run(
-        [str(python), "-c", _CHECK], cwd=tmp, capture_output=True, text=True, timeout=600,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )  # fmt: skip
-    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-4000:]
-    return env, wheel, json.loads(checked.stdout.strip().splitlines()[-1])
+    pathlib.Path(site, "project_requirements.pth").write_text(f"{borrowed}\n")
+    _run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)])
+    checked = _run([str(python), "-c", _CHECK], cwd=tmp, env=OUTSIDE)
+    return env, wheel, json.loads(checked.strip().splitlines()[-1])
 
 
 @pytest.mark.horovod  # subprocesses: pip, the environment's Python, its console scripts
@@ -135,16 +129,9 @@ def test_console_scripts_answer_help_and_train_two_ranks_to_the_end(installed):
     lines = config["options.entry_points"]["console_scripts"].strip().splitlines()
     declared = sorted(line.split("=")[0].strip() for line in lines)
     assert found["scripts"] == declared and len(declared) >= 2
-    outside = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for script in declared:
-        result = subprocess.run(
-            [str(env / "bin" / script), "--help"],
-            cwd=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=outside,
-        )
+        help_ = [str(env / "bin" / script), "--help"]
+        result = subprocess.run(help_, cwd=env, capture_output=True, text=True, timeout=300, env=OUTSIDE)
         # absl's --help exits with status 1 after printing (argparse's with 0).
         assert result.returncode in (0, 1), (script, result.stdout[-2000:], result.stderr[-3000:])
         options = set(re.findall(r"--([a-z][a-z0-9_]+)", result.stdout)) - {"help", "helpfull", "helpshort"}
@@ -154,14 +141,9 @@ def test_console_scripts_answer_help_and_train_two_ranks_to_the_end(installed):
     # A user's first run: hvd-lars-train on 2 ranks, outside the checkout, with only what the wheel brings.
     work = env.parent / "run"
     work.mkdir()
-    result = subprocess.run(
-        [HOROVODRUN, "-np", "2", "-H", "localhost:2",
-         str(env / "bin" / "hvd-lars-train"), f"--flagfile={os.path.join(REPO, 'flags', 'smoke.flags')}",
-         "--workdir=runs"],
-        cwd=work, capture_output=True, text=True, timeout=600, env={**outside, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "[hvd_lars] finished smoke: 2 of 2 epochs (6 steps)" in result.stdout, result.stdout[-3000:]
+    train = [str(env / "bin" / "hvd-lars-train"), f"--flagfile={REPO}/flags/smoke.flags", "--workdir=runs"]
+    out = _run([HOROVODRUN, "-np", "2", "-H", "localhost:2", *train], cwd=work, env=OUTSIDE)
+    assert "[hvd_lars] finished smoke: 2 of 2 epochs (6 steps)" in out, out[-3000:]
     run_dir = work / "runs" / "smoke"
     assert json.loads((run_dir / "summary.json").read_text())["final_test_top1"] is not None
     assert (run_dir / "run.png").exists() and any((run_dir / "tensorboard").iterdir())

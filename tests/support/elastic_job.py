@@ -1,21 +1,20 @@
-"""An elastic job for the tests: launch/elastic.sh in the background with a host
-discovery script that prints a file the caller rewrites, and its output collected line by line. The worker
-program is tests/support/rank_weights_main.py (the main program, then each rank's final weights saved),
-on this machine forked from tests/support/main_server.py's server (the subject is the elastic job, not an
-interpreter's start)."""
+"""An elastic job for the tests: launch/elastic.sh in the background with a host discovery script that prints
+a file the caller rewrites, and its output collected line by line. The worker program is
+tests/support/rank_weights_main.py (the main program, then each rank's final weights saved), on this machine
+forked from tests/support/main_server.py's server (the subject is the job, not an interpreter's start)."""
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 import threading
 import time
 
-from tests.support import HOROVODRUN, python_shim
+from tests.support import HOROVODRUN, REPO, python_shim
 from tests.support.emulated_cluster import shell_command
 from tests.support.main_server import shared
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 200 updates per epoch at global batch 64 (12,800 Fashion-MNIST images), 3 epochs.
 FLAGS = [
     "--max_train_examples=12800", "--max_eval_examples=500",
@@ -24,14 +23,7 @@ FLAGS = [
 ]  # fmt: skip
 
 
-class JobFailed(AssertionError):
-    """An awaited line did not come."""
-
-
 class ElasticJob:
-    """launch/elastic.sh in the background, with a discovery script printing the file `hosts`; its output
-    lines are collected as they come."""
-
     def __init__(
         self,
         tmp_path,
@@ -54,34 +46,22 @@ class ElasticJob:
         discovery.chmod(0o755)
         worker = os.path.join(REPO, "tests", "support", "rank_weights_main.py")
         launcher_env = dict(PYTHON=python_shim(tmp_path, worker), RANKS_PER_SOCKET="2", PYTHONPATH=REPO)
-        launcher_env.update(env or {})
+        launcher_env.update(env or {}, HOROVODRUN=HOROVODRUN)
         if on_host is None:  # the shim's worker start made a client of the server
             shim = tmp_path / "python"
             client = shlex.join(shared().rank_command([worker]))
             shim.write_text(shim.read_text().replace(f"exec {sys.executable} {worker}", f"exec {client}"))
-        launcher_env["HOROVODRUN"] = HOROVODRUN
-        cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np)]
-        cmd += [flagfile, *base_flags]
+        cmd = ["launch/elastic.sh", str(discovery), str(min_np), str(max_np), flagfile, *base_flags]
         cmd += [f"--workdir={tmp_path}", *flags]
         if on_host is not None:
             launcher_env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
             cmd = ["ssh", "-o", "BatchMode=yes", on_host.name, shell_command(cmd, env=launcher_env)]
             launcher_env = {}
-        self.process = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=dict(os.environ, **launcher_env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        self.process = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **launcher_env), **pipes)
         self.lines = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self._reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.append(line)
 
     def set_hosts(self, hosts):
         self.hosts.write_text(hosts + "\n")
@@ -89,15 +69,12 @@ class ElasticJob:
     def wait_for(self, text, timeout=180):
         self._wait(lambda: any(text in line for line in self.lines), f"line with {text!r}", timeout)
 
-    def wait_for_file(self, path, timeout=180):
-        """Waits for `path` to exist (e.g. a checkpoint of update k: an event of the run, not a time)."""
-        self._wait(lambda: os.path.exists(path), path, timeout)
-
     def _wait(self, happened, what, timeout):
         deadline = time.time() + timeout
         while not happened():
             if self.process.poll() is not None or time.time() > deadline:
-                raise JobFailed(f"no {what} after {timeout} s; output:\n{self.output()[-6000:]}")
+                self.process.kill()
+                raise AssertionError(f"no {what} after {timeout} s; output:\n{self.output()[-6000:]}")
             time.sleep(0.2)
 
     def finish(self, timeout=300):
@@ -131,19 +108,13 @@ def host_removed_and_added(cluster, shared_dir):
     `shared_dir` must be seen by every host (not under /tmp). Returns (exit status, output, [(workers,
     update, per-rank batch) of each attempt])."""
     node3 = cluster.hosts[2]
-    job = ElasticJob(
-        shared_dir,
-        "node1:1\nnode2:1\nnode3:1",
-        2,
-        3,
-        base_flags=HOSTS_FLAGS,
-        on_host=cluster.hosts[0],
-        # Horovod 0.28.1 takes a failed host back 2-3 x MIN s after its first failure.
-        env={"COOLDOWN_S": "1 5"},
-    )
+    # Horovod 0.28.1 takes a failed host back 2-3 x MIN s after its first failure.
+    hosts, cooldown = "node1:1\nnode2:1\nnode3:1", {"COOLDOWN_S": "1 5"}
+    job = ElasticJob(shared_dir, hosts, 2, 3, base_flags=HOSTS_FLAGS, on_host=cluster.hosts[0], env=cooldown)
     try:
         job.wait_for("elastic attempt 1: 3 worker(s) from update 0, 32 images per rank", timeout=240)
-        job.wait_for_file(shared_dir / "r" / "checkpoints" / "ckpt-10.index", timeout=240)
+        checkpoint = shared_dir / "r" / "checkpoints" / "ckpt-10.index"
+        job._wait(checkpoint.exists, checkpoint, timeout=240)
         job.set_hosts("node1:1\nnode2:1")
         node3.kill()  # the host dies: its rank, its sshd
         job.wait_for("elastic attempt 2: 2 worker(s) from update ", timeout=240)
@@ -155,12 +126,5 @@ def host_removed_and_added(cluster, shared_dir):
         if job.process.poll() is None:
             job.process.kill()
     out = job.output()
-    attempts = []
-    for line in out.splitlines():
-        if "elastic attempt " in line:
-            text = line.split("elastic attempt ")[1]
-            workers = int(text.split(": ")[1].split(" worker(s)")[0])
-            update = int(text.split("from update ")[1].split(",")[0])
-            per_rank = int(text.split(", ")[1].split(" images per rank")[0])
-            attempts.append((workers, update, per_rank))
-    return returncode, out, attempts
+    attempt = r"elastic attempt \d+: (\d+) worker\(s\) from update (\d+), (\d+) images per rank"
+    return returncode, out, [tuple(map(int, a)) for a in re.findall(attempt, out)]

@@ -42,7 +42,7 @@ ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # r
 
 
 def run(out, calls):
-    """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in folder `out`; returns
+    """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in Path `out`; returns
     (`results(function, *args)`: the results of that call, both ranks' or the one rank's, stdout)."""
     from hvd_lars.training.threads import HOROVOD_CPU_DEFAULTS
     from tests.support import REPO, TWO_RANKS
@@ -55,10 +55,7 @@ def run(out, calls):
     cmd = served([*TWO_RANKS, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    ranks = []
-    for rank in range(2):
-        with open(os.path.join(out, f"rank{rank}.pkl"), "rb") as f:
-            ranks.append(pickle.load(f))
+    ranks = [pickle.loads((out / f"rank{rank}.pkl").read_bytes()) for rank in range(2)]
 
     def results(*call):
         return [r[_names(call)] for r in ranks if _names(call) in r]
@@ -240,8 +237,7 @@ def traced_update(optimizer, variables):
 
 
 def one_process(rank, size, make, rate):
-    """The reference of `two_ranks(make, rate, ...)`: the plain optimizer on the whole batch (its weights, its
-    class)."""
+    """The reference of `two_ranks(make, rate, ...)`: the plain optimizer on the whole batch."""
     _, (x_all, y_all) = data(rank, size)
     optimizer, callbacks = rate(make)
     model = fit(make_model(), optimizer, x_all, y_all, GLOBAL_BATCH, callbacks, run_eagerly=True)
@@ -258,16 +254,15 @@ def two_ranks(rank, size, make, rate, wrap):
     optimizer = model.optimizer
     result = {"final": values(model.trainable_variables), "state": values(optimizer.variables),
               "iterations": int(optimizer.iterations), "types": types(optimizer)}  # fmt: skip
-    path = tempfile.mkdtemp()
-    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(path, "ckpt"))
+    path = os.path.join(tempfile.mkdtemp(), "ckpt")
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(path)
     fresh = make_model()
     fresh.compile(optimizer=wrap(rate(make)[0]), loss="mse")
     fresh.optimizer.build(fresh.trainable_variables)
-    checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
-    checkpoint.read(os.path.join(path, "ckpt")).assert_consumed()
+    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(path).assert_consumed()
     result["checkpoint_state"] = values(fresh.optimizer.variables)
-    model.save(os.path.join(path, "model.keras"))
-    loaded = keras.models.load_model(os.path.join(path, "model.keras"))
+    model.save(path + ".keras")
+    loaded = keras.models.load_model(path + ".keras")
     result["keras_state"] = values(loaded.optimizer.variables)
     result["keras_type"] = type(loaded.optimizer).__name__
     return result
@@ -278,9 +273,7 @@ def first_gradient_norm(rank, size):
     _, (x_all, y_all) = data(rank, size)
     model = make_model()
     with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(
-            keras.losses.mean_squared_error(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
-        )
+        loss = keras.losses.MeanSquaredError()(y_all[:GLOBAL_BATCH], model(x_all[:GLOBAL_BATCH]))
     return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
 
 
@@ -320,10 +313,7 @@ def accumulation(rank, size, accumulating):
     the wrapper's micro-batch counter]."""
     (x, y), _ = data(rank, size)
     model = fit(make_model(), accumulating()[0], x, y, GLOBAL_BATCH // size // 2)
-    wrapper = model.optimizer
-    while type(wrapper).__name__ not in ("DistributedOptimizer", "DistributedLossScaleOptimizer"):
-        wrapper = wrapper.inner_optimizer
-    counts = [int(model.optimizer.iterations), int(wrapper._iterations)]
+    counts = [int(model.optimizer.iterations), int(model.optimizer._iterations)]  # updates, micro-batches
     return {"final": values(model.trainable_variables), "counts": counts}
 
 
@@ -445,8 +435,6 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
     """The image-folder pipeline on this rank (batch 2): two epochs of training labels, the evaluation shard's
     labels, ExactEvaluation's top-1/top-5 of an all-zero classifier, the folders listed by a build, by its
     resume (the index) and by a build on `<data>/../bad`, and that build's refusal."""
-    import itertools
-
     from hvd_lars.data import InputRequest, get_input, listing
     from hvd_lars.training.epoch_logs import ExactEvaluation
 
@@ -475,7 +463,7 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
     finally:
         listing.list_split = list_split
     steps_per_epoch = data.num_train_examples // (2 * size)
-    train = [y.numpy() for _, y in itertools.islice(data.train, 2 * steps_per_epoch)]
+    train = [y.numpy() for _, y in data.train.take(2 * steps_per_epoch)]
     zeros = keras.layers.Dense(data.num_classes, kernel_initializer="zeros", bias_initializer="zeros")
     model = keras.Sequential([keras.Input(data.input_shape), keras.layers.GlobalAveragePooling2D(), zeros])
     callback = ExactEvaluation(data.eval, data.num_eval_examples, every_epochs=1, last_epoch=1)
@@ -489,8 +477,6 @@ def image_folder_ranks(rank, size, data_dir, out_dir):
 
 
 # `hvd_lars.parallel.horovod_keras` as `horovod.tensorflow.keras` (tests/test_horovod_keras.py).
-
-
 def init_state(rank, size):
     rules = os.environ.get("OMPI_MCA_coll_tuned_dynamic_rules_filename")
     return {"rank": hvd.rank(), "size": hvd.size(), "cross_rank": hvd.cross_rank(),

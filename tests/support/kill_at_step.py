@@ -1,17 +1,9 @@
-"""The main program with an injected fault for the resume and fault tests: once `--kill_at_step` updates are
-applied, the process sends itself `--kill_signal`: KILL (a crash, a dying host: no clean-up), or TERM / USR1
-(Slurm's pre-emption and its warning before the time limit). The faults run right after the checkpoint
-callback's own batch end, so a checkpoint due at that update (a background write included) is complete
-before the signal.
+"""The main program with the faults of the flags below injected, for the resume and fault tests (each fault's
+class says what it does). KILL is a crash or a dying host (no clean-up); TERM and USR1 are Slurm's pre-emption
+and its warning before the time limit. The faults run right after the checkpoint callback's own batch end, so
+a checkpoint due at that update (a background write included) is complete before a signal.
 
-Usage: python tests/support/kill_at_step.py --kill_at_step=N [--kill_signal=KILL] [--kill_rank=R]
-           [--kill_record=FILE] [every flag of python -m hvd_lars.main]
-Under horovodrun every rank, or only rank R, signals itself after the same update; FILE receives the
-time.time() of the signal. --fill_disk_at_step=F: rank 0 fills the file system of --workdir after update F
-(FILE <workdir>/filler). --pause_at_step=K: every rank, after update K exactly, writes FILE.rank<r> for
---pause_marker=FILE and waits for SIGTERM, SIGUSR1 or --pause_until's file: a test signals a job certainly
-still training. --stop_schedule=STEP:SIGNAL:RANK,... --stop_record=FILE: the stops of a run restarted with
-the same command; each start takes the first stop no earlier start took (FILE.rank<r> lists them).
+Usage: python tests/support/kill_at_step.py [FAULT FLAGS] [every flag of python -m hvd_lars.main]
 """
 
 import functools
@@ -31,12 +23,12 @@ flags.DEFINE_integer("kill_at_step", 0, "Signal this process once this many upda
 flags.DEFINE_enum("kill_signal", "KILL", ["KILL", "TERM", "USR1"], "The signal sent.")
 flags.DEFINE_integer("kill_rank", -1, "Only this rank signals itself (-1: every rank).")
 flags.DEFINE_string("kill_record", "", "File that receives the time (time.time()) of the signal.")
-flags.DEFINE_integer("pause_at_step", 0, "Pause every rank after this update (0: never); see the docstring.")
+flags.DEFINE_integer("pause_at_step", 0, "Pause every rank after this update (0: never); see PauseAtStep.")
 flags.DEFINE_string("pause_marker", "", "The pause writes <this>.rank<r> once it has begun.")
 flags.DEFINE_string("pause_until", "", "The pause also ends when this file exists.")
-flags.DEFINE_list("stop_schedule", [], "STEP:SIGNAL:RANK stops; each start takes the next one (see above).")
+flags.DEFINE_list("stop_schedule", [], "STEP:SIGNAL:RANK stops; each start takes the next (ScheduledStop).")
 flags.DEFINE_string("stop_record", "", "--stop_schedule: FILE.rank<r> lists the stops taken.")
-flags.DEFINE_integer("fill_disk_at_step", 0, "Fill the disk of --workdir after this update (0: never).")
+flags.DEFINE_integer("fill_disk_at_step", 0, "Rank 0 fills --workdir's disk after this update (0: never).")
 
 
 class FillDisk(keras.callbacks.Callback):
@@ -45,8 +37,7 @@ class FillDisk(keras.callbacks.Callback):
 
     def __init__(self, step, path):
         super().__init__()
-        self.step = step
-        self.path = path
+        self.step, self.path = step, path
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations) == self.step:
@@ -64,10 +55,7 @@ class KillAtStep(keras.callbacks.Callback):
 
     def __init__(self, step, signum=signal.SIGKILL, record=""):
         super().__init__()
-        self.step = step
-        self.signum = signum
-        self.record = record
-        self._sent = False
+        self.step, self.signum, self.record, self._sent = step, signum, record, False
 
     def on_train_batch_end(self, batch, logs=None):
         if not self._sent and int(self.model.optimizer.iterations) >= self.step:
@@ -103,15 +91,6 @@ class ScheduledStop(KillAtStep):
         self._sent = rank not in (-1, collectives.rank())
         with open(self.path, "a") as f:
             f.write(f"{k}\n")
-
-
-def parse_schedule(entries):
-    """[(step, signum, rank)] of --stop_schedule's STEP:SIGNAL:RANK entries."""
-    stops = []
-    for entry in entries:
-        step, name, rank = entry.split(":")
-        stops.append((int(step), getattr(signal, f"SIG{name}"), int(rank)))
-    return stops
 
 
 class PauseAtStep(keras.callbacks.Callback):
@@ -157,8 +136,6 @@ class PauseAtStep(keras.callbacks.Callback):
 
 
 _checkpointers = []
-
-
 _faults = []  # the faults of this process, run after the checkpoint callback's batch end
 
 
@@ -167,17 +144,16 @@ class _RecordedPeriodicCheckpoint(checkpoints.PeriodicCheckpoint):
         super().__init__(*args, **kwargs)
         _checkpointers.append(self)
 
-    def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, logs)
-        for fault in _faults:
-            fault.set_model(self.model)
-            fault.on_train_batch_end(batch, logs)
-
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         for fault in _faults:
             fault.set_model(self.model)
             fault.on_train_begin(logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        for fault in _faults:
+            fault.on_train_batch_end(batch, logs)
 
 
 def _run_with_fault(config, extra_callbacks=(), run=None):
@@ -185,7 +161,9 @@ def _run_with_fault(config, extra_callbacks=(), run=None):
     if f.kill_at_step and f.kill_rank in (-1, collectives.init()[0]):
         _faults.append(KillAtStep(f.kill_at_step, getattr(signal, f"SIG{f.kill_signal}"), f.kill_record))
     if f.stop_schedule:
-        _faults.append(ScheduledStop(parse_schedule(f.stop_schedule), f.stop_record))
+        stops = [entry.split(":") for entry in f.stop_schedule]  # STEP:SIGNAL:RANK
+        stops = [(int(step), getattr(signal, f"SIG{name}"), int(rank)) for step, name, rank in stops]
+        _faults.append(ScheduledStop(stops, f.stop_record))
     if f.pause_at_step:
         _faults.append(PauseAtStep(f.pause_at_step, f.pause_marker, f.pause_until))
     if f.fill_disk_at_step and collectives.init()[0] == 0:

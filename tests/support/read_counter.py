@@ -19,11 +19,8 @@ class ReadCounter:
     def __init__(self, monkeypatch):
         self.files, self.records, self.decoded = [], [], []
         self._lock = threading.Lock()
-        read_file, read_records, get_preprocessing = (
-            image_folder._read_file,
-            records._read_records,
-            encoded_images.get_preprocessing,
-        )
+        read_file, read_records = image_folder._read_file, records._read_records
+        get_preprocessing = encoded_images.get_preprocessing
 
         def note(store, value):
             def record(v):

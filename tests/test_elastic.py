@@ -20,8 +20,14 @@ from tests.support.main_server import run_main
 
 
 @pytest.mark.unit
-def test_check_launched_names_what_is_missing():
+def test_check_launched_names_what_is_missing(monkeypatch):
     config = TrainConfig(global_batch_size=64)
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "State", object)  # as imported without Horovod
+        with pytest.raises(
+            ImportError, match=r"^--elastic needs Horovod \(horovod.common.elastic\): run `make"
+        ):
+            train.check_launched(config, environ={"HOROVOD_ELASTIC": "1"})
     with pytest.raises(ValueError, match=r"launch/elastic.sh.*HOROVOD_ELASTIC is None, not '1'"):
         train.check_launched(config, environ={})
     train.check_launched(config, environ={"HOROVOD_ELASTIC": "1"})

@@ -155,8 +155,9 @@ def mpi_run(cluster):
     reference of every launcher; with the bytes each host's link carried meanwhile."""
     workdir = shared_folder("mpi_run")
     before = [h.link_bytes() for h in cluster.hosts]
-    result = _run([HOROVODRUN, "-np", str(WORLD_SIZE), "-H", cluster.host_list(RANKS_PER_HOST), PYTHON,
-                   RANK_WEIGHTS, *SMOKE, f"--workdir={workdir}"])  # fmt: skip
+    hosts = cluster.host_list(RANKS_PER_HOST)
+    command = [HOROVODRUN, "-np", str(WORLD_SIZE), "-H", hosts, PYTHON, RANK_WEIGHTS, *SMOKE]
+    result = _run([*command, f"--workdir={workdir}"])
     after = [h.link_bytes() for h in cluster.hosts]
     traffic = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before)]
     yield workdir, result.stdout, traffic

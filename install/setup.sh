@@ -226,7 +226,12 @@ else
 fi
 
 # --- 4. The package -------------------------------------------------------------------------------------
-if ! "$PY" -m pip show -q hvd_lars >/dev/null 2>&1 || [ "$ROOT/setup.cfg" -nt "$VENV/.hvd_lars_installed" ]; then
+# Installed, and from this checkout (an environment another checkout installed into imports that one).
+installed_here() {
+  (cd / && "$PY" -c 'import importlib.util as u, sys; s = u.find_spec("hvd_lars"); sys.exit(not s or s.origin != sys.argv[1])' \
+    "$ROOT/hvd_lars/__init__.py")
+}
+if ! installed_here || [ "$ROOT/setup.cfg" -nt "$VENV/.hvd_lars_installed" ]; then
   log "installing hvd_lars (editable)"
   "$PY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   touch "$VENV/.hvd_lars_installed"

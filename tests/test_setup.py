@@ -233,6 +233,19 @@ def test_user_without_root_sets_up_and_trains_2_ranks(cluster_user, openmpi_run)
     result, seconds = _setup(cluster_user, cluster_user["plain"])
     assert result.returncode == 0 and "Horovod 0.28.1 for openmpi-" in result.stdout, result.stderr[-2000:]
     assert "Python requirements present" in result.stdout and seconds < 120
+    # The same environment set up from another checkout (VENV=) imports that checkout's package, then this
+    # one's again: the editable install follows the checkout that set it up last, and only it is reinstalled.
+    other = os.path.join(cluster_user["work"], "other_checkout")
+    _as_user(["git", "clone", "--quiet", cluster_user["scratch"], other], cluster_user["env"], 60, "/")
+    python = os.path.join(cluster_user["venv"], "bin", "python")
+    where = [python, "-c", "import importlib.util as u; print(u.find_spec('hvd_lars').origin)"]
+    env = dict(cluster_user["env"], PATH=cluster_user["plain"], VENV=cluster_user["venv"])
+    for checkout in (other, cluster_user["scratch"]):
+        result, _ = _as_user(["bash", "install/setup.sh"], env, 600, checkout)
+        out = result.stdout
+        assert result.returncode == 0 and "installing hvd_lars (editable)" in out, out + result.stderr[-2000:]
+        assert "Python requirements present" in out and "Horovod 0.28.1 for openmpi-" in out, out
+        assert _as_user(where, cluster_user["env"], 60, "/")[0].stdout == f"{checkout}/hvd_lars/__init__.py\n"
 
 
 def test_mpich_build_runs_2_ranks_under_mpiexec_bit_identical_to_open_mpi(cluster_user, openmpi_run):

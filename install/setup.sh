@@ -180,7 +180,16 @@ print(f"[setup] Horovod rank {hvd.rank()} of {hvd.size()} under MPI")
 ' 2>&1)" || true
   grep -q "rank 1 of 2" <<<"$out" || { printf '%s\n' "$out" | tail -20 >&2; return 1; }
 }
-if [ "$(cat "$VENV/.hvd_lars_horovod" 2>/dev/null)" = "$wheel_key" ] && horovod_ok; then
+# The build the stamp records (checked by horovod_ok and 2 ranks when installed) still in place: its
+# version and its TensorFlow extension, found without importing TensorFlow (seconds on every make).
+horovod_still_installed() {
+  "$PY" - "$HOROVOD_VERSION" <<'PY' 2>/dev/null
+import glob, importlib.metadata as m, importlib.util as u, os, sys
+assert m.version("horovod") == sys.argv[1]
+assert glob.glob(os.path.join(os.path.dirname(u.find_spec("horovod").origin), "tensorflow", "mpi_lib*.so"))
+PY
+}
+if [ "$(cat "$VENV/.hvd_lars_horovod" 2>/dev/null)" = "$wheel_key" ] && horovod_still_installed; then
   log "Horovod $HOROVOD_VERSION for $key present"
 else
   wheel_dir="$WHEEL_CACHE/$key/tf-$tf_version-py$(python_xy)"

@@ -233,19 +233,23 @@ def test_user_without_root_sets_up_and_trains_2_ranks(cluster_user, openmpi_run)
     result, seconds = _setup(cluster_user, cluster_user["plain"])
     assert result.returncode == 0 and "Horovod 0.28.1 for openmpi-" in result.stdout, result.stderr[-2000:]
     assert "Python requirements present" in result.stdout and seconds < 120
-    # The same environment set up from another checkout (VENV=) imports that checkout's package, then this
-    # one's again: the editable install follows the checkout that set it up last, and only it is reinstalled.
+    # The same environment set up from another checkout (VENV=), its Horovod extension lost meanwhile: that
+    # checkout's package and Horovod's cached wheel are installed; from this checkout again, its package only.
     other = os.path.join(cluster_user["work"], "other_checkout")
     _as_user(["git", "clone", "--quiet", cluster_user["scratch"], other], cluster_user["env"], 60, "/")
+    for lib in _mpi_libs(cluster_user):
+        os.remove(lib)
     python = os.path.join(cluster_user["venv"], "bin", "python")
     where = [python, "-c", "import importlib.util as u; print(u.find_spec('hvd_lars').origin)"]
     env = dict(cluster_user["env"], PATH=cluster_user["plain"], VENV=cluster_user["venv"])
-    for checkout in (other, cluster_user["scratch"]):
+    scratch = cluster_user["scratch"]
+    for checkout, horovod in ((other, "installing Horovod from"), (scratch, "Horovod 0.28.1 for")):
         result, _ = _as_user(["bash", "install/setup.sh"], env, 600, checkout)
         out = result.stdout
         assert result.returncode == 0 and "installing hvd_lars (editable)" in out, out + result.stderr[-2000:]
-        assert "Python requirements present" in out and "Horovod 0.28.1 for openmpi-" in out, out
+        assert "Python requirements present" in out and f"[setup] {horovod}" in out, out
         assert _as_user(where, cluster_user["env"], 60, "/")[0].stdout == f"{checkout}/hvd_lars/__init__.py\n"
+    assert _mpi_libs(cluster_user)
 
 
 def test_mpich_build_runs_2_ranks_under_mpiexec_bit_identical_to_open_mpi(cluster_user, openmpi_run):

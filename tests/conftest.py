@@ -7,7 +7,6 @@ Every test carries exactly one tier marker (README, "Tests"):
   system   root: emulated hosts (launch/emulated_cluster.sh) or a real Slurm.
 """
 
-import ctypes
 import logging
 import os
 import platform
@@ -101,23 +100,13 @@ def _float32_policy_after():
         keras.mixed_precision.set_global_policy("float32")
 
 
-# What Open MPI sets in the C environment when Horovod starts in-process (a singleton): not in os.environ.
-_MPI_VARIABLES = (b"OMPI_", b"PMIX_", b"ORTE_", b"HFI_NO_BACKTRACE=", b"IPATH_NO_BACKTRACE=")
-
-
 @pytest.fixture(autouse=True)
-def _no_mpi_variables_passed_on():
-    # After an in-process test started Horovod, every later child of this worker (horovodrun, mpirun)
-    # would inherit Open MPI's singleton variables and fail with status 1, silently: they are unset.
+def _no_horovod_in_process():
+    # Horovod started in a test process (Open MPI as a singleton) leaves Open MPI's variables in its C
+    # environment, and every later child of that process (horovodrun, mpirun) fails with status 1, silently.
     yield
-    environ, names, i = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ"), [], 0
-    while environ[i] is not None:
-        names.append(environ[i].split(b"=", 1)[0])
-        i += 1
-    for name in names:
-        mpi = name.startswith(_MPI_VARIABLES[:3]) or name + b"=" in _MPI_VARIABLES[3:]
-        if mpi and os.fsdecode(name) not in os.environ:
-            os.unsetenv(name)
+    horovod = sys.modules.get("horovod.tensorflow")
+    assert horovod is None or not horovod.is_initialized(), "Horovod started in-process: start ranks instead"
 
 
 @pytest.fixture(scope="module")

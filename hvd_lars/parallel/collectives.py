@@ -37,14 +37,18 @@ def launcher_world_size(environ=None):
     return None, None
 
 
-def init(comm=None, process_sets=None):
+def init(comm=None, process_sets=None, launched_only=False):
     """Initialises Horovod once (again after `horovod.tensorflow.shutdown()`) with `hvd.init`'s `comm` and
-    `process_sets`; returns (rank, world size). RuntimeError: several ranks launched but no Horovod;
-    `WorldSizeMismatch`: Horovod's world size is not the launcher's (`launcher_world_size`).
+    `process_sets`; returns (rank, world size). `launched_only`: a process no launcher started stays rank 0
+    of world size 1 without Horovod (spared seconds of MPI's start-up). RuntimeError: several ranks
+    launched but no Horovod; `WorldSizeMismatch`: Horovod's world size is not the launcher's
+    (`launcher_world_size`).
     """
     global _hvd
     if _hvd is None or not _hvd.is_initialized():
         variable, launched = launcher_world_size()
+        if launched is None and launched_only:
+            return 0, 1
         try:
             import horovod.tensorflow as hvd
         except ImportError as e:

@@ -71,7 +71,7 @@ class Job:
 def run(config, extra_callbacks=()):
     """Trains `config` on every rank; returns the summary dict. Raises ValueError (bad configuration or run
     directory), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
-    rank, world_size = collectives.init()
+    rank, world_size = collectives.init(launched_only=True)
     global_batch, per_rank_batch = config.resolve_batch(world_size)
     job = Job.resolve(config, global_batch, world_size, extra_callbacks)
     faults.check_run_dir(job.run_dir, 0, 0)  # writable, before anything of the run is read or made
@@ -212,8 +212,8 @@ def run_elastic(config, extra_callbacks=()):
     """`run` while workers leave and join; raises as `run` does, and `check_launched`'s ValueError."""
     # Horovod's response cache off: re-initialised ranks would fuse differently (docs/faults.md).
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
-    collectives.init()
     check_launched(config)
+    collectives.init()
     job = Job.resolve(config, config.global_batch_size, collectives.size(), extra_callbacks)
     shapes = None
     if collectives.is_chief():

@@ -1,4 +1,5 @@
-"""The one check of a numeric argument, and its one wording: "<name> must be <accepted>, got <value>."."""
+"""The one check of a numeric argument, and its one wording: "<name> must be <accepted>, got <value>."; and
+the count of a noun in the run's lines ("1 rank", "2 ranks")."""
 
 import dataclasses
 import math
@@ -71,3 +72,8 @@ def check(name, value, accepted: Range):
     if not accepted.accepts(value):
         refuse(name, value, accepted.describe())
     return value
+
+
+def counted(number, noun):
+    """ "1 rank", "2 ranks": `number` and `noun`, plural unless `number` is 1."""
+    return f"{number} {noun}{'s' * (number != 1)}"

@@ -102,8 +102,7 @@ def _float32_policy_after():
 
 @pytest.fixture(autouse=True)
 def _no_horovod_in_process():
-    # Horovod started in a test process (Open MPI as a singleton) leaves Open MPI's variables in its C
-    # environment, and every later child of that process (horovodrun, mpirun) fails with status 1, silently.
+    # Horovod in a test process leaves Open MPI's variables, and its later horovodrun fails (status 1).
     yield
     horovod = sys.modules.get("horovod.tensorflow")
     assert horovod is None or not horovod.is_initialized(), "Horovod started in-process: start ranks instead"

@@ -33,6 +33,8 @@ def test_plan_for_the_demo_and_the_batch_and_rate_it_derives():
     steps = (plan.per_rank_batch_size, plan.steps_per_epoch, plan.total_steps, plan.warmup_steps)
     assert steps == (2048, 14, 168, 14)
     assert "global batch 4096 = 2 ranks x per-rank batch 2048" in plan.describe()
+    one = "global batch 64 = 1 rank x per-rank batch 64 x accumulation 1; 1 step per epoch x 1 epoch = 1 step"
+    assert make_plan(_config(epochs=1), 1, 64).describe().startswith(one + "; warmup 1 step;")  # no plurals
     per_256 = dataclasses.replace(config, peak_learning_rate=0.0, base_learning_rate=1.25)
     assert make_plan(per_256, 2, 60000).peak_learning_rate == pytest.approx(20.0)  # 1.25 x 4096 / 256
     per_rank = TrainConfig(per_rank_batch_size=64, accumulation_steps=4, peak_learning_rate=1.0)

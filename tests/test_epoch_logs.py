@@ -149,6 +149,9 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog, mo
         f"logs {tmp_path}/{{summary.json, metrics.csv, tensorboard/}}",
         f"plot {tmp_path}/run.png",
     ]
+    s = dict(run_name="r", epochs=[], images_per_second=0, plan=dict(epochs=1, total_steps=1), wall_time_s=2)
+    line = epoch_logs._end_lines(s, "d", None, None)[0]
+    assert line == "finished r: 0 of 1 epoch (1 step) in 2 s, images/s not measured"
     assert os.path.getsize(tmp_path / "run.png") > 10_000
     loss, top1, rate = plot_run.make_figure(str(tmp_path)).axes[:3]
     assert [ax.get_title() for ax in (loss, top1, rate)] == ["loss", "top-1", "learning rate"]

@@ -48,7 +48,7 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     killer = [sys.executable, os.path.join(REPO, "tests", "support", "kill_at_step.py"), "--kill_at_step=12"]
     result = _run(killer + command[3:])
     assert result.returncode != 0
-    assert "global batch 512 = 1 ranks x per-rank batch 512" in result.stdout
+    assert "global batch 512 = 1 rank x per-rank batch 512" in result.stdout
     run_dir = tmp_path / "subset"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [e["epoch"] for e in summary["epochs"]] == [1]  # written after each epoch, atomically
@@ -186,7 +186,7 @@ def _exit_of(flags, monkeypatch, caplog):
     "flag, fragments",
     [
         ("--data_dir=/nonexistent", ["apt-get install dataset-fashion-mnist", "/nonexistent"]),
-        ("--accumulation_steps=3", ["--global_batch_size=4096", "1 ranks x 3 accumulation steps = 3"]),
+        ("--accumulation_steps=3", ["--global_batch_size=4096", "1 rank x 3 accumulation steps = 3"]),
         ("--per_rank_batch_size=100", ["--per_rank_batch_size=100 contradicts --global_batch_size=4096"]),
     ],
 )

@@ -38,6 +38,8 @@ def test_threads_per_rank(local_size, cores, usable, expected):
 def test_the_run_log_line_names_each_ranks_cpus_and_threads():
     bound = dict(host="a", cores=[4], bound=True, local_size=2, intra_op=1, inter_op=1, input=1)
     unbound = dict(bound, host="b", cores=[0, 1, 2, 3], bound=False, intra_op=2, inter_op=2, input=0)
+    alone = dict(unbound, local_size=1)
+    assert "CPUs 0-3 (unbound, 1 rank on the host)" in threads.describe_placements([alone])
     assert threads.describe_placements([bound, unbound, dict(unbound, cores=[0, 2, 3])]) == (
         "cores per rank: rank 0 on a: CPUs 4 (bound), 1 intra-op / 1 inter-op / 1 input threads; "
         "rank 1 on b: CPUs 0-3 (unbound, 2 ranks on the host), 2 intra-op / 2 inter-op / 0 input threads; "

@@ -5,7 +5,7 @@ import os
 import pathlib
 
 from hvd_lars import arguments
-from hvd_lars.arguments import above, at_least, fraction
+from hvd_lars.arguments import above, at_least, counted, fraction
 
 
 def setting(default, help, accepted=None, *, plan=False, group=None):
@@ -133,7 +133,7 @@ class TrainConfig:
         if not self.global_batch_size:
             return self.per_rank_batch_size * divisor, self.per_rank_batch_size
         per_rank, over = divmod(self.global_batch_size, divisor)
-        ranks = f"{world_size} ranks x {self.accumulation_steps} accumulation steps"
+        ranks = f"{counted(world_size, 'rank')} x {counted(self.accumulation_steps, 'accumulation step')}"
         if over:
             raise ValueError(
                 f"--global_batch_size={self.global_batch_size} does not divide by the world size {ranks} = "

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvd_lars.arguments import counted
 from hvd_lars.metrics import top_k_correct
 from hvd_lars.parallel import collectives
 from hvd_lars.training import faults, plot_run
@@ -142,10 +143,11 @@ class RunSummary(keras.callbacks.Callback):
 
 
 def _end_lines(s, run_dir, checkpoint, plot):
-    epochs, rate = s["epochs"], s["images_per_second"]
+    epochs, rate, plan = s["epochs"], s["images_per_second"], s["plan"]
+    done = epochs[-1]["epoch"] if epochs else 0
     lines = [
-        f"finished {s['run_name']}: {epochs[-1]['epoch'] if epochs else 0} of {s['plan']['epochs']} epochs "
-        f"({s['plan']['total_steps']} steps) in {s['wall_time_s']:.0f} s, "
+        f"finished {s['run_name']}: {done} of {counted(plan['epochs'], 'epoch')} "
+        f"({counted(plan['total_steps'], 'step')}) in {s['wall_time_s']:.0f} s, "
         + (f"{rate:.0f} images/s (this start's epochs after its first)" if rate else "images/s not measured")
     ]
     for split, name in (("test", "test"), ("val", "validation")):

@@ -7,6 +7,7 @@ import os
 import keras
 
 from hvd_lars import keras_internals
+from hvd_lars.arguments import counted
 from hvd_lars.data import DATASETS, InputRequest
 from hvd_lars.data.preprocessing import DEFAULT_PREPROCESSING
 from hvd_lars.metrics import TopKAccuracy
@@ -36,10 +37,11 @@ class Plan:
 
     def describe(self):
         return (
-            f"global batch {self.global_batch_size} = {self.world_size} ranks x per-rank batch "
-            f"{self.per_rank_batch_size} x accumulation {self.accumulation_steps}; {self.steps_per_epoch} "
-            f"steps per epoch x {self.epochs} epochs = {self.total_steps} steps; warmup {self.warmup_steps} "
-            f"steps; peak learning rate {self.peak_learning_rate:g}"
+            f"global batch {self.global_batch_size} = {counted(self.world_size, 'rank')} x per-rank batch "
+            f"{self.per_rank_batch_size} x accumulation {self.accumulation_steps}; "
+            f"{counted(self.steps_per_epoch, 'step')} per epoch x {counted(self.epochs, 'epoch')} = "
+            f"{counted(self.total_steps, 'step')}; warmup {counted(self.warmup_steps, 'step')}; "
+            f"peak learning rate {self.peak_learning_rate:g}"
         )
 
 

@@ -6,6 +6,7 @@ import os
 
 import tensorflow as tf
 
+from hvd_lars.arguments import counted
 from hvd_lars.parallel import collectives, ompi_allreduce_rules
 
 
@@ -71,7 +72,8 @@ def describe_placements(placements):
     """One log line of every rank's `placement()` joined with its host and `applied_threads`."""
     parts = []
     for rank, p in enumerate(placements):
-        c, how = p["cores"], "bound" if p["bound"] else f"unbound, {p['local_size']} ranks on the host"
+        c = p["cores"]
+        how = "bound" if p["bound"] else f"unbound, {counted(p['local_size'], 'rank')} on the host"
         cpus = f"{c[0]}-{c[-1]}" if len(c) > 1 and c[-1] - c[0] == len(c) - 1 else ",".join(map(str, c))
         parts.append(
             f"rank {rank} on {p['host']}: CPUs {cpus} ({how}), "

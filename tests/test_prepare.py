@@ -5,6 +5,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -44,8 +45,9 @@ def test_every_data_set_either_prepares_or_says_it_needs_nothing_and_others_are_
 
 
 @pytest.mark.unit
-def test_missing_tars_are_named_with_their_folder(capsys, tmp_path):
+def test_missing_tars_are_named_with_their_folder(capsys, tmp_path, monkeypatch):
     data_dir, manual = str(tmp_path / "tfds"), _tars(tmp_path / "manual")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # Python's temporary folder too
     os.remove(tmp_path / "manual" / "ILSVRC2012_img_val.tar")
     status, out, err = _prepare(capsys, "imagenet2012", f"--manual_dir={manual}", f"--data_dir={data_dir}")
     assert status == 2 and out == []  # refused before it says it prepares
@@ -59,7 +61,7 @@ def test_missing_tars_are_named_with_their_folder(capsys, tmp_path):
     assert status == 2 and err[0].startswith(
         f"hvd_lars: error: ImageNet is not prepared under --data_dir={data_dir}, and no --manual_dir. "
     )
-    assert not os.path.exists(data_dir)  # refused before writing anything
+    assert os.listdir(tmp_path) == ["manual"]  # refused before writing anything, temporary files included
 
 
 @pytest.mark.unit

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tarfile
+import tempfile
 
 NAME = "imagenet2012"
 MANUAL_FILES = ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar")
@@ -67,7 +68,15 @@ def default_data_dir():
 def builder(data_dir=None):
     """tensorflow-datasets' `imagenet2012` builder over `data_dir` (None: its default folder), as it is:
     prepared or not (see `prepared_builder`)."""
-    return tfds_module().builder(NAME, data_dir=data_dir or None)
+    tfds = tfds_module()
+    # For a dataset not prepared, tensorflow-datasets 4.9 makes a temporary folder it never removes
+    # (`DatasetInfo.initialize_from_bucket`): made here in one that is removed.
+    with tempfile.TemporaryDirectory() as scratch:
+        kept, tempfile.tempdir = tempfile.tempdir, scratch
+        try:
+            return tfds.builder(NAME, data_dir=data_dir or None)
+        finally:
+            tempfile.tempdir = kept
 
 
 def command(data_dir=None, manual_dir=None):

@@ -31,9 +31,9 @@ localhost:2`), `2h` and `4h` 2 and 4 emulated hosts, one rank each, on `--link_r
 (launch/emulated_cluster.sh, needs root; a smaller `--image_size` where ResNet-50's steps are too long there,
 the same on both sides).
 
-`--profile` (after a run, same `--out`) adds a profile of one step per side: the peer's and hvd_lars's
-`applications.ResNet50` (as is, fused), 1 process, the run's workload, the step after warm-up under
-tf.profiler, op time by layer kind (batch norm, convolution, other) and by op type.
+`--profile` (after a run, same `--out`) adds a profile of one step per side: the peer's
+`applications.ResNet50` and each of the run's hvd_lars models, 1 process, the run's workload, the step after
+warm-up under tf.profiler, op time by layer kind (batch norm, convolution, other) and by op type.
 
     python -m benchmarks.peer                                    # 1 process and 2 ranks, float32 and bf16
     python -m benchmarks.peer --image_size=112 --steps=6         # smaller images, shorter window
@@ -190,8 +190,8 @@ def op_times(folder):
     """{"by_type": {op type: ms}, "by_layer": {"batch norm"|"convolution"|"other": ms}} of the TensorFlow
     ops in the profile (tf.profiler's XSpace) under `folder`: every op's duration summed over the threads
     that ran it, forward and backward (an op is a batch norm's where its name holds a `*_bn` scope, Keras 3's
-    `*_bn_1` included, as every batch norm of applications.ResNet50 is named); executor events (`A::B`) are
-    left out."""
+    `*_bn_1` included, as every batch norm of applications.ResNet50 is named, or a `*_bnN` one, as the
+    project's ResNet-50 names them); executor events (`A::B`) are left out."""
     import collections
     import glob
     import re
@@ -220,7 +220,7 @@ def op_times(folder):
                         continue
                     ms = event.duration_ps / 1e9
                     by_type[kind] += ms
-                    if re.search(r"_bn(_\d+)?/", scope + "/"):
+                    if re.search(r"_bn_?\d*/", scope + "/"):
                         layer = "batch norm"
                     else:
                         layer = "convolution" if "conv" in kind.lower() else "other"
@@ -332,8 +332,8 @@ def measure(args, peer_path, save=None):
 
 
 def profile(args, peer_path):
-    """One process per side (1 process, no launcher), each of `args.dtypes`: the peer and hvd_lars's
-    `applications.ResNet50` as is and fused, the step after warm-up under tf.profiler; returns their run
+    """One process per side (1 process, no launcher), each of `args.dtypes`: the peer and each of
+    `args.models`, the step after warm-up under tf.profiler; returns their run
     records with "profile" (`op_times`). Their timed windows are not the measurement's (the profiler ran
     in them)."""
     from benchmarks.common import REPO, worker_env
@@ -343,7 +343,7 @@ def profile(args, peer_path):
     env_base["PYTHONPATH"] = REPO
     runs = []
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_peer_profile_") as shared:
-        for side, names in (("peer", ["peer"]), ("hvd_lars", ["as_is", "fused"])):
+        for side, names in (("peer", ["peer"]), ("hvd_lars", args.models)):
             todo = [(n, d) for d in args.dtypes for n in names]
             runs += launch(side, todo, "1", args, peer_path, env_base, shared, profile=True)
     return runs
@@ -363,7 +363,8 @@ def profile_lines(data):
         "",
         "One training step after warm-up under `tf.profiler`, 1 process, the same workload: the TensorFlow "
         "ops' time (ms, summed over the threads that ran them, forward and backward), by layer kind (an op "
-        "is a batch norm's where its scope is a `*_bn` layer) and the 8 op types that took longest.",
+        "is a batch norm's where its scope is a `*_bn` or `*_bnN` layer) and the 8 op types that took "
+        "longest.",
         "",
     ]
     for dtype in dict.fromkeys(r["dtype"] for r in prof["runs"]):

@@ -1,7 +1,6 @@
-"""benchmarks/peer.py's `main` as `python -m benchmarks.peer` runs it, with tiny arguments and its report in
-tmp_path: the peer (tf_keras + Horovod's own Keras layer) and hvd_lars's fused run, one process each, one
-step of 2 images at 32x32; the report's row and provenance. The tf.matmul rate is a stand-in here:
-test_benchmarks_smoke.py's record_run test measures it."""
+"""benchmarks/peer.py: `main` with tiny arguments, report in tmp_path (the peer, tf_keras + Horovod's Keras
+layer, and hvd_lars's fused run, one process each, one step of 2 images at 32x32; the report's row and
+provenance; the tf.matmul rate a stand-in: test_benchmarks_smoke.py measures it); the profile's op times."""
 
 import json
 import re
@@ -29,3 +28,19 @@ def test_peer_benchmark_one_process(tmp_path, monkeypatch):
     assert set(runs) == {"peer", "fused"}
     assert runs["peer"]["keras"].startswith("2.") and runs["fused"]["keras"].startswith("3.")
     assert all(r["ranks"] == 1 and r["weights_identical"] and r["images"] == 2 for r in runs.values())
+
+
+@pytest.mark.unit
+def test_profile_op_times_by_layer_kind_for_both_naming_schemes(tmp_path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()  # events "<op name>:<op type>"; Keras's *_bn, *_bn_1; the project's *_bnN
+    plane = space.planes.add(name="/host:CPU")
+    for i, name in enumerate(["a_bn/F:FusedBatchNormV3", "a_bn_1/M:Mul", "b_bn2/F:FusedBatchNormV3",
+                              "conv1/C:Conv2D", "conv1_bnx/R:Relu", "Executor::Run:Run"]):  # fmt: skip
+        plane.event_metadata[i].name = name
+        plane.lines.add().events.add(metadata_id=i, duration_ps=2**i * 10**9)  # op i: 2^i ms
+    (tmp_path / "x.xplane.pb").write_bytes(space.SerializeToString())
+    times = peer.op_times(str(tmp_path))
+    assert times["by_layer"] == {"batch norm": 1 + 2 + 4, "convolution": 8, "other": 16}
+    assert times["by_type"]["FusedBatchNormV3"] == 1 + 4 and "Run" not in times["by_type"]

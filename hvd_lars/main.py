@@ -2,13 +2,15 @@
        horovodrun -np N -H host1:n,host2:n python -m hvd_lars.main --flagfile=...   (one rank a slot)
        launch/mpirun.sh, launch/slurm/train.sbatch: the same on mpirun and Slurm (README, docs/cluster.md)
 hvd-lars-train is the same program. Flags after the flagfile override it; --flagfile may be given twice.
-Exit status: 0 done, 2 bad input (one line), 3 diverged, 75 stopped and resumable (start it again)."""
+Exit status: 0 done, 2 bad input (one line), 3 diverged, 4 hung (no progress for --hang_timeout_s), 75
+stopped and resumable (start it again)."""
 
 import dataclasses
 import difflib
 import logging
 import os
 import pathlib
+import re
 import sys
 import textwrap
 import traceback
@@ -16,6 +18,7 @@ import traceback
 from absl import app, flags
 from absl import logging as absl_logging
 
+from hvd_lars import arguments
 from hvd_lars.training.config import TrainConfig
 
 FLAGS = flags.FLAGS
@@ -106,6 +109,8 @@ def parse(argv):
         _exit(f"{str(e).removeprefix('ERROR:: ')} (the experiments' flagfiles are in flags/)")
     except UnicodeDecodeError as e:  # a ValueError: first
         _exit(_undecodable_flagfile(argv, e.encoding))
+    except flags.IllegalFlagValueError as e:
+        _exit(_unparsed_value(str(e)))
     except (flags.Error, ValueError) as e:
         _exit(str(e))
     return config
@@ -150,6 +155,22 @@ def _main(config):
 def _exit(message, status=EXIT_BAD_INPUT, every_rank=False):
     log.error(message, extra={"every_rank": every_rank})
     sys.exit(status)
+
+
+def _unparsed_value(message):
+    """absl's "flag --name=value: <its parser's words>" in the one wording, with what the flag accepts."""
+    name, value = re.match(r"flag --(\w+)=(.*?): ", message).groups()
+    field = next((f for f in dataclasses.fields(TrainConfig) if f.name == name), None)
+    if field is None:  # one of absl's own flags
+        return message
+    accepted = field.metadata["accepted"]
+    if isinstance(accepted, arguments.Range):
+        what = accepted.describe()
+    elif isinstance(accepted, tuple):
+        what = f"one of {', '.join(map(str, accepted))}"
+    else:
+        what = {bool: "true or false", int: "a whole number"}.get(field.type, "a number")
+    return f"--{name} must be {what}, got {value!r}."
 
 
 def _undecodable_flagfile(argv, encoding):

@@ -90,6 +90,9 @@ def test_every_setting_of_choices_refuses_another_value_listing_them(name):
          "'synthetic' does not take --skip_corrupt=True, --validation_examples=100; of the data-set "
          "settings it takes --image_size."),
         (dict(dataset="image_folder", validation_examples=5), "--image_size, --preprocessing, --skip_corr"),
+        (dict(dataset="image_folder"), "--dataset=image_folder needs --data_dir=<folder holding train/"),
+        *[(dict(run_name=name), f"--run_name={name!r}: a folder name inside --workdir (no '/', not '.' or")
+          for name in ("..", ".", "a/b", "/tmp/run", "../results")],
     ],
 )  # fmt: skip
 def test_bad_values_are_one_line_naming_flag_and_value(kwargs, fragment):
@@ -242,7 +245,7 @@ def test_each_dataset_reads_the_settings_its_entry_declares_and_no_other():
         # The settings a data set reads are options it takes, and settings of the run.
         assert set(DATASET_SETTINGS[name]) <= set(FIELDS) & set(entry.option_names()), name
         # Left at their defaults, the settings other data sets read pass, and are not given.
-        config = _config(dataset=name)
+        config = _config(dataset=name, data_dir="/data" if name == "image_folder" else "")
         config.validate()
         assert input_options(config) == {s: getattr(config, s) for s in DATASET_SETTINGS[name]}
     config = _config(image_size=0, preprocessing="", skip_corrupt=False, max_train_examples=64, seed=3)

@@ -140,7 +140,13 @@ def test_two_ranks_subset(tmp_path):
             "resnet50, small_cnn, small_cnn_nobn.",
         ),
         ("--momentum=1.5", "--momentum must be a finite number >= 0 and < 1, got 1.5."),
-        ("--epochs=abc", "flag --epochs=abc: could not convert string to float: 'abc'"),
+        ("--epochs=abc", "--epochs must be a whole number > 0, got 'abc'."),
+        ("--deterministic=maybe", "--deterministic must be true or false, got 'maybe'."),
+        (
+            "--run_name=../x",
+            "--run_name='../x': a folder name inside --workdir (no '/', not '.' or '..'); "
+            "--workdir says where.",
+        ),
         ("--warmup_epochs=20", "--warmup_epochs=20.0 must be < --epochs=12.0."),
         (
             "--flagfile=flags/nope.flags",

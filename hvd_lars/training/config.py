@@ -90,7 +90,7 @@ class TrainConfig:
     workdir: str = setting(
         "results/runs", "Parent folder of the run directory.", group="Checkpoints and resume"
     )
-    run_name: str = setting("", "Run directory name; empty: derived from the flags.")
+    run_name: str = setting("", "Run directory name in --workdir (no '/'); empty: derived from the flags.")
     allow_plan_change: tuple = setting(
         (), "Settings of the plan a resumed run may change, by name (e.g. weight_decay,schedule), or any."
     )
@@ -173,6 +173,11 @@ class TrainConfig:
             )
         if self.warmup_epochs >= self.epochs:
             raise ValueError(f"--warmup_epochs={self.warmup_epochs} must be < --epochs={self.epochs}.")
+        if self.run_name in (".", "..") or "/" in self.run_name:
+            raise ValueError(
+                f"--run_name={self.run_name!r}: a folder name inside --workdir (no '/', not '.' or '..'); "
+                "--workdir says where."
+            )
         if not self.checkpoint_at_epoch_end and not self.checkpoint_every_steps:
             raise ValueError("--nocheckpoint_at_epoch_end needs --checkpoint_every_steps > 0.")
         takes = DATASET_SETTINGS[self.dataset]
@@ -181,6 +186,10 @@ class TrainConfig:
             raise ValueError(
                 f"Dataset {self.dataset!r} does not take {', '.join(ignored)}; of the data-set settings it "
                 f"takes {', '.join(f'--{n}' for n in takes) or 'none'}."
+            )
+        if self.dataset == "image_folder" and not self.data_dir:
+            raise ValueError(
+                "--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>."
             )
 
     def _given(self, names):  # ["--name=value", ...] of the settings of `names` off their defaults

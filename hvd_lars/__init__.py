@@ -87,13 +87,18 @@ def __dir__():
     return sorted([*globals(), *_EXPORTS])
 
 
-def _training_program():
-    # While `python -m hvd_lars.main` imports this package, sys.argv[0] is "-m" (the module is being located).
-    main = sys.argv[:1] == ["-m"] and "hvd_lars.main" in getattr(sys, "orig_argv", ())
-    return main or os.path.basename(sys.argv[0] if sys.argv else "") == "hvd-lars-train"
+def _command_line_program():
+    # The training program and the preparation check their arguments before Keras and TensorFlow are
+    # imported. While `python -m hvd_lars.main` imports this package, sys.argv[0] is "-m" (being located).
+    modules = {"hvd_lars.main", "hvd_lars.prepare"} & set(getattr(sys, "orig_argv", ()))
+    scripts = ("hvd-lars-train", "hvd-lars-prepare")
+    return (
+        bool(sys.argv[:1] == ["-m"] and modules)
+        or os.path.basename(sys.argv[0] if sys.argv else "") in scripts
+    )
 
 
-if not _training_program():
+if not _command_line_program():
     try:
         __getattr__("LARS")
     except ModuleNotFoundError as e:  # Keras's default backend without TensorFlow: say what to do

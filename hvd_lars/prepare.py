@@ -9,7 +9,8 @@ For `imagenet2012` it converts the two ILSVRC-2012 tars into tensorflow-datasets
 (`hvd_lars.data.imagenet_preparation.prepare`: hours on the full set); an interrupted run leaves nothing
 that counts as prepared, and the same command run again starts afresh. The other data sets need no
 preparation and say so in one line. Exit status: 0 when the data are prepared (now or before) or need
-none, 2 on bad input (one line `hvd_lars: error: ...`), 130 when interrupted (Ctrl-C).
+none, 2 on bad input (one line `hvd_lars: error: ...`, before TensorFlow is imported where the arguments
+alone are wrong), 130 when interrupted (Ctrl-C).
 """
 
 import argparse
@@ -19,8 +20,7 @@ import os
 import sys
 import time
 
-from hvd_lars.data import DATASETS
-from hvd_lars.data import imagenet_preparation as imagenet
+from hvd_lars.training.config import DATASETS
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -28,7 +28,7 @@ log = logging.getLogger("hvd_lars")
 
 
 class UnknownDataset(ValueError):
-    """A name that is not one of `hvd_lars.data.DATASETS`."""
+    """A name that is not one of `hvd_lars.data.DATASETS`, or a --data_dir that is not a folder."""
 
 
 # Why the data sets without a preparation need none (one line each; every other name of DATASETS prepares).
@@ -41,6 +41,11 @@ NO_PREPARATION = {
 
 def prepare_imagenet(manual_dir, data_dir):
     """Prepares `imagenet2012` (unless prepared); logs where the records are and how to train on them."""
+    from hvd_lars import quiet_tensorflow
+
+    quiet_tensorflow.load()  # before TensorFlow is imported: without its C++ start-up notices
+    from hvd_lars.data import imagenet_preparation as imagenet
+
     ds_builder = imagenet.builder(data_dir)
     root = os.path.abspath(ds_builder.data_dir_root)
     if imagenet.unfinished(ds_builder) is None:
@@ -83,10 +88,13 @@ PREPARATIONS = {"imagenet2012": prepare_imagenet}
 
 def run(dataset, manual_dir="", data_dir=""):
     """Prepares `dataset` (a name of `hvd_lars.data.DATASETS`), or says in one line that it needs nothing.
-    Raises UnknownDataset (listing the valid names), `imagenet_preparation.CannotPrepare` (before anything
-    is converted) or ImportError (no tensorflow-datasets)."""
+    Raises UnknownDataset (listing the valid names; a `data_dir` that is not a folder),
+    `imagenet_preparation.CannotPrepare` (a ValueError, before anything is converted) or ImportError (no
+    tensorflow-datasets)."""
     if dataset not in DATASETS:
-        raise UnknownDataset(f"unknown data set {dataset!r}; valid: {', '.join(sorted(DATASETS))}.")
+        raise UnknownDataset(f"unknown data set {dataset!r}; valid: {', '.join(DATASETS)}.")
+    if dataset not in PREPARATIONS and data_dir and not os.path.isdir(data_dir):
+        raise UnknownDataset(f"--data_dir={data_dir}: no such folder ({dataset} reads its data there).")
     if dataset not in PREPARATIONS:
         log.info("%s needs no preparation: %s.", dataset, NO_PREPARATION[dataset])
         return
@@ -101,11 +109,11 @@ def main(argv=None):
         description="\n\n".join(__doc__.split("\n\n")[1:3]),  # what it does, and the example
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dataset", help=f"the data set to prepare: {', '.join(sorted(DATASETS))}")
+    parser.add_argument("dataset", help=f"the data set to prepare: {', '.join(DATASETS)}")
     parser.add_argument(
         "--manual_dir",
         default="",
-        help=f"imagenet2012: the folder holding {' and '.join(imagenet.MANUAL_FILES)} (from image-net.org)",
+        help="imagenet2012: the folder holding ILSVRC-2012's training and validation tars (image-net.org)",
     )
     parser.add_argument(
         "--data_dir",
@@ -113,11 +121,21 @@ def main(argv=None):
         help="where the prepared data go; training then reads them with the same --data_dir "
         "(default: tensorflow-datasets' folder, ~/tensorflow_datasets, as for training)",
     )
-    args = parser.parse_args(argv)
     configure_logging()
+
+    def one_line(message):  # argparse's usage and error lines, as one
+        log.error("%s (hvd-lars-prepare --help says more)", message)
+        sys.exit(EXIT_BAD_INPUT)
+
+    parser.error = one_line
+    args = parser.parse_args(argv)
     try:
         run(args.dataset, args.manual_dir, args.data_dir)
-    except (UnknownDataset, imagenet.CannotPrepare, ImportError) as e:
+    except (ValueError, ImportError) as e:
+        preparation = sys.modules.get("hvd_lars.data.imagenet_preparation")  # imported where it raised
+        refused = (UnknownDataset, getattr(preparation, "CannotPrepare", ()))
+        if isinstance(e, ValueError) and not isinstance(e, refused):
+            raise
         log.error("%s", e)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -38,7 +38,9 @@ def test_every_data_set_either_prepares_or_says_it_needs_nothing_and_others_are_
     assert not set(prepare.PREPARATIONS) & set(prepare.NO_PREPARATION)
     for name, reason in prepare.NO_PREPARATION.items():
         said = [f"[hvd_lars] {name} needs no preparation: {reason}."]
-        assert _prepare(capsys, name, "--data_dir=/nonexistent") == (0, said, [])
+        assert _prepare(capsys, name) == (0, said, [])
+        refusal = f"hvd_lars: error: --data_dir=/nonexistent: no such folder ({name} reads its data there)."
+        assert _prepare(capsys, name, "--data_dir=/nonexistent") == (2, [], [refusal])
     assert not os.path.exists("/nonexistent")
     refusal = f"hvd_lars: error: unknown data set 'imagenet'; valid: {', '.join(sorted(DATASETS))}."
     assert _prepare(capsys, "imagenet") == (2, [], [refusal])
@@ -100,9 +102,15 @@ def test_the_console_script_and_the_module_as_a_user_runs_them(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "hvd-lars-prepare")
     command = [script, "imagenet2012", f"--manual_dir={tmp_path}", f"--data_dir={tmp_path / 'tfds'}"]
     refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    errors = [line for line in refused.stderr.splitlines() if line.startswith("hvd_lars")]
-    assert len(errors) == 1 and f"--manual_dir={tmp_path} lacks {TARS}." in errors[0]
+    [error] = refused.stderr.splitlines()  # TensorFlow's start-up notices left out
+    assert refused.returncode == 2 and f"--manual_dir={tmp_path} lacks {TARS}." in error
+    # A usage error: one line, before TensorFlow is imported.
+    command = [sys.executable, "-X", "importtime", "-m", "hvd_lars.prepare", "fashion_mnist", "--bogus"]
+    bad = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    errors = [line for line in bad.stderr.splitlines() if not line.startswith("import time:")]
+    assert bad.returncode == 2 and errors == [
+        "hvd_lars: error: unrecognized arguments: --bogus (hvd-lars-prepare --help says more)"]  # fmt: skip
+    assert "tensorflow" not in [line.split("|")[-1].strip() for line in bad.stderr.splitlines()]
     command = [sys.executable, "-m", "hvd_lars.prepare", "--help"]
     helped = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: hvd-lars-prepare [-h]")

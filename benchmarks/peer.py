@@ -190,8 +190,8 @@ def op_times(folder):
     """{"by_type": {op type: ms}, "by_layer": {"batch norm"|"convolution"|"other": ms}} of the TensorFlow
     ops in the profile (tf.profiler's XSpace) under `folder`: every op's duration summed over the threads
     that ran it, forward and backward (an op is a batch norm's where its name holds a `*_bn` scope, Keras 3's
-    `*_bn_1` included, as every batch norm of applications.ResNet50 is named, or a `*_bnN` one, as the
-    project's ResNet-50 names them); executor events (`A::B`) are left out."""
+    `*_bn_1` included, as every batch norm of applications.ResNet50 is named, or a `*_bnN` one, `*_bnN_1`
+    included, as the project's ResNet-50 names them); executor events (`A::B`) are left out."""
     import collections
     import glob
     import re
@@ -220,7 +220,7 @@ def op_times(folder):
                         continue
                     ms = event.duration_ps / 1e9
                     by_type[kind] += ms
-                    if re.search(r"_bn_?\d*/", scope + "/"):
+                    if re.search(r"_bn\d*(_\d+)?/", scope + "/"):
                         layer = "batch norm"
                     else:
                         layer = "convolution" if "conv" in kind.lower() else "other"

@@ -36,7 +36,7 @@ def test_profile_op_times_by_layer_kind_for_both_naming_schemes(tmp_path):
 
     space = xplane_pb2.XSpace()  # events "<op name>:<op type>"; Keras's *_bn, *_bn_1; the project's *_bnN
     plane = space.planes.add(name="/host:CPU")
-    for i, name in enumerate(["a_bn/F:FusedBatchNormV3", "a_bn_1/M:Mul", "b_bn2/F:FusedBatchNormV3",
+    for i, name in enumerate(["a_bn/F:FusedBatchNormV3", "a_bn_1/M:Mul", "b_bn2_1/F:FusedBatchNormV3",
                               "conv1/C:Conv2D", "conv1_bnx/R:Relu", "Executor::Run:Run"]):  # fmt: skip
         plane.event_metadata[i].name = name
         plane.lines.add().events.add(metadata_id=i, duration_ps=2**i * 10**9)  # op i: 2^i ms

@@ -95,6 +95,10 @@ def parse(argv):
         sys.stdout.write(help_text() + "\n")
         sys.exit(0)
     configure_logging()
+    if len(argv) == 1:
+        _exit(
+            "no settings: give an experiment, e.g. --flagfile=flags/smoke.flags (flags/ holds the paper's)."
+        )
     try:
         rest = FLAGS(argv)
         if len(rest) > 1:

@@ -77,7 +77,7 @@ def test_every_setting_of_choices_refuses_another_value_listing_them(name):
         (dict(global_batch_size=4095), "4095 does not divide by the world size 2"),
         (dict(global_batch_size=0), "Give --global_batch_size or --per_rank_batch_size (both are 0)."),
         (dict(warmup_epochs=3), "--warmup_epochs=3 must be < --epochs=3."),
-        (dict(base_learning_rate=1.0), "Give exactly one positive --base_learning_rate or --peak_learning_"),
+        (dict(base_learning_rate=1.0), "(got --base_learning_rate=1.0, --peak_learning_rate=2.0)."),
         (dict(peak_learning_rate=0.0), "Give exactly one positive --base_learning_rate or --peak_learning_"),
         (dict(optimizer="momentum", eta=0.01, trust_ratio_mode="update"),
          "--eta=0.01, --trust_ratio_mode='update' only apply to --optimizer=lars"),

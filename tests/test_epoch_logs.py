@@ -152,6 +152,9 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog, mo
     s = dict(run_name="r", epochs=[], images_per_second=0, plan=dict(epochs=1, total_steps=1), wall_time_s=2)
     line = epoch_logs._end_lines(s, "d", None, None)[0]
     assert line == "finished r: 0 of 1 epoch (1 step) in 2 s, images/s not measured"
+    s = {**s, "images_per_second": 12.3}  # measured over the one epoch of this start (its tracing in it)
+    line = epoch_logs._end_lines(s, "d", None, None, steady=False)[0]
+    assert line.endswith(" in 2 s, 12 images/s (this start's one epoch, tracing included)")
     assert os.path.getsize(tmp_path / "run.png") > 10_000
     loss, top1, rate = plot_run.make_figure(str(tmp_path)).axes[:3]
     assert [ax.get_title() for ax in (loss, top1, rate)] == ["loss", "top-1", "learning rate"]

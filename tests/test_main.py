@@ -95,6 +95,7 @@ def test_single_process_subset_killed_resumed_completed(tmp_path):
     # Complete: another start trains nothing and keeps the summary.
     result = _run(command)
     assert result.returncode == 0 and "complete (16 of 16 steps)" in result.stdout
+    assert "resumed from" not in result.stdout  # a finished run is not resumed
     assert json.loads((run_dir / "summary.json").read_text()) == summary
 
     # The same run directory with another schedule (3 epochs) is refused, naming what changed.
@@ -222,6 +223,14 @@ def test_help_lists_every_setting_once_by_group_and_exits_0(capsys):
         "(default: lars) LARS, or SGD with coupled L2 decay. One of: lars, momentum, nesterov."
         in " ".join(help_text.split())
     )
+
+
+@pytest.mark.unit
+def test_no_settings_at_all_point_at_the_flagfiles(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main.parse(["main"])
+    want = "no settings: give an experiment, e.g. --flagfile=flags/smoke.flags (flags/ holds the paper's)."
+    assert ended.value.code == 2 and capsys.readouterr().err == f"hvd_lars: error: {want}\n"
 
 
 @pytest.mark.horovod

@@ -167,9 +167,11 @@ class TrainConfig:
         if self.optimizer != "lars" and (lars_only := self._given(("eta", "epsilon", "trust_ratio_mode"))):
             raise ValueError(f"{', '.join(lars_only)} only apply to --optimizer=lars, not {self.optimizer}.")
         if (self.base_learning_rate > 0) == (self.peak_learning_rate > 0):
-            rates = f"{self.base_learning_rate}, {self.peak_learning_rate}"
+            given = ", ".join(
+                f"--{n}={getattr(self, n)}" for n in ("base_learning_rate", "peak_learning_rate")
+            )
             raise ValueError(
-                f"Give exactly one positive --base_learning_rate or --peak_learning_rate (got {rates})."
+                f"Give exactly one positive --base_learning_rate or --peak_learning_rate (got {given})."
             )
         if self.warmup_epochs >= self.epochs:
             raise ValueError(f"--warmup_epochs={self.warmup_epochs} must be < --epochs={self.epochs}.")

@@ -137,18 +137,19 @@ class RunSummary(keras.callbacks.Callback):
             except Exception as e:  # a picture is not worth a finished run
                 log.warning(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
                 plot = None
-            for line in _end_lines(self.summary, run_dir, checkpoint, plot):
+            for line in _end_lines(self.summary, run_dir, checkpoint, plot, steady=len(self._rates) > 1):
                 log.info(line)
         faults.agree(name="hvd_lars.summary_write")
 
 
-def _end_lines(s, run_dir, checkpoint, plot):
+def _end_lines(s, run_dir, checkpoint, plot, steady=True):
     epochs, rate, plan = s["epochs"], s["images_per_second"], s["plan"]
+    over = "this start's epochs after its first" if steady else "this start's one epoch, tracing included"
     done = epochs[-1]["epoch"] if epochs else 0
     lines = [
         f"finished {s['run_name']}: {done} of {counted(plan['epochs'], 'epoch')} "
         f"({counted(plan['total_steps'], 'step')}) in {s['wall_time_s']:.0f} s, "
-        + (f"{rate:.0f} images/s (this start's epochs after its first)" if rate else "images/s not measured")
+        + (f"{rate:.0f} images/s ({over})" if rate else "images/s not measured")
     ]
     for split, name in (("test", "test"), ("val", "validation")):
         done = [(e[f"{split}_top1"], e[f"{split}_top5"], e["epoch"]) for e in epochs if f"{split}_top1" in e]

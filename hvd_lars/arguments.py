@@ -74,6 +74,12 @@ def check(name, value, accepted: Range):
     return value
 
 
+# The image-folder pipeline's one setting without a default: said by the flags' check and the pipeline's.
+IMAGE_FOLDER_NEEDS_DATA_DIR = (
+    "--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>."
+)
+
+
 def counted(number, noun):
     """ "1 rank", "2 ranks": `number` and `noun`, plural unless `number` is 1."""
     return f"{number} {noun}{'s' * (number != 1)}"

@@ -163,10 +163,11 @@ def _exit(message, status=EXIT_BAD_INPUT, every_rank=False):
 
 def _unparsed_value(message):
     """absl's "flag --name=value: <its parser's words>" in the one wording, with what the flag accepts."""
-    name, value = re.match(r"flag --(\w+)=(.*?): ", message).groups()
-    field = next((f for f in dataclasses.fields(TrainConfig) if f.name == name), None)
-    if field is None:  # one of absl's own flags
+    match = re.match(r"flag --(\w+)=(.*?): ", message, re.S)
+    field = next((f for f in dataclasses.fields(TrainConfig) if match and f.name == match[1]), None)
+    if field is None:  # one of absl's own flags, or another of its forms ("--flagfile with no argument")
         return message
+    name, value = match.groups()
     accepted = field.metadata["accepted"]
     if isinstance(accepted, arguments.Range):
         what = accepted.describe()

@@ -27,7 +27,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 log = logging.getLogger("hvd_lars")
 
 
-class UnknownDataset(ValueError):
+class Refused(ValueError):
     """A name that is not one of `hvd_lars.data.DATASETS`, or a --data_dir that is not a folder."""
 
 
@@ -82,19 +82,21 @@ def _report(ds_builder, root, what):
     )
 
 
+# The data sets without a preparation whose files training reads from --data_dir as they are.
+READ_IN_PLACE = ("fashion_mnist", "image_folder")
 # The data sets this command prepares: name -> callable(manual_dir, data_dir).
 PREPARATIONS = {"imagenet2012": prepare_imagenet}
 
 
 def run(dataset, manual_dir="", data_dir=""):
     """Prepares `dataset` (a name of `hvd_lars.data.DATASETS`), or says in one line that it needs nothing.
-    Raises UnknownDataset (listing the valid names; a `data_dir` that is not a folder),
+    Raises Refused (listing the valid names; a `data_dir` that is not a folder, where one is read),
     `imagenet_preparation.CannotPrepare` (a ValueError, before anything is converted) or ImportError (no
     tensorflow-datasets)."""
     if dataset not in DATASETS:
-        raise UnknownDataset(f"unknown data set {dataset!r}; valid: {', '.join(DATASETS)}.")
-    if dataset not in PREPARATIONS and data_dir and not os.path.isdir(data_dir):
-        raise UnknownDataset(f"--data_dir={data_dir}: no such folder ({dataset} reads its data there).")
+        raise Refused(f"unknown data set {dataset!r}; valid: {', '.join(DATASETS)}.")
+    if dataset in READ_IN_PLACE and data_dir and not os.path.isdir(data_dir):
+        raise Refused(f"--data_dir={data_dir}: no such folder ({dataset} reads its data there).")
     if dataset not in PREPARATIONS:
         log.info("%s needs no preparation: %s.", dataset, NO_PREPARATION[dataset])
         return
@@ -124,7 +126,7 @@ def main(argv=None):
     configure_logging()
 
     def one_line(message):  # argparse's usage and error lines, as one
-        log.error("%s (hvd-lars-prepare --help says more)", message)
+        log.error("%s (data sets: %s; hvd-lars-prepare --help says more)", message, ", ".join(DATASETS))
         sys.exit(EXIT_BAD_INPUT)
 
     parser.error = one_line
@@ -133,7 +135,7 @@ def main(argv=None):
         run(args.dataset, args.manual_dir, args.data_dir)
     except (ValueError, ImportError) as e:
         preparation = sys.modules.get("hvd_lars.data.imagenet_preparation")  # imported where it raised
-        refused = (UnknownDataset, getattr(preparation, "CannotPrepare", ()))
+        refused = (Refused, getattr(preparation, "CannotPrepare", ()))
         if isinstance(e, ValueError) and not isinstance(e, refused):
             raise
         log.error("%s", e)

@@ -91,6 +91,7 @@ def test_every_setting_of_choices_refuses_another_value_listing_them(name):
          "settings it takes --image_size."),
         (dict(dataset="image_folder", validation_examples=5), "--image_size, --preprocessing, --skip_corr"),
         (dict(dataset="image_folder"), "--dataset=image_folder needs --data_dir=<folder holding train/"),
+        (dict(decay_boundaries_epochs=("1", "a")), "--decay_boundaries_epochs=1,a: each must be a finite"),
         *[(dict(run_name=name), f"--run_name={name!r}: a folder name inside --workdir (no '/', not '.' or")
           for name in ("..", ".", "a/b", "/tmp/run", "../results")],
     ],

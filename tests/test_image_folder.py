@@ -191,6 +191,8 @@ def test_train_epochs_are_shard_permutations_and_a_resume_at_step_40_reads_no_mo
 
 @pytest.mark.unit
 @pytest.mark.parametrize("build", [get_input, describe_input])
-def test_without_its_folders_says_what_to_pass(tmp_path, build):  # no --data_dir: TrainConfig.validate
+def test_without_a_data_dir_or_folder_says_what_to_pass(tmp_path, build):
+    with pytest.raises(ValueError, match="needs --data_dir"):
+        build("image_folder", _request(None), image_size=28)
     with pytest.raises(FileNotFoundError, match="train/<class>" if build is get_input else "train not found"):
         build("image_folder", _request(str(tmp_path)), image_size=28)

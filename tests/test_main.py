@@ -226,6 +226,12 @@ def test_help_lists_every_setting_once_by_group_and_exits_0(capsys):
 
 
 @pytest.mark.unit
+def test_absl_errors_of_other_forms_and_flags_are_passed_on_as_they_are():
+    for message in ("--flagfile with no argument", "flag --verbosity=x: invalid literal for int()"):
+        assert main._unparsed_value(message) == message
+
+
+@pytest.mark.unit
 def test_no_settings_at_all_point_at_the_flagfiles(capsys):
     with pytest.raises(SystemExit) as ended:
         main.parse(["main"])

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from hvd_lars.arguments import IMAGE_FOLDER_NEEDS_DATA_DIR
 from hvd_lars.data import encoded_images, listing, order
 from hvd_lars.data.interface import InputShapes
 from hvd_lars.data.preprocessing import DEFAULT_IMAGE_SIZE
@@ -57,6 +58,11 @@ def list_splits(data_dir, index_dir=None, rank=0, world_size=1):
     return listing.Listing.from_bytes(blobs[0]), listing.Listing.from_bytes(blobs[1])
 
 
+def _check_data_dir(data_dir):
+    if not data_dir:
+        raise ValueError(IMAGE_FOLDER_NEEDS_DATA_DIR)
+
+
 def _index_folder(run_dir):
     return os.path.join(run_dir, INDEX_FOLDER) if run_dir else None
 
@@ -64,6 +70,7 @@ def _index_folder(run_dir):
 def image_folder_shapes(request, options):
     """`InputShapes` of `image_folder_input(request, options)`, from the training split's listing alone
     (its index in the run directory while valid); raises as `image_folder_input` for that split."""
+    _check_data_dir(request.data_dir)
     train_index = _index_path(_index_folder(request.run_dir), "train")
     train, _ = listing.listed(os.path.join(request.data_dir, "train"), train_index)
     image_size = options.image_size or DEFAULT_IMAGE_SIZE
@@ -89,11 +96,12 @@ def image_folder_input(request, options):
     stays represented). Classes missing from the validation split are named in a warning (rank 0).
 
     Raises:
-        ValueError: bad rank/world size, or a folder the listing refuses.
+        ValueError: `data_dir` not given, bad rank/world size, or a folder the listing refuses.
         FileNotFoundError: missing folders or no images.
     """
     rank, world_size = request.rank, request.world_size
     check_rank(rank, world_size)
+    _check_data_dir(request.data_dir)
     train_listing, eval_listing = list_splits(
         request.data_dir, _index_folder(request.run_dir), rank, world_size
     )

@@ -192,7 +192,7 @@ def resume(model, optimizer, build, run_dir, plan, allow_plan_change):
                 f"the checkpoint {path} does not fit this run's model and optimizer ({type(e).__name__}: "
                 f"{str(e).splitlines()[0][:200]}): resume it with its own flags, or {AFRESH.format(run_dir)}."
             ) from None
-        if int(optimizer.iterations) < plan.total_steps:  # a finished run says only that (train.attempt)
+        if not plan.finished(int(optimizer.iterations)):  # a finished run says only that (train.attempt)
             log.info(f"resumed from {path} (step {int(optimizer.iterations)})")
         break
     else:

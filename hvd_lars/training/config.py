@@ -124,8 +124,9 @@ class TrainConfig:
                 item = float if isinstance(f.metadata["accepted"], arguments.Range) else str
                 try:
                     setattr(self, f.name, tuple(map(item, value)))
-                except ValueError as e:
-                    raise ValueError(f"--{f.name}={','.join(map(str, value))}: {e}") from e
+                except ValueError:  # a float's: str takes anything
+                    given, each = ",".join(map(str, value)), f.metadata["accepted"].describe()
+                    raise ValueError(f"--{f.name}={given}: each must be {each}.") from None
 
     def resolve_batch(self, world_size):
         """(global batch, per-rank micro-batch) at `world_size` ranks; ValueError: they do not fit."""
@@ -190,9 +191,7 @@ class TrainConfig:
                 f"takes {', '.join(f'--{n}' for n in takes) or 'none'}."
             )
         if self.dataset == "image_folder" and not self.data_dir:
-            raise ValueError(
-                "--dataset=image_folder needs --data_dir=<folder holding train/ and validation/>."
-            )
+            raise ValueError(arguments.IMAGE_FOLDER_NEEDS_DATA_DIR)
 
     def _given(self, names):  # ["--name=value", ...] of the settings of `names` off their defaults
         return [f"--{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != getattr(TrainConfig(), n)]

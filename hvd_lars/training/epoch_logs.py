@@ -120,8 +120,9 @@ class RunSummary(keras.callbacks.Callback):
         self._update()
 
     def _update(self):
-        s, steady = self.summary, self._rates[1:] or self._rates  # a start's first epoch includes tracing
-        s["images_per_second"] = sum(steady) / len(steady) if steady else None
+        self.steady = len(self._rates) > 1  # a start's first epoch includes tracing: left out if others
+        s, rates = self.summary, self._rates[1:] if self.steady else self._rates
+        s["images_per_second"] = sum(rates) / len(rates) if rates else None
         s["wall_time_s"] = self.progress.wall_time_s()
         for key in (f"{split}_top{k}" for split in ("test", "val") for k in (1, 5)):
             s[f"final_{key}"] = next((e[key] for e in reversed(s["epochs"]) if key in e), None)
@@ -137,7 +138,7 @@ class RunSummary(keras.callbacks.Callback):
             except Exception as e:  # a picture is not worth a finished run
                 log.warning(f"no plot of this run ({type(e).__name__}: {e}); try `hvd-lars-plot {run_dir}`")
                 plot = None
-            for line in _end_lines(self.summary, run_dir, checkpoint, plot, steady=len(self._rates) > 1):
+            for line in _end_lines(self.summary, run_dir, checkpoint, plot, self.steady):
                 log.info(line)
         faults.agree(name="hvd_lars.summary_write")
 

@@ -35,6 +35,9 @@ class Plan:
     precision: str = "float32"
     settings: dict = dataclasses.field(default_factory=dict, compare=False)
 
+    def finished(self, step):
+        return step >= self.total_steps
+
     def describe(self):
         return (
             f"global batch {self.global_batch_size} = {counted(self.world_size, 'rank')} x per-rank batch "

@@ -127,7 +127,7 @@ def attempt(job, plan, data, commit=None):
     variables = model.variables + model.optimizer.variables
     faults.check_run_dir(run_dir, faults.checkpoint_bytes(variables), config.keep_checkpoints)
     start_step = int(model.optimizer.iterations)
-    if start_step >= plan.total_steps:
+    if plan.finished(start_step):
         if chief:
             done = f"{start_step} of {plan.total_steps} steps"
             log.info(f"{run_dir} complete ({done}); nothing to do: {checkpoints.AFRESH.format(run_dir)}.")

@@ -199,6 +199,7 @@ def _exit_of(flags, monkeypatch, caplog):
 def test_bad_input_found_at_start_is_one_clear_error(flag, fragments, tmp_path, monkeypatch, caplog):
     status, [line] = _exit_of([flag, f"--workdir={tmp_path}"], monkeypatch, caplog)
     assert status == 2 and all(fragment in line for fragment in fragments), line
+    assert os.listdir(tmp_path) == []  # no run directory left behind
 
 
 @pytest.mark.unit

@@ -362,7 +362,8 @@ class ProgressWatchdog(keras.callbacks.Callback):
 
 
 class RunDirClaim:
-    """Context manager, a collective: rank 0 locks `<run_dir>/running.lock`; ValueError: another holds it."""
+    """Context manager, a collective: rank 0 locks `<run_dir>/running.lock`; ValueError: another holds it. A
+    start that ends in an exception with nothing of its run written leaves no run directory behind."""
 
     def __init__(self, run_dir):
         self.run_dir, self._fd = run_dir, None
@@ -399,7 +400,10 @@ class RunDirClaim:
         os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} (started {when})\n".encode(), 0)
         return fd
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, *_):
         if self._fd is not None:
+            if kind is not None and os.listdir(self.run_dir) == [LOCK_FILE]:  # refused before it began
+                os.remove(os.path.join(self.run_dir, LOCK_FILE))
+                os.rmdir(self.run_dir)
             os.close(self._fd)  # releases the lock
             self._fd = None

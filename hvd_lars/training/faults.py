@@ -402,11 +402,9 @@ class RunDirClaim:
 
     def __exit__(self, kind, *_):
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):  # the error that ended the start is the one to report
                 if kind is not None and os.listdir(self.run_dir) == [LOCK_FILE]:  # refused before it began
                     os.remove(os.path.join(self.run_dir, LOCK_FILE))
                     os.rmdir(self.run_dir)
-            except OSError:  # the error that ended the start is the one to report
-                pass
             os.close(self._fd)  # releases the lock
             self._fd = None

@@ -227,13 +227,9 @@ def test_help_lists_every_setting_once_by_group_and_exits_0(capsys):
 
 
 @pytest.mark.unit
-def test_absl_errors_of_other_forms_and_flags_are_passed_on_as_they_are():
+def test_no_settings_point_at_the_flagfiles_and_absls_other_errors_pass_on(capsys):
     for message in ("--flagfile with no argument", "flag --verbosity=x: invalid literal for int()"):
-        assert main._unparsed_value(message) == message
-
-
-@pytest.mark.unit
-def test_no_settings_at_all_point_at_the_flagfiles(capsys):
+        assert main._unparsed_value(message) == message  # its other forms, its own flags: as they are
     with pytest.raises(SystemExit) as ended:
         main.parse(["main"])
     want = "no settings: give an experiment, e.g. --flagfile=flags/smoke.flags (flags/ holds the paper's)."

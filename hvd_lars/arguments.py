@@ -62,9 +62,14 @@ def fraction():
     return Range(low=0.0, high=1.0)
 
 
+def refusal(name, value, accepted):
+    """The one wording, `accepted` a phrase ("a bool", "one of 'a', 'b'")."""
+    return f"{name} must be {accepted}, got {value!r}."
+
+
 def refuse(name, value, accepted):
-    """Raises ValueError in the one wording, `accepted` a phrase ("a bool", "one of 'a', 'b'")."""
-    raise ValueError(f"{name} must be {accepted}, got {value!r}.")
+    """Raises ValueError in the one wording (`refusal`)."""
+    raise ValueError(refusal(name, value, accepted))
 
 
 def check(name, value, accepted: Range):

@@ -175,7 +175,7 @@ def _unparsed_value(message):
         what = f"one of {', '.join(map(str, accepted))}"
     else:
         what = {bool: "true or false", int: "a whole number"}.get(field.type, "a number")
-    return f"--{name} must be {what}, got {value!r}."
+    return arguments.refusal(f"--{name}", value, what)
 
 
 def _undecodable_flagfile(argv, encoding):

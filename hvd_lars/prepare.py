@@ -28,7 +28,8 @@ log = logging.getLogger("hvd_lars")
 
 
 class Refused(ValueError):
-    """A name that is not one of `hvd_lars.data.DATASETS`, or a --data_dir that is not a folder."""
+    """Bad input: a name that is not one of `hvd_lars.data.DATASETS`, a --data_dir that is not a folder, or
+    what the preparation refuses before it converts anything."""
 
 
 # Why the data sets without a preparation need none (one line each; every other name of DATASETS prepares).
@@ -65,7 +66,10 @@ def prepare_imagenet(manual_dir, data_dir):
         )
 
     start = time.monotonic()
-    done = imagenet.prepare(manual_dir, data_dir, starting)
+    try:
+        done = imagenet.prepare(manual_dir, data_dir, starting)
+    except imagenet.CannotPrepare as e:  # bad input, found before anything is converted
+        raise Refused(str(e)) from e
     took = datetime.timedelta(seconds=round(time.monotonic() - start))
     _report(done.builder, root, f"prepared in {took} (h:mm:ss)" if done.converted else "is prepared")
 
@@ -90,9 +94,8 @@ PREPARATIONS = {"imagenet2012": prepare_imagenet}
 
 def run(dataset, manual_dir="", data_dir=""):
     """Prepares `dataset` (a name of `hvd_lars.data.DATASETS`), or says in one line that it needs nothing.
-    Raises Refused (listing the valid names; a `data_dir` that is not a folder, where one is read),
-    `imagenet_preparation.CannotPrepare` (a ValueError, before anything is converted) or ImportError (no
-    tensorflow-datasets)."""
+    Raises Refused (listing the valid names; a `data_dir` that is not a folder, where one is read; what
+    the preparation refuses before it converts anything) or ImportError (no tensorflow-datasets)."""
     if dataset not in DATASETS:
         raise Refused(f"unknown data set {dataset!r}; valid: {', '.join(DATASETS)}.")
     if dataset in READ_IN_PLACE and data_dir and not os.path.isdir(data_dir):
@@ -133,11 +136,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         run(args.dataset, args.manual_dir, args.data_dir)
-    except (ValueError, ImportError) as e:
-        preparation = sys.modules.get("hvd_lars.data.imagenet_preparation")  # imported where it raised
-        refused = (Refused, getattr(preparation, "CannotPrepare", ()))
-        if isinstance(e, ValueError) and not isinstance(e, refused):
-            raise
+    except (Refused, ImportError) as e:
         log.error("%s", e)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

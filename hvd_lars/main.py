@@ -108,7 +108,7 @@ def parse(argv):
     except flags.UnrecognizedFlagError as e:
         near = difflib.get_close_matches(e.flagname.removeprefix("no"), list(FLAGS), n=1, cutoff=0.75)
         near = "".join(f"; did you mean --{n}?" for n in near)
-        _exit(f"--{e.flagname}: no such flag{near} (--help lists them)")
+        _exit(f"--{e.flagname}{_flagfile_line(argv, e.flagname)}: no such flag{near} (--help lists them)")
     except flags.CantOpenFlagFileError as e:
         _exit(f"{str(e).removeprefix('ERROR:: ')} (the experiments' flagfiles are in flags/)")
     except UnicodeDecodeError as e:  # a ValueError: first
@@ -178,21 +178,37 @@ def _unparsed_value(message):
     return arguments.refusal(f"--{name}", value, what)
 
 
-def _undecodable_flagfile(argv, encoding):
-    """Where the first flagfile of `argv` (or one it names) fails to decode as `encoding`."""
+def _flagfiles(argv):
+    """(path, bytes) of each flagfile `argv` names and of each one those name, in that order."""
     paths = [w.split("=", 1)[1] for w in argv if w.lstrip("-").startswith("flagfile=")]
     for path in paths:  # grows with the flagfiles each names
         data = pathlib.Path(path).read_bytes() if os.path.isfile(path) else b""
+        yield path, data
+        words = data.decode(errors="replace").split()
+        paths += [w[11:] for w in words if w.startswith("--flagfile=") and w[11:] not in paths]
+
+
+def _undecodable_flagfile(argv, encoding):
+    """Where the first flagfile of `argv` (or one it names) fails to decode as `encoding`."""
+    for path, data in _flagfiles(argv):
         try:
-            named = [w.split("=", 1)[1] for w in data.decode(encoding).split() if w.startswith("--flagfile=")]
+            data.decode(encoding)
         except UnicodeDecodeError as e:
             line, column = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start)
             return (
                 f"--flagfile={path}: line {line} is not {encoding} text (byte {data[e.start]:#04x} at column "
                 f"{column}); save the file as {encoding}."
             )
-        paths += [p for p in named if p not in paths]
     return f"a flagfile is not {encoding} text."
+
+
+def _flagfile_line(argv, name):
+    """' (line N of --flagfile=PATH)' where a flagfile of `argv` (or one it names) sets --`name`, else ''."""
+    for path, data in _flagfiles(argv):
+        for number, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
+            if re.fullmatch(rf"--{re.escape(name)}(=.*)?", line.strip()):
+                return f" (line {number} of --flagfile={path})"
+    return ""
 
 
 def main():

@@ -132,6 +132,11 @@ def test_two_ranks_subset(tmp_path):
     [
         ("--epoch=3", "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
         (
+            "--flagfile={tmp}/typo.flags",
+            "--epoch (line 2 of --flagfile={tmp}/typo.flags): no such flag; did you mean --epochs? "
+            "(--help lists them)",
+        ),
+        (
             "--noasync_checkpoint",
             "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)",
         ),
@@ -164,6 +169,7 @@ def test_two_ranks_subset(tmp_path):
 )
 def test_bad_flags_are_one_line_before_tensorflow_is_imported(flag, line, tmp_path):
     (tmp_path / "mine.flags").write_bytes(b"--flagfile=flags/smoke.flags\n# caf\xe9 au lait (Latin-1)\n")
+    (tmp_path / "typo.flags").write_text("--flagfile=flags/smoke.flags\n--epoch=3\n")
     flag = flag.format(tmp=tmp_path)
     result = subprocess.run(
         [*MAIN[:1], "-X", "importtime", *MAIN[1:], flag], cwd=REPO, capture_output=True, text=True

@@ -153,7 +153,7 @@ def test_two_ranks_subset(tmp_path):
             "--run_name='../x': a folder name inside --workdir (no '/', not '.' or '..'); "
             "--workdir says where.",
         ),
-        ("--warmup_epochs=20", "--warmup_epochs=20.0 must be < --epochs=12.0."),
+        ("--warmup_epochs=20", "--warmup_epochs=20.0 must be < --epochs=12."),
         (
             "--flagfile=flags/nope.flags",
             "Unable to open flagfile: [Errno 2] No such file or directory: "

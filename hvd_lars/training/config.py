@@ -64,7 +64,7 @@ class TrainConfig:
     schedule: str = setting(
         "mlperf_poly", "mlperf_poly: warmup, then poly; paper_poly: poly from step 0.", SCHEDULES, plan=True
     )
-    epochs: float = setting(10.0, "Training epochs.", above(0, whole=True), plan=True)
+    epochs: int = setting(10, "Training epochs.", above(0, whole=True), plan=True)
     warmup_epochs: float = setting(1.0, "Linear warmup length in epochs.", _RATE, plan=True)
     warmup_start_learning_rate: float = setting(0.0, "Rate at step 0.", _RATE, plan=True)
     end_learning_rate: float = setting(0.0, "Rate at the last step.", _RATE, plan=True)

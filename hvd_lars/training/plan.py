@@ -72,7 +72,7 @@ def make_plan(config, world_size, num_train_examples, input_shape=None, batch=No
     global_batch, per_rank = batch or config.resolve_batch(world_size)
     if global_batch > examples:
         raise ValueError(f"--global_batch_size={global_batch} exceeds the {examples} training examples.")
-    steps, epochs = config.steps_per_epoch or examples // global_batch, int(config.epochs)
+    steps, epochs = config.steps_per_epoch or examples // global_batch, config.epochs
     peak = config.peak_learning_rate or scaled_learning_rate(config.base_learning_rate, global_batch)
     warmup, precision = steps_in_epochs(config.warmup_epochs, steps), resolve_precision(config.precision)
     figures = dict(global_batch_size=global_batch, steps_per_epoch=steps, epochs=epochs, warmup_steps=warmup)

@@ -59,7 +59,7 @@ def pytest_collection_modifyitems(items):
             raise pytest.UsageError(f"{item.nodeid} has tier markers {tiers}; give exactly one of {TIERS}.")
     # Longest first, so that short ones fill the end: the system group, then the files that start
     # processes, then the unit-only files.
-    file = lambda item: item.nodeid.split("::")[0]  # noqa: E731
+    file = lambda item: item.nodeid.split("::")[0]
     processes = {file(item) for item in items if item.get_closest_marker("horovod")}
     items.sort(key=lambda item: (item.get_closest_marker("system") is None, file(item) not in processes))
 

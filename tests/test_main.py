@@ -126,47 +126,29 @@ def test_two_ranks_subset(tmp_path):
     assert 0.5 < summary["final_test_top1"] <= 1.0 and 0.5 < summary["final_val_top1"] <= 1.0
 
 
+BAD_FLAGS = [  # (flags, the one line), {tmp} the test's folder
+    ("--flagfile={tmp}/typo.flags", "--epoch (line 2 of --flagfile={tmp}/typo.flags): no such flag; "
+     "did you mean --epochs? (--help lists them)"),
+    ("--noasync_checkpoint",
+     "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)"),
+    ("--model=vgg99", "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, resnet50, "
+     "small_cnn, small_cnn_nobn."),
+    ("--momentum=1.5", "--momentum must be a finite number >= 0 and < 1, got 1.5."),
+    ("--epochs=abc", "--epochs must be a whole number > 0, got 'abc'."),
+    ("--deterministic=maybe", "--deterministic must be true or false, got 'maybe'."),
+    ("--run_name=../x",
+     "--run_name='../x': a folder name inside --workdir (no '/', not '.' or '..'); --workdir says where."),
+    ("--warmup_epochs=20", "--warmup_epochs=20.0 must be < --epochs=12."),
+    ("--flagfile=flags/nope.flags", "Unable to open flagfile: [Errno 2] No such file or directory: "
+     "'flags/nope.flags' (the experiments' flagfiles are in flags/)"),
+    ("extra", "unexpected arguments extra: give settings as --name=value."),
+    ("--flagfile={tmp}/mine.flags", "--flagfile={tmp}/mine.flags: line 2 is not utf-8 text (byte 0xe9 at "
+     "column 6); save the file as utf-8."),
+]  # fmt: skip
+
+
 @pytest.mark.horovod
-@pytest.mark.parametrize(
-    "flag, line",
-    [
-        ("--epoch=3", "--epoch: no such flag; did you mean --epochs? (--help lists them)"),
-        (
-            "--flagfile={tmp}/typo.flags",
-            "--epoch (line 2 of --flagfile={tmp}/typo.flags): no such flag; did you mean --epochs? "
-            "(--help lists them)",
-        ),
-        (
-            "--noasync_checkpoint",
-            "--noasync_checkpoint: no such flag; did you mean --async_checkpoints? (--help lists them)",
-        ),
-        (
-            "--model=vgg99",
-            "--model='vgg99'; valid: alexnet, alexnet_bn, resnet18, resnet20, resnet34, "
-            "resnet50, small_cnn, small_cnn_nobn.",
-        ),
-        ("--momentum=1.5", "--momentum must be a finite number >= 0 and < 1, got 1.5."),
-        ("--epochs=abc", "--epochs must be a whole number > 0, got 'abc'."),
-        ("--deterministic=maybe", "--deterministic must be true or false, got 'maybe'."),
-        (
-            "--run_name=../x",
-            "--run_name='../x': a folder name inside --workdir (no '/', not '.' or '..'); "
-            "--workdir says where.",
-        ),
-        ("--warmup_epochs=20", "--warmup_epochs=20.0 must be < --epochs=12."),
-        (
-            "--flagfile=flags/nope.flags",
-            "Unable to open flagfile: [Errno 2] No such file or directory: "
-            "'flags/nope.flags' (the experiments' flagfiles are in flags/)",
-        ),
-        ("extra", "unexpected arguments extra: give settings as --name=value."),
-        (
-            "--flagfile={tmp}/mine.flags",
-            "--flagfile={tmp}/mine.flags: line 2 is not utf-8 text (byte 0xe9 "
-            "at column 6); save the file as utf-8.",
-        ),
-    ],
-)
+@pytest.mark.parametrize("flag, line", BAD_FLAGS)
 def test_bad_flags_are_one_line_before_tensorflow_is_imported(flag, line, tmp_path):
     (tmp_path / "mine.flags").write_bytes(b"--flagfile=flags/smoke.flags\n# caf\xe9 au lait (Latin-1)\n")
     (tmp_path / "typo.flags").write_text("--flagfile=flags/smoke.flags\n--epoch=3\n")

@@ -27,15 +27,9 @@ class _Item:
 
 
 def test_each_file_is_a_group_every_system_test_in_one_first_then_files_that_start_processes():
-    ids = [
-        "test_lars.py::test_u",
-        "test_flops.py::test_a",
-        "test_flops.py::test_b",
-        "test_cluster.py::test_c",
-        "test_slurm.py::test_d",
-    ]
-    tiers = ["unit", "unit", "horovod", "system", "system"]
-    items = [_Item(f"tests/{i}", tier) for i, tier in zip(ids, tiers)]
+    ids = "lars.py::test_u flops.py::test_a flops.py::test_b cluster.py::test_c slurm.py::test_d".split()
+    tiers = "unit unit horovod system system".split()
+    items = [_Item(f"tests/test_{i}", tier) for i, tier in zip(ids, tiers)]
     for item in items:
         conftest.pytest_itemcollected(item)
     groups = [item.get_closest_marker("xdist_group").args[0] for item in items]

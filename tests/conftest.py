@@ -40,8 +40,7 @@ def pytest_configure(config):
 # process (a main program, a script) that uses one core, or wait on a scheduler, ssh or a file, so a
 # second worker's test fills the idle core. The groups: every system test in one (emulated hosts and the
 # one Slurm are machine-wide: one such test at a time, run first, as they take longest), every other file
-# in its own (its module-scoped fixtures are built once), those that start processes before the unit-only
-# ones. Without xdist the order is the same.
+# in its own (its module-scoped fixtures are built once). Without xdist the order is the same.
 SYSTEM_GROUP = "system"
 
 
@@ -57,11 +56,7 @@ def pytest_collection_modifyitems(items):
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} has tier markers {tiers}; give exactly one of {TIERS}.")
-    # Longest first, so that short ones fill the end: the system group, then the files that start
-    # processes, then the unit-only files.
-    file = lambda item: item.nodeid.split("::")[0]
-    processes = {file(item) for item in items if item.get_closest_marker("horovod")}
-    items.sort(key=lambda item: (item.get_closest_marker("system") is None, file(item) not in processes))
+    items.sort(key=lambda item: item.get_closest_marker("system") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,11 @@ and `MetricAverageCallback()`, `model.fit` of one epoch: `--warmup` steps, then 
 hvd_lars's side is the same script ported with one import (`import hvd_lars.parallel.horovod_keras as
 hvd`), with three models: Keras 3's ResNet50 as it is ("as is"), the same after
 `hvd_lars.fuse_batch_norm(model)` ("fused"), and the project's own ResNet-50
-(`hvd_lars.models.get_model("resnet50")`, float32 logits, "own"). Each is compared with the peer's
-`tf_keras.applications.ResNet50` measured in the same repetition.
+(`hvd_lars.models.get_model("resnet50")`, float32 logits, "own"). The applications models are compared with
+the peer's `tf_keras.applications.ResNet50` measured in the same repetition; the project's ResNet-50 (v1.5:
+6% more multiply-adds than applications' v1) with the same network on the peer's side ("peer_own":
+`hvd_lars/models/resnet.py` run with `keras` bound to tf_keras, whose `BatchNormalization` is fused on NHWC
+inputs, in place of the project's layer).
 
 Per run: images/s (images of all ranks over the slowest rank's wall time of the window) and images per
 CPU-second (the same images over the summed process CPU time, `time.process_time`, of all ranks in the
@@ -56,6 +59,7 @@ import time
 
 SIDES = {  # run name -> (side, model)
     "peer": ("peer", "applications"),
+    "peer_own": ("peer", "resnet50"),
     "as_is": ("hvd_lars", "applications"),
     "fused": ("hvd_lars", "applications_fused"),
     "own": ("hvd_lars", "resnet50"),
@@ -64,7 +68,17 @@ ROW_NAMES = {
     "as_is": "`applications.ResNet50`, as is",
     "fused": "`applications.ResNet50`, `fuse_batch_norm`",
     "own": "project's `get_model('resnet50')`",
+    "peer": "peer",
+    "peer_own": "peer, project's ResNet-50 in Keras 2",
 }
+OURS = ("as_is", "fused", "own")
+
+
+def peers(models):
+    """The peer's runs that `models` (of OURS) are compared with."""
+    return ["peer"] * bool({"as_is", "fused"} & set(models)) + ["peer_own"] * ("own" in models)
+
+
 PROVENANCE_PREFIXES = ("- Command (from the repository root)", "- Git SHA:", "- Machine:", "- Raw data:")
 LAYOUT_NAMES = {"1": "1 process", "2": "2 ranks", "2h": "2 emulated hosts", "4h": "4 emulated hosts"}
 
@@ -127,9 +141,11 @@ def train(keras, hvd, tf, model_name, dtype, args):
     keras.mixed_precision.set_global_policy(dtype)
     shape = (args.image_size, args.image_size, 3)
     if model_name == "resnet50":
-        from hvd_lars.models import get_model
+        model = own_resnet50(keras, shape) if args.side == "peer" else None
+        if model is None:
+            from hvd_lars.models import get_model
 
-        model = get_model("resnet50", num_classes=1000, input_shape=shape)
+            model = get_model("resnet50", num_classes=1000, input_shape=shape)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     else:
         model = keras.applications.ResNet50(weights=None, input_shape=shape)
@@ -179,11 +195,36 @@ def train(keras, hvd, tf, model_name, dtype, args):
         "cpu_s": c1 - c0,
         "images": args.batch_size * args.steps,
         "weights_sha256": digest.hexdigest(),
+        "trainable_parameters": sum(int(np.prod(w.shape)) for w in model.trainable_weights),
         "loss": float(history.history["loss"][-1]),
         "keras": keras.__version__,
         "tensorflow": tf.__version__,
         "horovod": __import__("horovod").__version__,
     }
+
+
+def own_resnet50(tf_keras, shape):
+    """The project's ResNet-50 built from Keras 2's layers: `hvd_lars/models/resnet.py` run as a new module
+    while `keras` names tf_keras and the project's batch-norm module is one whose `FusedBatchNormalization`
+    is tf_keras's `BatchNormalization` (fused on NHWC inputs: TensorFlow's FusedBatchNormV3, as the
+    project's layer). Nothing of hvd_lars is imported."""
+    import importlib.util
+    import types
+
+    names = ("keras", "hvd_lars.models.batch_norm")
+    saved = {name: sys.modules.get(name) for name in names}
+    batch_norm = types.ModuleType(names[1])
+    batch_norm.FusedBatchNormalization = tf_keras.layers.BatchNormalization
+    sys.modules.update(zip(names, (tf_keras, batch_norm)))
+    try:
+        path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "hvd_lars", "models", "resnet.py")
+        spec = importlib.util.spec_from_file_location("peer_resnet", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, was in saved.items():
+            sys.modules.pop(name) if was is None else sys.modules.__setitem__(name, was)
+    return module.resnet(50, num_classes=1000, input_shape=shape)
 
 
 def op_times(folder):
@@ -286,6 +327,7 @@ def launch(side, runs, layout, args, peer_path, env_base, shared, profile=False)
             "weights_identical": True, "loss": records[0]["loss"], "process_s": took, "load": os.getloadavg(),
             "keras": records[0]["keras"], "tensorflow": records[0]["tensorflow"],
             "horovod": records[0]["horovod"], "profile": records[0].get("profile"),
+            "trainable_parameters": records[0]["trainable_parameters"],
         })  # fmt: skip
     return out
 
@@ -309,7 +351,7 @@ def measure(args, peer_path, save=None):
             with cluster:
                 for rep in range(args.repetitions):
                     sides = {
-                        "peer": [("peer", d) for d in args.dtypes],
+                        "peer": [(n, d) for d in args.dtypes for n in peers(args.models)],
                         "hvd_lars": [(n, d) for d in args.dtypes for n in args.models],
                     }
                     order = ["peer", "hvd_lars"]
@@ -343,7 +385,7 @@ def profile(args, peer_path):
     env_base["PYTHONPATH"] = REPO
     runs = []
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="hvd_lars_peer_profile_") as shared:
-        for side, names in (("peer", ["peer"]), ("hvd_lars", args.models)):
+        for side, names in (("peer", peers(args.models)), ("hvd_lars", args.models)):
             todo = [(n, d) for d in args.dtypes for n in names]
             runs += launch(side, todo, "1", args, peer_path, env_base, shared, profile=True)
     return runs
@@ -369,7 +411,7 @@ def profile_lines(data):
     ]
     for dtype in dict.fromkeys(r["dtype"] for r in prof["runs"]):
         these = [r for r in prof["runs"] if r["dtype"] == dtype]
-        heads = ["peer" if r["name"] == "peer" else ROW_NAMES[r["name"]] for r in these]
+        heads = [ROW_NAMES[r["name"]] for r in these]
         lines += [f"{dtype}:", "", "| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(these)]
         for kind in ("batch norm", "convolution", "other"):
             lines.append(
@@ -418,9 +460,10 @@ def rows(runs):
             values = [r[field] for r in these if r["name"] == name]
             return statistics.median(values) if values else None
 
-        for name in [n for n in SIDES if n != "peer" and any(r["name"] == n for r in these)]:
-            out.append((layout, dtype, name, median("peer", "images_per_s"), median(name, "images_per_s"),
-                        median("peer", "images_per_cpu_s"), median(name, "images_per_cpu_s")))  # fmt: skip
+        for name in [n for n in OURS if any(r["name"] == n for r in these)]:
+            peer = "peer_own" if name == "own" and median("peer_own", "wall_s") else "peer"
+            out.append((layout, dtype, name, median(peer, "images_per_s"), median(name, "images_per_s"),
+                        median(peer, "images_per_cpu_s"), median(name, "images_per_cpu_s")))  # fmt: skip
     return out
 
 
@@ -451,7 +494,12 @@ def report(args, runs, provenance, profile_section=()):
         "",
         "Images per CPU-second (images over the summed process CPU time of all ranks in the timed window); "
         "images/s in the last columns. Ratio: hvd_lars / peer. The peer column of each layout and dtype is "
-        "the same runs of `tf_keras.applications.ResNet50`.",
+        "the same runs of `tf_keras.applications.ResNet50`"
+        + (
+            "; for the project's ResNet-50, of the same network built from Keras 2's layers (peer_own)."
+            if any(r["name"] == "peer_own" for r in runs)
+            else "."
+        ),
         "",
         "| layout | dtype | hvd_lars model | peer img/CPU-s | hvd_lars img/CPU-s | ratio | peer img/s | "
         "hvd_lars img/s | ratio |",
@@ -472,7 +520,7 @@ def report(args, runs, provenance, profile_section=()):
             continue
         seen.append(key)
         values = [x["images_per_cpu_s"] for x in runs if (x["layout"], x["dtype"], x["name"]) == key]
-        row_name = "peer" if r["name"] == "peer" else ROW_NAMES[r["name"]]
+        row_name = ROW_NAMES[r["name"]]
         lines.append(f"| {LAYOUT_NAMES[r['layout']]} | {r['dtype']} | {row_name} | "
                      + " | ".join(f"{v:.3f}" for v in values) + " |")  # fmt: skip
     lines += profile_section
@@ -531,7 +579,7 @@ def main(argv=None):
     args.layouts = args.layouts.split(",")
     args.dtypes = args.dtypes.split(",")
     args.models = args.models.split(",")
-    for value, valid in ((args.layouts, LAYOUT_NAMES), (args.models, ROW_NAMES)):
+    for value, valid in ((args.layouts, LAYOUT_NAMES), (args.models, OURS)):
         bad = [v for v in value if v not in valid]
         if bad:
             parser.error(f"{bad}: expected of {', '.join(valid)}")

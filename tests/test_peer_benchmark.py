@@ -1,6 +1,7 @@
 """benchmarks/peer.py: `main` with tiny arguments, report in tmp_path (the peer, tf_keras + Horovod's Keras
-layer, and hvd_lars's fused run, one process each, one step of 2 images at 32x32; the report's row and
-provenance; the tf.matmul rate a stand-in: test_benchmarks_smoke.py measures it); the profile's op times."""
+layer, and hvd_lars's fused and own runs, one process each, one step of 2 images at 32x32; the report's
+rows and provenance; the tf.matmul rate a stand-in: test_benchmarks_smoke.py measures it); the profile's
+op times."""
 
 import json
 import re
@@ -13,7 +14,7 @@ from benchmarks import common, peer
 @pytest.mark.horovod  # a Horovod process per side
 def test_peer_benchmark_one_process(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "matmul_rate", lambda: {"float32": 123.4, "bfloat16": 5.6, "size": 4096})
-    args = ["--layouts=1", "--dtypes=float32", "--models=fused", "--image_size=32", "--batch_size=2",
+    args = ["--layouts=1", "--dtypes=float32", "--models=fused,own", "--image_size=32", "--batch_size=2",
             "--warmup=1", "--steps=1", "--repetitions=1", f"--out={tmp_path / 'peer.md'}"]  # fmt: skip
     peer.main(args)
     text = (tmp_path / "peer.md").read_text()
@@ -25,8 +26,12 @@ def test_peer_benchmark_one_process(tmp_path, monkeypatch):
                     r"([\d.]+) \| \*\*([\d.]+)\*\* \|", text)  # fmt: skip
     assert row and float(row.group(1)) > 0 and float(row.group(2)) > 0, text
     runs = {r["name"]: r for r in json.loads((tmp_path / "peer.json").read_text())["runs"]}
-    assert set(runs) == {"peer", "fused"}
-    assert runs["peer"]["keras"].startswith("2.") and runs["fused"]["keras"].startswith("3.")
+    assert set(runs) == {"peer", "fused", "peer_own", "own"}
+    assert [runs[n]["keras"][:2] for n in ("peer", "peer_own", "fused", "own")] == ["2.", "2.", "3.", "3."]
+    # The own row's peer is the same network in Keras 2: ResNet-50 v1.5's 25,557,032 parameters on both sides.
+    assert runs["peer_own"]["trainable_parameters"] == runs["own"]["trainable_parameters"] == 25_557_032
+    own = re.search(r"\| 1 process \| float32 \| project's `get_model\('resnet50'\)` \| ([\d.]+) \|", text)
+    assert own and float(own.group(1)) == round(runs["peer_own"]["images_per_cpu_s"], 3), text
     assert all(r["ranks"] == 1 and r["weights_identical"] and r["images"] == 2 for r in runs.values())
 
 

@@ -475,11 +475,11 @@ def report(args, runs, provenance, profile_section=()):
         "# hvd_lars against Keras 2 + Horovod's own Keras layer",
         "",
         "Written by `benchmarks/peer.py` (its docstring says what runs). The peer: Keras "
-        f"{next(r['keras'] for r in runs if r['name'] == 'peer')} (`tf_keras`, TF_USE_LEGACY_KERAS=1) "
+        f"{next(r['keras'] for r in runs if r['name'] in peers(OURS))} (`tf_keras`, TF_USE_LEGACY_KERAS=1) "
         f"with Horovod {first['horovod']}'s `horovod.tensorflow.keras`, beside TensorFlow "
         f"{first['tensorflow']}; "
         f"hvd_lars: the same script with `import hvd_lars.parallel.horovod_keras as hvd`, Keras "
-        f"{next((r['keras'] for r in runs if r['name'] != 'peer'), '?')}. The peer's worker sets "
+        f"{next(r['keras'] for r in runs if r['name'] in OURS)}. The peer's worker sets "
         "`horovod.tensorflow.keras.callbacks.K = tf_keras.backend`: without it Horovod's "
         "`MetricAverageCallback` fails at the first epoch end on TensorFlow 2.21 (`module 'keras.backend' "
         "has no attribute 'constant'`).",

@@ -166,11 +166,6 @@ def test_end_of_a_run_prints_its_summary_and_draws_its_plot(tmp_path, caplog, mo
     assert len(schedule.get_xdata()) == plan.total_steps == 32
     # Warmup from 0 to 0.4 over 8 updates: update k (drawn at step k + 1) has rate 0.4 k / 8.
     np.testing.assert_allclose(schedule.get_ydata()[:8], [0.05 * k for k in range(8)], rtol=1e-6)
-    # A run logged by Keras's CSVLogger (no step column, "NA" where not evaluated) still plots.
-    (tmp_path / "metrics.csv").write_text("epoch,loss,top1,val_top1\n0,2.0,0.5,NA\n1,1.5,0.6,0.61\n")
-    lines = {line.get_label(): line for line in plot_run.make_figure(str(tmp_path)).axes[1].lines}
-    np.testing.assert_array_equal(lines["training"].get_xdata(), [8, 16])
-    np.testing.assert_array_equal(lines["validation"].get_xdata(), [16])
     # A plot that cannot be written (a small figure: the write is what fails) is one warning; the finished
     # run stays finished.
     monkeypatch.setattr(plot_run, "make_figure", lambda run_dir: matplotlib.figure.Figure((1, 1)))

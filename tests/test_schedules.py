@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from hvd_lars import PaperPolynomialDecay, WarmupCosineDecay, WarmupPolynomialDecay, WarmupStepDecay
-from hvd_lars.optim.schedules import SCHEDULES, epochs_to_steps, make_schedule, scaled_learning_rate
+from hvd_lars.optim.scaling import epochs_to_steps, scaled_learning_rate
+from hvd_lars.optim.schedules import SCHEDULES, make_schedule
 
 C = np.sqrt(0.5)
 HAND_VALUES = {

@@ -56,8 +56,8 @@ from hvd_lars.training.config import TrainConfig
 from hvd_lars.data import tfdata_options
 from hvd_lars.training.threads import applied_threads, configure_threads
 import tensorflow as tf
-rank, size = collectives.init()
-configure_threads(TrainConfig(), size)
+collectives.init()
+configure_threads(TrainConfig())
 ds = tf.data.Dataset.range(4).with_options(tfdata_options.options(True))
 print("THREADS " + json.dumps(applied_threads(ds)))
 """
@@ -125,7 +125,7 @@ def test_thread_settings_are_read_back_from_tensorflow():
 
     tf.constant(1.0) + 1.0  # this process's TensorFlow is initialised: its pools are fixed
     before = threads.applied_threads()
-    requested = threads.configure_threads(TrainConfig(intra_op_threads=7, inter_op_threads=3), world_size=1)
+    requested = threads.configure_threads(TrainConfig(intra_op_threads=7, inter_op_threads=3))
     assert requested == (7, 3)
     # The request came too late: what is reported is what TensorFlow runs with, not the request.
     assert threads.applied_threads() == before and (before["intra_op"], before["inter_op"]) != (7, 3)

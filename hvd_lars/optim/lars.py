@@ -64,7 +64,7 @@ class LARS(keras.optimizers.Optimizer):
         exclude_from_layer_adaptation: as above; None adapts every tensor (the paper);
             `mlperf_exclusions()` leaves batch-norm parameters and biases out of both.
         trust_ratio_mode: one of `TRUST_RATIO_MODES`.
-        momentum_correction: one of `MOMENTUM_CORRECTIONS` (False: "none", True: "always"): the velocity is
+        momentum_correction: one of `MOMENTUM_CORRECTIONS`: the velocity is
             rescaled by `lr_t / lr_{t-1}` before the update never (`"none"`, the released solver's default
             build), only during warmup (`"warmup"`, its non-fused path; needs a schedule with an int
             `warmup_steps`) or always (`"always"`, Goyal et al. 2017, eq. 10).
@@ -116,10 +116,8 @@ class LARS(keras.optimizers.Optimizer):
         check("eta", eta, above(0))
         if trust_ratio_mode not in TRUST_RATIO_MODES:
             refuse("trust_ratio_mode", trust_ratio_mode, f"one of {TRUST_RATIO_MODES}")
-        if isinstance(momentum_correction, bool):
-            momentum_correction = "always" if momentum_correction else "none"
         if momentum_correction not in MOMENTUM_CORRECTIONS:
-            refuse("momentum_correction", momentum_correction, f"one of {MOMENTUM_CORRECTIONS} or a bool")
+            refuse("momentum_correction", momentum_correction, f"one of {MOMENTUM_CORRECTIONS}")
         if momentum_correction != "none" and trust_ratio_mode == "update":
             # There the velocity is in gradient units: rescaling it by lr_t / lr_{t-1} corrects nothing.
             raise ValueError(

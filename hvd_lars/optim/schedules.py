@@ -3,9 +3,8 @@
 Each schedule is a `keras.optimizers.schedules.LearningRateSchedule` of the optimizer step (applied
 updates, counted from 0), built from the pure functions of `hvd_lars.optim.rate_curves`; its config is
 exactly its constructor arguments, so it survives `keras.saving` and `keras.optimizers.schedules.serialize`.
-Units are steps; `epochs_to_steps` converts, and `scaled_learning_rate` is Goyal et al.'s linear scaling rule.
-`SCHEDULES` / `make_schedule` select one by name: the MLPerf convention ("mlperf_poly"), the paper's solver
-("paper_poly"), "cosine" and Goyal et al.'s "step"; each class's docstring gives its rule and source.
+Units are steps (`hvd_lars.epochs_to_steps` converts). `make_schedule` selects one by name; each class's
+docstring gives its rule and source.
 
 A schedule counts optimizer updates, never micro-batches (Keras's own optimizers with
 `gradient_accumulation_steps` count micro-batches: give those a float rate and `LearningRateWarmup`).
@@ -24,9 +23,6 @@ import keras
 
 from hvd_lars.arguments import Range, above, at_least, check, refuse
 from hvd_lars.optim import rate_curves
-
-# Re-exported: the units helpers belong to the learning-rate policy's public interface.
-from hvd_lars.optim.scaling import REFERENCE_BATCH, epochs_to_steps, scaled_learning_rate  # noqa: F401
 
 # Goyal et al. (2017), section 5.1: the rate falls by 10x at epochs 30, 60 and 80 of 90.
 GOYAL_STEP_DECAY_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)

@@ -148,14 +148,12 @@ def allreduce_gradients(
 ):
     """Averages (or sums) over ranks a list of gradients (tensors, `tf.IndexedSlices` made dense, or None,
     passed through); returns a list of the same length, each in its own dtype. Identity with world size 1.
-    The arguments are `DistributedOptimizer`'s, checked there.
+    The arguments are `DistributedOptimizer`'s (its docstring), checked there; `groups` are positions here.
 
-    `reduction`: "overlap" (one allreduce per tensor, enqueued as backprop produces it; Horovod fuses those
-    ready) or "grouped" (one grouped allreduce after the last). `compression`: "none" or "fp16" (divided by
-    N in its own precision, summed in float16: docs/design.md, "Gradient compression"). `op`: "average" or
-    "sum". `predivide`: Horovod's `gradient_predivide_factor` f, times 1 / f before the sum and f / N after
-    (ignored with "sum"). `groups`: None or lists of positions, each one grouped allreduce (replaces
-    `reduction`). `device`: "" or a device. bfloat16 travels as float32 (Horovod has no bfloat16 sum).
+    "overlap" enqueues one allreduce per tensor as backprop produces it (Horovod fuses those ready),
+    "grouped" one grouped allreduce after the last. "fp16" divides by N in the tensor's own precision and
+    sums in float16 (docs/design.md, "Gradient compression"); `predivide` f multiplies by 1 / f before the
+    sum and f / N after. bfloat16 travels as float32 (Horovod has no bfloat16 sum).
     """
     if size() == 1:
         return list(grads)
@@ -302,8 +300,3 @@ def max_over_ranks(number, name):
     import tensorflow as tf
 
     return int(_hvd.allreduce(tf.constant(int(number), tf.int64), op=_hvd.Max, name=name).numpy())
-
-
-def barrier():
-    """Blocks until every rank reaches it (used before rank 0 reads files other ranks wrote)."""
-    allreduce_sum([0.0], name="hvd_lars.barrier")

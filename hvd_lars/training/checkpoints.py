@@ -130,13 +130,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             faults.remove_quietly(*glob.glob(f"{prefix}.*"), *glob.glob(f"{folder}/checkpoint.tmp*"))
         return faults.write_failure(f"the checkpoint of step {step} to {folder}", e)
 
-    def sync(self):
-        """Waits for rank 0's background write, if any (no collective); `faults.FileFailure` if it failed."""
-        if error := self._wait():
-            raise faults.FileFailure(error)
-
     def finish(self):
-        """`sync` as a collective: `faults.FileFailure` on every rank if rank 0's or any rank's failed."""
+        """Waits for rank 0's background write (a collective): `faults.FileFailure` on every rank if rank 0's
+        or any rank's failed."""
         faults.note(self._wait())
         faults.agree("hvd_lars.checkpoint_error")
 

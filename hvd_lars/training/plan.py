@@ -170,7 +170,7 @@ def loss_and_metrics(config, num_classes):
         loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return loss, [TopKAccuracy(1, name="top1"), TopKAccuracy(min(5, num_classes), name="top5")]
+    return loss, [TopKAccuracy(1, name="top1"), TopKAccuracy(5, name="top5")]
 
 
 def input_request(config, per_rank_batch, rank, world_size, run_dir):

@@ -24,7 +24,7 @@ class NoEpochYet(Exception):
 def _number(text):
     try:
         return float(text)
-    except (TypeError, ValueError):  # not measured that epoch (empty, Keras's "NA"), or not a number: a gap
+    except (TypeError, ValueError):  # not measured that epoch (an empty cell), or not a number: a gap
         return math.nan
 
 
@@ -39,8 +39,7 @@ def make_figure(run_dir):
             f"{run_dir}: no epoch has finished yet (summary.json, no metrics.csv row); nothing to plot"
         )
     metrics = {k: [_number(r[k]) for r in rows] for k in rows[0]}
-    config, per_epoch = summary["config"], plan["steps_per_epoch"]  # Keras's CSVLogger writes no step column
-    steps = metrics.get("step") or [(e + 1) * per_epoch for e in metrics["epoch"]]
+    config, per_epoch, steps = summary["config"], plan["steps_per_epoch"], metrics["step"]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
     for ax, metric in zip(axes[:2], ("loss", "top1")):
         for prefix, label in (("", "training"), ("val_", "validation"), ("test_", "test")):

@@ -47,9 +47,9 @@ def placement():
     return dict(cores=cores, bound=len(cores) < usable_cpus(), local_size=collectives.local_size())
 
 
-def configure_threads(config, world_size):
+def configure_threads(config):
     """Sizes TensorFlow's pools (before its first op) to `threads_per_rank` or the config's; returns them."""
-    per_rank = threads_per_rank(max(1, min(world_size, collectives.local_size())))
+    per_rank = threads_per_rank(collectives.local_size())
     intra, inter = config.intra_op_threads or per_rank, config.inter_op_threads or per_rank
     with contextlib.suppress(RuntimeError):  # TensorFlow already initialised: it keeps its pools
         tf.config.threading.set_intra_op_parallelism_threads(intra)

@@ -51,9 +51,9 @@ class Job:
     started: tuple = (None, None)
 
     @classmethod
-    def resolve(cls, config, global_batch, world_size, extra_callbacks=()):
+    def resolve(cls, config, global_batch, extra_callbacks=()):
         name = config.run_name or f"{config.dataset}_{config.model}_{config.optimizer}_b{global_batch}"
-        threads.configure_threads(config, world_size)  # the pool sizes the run log shows per rank
+        threads.configure_threads(config)  # the pool sizes the run log shows per rank
         signals, watchdog = faults.StopSignals(), faults.ProgressWatchdog(config.hang_timeout_s)
         return cls(config, os.path.join(config.workdir, name), signals, watchdog, list(extra_callbacks))
 
@@ -73,7 +73,7 @@ def run(config, extra_callbacks=()):
     directory), FileNotFoundError, and `faults.TrainingDiverged`, `Preempted`, `FileFailure`."""
     rank, world_size = collectives.init(launched_only=True)
     global_batch, per_rank_batch = config.resolve_batch(world_size)
-    job = Job.resolve(config, global_batch, world_size, extra_callbacks)
+    job = Job.resolve(config, global_batch, extra_callbacks)
     faults.check_run_dir(job.run_dir, 0, 0)  # writable, before anything of the run is read or made
     with faults.RunDirClaim(job.run_dir):  # no second job on this directory
         request = input_request(config, per_rank_batch, rank, world_size, job.run_dir)
@@ -214,7 +214,7 @@ def run_elastic(config, extra_callbacks=()):
     os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     check_launched(config)
     collectives.init()
-    job = Job.resolve(config, config.global_batch_size, collectives.size(), extra_callbacks)
+    job = Job.resolve(config, config.global_batch_size, extra_callbacks)
     shapes = None
     if collectives.is_chief():
         try:  # the error, if any, every rank raises at the first sync rather than wait for rank 0

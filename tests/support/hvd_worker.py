@@ -507,7 +507,7 @@ def optimizer_arguments(rank, size):
         model = one_weight_model(1.0)
         model.compile(optimizer=SGD(0.1), loss="mse")
         model.save(path)
-    collectives.barrier()  # rank 1 reads the file only once it is written
+    collectives.allreduce_sum([0.0], name="barrier")  # rank 1 reads the file only once it is written
     model = hvd.load_model(path)
     out["load_model"] = one_update(model, rank, [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     out["load_model_types"] = types(model.optimizer)
@@ -617,7 +617,7 @@ def rank0_loads(rank, size):
         saved.optimizer.inner_optimizer.momentums[0].assign([[0.5]])
         saved.optimizer.inner_optimizer.iterations.assign(7)
         saved.save(path)
-    collectives.barrier()
+    collectives.allreduce_sum([0.0], name="barrier")
     if rank == 0:
         model = keras.models.load_model(path)
     else:

@@ -61,7 +61,7 @@ class KillAtStep(keras.callbacks.Callback):
         if not self._sent and int(self.model.optimizer.iterations) >= self.step:
             self._sent = True
             for checkpointer in _checkpointers:
-                checkpointer.sync()  # not a collective: rank 0 waits for its write
+                checkpointer.manager.sync()  # rank 0's background write done
             if self.record:
                 with open(self.record, "w") as f:
                     f.write(repr(time.time()))

@@ -12,9 +12,9 @@ layout, every link at --link_rate, and down at the end):
 Variants (each a launch of p ranks, `horovodrun -H node1:r,...`, HOROVOD_CYCLE_TIME=5):
   mpi          Open MPI as horovodrun starts it
   launch_env   launch/env.sh sourced first (as the launch scripts do), each rank set as hvd_lars.main sets it
-  main         a bare horovodrun, each rank set as hvd_lars.main sets it (threads.HOROVOD_CPU_DEFAULTS)
+  main         a bare horovodrun, each rank set as hvd_lars.main sets it (ompi_allreduce_rules.apply)
   gloo         horovodrun --gloo from node1
-  horovod_keras      a ported Horovod Keras script: Horovod's own cycle, `horovod_keras.init()`
+  horovod_keras      a ported Horovod Keras script: `horovod_keras.init()` (the same settings)
   horovod_keras_off  the same with `init(ompi_allreduce_rules=False)`
 """
 
@@ -30,9 +30,9 @@ from benchmarks import common
 
 REPO = common.REPO
 VARIANTS = ("mpi", "launch_env", "main", "gloo", "horovod_keras", "horovod_keras_off")
-# Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (threads.HOROVOD_CPU_DEFAULTS).
+# Variants whose ranks set what hvd_lars.main sets before Horovod starts MPI (ompi_allreduce_rules.apply).
 AS_THE_MAIN_PROGRAM = ("launch_env", "main")
-# Variants whose ranks start Horovod as a ported Horovod script does (horovod_keras.init, Horovod's cycle).
+# Variants whose ranks start Horovod as a ported Horovod script does (horovod_keras.init).
 AS_A_PORTED_SCRIPT = {"horovod_keras": "on", "horovod_keras_off": "off"}
 LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 
@@ -40,9 +40,9 @@ LINK_EFFICIENCY = 0.9  # TCP/IP payload of a shaped Ethernet link
 def worker(args):
     hvd, tf = common.horovod_rank()
     if args.main_defaults:
-        from hvd_lars.training import threads
+        from hvd_lars.parallel import ompi_allreduce_rules
 
-        threads.apply_horovod_cpu_defaults()
+        ompi_allreduce_rules.apply()
     if args.horovod_keras_init:
         import hvd_lars.parallel.horovod_keras as horovod_keras
 
@@ -86,9 +86,7 @@ def launch(variant, layout, worker_args, timeout=1200):
         argv += (
             [f"--horovod_keras_init={AS_A_PORTED_SCRIPT[variant]}"] if variant in AS_A_PORTED_SCRIPT else []
         )
-        settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO}
-        if variant not in AS_A_PORTED_SCRIPT:
-            settings["HOROVOD_CYCLE_TIME"] = "5"  # a ported script keeps Horovod's own
+        settings = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO, "HOROVOD_CYCLE_TIME": "5"}
         if variant == "gloo":
             cmd = common.on_node1(argv, settings)
         elif variant == "launch_env":
@@ -138,7 +136,7 @@ def sizes_report(args, layouts, variants, sizes, link_bits, matmul, results, com
         *common.provenance_lines(command, matmul, args.raw),
         f"- launch/emulated_cluster.sh, {max(h for h, _ in layouts)} hosts, every link shaped to "
         f"{args.link_rate} (tc tbf, both directions, a {args.burst_ms} ms bucket); layouts hosts x ranks per "
-        "host; HOROVOD_CYCLE_TIME=5 (horovod_keras variants: Horovod's own); "
+        "host; HOROVOD_CYCLE_TIME=5; "
         f"{args.repeats} timed allreduces after 2, each after a barrier. Bound: 2(p-1)/p x S / "
         f"({LINK_EFFICIENCY} x link); p = hosts x ranks per host.",
         "",

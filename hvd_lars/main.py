@@ -136,11 +136,12 @@ def _main(config):
     from hvd_lars import quiet_tensorflow
 
     quiet_tensorflow.load()  # before TensorFlow is imported: without its C++ start-up notices
+    from hvd_lars.parallel import ompi_allreduce_rules
     from hvd_lars.parallel.collectives import WorldSizeMismatch
-    from hvd_lars.training import faults, threads
+    from hvd_lars.training import faults
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # TensorFlow's checkpoint code logs every save at INFO
-    threads.apply_horovod_cpu_defaults()
+    ompi_allreduce_rules.apply()  # before Horovod starts MPI
     try:
         run_training(config)
     except FileNotFoundError as e:

@@ -145,7 +145,8 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
     site.write_text("btl = ^openib\n# coll_tuned_use_dynamic_rules = 1 (a comment)\n")
     environ = {"PATH": "/bin"}
     applied, line = ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False, files=[str(site)])
-    assert applied == ompi_allreduce_rules.RULES_SETTINGS  # its values: tests/test_threads.py
+    cpu = ompi_allreduce_rules.CPU_DEFAULTS  # their values: tests/test_threads.py
+    assert applied == {**cpu, **ompi_allreduce_rules.RULES_SETTINGS}
     assert environ == {"PATH": "/bin", **applied}
     assert "the ring" in line and "OMPI_MCA_coll_tuned_use_dynamic_rules=0" in line
     # Chosen by the user (any coll_tuned variable) or the site (a coll_tuned line of a parameter file).
@@ -156,12 +157,12 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
     ):
         (tmp_path / "user.conf").write_text("coll_tuned_allreduce_algorithm = 2\n")
         got, line = ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False, files=files)
-        assert got == {} and chosen in line and "not applied" in line
+        assert got == cpu and chosen in line and "not applied" in line
         assert "OMPI_MCA_coll_tuned_dynamic_rules_filename" not in environ
     # Open MPI's list of parameter files, when the user sets it.
     environ = {"OMPI_MCA_mca_base_param_files": f"{tmp_path / 'user.conf'}:{tmp_path / 'absent.conf'}"}
     assert ompi_allreduce_rules.parameter_files(environ) == [str(tmp_path / "user.conf")]
-    assert ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False)[0] == {}
+    assert ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False)[0] == cpu
     # GPU jobs and jobs not on Open MPI are left alone, silently.
     assert ompi_allreduce_rules.apply({}, open_mpi=True, gpu=True, files=[]) == ({}, None)
     assert ompi_allreduce_rules.apply({}, open_mpi=False, gpu=False, files=[]) == ({}, None)
@@ -174,12 +175,16 @@ def test_ompi_allreduce_rules_unless_the_user_or_site_chose(tmp_path):
 def test_init_applies_the_rules_unless_off_and_says_so_on_three_ranks(monkeypatch, capsys, size, printed):
     monkeypatch.setattr(horovod_keras._horovod, "is_initialized", lambda: False)  # whatever ran before
     calls = []
-    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: calls.append("apply") or ({}, "ring line"))
+    # The CPU defaults are applied either way (their cases: test_ompi_allreduce_rules_unless_...), the rules
+    # unless turned off.
+    apply = lambda rules: calls.append(("apply", rules)) or ({}, "ring line" if rules else None)
+    monkeypatch.setattr(ompi_allreduce_rules, "apply", apply)
     init = lambda comm=None, process_sets=None: calls.append("init") or (0, size)
     monkeypatch.setattr(collectives, "init", init)
-    assert horovod_keras.init(ompi_allreduce_rules=False) == (0, size) and calls == ["init"]
+    assert horovod_keras.init(ompi_allreduce_rules=False) == (0, size) and calls == [("apply", False), "init"]
     assert capsys.readouterr().out == ""
-    assert horovod_keras.init() == (0, size) and calls == ["init", "apply", "init"]
+    calls.clear()
+    assert horovod_keras.init() == (0, size) and calls == [("apply", True), "init"]
     assert capsys.readouterr().out == printed
 
 

@@ -14,7 +14,8 @@ import pytest
 from absl import flags as absl_flags
 
 from hvd_lars import main
-from hvd_lars.training import epoch_logs, threads
+from hvd_lars.parallel import ompi_allreduce_rules
+from hvd_lars.training import epoch_logs
 from hvd_lars.training.config import TrainConfig
 from tests.support import REPO, TWO_RANKS
 from tests.support.main_server import run_main
@@ -169,7 +170,7 @@ def _exit_of(flags, monkeypatch, caplog):
     main.define_flags(values)
     values(["main", "--flagfile=flags/fashion_mnist_lars.flags", *flags])
     monkeypatch.setattr(epoch_logs, "git_sha", lambda: "0" * 40)
-    monkeypatch.setattr(threads, "apply_horovod_cpu_defaults", lambda: {})
+    monkeypatch.setattr(ompi_allreduce_rules, "apply", lambda: ({}, None))
     with pytest.raises(SystemExit) as ended:
         main._main(main.config_from_flags(values))
     return ended.value.code, [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

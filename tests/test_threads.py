@@ -92,14 +92,18 @@ def test_a_rank_runs_one_thread_per_core_it_has(prefix, env, expected):
 
 
 @pytest.mark.unit
-def test_horovod_cpu_defaults_fill_only_what_is_unset():
+def test_horovod_cpu_defaults_fill_only_what_is_unset_on_a_cpu_job():
     # The user's opt-out of the rules is an allreduce chosen: the rules are left out (the other cases of
     # hvd_lars.parallel.ompi_allreduce_rules.apply: tests/test_horovod_keras.py).
     environ = {"HOROVOD_CYCLE_TIME": "0.5", "PATH": "/bin", "OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}
     before = dict(environ)
-    applied = threads.apply_horovod_cpu_defaults(environ)
+    applied, _ = ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False)
     assert applied == {"OMPI_MCA_mpi_yield_when_idle": "1"} and environ == {**before, **applied}
-    assert threads.apply_horovod_cpu_defaults(environ) == {}
+    assert ompi_allreduce_rules.apply(environ, open_mpi=True, gpu=False)[0] == {}
+    assert ompi_allreduce_rules.apply({}, open_mpi=True, gpu=False, rules=False) == (
+        {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"},
+        None,
+    )
     # Open MPI's rules file: allreduce (collective 2), one rule for communicators of 3 ranks and more: below
     # 1 MiB algorithm 0 (Open MPI's own choice), from 1 MiB (1,048,576 B) algorithm 4, the ring.
     with open(RULES) as f:
@@ -110,7 +114,7 @@ def test_horovod_cpu_defaults_fill_only_what_is_unset():
 def test_the_main_program_sets_the_cpu_defaults_before_training(monkeypatch):
     from hvd_lars import main
 
-    defaults = {**threads.HOROVOD_CPU_DEFAULTS, **ompi_allreduce_rules.RULES_SETTINGS}
+    defaults = {**ompi_allreduce_rules.CPU_DEFAULTS, **ompi_allreduce_rules.RULES_SETTINGS}
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in defaults})
     names = ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle", "OMPI_MCA_coll_tuned_use_dynamic_rules")
     seen = []

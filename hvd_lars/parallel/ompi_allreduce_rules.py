@@ -1,7 +1,7 @@
-"""Open MPI's allreduce for CPU ranks: the coll/tuned rules file beside this module (from 1 MiB on 3+
-ranks the ring, algorithm 4; below it Open MPI's choice) and when a job gets it; why, and what it costs
-(sums that depend on the order gradients arrive): results/allreduce_hosts.md. `apply` is called by
-`horovod_keras.init()` and `hvd_lars.training.threads` before MPI starts.
+"""Horovod and Open MPI settings for CPU ranks, set by `apply` before MPI starts (`horovod_keras.init()`,
+the training application's `main`): `CPU_DEFAULTS`, and the coll/tuned rules file beside this module (from
+1 MiB on 3+ ranks the ring, algorithm 4; below it Open MPI's choice); why the ring, and what it costs (sums
+that depend on the order gradients arrive): results/allreduce_hosts.md.
 """
 
 import os
@@ -14,6 +14,9 @@ RULES_SETTINGS = {
     "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
     "OMPI_MCA_coll_tuned_dynamic_rules_filename": RULES_FILE,
 }
+# Horovod's and Open MPI's polling take a core from the ranks' own work: a 5 ms cycle, MPI yielding while
+# it waits (results/archive/scaling_threads.md; results/peer.md, 2 ranks on one 2-core machine).
+CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
 # Open MPI's names for choosing collectives: the tuned component's parameters, and the component list.
 _CHOICE_PREFIX, _COMPONENT_CHOICE = "coll_tuned_", "coll"
 
@@ -81,11 +84,12 @@ def open_mpi_job(environ=None):
         return False
 
 
-def apply(environ=None, open_mpi=None, gpu=None, files=None):
-    """Sets `RULES_SETTINGS` in `environ` (default `os.environ`) for a CPU-only Open MPI job whose user
-    and site chose no allreduce (`chosen_allreduce`, with `files`); `open_mpi`, `gpu`: None asks
-    `open_mpi_job` and TensorFlow. Returns ({name: value} set, or {}; the log line saying what was done or
-    why not, or None when the job is not a CPU-only Open MPI job)."""
+def apply(environ=None, open_mpi=None, gpu=None, files=None, rules=True):
+    """For a CPU-only Open MPI job, sets in `environ` (default `os.environ`) the `CPU_DEFAULTS` it does not
+    set, and `RULES_SETTINGS` where `rules` and the user and site chose no allreduce (`chosen_allreduce`,
+    with `files`); `open_mpi`, `gpu`: None asks `open_mpi_job` and TensorFlow. Returns ({name: value} set;
+    the log line saying what was done with the rules or why not, or None: not a CPU-only Open MPI job, or
+    not `rules`)."""
     environ = os.environ if environ is None else environ
     if not (open_mpi_job(environ) if open_mpi is None else open_mpi):
         return {}, None
@@ -95,11 +99,15 @@ def apply(environ=None, open_mpi=None, gpu=None, files=None):
         gpu = bool(tf.config.list_physical_devices("GPU"))
     if gpu:
         return {}, None
+    applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in environ}
+    environ.update(applied)
+    if not rules:
+        return applied, None
     chosen = chosen_allreduce(environ, files)
     if chosen:
-        return {}, f"hvd_lars: Open MPI's allreduce as chosen ({chosen}); {RULES_FILE} not applied."
+        return applied, f"hvd_lars: Open MPI's allreduce as chosen ({chosen}); {RULES_FILE} not applied."
     environ.update(RULES_SETTINGS)
-    return dict(RULES_SETTINGS), (
+    return {**applied, **RULES_SETTINGS}, (
         f"hvd_lars: Open MPI allreduce from 1 MiB on 3+ ranks: the ring ({RULES_FILE}); "
         "OMPI_MCA_coll_tuned_use_dynamic_rules=0 keeps Open MPI's own choice."
     )

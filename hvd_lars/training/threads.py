@@ -7,7 +7,7 @@ import os
 import tensorflow as tf
 
 from hvd_lars.arguments import counted
-from hvd_lars.parallel import collectives, ompi_allreduce_rules
+from hvd_lars.parallel import collectives
 
 
 def usable_cpus():
@@ -80,15 +80,3 @@ def describe_placements(placements):
             f"{p['intra_op']} intra-op / {p['inter_op']} inter-op / {p['input']} input threads"
         )
     return "cores per rank: " + "; ".join(parts)
-
-
-# Horovod's and Open MPI's polling take a core: a 5 ms cycle, MPI yielding (archive/scaling_threads.md).
-HOROVOD_CPU_DEFAULTS = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "1"}
-
-
-def apply_horovod_cpu_defaults(environ=None):
-    """Before `collectives.init()`: sets `HOROVOD_CPU_DEFAULTS` and the allreduce rules unset in `environ`."""
-    environ = os.environ if environ is None else environ
-    applied = {k: v for k, v in HOROVOD_CPU_DEFAULTS.items() if k not in environ}
-    environ.update(applied)
-    return {**applied, **ompi_allreduce_rules.apply(environ)[0]}

@@ -44,14 +44,14 @@ ONE_RANK = ("one_process", "accumulation_reference", "first_gradient_norm")  # r
 def run(out, calls):
     """Runs `calls` ((function, *args)) on 2 ranks as horovodrun starts MPI ranks, in Path `out`; returns
     (`results(function, *args)`: the results of that call, both ranks' or the one rank's, stdout)."""
-    from hvd_lars.training.threads import HOROVOD_CPU_DEFAULTS
+    from hvd_lars.parallel.ompi_allreduce_rules import CPU_DEFAULTS
     from tests.support import REPO, TWO_RANKS
     from tests.support.main_server import served
 
     words = [":".join(_names(call)) for call in calls]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_coll")}  # no user's rules
     # The main program's Horovod CPU defaults: a rank waiting for the other polls less (2 ranks, 2 cores).
-    env.update(HOROVOD_CPU_DEFAULTS, TMPDIR=str(out), PYTHONPATH=REPO)
+    env.update(CPU_DEFAULTS, TMPDIR=str(out), PYTHONPATH=REPO)
     cmd = served([*TWO_RANKS, sys.executable, os.path.abspath(__file__), str(out), *words], out, env)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

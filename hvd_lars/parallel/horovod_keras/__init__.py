@@ -41,12 +41,14 @@ globals().update(
 
 
 def init(comm=None, process_sets=None, *, ompi_allreduce_rules=True):
-    """`hvd.init()`: (rank, world size), as `collectives.init`. First, on a CPU-only Open MPI job whose
-    user and site chose no allreduce, Open MPI's ring from 1 MiB on 3+ ranks (`ompi_allreduce_rules`; rank
-    0 says so in one line); `ompi_allreduce_rules=False` leaves Open MPI's choice."""
+    """`hvd.init()`: (rank, world size), as `collectives.init`. First, on a CPU-only Open MPI job, the
+    Horovod and Open MPI settings it leaves unset of `ompi_allreduce_rules.CPU_DEFAULTS` (a 5 ms Horovod
+    cycle, MPI yielding while it waits) and, where the user and site chose no allreduce, Open MPI's ring
+    from 1 MiB on 3+ ranks (rank 0 says so in one line); `ompi_allreduce_rules=False` leaves Open MPI's
+    allreduce choice."""
     line = None
-    if ompi_allreduce_rules and not _horovod.is_initialized():
-        line = _rules.apply()[1]
+    if not _horovod.is_initialized():
+        line = _rules.apply(rules=ompi_allreduce_rules)[1]
     result = collectives.init(comm=comm, process_sets=process_sets)
     if line and collectives.is_chief() and result[1] >= _rules.MIN_RANKS:  # smaller jobs keep Open MPI's
         sys.stdout.write(line + "\n")  # a Horovod script's output, as Horovod's own lines

@@ -40,7 +40,8 @@ def test_matches_numpy_reference(mode, nesterov, correction, fused):
     weights, grads = numpy_lars.problem()
     lrs = [0.5, 1.5, 0.25, 0.25, 1.0, 0.5]
     kw = dict(momentum=0.9, weight_decay=5e-3, eta=0.01, epsilon=1e-5 if nesterov else 0.0, nesterov=nesterov)
-    opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correction, **numpy_lars.EXCLUSIONS, **kw)
+    correct = "always" if correction else "none"
+    opt = LARS(0.5, trust_ratio_mode=mode, momentum_correction=correct, **numpy_lars.EXCLUSIONS, **kw)
     got = _run(opt, weights, grads, paths=numpy_lars.PATHS, lrs=lrs, fused=fused)
     kw.update(mode=mode)
     want = numpy_lars.reference(weights, grads, lrs, exclusions=True, correction=correction, **kw)

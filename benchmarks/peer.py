@@ -141,8 +141,9 @@ def train(keras, hvd, tf, model_name, dtype, args):
     keras.mixed_precision.set_global_policy(dtype)
     shape = (args.image_size, args.image_size, 3)
     if model_name == "resnet50":
-        model = own_resnet50(keras, shape) if args.side == "peer" else None
-        if model is None:
+        if args.side == "peer":
+            model = own_resnet50(keras, shape)
+        else:
             from hvd_lars.models import get_model
 
             model = get_model("resnet50", num_classes=1000, input_shape=shape)
